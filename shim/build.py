@@ -1,0 +1,107 @@
+"""What the C build produces.
+
+One description shared by setup.py (the normal build, through setuptools' compiler) and by
+the tests (sanitizer builds with gcc), so the two can never disagree on sources or flags.
+Every ``*.c`` file in a library's source directories is part of that library.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+SHIM_DIR = Path(__file__).resolve().parent
+INCLUDE_DIR = SHIM_DIR / "include"
+
+# Warnings are errors: the shim runs inside other people's programs.
+CFLAGS: tuple[str, ...] = (
+    "-std=gnu11",
+    "-O2",
+    "-g",
+    "-fPIC",
+    "-pthread",
+    "-fvisibility=hidden",
+    "-Wall",
+    "-Wextra",
+    "-Werror",
+    "-Wno-unused-parameter",
+)
+
+SANITIZER_FLAGS: tuple[str, ...] = (
+    "-fsanitize=address,undefined",
+    "-fno-sanitize-recover=undefined",
+    "-fno-omit-frame-pointer",
+)
+
+
+@dataclass(frozen=True)
+class Library:
+    """One plain C shared library (no libpython)."""
+
+    filename: str  # file name written, e.g. "libcuda.so.1"
+    subdir: str  # directory under sharing/_lib ("" or "sim")
+    source_dirs: tuple[str, ...]  # relative to shim/
+    soname: str
+    libs: tuple[str, ...]
+
+    def sources(self) -> list[Path]:
+        found: list[Path] = []
+        for d in self.source_dirs:
+            found.extend(sorted((SHIM_DIR / d).glob("*.c")))
+        return found
+
+    def headers(self) -> list[Path]:
+        hs = sorted(INCLUDE_DIR.rglob("*.h"))
+        for d in self.source_dirs:
+            hs.extend(sorted((SHIM_DIR / d).glob("*.h")))
+        return hs
+
+
+LIBRARIES: tuple[Library, ...] = (
+    # The interposer every process of a sharing container loads.
+    Library("libvgpu.so", "", ("src",), "libvgpu.so", ("dl", "pthread", "m")),
+    # The simulated NVIDIA driver: a stand-in for the real one, knows nothing of the shim.
+    Library("libcuda.so.1", "sim", ("sim/common", "sim/cuda"), "libcuda.so.1", ("pthread", "m", "rt")),
+    Library(
+        "libnvidia-ml.so.1", "sim", ("sim/common", "sim/nvml"), "libnvidia-ml.so.1", ("pthread", "m", "rt")
+    ),
+)
+
+
+def link_args(lib: Library) -> list[str]:
+    return [f"-Wl,-soname,{lib.soname}", "-Wl,--no-undefined", "-Wl,-z,now"]
+
+
+def build_with_gcc(
+    out_dir: Path, extra_cflags: Sequence[str] = (), cc: str = "gcc"
+) -> dict[str, Path]:
+    """Build every library with plain gcc into out_dir (tests use this for ASan/UBSan builds).
+
+    Returns {filename: path}.
+    """
+    out: dict[str, Path] = {}
+    for lib in LIBRARIES:
+        target_dir = out_dir / lib.subdir if lib.subdir else out_dir
+        target_dir.mkdir(parents=True, exist_ok=True)
+        target = target_dir / lib.filename
+        cmd = [
+            cc,
+            *CFLAGS,
+            *extra_cflags,
+            f"-I{INCLUDE_DIR}",
+            "-shared",
+            "-o",
+            str(target),
+            *[str(s) for s in lib.sources()],
+            *link_args(lib),
+            *[f"-l{x}" for x in lib.libs],
+        ]
+        if "-fsanitize=address,undefined" in extra_cflags:
+            # A sanitized library is preloaded into an unsanitized host: the runtime comes
+            # from LD_PRELOAD of libasan, so undefined asan symbols are expected here.
+            cmd.remove("-Wl,--no-undefined")
+        subprocess.run(cmd, check=True)
+        out[lib.filename] = target
+    return out
