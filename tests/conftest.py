@@ -1,0 +1,43 @@
+"""Shared fixtures. Helpers append fixtures here; keep each small and documented."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sharing.paths import sim_lib_dir
+from tests.support.cbuild import compile_program
+
+
+@pytest.fixture(scope="session")
+def cbin_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where compiled C test programs are cached for the session."""
+    return tmp_path_factory.mktemp("cbin")
+
+
+@pytest.fixture
+def build_c(cbin_dir: Path):  # type: ignore[no-untyped-def]
+    """build_c("prog.c") -> path of the compiled test program (tests/c/prog.c)."""
+
+    def _build(source: str | Path, extra: list[str] | None = None) -> Path:
+        return compile_program(source, cbin_dir, extra)
+
+    return _build
+
+
+@pytest.fixture
+def sim_env(tmp_path: Path) -> Iterator[dict[str, str]]:
+    """Environment for a process on the simulated GPU, with its own node state directory.
+
+    Tests add SIMGPU_CONFIG (a JSON file) when they need other devices than the default H100.
+    """
+    state = tmp_path / "simgpu-state"
+    state.mkdir()
+    env = dict(os.environ)
+    env.pop("LD_PRELOAD", None)
+    env["LD_LIBRARY_PATH"] = str(sim_lib_dir())
+    env["SIMGPU_STATE"] = str(state)
+    yield env
