@@ -63,9 +63,15 @@ LIBRARIES: tuple[Library, ...] = (
     # The interposer every process of a sharing container loads.
     Library("libvgpu.so", "", ("src",), "libvgpu.so", ("dl", "pthread", "m")),
     # The simulated NVIDIA driver: a stand-in for the real one, knows nothing of the shim.
-    Library("libcuda.so.1", "sim", ("sim/common", "sim/cuda"), "libcuda.so.1", ("pthread", "m", "rt")),
     Library(
-        "libnvidia-ml.so.1", "sim", ("sim/common", "sim/nvml"), "libnvidia-ml.so.1", ("pthread", "m", "rt")
+        "libcuda.so.1", "sim", ("sim/common", "sim/cuda"), "libcuda.so.1", ("pthread", "m", "rt")
+    ),
+    Library(
+        "libnvidia-ml.so.1",
+        "sim",
+        ("sim/common", "sim/nvml"),
+        "libnvidia-ml.so.1",
+        ("pthread", "m", "rt"),
     ),
 )
 

@@ -30,8 +30,16 @@ def compile_program(source: Path | str, out_dir: Path, extra: list[str] | None =
         return out
     libdir = sim_lib_dir()
     cmd = [
-        "gcc", *flags, f"-I{INCLUDE}", "-o", str(out), str(src),
-        f"-L{libdir}", "-l:libcuda.so.1", "-ldl", "-lm",
+        "gcc",
+        *flags,
+        f"-I{INCLUDE}",
+        "-o",
+        str(out),
+        str(src),
+        f"-L{libdir}",
+        "-l:libcuda.so.1",
+        "-ldl",
+        "-lm",
     ]
     subprocess.run(cmd, check=True)
     return out
