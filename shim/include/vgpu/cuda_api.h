@@ -346,6 +346,23 @@ typedef enum CUpointer_attribute_enum {
     CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9
 } CUpointer_attribute;
 
+/* Legacy (CUDA < 3.2) array descriptors with 32-bit sizes, for cuArrayCreate / cuArray3DCreate. */
+typedef struct CUDA_ARRAY_DESCRIPTOR_v1_st {
+    unsigned int Width;
+    unsigned int Height;
+    CUarray_format Format;
+    unsigned int NumChannels;
+} CUDA_ARRAY_DESCRIPTOR_v1;
+
+typedef struct CUDA_ARRAY3D_DESCRIPTOR_v1_st {
+    unsigned int Width;
+    unsigned int Height;
+    unsigned int Depth;
+    CUarray_format Format;
+    unsigned int NumChannels;
+    unsigned int Flags;
+} CUDA_ARRAY3D_DESCRIPTOR_v1;
+
 #endif /* VGPU_CHECK_AGAINST_CUDA_H */
 
 /* ---- prototypes: current (versioned) ABI names ---- */
@@ -472,6 +489,20 @@ VGPU_CUDA_API CUresult cuGetExportTable(const void **ppExportTable, const CUuuid
 VGPU_CUDA_API CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr);
 VGPU_CUDA_API CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr);
 
+/* Added with the simulator: the remaining per-thread-default-stream variants and the CUDA 13
+ * context-explicit forms, so cuda_procaddr.def can name a real symbol for every (name, version). */
+VGPU_CUDA_API CUresult cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx);
+VGPU_CUDA_API CUresult cuCtxSynchronize_v2(CUcontext ctx);
+VGPU_CUDA_API CUresult cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount);
+VGPU_CUDA_API CUresult cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream);
+VGPU_CUDA_API CUresult cuMemsetD8_v2_ptds(CUdeviceptr dstDevice, unsigned char uc, size_t N);
+VGPU_CUDA_API CUresult cuMemsetD32_v2_ptds(CUdeviceptr dstDevice, unsigned int ui, size_t N);
+VGPU_CUDA_API CUresult cuMemsetD8Async_ptsz(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream);
+VGPU_CUDA_API CUresult cuMemsetD32Async_ptsz(CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream hStream);
+VGPU_CUDA_API CUresult cuStreamQuery_ptsz(CUstream hStream);
+VGPU_CUDA_API CUresult cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsigned int Flags);
+VGPU_CUDA_API CUresult cuStreamIsCapturing_ptsz(CUstream hStream, CUstreamCaptureStatus *captureStatus);
+
 /* ---- legacy ABI names: still exported by libcuda.so.1 for binaries built against old headers.
  * A new cuda.h #defines these names to their successors, so they can only be checked against it
  * with -D__CUDA_API_VERSION_INTERNAL (the test does so). ---- */
@@ -486,6 +517,31 @@ VGPU_CUDA_API CUresult cuMemFree(CUdeviceptr_v1 dptr);
 VGPU_CUDA_API CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pPitch, unsigned int WidthInBytes, unsigned int Height, unsigned int ElementSizeBytes);
 VGPU_CUDA_API CUresult cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd);
 VGPU_CUDA_API CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
+/* legacy names added with the simulator (same reason as above) */
+VGPU_CUDA_API CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev);
+VGPU_CUDA_API CUresult cuCtxDestroy(CUcontext ctx);
+VGPU_CUDA_API CUresult cuCtxPushCurrent(CUcontext ctx);
+VGPU_CUDA_API CUresult cuCtxPopCurrent(CUcontext *pctx);
+VGPU_CUDA_API CUresult cuDevicePrimaryCtxReset(CUdevice dev);
+VGPU_CUDA_API CUresult cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags);
+VGPU_CUDA_API CUresult cuStreamDestroy(CUstream hStream);
+VGPU_CUDA_API CUresult cuEventDestroy(CUevent hEvent);
+VGPU_CUDA_API CUresult cuMemAllocHost(void **pp, unsigned int bytesize);
+VGPU_CUDA_API CUresult cuMemGetAddressRange(CUdeviceptr_v1 *pbase, unsigned int *psize, CUdeviceptr_v1 dptr);
+VGPU_CUDA_API CUresult cuMemcpyHtoD(CUdeviceptr_v1 dstDevice, const void *srcHost, unsigned int ByteCount);
+VGPU_CUDA_API CUresult cuMemcpyDtoH(void *dstHost, CUdeviceptr_v1 srcDevice, unsigned int ByteCount);
+VGPU_CUDA_API CUresult cuMemcpyDtoD(CUdeviceptr_v1 dstDevice, CUdeviceptr_v1 srcDevice, unsigned int ByteCount);
+VGPU_CUDA_API CUresult cuMemcpyHtoDAsync(CUdeviceptr_v1 dstDevice, const void *srcHost, unsigned int ByteCount, CUstream hStream);
+VGPU_CUDA_API CUresult cuMemcpyDtoHAsync(void *dstHost, CUdeviceptr_v1 srcDevice, unsigned int ByteCount, CUstream hStream);
+VGPU_CUDA_API CUresult cuMemcpyDtoDAsync(CUdeviceptr_v1 dstDevice, CUdeviceptr_v1 srcDevice, unsigned int ByteCount, CUstream hStream);
+VGPU_CUDA_API CUresult cuMemsetD8(CUdeviceptr_v1 dstDevice, unsigned char uc, unsigned int N);
+VGPU_CUDA_API CUresult cuMemsetD32(CUdeviceptr_v1 dstDevice, unsigned int ui, unsigned int N);
+VGPU_CUDA_API CUresult cuArrayCreate(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR_v1 *pAllocateArray);
+VGPU_CUDA_API CUresult cuArray3DCreate(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR_v1 *pAllocateArray);
+VGPU_CUDA_API CUresult cuStreamBeginCapture(CUstream hStream);
+VGPU_CUDA_API CUresult cuStreamBeginCapture_ptsz(CUstream hStream);
+VGPU_CUDA_API CUresult cuGraphInstantiate(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode, char *logBuffer, size_t bufferSize);
+VGPU_CUDA_API CUresult cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode, char *logBuffer, size_t bufferSize);
 
 #ifdef __cplusplus
 }
