@@ -32,14 +32,13 @@ def generate(out_root: Path) -> list[Path]:
             "grpc_tools.protoc",
             f"-I{REPO_ROOT}",
             f"--python_out={out_root}",
-            f"--pyi_out={out_root}",
             f"--grpc_python_out={out_root}",
             rel,
         ]
         if protoc.main(args) != 0:
             raise RuntimeError(f"protoc failed for {rel}")
         stem = name.removesuffix(".proto")
-        written += [out_dir / f"{stem}_pb2.py", out_dir / f"{stem}_pb2.pyi",
+        written += [out_dir / f"{stem}_pb2.py",
                     out_dir / f"{stem}_pb2_grpc.py"]  # fmt: skip
     return written
 

@@ -1,0 +1,165 @@
+"""The plugin's checkpoint: what unprepare needs, kept across restarts.
+
+One JSON file in the plugin's data dir, replaced atomically on every change:
+
+    {"version": 1, "checksum": "sha256:<hex>", "claims": {"<uid>": {...ClaimEntry...}}}
+
+The checksum covers the canonical JSON of "claims"; a mismatch raises CheckpointError instead of
+starting empty, because starting empty would silently forget prepared claims (their CDI specs
+and accounting files would never be cleaned up, and a repeated prepare would re-read the API).
+
+A claim goes PrepareStarted (recorded before anything is created, with the paths it will
+create) -> PrepareCompleted (with the answer given to the kubelet). A PrepareStarted entry
+found at startup is a prepare that died half-way: it is rolled back from the recorded paths.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cdi.writer import atomic_write
+
+VERSION = 1
+PREPARE_STARTED = "PrepareStarted"
+PREPARE_COMPLETED = "PrepareCompleted"
+_STATES = (PREPARE_STARTED, PREPARE_COMPLETED)
+
+
+class CheckpointError(Exception):
+    """The checkpoint file cannot be trusted. str() is one line naming the file and the fault."""
+
+
+@dataclass(frozen=True)
+class PreparedDevice:
+    """One device of a prepare answer (the kubelet's `Device` message)."""
+
+    request_names: tuple[str, ...]
+    pool_name: str
+    device_name: str
+    cdi_device_ids: tuple[str, ...]
+    share_id: str | None = None
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> PreparedDevice:
+        return PreparedDevice(
+            request_names=tuple(d["request_names"]),
+            pool_name=d["pool_name"],
+            device_name=d["device_name"],
+            cdi_device_ids=tuple(d["cdi_device_ids"]),
+            share_id=d.get("share_id"),
+        )
+
+
+@dataclass(frozen=True)
+class ClaimEntry:
+    uid: str
+    namespace: str
+    name: str
+    state: str
+    cdi_spec: str  # path of the claim's CDI spec file
+    claim_dir: str  # path of the claim's accounting directory
+    devices: tuple[PreparedDevice, ...] = field(default=())
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["devices"] = [asdict(x) for x in self.devices]
+        return d
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> ClaimEntry:
+        if d.get("state") not in _STATES:
+            raise ValueError(f"state {d.get('state')!r} unknown; allowed: {', '.join(_STATES)}")
+        return ClaimEntry(
+            uid=d["uid"],
+            namespace=d["namespace"],
+            name=d["name"],
+            state=d["state"],
+            cdi_spec=d["cdi_spec"],
+            claim_dir=d["claim_dir"],
+            devices=tuple(PreparedDevice.from_dict(x) for x in d.get("devices", [])),
+        )
+
+
+def _checksum(claims: dict[str, Any]) -> str:
+    canonical = json.dumps(claims, sort_keys=True, separators=(",", ":")).encode()
+    return "sha256:" + hashlib.sha256(canonical).hexdigest()
+
+
+class Checkpoint:
+    """The checkpoint file and its in-memory copy. Not thread-safe: the caller serialises."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._claims: dict[str, ClaimEntry] = {}
+
+    def load(self) -> None:
+        """Read the file (absent = no claims). CheckpointError when it is corrupt."""
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            self._claims = {}
+            return
+        try:
+            doc = json.loads(raw)
+        except ValueError as e:
+            raise CheckpointError(f"checkpoint {self.path} is corrupt: not JSON ({e})") from e
+        if not isinstance(doc, dict) or doc.get("version") != VERSION:
+            version = doc.get("version") if isinstance(doc, dict) else None
+            raise CheckpointError(
+                f"checkpoint {self.path}: version {version!r} unsupported; allowed: {VERSION}"
+            )
+        claims = doc.get("claims")
+        if not isinstance(claims, dict):
+            raise CheckpointError(f"checkpoint {self.path} is corrupt: 'claims' is not an object")
+        expected = doc.get("checksum")
+        actual = _checksum(claims)
+        if expected != actual:
+            raise CheckpointError(
+                f"checkpoint {self.path} is corrupt: checksum {expected} does not match the "
+                f"content ({actual}); move it aside to start without the claims it records"
+            )
+        try:
+            self._claims = {uid: ClaimEntry.from_dict(e) for uid, e in claims.items()}
+        except (KeyError, TypeError, ValueError) as e:
+            raise CheckpointError(
+                f"checkpoint {self.path} is corrupt: bad claim entry ({e})"
+            ) from e
+
+    def _save(self) -> None:
+        claims = {uid: e.to_dict() for uid, e in sorted(self._claims.items())}
+        doc = {"version": VERSION, "checksum": _checksum(claims), "claims": claims}
+        atomic_write(self.path, (json.dumps(doc, indent=1) + "\n").encode(), mode=0o600)
+
+    def get(self, uid: str) -> ClaimEntry | None:
+        return self._claims.get(uid)
+
+    def entries(self) -> list[ClaimEntry]:
+        return list(self._claims.values())
+
+    def put(self, entry: ClaimEntry) -> None:
+        """Record an entry durably (the file is replaced before this returns)."""
+        previous = self._claims.get(entry.uid)
+        self._claims[entry.uid] = entry
+        try:
+            self._save()
+        except BaseException:
+            # Keep memory equal to disk: a failed write must not leave a phantom entry.
+            if previous is None:
+                self._claims.pop(entry.uid, None)
+            else:
+                self._claims[entry.uid] = previous
+            raise
+
+    def delete(self, uid: str) -> None:
+        previous = self._claims.pop(uid, None)
+        if previous is None:
+            return
+        try:
+            self._save()
+        except BaseException:
+            self._claims[uid] = previous
+            raise

@@ -1,0 +1,288 @@
+"""Reading a ResourceClaim and turning our driver's allocation results into per-GPU limits.
+
+The claim is read as raw JSON (`_preload_content=False`): the kubelet-side logic needs only a
+few fields, and raw JSON keeps unknown/new fields from breaking deserialisation.
+
+Device names (published by driver/resourceslices.py):
+  sharing mode    `gpu-<index>`              limits = the result's `consumedCapacity`
+                                             (memory, cores), or the whole GPU when the
+                                             allocation carries none (DRAConsumableCapacity off)
+  partition mode  `gpu-<index>-slice-<k>`    limits = memory_total / N and 100 / N cores
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from kubernetes import client as k8s
+
+from driver.vgpuconfig import ConfigError, EffectiveConfig, VgpuConfig, decode
+from sharing.gpus import GpuInfo
+from sharing.quantity import QuantityError, format_bytes, parse_bytes
+
+MEMORY_CAPACITY = "memory"
+CORES_CAPACITY = "cores"  # percent of the GPU's SMs
+_SHARING_NAME = re.compile(r"^gpu-(\d+)$")
+_PARTITION_NAME = re.compile(r"^gpu-(\d+)-slice-(\d+)$")
+
+
+class ClaimError(Exception):
+    """A claim this node cannot prepare. str() is one line, reported in the claim's `error`."""
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    namespace: str
+    name: str
+    uid: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name} ({self.uid})"
+
+
+@dataclass(frozen=True)
+class AllocatedDevice:
+    """One allocation result of our driver, with the limits it grants."""
+
+    request: str
+    pool: str
+    device: str
+    gpu: GpuInfo
+    memory_limit: int  # bytes
+    sm_limit: int  # percent of the GPU's SMs, 1..100
+    share_id: str | None
+    config: EffectiveConfig
+
+
+@dataclass(frozen=True)
+class GpuLimit:
+    """The limits of one GPU as the container sees it (all results on that GPU summed)."""
+
+    gpu: GpuInfo
+    memory_limit: int
+    sm_limit: int
+
+
+@dataclass(frozen=True)
+class ClaimPlan:
+    ref: ClaimRef
+    devices: tuple[AllocatedDevice, ...]
+    config: EffectiveConfig
+
+    def gpu_limits(self) -> list[GpuLimit]:
+        """Per-GPU limits in container index order (by host GPU index)."""
+        by_index: dict[int, GpuLimit] = {}
+        for d in self.devices:
+            prev = by_index.get(d.gpu.index)
+            if prev is None:
+                by_index[d.gpu.index] = GpuLimit(d.gpu, d.memory_limit, d.sm_limit)
+            else:
+                # Two slices of one GPU in one claim add up (capped at the whole GPU).
+                by_index[d.gpu.index] = GpuLimit(
+                    d.gpu,
+                    min(prev.memory_limit + d.memory_limit, d.gpu.memory_total),
+                    min(prev.sm_limit + d.sm_limit, 100),
+                )
+        return [by_index[i] for i in sorted(by_index)]
+
+
+def read_claim(api_client: Any, ref: ClaimRef, timeout: float = 10.0) -> dict[str, Any]:
+    """GET the ResourceClaim as JSON; ClaimError when it cannot be read."""
+    api = k8s.ResourceV1Api(api_client)
+    try:
+        resp: Any = api.read_namespaced_resource_claim(
+            ref.name, ref.namespace, _preload_content=False, _request_timeout=timeout
+        )
+    except k8s.ApiException as e:
+        if e.status == 404:
+            raise ClaimError(f"ResourceClaim {ref.namespace}/{ref.name} not found") from e
+        raise ClaimError(
+            f"reading ResourceClaim {ref.namespace}/{ref.name}: HTTP {e.status} {e.reason}"
+        ) from e
+    except Exception as e:  # connection refused, timeout: the kubelet will retry
+        raise ClaimError(f"reading ResourceClaim {ref.namespace}/{ref.name}: {e}") from e
+    doc: dict[str, Any] = json.loads(resp.data)
+    return doc
+
+
+def _parse_cores(text: Any, where: str) -> int:
+    """A cores quantity ("50", "500m", 50) as whole percent, 1..100."""
+    s = str(text).strip()
+    try:
+        value = Decimal(s[:-1]) / 1000 if s.endswith("m") else Decimal(s)
+    except InvalidOperation as e:
+        raise ClaimError(f"{where}: cores {text!r} is not a number of percent") from e
+    if value != value.to_integral_value() or not 1 <= value <= 100:
+        raise ClaimError(f"{where}: cores {text!r} invalid; allowed: a whole percent 1..100")
+    return int(value)
+
+
+def _node_names(node_selector: dict[str, Any]) -> set[str]:
+    """Node names a nodeSelector pins the allocation to (the scheduler uses metadata.name)."""
+    names: set[str] = set()
+    for term in node_selector.get("nodeSelectorTerms") or []:
+        for f in term.get("matchFields") or []:
+            if f.get("key") == "metadata.name" and f.get("operator") == "In":
+                names.update(f.get("values") or [])
+        for e in term.get("matchExpressions") or []:
+            if e.get("key") == "kubernetes.io/hostname" and e.get("operator") == "In":
+                names.update(e.get("values") or [])
+    return names
+
+
+def _request_matches(result_request: str, config_requests: Sequence[str]) -> bool:
+    # "gpu/small" (a firstAvailable subrequest) is matched by a config naming "gpu" too.
+    if not config_requests:
+        return True
+    return result_request in config_requests or result_request.split("/")[0] in config_requests
+
+
+def _configs_for(
+    allocation: dict[str, Any], driver_name: str, request: str
+) -> list[tuple[str, VgpuConfig]]:
+    """Our driver's configs that apply to `request`, class configs first, then claim configs."""
+    entries = (allocation.get("devices") or {}).get("config") or []
+    ordered: list[tuple[str, VgpuConfig]] = []
+    for source in ("FromClass", "FromClaim"):
+        for i, entry in enumerate(entries):
+            if entry.get("source") != source:
+                continue
+            opaque = entry.get("opaque") or {}
+            if opaque.get("driver") != driver_name:
+                continue  # another driver's config: not ours to judge
+            if not _request_matches(request, entry.get("requests") or []):
+                continue
+            where = f"config[{i}] ({source})"
+            try:
+                ordered.append((where, decode(opaque.get("parameters"))))
+            except ConfigError as e:
+                raise ClaimError(f"{where}: {e}") from e
+    return ordered
+
+
+def plan_claim(
+    claim: dict[str, Any],
+    ref: ClaimRef,
+    *,
+    driver_name: str,
+    node_name: str,
+    gpus: Sequence[GpuInfo],
+    mode: str,
+    partitions: int,
+) -> ClaimPlan:
+    """Check the claim is ours to prepare here and compute its limits; ClaimError if not."""
+    meta = claim.get("metadata") or {}
+    uid = meta.get("uid")
+    if uid != ref.uid:
+        raise ClaimError(
+            f"ResourceClaim {ref.namespace}/{ref.name} has UID {uid}, the kubelet asked for "
+            f"{ref.uid} (the claim was deleted and recreated?)"
+        )
+    allocation = (claim.get("status") or {}).get("allocation")
+    if not allocation:
+        raise ClaimError(f"ResourceClaim {ref.namespace}/{ref.name} is not allocated")
+    selector = allocation.get("nodeSelector")
+    if selector:
+        nodes = _node_names(selector)
+        if nodes and node_name not in nodes:
+            raise ClaimError(
+                f"ResourceClaim {ref.namespace}/{ref.name} is allocated for node "
+                f"{', '.join(sorted(nodes))}, not this node {node_name}"
+            )
+    results = (allocation.get("devices") or {}).get("results") or []
+    ours = [r for r in results if r.get("driver") == driver_name]
+    if not ours:
+        others = sorted({str(r.get("driver")) for r in results})
+        raise ClaimError(
+            f"ResourceClaim {ref.namespace}/{ref.name} has no allocation results for driver "
+            f"{driver_name} (results are for: {', '.join(others) or 'none'})"
+        )
+    by_index = {g.index: g for g in gpus}
+    devices: list[AllocatedDevice] = []
+    for r in ours:
+        name = str(r.get("device"))
+        where = f"device {name}"
+        gpu, memory, cores = _limits(r, name, where, by_index, mode, partitions)
+        request = str(r.get("request"))
+        configs = _configs_for(allocation, driver_name, request)
+        config = EffectiveConfig.of(c for _, c in configs)
+        if config.memory_limit_override is not None:
+            if config.memory_limit_override > memory:
+                raise ClaimError(
+                    f"{where}: VgpuConfig memoryLimitOverride "
+                    f"{format_bytes(config.memory_limit_override)} exceeds the allocated "
+                    f"{format_bytes(memory)}; it may only lower the limit"
+                )
+            memory = config.memory_limit_override
+        devices.append(
+            AllocatedDevice(
+                request=request,
+                pool=str(r.get("pool")),
+                device=name,
+                gpu=gpu,
+                memory_limit=memory,
+                sm_limit=cores,
+                share_id=r.get("shareID"),
+                config=config,
+            )
+        )
+    # The policy and priority reach the container as one env var each: they must agree.
+    policies = {(d.config.compute_policy, d.config.priority) for d in devices}
+    if len(policies) > 1:
+        raise ClaimError(
+            f"ResourceClaim {ref.namespace}/{ref.name}: VgpuConfig computePolicy/priority differ "
+            "between its requests; a claim runs with one policy and priority"
+        )
+    return ClaimPlan(ref=ref, devices=tuple(devices), config=devices[0].config)
+
+
+def _limits(
+    result: dict[str, Any],
+    name: str,
+    where: str,
+    by_index: dict[int, GpuInfo],
+    mode: str,
+    partitions: int,
+) -> tuple[GpuInfo, int, int]:
+    if mode == "partition":
+        m = _PARTITION_NAME.match(name)
+        if not m or not 0 <= int(m.group(2)) < partitions:
+            raise ClaimError(
+                f"{where}: not a device of this node in partition mode; allowed: "
+                f"gpu-<index>-slice-<k> with k in 0..{partitions - 1}"
+            )
+    else:
+        m = _SHARING_NAME.match(name)
+        if not m:
+            raise ClaimError(
+                f"{where}: not a device of this node in sharing mode; allowed: gpu-<index>"
+            )
+    gpu = by_index.get(int(m.group(1)))
+    if gpu is None:
+        raise ClaimError(
+            f"{where}: no GPU with index {m.group(1)} on this node "
+            f"(indices: {', '.join(str(i) for i in sorted(by_index)) or 'none'})"
+        )
+    if mode == "partition":
+        return gpu, gpu.memory_total // partitions, max(1, 100 // partitions)
+    consumed = result.get("consumedCapacity") or {}
+    memory = gpu.memory_total
+    if MEMORY_CAPACITY in consumed:
+        try:
+            memory = parse_bytes(str(consumed[MEMORY_CAPACITY]), f"{where}: consumed memory")
+        except QuantityError as e:
+            raise ClaimError(str(e)) from e
+        if not 0 < memory <= gpu.memory_total:
+            raise ClaimError(
+                f"{where}: consumed memory {format_bytes(memory)} is outside 1 B.."
+                f"{format_bytes(gpu.memory_total)} (the GPU's memory)"
+            )
+    cores = 100
+    if CORES_CAPACITY in consumed:
+        cores = _parse_cores(consumed[CORES_CAPACITY], where)
+    return gpu, memory, cores

@@ -1,0 +1,178 @@
+"""The kubelet side of the DRA driver: prepare/unprepare of claims, served to the kubelet.
+
+Construction (by driver/main.py):
+
+    driver = Driver(settings, api_client, gpus, mode, partitions, health)
+    driver.start()   # installs the shim, recovers the checkpoint, serves the sockets
+    ...
+    driver.stop()    # removes the sockets (prepared claims stay: they outlive the plugin)
+
+  settings    driver.flags.Settings (any object with the attributes of `SettingsLike`)
+  api_client  a kubernetes.client.ApiClient (ResourceClaims are read through it)
+  gpus        list[sharing.gpus.GpuInfo], this node's GPUs
+  mode        "sharing" (device gpu-<i>, limits from consumedCapacity) or
+              "partition" (devices gpu-<i>-slice-<k>, memory_total/N and 100/N cores)
+  partitions  N, the slices per GPU in partition mode
+  health      the HealthBroadcaster whose device list the health stream serves; when nobody has
+              published yet, start() publishes every device of `gpus` as healthy
+
+Files, under settings.data_dir:
+  checkpoint.json        prepared claims (driver/checkpoint.py)
+  lib/libvgpu.so         copy of the shim, mounted read-only into containers
+  lib/ld.so.preload      names the container path of the shim; mounted at /etc/ld.so.preload
+  claims/<uid>/          one claim's accounting directory, mounted at /run/vgpu-sharing
+and CDI specs in settings.cdi_root: k8s.<driver>-claim_<uid>.json.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from pathlib import Path
+from typing import Any, Protocol
+
+from cdi.writer import atomic_write
+from driver.health import HealthBroadcaster
+from driver.kubelet import KubeletPlugin, PluginSockets
+from driver.state import CONTAINER_LIB, DeviceState, HostPaths
+from sharing.gpus import GpuInfo
+from sharing.paths import shim_library
+
+log = logging.getLogger(__name__)
+
+MODES = ("sharing", "partition")
+
+
+class SettingsLike(Protocol):
+    """The attributes of driver.flags.Settings this class uses."""
+
+    @property
+    def node_name(self) -> str: ...
+    @property
+    def driver_name(self) -> str: ...
+    @property
+    def cdi_root(self) -> Path: ...
+    @property
+    def data_dir(self) -> Path: ...
+    @property
+    def kubelet_registrar_directory_path(self) -> Path: ...
+    @property
+    def kubelet_plugins_directory_path(self) -> Path: ...
+
+
+def device_names(gpus: list[GpuInfo], mode: str, partitions: int) -> list[str]:
+    """The names this node's devices are published under (see driver/claims.py)."""
+    if mode == "partition":
+        return [f"gpu-{g.index}-slice-{k}" for g in gpus for k in range(partitions)]
+    return [f"gpu-{g.index}" for g in gpus]
+
+
+def install_shim(source: Path, lib_dir: Path) -> Path:
+    """Copy the shim to lib_dir/libvgpu.so (atomically, only if changed) and write
+    lib_dir/ld.so.preload naming its container path. Returns the installed library path.
+
+    A copy, not the package's own path, because the CDI mount needs a stable host path that
+    survives reinstalls, and replacing it by rename never changes a file a container has open.
+    """
+    lib_dir.mkdir(parents=True, exist_ok=True)
+    target = lib_dir / "libvgpu.so"
+    data = source.read_bytes()
+    try:
+        current = target.read_bytes()
+    except FileNotFoundError:
+        current = b""
+    if hashlib.sha256(current).digest() != hashlib.sha256(data).digest():
+        atomic_write(target, data, mode=0o755)
+        log.info("installed shim %s -> %s", source, target)
+    preload = lib_dir / "ld.so.preload"
+    text = f"{CONTAINER_LIB}\n".encode()
+    if not preload.exists() or preload.read_bytes() != text:
+        atomic_write(preload, text, mode=0o644)
+    return target
+
+
+class Driver:
+    def __init__(
+        self,
+        settings: SettingsLike,
+        api_client: Any,
+        gpus: list[GpuInfo],
+        mode: str,
+        partitions: int,
+        health: HealthBroadcaster,
+        *,
+        shim_source: Path | None = None,
+        dev_root: Path = Path("/dev"),
+        registration_backoff: tuple[float, float] = (1.0, 60.0),
+    ) -> None:
+        """shim_source (default sharing.paths.shim_library()) and dev_root (where /dev/nvidia*
+        are looked for) exist for tests; main.py leaves them alone."""
+        if mode not in MODES:
+            raise ValueError(f"mode {mode!r} unknown; allowed: {', '.join(MODES)}")
+        if partitions < 1:
+            raise ValueError(f"partitions {partitions} invalid; allowed: 1 or more")
+        self.settings = settings
+        self.gpus = list(gpus)
+        self.mode = mode
+        self.partitions = partitions
+        self.health = health
+        self._shim_source = shim_source
+        data_dir = settings.data_dir
+        self.paths = HostPaths(
+            shim_library=data_dir / "lib" / "libvgpu.so",
+            preload_file=data_dir / "lib" / "ld.so.preload",
+            claims_dir=data_dir / "claims",
+            dev_root=dev_root,
+        )
+        self.state = DeviceState(
+            driver_name=settings.driver_name,
+            node_name=settings.node_name,
+            gpus=self.gpus,
+            mode=mode,
+            partitions=partitions,
+            cdi_root=settings.cdi_root,
+            checkpoint_path=data_dir / "checkpoint.json",
+            paths=self.paths,
+            read=DeviceState.api_reader(api_client),
+        )
+        self.plugin = KubeletPlugin(
+            driver_name=settings.driver_name,
+            sockets=PluginSockets.of(
+                settings.kubelet_registrar_directory_path,
+                settings.kubelet_plugins_directory_path,
+                settings.driver_name,
+            ),
+            prepare=self.state.prepare,
+            unprepare=self.state.unprepare,
+            health=health,
+            pool_name=settings.node_name,
+            retry_backoff=registration_backoff,
+        )
+
+    def start(self) -> None:
+        """Raises CheckpointError (corrupt checkpoint) or ArtefactMissingError (no shim)."""
+        s = self.settings
+        source = self._shim_source or shim_library()
+        install_shim(source, self.paths.shim_library.parent)
+        s.cdi_root.mkdir(parents=True, exist_ok=True)
+        self.paths.claims_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(s.data_dir, 0o755)  # containers' users must traverse to their claim directory
+        self.state.recover()
+        if not self.health.snapshot().devices:
+            self.health.publish(
+                dict.fromkeys(device_names(self.gpus, self.mode, self.partitions), True)
+            )
+        self.plugin.start()
+        log.info(
+            "driver %s on node %s: %d GPUs, %s mode, CDI root %s",
+            s.driver_name,
+            s.node_name,
+            len(self.gpus),
+            self.mode,
+            s.cdi_root,
+        )
+
+    def stop(self) -> None:
+        self.plugin.stop()
+        log.info("driver %s stopped", self.settings.driver_name)

@@ -1,0 +1,296 @@
+"""The gRPC servers the kubelet talks to, on unix sockets.
+
+  <registrar dir>/<driver>-reg.sock   pluginregistration.Registration
+                                      (GetInfo, NotifyRegistrationStatus)
+  <plugins dir>/<driver>/dra.sock     k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin
+                                      k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin
+                                      v1alpha1.DRAResourceHealth (NodeWatchResources stream)
+
+A failed registration (NotifyRegistrationStatus with plugin_registered=false) is logged and
+retried: the registration socket is re-created after a backoff, which the kubelet's plugin
+watcher sees as a new plugin and calls GetInfo again. The DRA socket keeps serving meanwhile.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import grpc
+
+from driver.claims import ClaimRef
+from driver.health import HealthBroadcaster
+from driver.state import PrepareResult
+
+log = logging.getLogger(__name__)
+
+
+def _generated(name: str) -> Any:
+    # The generated modules are untyped (protoc's .pyi stubs do not pass mypy --strict);
+    # importing them dynamically keeps the type checker out of generated code.
+    return importlib.import_module(f"driver.proto.{name}")
+
+
+def _grpc_module(name: str) -> Any:
+    return _generated(f"{name}_pb2_grpc")
+
+
+dra_v1_pb2 = _generated("dra_v1_pb2")
+dra_v1beta1_pb2 = _generated("dra_v1beta1_pb2")
+health_v1alpha1_pb2 = _generated("health_v1alpha1_pb2")
+pluginregistration_pb2 = _generated("pluginregistration_pb2")
+
+
+SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth")
+HEALTH_CHECK_TIMEOUT_SECONDS = 60
+_HEALTH_POLL_SECONDS = 0.5  # how often an idle health stream checks that its client is still there
+
+PrepareFn = Callable[[Sequence[ClaimRef]], dict[str, PrepareResult]]
+UnprepareFn = Callable[[Sequence[ClaimRef]], dict[str, str]]
+
+
+@dataclass(frozen=True)
+class PluginSockets:
+    registration: Path  # <registrar dir>/<driver>-reg.sock
+    dra: Path  # <plugins dir>/<driver>/dra.sock
+
+    @staticmethod
+    def of(registrar_dir: Path, plugins_dir: Path, driver_name: str) -> PluginSockets:
+        return PluginSockets(
+            registration=registrar_dir / f"{driver_name}-reg.sock",
+            dra=plugins_dir / driver_name / "dra.sock",
+        )
+
+
+def _refs(claims: Any) -> list[ClaimRef]:
+    return [ClaimRef(namespace=c.namespace, name=c.name, uid=c.uid) for c in claims]
+
+
+class _DraService:
+    """NodePrepareResources/NodeUnprepareResources for one API version (`pb` = its messages)."""
+
+    def __init__(
+        self, pb: ModuleType, version: str, prepare: PrepareFn, unprepare: UnprepareFn
+    ) -> None:
+        self._pb = pb
+        self._version = version
+        self._prepare = prepare
+        self._unprepare = unprepare
+        self._has_share_id = "share_id" in pb.Device.DESCRIPTOR.fields_by_name
+
+    def NodePrepareResources(self, request: Any, context: Any) -> Any:  # gRPC method names
+        refs = _refs(request.claims)
+        log.debug("%s NodePrepareResources: %s", self._version, ", ".join(map(str, refs)))
+        results = self._prepare(refs)
+        resp = self._pb.NodePrepareResourcesResponse()
+        for ref in refs:
+            r = results[ref.uid]
+            entry = resp.claims[ref.uid]
+            if r.error:
+                entry.error = r.error
+                continue
+            for d in r.devices:
+                dev = entry.devices.add(
+                    request_names=list(d.request_names),
+                    pool_name=d.pool_name,
+                    device_name=d.device_name,
+                    cdi_device_ids=list(d.cdi_device_ids),
+                )
+                if self._has_share_id and d.share_id:
+                    dev.share_id = d.share_id
+        return resp
+
+    def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
+        refs = _refs(request.claims)
+        log.debug("%s NodeUnprepareResources: %s", self._version, ", ".join(map(str, refs)))
+        errors = self._unprepare(refs)
+        resp = self._pb.NodeUnprepareResourcesResponse()
+        for ref in refs:
+            resp.claims[ref.uid].error = errors.get(ref.uid, "")
+        return resp
+
+
+class _HealthService:
+    def __init__(self, health: HealthBroadcaster, pool_name: str, stopping: threading.Event):
+        self._health = health
+        self._pool = pool_name
+        self._stopping = stopping
+
+    def _message(self, devices: Sequence[Any]) -> Any:
+        pb = health_v1alpha1_pb2
+        resp = pb.NodeWatchResourcesResponse()
+        for d in devices:
+            resp.devices.add(
+                device=pb.DeviceIdentifier(pool_name=self._pool, device_name=d.device),
+                health=pb.HEALTHY if d.healthy else pb.UNHEALTHY,
+                last_updated_time=d.last_updated,
+                health_check_timeout_seconds=HEALTH_CHECK_TIMEOUT_SECONDS,
+            )
+        return resp
+
+    def NodeWatchResources(self, request: Any, context: Any) -> Iterator[Any]:
+        snap = self._health.snapshot()
+        log.info("health stream opened (%d devices)", len(snap.devices))
+        yield self._message(snap.devices)
+        version = snap.version
+        while context.is_active() and not self._stopping.is_set():
+            newer = self._health.wait_newer(version, _HEALTH_POLL_SECONDS)
+            if newer is None:
+                if self._health.closed:
+                    break
+                continue
+            version = newer.version
+            yield self._message(newer.devices)
+        log.info("health stream closed")
+
+
+class _RegistrationService:
+    def __init__(self, plugin: KubeletPlugin) -> None:
+        self._plugin = plugin
+
+    def GetInfo(self, request: Any, context: Any) -> Any:
+        p = self._plugin
+        log.info("kubelet GetInfo on %s", p.sockets.registration)
+        return pluginregistration_pb2.PluginInfo(
+            type="DRAPlugin",
+            name=p.driver_name,
+            endpoint=str(p.sockets.dra),
+            supported_versions=list(SUPPORTED_VERSIONS),
+        )
+
+    def NotifyRegistrationStatus(self, request: Any, context: Any) -> Any:
+        self._plugin.on_registration_status(request.plugin_registered, request.error)
+        return pluginregistration_pb2.RegistrationStatusResponse()
+
+
+class KubeletPlugin:
+    """Owns both gRPC servers; start() binds the sockets, stop() removes them."""
+
+    def __init__(
+        self,
+        *,
+        driver_name: str,
+        sockets: PluginSockets,
+        prepare: PrepareFn,
+        unprepare: UnprepareFn,
+        health: HealthBroadcaster,
+        pool_name: str,
+        retry_backoff: tuple[float, float] = (1.0, 60.0),
+    ) -> None:
+        self.driver_name = driver_name
+        self.sockets = sockets
+        self._prepare = prepare
+        self._unprepare = unprepare
+        self._health = health
+        self._pool_name = pool_name
+        self._backoff_initial, self._backoff_max = retry_backoff
+        self._backoff = self._backoff_initial
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._dra_server: grpc.Server | None = None
+        self._reg_server: grpc.Server | None = None
+        self._retry_timer: threading.Timer | None = None
+        self.registered = threading.Event()
+        self.registration_attempts = 0
+
+    def start(self) -> None:
+        self._stopping.clear()
+        self._dra_server = self._serve_dra()
+        with self._lock:
+            self._reg_server = self._serve_registration()
+        log.info(
+            "serving DRA (v1, v1beta1, health v1alpha1) on %s, registration on %s",
+            self.sockets.dra,
+            self.sockets.registration,
+        )
+
+    def stop(self, grace: float = 1.0) -> None:
+        self._stopping.set()
+        with self._lock:
+            if self._retry_timer is not None:
+                self._retry_timer.cancel()
+                self._retry_timer = None
+            reg, self._reg_server = self._reg_server, None
+        # Registration first: the kubelet must stop routing to us before the DRA socket goes.
+        if reg is not None:
+            reg.stop(grace).wait()
+            self.sockets.registration.unlink(missing_ok=True)
+        if self._dra_server is not None:
+            self._dra_server.stop(grace).wait()
+            self._dra_server = None
+            self.sockets.dra.unlink(missing_ok=True)
+
+    @staticmethod
+    def _bind(server: grpc.Server, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.unlink(missing_ok=True)  # a stale socket from a previous run refuses the bind
+        server.add_insecure_port(f"unix://{path}")
+        server.start()
+
+    def _serve_dra(self) -> grpc.Server:
+        # Health streams hold a worker each for their lifetime; leave room for prepares.
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="dra"))
+        _grpc_module("dra_v1").add_DRAPluginServicer_to_server(
+            _DraService(dra_v1_pb2, "v1", self._prepare, self._unprepare), server
+        )
+        _grpc_module("dra_v1beta1").add_DRAPluginServicer_to_server(
+            _DraService(dra_v1beta1_pb2, "v1beta1", self._prepare, self._unprepare), server
+        )
+        _grpc_module("health_v1alpha1").add_DRAResourceHealthServicer_to_server(
+            _HealthService(self._health, self._pool_name, self._stopping), server
+        )
+        self._bind(server, self.sockets.dra)
+        return server
+
+    def _serve_registration(self) -> grpc.Server:
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="reg"))
+        _grpc_module("pluginregistration").add_RegistrationServicer_to_server(
+            _RegistrationService(self), server
+        )
+        self._bind(server, self.sockets.registration)
+        self.registration_attempts += 1
+        return server
+
+    def on_registration_status(self, registered: bool, error: str) -> None:
+        if registered:
+            log.info("registered with the kubelet as DRA driver %s", self.driver_name)
+            self._backoff = self._backoff_initial
+            self.registered.set()
+            return
+        self.registered.clear()
+        with self._lock:
+            if self._stopping.is_set() or self._retry_timer is not None:
+                return
+            delay = self._backoff
+            self._backoff = min(self._backoff * 2, self._backoff_max)
+            log.error(
+                "kubelet rejected the registration of %s: %s; re-registering in %.1fs",
+                self.driver_name,
+                error or "(no reason given)",
+                delay,
+            )
+            self._retry_timer = threading.Timer(delay, self._reregister)
+            self._retry_timer.daemon = True
+            self._retry_timer.start()
+
+    def _reregister(self) -> None:
+        # Runs on the timer thread, never inside an RPC of the server it replaces.
+        with self._lock:
+            self._retry_timer = None
+            if self._stopping.is_set():
+                return
+            old, self._reg_server = self._reg_server, None
+        if old is not None:
+            old.stop(0.5).wait()
+        with self._lock:
+            if self._stopping.is_set():
+                return
+            self._reg_server = self._serve_registration()
+        log.info("re-created registration socket %s", self.sockets.registration)
