@@ -1,4 +1,8 @@
-"""cffi build of the accounting-file binding: the layout comes from shim/include/vgpu/region.h."""
+"""cffi build of the accounting-file binding: the layout comes from shim/include/vgpu/region.h.
+
+region.h embeds struct vgpu_compute_state (compute_state.h), so the CFFI part of compute_state.h
+is fed to cffi first, then region.h's.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +10,19 @@ from pathlib import Path
 
 from cffi import FFI
 
-_HEADER = Path(__file__).resolve().parent.parent / "shim" / "include" / "vgpu" / "region.h"
+_INCLUDE = Path(__file__).resolve().parent.parent / "shim" / "include"
+_HEADERS = (_INCLUDE / "vgpu" / "compute_state.h", _INCLUDE / "vgpu" / "region.h")
 
 
-def _cdef_text() -> str:
-    text = _HEADER.read_text()
+def _cffi_part(header: Path) -> str:
+    text = header.read_text()
     start = text.index("/* CFFI-BEGIN */") + len("/* CFFI-BEGIN */")
     end = text.index("/* CFFI-END */")
     return text[start:end]
+
+
+def _cdef_text() -> str:
+    return "\n".join(_cffi_part(h) for h in _HEADERS)
 
 
 ffibuilder = FFI()
@@ -21,7 +30,7 @@ ffibuilder.cdef(_cdef_text())
 ffibuilder.set_source(
     "sharing._region_cffi",
     '#include "vgpu/region.h"',
-    include_dirs=[str(_HEADER.parent.parent)],
+    include_dirs=[str(_INCLUDE)],
 )
 
 if __name__ == "__main__":

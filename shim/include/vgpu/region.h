@@ -1,24 +1,75 @@
 /*
- * The slice accounting file: one memory-mapped file shared by every process of a slice.
+ * The slice accounting file: one memory-mapped file shared by every process of a slice
+ * (CUDA_DEVICE_MEMORY_SHARED_CACHE). All processes that map the same file share one memory
+ * quota per device.
  *
  * This header is the single definition of the layout. The C shim includes it, and the
- * Python reader (sharing/_region_build.py) feeds the part between the CFFI markers to cffi,
- * so that part must stay plain C declarations (no #include, no macros with arguments).
+ * Python reader (sharing/_region_build.py) feeds the part between the CFFI markers to cffi
+ * (after the CFFI part of compute_state.h), so that part must stay plain C declarations
+ * (no #include, no macros with arguments, integer #defines only).
  * Any layout change bumps VGPU_REGION_LAYOUT_VERSION.
+ *
+ * Protocol (shim/src/region.c implements it; sharing/region.py reads it):
+ *  - The file is created complete: built in a temporary file in the same directory, then
+ *    link()ed into place. Nobody ever sees a half-initialised file; nobody waits to create it.
+ *  - `lock` holds a process-shared, robust pthread mutex. It guards every write to
+ *    devices[].used and procs[].used[]/state; the critical sections make no system calls.
+ *    A holder that dies leaves EOWNERDEAD to the next locker, which recomputes
+ *    devices[d].used as the sum of procs[].used[d] over VGPU_SLOT_LIVE slots.
+ *  - Slot i is owned by whoever holds an fcntl open-file-description write lock on the one
+ *    byte at file offset VGPU_SLOT_LOCK_BASE + i (held for the owner's lifetime; the kernel
+ *    drops it when the process dies, in any PID namespace). A slot in state VGPU_SLOT_LIVE
+ *    whose byte lock can be taken belongs to a dead process: its charges are reclaimed.
+ *  - Invariant (under the lock): devices[d].used == sum over LIVE slots of procs[i].used[d].
  */
 #ifndef VGPU_REGION_H
 #define VGPU_REGION_H
 
 #include <stdint.h>
 
+#include "vgpu/compute_state.h"
+
 /* CFFI-BEGIN */
-#define VGPU_REGION_MAGIC 0x55504756   /* "VGPU" little-endian */
-#define VGPU_REGION_LAYOUT_VERSION 1
+#define VGPU_REGION_MAGIC 0x55504756 /* "VGPU" little-endian */
+#define VGPU_REGION_LAYOUT_VERSION 2
+#define VGPU_MAX_DEVICES 16
+#define VGPU_MAX_PROCS 1024
+#define VGPU_LOCK_WORDS 8 /* 64 bytes reserved for the pthread_mutex_t (40 on x86-64 glibc) */
+#define VGPU_SLOT_LOCK_BASE 0 /* slot i's liveness lock is on file byte VGPU_SLOT_LOCK_BASE + i */
+#define VGPU_SLOT_FREE 0
+#define VGPU_SLOT_LIVE 1
 
 struct vgpu_region_header {
-    uint32_t magic;
-    uint32_t layout_version;
-    uint64_t file_size;
+    uint32_t magic;          /* VGPU_REGION_MAGIC */
+    uint32_t layout_version; /* VGPU_REGION_LAYOUT_VERSION */
+    uint64_t file_size;      /* sizeof(struct vgpu_region): the exact size of the file */
+    uint32_t max_devices;    /* VGPU_MAX_DEVICES */
+    uint32_t max_procs;      /* VGPU_MAX_PROCS */
+    uint64_t created_unix_ns;
+};
+
+struct vgpu_device_account {
+    uint64_t limit;   /* bytes; the quota the creator wrote (0 = none written) */
+    uint64_t used;    /* bytes charged by all live slots */
+    uint64_t peak;    /* highest `used` seen (diagnostics) */
+    uint64_t denials; /* allocations refused over quota */
+};
+
+struct vgpu_proc_slot {
+    int32_t pid;         /* in the owner's PID namespace: informational, never a liveness test */
+    uint32_t state;      /* VGPU_SLOT_FREE or VGPU_SLOT_LIVE */
+    uint64_t generation; /* bumped at every claim of this slot */
+    uint64_t used[VGPU_MAX_DEVICES]; /* bytes this process has charged, per device index */
+};
+
+struct vgpu_region {
+    struct vgpu_region_header header;
+    uint64_t lock[VGPU_LOCK_WORDS]; /* pthread_mutex_t: PTHREAD_PROCESS_SHARED, PTHREAD_MUTEX_ROBUST */
+    uint64_t lock_recoveries;       /* EOWNERDEAD recoveries (a holder died in a critical section) */
+    uint64_t reclaimed_slots;       /* dead processes whose charges were returned */
+    struct vgpu_device_account devices[VGPU_MAX_DEVICES];
+    struct vgpu_compute_state compute[VGPU_MAX_DEVICES];
+    struct vgpu_proc_slot procs[VGPU_MAX_PROCS];
 };
 /* CFFI-END */
 

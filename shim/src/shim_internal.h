@@ -1,0 +1,141 @@
+/*
+ * Internal API of libvgpu.so, shared by every file of the shim (memory: issue 3; compute cap: issue 4).
+ *
+ * What a hook file (e.g. the compute engineer's launch_hooks.c / compute*.c) can rely on:
+ *  - Entries are added to hooks_compute.def in the format documented at the top of hooks.def.
+ *    For each entry you define `ret hook_<symbol> params` (hidden; the default visibility of
+ *    the shim is hidden). dispatch.c generates the exported wrapper, real_<symbol> (the
+ *    driver's function, NULL if the driver lacks it), and both maps (dlsym, cuGetProcAddress).
+ *  - vgpu_init() runs the one-time setup (thread-safe, cheap after the first call) and returns
+ *    CUDA_SUCCESS or the error the process fails closed with (bad config, unusable region).
+ *    Call it first in every hook; if it fails, return its value without calling the driver.
+ *    vgpu_config()->disabled (CUDA_DISABLE_CONTROL=true) means pure passthrough: call real_<symbol>.
+ *  - Your strong `int vgpu_compute_init(void)` replaces the weak default in init.c. It is called
+ *    once from vgpu_init() after the config is parsed and the real symbols are resolved, before
+ *    the region is opened, and never when control is disabled. Parse your env there (use
+ *    vgpu_config_error() to report a bad value: it prints the one line); return 0 if ok,
+ *    nonzero if you reported a config error (cuInit then fails with CUDA_ERROR_INVALID_VALUE).
+ *    Call vgpu_require_region() from it if the compute cap needs the shared region even when no
+ *    memory limit is set.
+ *  - vgpu_region() is the mapped accounting file (or NULL when no region is in use); your state
+ *    is region->compute[device_index]. Use atomics on it, or vgpu_region_lock()/unlock() for
+ *    short sections without system calls (robust: a dead holder is recovered by the next locker).
+ *  - Device indices are as the application sees them (ordinal under CUDA_VISIBLE_DEVICES):
+ *    vgpu_device_index(CUdevice) and vgpu_current_device_index(). They need cuInit to have
+ *    succeeded; they return -1 otherwise.
+ *  - vgpu_log(level, fmt, ...) prints "vgpu: ..." to stderr if level <= LIBCUDA_LOG_LEVEL.
+ */
+#ifndef VGPU_SHIM_INTERNAL_H
+#define VGPU_SHIM_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "vgpu/cuda_api.h"
+#include "vgpu/nvml_api.h"
+#include "vgpu/region.h"
+
+#define VGPU_EXPORT __attribute__((visibility("default")))
+
+/* ---- the hooked symbols (generated from hooks.def) ---- */
+#define VGPU_HOOK(lib, ret, name, params, args)                                                     \
+    typedef ret(*vgpu_pfn_##name) params;                                                          \
+    extern vgpu_pfn_##name real_##name;                                                            \
+    ret hook_##name params;
+#include "hooks.def"
+#undef VGPU_HOOK
+
+/* Resolve every real_<symbol> of lib CUDA (dispatch.c). Returns 0, or -1 if libcuda.so.1 cannot
+ * be loaded (then the hooks return CUDA_ERROR_NOT_INITIALIZED or equivalent). */
+int vgpu_resolve_cuda(void);
+/* Resolve the real_<symbol> of lib NVML (lazily, at the first NVML hook). 0 ok, -1 no NVML. */
+int vgpu_resolve_nvml(void);
+
+/* ---- logging (log.c) ---- */
+enum vgpu_log_level {
+    VGPU_LOG_CONFIG = 0, /* configuration errors: always printed, whatever the level */
+    VGPU_LOG_ERROR = 1,
+    VGPU_LOG_WARN = 2, /* the default */
+    VGPU_LOG_INFO = 3,
+    VGPU_LOG_DEBUG = 4,
+};
+void vgpu_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void vgpu_log_set_level(int level);
+/* "4.00 GiB", "64.0 MiB", "512 B": the same as sharing.quantity.format_bytes. */
+void vgpu_format_bytes(uint64_t n, char *buf, size_t len);
+
+/* ---- configuration (config.c) ---- */
+struct vgpu_config {
+    int disabled;                        /* CUDA_DISABLE_CONTROL=true: pure passthrough */
+    int log_level;                       /* LIBCUDA_LOG_LEVEL, default VGPU_LOG_WARN */
+    int any_limit;                       /* some device has a memory limit */
+    uint64_t limit[VGPU_MAX_DEVICES];    /* bytes per app-visible device index; 0 = none */
+    uint64_t context_reserve;            /* VGPU_CONTEXT_RESERVE: charged per context */
+    const char *region_path;             /* CUDA_DEVICE_MEMORY_SHARED_CACHE, NULL = private */
+};
+/* Parse the environment into cfg. Returns 0, or -1 after printing the one config-error line. */
+int vgpu_config_load(struct vgpu_config *cfg);
+/* The loaded configuration (valid after vgpu_init() returned CUDA_SUCCESS). */
+const struct vgpu_config *vgpu_config(void);
+/* Print the one config-error line: "vgpu: VAR=VALUE is invalid: WHY; accepted: FORMS". */
+void vgpu_config_error(const char *var, const char *value, const char *why, const char *forms);
+/* Memory quantity parser: exactly the forms of sharing/quantity.py. 0 ok, -1 malformed or
+ * out of range (then *why says which). */
+int vgpu_parse_bytes(const char *text, uint64_t *out, const char **why);
+extern const char vgpu_quantity_forms[];
+
+/* ---- initialisation (init.c) ---- */
+CUresult vgpu_init(void);
+/* Called by the compute cap's init when it needs the region without memory limits. */
+void vgpu_require_region(void);
+int vgpu_compute_init(void); /* weak default in init.c returns 0 */
+
+/* ---- devices (devices.c) ---- */
+/* Build the CUdevice <-> app index map (once, after a successful real cuInit). */
+void vgpu_devices_discover(void);
+int vgpu_device_index(CUdevice dev);    /* app-visible index, or -1 */
+int vgpu_current_device_index(void);    /* of the current context's device, or -1 */
+int vgpu_device_count(void);            /* devices mapped (<= VGPU_MAX_DEVICES), 0 before cuInit */
+
+/* ---- the accounting region (region.c) ---- */
+struct vgpu_region *vgpu_region(void);  /* NULL when no region is in use */
+/* Open (or create) the region: path, or a private memfd when path is NULL. Returns CUDA_SUCCESS
+ * or an error after printing one line. Writes the creator's limits if it creates the file. */
+CUresult vgpu_region_open(const char *path, const uint64_t limits[VGPU_MAX_DEVICES]);
+void vgpu_region_lock(void);
+void vgpu_region_unlock(void);
+/* Reserve bytes on device index dev against limit (0 = none). Returns 0, or -1 if over quota
+ * (after a dead-slot scan). *used_out gets the slice's usage seen at the decision. */
+int vgpu_region_charge(int dev, uint64_t bytes, uint64_t limit, uint64_t *used_out);
+void vgpu_region_uncharge(int dev, uint64_t bytes);
+uint64_t vgpu_region_used(int dev);
+/* Return the charges of dead processes to the quota (system calls: not on every call). */
+void vgpu_region_reclaim_dead(void);
+/* Fork child: drop the inherited slot (claim a new one lazily). */
+void vgpu_region_atfork_child(void);
+
+/* ---- per-process record of what was charged (track.c) ---- */
+enum vgpu_track_kind {
+    VGPU_TRACK_PTR = 1,    /* cuMemAlloc*, cuMemAllocManaged, cuMemAllocPitch, async allocations */
+    VGPU_TRACK_HANDLE = 2, /* cuMemCreate handles */
+    VGPU_TRACK_ARRAY = 3,
+    VGPU_TRACK_MIPMAP = 4,
+    VGPU_TRACK_CTX = 5,    /* contexts' reserve */
+    VGPU_TRACK_POOL = 6,   /* memory pool -> device index (bytes unused) */
+};
+int vgpu_track_add(int kind, uint64_t key, int dev, uint64_t bytes); /* 0, or -1 out of memory */
+int vgpu_track_take(int kind, uint64_t key, int *dev, uint64_t *bytes); /* 1 found+removed, 0 not */
+int vgpu_track_find(int kind, uint64_t key, int *dev, uint64_t *bytes); /* 1 found, 0 not */
+void vgpu_track_reset(void); /* fork child: the parent's allocations are not ours */
+
+/* ---- memory accounting helpers (memory.c) ---- */
+/* Is memory accounting on (a region is in use and control not disabled)? */
+int vgpu_mem_active(void);
+/* Reserve bytes on dev, printing the once-per-process denial line on refusal.
+ * CUDA_SUCCESS or CUDA_ERROR_OUT_OF_MEMORY. */
+CUresult vgpu_mem_reserve(int dev, uint64_t bytes);
+void vgpu_mem_release(int dev, uint64_t bytes);
+/* Bytes the driver takes for a request of n bytes (rounding to the allocation granule). */
+uint64_t vgpu_mem_round(uint64_t n);
+
+#endif
