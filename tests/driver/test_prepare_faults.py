@@ -1,0 +1,148 @@
+"""SIGKILL of the plugin process at each step of a prepare/unprepare, then restart: the claim is
+either finished or rolled back, never half-done, and the retried call gives the same answer."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from tests.driver.kubelet_standin import (
+    DRIVER,
+    KIND,
+    ClaimId,
+    KubeletStandin,
+    allocated_claim,
+    claim_id,
+    result,
+)
+from tests.driver.plugin_process import PluginProcess, fake_gpus
+from tests.fakes.apiserver import FakeApiServer
+
+
+@pytest.fixture
+def env() -> Iterator[tuple[Path, FakeApiServer]]:
+    root = Path(tempfile.mkdtemp(prefix="vgf", dir="/tmp"))
+    with FakeApiServer() as server:
+        yield root, server
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def artefacts(root: Path) -> tuple[list[str], list[str]]:
+    cdi = root / "cdi"
+    claims = root / "data" / "claims"
+    return (
+        sorted(p.name for p in cdi.iterdir()) if cdi.exists() else [],
+        sorted(p.name for p in claims.iterdir()) if claims.exists() else [],
+    )
+
+
+def registered(root: Path) -> KubeletStandin:
+    k = KubeletStandin(root / "registry" / f"{DRIVER}-reg.sock")
+    k.register()
+    return k
+
+
+def spec_name(c: ClaimId) -> str:
+    return f"k8s.{DRIVER}-claim_{c.uid}.json"
+
+
+@pytest.mark.parametrize(
+    "step", ["prepare-started", "prepare-dir", "prepare-cdi", "prepare-completed"]
+)
+def test_crash_during_prepare(env: tuple[Path, FakeApiServer], step: str) -> None:
+    root, server = env
+    c = claim_id(server.put(allocated_claim("c1", results=[result("gpu", "gpu-0", memory="2Gi")])))
+    plugin = PluginProcess(root, server.url, fake_gpus())
+    plugin.start(crash_at=step)
+    kubelet = registered(root)
+    with pytest.raises(grpc.RpcError) as e:
+        kubelet.prepare([c])
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE  # the process died mid-call
+    kubelet.close()
+    assert plugin.wait_exit() == -signal.SIGKILL
+
+    plugin.start()
+    try:
+        if step == "prepare-completed":
+            # Recorded as completed before the crash: finished, kept as is.
+            assert artefacts(root) == ([spec_name(c)], [c.uid])
+        else:
+            # Interrupted: rolled back at startup, nothing left over.
+            assert artefacts(root) == ([], [])
+        kubelet = registered(root)
+        reads = len([r for r in server.requests if "resourceclaims" in r.path])
+        out = kubelet.prepare([c])
+        assert out[c.uid].error == ""
+        assert out[c.uid].devices[0].cdi_device_ids == [f"{KIND}={c.uid}"]
+        reads_after = len([r for r in server.requests if "resourceclaims" in r.path])
+        # A finished prepare is answered from the checkpoint; a rolled-back one reads again.
+        assert reads_after - reads == (0 if step == "prepare-completed" else 1)
+        assert artefacts(root) == ([spec_name(c)], [c.uid])
+        assert kubelet.prepare([c]) == out
+        assert kubelet.unprepare([c]) == {c.uid: ""}
+        assert artefacts(root) == ([], [])
+        kubelet.close()
+    finally:
+        plugin.stop()
+
+
+@pytest.mark.parametrize("step", ["unprepare-cdi", "unprepare-dir"])
+def test_crash_during_unprepare(env: tuple[Path, FakeApiServer], step: str) -> None:
+    root, server = env
+    c = claim_id(server.put(allocated_claim("c1", results=[result("gpu", "gpu-0", memory="2Gi")])))
+    keep = claim_id(server.put(allocated_claim("c2", results=[result("gpu", "gpu-1")])))
+    plugin = PluginProcess(root, server.url, fake_gpus())
+    plugin.start()
+    kubelet = registered(root)
+    assert all(r.error == "" for r in kubelet.prepare([c, keep]).values())
+    kubelet.close()
+    plugin.stop()
+
+    plugin.start(crash_at=step)
+    kubelet = registered(root)
+    with pytest.raises(grpc.RpcError):
+        kubelet.unprepare([c])
+    kubelet.close()
+    assert plugin.wait_exit() == -signal.SIGKILL
+
+    plugin.start()
+    try:
+        kubelet = registered(root)
+        assert kubelet.unprepare([c]) == {c.uid: ""}
+        assert artefacts(root) == ([spec_name(keep)], [keep.uid])
+        # The other claim survived the crash and restart intact.
+        assert kubelet.prepare([keep])[keep.uid].devices[0].cdi_device_ids == [f"{KIND}={keep.uid}"]
+        kubelet.close()
+    finally:
+        plugin.stop()
+
+
+def test_prepared_claims_survive_a_restart_without_the_api_server(
+    env: tuple[Path, FakeApiServer],
+) -> None:
+    root, server = env
+    c = claim_id(server.put(allocated_claim("c1", results=[result("gpu", "gpu-0", memory="3Gi")])))
+    plugin = PluginProcess(root, server.url, fake_gpus())
+    plugin.start()
+    kubelet = registered(root)
+    first = kubelet.prepare([c])
+    kubelet.close()
+    plugin.proc.kill()  # type: ignore[union-attr]
+    plugin.wait_exit()
+    server.down()
+    plugin.start()
+    try:
+        kubelet = registered(root)
+        assert kubelet.prepare([c]) == first
+        assert kubelet.unprepare([c]) == {c.uid: ""}
+        assert artefacts(root) == ([], [])
+        kubelet.close()
+    finally:
+        plugin.stop()
+        server.up()
