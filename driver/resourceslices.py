@@ -1,0 +1,560 @@
+"""Publishing this node's GPUs as ResourceSlices (resource.k8s.io/v1).
+
+One pool per node (pool name = node name), slices of at most 128 devices, owned by the Node.
+
+Modes:
+  sharing    each GPU is one device `gpu-<index>` with allowMultipleAllocations and request
+             policies on its `memory` and `cores` capacities (consumable capacity, Kubernetes
+             1.36+ or the DRAConsumableCapacity gate on);
+  partition  each GPU is N fixed devices `gpu-<index>-slice-<k>` with memory/N and 100/N cores,
+             for clusters whose API server drops consumable capacity (the 1.34/1.35 default).
+In `auto` the publisher writes sharing-mode slices, reads them back and, when the API server
+dropped the consumable-capacity fields, warns once and republishes in partition mode.
+
+Unhealthy GPUs are removed from the slices (not tainted): device taints need the
+DRADeviceTaints gate, off by default on 1.34/1.35, where the server would silently drop them
+and the scheduler would keep allocating the broken GPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, cast
+
+from driver.discovery import DiscoveredGpu, Inventory, semver
+from driver.kube import ApiException, Kube
+from sharing.gpus import GpuInfo
+from sharing.quantity import to_kubernetes
+
+log = logging.getLogger(__name__)
+
+Mode = Literal["sharing", "partition"]
+
+MAX_DEVICES_PER_SLICE = 128
+MEMORY_MIN = 256 * 1024**2
+MEMORY_STEP = 256 * 1024**2
+CORES_TOTAL = 100  # percent of the GPU's SMs
+CORES_MIN = 1
+CORES_STEP = 1
+PCIE_ROOT_ATTRIBUTE = "resource.kubernetes.io/pcieRoot"
+
+
+class PublishError(Exception):
+    """Publishing failed in a way a retry may fix (API server down, conflict, ...)."""
+
+
+# --- devices ---------------------------------------------------------------------------------------
+
+
+def _attributes(g: DiscoveredGpu) -> dict[str, Any]:
+    info = g.info
+    attrs: dict[str, Any] = {
+        "uuid": {"string": info.uuid},
+        "index": {"int": info.index},
+        "minor": {"int": info.minor},
+        "productName": {"string": info.name[:64]},
+        PCIE_ROOT_ATTRIBUTE: {"string": g.pcie_root},
+    }
+    for key, text in (
+        ("cudaComputeCapability", info.compute_capability),
+        ("driverVersion", info.driver_version),
+        ("cudaDriverVersion", info.cuda_driver_version),
+    ):
+        version = semver(text)
+        if version is None:
+            log.warning(
+                "GPU %d (%s): %s %r is not a dotted version; left out",
+                info.index,
+                info.uuid,
+                key,
+                text,
+            )
+        else:
+            attrs[key] = {"version": version}
+    if info.numa_node is not None and info.numa_node >= 0:
+        attrs["numaNode"] = {"int": info.numa_node}
+    return attrs
+
+
+def sharing_memory_policy(total: int) -> dict[str, Any] | None:
+    """min 256Mi, step 256Mi, default and max the total rounded down to a step multiple.
+
+    (default - min) and (max - min) must be step multiples and min + step <= total; a GPU too
+    small for that gets no policy (any request up to its memory).
+    """
+    top = total // MEMORY_STEP * MEMORY_STEP
+    if top < MEMORY_MIN + MEMORY_STEP:
+        return None
+    return {
+        "default": to_kubernetes(top),
+        "validRange": {
+            "min": to_kubernetes(MEMORY_MIN),
+            "max": to_kubernetes(top),
+            "step": to_kubernetes(MEMORY_STEP),
+        },
+    }
+
+
+def sharing_device(g: DiscoveredGpu) -> dict[str, Any]:
+    memory: dict[str, Any] = {"value": to_kubernetes(g.info.memory_total)}
+    if (policy := sharing_memory_policy(g.info.memory_total)) is not None:
+        memory["requestPolicy"] = policy
+    return {
+        "name": f"gpu-{g.index}",
+        "allowMultipleAllocations": True,
+        "attributes": _attributes(g),
+        "capacity": {
+            "memory": memory,
+            "cores": {
+                "value": str(CORES_TOTAL),
+                "requestPolicy": {
+                    "default": str(CORES_TOTAL),
+                    "validRange": {
+                        "min": str(CORES_MIN),
+                        "max": str(CORES_TOTAL),
+                        "step": str(CORES_STEP),
+                    },
+                },
+            },
+        },
+    }
+
+
+def partition_memory(info: GpuInfo, partitions: int) -> int:
+    """Memory of one partition; the kubelet side (driver/claims.py) computes the same."""
+    return info.memory_total // partitions
+
+
+def partition_cores(partitions: int) -> int:
+    return max(1, CORES_TOTAL // partitions)
+
+
+def partition_devices(g: DiscoveredGpu, partitions: int) -> list[dict[str, Any]]:
+    devices = []
+    for k in range(partitions):
+        attrs = _attributes(g)
+        attrs["partition"] = {"int": k}
+        attrs["partitionCount"] = {"int": partitions}
+        devices.append(
+            {
+                "name": f"gpu-{g.index}-slice-{k}",
+                "attributes": attrs,
+                "capacity": {
+                    "memory": {"value": to_kubernetes(partition_memory(g.info, partitions))},
+                    "cores": {"value": str(partition_cores(partitions))},
+                },
+            }
+        )
+    return devices
+
+
+def device_names(index: int, mode: Mode, partitions: int) -> list[str]:
+    if mode == "sharing":
+        return [f"gpu-{index}"]
+    return [f"gpu-{index}-slice-{k}" for k in range(partitions)]
+
+
+def build_devices(
+    gpus: Iterable[DiscoveredGpu], mode: Mode, partitions: int
+) -> list[dict[str, Any]]:
+    """The devices to offer: healthy GPUs only, in index order."""
+    devices: list[dict[str, Any]] = []
+    for g in sorted(gpus, key=lambda g: g.index):
+        if not g.healthy:
+            continue
+        devices.extend(
+            [sharing_device(g)] if mode == "sharing" else partition_devices(g, partitions)
+        )
+    return devices
+
+
+def health_map(inv: Inventory, mode: Mode, partitions: int) -> dict[str, bool]:
+    """Device name -> healthy, for every device of every GPU NVML reports."""
+    return {name: g.healthy for g in inv.gpus for name in device_names(g.index, mode, partitions)}
+
+
+def chunk(
+    devices: Sequence[dict[str, Any]], size: int = MAX_DEVICES_PER_SLICE
+) -> list[list[dict[str, Any]]]:
+    """Devices split into slices of at most `size`; an empty pool is still one (empty) slice."""
+    if not devices:
+        return [[]]
+    return [list(devices[i : i + size]) for i in range(0, len(devices), size)]
+
+
+def consumable_capacity_dropped(
+    sent: Sequence[dict[str, Any]], stored: Sequence[dict[str, Any]]
+) -> bool:
+    """True if the server left out allowMultipleAllocations or a requestPolicy we sent."""
+    by_name = {d.get("name"): d for d in stored}
+    for dev in sent:
+        got = by_name.get(dev["name"]) or {}
+        if dev.get("allowMultipleAllocations") and not got.get("allowMultipleAllocations"):
+            return True
+        for cap_name, cap in (dev.get("capacity") or {}).items():
+            if "requestPolicy" in cap and "requestPolicy" not in (
+                (got.get("capacity") or {}).get(cap_name) or {}
+            ):
+                return True
+    return False
+
+
+# --- the publisher ---------------------------------------------------------------------------------
+
+
+@dataclass
+class _Written:
+    name: str
+    resource_version: str
+    devices: list[dict[str, Any]]
+
+
+class SlicePublisher:
+    """Writes the pool of this node; not thread-safe (PublishLoop serialises the calls)."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        *,
+        driver_name: str,
+        node_name: str,
+        requested_mode: str,  # auto | sharing | partition
+        partitions: int,
+    ) -> None:
+        self.kube = kube
+        self.driver_name = driver_name
+        self.node_name = node_name
+        self.requested_mode = requested_mode
+        self.partitions = partitions
+        self._mode: Mode | None = (
+            cast(Mode, requested_mode) if requested_mode in ("sharing", "partition") else None
+        )
+        self.generation = 0
+        self._written: dict[str, _Written] = {}
+        self._node_uid: str | None = None
+        self._dropped_warned = False
+        self.mode_decided = threading.Event()
+        if self._mode is not None:
+            self.mode_decided.set()
+
+    @property
+    def mode(self) -> Mode | None:
+        """The mode the slices are published in, once decided (auto: after the first read-back)."""
+        return self._mode
+
+    def _slice_name(self, k: int) -> str:
+        return f"{self.node_name}-{self.driver_name}-{k}"
+
+    def _owner(self) -> list[dict[str, Any]]:
+        if self._node_uid is None:
+            try:
+                self._node_uid = str(self.kube.read_node(self.node_name)["metadata"]["uid"])
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+                log.warning(
+                    "node %s: Node object not found; publishing ResourceSlices without an owner "
+                    "reference (they will not be garbage-collected with the Node)",
+                    self.node_name,
+                )
+                return []
+        return [
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "name": self.node_name,
+                "uid": self._node_uid,
+                "controller": True,
+            }
+        ]
+
+    def _existing(self) -> dict[str, dict[str, Any]]:
+        """Our pool's slices on the server, by name, as JSON dicts."""
+        items = self.kube.list_slices(
+            f"spec.nodeName={self.node_name},spec.driver={self.driver_name}"
+        )
+        out: dict[str, dict[str, Any]] = {}
+        for d in items:
+            if ((d.get("spec") or {}).get("pool") or {}).get("name") == self.node_name:
+                out[d["metadata"]["name"]] = d
+        return out
+
+    def decide_mode(self) -> Mode:
+        """The mode to publish in; in auto, probe the API server once. Raises on API errors.
+
+        The probe is a dry-run create of a slice with one sharing-mode device: the server runs
+        it through the same field dropping as a real write and answers with what it would store,
+        without any transient sharing-mode devices for the scheduler to allocate.
+        """
+        if self._mode is not None:
+            return self._mode
+        probe_device = sharing_device(
+            DiscoveredGpu(
+                info=GpuInfo(
+                    index=0,
+                    uuid="GPU-probe",
+                    name="probe",
+                    memory_total=MEMORY_MIN * 4,
+                    memory_used=0,
+                    pci_bus_id="0000:00:00.0",
+                    minor=0,
+                    numa_node=None,
+                    compute_capability="0.0",
+                    driver_version="0.0",
+                    cuda_driver_version="0.0",
+                ),
+                pcie_root="pci0000:00",
+            )
+        )
+        body = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"generateName": f"{self.node_name}-{self.driver_name}-probe-"},
+            "spec": {
+                "driver": self.driver_name,
+                "nodeName": self.node_name,
+                "pool": {"name": self.node_name, "generation": 0, "resourceSliceCount": 1},
+                "devices": [probe_device],
+            },
+        }
+        stored = self.kube.create_slice(body, dry_run=True)
+        if consumable_capacity_dropped([probe_device], stored["spec"].get("devices") or []):
+            log.warning(
+                "node %s: the API server drops allowMultipleAllocations/requestPolicy from "
+                "ResourceSlices (DRAConsumableCapacity is off: the default before Kubernetes "
+                "1.36); publishing in partition mode: each GPU as %d devices "
+                "gpu-<index>-slice-<k> with 1/%d of its memory and cores",
+                self.node_name,
+                self.partitions,
+                self.partitions,
+            )
+            self._dropped_warned = True
+            self._mode = "partition"
+        else:
+            log.info(
+                "node %s: the API server keeps consumable capacity: sharing mode", self.node_name
+            )
+            self._mode = "sharing"
+        self.mode_decided.set()
+        return self._mode
+
+    def publish(self, inv: Inventory) -> bool:
+        """Bring the pool in line with inv; True if anything was written. Raises on API errors."""
+        return self._publish(inv, self.decide_mode())
+
+    def _publish(self, inv: Inventory, mode: Mode) -> bool:
+        devices = build_devices(inv.gpus, mode, self.partitions)
+        chunks = chunk(devices)
+        names = [self._slice_name(k) for k in range(len(chunks))]
+        existing = self._existing()
+        unchanged = (
+            self.generation > 0
+            and set(existing) == set(names)
+            and all(
+                n in self._written
+                and self._written[n].devices == c
+                and existing[n]["metadata"].get("resourceVersion")
+                == self._written[n].resource_version
+                for n, c in zip(names, chunks, strict=True)
+            )
+        )
+        if unchanged:
+            return False
+        generation = (
+            max(
+                [self.generation]
+                + [
+                    int(((e.get("spec") or {}).get("pool") or {}).get("generation", 0))
+                    for e in existing.values()
+                ]
+            )
+            + 1
+        )
+        owner = self._owner()
+        written: dict[str, _Written] = {}
+        for name, devs in zip(names, chunks, strict=True):
+            body: dict[str, Any] = {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceSlice",
+                "metadata": {"name": name, "ownerReferences": owner} if owner else {"name": name},
+                "spec": {
+                    "driver": self.driver_name,
+                    "nodeName": self.node_name,
+                    "pool": {
+                        "name": self.node_name,
+                        "generation": generation,
+                        "resourceSliceCount": len(chunks),
+                    },
+                    "devices": devs,
+                },
+            }
+            if name in existing:
+                body["metadata"]["resourceVersion"] = existing[name]["metadata"]["resourceVersion"]
+                resp = self.kube.replace_slice(name, body)
+            else:
+                resp = self.kube.create_slice(body)
+            written[name] = _Written(name, str(resp["metadata"]["resourceVersion"]), devs)
+            if mode == "sharing" and not self._dropped_warned:
+                stored = (resp.get("spec") or {}).get("devices") or []
+                if consumable_capacity_dropped(devs, stored):
+                    # Explicit --sharing-mode=sharing on a server without the gate: claims
+                    # would get whole GPUs. Say so once; the operator chose this mode.
+                    self._dropped_warned = True
+                    log.error(
+                        "node %s: the API server dropped allowMultipleAllocations/requestPolicy "
+                        "from ResourceSlice %s: sharing mode needs DRAConsumableCapacity "
+                        "(Kubernetes 1.36+); use --sharing-mode=auto or partition",
+                        self.node_name,
+                        name,
+                    )
+        # Leftovers go after the new generation is complete, so the pool is never short.
+        for name in sorted(set(existing) - set(names)):
+            self.kube.delete_slice(name)
+        self._written = written
+        self.generation = generation
+        log.info(
+            "node %s: published %d device(s) in %d ResourceSlice(s), %s mode, pool generation %d",
+            self.node_name,
+            len(devices),
+            len(chunks),
+            mode,
+            generation,
+        )
+        return True
+
+    def cleanup(self) -> int:
+        """Delete every slice of this node's pool; the number deleted."""
+        n = 0
+        for name in sorted(self._existing()):
+            n += self.kube.delete_slice(name)
+        self._written = {}
+        log.info("node %s: deleted %d ResourceSlice(s)", self.node_name, n)
+        return n
+
+
+# --- retrying in the background --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Backoff:
+    initial: float = 0.5
+    factor: float = 2.0
+    maximum: float = 30.0
+
+    def delays(self) -> Iterable[float]:
+        d = self.initial
+        while True:
+            yield d
+            d = min(self.maximum, d * self.factor)
+
+
+def describe_error(e: BaseException) -> str:
+    """One short line: 'HTTP 503 Service Unavailable', 'NewConnectionError: ... refused'."""
+    if isinstance(e, ApiException):
+        return f"HTTP {e.status} {e.reason or ''}".strip()
+    # urllib3's MaxRetryError wraps the real cause in .reason.
+    reason = getattr(e, "reason", None)
+    if isinstance(reason, BaseException):
+        e = reason
+    text = str(e).splitlines()[0] if str(e) else ""
+    return f"{type(e).__name__}: {text}"[:200]
+
+
+@dataclass
+class PublishLoop:
+    """Publishes the latest Inventory from a thread, retrying with backoff while the API fails.
+
+    Also re-checks the pool every `resync` seconds, so a slice someone deleted or changed is
+    written again.
+    """
+
+    publisher: SlicePublisher
+    backoff: Backoff = field(default_factory=Backoff)
+    resync: float = 30.0
+    on_mode: Callable[[Mode], None] | None = None
+    _desired: Inventory | None = None
+    _cond: threading.Condition = field(default_factory=threading.Condition)
+    _stopping: bool = False
+    _published: Inventory | None = None
+    _healthy_api: bool = True
+    _thread: threading.Thread | None = None
+
+    def submit(self, inv: Inventory) -> None:
+        with self._cond:
+            self._desired = inv
+            self._cond.notify_all()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.run, name="slice-publisher", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def api_reachable(self) -> bool:
+        return self._healthy_api
+
+    def wait_published(self, timeout: float) -> bool:
+        """Until the latest submitted Inventory is on the server (or timeout)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._desired is None or self._published is not self._desired:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+            return True
+
+    def run(self) -> None:
+        delays = iter(self.backoff.delays())
+        next_resync = time.monotonic() + self.resync
+        while True:
+            with self._cond:
+                while not self._stopping and (
+                    self._desired is None
+                    or (self._published is self._desired and time.monotonic() < next_resync)
+                ):
+                    self._cond.wait(
+                        max(0.0, next_resync - time.monotonic()) if self._desired else None
+                    )
+                if self._stopping:
+                    return
+                inv = self._desired
+            assert inv is not None
+            try:
+                self.publisher.publish(inv)
+            except Exception as e:
+                delay = next(delays)
+                self._healthy_api = False
+                log.warning(
+                    "node %s: publishing ResourceSlices failed (%s); retrying in %gs",
+                    self.publisher.node_name,
+                    describe_error(e),
+                    delay,
+                )
+                with self._cond:
+                    self._cond.wait_for(lambda: self._stopping, timeout=delay)
+                continue
+            if not self._healthy_api:
+                log.info(
+                    "node %s: API server reachable again; ResourceSlices published",
+                    self.publisher.node_name,
+                )
+            self._healthy_api = True
+            delays = iter(self.backoff.delays())
+            next_resync = time.monotonic() + self.resync
+            mode = self.publisher.mode
+            if mode is not None and self.on_mode is not None:
+                self.on_mode(mode)
+            with self._cond:
+                self._published = inv
+                self._cond.notify_all()

@@ -1,0 +1,241 @@
+"""Discovery: versions, PCIe root from sysfs, health from XID events, presence, via an NVML facade."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from driver.discovery import (
+    Discovery,
+    Inventory,
+    Rediscovery,
+    XidEvent,
+    semver,
+    sysfs_bdf,
+)
+from sharing.gpus import GpuInfo
+
+
+def gpu(index: int, bus: str | None = None) -> GpuInfo:
+    return GpuInfo(
+        index=index,
+        uuid=f"GPU-{index}",
+        name="NVIDIA A100-SXM4-40GB",
+        memory_total=40 * 1024**3,
+        memory_used=0,
+        pci_bus_id=bus or f"00000000:{0x10 + index:02X}:00.0",
+        minor=index,
+        numa_node=None,
+        compute_capability="8.0",
+        driver_version="535.104.05",
+        cuda_driver_version="12.2",
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        ("9.0", "9.0.0"),
+        ("550.54.15", "550.54.15"),
+        ("535.104.05", "535.104.5"),
+        ("12", "12.0.0"),
+        ("1.2.3.4", "1.2.3+4"),
+        ("", None),
+        ("r550", None),
+        ("9.x", None),
+    ],
+)
+def test_semver(text: str, want: str | None) -> None:
+    assert semver(text) == want
+
+
+def test_sysfs_bdf() -> None:
+    assert sysfs_bdf("00000000:3B:00.0") == ("0000:3b:00.0", 0, 0x3B)
+    assert sysfs_bdf("0001:af:1f.7") == ("0001:af:1f.7", 1, 0xAF)
+    assert sysfs_bdf("3b:00.0") == ("0000:3b:00.0", 0, 0x3B)
+    assert sysfs_bdf("nonsense") is None
+
+
+def make_sysfs(root: Path, bdf: str, chain: list[str]) -> None:
+    """A sysfs-like tree: devices/<chain...>/<bdf> and bus/pci/devices/<bdf> -> it."""
+    real = root / "devices" / Path(*chain) / bdf
+    real.mkdir(parents=True)
+    links = root / "bus" / "pci" / "devices"
+    links.mkdir(parents=True, exist_ok=True)
+    os.symlink(os.path.relpath(real, links), links / bdf)
+
+
+def test_pcie_root_from_sysfs_and_fallback_logged_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    make_sysfs(tmp_path, "0000:3b:00.0", ["pci0000:3a", "0000:3a:00.0", "0000:3a:02.0"])
+    d = Discovery(backend=None, sysfs_root=tmp_path)  # type: ignore[arg-type]
+    assert d.pcie_root(gpu(0, "00000000:3B:00.0")) == "pci0000:3a"
+    caplog.set_level(logging.WARNING)
+    assert d.pcie_root(gpu(1, "00000000:5E:00.0")) == "pci0000:5e"
+    assert d.pcie_root(gpu(2, "00000001:86:00.0")) == "pci0001:86"
+    fallbacks = [r for r in caplog.records if "no PCI root in sysfs" in r.getMessage()]
+    assert len(fallbacks) == 1 and "GPU 1" in fallbacks[0].getMessage()
+    with pytest.raises(ValueError, match="unparsable PCI bus id"):
+        d.pcie_root(gpu(3, "garbage"))
+
+
+class FakeEvents:
+    def __init__(self, backend: FakeNvml) -> None:
+        self.backend = backend
+        self.closed = False
+        # Like the simulator: a GPU that is unhealthy now delivers its XID to a new event set.
+        self.pending = [XidEvent(u, xid) for u, xid in backend.failing.items()]
+
+    def wait(self, timeout: float) -> list[XidEvent]:
+        with self.backend.cond:
+            if not self.pending and timeout > 0:
+                self.backend.cond.wait(timeout)
+            self.pending.extend(self.backend.injected)
+            self.backend.injected.clear()
+            out, self.pending = self.pending, []
+            return out
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class FakeNvml:
+    def __init__(self, gpus: list[GpuInfo], events: bool = True) -> None:
+        self.gpus = gpus
+        self.events = events
+        self.failing: dict[str, int] = {}  # uuid -> XID delivered to every new event set
+        self.injected: list[XidEvent] = []  # one-off events for the open set
+        self.cond = threading.Condition()
+        self.broken: Exception | None = None
+        self.rounds = 0
+
+    def list_gpus(self) -> list[GpuInfo]:
+        self.rounds += 1
+        if self.broken:
+            raise self.broken
+        return list(self.gpus)
+
+    def open_events(self) -> FakeEvents | None:
+        return FakeEvents(self) if self.events else None
+
+    def inject(self, ev: XidEvent) -> None:
+        with self.cond:
+            self.injected.append(ev)
+            self.cond.notify_all()
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.seen: list[Inventory] = []
+        self.cond = threading.Condition()
+
+    def __call__(self, inv: Inventory) -> None:
+        with self.cond:
+            self.seen.append(inv)
+            self.cond.notify_all()
+
+    def wait_for(self, pred, timeout: float = 10.0) -> Inventory:  # type: ignore[no-untyped-def]
+        with self.cond:
+            ok = self.cond.wait_for(lambda: self.seen and pred(self.seen[-1]), timeout)
+            assert ok, f"timed out; last inventory: {self.seen[-1] if self.seen else None}"
+            return self.seen[-1]
+
+
+def health(inv: Inventory) -> dict[int, bool]:
+    return {g.index: g.healthy for g in inv.gpus}
+
+
+@pytest.fixture
+def loop_factory(tmp_path: Path):  # type: ignore[no-untyped-def]
+    started: list[tuple[Rediscovery, threading.Thread]] = []
+
+    def make(nvml: FakeNvml, interval: float = 0.3) -> tuple[Rediscovery, Recorder]:
+        rec = Recorder()
+        r = Rediscovery(Discovery(nvml, sysfs_root=tmp_path), interval, rec)
+        t = threading.Thread(target=r.run, daemon=True)
+        t.start()
+        started.append((r, t))
+        return r, rec
+
+    yield make
+    for r, t in started:
+        r.stop_event.set()
+        t.join(5)
+        assert not t.is_alive()
+
+
+def test_critical_xid_marks_unhealthy_at_once_and_recovers(loop_factory) -> None:  # type: ignore[no-untyped-def]
+    nvml = FakeNvml([gpu(0), gpu(1)])
+    _, rec = loop_factory(nvml, interval=0.3)
+    rec.wait_for(lambda inv: health(inv) == {0: True, 1: True})
+    nvml.inject(XidEvent("GPU-1", 79))  # fallen off the bus, while waiting
+    inv = rec.wait_for(lambda inv: health(inv) == {0: True, 1: False}, timeout=2)
+    assert inv.gpus[1].reason == "critical XID 79"
+    # A one-off error recovers after a whole clean round.
+    rec.wait_for(lambda inv: health(inv) == {0: True, 1: True}, timeout=5)
+
+
+def test_persistently_failing_gpu_stays_unhealthy(loop_factory) -> None:  # type: ignore[no-untyped-def]
+    nvml = FakeNvml([gpu(0), gpu(1)])
+    nvml.failing["GPU-0"] = 48  # double-bit ECC error, redelivered to every new event set
+    _, rec = loop_factory(nvml, interval=0.1)
+    rec.wait_for(lambda inv: health(inv) == {0: False, 1: True})
+    start = nvml.rounds
+    while nvml.rounds < start + 4:
+        threading.Event().wait(0.05)
+    assert health(rec.seen[-1]) == {0: False, 1: True}
+    del nvml.failing["GPU-0"]
+    rec.wait_for(lambda inv: health(inv) == {0: True, 1: True})
+
+
+def test_application_xids_do_not_change_health(loop_factory) -> None:  # type: ignore[no-untyped-def]
+    nvml = FakeNvml([gpu(0)])
+    _, rec = loop_factory(nvml, interval=5)
+    rec.wait_for(lambda inv: health(inv) == {0: True})
+    nvml.inject(XidEvent("GPU-0", 31))  # page fault of an application
+    nvml.inject(XidEvent("GPU-0", 13))
+    threading.Event().wait(0.8)
+    assert [health(i) for i in rec.seen] == [{0: True}]
+
+
+def test_presence_change_is_reported(loop_factory) -> None:  # type: ignore[no-untyped-def]
+    nvml = FakeNvml([gpu(0), gpu(1)], events=False)
+    _, rec = loop_factory(nvml, interval=0.1)
+    rec.wait_for(lambda inv: len(inv.gpus) == 2)
+    nvml.gpus = [gpu(0)]
+    rec.wait_for(lambda inv: [g.index for g in inv.gpus] == [0])
+    nvml.gpus = [gpu(0), replace(gpu(1), uuid="GPU-new")]
+    inv = rec.wait_for(lambda inv: len(inv.gpus) == 2)
+    assert inv.gpus[1].info.uuid == "GPU-new"
+    # Unchanged rounds are not reported.
+    n = len(rec.seen)
+    threading.Event().wait(0.5)
+    assert len(rec.seen) == n
+
+
+def test_nvml_failure_marks_known_gpus_unhealthy(loop_factory, caplog) -> None:  # type: ignore[no-untyped-def]
+    nvml = FakeNvml([gpu(0)], events=False)
+    _, rec = loop_factory(nvml, interval=0.1)
+    rec.wait_for(lambda inv: health(inv) == {0: True})
+    nvml.broken = RuntimeError("NVML_ERROR_DRIVER_NOT_LOADED")
+    inv = rec.wait_for(lambda inv: health(inv) == {0: False})
+    assert "NVML unavailable" in inv.gpus[0].reason
+    nvml.broken = None
+    rec.wait_for(lambda inv: health(inv) == {0: True})
+
+
+def test_events_unavailable_logged_once(loop_factory, caplog) -> None:  # type: ignore[no-untyped-def]
+    caplog.set_level(logging.WARNING, logger="driver.discovery")
+    nvml = FakeNvml([gpu(0)], events=False)
+    _, rec = loop_factory(nvml, interval=0.05)
+    rec.wait_for(lambda inv: True)
+    while nvml.rounds < 4:
+        threading.Event().wait(0.05)
+    msgs = [m for m in caplog.messages if "XID events unavailable" in m]
+    assert len(msgs) == 1

@@ -1,0 +1,107 @@
+"""Flags and their environment twins: defaults, precedence, one-line errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from driver.flags import SettingsError, parse, parse_duration, usage
+
+
+def test_defaults() -> None:
+    s = parse(["--node-name", "node-a"], env={})
+    assert s.node_name == "node-a"
+    assert s.kubeconfig is None
+    assert s.cdi_root == Path("/var/run/cdi")
+    assert s.kubelet_registrar_directory_path == Path("/var/lib/kubelet/plugins_registry")
+    assert s.kubelet_plugins_directory_path == Path("/var/lib/kubelet/plugins")
+    assert s.plugin_dir == Path("/var/lib/kubelet/plugins/vgpu.sharing.dev")
+    assert s.driver_name == "vgpu.sharing.dev"
+    assert s.partitions == 4
+    assert s.healthcheck_port is None
+    assert s.rediscover_interval == 30.0
+    assert s.cleanup is False
+    assert s.sharing_mode == "auto"
+    assert s.data_dir == Path("/var/lib/vgpu-sharing")
+
+
+def test_env_twins_and_flag_precedence() -> None:
+    env = {
+        "NODE_NAME": "from-env",
+        "KUBECONFIG": "/tmp/kc",
+        "CDI_ROOT": "/run/cdi2",
+        "KUBELET_REGISTRAR_DIRECTORY_PATH": "/r",
+        "KUBELET_PLUGINS_DIRECTORY_PATH": "/p",
+        "DRIVER_NAME": "gpu.example.com",
+        "PARTITIONS": "8",
+        "HEALTHCHECK_PORT": "8081",
+        "REDISCOVER_INTERVAL": "1m",
+        "CLEANUP": "true",
+        "DATA_DIR": "/d",
+        "SHARING_MODE": "partition",
+        "LOG_LEVEL": "debug",
+    }
+    s = parse([], env=env)
+    assert (s.node_name, s.kubeconfig, s.cdi_root) == (
+        "from-env",
+        Path("/tmp/kc"),
+        Path("/run/cdi2"),
+    )
+    assert s.kubelet_registrar_directory_path == Path("/r")
+    assert s.kubelet_plugins_directory_path == Path("/p")
+    assert (s.driver_name, s.partitions, s.healthcheck_port) == ("gpu.example.com", 8, 8081)
+    assert (s.rediscover_interval, s.cleanup, s.data_dir) == (60.0, True, Path("/d"))
+    assert (s.sharing_mode, s.log_level) == ("partition", "debug")
+    s = parse(
+        ["--node-name=flag", "--partitions", "2", "--cleanup=false", "--sharing-mode", "SHARING"],
+        env=env,
+    )
+    assert (s.node_name, s.partitions, s.cleanup, s.sharing_mode) == ("flag", 2, False, "sharing")
+    assert parse(["--cleanup"], env={"NODE_NAME": "n"}).cleanup is True
+    assert parse([], env={"NODE_NAME": "n", "HEALTHCHECK_PORT": "-1"}).healthcheck_port is None
+    assert parse([], env={"NODE_NAME": "n", "HEALTHCHECK_PORT": "0"}).healthcheck_port == 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "needle"),
+    [
+        ([], {}, "--node-name (or NODE_NAME) is required"),
+        (["--node-name", "Node_A"], {}, "--node-name: 'Node_A' is not a valid name"),
+        (
+            ["--node-name", "n", "--partitions", "0"],
+            {},
+            "--partitions: 0 is out of range; allowed: 1..64",
+        ),
+        (["--node-name", "n"], {"PARTITIONS": "four"}, "--partitions: 'four' is not an integer"),
+        (["--node-name", "n", "--healthcheck-port", "70000"], {}, "allowed: -1..65535"),
+        (["--node-name", "n", "--rediscover-interval", "0s"], {}, "must be longer than zero"),
+        (["--node-name", "n", "--rediscover-interval", "soon"], {}, "is not a duration"),
+        (["--node-name", "n", "--sharing-mode", "mig"], {}, "allowed: auto, sharing, partition"),
+        (["--node-name", "n", "--cleanup=maybe"], {}, "is not a boolean"),
+        (["--node-name", "n", "--cdi-root", "relative/dir"], {}, "must be an absolute path"),
+        (["--node-name", "n", "--driver-name", "UPPER.case"], {}, "--driver-name"),
+        (["--node-name", "n", "--bogus"], {}, "unrecognized arguments: --bogus"),
+        (["--node-name", "n", "--log-level", "loud"], {}, "allowed: debug, info, warning, error"),
+    ],
+)
+def test_errors_are_one_line_and_name_the_problem(
+    argv: list[str], env: dict[str, str], needle: str
+) -> None:
+    with pytest.raises(SettingsError) as e:
+        parse(argv, env=env)
+    msg = str(e.value)
+    assert needle in msg
+    assert "\n" not in msg
+
+
+def test_durations() -> None:
+    assert parse_duration("x", "500ms") == 0.5
+    assert parse_duration("x", "2") == 2.0
+    assert parse_duration("x", "1.5h") == 5400.0
+
+
+def test_usage_names_every_env_twin() -> None:
+    text = usage()
+    for env in ("NODE_NAME", "KUBECONFIG", "CDI_ROOT", "HEALTHCHECK_PORT", "SHARING_MODE"):
+        assert env in text
