@@ -1,0 +1,289 @@
+"""End to end with a real CDI consumer: the plugin prepares claims over the real kubelet gRPC
+sockets, and podman + runc start containers from the CDI specs it wrote. Inside, a C program on
+the simulated GPU (through the shim, preloaded by the spec's /etc/ld.so.preload mount) checks
+the claim's quota: cuMemGetInfo_v2 shows the slice, an over-quota cuMemAlloc_v2 fails, two
+containers of one claim share one quota, and a second claim on the same GPU has its own.
+
+podman 4.3 reads CDI specs only from /etc/cdi and /var/run/cdi, so podman runs in a private
+mount namespace where the plugin's CDI root is bind-mounted over /var/run/cdi (the host's
+/var/run/cdi is left alone). The container root filesystem is built in a temporary directory.
+
+Skips (with the reason) when podman, runc, unshare, gcc or root are missing, or when the shim or
+the simulator are not built with the CUDA entry points the program needs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sharing.paths import ArtefactMissingError, shim_library, sim_lib_dir
+from tests.driver.kubelet_standin import (
+    DRIVER,
+    ClaimId,
+    KubeletStandin,
+    allocated_claim,
+    claim_id,
+    result,
+)
+from tests.driver.plugin_process import PluginProcess, fake_gpus
+from tests.fakes.apiserver import FakeApiServer
+from tests.support.cbuild import compile_program
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+RUNC = "/usr/sbin/runc"
+# What the test program calls (the simulator must export all), and what the shim must hook.
+CUDA_SYMBOLS = ("cuInit", "cuDeviceGet", "cuDevicePrimaryCtxRetain", "cuCtxSetCurrent",
+                "cuMemGetInfo_v2", "cuMemAlloc_v2", "cuMemFree_v2")  # fmt: skip
+SHIM_HOOKS = ("cuMemGetInfo_v2", "cuMemAlloc_v2")
+NVML_SYMBOLS = ("nvmlInitWithFlags", "nvmlDeviceGetCount_v2", "nvmlDeviceGetUUID")
+MiB = 1024**2
+GiB = 1024**3
+CUDA_ERROR_OUT_OF_MEMORY = 2
+CONTAINER_SIM_LIB = "/usr/lib/vgpu-sim"
+
+
+def _exports(lib: Path) -> set[str]:
+    out = subprocess.run(
+        ["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True, check=True
+    ).stdout
+    return {line.split()[-1] for line in out.splitlines() if line.strip()}
+
+
+def _missing_tools() -> str | None:
+    for tool in ("podman", "unshare", "gcc", "nm", "ldd"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed (apt-get install podman runc util-linux gcc binutils)"
+    if not Path(RUNC).exists():
+        return f"{RUNC} is missing (apt-get install runc)"
+    if os.geteuid() != 0:
+        return "podman with --rootfs and a private mount namespace need root"
+    try:
+        shim_library(), sim_lib_dir()
+    except ArtefactMissingError as e:
+        return str(e)
+    probe = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "true"], capture_output=True, text=True
+    )
+    if probe.returncode != 0:
+        return f"cannot create a mount namespace: {probe.stderr.strip()}"
+    return None
+
+
+def _missing_cuda() -> str | None:
+    """Why the CUDA test program cannot run yet (shim or simulator incomplete), or None."""
+    for lib, symbols in ((sim_lib_dir() / "libcuda.so.1", CUDA_SYMBOLS),
+                         (sim_lib_dir() / "libnvidia-ml.so.1", NVML_SYMBOLS),
+                         (shim_library(), SHIM_HOOKS)):  # fmt: skip
+        missing = [s for s in symbols if s not in _exports(lib)]
+        if missing:
+            return f"{lib.name} does not export {', '.join(missing)} yet (not built/ready)"
+    return None
+
+
+def _copy_with_deps(files: list[Path], rootfs: Path, env: dict[str, str]) -> None:
+    """Copy the libraries the files need (per ldd) to the same paths under rootfs."""
+    needed: set[str] = set()
+    for f in files:
+        out = subprocess.run(["ldd", str(f)], capture_output=True, text=True, env=env).stdout
+        for line in out.splitlines():
+            for word in line.split():
+                if word.startswith("/") and Path(word).exists():
+                    needed.add(word)
+    for lib in needed:
+        if lib.startswith(str(sim_lib_dir())):
+            continue  # the simulator goes to its own directory below
+        dest = rootfs / lib.lstrip("/")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(Path(lib).resolve(), dest)
+
+
+@pytest.fixture(scope="module")
+def rootfs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A root filesystem with sh and cat, the shim's and the simulator's libraries, and the
+    CUDA test program when the shim and simulator can run it."""
+    why = _missing_tools()
+    if why:
+        pytest.skip(why)
+    rootfs = tmp_path_factory.mktemp("rootfs")
+    (rootfs / "bin").mkdir()
+    files = [shim_library(), *sim_lib_dir().iterdir()]
+    for tool in ("sh", "cat"):
+        path = Path(shutil.which(tool) or f"/bin/{tool}").resolve()
+        shutil.copy2(path, rootfs / "bin" / tool)
+        files.append(path)
+    if _missing_cuda() is None:
+        program = compile_program(REPO / "tests" / "c" / "e2e_claim_quota.c",
+                                  tmp_path_factory.mktemp("cbin"))  # fmt: skip
+        shutil.copy2(program, rootfs / "bin" / "e2e_claim_quota")
+        files.append(program)
+    sim_dest = rootfs / CONTAINER_SIM_LIB.lstrip("/")
+    sim_dest.mkdir(parents=True)
+    for lib in sim_lib_dir().iterdir():
+        shutil.copy2(lib, sim_dest / lib.name)
+    for d in ("etc", "tmp", "run", "proc", "sys", "dev"):
+        (rootfs / d).mkdir(exist_ok=True)
+    env = dict(os.environ, LD_LIBRARY_PATH=str(sim_lib_dir()))
+    _copy_with_deps(files, rootfs, env)
+    return rootfs
+
+
+class Podman:
+    def __init__(self, rootfs: Path, cdi_root: Path, sim_state: Path) -> None:
+        self.rootfs = rootfs
+        self.cdi_root = cdi_root
+        self.sim_state = sim_state
+
+    def command(self, cdi_id: str, *args: str, program: str = "/bin/e2e_claim_quota") -> list[str]:
+        podman = [
+            "podman", "--runtime", RUNC, "--cgroup-manager=cgroupfs", "run", "--rm",
+            "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024",
+            "--network", "none",
+            "--device", cdi_id,
+            "-v", f"{self.sim_state}:{self.sim_state}",
+            "-e", f"SIMGPU_STATE={self.sim_state}",
+            "-e", f"LD_LIBRARY_PATH={CONTAINER_SIM_LIB}",
+            "--rootfs", str(self.rootfs),
+            program, *args,
+        ]  # fmt: skip
+        script = 'mkdir -p /var/run/cdi && mount --bind "$0" /var/run/cdi && exec "$@"'
+        return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script,
+                str(self.cdi_root), *podman]  # fmt: skip
+
+    def run(self, cdi_id: str, *args: str, program: str = "/bin/e2e_claim_quota") -> str:
+        p = subprocess.run(self.command(cdi_id, *args, program=program), capture_output=True,
+                           text=True, timeout=120)  # fmt: skip
+        assert p.returncode == 0, f"container {args} failed ({p.returncode}): {p.stderr[-2000:]}"
+        return p.stdout
+
+    def start(self, cdi_id: str, *args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(self.command(cdi_id, *args), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+def _value(out: str, key: str) -> int:
+    for word in out.split():
+        if word.startswith(f"{key}="):
+            return int(word.split("=", 1)[1])
+    raise AssertionError(f"no {key}= in {out!r}")
+
+
+@pytest.fixture
+def world(rootfs: Path) -> Iterator[tuple[FakeApiServer, KubeletStandin, Path, Podman]]:
+    root = Path(tempfile.mkdtemp(prefix="vge", dir="/tmp"))
+    sim_state = root / "simgpu-state"
+    sim_state.mkdir()
+    sim_env = dict(os.environ, SIMGPU_STATE=str(sim_state))
+    sim_env.pop("SIMGPU_CONFIG", None)  # the simulator's default GPU
+    with FakeApiServer() as server:
+        if _missing_cuda() is None:
+            plugin = PluginProcess(root, server.url, simulator_env=sim_env)
+        else:  # the simulator is not ready: plumbing tests still run, on made-up GPUs
+            plugin = PluginProcess(root, server.url, fake_gpus())
+        plugin.start()
+        kubelet = KubeletStandin(root / "registry" / f"{DRIVER}-reg.sock")
+        kubelet.register()
+        try:
+            yield server, kubelet, root, Podman(rootfs, root / "cdi", sim_state)
+        finally:
+            kubelet.close()
+            plugin.stop()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_cdi_edits_reach_the_container(
+    world: tuple[FakeApiServer, KubeletStandin, Path, Podman],
+) -> None:
+    """Env, the preload file, the shim and the writable claim directory, as podman applies them
+    (no CUDA needed: runs a shell)."""
+    server, kubelet, root, podman = world
+    c = claim_id(server.put(allocated_claim("c", results=[result("gpu", "gpu-0", memory="3Gi",
+                                                                 cores="40")])))  # fmt: skip
+    [cdi_id] = kubelet.prepare([c])[c.uid].devices[0].cdi_device_ids
+    script = (
+        'echo "visible=$CUDA_VISIBLE_DEVICES mem=$CUDA_DEVICE_MEMORY_LIMIT_0 '
+        "sm=$CUDA_DEVICE_SM_LIMIT_0 cache=$CUDA_DEVICE_MEMORY_SHARED_CACHE "
+        'policy=$VGPU_COMPUTE_POLICY"; cat /etc/ld.so.preload; '
+        "test -r /usr/local/lib/vgpu-sharing/libvgpu.so && echo shim=present; "
+        "echo x > /run/vgpu-sharing/written && echo dir=writable"
+    )
+    out = podman.run(cdi_id, "-c", script, program="/bin/sh")
+    spec = json.loads((root / "cdi" / f"k8s.{DRIVER}-claim_{c.uid}.json").read_text())
+    spec_env = dict(e.split("=", 1) for e in spec["devices"][0]["containerEdits"]["env"])
+    assert f"visible={spec_env['CUDA_VISIBLE_DEVICES']} " in out
+    assert spec_env["CUDA_VISIBLE_DEVICES"].startswith("GPU-")
+    assert f"mem={3 * GiB} sm=40 cache=/run/vgpu-sharing/accounting policy=hard" in out
+    assert "/usr/local/lib/vgpu-sharing/libvgpu.so" in out
+    assert "shim=present" in out and "dir=writable" in out
+    # The container wrote into the claim's accounting directory on the host.
+    assert (root / "data" / "claims" / c.uid / "written").read_text() == "x\n"
+    assert kubelet.unprepare([c]) == {c.uid: ""}
+
+
+def test_containers_see_and_share_the_claims_quota(
+    world: tuple[FakeApiServer, KubeletStandin, Path, Podman],
+) -> None:
+    if why := _missing_cuda():
+        pytest.skip(why)
+    server, kubelet, root, podman = world
+    a = claim_id(server.put(allocated_claim("a", results=[result("gpu", "gpu-0", memory="1Gi")])))
+    b = claim_id(server.put(allocated_claim("b", results=[result("gpu", "gpu-0", memory="1Gi")])))
+    out = kubelet.prepare([a, b])
+    assert out[a.uid].error == "" and out[b.uid].error == "", out
+    [id_a] = out[a.uid].devices[0].cdi_device_ids
+    [id_b] = out[b.uid].devices[0].cdi_device_ids
+
+    info = podman.run(id_a, "info")
+    assert _value(info, "total") == GiB
+    assert 0 < _value(info, "free") <= GiB
+    assert _value(podman.run(id_a, "alloc", str(2 * GiB)), "alloc") == CUDA_ERROR_OUT_OF_MEMORY
+
+    # Container 1 of claim a holds 700 MiB ...
+    claim_dir = root / "data" / "claims" / a.uid
+    holder = podman.start(id_a, "hold", str(700 * MiB), "/run/vgpu-sharing")
+    try:
+        deadline = time.monotonic() + 60
+        while not (claim_dir / "held").exists():
+            if holder.poll() is not None:
+                raise AssertionError(f"holder exited {holder.returncode}: {holder.stderr.read()}")  # type: ignore[union-attr]
+            assert time.monotonic() < deadline, "holder never allocated"
+            time.sleep(0.1)
+        # ... so container 2 of the same claim cannot get another 700 MiB (one quota) ...
+        assert (
+            _value(podman.run(id_a, "alloc", str(700 * MiB)), "alloc") == CUDA_ERROR_OUT_OF_MEMORY
+        )
+        assert _value(podman.run(id_a, "alloc", str(200 * MiB)), "alloc") == 0
+        # ... while claim b on the same GPU has its own quota.
+        assert _value(podman.run(id_b, "alloc", str(700 * MiB)), "alloc") == 0
+    finally:
+        (claim_dir / "release").touch()
+        holder.wait(60)
+    assert holder.returncode == 0, holder.stderr.read()  # type: ignore[union-attr]
+
+    assert kubelet.unprepare([a, b]) == {a.uid: "", b.uid: ""}
+    assert list((root / "cdi").iterdir()) == []
+
+
+def test_unprepared_claim_is_unknown_to_podman(
+    world: tuple[FakeApiServer, KubeletStandin, Path, Podman],
+) -> None:
+    """After unprepare the CDI device is gone: the runtime refuses to start the container."""
+    server, kubelet, _root, podman = world
+    c = claim_id(server.put(allocated_claim("c", results=[result("gpu", "gpu-0", memory="1Gi")])))
+    [cdi_id] = kubelet.prepare([c])[c.uid].devices[0].cdi_device_ids
+    assert "ok" in podman.run(cdi_id, "-c", "echo ok", program="/bin/sh")
+    assert kubelet.unprepare([ClaimId(c.namespace, c.name, c.uid)]) == {c.uid: ""}
+    p = subprocess.run(podman.command(cdi_id, "-c", "echo ok", program="/bin/sh"),
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert p.returncode != 0
+    assert "unresolvable CDI devices" in p.stderr or cdi_id in p.stderr, p.stderr
