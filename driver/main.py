@@ -1,0 +1,317 @@
+"""`vgpu-kubelet-plugin`: the DRA kubelet plugin process.
+
+Wiring: Settings -> kube ApiClient -> NVML discovery -> publishing mode (explicit, or probed
+from the API server in auto) -> HealthBroadcaster -> Driver (gRPC sockets for the kubelet) ->
+ResourceSlice publish loop and rediscovery loop, which feeds health/presence changes to both
+the slices and the health stream. SIGTERM/SIGINT shut down cleanly (exit 0).
+
+Exit codes: 0 clean shutdown; 1 startup failure (NVML, Kubernetes configuration, sockets);
+2 bad flags; 3 the API server's consumable-capacity support changed under a running plugin in
+auto mode (restart to republish in the new mode; the DaemonSet does that).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+from typing import cast
+
+from driver.discovery import Discovery, Inventory, NvmlBackend, PynvmlBackend, Rediscovery
+from driver.driver import Driver
+from driver.flags import Settings, SettingsError, parse
+from driver.health import HealthBroadcaster
+from driver.healthz import HealthServer, Status, socket_serves_grpc
+from driver.kube import Kube, KubeConfigError, make_api_client
+from driver.resourceslices import (
+    Backoff,
+    Mode,
+    PublishLoop,
+    SlicePublisher,
+    describe_error,
+    health_map,
+)
+
+log = logging.getLogger("driver.main")
+
+EXIT_OK = 0
+EXIT_STARTUP = 1
+EXIT_USAGE = 2
+EXIT_MODE_CHANGED = 3
+MODE_FILE = "publish-mode"  # under --data-dir: the mode auto last decided
+CLEANUP_TIMEOUT = 10.0  # seconds of retrying the slice deletion at shutdown
+
+
+class StartupError(Exception):
+    """The plugin cannot start. str() is one line."""
+
+
+class Plugin:
+    """One run of the plugin; run() blocks until stop() (or a signal) and returns the exit code."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        backend: NvmlBackend | None = None,
+        backoff: Backoff | None = None,
+        resync: float = 30.0,
+        sysfs_root: Path = Path("/sys"),
+    ) -> None:
+        self.settings = settings
+        self.backend: NvmlBackend = backend or PynvmlBackend()
+        self.backoff = backoff or Backoff()
+        self.resync = resync
+        self.sysfs_root = sysfs_root
+        self.stop_event = threading.Event()
+        self.exit_code = EXIT_OK
+        self.mode: Mode | None = None
+        self.driver: Driver | None = None
+        self.loop: PublishLoop | None = None
+        self.healthz: HealthServer | None = None
+        self._new_gpus_warned: set[str] = set()
+
+    # -- mode --
+
+    def _mode_file(self) -> Path:
+        return self.settings.data_dir / MODE_FILE
+
+    def _remembered_mode(self) -> Mode | None:
+        try:
+            text = self._mode_file().read_text().strip()
+        except OSError:
+            return None
+        return cast(Mode, text) if text in ("sharing", "partition") else None
+
+    def _remember_mode(self, mode: Mode) -> None:
+        try:
+            self.settings.data_dir.mkdir(parents=True, exist_ok=True)
+            self._mode_file().write_text(mode + "\n")
+        except OSError as e:
+            log.warning("cannot record the publishing mode in %s: %s", self._mode_file(), e)
+
+    def _initial_mode(self, publisher: SlicePublisher) -> Mode | None:
+        """Explicit mode; else the one auto decided last time; else probe (retrying)."""
+        requested = self.settings.sharing_mode
+        if requested != "auto":
+            return requested
+        remembered = self._remembered_mode()
+        if remembered is not None:
+            log.info(
+                "node %s: starting in %s mode (decided by an earlier run); re-checking with the "
+                "API server",
+                self.settings.node_name,
+                remembered,
+            )
+            return remembered
+        for delay in self.backoff.delays():
+            try:
+                return publisher.decide_mode()
+            except Exception as e:
+                log.warning(
+                    "node %s: cannot ask the API server about consumable capacity (%s); "
+                    "retrying in %gs",
+                    self.settings.node_name,
+                    describe_error(e),
+                    delay,
+                )
+            if self.stop_event.wait(delay):
+                return None
+        return None  # pragma: no cover - delays() is endless
+
+    def _on_mode(self, mode: Mode) -> None:
+        if self.settings.sharing_mode != "auto":
+            return
+        if mode != self._remembered_mode():
+            self._remember_mode(mode)
+        if self.mode is not None and mode != self.mode:
+            log.error(
+                "node %s: the API server now wants %s mode but the plugin runs in %s mode; "
+                "exiting to restart in %s mode",
+                self.settings.node_name,
+                mode,
+                self.mode,
+                mode,
+            )
+            self.exit_code = EXIT_MODE_CHANGED
+            self.stop_event.set()
+
+    # -- discovery -> slices + health stream --
+
+    def _on_inventory(self, inv: Inventory) -> None:
+        driver, loop, mode = self.driver, self.loop, self.mode
+        if driver is None or loop is None or mode is None:
+            return
+        # The Driver prepares claims only on the GPUs it was started with: a GPU that appears
+        # later is offered after a restart, not before (a claim on it could not be prepared).
+        known = {(g.uuid, g.index) for g in driver.gpus}
+        offered = []
+        for g in inv.gpus:
+            if (g.info.uuid, g.index) in known:
+                offered.append(g)
+            elif g.info.uuid not in self._new_gpus_warned:
+                self._new_gpus_warned.add(g.info.uuid)
+                log.warning(
+                    "node %s: GPU %d (%s) appeared after start; it is offered after the plugin "
+                    "restarts",
+                    self.settings.node_name,
+                    g.index,
+                    g.info.uuid,
+                )
+        inv = Inventory(tuple(offered))
+        loop.submit(inv)
+        driver.health.publish(health_map(inv, mode, self.settings.partitions))
+
+    # -- liveness --
+
+    def _health_status(self) -> Status:
+        driver, loop = self.driver, self.loop
+        if driver is None:
+            return Status(False, {"grpc": False, "reason": "starting"})
+        sockets = driver.plugin.sockets
+        reg_ok = socket_serves_grpc(sockets.registration)
+        dra_ok = socket_serves_grpc(sockets.dra)
+        return Status(
+            reg_ok and dra_ok,
+            {
+                "grpc": {"registration": reg_ok, "dra": dra_ok},
+                "registered": driver.plugin.registered.is_set(),
+                "registrationAttempts": driver.plugin.registration_attempts,
+                "apiServerReachable": loop.api_reachable if loop is not None else None,
+                "mode": self.mode,
+            },
+        )
+
+    # -- lifecycle --
+
+    def stop(self) -> None:
+        self.stop_event.set()
+
+    def run(self) -> int:
+        s = self.settings
+        try:
+            api_client = make_api_client(s.kubeconfig)
+            try:
+                gpus = self.backend.list_gpus()
+            except Exception as e:
+                raise StartupError(
+                    f"NVML: cannot list GPUs ({describe_error(e)}); is the NVIDIA driver loaded "
+                    "and /dev/nvidia* visible to the plugin?"
+                ) from e
+            log.info(
+                "node %s: %d GPU(s): %s",
+                s.node_name,
+                len(gpus),
+                ", ".join(f"{g.index}={g.name} ({g.uuid})" for g in gpus) or "none",
+            )
+            publisher = SlicePublisher(
+                Kube(api_client),
+                driver_name=s.driver_name,
+                node_name=s.node_name,
+                requested_mode=s.sharing_mode,
+                partitions=s.partitions,
+            )
+            mode = self._initial_mode(publisher)
+            if mode is None:  # stopped while waiting for the API server
+                return self.exit_code
+            self.mode = mode
+            if s.sharing_mode == "auto":
+                self._remember_mode(mode)
+            health = HealthBroadcaster()
+            self.driver = Driver(s, api_client, gpus, mode, s.partitions, health)
+            self.driver.start()
+        except (KubeConfigError, StartupError) as e:
+            log.error("%s", e)
+            return EXIT_STARTUP
+        except Exception as e:
+            log.exception("node %s: startup failed: %s", s.node_name, describe_error(e))
+            if self.driver is not None:
+                self.driver.stop()
+            return EXIT_STARTUP
+
+        self.loop = PublishLoop(
+            publisher, backoff=self.backoff, resync=self.resync, on_mode=self._on_mode
+        )
+        rediscovery = Rediscovery(
+            Discovery(self.backend, sysfs_root=self.sysfs_root),
+            s.rediscover_interval,
+            self._on_inventory,
+        )
+        threads = [threading.Thread(target=rediscovery.run, name="rediscovery", daemon=True)]
+        try:
+            if s.healthcheck_port is not None:
+                self.healthz = HealthServer(s.healthcheck_port, self._health_status)
+                self.healthz.start()
+            self.loop.start()
+            for t in threads:
+                t.start()
+            while not self.stop_event.wait(1.0):
+                pass  # a timed wait keeps the main thread responsive to signals
+        finally:
+            log.info("node %s: shutting down", s.node_name)
+            rediscovery.stop_event.set()
+            for t in threads:
+                t.join(5)
+            self.loop.stop()
+            if s.cleanup:
+                self._cleanup(publisher)
+            self.driver.stop()
+            self.driver.health.close()
+            if self.healthz is not None:
+                self.healthz.stop()
+        return self.exit_code
+
+    def _cleanup(self, publisher: SlicePublisher) -> None:
+        delays = iter(self.backoff.delays())
+        waited = 0.0
+        while True:
+            try:
+                publisher.cleanup()
+                return
+            except Exception as e:
+                delay = min(next(delays), CLEANUP_TIMEOUT - waited)
+                if delay <= 0:
+                    log.error(
+                        "node %s: could not delete the ResourceSlices (%s); giving up",
+                        self.settings.node_name,
+                        describe_error(e),
+                    )
+                    return
+                log.warning(
+                    "node %s: deleting ResourceSlices failed (%s); retrying in %gs",
+                    self.settings.node_name,
+                    describe_error(e),
+                    delay,
+                )
+                threading.Event().wait(delay)
+                waited += delay
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        settings = parse(sys.argv[1:] if argv is None else argv)
+    except SettingsError as e:
+        print(f"vgpu-kubelet-plugin: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    plugin = Plugin(settings)
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        log.info("received %s", signal.Signals(signum).name)
+        plugin.stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    return plugin.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
