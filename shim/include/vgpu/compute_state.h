@@ -1,7 +1,19 @@
 /*
- * Per-device compute (SM cap) state of a slice, embedded in the accounting file (region.h).
- * Owned by the compute-cap code (shim/src/compute*.c). Plain C between the CFFI markers so the
- * Python reader can see it; any change bumps VGPU_REGION_LAYOUT_VERSION in region.h.
+ * Per-device compute (SM cap) state of a slice, embedded in the accounting file (region.h) as
+ * `struct vgpu_compute_state compute[VGPU_MAX_DEVICES]`, and the node-wide per-device demand
+ * file through which slices that share one physical device find each other (elastic policy).
+ *
+ * Owned by the compute-cap code (shim/src/compute*.c, docs/compute.md). Plain C between the
+ * CFFI markers so the Python reader can see it: no #include, no macros with arguments.
+ *
+ * Every field that processes update concurrently is a naturally aligned 32/64-bit word accessed
+ * only through __atomic builtins. There is no lock in shared memory: a process killed by SIGKILL
+ * in the middle of an update leaves at most one reservation of budget behind (bounded by the
+ * cost of one launch divided by the cap), never a held lock.
+ *
+ * Size: struct vgpu_compute_state is exactly 512 bytes (the size of the placeholder it replaced),
+ * so the region layout did not change; a static assert in compute.c keeps it that way. A change
+ * of its size or of the meaning of a field bumps VGPU_REGION_LAYOUT_VERSION in region.h.
  */
 #ifndef VGPU_COMPUTE_STATE_H
 #define VGPU_COMPUTE_STATE_H
@@ -9,8 +21,52 @@
 #include <stdint.h>
 
 /* CFFI-BEGIN */
+#define VGPU_COMPUTE_STATE_VERSION 1
+#define VGPU_COMPUTE_POLICY_OFF 0
+#define VGPU_COMPUTE_POLICY_HARD 1
+#define VGPU_COMPUTE_POLICY_ELASTIC 2
+
 struct vgpu_compute_state {
-    uint64_t reserved[64]; /* placeholder until the compute cap lands */
+    uint32_t version;            /* VGPU_COMPUTE_STATE_VERSION once a capped process initialised it */
+    uint32_t cap_permille;       /* the slice's cap on this device, 1..999 (0 = no cap) */
+    uint32_t policy;             /* VGPU_COMPUTE_POLICY_* */
+    int32_t priority;            /* lower = higher priority (CUDA's and HAMi's convention) */
+    uint64_t slice_id;           /* random nonzero id, set once by CAS: the slice's name in node files */
+    int64_t tat_ns;              /* virtual-time bucket: theoretical arrival time, CLOCK_MONOTONIC ns */
+    int64_t charged_ns;          /* device time charged: estimates at admission + corrections */
+    uint64_t measured_ns;        /* device time of launches measured by events (raw elapsed) */
+    uint64_t measured_launches;  /* launches whose events were read */
+    uint64_t launches;           /* capped launches admitted (all processes) */
+    uint64_t throttled;          /* launches that had to sleep */
+    uint64_t wait_ns;            /* total time threads slept for budget */
+    uint64_t last_launch_ns;     /* CLOCK_MONOTONIC of the newest launch (heartbeat) */
+    uint32_t effective_permille; /* cap currently applied (elastic may lift it; 1000 = uncapped) */
+    uint32_t attached;           /* processes that attached to this device's cap (monotonic count) */
+    uint64_t reserved[52];       /* zero; room to grow without a layout change */
+};
+
+/* Node-wide per-physical-device demand file: $VGPU_NODE_STATE_DIR/compute-<uuid>.state.
+ * One slot per slice using the device. A slot is claimed by CAS on `slice_id` (0 = free, or
+ * stale: want_until_ns older than VGPU_NODE_SLOT_STALE_NS). */
+#define VGPU_NODE_MAGIC 0x43475056 /* "VPGC" */
+#define VGPU_NODE_SLOTS 64
+#define VGPU_NODE_SLOT_STALE_NS 10000000000
+
+struct vgpu_node_slot {
+    uint64_t slice_id;       /* owner (0 = free) */
+    int64_t want_until_ns;   /* the slice wants device time until then (CLOCK_MONOTONIC) */
+    uint32_t cap_permille;   /* its guaranteed share (1000 when not capped) */
+    uint32_t policy;         /* VGPU_COMPUTE_POLICY_* */
+    int32_t priority;        /* lower = higher priority */
+    uint32_t usage_permille; /* its recent measured share (informational) */
+};
+
+struct vgpu_node_file {
+    uint32_t magic;
+    uint32_t version;
+    uint32_t nslots;
+    uint32_t pad;
+    struct vgpu_node_slot slots[64];
 };
 /* CFFI-END */
 

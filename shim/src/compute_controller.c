@@ -1,0 +1,199 @@
+/*
+ * Compute-cap controller: budget, cost estimator, elastic share. See compute_controller.h and
+ * docs/compute.md. No CUDA calls here.
+ */
+#include "compute_controller.h"
+
+#include <stdbool.h>
+
+/* ---------------------------------------------------------------- budget */
+
+int64_t vc_reserve(int64_t *tat, int64_t now_ns, uint64_t cost_ns, uint32_t permille, int64_t burst_ns)
+{
+    int64_t step = vc_wall_ns((int64_t)cost_ns, permille);
+    int64_t old = __atomic_load_n(tat, __ATOMIC_RELAXED);
+    for (;;) {
+        /* Idle time earns no credit beyond `burst`: a slice that was idle starts from now. */
+        int64_t base = old > now_ns ? old : now_ns;
+        int64_t next = base + step;
+        if (__atomic_compare_exchange_n(tat, &old, next, false, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+            /* The launch may go once the work reserved before it is within burst of paid. */
+            return base - burst_ns;
+        /* `old` was reloaded by the failed CAS; retry (another process/thread reserved). */
+    }
+}
+
+void vc_correct(int64_t *tat, int64_t now_ns, int64_t delta_ns, uint32_t permille)
+{
+    if (delta_ns == 0)
+        return;
+    int64_t step = vc_wall_ns(delta_ns < 0 ? -delta_ns : delta_ns, permille);
+    if (delta_ns < 0)
+        step = -step;
+    int64_t old = __atomic_load_n(tat, __ATOMIC_RELAXED);
+    for (;;) {
+        int64_t next = old + step;
+        /* A credit never takes tat below now (idle earns nothing; see vc_reserve), and a debt
+         * never pushes it further than VC_MAX_DEBT_NS ahead: a bogus measurement must not
+         * freeze the slice. */
+        if (step < 0 && next < now_ns)
+            next = old < now_ns ? old : now_ns;
+        if (step > 0 && next > now_ns + VC_MAX_DEBT_NS)
+            next = now_ns + VC_MAX_DEBT_NS > old ? now_ns + VC_MAX_DEBT_NS : old;
+        if (next == old)
+            return;
+        if (__atomic_compare_exchange_n(tat, &old, next, false, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+            return;
+    }
+}
+
+void vc_reset(int64_t *tat, int64_t now_ns)
+{
+    __atomic_store_n(tat, now_ns, __ATOMIC_RELEASE);
+}
+
+/* ------------------------------------------------------------- estimator */
+
+static uint64_t hash_key(uintptr_t key, uint64_t grid)
+{
+    uint64_t h = (uint64_t)key * 0x9E3779B97F4A7C15ull;
+    h ^= grid + 0x632BE59BD9B4E019ull + (h << 6) + (h >> 2);
+    h ^= h >> 29;
+    return h;
+}
+
+struct vc_est_entry *vc_est_lookup(struct vc_estimator *t, uintptr_t key, uint64_t grid)
+{
+    uint64_t h = hash_key(key, grid);
+    struct vc_est_entry *empty = NULL, *idle_lru = NULL, *lru = NULL;
+    t->clock++;
+    for (unsigned i = 0; i < VC_EST_PROBE; i++) {
+        struct vc_est_entry *e = &t->e[(h + i) & (VC_EST_SLOTS - 1)];
+        if (e->key == key && e->grid == grid) {
+            e->last_use = t->clock;
+            return e;
+        }
+        if (e->key == 0) {
+            if (!empty)
+                empty = e;
+            continue;
+        }
+        if (e->in_flight == 0 && (!idle_lru || e->last_use < idle_lru->last_use))
+            idle_lru = e;
+        if (!lru || e->last_use < lru->last_use)
+            lru = e;
+    }
+    /* Prefer a free slot, then the least recently used entry with nothing in flight. Evicting an
+     * entry with launches in flight only loses their later estimate update. */
+    struct vc_est_entry *victim = empty ? empty : idle_lru ? idle_lru : lru;
+    *victim = (struct vc_est_entry){.key = key, .grid = grid, .last_use = t->clock};
+    return victim;
+}
+
+uint64_t vc_est_cost(const struct vc_est_entry *e)
+{
+    if (e->samples == 0)
+        return VC_DEFAULT_COST_NS;
+    return e->est_ns < 1.0 ? 1 : (uint64_t)(e->est_ns + 0.5);
+}
+
+/* Robust mean. A device shared by time-slicing only ever adds queueing time to a measured
+ * duration (the kernel waited behind someone else's work), so:
+ *  - `low_ns` tracks the lower envelope of the samples: it drops half-way to any lower sample
+ *    and creeps up by at most 0.2% per higher one. Clean samples keep it at the kernel's own
+ *    cost even when most samples are inflated (bias ~0.6% with 60% of samples inflated).
+ *  - the charged estimate `est_ns` is the mean of the samples within 10% (+2 us) of the
+ *    envelope: unbiased for kernels with ordinary run-to-run jitter, blind to queueing.
+ *  - 32 rejected samples in a row mean the kernel really got slower (clean samples that far
+ *    apart are unlikely under any contention that still lets the slice run): re-base on the
+ *    smallest of them. */
+#define VC_LOW_DOWN 0.5
+#define VC_LOW_CREEP 0.002
+#define VC_ACCEPT_REL 0.10
+#define VC_ACCEPT_ABS_NS 2000.0
+#define VC_REJECT_RUN 32
+
+uint64_t vc_est_update(struct vc_est_entry *e, uint64_t sample_ns)
+{
+    double s = (double)sample_ns;
+    if (e->samples == 0) {
+        e->est_ns = e->low_ns = e->mean_ns = s;
+    } else {
+        if (s < e->low_ns) {
+            e->low_ns += (s - e->low_ns) * VC_LOW_DOWN;
+        } else {
+            double up = s - e->low_ns, lim = e->low_ns * VC_LOW_CREEP;
+            e->low_ns += up < lim ? up : lim;
+        }
+        double hi = e->low_ns * (1.0 + VC_ACCEPT_REL) + VC_ACCEPT_ABS_NS;
+        if (s <= hi) {
+            uint32_t n = e->accepted < 7 ? e->accepted + 1 : 10;
+            e->est_ns += (s - e->est_ns) / (double)n;
+            if (e->accepted < UINT32_MAX)
+                e->accepted++;
+            e->reject_run = 0;
+        } else {
+            if (e->reject_run == 0 || s < e->reject_min_ns)
+                e->reject_min_ns = s;
+            if (++e->reject_run >= VC_REJECT_RUN) {
+                e->low_ns = e->est_ns = e->reject_min_ns;
+                e->reject_run = 0;
+            }
+        }
+        if (e->est_ns < e->low_ns)
+            e->est_ns = e->low_ns;
+        if (e->est_ns > hi)
+            e->est_ns = hi;
+        e->mean_ns += (s - e->mean_ns) * 0.05;
+    }
+    if (e->samples < UINT32_MAX)
+        e->samples++;
+    return vc_est_cost(e);
+}
+
+/* ---------------------------------------------------------- elastic share */
+
+static bool slot_wants(const struct vgpu_node_slot *s, int64_t now_ns)
+{
+    return __atomic_load_n(&s->slice_id, __ATOMIC_ACQUIRE) != 0 &&
+           __atomic_load_n(&s->want_until_ns, __ATOMIC_ACQUIRE) > now_ns;
+}
+
+uint32_t vc_elastic_permille(const struct vgpu_node_slot *slots, size_t nslots, int self, int64_t now_ns)
+{
+    if (self < 0 || (size_t)self >= nslots)
+        return 0; /* no slot: the caller applies its own cap */
+    const struct vgpu_node_slot *me = &slots[self];
+    uint32_t my_cap = __atomic_load_n(&me->cap_permille, __ATOMIC_RELAXED);
+    int32_t my_prio = __atomic_load_n(&me->priority, __ATOMIC_RELAXED);
+    if (my_cap == 0 || my_cap > VC_PERMILLE_FULL)
+        my_cap = VC_PERMILLE_FULL;
+
+    uint32_t reserved = my_cap; /* guaranteed shares of everyone who wants time, mine included */
+    unsigned peers = 1;         /* elastic slices of my priority that want time, me included */
+    bool outranked = false;     /* an elastic slice of higher priority wants time */
+    for (size_t i = 0; i < nslots; i++) {
+        if ((int)i == self || !slot_wants(&slots[i], now_ns))
+            continue;
+        uint32_t cap = __atomic_load_n(&slots[i].cap_permille, __ATOMIC_RELAXED);
+        uint32_t pol = __atomic_load_n(&slots[i].policy, __ATOMIC_RELAXED);
+        int32_t prio = __atomic_load_n(&slots[i].priority, __ATOMIC_RELAXED);
+        if (cap == 0 || cap > VC_PERMILLE_FULL || pol == VGPU_COMPUTE_POLICY_OFF)
+            cap = VC_PERMILLE_FULL;
+        reserved += cap;
+        if (pol == VGPU_COMPUTE_POLICY_ELASTIC) {
+            if (prio < my_prio)
+                outranked = true;
+            else if (prio == my_prio)
+                peers++;
+        }
+    }
+    if (reserved >= VC_PERMILLE_FULL || outranked)
+        return my_cap;
+    uint32_t extra = (VC_PERMILLE_FULL - reserved) / peers;
+    uint32_t eff = my_cap + extra;
+    /* Alone (or all idle share is mine): no cap at all, not 99.9%. */
+    if (peers == 1 && eff >= VC_PERMILLE_FULL - 1)
+        return VC_PERMILLE_FULL;
+    return eff > VC_PERMILLE_FULL ? VC_PERMILLE_FULL : eff;
+}

@@ -1,0 +1,101 @@
+/*
+ * The compute-cap controller: pure logic, no CUDA calls, no I/O, so it can be tested against a
+ * plant model (tests/c/compute_controller_test.c) and reasoned about on its own.
+ *
+ * Three parts:
+ *  1. The budget: a virtual-time bucket (GCRA with reservation) shared by every process of a
+ *     slice through the accounting file. A launch of estimated device time c under cap p
+ *     advances the slice's theoretical arrival time (tat) by c/p of wall time; the launch may
+ *     go once tat (before its own charge) is within `burst` of now. Over any window in which
+ *     the slice is throttled, charged device time / wall time = p exactly; the caller makes
+ *     charged time track real device time (part 2).
+ *  2. The cost estimator: per launch key (CUfunction + grid size, or CUgraphExec) an estimate of
+ *     device time learned from measured completions. Measured durations on a shared device are
+ *     inflated whenever the kernel queued behind someone else's work (time-slicing), never
+ *     deflated, so the estimate is a robust mean of the samples near their lower envelope rather
+ *     than their mean: only samples near the lower envelope feed the estimate.
+ *  3. The elastic share: given the node-wide demand slots of one device, the cap this slice may
+ *     apply now (its own cap, plus idle share that nobody with a higher priority wants).
+ */
+#ifndef VGPU_COMPUTE_CONTROLLER_H
+#define VGPU_COMPUTE_CONTROLLER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "vgpu/compute_state.h"
+
+#define VC_PERMILLE_FULL 1000u
+
+/* ---- 1. budget ---- */
+
+/* Reserve budget for one launch of `cost_ns` device time under `permille` (1..999).
+ * Lock-free (CAS on *tat). Returns the CLOCK_MONOTONIC time at which the launch may go;
+ * a value <= now means "go now". `burst_ns` is how far ahead of its schedule a slice may run
+ * (it also absorbs late wake-ups of sleeping threads, so they lose no budget). */
+int64_t vc_reserve(int64_t *tat, int64_t now_ns, uint64_t cost_ns, uint32_t permille, int64_t burst_ns);
+
+/* Apply a correction of `delta_ns` device time (positive: the launch cost more than charged).
+ * Lock-free. The debt is bounded to VC_MAX_DEBT_NS of wall time ahead of now. */
+void vc_correct(int64_t *tat, int64_t now_ns, int64_t delta_ns, uint32_t permille);
+
+/* Forget accumulated debt or credit (used when an elastic slice goes back to its cap). */
+void vc_reset(int64_t *tat, int64_t now_ns);
+
+#define VC_MAX_DEBT_NS 10000000000LL /* 10 s */
+
+/* Wall time a launch of cost_ns occupies in the budget of a cap of permille. */
+static inline int64_t vc_wall_ns(int64_t cost_ns, uint32_t permille)
+{
+    if (permille == 0)
+        permille = 1;
+    /* cost < 2^53 ns in practice; __int128 keeps the multiply exact for any input. */
+    return (int64_t)(((__int128)cost_ns * VC_PERMILLE_FULL) / permille);
+}
+
+/* ---- 2. estimator ---- */
+
+#define VC_EST_SLOTS 1024 /* power of two */
+#define VC_EST_PROBE 8
+#define VC_DEFAULT_COST_NS 20000 /* charged for a key never measured (and only one may be in flight) */
+
+struct vc_est_entry {
+    uintptr_t key;      /* CUfunction / CUgraphExec; 0 = empty */
+    uint64_t grid;      /* total blocks (0 for graphs) */
+    double est_ns;        /* charged estimate: mean of the samples near the envelope */
+    double low_ns;        /* lower envelope of the samples */
+    double mean_ns;       /* plain EWMA of all samples, for diagnostics */
+    double reject_min_ns; /* smallest sample of the current run of rejected ones */
+    uint32_t samples;     /* completions measured */
+    uint32_t accepted;    /* samples that fed est_ns */
+    uint32_t reject_run;  /* rejected samples in a row */
+    uint32_t in_flight;   /* launches admitted whose completion was not read yet */
+    uint64_t last_use;  /* for eviction */
+};
+
+struct vc_estimator {
+    struct vc_est_entry e[VC_EST_SLOTS];
+    uint64_t clock; /* use counter */
+};
+
+/* Find or create the entry of (key, grid). Never NULL: evicts the least recently used of the
+ * probed slots when the table is full. */
+struct vc_est_entry *vc_est_lookup(struct vc_estimator *t, uintptr_t key, uint64_t grid);
+
+/* The cost to charge for one launch of this entry (ns). */
+uint64_t vc_est_cost(const struct vc_est_entry *e);
+
+/* Feed one measured duration. Returns the new estimate (ns). */
+uint64_t vc_est_update(struct vc_est_entry *e, uint64_t sample_ns);
+
+/* ---- 3. elastic share ---- */
+
+/* The cap this slice applies now on one device, in permille (1000 = no cap).
+ * `self` is this slice's slot index (or -1 when it has none), `now_ns` the time.
+ * Rules (docs/compute.md): a slice always keeps its own cap. Idle share = 1000 minus the caps
+ * of every other slice that wants time now (an uncapped or `off` slice counts as 1000). It goes
+ * to the elastic slices that want time, highest priority first; slices of equal priority split
+ * it evenly. Hard slices never take idle share. */
+uint32_t vc_elastic_permille(const struct vgpu_node_slot *slots, size_t nslots, int self, int64_t now_ns);
+
+#endif

@@ -1,0 +1,309 @@
+/*
+ * The compute-cap controller (shim/src/compute_controller.c) against a plant model: a
+ * discrete-event simulation of one time-sliced device (kernels run one after another in
+ * submission order), of launchers (threads of processes) that launch asynchronously or
+ * launch-then-synchronize, of late wake-ups, and of event measurements that include queueing
+ * behind other work. No real time passes: this checks the control law, not the hooks.
+ *
+ * Built by tests/shim_compute/test_controller.py together with compute_controller.c.
+ * Prints one line per scenario: "name share=<measured %> cap=<%> err=<points>", and exits
+ * nonzero when a scenario misses its bound.
+ */
+#include <assert.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "compute_controller.h"
+
+#define MAXL 8
+#define MAXQ 64
+#define MS 1000000LL
+#define US 1000LL
+
+struct kernel {
+    int64_t submit, startev, end;
+    uint64_t charged;
+    int64_t dur;
+};
+
+struct launcher {
+    int slice;
+    int64_t dur;       /* true device time of its kernels (ns) */
+    int64_t jitter;    /* +- uniform jitter of dur */
+    int sync;          /* launch-then-synchronize */
+    int qdepth;        /* async queue depth before the launch call blocks */
+    int64_t next;      /* next action time */
+    int64_t pending_go; /* >0: sleeping until then, reservation done */
+    uint64_t pending_cost;
+    struct kernel q[MAXQ];
+    int nq;
+    int64_t stream_end;
+    struct vc_estimator *est;
+};
+
+struct slice {
+    int64_t tat;
+    uint32_t permille;
+    double busy; /* ns of device time in the measurement window */
+};
+
+static uint64_t rng = 88172645463325252ull;
+static double urand(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (double)(rng >> 11) / 9007199254740992.0;
+}
+
+static int64_t device_free;
+static const int64_t WIN_START = 3000 * MS, WIN_END = 13000 * MS;
+
+static void account(struct slice *s, int64_t a, int64_t b)
+{
+    if (a < WIN_START)
+        a = WIN_START;
+    if (b > WIN_END)
+        b = WIN_END;
+    if (b > a)
+        s->busy += (double)(b - a);
+}
+
+/* Read completions the way the shim does: on the launcher's next action, in order. */
+static void drain(struct launcher *l, struct slice *sl, int64_t now)
+{
+    int k = 0;
+    while (k < l->nq && l->q[k].end <= now) {
+        struct kernel *kk = &l->q[k];
+        struct vc_est_entry *e = vc_est_lookup(l->est, 0x1000, 1);
+        if (e->in_flight)
+            e->in_flight--;
+        uint64_t est = vc_est_update(e, (uint64_t)(kk->end - kk->startev));
+        vc_correct(&sl->tat, now, (int64_t)est - (int64_t)kk->charged, sl->permille);
+        k++;
+    }
+    memmove(l->q, l->q + k, (size_t)(l->nq - k) * sizeof l->q[0]);
+    l->nq -= k;
+}
+
+static void submit(struct launcher *l, struct slice *sl, int64_t t, uint64_t charged)
+{
+    struct kernel *k = &l->q[l->nq++];
+    int64_t d = l->dur;
+    if (l->jitter)
+        d += (int64_t)((urand() * 2 - 1) * (double)l->jitter);
+    k->submit = t;
+    k->startev = t > l->stream_end ? t : l->stream_end;
+    int64_t start = k->startev > device_free ? k->startev : device_free;
+    k->end = start + d;
+    k->dur = d;
+    k->charged = charged;
+    device_free = k->end;
+    l->stream_end = k->end;
+    account(sl, start, k->end);
+}
+
+/* Returns max |error| in points; prints per-slice shares. */
+static double run(const char *name, struct launcher *ls, int nl, struct slice *ss, int ns, int64_t wake_late)
+{
+    device_free = 0;
+    for (int i = 0; i < ns; i++) {
+        ss[i].tat = 0;
+        ss[i].busy = 0;
+    }
+    for (int i = 0; i < nl; i++) {
+        ls[i].next = (int64_t)(urand() * MS);
+        ls[i].nq = 0;
+        ls[i].stream_end = 0;
+        ls[i].pending_go = 0;
+        ls[i].est = calloc(1, sizeof *ls[i].est);
+    }
+    const int64_t burst = 20 * MS;
+    for (;;) {
+        int li = 0;
+        for (int i = 1; i < nl; i++)
+            if (ls[i].next < ls[li].next)
+                li = i;
+        struct launcher *l = &ls[li];
+        struct slice *sl = &ss[l->slice];
+        int64_t now = l->next;
+        if (now > WIN_END)
+            break;
+        drain(l, sl, now);
+        if (l->pending_go) {
+            /* Woke up after sleeping for budget: launch now. */
+            l->pending_go = 0;
+            submit(l, sl, now, l->pending_cost);
+        } else {
+            if (l->nq >= l->qdepth || (l->sync && l->nq > 0)) {
+                l->next = l->q[0].end; /* blocked in the launch call / synchronize */
+                continue;
+            }
+            struct vc_est_entry *e = vc_est_lookup(l->est, 0x1000, 1);
+            if (e->samples == 0 && e->in_flight > 0) {
+                l->next = l->q[0].end; /* unknown cost: one in flight at a time */
+                continue;
+            }
+            uint64_t cost = vc_est_cost(e);
+            e->in_flight++;
+            int64_t go = vc_reserve(&sl->tat, now, cost, sl->permille, burst);
+            if (go > now) {
+                l->pending_go = 1;
+                l->pending_cost = cost;
+                l->next = go + (int64_t)(urand() * (double)wake_late);
+                continue;
+            }
+            submit(l, sl, now, cost);
+        }
+        /* Next launch: immediately (async) or after completion (sync); a small CPU gap. */
+        l->next = now + 2 * US;
+        if (l->sync && l->nq)
+            l->next = l->q[l->nq - 1].end + 2 * US;
+    }
+    double worst = 0;
+    printf("%s:", name);
+    for (int i = 0; i < ns; i++) {
+        double share = 100.0 * ss[i].busy / (double)(WIN_END - WIN_START);
+        double cap = ss[i].permille / 10.0;
+        double err = share - cap;
+        printf(" share=%.2f cap=%.1f err=%+.2f", share, cap, err);
+        if (fabs(err) > worst)
+            worst = fabs(err);
+    }
+    printf("\n");
+    for (int i = 0; i < nl; i++)
+        free(ls[i].est);
+    return worst;
+}
+
+static int failures;
+static void expect(double worst, double bound, const char *what)
+{
+    if (worst > bound) {
+        printf("FAIL %s: error %.2f > %.2f points\n", what, worst, bound);
+        failures++;
+    }
+}
+
+static void test_elastic(void)
+{
+    struct vgpu_node_slot s[4];
+    memset(s, 0, sizeof s);
+    int64_t now = 1000 * MS;
+    s[0] = (struct vgpu_node_slot){.slice_id = 1, .want_until_ns = now + MS, .cap_permille = 300,
+                                   .policy = VGPU_COMPUTE_POLICY_ELASTIC, .priority = 1};
+    /* alone: uncapped */
+    assert(vc_elastic_permille(s, 4, 0, now) == 1000);
+    /* a hard 600 slice wants time: 300 + the idle 100 */
+    s[1] = (struct vgpu_node_slot){.slice_id = 2, .want_until_ns = now + MS, .cap_permille = 600,
+                                   .policy = VGPU_COMPUTE_POLICY_HARD, .priority = 1};
+    assert(vc_elastic_permille(s, 4, 0, now) == 400);
+    /* it stops wanting: back to uncapped */
+    s[1].want_until_ns = now - 1;
+    assert(vc_elastic_permille(s, 4, 0, now) == 1000);
+    /* an elastic 200 peer of equal priority: split the idle 500 */
+    s[2] = (struct vgpu_node_slot){.slice_id = 3, .want_until_ns = now + MS, .cap_permille = 200,
+                                   .policy = VGPU_COMPUTE_POLICY_ELASTIC, .priority = 1};
+    assert(vc_elastic_permille(s, 4, 0, now) == 550);
+    assert(vc_elastic_permille(s, 4, 2, now) == 450);
+    /* higher priority (lower number) takes the idle share first; my own cap stays */
+    s[2].priority = 0;
+    assert(vc_elastic_permille(s, 4, 0, now) == 300);
+    assert(vc_elastic_permille(s, 4, 2, now) == 700);
+    /* an uncapped/off neighbour: just my cap */
+    s[3] = (struct vgpu_node_slot){.slice_id = 4, .want_until_ns = now + MS, .cap_permille = 0,
+                                   .policy = VGPU_COMPUTE_POLICY_OFF, .priority = 1};
+    assert(vc_elastic_permille(s, 4, 0, now) == 300);
+    assert(vc_elastic_permille(s, 4, -1, now) == 0);
+    printf("elastic: ok\n");
+}
+
+static void test_bucket(void)
+{
+    int64_t tat = 0;
+    /* 1 ms at 50%: 2 ms of wall per launch; first launches go at once (burst 5 ms). */
+    int64_t go = vc_reserve(&tat, 100 * MS, 1 * MS, 500, 5 * MS);
+    assert(go <= 100 * MS && tat == 102 * MS);
+    for (int i = 0; i < 3; i++)
+        vc_reserve(&tat, 100 * MS, 1 * MS, 500, 5 * MS);
+    go = vc_reserve(&tat, 100 * MS, 1 * MS, 500, 5 * MS);
+    assert(go == 103 * MS);
+    /* a credit never takes tat below now, a debt is bounded */
+    vc_correct(&tat, 100 * MS, -1000 * MS, 500);
+    assert(tat == 100 * MS);
+    vc_correct(&tat, 100 * MS, 100000 * MS, 500);
+    assert(tat == 100 * MS + VC_MAX_DEBT_NS);
+    /* estimator: first sample, then a low quantile under inflated samples */
+    struct vc_estimator *t = calloc(1, sizeof *t);
+    struct vc_est_entry *e = vc_est_lookup(t, 42, 7);
+    assert(vc_est_cost(e) == VC_DEFAULT_COST_NS);
+    vc_est_update(e, 1000000);
+    for (int i = 0; i < 2000; i++)
+        vc_est_update(e, urand() < 0.4 ? 1000000 : 1000000 + (uint64_t)(urand() * 2e6));
+    assert(llabs((long long)vc_est_cost(e) - 1000000) < 20000);
+    assert(vc_est_lookup(t, 42, 7) == e && vc_est_lookup(t, 42, 8) != e);
+    free(t);
+    printf("bucket+estimator: ok\n");
+}
+
+int main(void)
+{
+    test_bucket();
+    test_elastic();
+
+    struct launcher ls[MAXL];
+    struct slice ss[4];
+    double mae = 0;
+    int caps[] = {100, 300, 500, 700, 900};
+    for (int c = 0; c < 5; c++) {
+        memset(ls, 0, sizeof ls);
+        ls[0] = (struct launcher){.slice = 0, .dur = 1 * MS, .qdepth = 32};
+        ss[0].permille = (uint32_t)caps[c];
+        char name[64];
+        snprintf(name, sizeof name, "one 1ms cap %d", caps[c] / 10);
+        double w = run(name, ls, 1, ss, 1, 300 * US);
+        expect(w, 1.0, name);
+        mae += w / 5;
+    }
+    printf("MAE %.2f\n", mae);
+
+    int64_t durs[] = {50 * US, 1 * MS, 20 * MS};
+    for (int d = 0; d < 3; d++) {
+        for (int sync = 0; sync < 2; sync++) {
+            memset(ls, 0, sizeof ls);
+            ls[0] = (struct launcher){.slice = 0, .dur = durs[d], .qdepth = 16, .sync = sync};
+            ss[0].permille = 300;
+            char name[64];
+            snprintf(name, sizeof name, "kernel %lldus %s cap 30", (long long)(durs[d] / US), sync ? "sync" : "async");
+            expect(run(name, ls, 1, ss, 1, 500 * US), 1.0, name);
+        }
+    }
+
+    memset(ls, 0, sizeof ls);
+    ls[0] = (struct launcher){.slice = 0, .dur = 1 * MS, .qdepth = 16};
+    ls[1] = (struct launcher){.slice = 1, .dur = 1 * MS, .qdepth = 16};
+    ss[0].permille = 300;
+    ss[1].permille = 600;
+    expect(run("two slices 30+60", ls, 2, ss, 2, 300 * US), 1.5, "two slices");
+
+    memset(ls, 0, sizeof ls);
+    ls[0] = (struct launcher){.slice = 0, .dur = 2 * MS, .jitter = 200 * US, .qdepth = 16};
+    ls[1] = (struct launcher){.slice = 1, .dur = 500 * US, .jitter = 25 * US, .qdepth = 16, .sync = 1};
+    expect(run("two slices 30+60 mixed, jitter", ls, 2, ss, 2, 300 * US), 2.0, "two slices mixed");
+
+    memset(ls, 0, sizeof ls);
+    for (int i = 0; i < 4; i++)
+        ls[i] = (struct launcher){.slice = 0, .dur = 1 * MS, .qdepth = 8, .sync = i & 1};
+    ss[0].permille = 400;
+    expect(run("four launchers one 40 slice", ls, 4, ss, 1, 300 * US), 1.0, "four launchers");
+
+    if (failures) {
+        printf("%d failures\n", failures);
+        return 1;
+    }
+    printf("all ok\n");
+    return 0;
+}
