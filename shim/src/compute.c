@@ -1,0 +1,676 @@
+/*
+ * Compute (SM) cap: configuration, per-device state, the launch gate and the completion
+ * measurements. The control law itself is in compute_controller.c; the hooks that call the gate
+ * are in launch_hooks.c. Design and rationale: docs/compute.md.
+ *
+ * Per launch on a capped device:
+ *   before:  read finished measurements (cuEventQuery, never blocking), look up the cost estimate
+ *            of (function, grid), reserve that much budget in the slice's shared virtual-time
+ *            bucket (region->compute[dev], lock-free), sleep until the reservation is due (no
+ *            lock held), then record a timing event on the stream;
+ *   launch:  the real driver call;
+ *   after:   record the end event and queue the pair; when it completes, its elapsed time
+ *            updates the estimate and the difference between the new estimate and what was
+ *            charged is charged (or refunded) to the bucket: a feedback loop on measured time.
+ *
+ * Thread safety: one process-wide mutex (g_mu) guards the estimator and the event rings; it is
+ * never held while sleeping, and only non-blocking driver calls are made under it.
+ * Fork safety: the child re-initialises the mutex and forgets the parent's events (a CUDA
+ * context does not survive fork); the slice's shared state is, by design, shared.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "compute.h"
+#include "compute_controller.h"
+#include "shim_internal.h"
+
+_Static_assert(sizeof(struct vgpu_compute_state) == 512, "compute state size is part of the region layout");
+
+/* ------------------------------------------------------------ tunables (docs/compute.md) */
+#define BURST_NS (20 * 1000000LL)          /* how far a slice may run ahead of its schedule */
+#define WANT_HOLD_NS (100 * 1000000LL)     /* a slice "wants" time this long after a launch */
+#define NODE_CHECK_NS (1000000LL)          /* elastic: re-read the node file at most every 1 ms */
+#define HEARTBEAT_NS (5 * 1000000LL)       /* rewrite want_until when it moved by more than this */
+#define UNKNOWN_WAIT_MAX_NS (200 * 1000000LL) /* first launch of a key: wait this long at most */
+#define INFLIGHT_MAX_NS (8 * 1000000LL)    /* elastic, uncapped: device time queued ahead at most */
+#define INFLIGHT_WAIT_MAX_NS (100 * 1000000LL)
+#define POLL_NS (1000000LL)                /* sleep between completion polls (never spin) */
+#define RING 256                           /* measured launches in flight per context */
+#define MAX_CTX 32
+
+/* ------------------------------------------------------------ configuration */
+static int g_enabled;                              /* some device has a cap and policy != off */
+static uint32_t g_cap[VGPU_MAX_DEVICES];           /* permille, 0 = none */
+static uint32_t g_policy = VGPU_COMPUTE_POLICY_HARD;
+static int32_t g_priority = 1;
+static char g_node_dir[512];
+
+/* ------------------------------------------------------------ driver entry points we call */
+typedef CUresult (*pfn_ctx_get_current)(CUcontext *);
+typedef CUresult (*pfn_ctx_get_device)(CUdevice *);
+typedef CUresult (*pfn_event_create)(CUevent *, unsigned int);
+typedef CUresult (*pfn_event_record)(CUevent, CUstream);
+typedef CUresult (*pfn_event_query)(CUevent);
+typedef CUresult (*pfn_event_elapsed)(float *, CUevent, CUevent);
+typedef CUresult (*pfn_stream_is_capturing)(CUstream, CUstreamCaptureStatus *);
+typedef CUresult (*pfn_device_get_uuid)(CUuuid *, CUdevice);
+static struct {
+    pfn_ctx_get_current ctx_get_current;
+    pfn_ctx_get_device ctx_get_device;
+    pfn_event_create event_create;
+    pfn_event_record event_record;
+    pfn_event_query event_query;
+    pfn_event_elapsed event_elapsed;
+    pfn_stream_is_capturing stream_is_capturing;
+    pfn_device_get_uuid device_get_uuid;
+} drv;
+static pthread_once_t drv_once = PTHREAD_ONCE_INIT;
+static int drv_ok;
+
+/* The driver's own functions, through the driver's cuGetProcAddress (not dlsym: the shim's dlsym
+ * map or another interposer must not hand us a wrapper), default (legacy-stream) versions. */
+static void *drv_sym(const char *name, int version)
+{
+    void *p = NULL;
+    if (real_cuGetProcAddress_v2) {
+        CUdriverProcAddressQueryResult st;
+        if (real_cuGetProcAddress_v2(name, &p, version, 0, &st) == CUDA_SUCCESS && p)
+            return p;
+    }
+    p = NULL;
+    if (real_cuGetProcAddress && real_cuGetProcAddress(name, &p, version, 0) == CUDA_SUCCESS && p)
+        return p;
+    return NULL;
+}
+
+static void drv_resolve(void)
+{
+    drv.ctx_get_current = (pfn_ctx_get_current)drv_sym("cuCtxGetCurrent", 4000);
+    drv.ctx_get_device = (pfn_ctx_get_device)drv_sym("cuCtxGetDevice", 2000);
+    drv.event_create = (pfn_event_create)drv_sym("cuEventCreate", 2000);
+    drv.event_record = (pfn_event_record)drv_sym("cuEventRecord", 2000);
+    drv.event_query = (pfn_event_query)drv_sym("cuEventQuery", 2000);
+    drv.event_elapsed = (pfn_event_elapsed)drv_sym("cuEventElapsedTime", 2000);
+    drv.stream_is_capturing = (pfn_stream_is_capturing)drv_sym("cuStreamIsCapturing", 10000);
+    drv.device_get_uuid = (pfn_device_get_uuid)drv_sym("cuDeviceGetUuid", 11040);
+    drv_ok = drv.ctx_get_current && drv.ctx_get_device && drv.event_create && drv.event_record &&
+             drv.event_query && drv.event_elapsed;
+    if (!drv_ok)
+        vgpu_log(VGPU_LOG_ERROR, "compute cap: the driver lacks event functions; launches are charged "
+                                 "by estimate only (no measurement)");
+}
+
+/* ------------------------------------------------------------ per-process state */
+enum { SLOT_FREE = 0, SLOT_RESERVED = 1, SLOT_PENDING = 2, SLOT_SKIP = 3 };
+
+struct ring_slot {
+    CUevent start, end; /* created lazily in the context, reused */
+    uintptr_t key;
+    uint64_t grid;
+    uint64_t charged;
+    int state;
+};
+
+struct cctx {
+    CUcontext ctx; /* NULL = unused */
+    int dev;
+    unsigned head, tail; /* ring indices (mod RING); [head, tail) are reserved or pending */
+    int64_t outstanding_ns; /* charged device time of pending slots */
+    struct ring_slot ring[RING];
+};
+
+struct cdev {
+    int attached;
+    struct vgpu_compute_state *st;
+    struct vgpu_node_file *node;
+    int node_slot;
+    int64_t next_node_check;
+    int64_t published_want;
+    uint32_t eff;
+};
+
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct vc_estimator g_est;
+static struct cctx g_ctx[MAX_CTX];
+static struct cdev g_dev[VGPU_MAX_DEVICES];
+static struct vgpu_compute_state g_private[VGPU_MAX_DEVICES]; /* when no region is mapped */
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static void sleep_until(int64_t t)
+{
+    struct timespec ts = {.tv_sec = t / 1000000000LL, .tv_nsec = t % 1000000000LL};
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+        ;
+}
+
+/* ------------------------------------------------------------ configuration parsing */
+static const char cap_forms[] = "a percentage 0-100 (e.g. 30 or 12.5; 0 or >= 100 = no cap)";
+
+/* Percent -> permille. 0 ok (*out: 0 = no cap), -1 malformed. */
+static int parse_percent(const char *v, uint32_t *out)
+{
+    const char *p = v;
+    while (*p == ' ' || *p == '\t')
+        p++;
+    if (*p < '0' || *p > '9')
+        return -1;
+    char *end;
+    errno = 0;
+    double d = strtod(p, &end);
+    if (errno || end == p || !isfinite(d) || d < 0)
+        return -1;
+    if (*end == '%')
+        end++;
+    while (*end == ' ' || *end == '\t')
+        end++;
+    if (*end)
+        return -1;
+    if (d >= 100.0 || d == 0.0) {
+        *out = 0;
+        return 0;
+    }
+    long pm = lround(d * 10.0);
+    if (pm < 1)
+        pm = 1; /* 0.01% still means "capped", never "uncapped" */
+    if (pm > 999)
+        pm = 999;
+    *out = (uint32_t)pm;
+    return 0;
+}
+
+static int parse_int(const char *v, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || end == v)
+        return -1;
+    while (*end == ' ' || *end == '\t')
+        end++;
+    if (*end || x < lo || x > hi)
+        return -1;
+    *out = x;
+    return 0;
+}
+
+static int load_config(void)
+{
+    const char *v;
+    uint32_t base = 0;
+    if ((v = getenv("CUDA_DEVICE_SM_LIMIT")) && *v) {
+        if (parse_percent(v, &base)) {
+            vgpu_config_error("CUDA_DEVICE_SM_LIMIT", v, "not a percentage", cap_forms);
+            return -1;
+        }
+    }
+    for (int i = 0; i < VGPU_MAX_DEVICES; i++) {
+        char name[40];
+        snprintf(name, sizeof name, "CUDA_DEVICE_SM_LIMIT_%d", i);
+        g_cap[i] = base;
+        if ((v = getenv(name)) && *v) {
+            if (parse_percent(v, &g_cap[i])) {
+                vgpu_config_error(name, v, "not a percentage", cap_forms);
+                return -1;
+            }
+        }
+    }
+
+    g_policy = VGPU_COMPUTE_POLICY_HARD;
+    if ((v = getenv("VGPU_COMPUTE_POLICY")) && *v) {
+        if (!strcasecmp(v, "hard"))
+            g_policy = VGPU_COMPUTE_POLICY_HARD;
+        else if (!strcasecmp(v, "elastic"))
+            g_policy = VGPU_COMPUTE_POLICY_ELASTIC;
+        else if (!strcasecmp(v, "off"))
+            g_policy = VGPU_COMPUTE_POLICY_OFF;
+        else {
+            vgpu_config_error("VGPU_COMPUTE_POLICY", v, "unknown policy", "hard, elastic or off");
+            return -1;
+        }
+    } else if ((v = getenv("GPU_CORE_UTILIZATION_POLICY")) && *v) {
+        if (!strcasecmp(v, "force"))
+            g_policy = VGPU_COMPUTE_POLICY_HARD;
+        else if (!strcasecmp(v, "default"))
+            g_policy = VGPU_COMPUTE_POLICY_ELASTIC;
+        else if (!strcasecmp(v, "disable"))
+            g_policy = VGPU_COMPUTE_POLICY_OFF;
+        else {
+            vgpu_config_error("GPU_CORE_UTILIZATION_POLICY", v, "unknown policy",
+                              "force (= hard), default (= elastic) or disable (= off)");
+            return -1;
+        }
+    }
+
+    g_priority = 1;
+    const char *pname = "VGPU_PRIORITY";
+    if (!((v = getenv(pname)) && *v)) {
+        pname = "CUDA_TASK_PRIORITY";
+        v = getenv(pname);
+    }
+    if (v && *v) {
+        long x;
+        if (parse_int(v, -100, 100, &x)) {
+            vgpu_config_error(pname, v, "not an integer in range",
+                              "an integer -100..100, lower = higher priority (0 high, 1 default)");
+            return -1;
+        }
+        g_priority = (int32_t)x;
+    }
+
+    if ((v = getenv("VGPU_NODE_STATE_DIR")) && *v) {
+        if (v[0] != '/' || strlen(v) >= sizeof g_node_dir - 64) {
+            vgpu_config_error("VGPU_NODE_STATE_DIR", v, "not an absolute path (or too long)",
+                              "an absolute directory path");
+            return -1;
+        }
+        snprintf(g_node_dir, sizeof g_node_dir, "%s", v);
+    } else {
+        snprintf(g_node_dir, sizeof g_node_dir, "/tmp/vgpu-node-%u", (unsigned)getuid());
+    }
+
+    g_enabled = 0;
+    if (g_policy != VGPU_COMPUTE_POLICY_OFF)
+        for (int i = 0; i < VGPU_MAX_DEVICES; i++)
+            if (g_cap[i])
+                g_enabled = 1;
+    return 0;
+}
+
+static void atfork_child(void)
+{
+    pthread_mutex_init(&g_mu, NULL);
+    /* The parent's contexts (and so its events) are not usable here. */
+    memset(g_ctx, 0, sizeof g_ctx);
+    for (unsigned i = 0; i < VC_EST_SLOTS; i++)
+        g_est.e[i].in_flight = 0;
+}
+
+int vgpu_compute_init(void)
+{
+    if (load_config())
+        return 1;
+    if (g_enabled) {
+        vgpu_require_region();
+        pthread_atfork(NULL, NULL, atfork_child);
+        vgpu_log(VGPU_LOG_INFO, "compute cap: policy %s, priority %d, node state %s",
+                 g_policy == VGPU_COMPUTE_POLICY_ELASTIC ? "elastic" : "hard", (int)g_priority, g_node_dir);
+    }
+    return 0;
+}
+
+int vgpu_compute_enabled(void)
+{
+    return g_enabled;
+}
+
+uint32_t vgpu_compute_cap_permille(int dev)
+{
+    return dev >= 0 && dev < VGPU_MAX_DEVICES ? g_cap[dev] : 0;
+}
+
+/* ------------------------------------------------------------ node-wide demand file */
+static struct vgpu_node_file *node_open(CUdevice cudev)
+{
+    if (!drv.device_get_uuid)
+        return NULL;
+    CUuuid u;
+    if (drv.device_get_uuid(&u, cudev) != CUDA_SUCCESS)
+        return NULL;
+    char path[sizeof g_node_dir + 80];
+    int n = snprintf(path, sizeof path, "%s/compute-", g_node_dir);
+    for (int i = 0; i < 16 && n > 0 && (size_t)n + 3 < sizeof path; i++)
+        n += snprintf(path + n, sizeof path - (size_t)n, "%02x", (unsigned char)u.bytes[i]);
+    snprintf(path + n, sizeof path - (size_t)n, ".state");
+
+    /* Shared by slices of different users: world-writable file in a sticky directory. */
+    if (mkdir(g_node_dir, 01777) == 0)
+        chmod(g_node_dir, 01777);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (fd < 0) {
+        vgpu_log(VGPU_LOG_WARN, "compute cap: cannot open node state %s: %s", path, strerror(errno));
+        return NULL;
+    }
+    fchmod(fd, 0666);
+    struct stat sb;
+    if (fstat(fd, &sb) || (sb.st_size < (off_t)sizeof(struct vgpu_node_file) &&
+                           ftruncate(fd, sizeof(struct vgpu_node_file)))) {
+        /* ftruncate to the same size by racing creators is harmless: the file only grows. */
+        close(fd);
+        return NULL;
+    }
+    void *m = mmap(NULL, sizeof(struct vgpu_node_file), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED)
+        return NULL;
+    struct vgpu_node_file *f = m;
+    uint32_t zero = 0;
+    if (__atomic_compare_exchange_n(&f->magic, &zero, VGPU_NODE_MAGIC, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+        f->version = 1;
+        f->nslots = VGPU_NODE_SLOTS;
+    } else if (zero != VGPU_NODE_MAGIC) {
+        vgpu_log(VGPU_LOG_WARN, "compute cap: %s is not a node state file", path);
+        munmap(m, sizeof *f);
+        return NULL;
+    }
+    return f;
+}
+
+static int node_claim(struct vgpu_node_file *f, uint64_t id, int64_t now)
+{
+    for (int i = 0; i < VGPU_NODE_SLOTS; i++)
+        if (__atomic_load_n(&f->slots[i].slice_id, __ATOMIC_ACQUIRE) == id)
+            return i;
+    for (int i = 0; i < VGPU_NODE_SLOTS; i++) {
+        struct vgpu_node_slot *s = &f->slots[i];
+        uint64_t cur = __atomic_load_n(&s->slice_id, __ATOMIC_ACQUIRE);
+        int64_t want = __atomic_load_n(&s->want_until_ns, __ATOMIC_ACQUIRE);
+        /* Free, or left by a slice that has not wanted time for a long while (it died). */
+        if (cur != 0 && want > now - VGPU_NODE_SLOT_STALE_NS)
+            continue;
+        if (__atomic_compare_exchange_n(&s->slice_id, &cur, id, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+            return i;
+    }
+    return -1;
+}
+
+/* ------------------------------------------------------------ attach a device */
+static uint64_t random_id(void)
+{
+    uint64_t x = (uint64_t)now_ns() ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)&x;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    return x ? x : 1;
+}
+
+static void attach_device(int dev, CUdevice cudev)
+{
+    struct cdev *cd = &g_dev[dev];
+    struct vgpu_region *r = vgpu_region();
+    struct vgpu_compute_state *st = r ? &r->compute[dev] : &g_private[dev];
+    if (!r)
+        vgpu_log(VGPU_LOG_WARN, "compute cap: no accounting region; the cap of device %d is per process", dev);
+    uint64_t zero = 0;
+    uint64_t id = random_id();
+    if (!__atomic_compare_exchange_n(&st->slice_id, &zero, id, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+        id = zero;
+    __atomic_store_n(&st->cap_permille, g_cap[dev], __ATOMIC_RELAXED);
+    __atomic_store_n(&st->policy, g_policy, __ATOMIC_RELAXED);
+    __atomic_store_n(&st->priority, g_priority, __ATOMIC_RELAXED);
+    __atomic_store_n(&st->effective_permille, g_cap[dev], __ATOMIC_RELAXED);
+    __atomic_store_n(&st->version, VGPU_COMPUTE_STATE_VERSION, __ATOMIC_RELEASE);
+    __atomic_fetch_add(&st->attached, 1, __ATOMIC_RELAXED);
+    cd->st = st;
+    cd->eff = g_cap[dev];
+    cd->node_slot = -1;
+    cd->node = node_open(cudev);
+    if (cd->node) {
+        cd->node_slot = node_claim(cd->node, id, now_ns());
+        if (cd->node_slot >= 0) {
+            struct vgpu_node_slot *s = &cd->node->slots[cd->node_slot];
+            __atomic_store_n(&s->cap_permille, g_cap[dev], __ATOMIC_RELAXED);
+            __atomic_store_n(&s->policy, g_policy, __ATOMIC_RELAXED);
+            __atomic_store_n(&s->priority, g_priority, __ATOMIC_RELAXED);
+        }
+    }
+    if (g_policy == VGPU_COMPUTE_POLICY_ELASTIC && cd->node_slot < 0)
+        vgpu_log(VGPU_LOG_WARN, "compute cap: elastic policy without node state (%s): device %d keeps its cap",
+                 g_node_dir, dev);
+    __atomic_store_n(&cd->attached, 1, __ATOMIC_RELEASE);
+}
+
+/* ------------------------------------------------------------ contexts and measurements */
+static struct cctx *ctx_get(CUcontext ctx, int dev)
+{
+    struct cctx *free_slot = NULL;
+    for (int i = 0; i < MAX_CTX; i++) {
+        if (g_ctx[i].ctx == ctx) {
+            g_ctx[i].dev = dev;
+            return &g_ctx[i];
+        }
+        if (!g_ctx[i].ctx && !free_slot)
+            free_slot = &g_ctx[i];
+    }
+    if (!free_slot)
+        return NULL; /* more than MAX_CTX contexts: launches there are charged by estimate only */
+    memset(free_slot, 0, sizeof *free_slot);
+    free_slot->ctx = ctx;
+    free_slot->dev = dev;
+    return free_slot;
+}
+
+/* Read finished measurements of one context, oldest first. Under g_mu; non-blocking calls only. */
+static void drain_ctx(struct cctx *cx, int64_t now, int budget)
+{
+    if (!drv_ok)
+        return;
+    struct cdev *cd = &g_dev[cx->dev];
+    while (cx->head != cx->tail && budget-- > 0) {
+        struct ring_slot *s = &cx->ring[cx->head % RING];
+        if (s->state == SLOT_SKIP) { /* a launch that could not be measured */
+            s->state = SLOT_FREE;
+            cx->head++;
+            continue;
+        }
+        if (s->state != SLOT_PENDING)
+            break; /* reserved by a launch still in progress */
+        CUresult q = drv.event_query(s->end);
+        if (q == CUDA_ERROR_NOT_READY)
+            break;
+        struct vc_est_entry *e = vc_est_lookup(&g_est, s->key, s->grid);
+        if (e->in_flight)
+            e->in_flight--;
+        float ms = 0;
+        if (q == CUDA_SUCCESS && drv.event_elapsed(&ms, s->start, s->end) == CUDA_SUCCESS && ms >= 0 && cd->st) {
+            uint64_t sample = (uint64_t)llroundf(ms * 1e6f);
+            uint64_t est = vc_est_update(e, sample);
+            int64_t delta = (int64_t)est - (int64_t)s->charged;
+            uint32_t pm = cd->eff ? cd->eff : g_cap[cx->dev];
+            if (pm && pm < VC_PERMILLE_FULL)
+                vc_correct(&cd->st->tat_ns, now, delta, pm);
+            __atomic_fetch_add(&cd->st->charged_ns, delta, __ATOMIC_RELAXED);
+            __atomic_fetch_add(&cd->st->measured_ns, sample, __ATOMIC_RELAXED);
+            __atomic_fetch_add(&cd->st->measured_launches, 1, __ATOMIC_RELAXED);
+        }
+        /* On an error (context destroyed, event invalid) the measurement is lost, nothing else. */
+        cx->outstanding_ns -= (int64_t)s->charged;
+        s->state = SLOT_FREE;
+        cx->head++;
+    }
+}
+
+static void publish_want(struct cdev *cd, int64_t until)
+{
+    if (!cd->node || cd->node_slot < 0)
+        return;
+    if (until - cd->published_want < HEARTBEAT_NS && until <= cd->published_want + WANT_HOLD_NS)
+        return;
+    struct vgpu_node_slot *s = &cd->node->slots[cd->node_slot];
+    int64_t cur = __atomic_load_n(&s->want_until_ns, __ATOMIC_RELAXED);
+    /* Processes of a slice race here; only ever move it forward. */
+    while (cur < until &&
+           !__atomic_compare_exchange_n(&s->want_until_ns, &cur, until, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+        ;
+    cd->published_want = until;
+}
+
+/* The cap to apply now on this device (permille, VC_PERMILLE_FULL = none). */
+static uint32_t effective_cap(struct cdev *cd, int dev, int64_t now)
+{
+    if (g_policy != VGPU_COMPUTE_POLICY_ELASTIC || !cd->node || cd->node_slot < 0)
+        return g_cap[dev];
+    if (now >= cd->next_node_check) {
+        uint32_t e = vc_elastic_permille(cd->node->slots, VGPU_NODE_SLOTS, cd->node_slot, now);
+        if (e < g_cap[dev])
+            e = g_cap[dev];
+        if (e != cd->eff) {
+            /* Going back to (or towards) the cap: start from now, with neither the debt nor the
+             * credit of the uncapped period. */
+            if (e < cd->eff)
+                vc_reset(&cd->st->tat_ns, now);
+            cd->eff = e;
+            __atomic_store_n(&cd->st->effective_permille, e, __ATOMIC_RELAXED);
+        }
+        cd->next_node_check = now + NODE_CHECK_NS;
+    }
+    return cd->eff;
+}
+
+/* ------------------------------------------------------------ the gate */
+void vgpu_compute_before(struct vgpu_launch *L, uintptr_t key, uint64_t grid, CUstream stream)
+{
+    L->active = 0;
+    if (!g_enabled)
+        return;
+    pthread_once(&drv_once, drv_resolve);
+    if (!drv.ctx_get_current || !drv.ctx_get_device)
+        return;
+    CUcontext ctx = NULL;
+    CUdevice cudev = 0;
+    if (drv.ctx_get_current(&ctx) != CUDA_SUCCESS || !ctx || drv.ctx_get_device(&cudev) != CUDA_SUCCESS)
+        return; /* the launch will fail in the driver; nothing to charge */
+    int dev = vgpu_device_index(cudev);
+    if (dev < 0 || dev >= VGPU_MAX_DEVICES || !g_cap[dev])
+        return;
+    if (drv.stream_is_capturing) {
+        CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+        if (drv.stream_is_capturing(stream, &cs) == CUDA_SUCCESS && cs != CU_STREAM_CAPTURE_STATUS_NONE)
+            return; /* recorded into a graph, not run: cuGraphLaunch pays for it */
+    }
+    struct cdev *cd = &g_dev[dev];
+    if (!__atomic_load_n(&cd->attached, __ATOMIC_ACQUIRE)) {
+        pthread_mutex_lock(&g_mu);
+        if (!cd->attached)
+            attach_device(dev, cudev);
+        pthread_mutex_unlock(&g_mu);
+    }
+
+    int64_t now = now_ns();
+    uint32_t eff = effective_cap(cd, dev, now);
+    publish_want(cd, now + WANT_HOLD_NS);
+
+    /* Estimate, and learn before guessing twice: a key never measured has one launch in flight. */
+    uint64_t cost;
+    struct cctx *cx;
+    int64_t deadline = now + UNKNOWN_WAIT_MAX_NS;
+    for (;;) {
+        pthread_mutex_lock(&g_mu);
+        cx = ctx_get(ctx, dev);
+        if (cx)
+            drain_ctx(cx, now, 64);
+        struct vc_est_entry *e = vc_est_lookup(&g_est, key, grid);
+        int unknown_busy = e->samples == 0 && e->in_flight > 0 && drv_ok;
+        int queue_full = eff >= VC_PERMILLE_FULL && cx && cx->outstanding_ns > INFLIGHT_MAX_NS;
+        if ((!unknown_busy && !queue_full) || now >= deadline) {
+            cost = vc_est_cost(e);
+            e->in_flight++;
+            break;
+        }
+        pthread_mutex_unlock(&g_mu);
+        if (queue_full && !unknown_busy && deadline > now + INFLIGHT_WAIT_MAX_NS)
+            deadline = now + INFLIGHT_WAIT_MAX_NS;
+        sleep_until(now + POLL_NS);
+        now = now_ns();
+        eff = effective_cap(cd, dev, now);
+    }
+    /* A ring slot for the measurement (none when the ring is full: charged by estimate only). */
+    L->slot = -1;
+    if (cx && drv_ok && cx->tail - cx->head < RING) {
+        L->slot = (int)(cx->tail % RING);
+        cx->ring[L->slot].state = SLOT_RESERVED;
+        cx->tail++;
+    }
+    pthread_mutex_unlock(&g_mu);
+
+    if (eff < VC_PERMILLE_FULL) {
+        int64_t go = vc_reserve(&cd->st->tat_ns, now, cost, eff, BURST_NS);
+        if (go > now) {
+            publish_want(cd, go + WANT_HOLD_NS);
+            /* Sleep, holding nothing: the reservation is already ours. */
+            sleep_until(go);
+            __atomic_fetch_add(&cd->st->throttled, 1, __ATOMIC_RELAXED);
+            __atomic_fetch_add(&cd->st->wait_ns, (uint64_t)(go - now), __ATOMIC_RELAXED);
+        }
+    }
+
+    L->active = 1;
+    L->dev = dev;
+    L->cx = cx;
+    L->key = key;
+    L->grid = grid;
+    L->cost = cost;
+    L->eff = eff;
+    L->stream = stream;
+    if (L->slot >= 0) {
+        struct ring_slot *s = &cx->ring[L->slot];
+        /* Only this thread touches a RESERVED slot. Events live in the context: create them
+         * here, where that context is current. */
+        if (!s->start && drv.event_create(&s->start, CU_EVENT_DEFAULT) != CUDA_SUCCESS)
+            s->start = NULL;
+        if (!s->end && drv.event_create(&s->end, CU_EVENT_DEFAULT) != CUDA_SUCCESS)
+            s->end = NULL;
+        if (!s->start || !s->end || drv.event_record(s->start, stream) != CUDA_SUCCESS)
+            L->measure_failed = 1;
+        else
+            L->measure_failed = 0;
+    }
+}
+
+void vgpu_compute_after(struct vgpu_launch *L, CUresult launched)
+{
+    if (!L->active)
+        return;
+    struct cdev *cd = &g_dev[L->dev];
+    int64_t now = now_ns();
+    int measured = 0;
+    if (L->slot >= 0 && launched == CUDA_SUCCESS && !L->measure_failed)
+        measured = drv.event_record(L->cx->ring[L->slot].end, L->stream) == CUDA_SUCCESS;
+
+    pthread_mutex_lock(&g_mu);
+    if (L->slot >= 0) {
+        struct ring_slot *s = &L->cx->ring[L->slot];
+        if (measured) {
+            s->key = L->key;
+            s->grid = L->grid;
+            s->charged = L->cost;
+            L->cx->outstanding_ns += (int64_t)L->cost;
+            s->state = SLOT_PENDING;
+        } else {
+            s->state = SLOT_SKIP; /* not measurable (launch or event record failed) */
+        }
+    }
+    if (!measured) {
+        struct vc_est_entry *e = vc_est_lookup(&g_est, L->key, L->grid);
+        if (e->in_flight)
+            e->in_flight--;
+    }
+    pthread_mutex_unlock(&g_mu);
+
+    if (launched != CUDA_SUCCESS) {
+        /* Nothing ran: give the budget back. */
+        if (L->eff < VC_PERMILLE_FULL)
+            vc_correct(&cd->st->tat_ns, now, -(int64_t)L->cost, L->eff);
+        return;
+    }
+    __atomic_fetch_add(&cd->st->launches, 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&cd->st->charged_ns, (int64_t)L->cost, __ATOMIC_RELAXED);
+    __atomic_store_n(&cd->st->last_launch_ns, (uint64_t)now, __ATOMIC_RELAXED);
+}

@@ -1,0 +1,48 @@
+/*
+ * The compute cap's gate, called by the launch hooks (launch_hooks.c) around the real launch:
+ *
+ *     struct vgpu_launch L;
+ *     vgpu_compute_before(&L, key, grid, stream);   // may sleep (never holding a lock)
+ *     CUresult r = real_cuLaunchKernel(...);
+ *     vgpu_compute_after(&L, r);
+ *
+ * key: what the cost is learned for (CUfunction, or CUgraphExec); grid: the launch shape
+ * (0 for graphs); stream: the stream the work goes to, with the per-thread default stream spelt
+ * CU_STREAM_PER_THREAD for the _ptsz entry points (the measurement events go to the same stream).
+ */
+#ifndef VGPU_COMPUTE_H
+#define VGPU_COMPUTE_H
+
+#include <stdint.h>
+
+#include "vgpu/cuda_api.h"
+
+struct cctx;
+
+struct vgpu_launch {
+    int active; /* the gate charged this launch; after() must see it */
+    int dev;
+    int slot; /* measurement ring slot, -1 = none */
+    int measure_failed;
+    uint32_t eff;
+    struct cctx *cx;
+    uintptr_t key;
+    uint64_t grid;
+    uint64_t cost;
+    CUstream stream;
+};
+
+int vgpu_compute_enabled(void); /* a cap is configured and the policy is not off */
+uint32_t vgpu_compute_cap_permille(int dev);
+void vgpu_compute_before(struct vgpu_launch *L, uintptr_t key, uint64_t grid, CUstream stream);
+void vgpu_compute_after(struct vgpu_launch *L, CUresult launched);
+
+/* The launch shape as one number: total blocks, and threads per block in the high bits. */
+static inline uint64_t vgpu_launch_shape(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz)
+{
+    uint64_t blocks = (uint64_t)gx * gy * gz;
+    uint64_t threads = (uint64_t)bx * by * bz;
+    return (blocks & ((1ULL << 44) - 1)) | (threads << 44);
+}
+
+#endif
