@@ -50,6 +50,12 @@
 int vgpu_resolve_cuda(void);
 /* Resolve the real_<symbol> of lib NVML (lazily, at the first NVML hook). 0 ok, -1 no NVML. */
 int vgpu_resolve_nvml(void);
+/* A driver function we call but do not hook (cuDeviceGet, cuCtxGetDevice, nvmlDeviceGetIndex...),
+ * from the same library instance; NULL if absent. Resolve once and cache the result. */
+void *vgpu_cuda_sym(const char *name);
+void *vgpu_nvml_sym(const char *name);
+/* Nanoseconds the last first-call setup took (init + device map), for benchmarks/debug. */
+extern uint64_t vgpu_setup_ns;
 
 /* ---- logging (log.c) ---- */
 enum vgpu_log_level {
@@ -71,7 +77,7 @@ struct vgpu_config {
     int any_limit;                       /* some device has a memory limit */
     uint64_t limit[VGPU_MAX_DEVICES];    /* bytes per app-visible device index; 0 = none */
     uint64_t context_reserve;            /* VGPU_CONTEXT_RESERVE: charged per context */
-    const char *region_path;             /* CUDA_DEVICE_MEMORY_SHARED_CACHE, NULL = private */
+    char *region_path;                   /* CUDA_DEVICE_MEMORY_SHARED_CACHE (copied), NULL = private */
 };
 /* Parse the environment into cfg. Returns 0, or -1 after printing the one config-error line. */
 int vgpu_config_load(struct vgpu_config *cfg);
@@ -93,8 +99,10 @@ int vgpu_compute_init(void); /* weak default in init.c returns 0 */
 /* ---- devices (devices.c) ---- */
 /* Build the CUdevice <-> app index map (once, after a successful real cuInit). */
 void vgpu_devices_discover(void);
-int vgpu_device_index(CUdevice dev);    /* app-visible index, or -1 */
-int vgpu_current_device_index(void);    /* of the current context's device, or -1 */
+int vgpu_device_index(CUdevice dev);    /* app-visible index, or -1 (not a device we mapped) */
+int vgpu_current_device_index(void);    /* of the current context's device, or -1 (no context) */
+/* The app-visible index of an NVML device handle (via CUDA_VISIBLE_DEVICES), or -1. */
+int vgpu_nvml_device_index(nvmlDevice_t dev);
 int vgpu_device_count(void);            /* devices mapped (<= VGPU_MAX_DEVICES), 0 before cuInit */
 
 /* ---- the accounting region (region.c) ---- */
@@ -102,11 +110,14 @@ struct vgpu_region *vgpu_region(void);  /* NULL when no region is in use */
 /* Open (or create) the region: path, or a private memfd when path is NULL. Returns CUDA_SUCCESS
  * or an error after printing one line. Writes the creator's limits if it creates the file. */
 CUresult vgpu_region_open(const char *path, const uint64_t limits[VGPU_MAX_DEVICES]);
-void vgpu_region_lock(void);
+/* 0 locked; -1 the lock is unusable (ENOTRECOVERABLE: reported, fail the call). */
+int vgpu_region_lock(void);
 void vgpu_region_unlock(void);
 /* Reserve bytes on device index dev against limit (0 = none). Returns 0, or -1 if over quota
  * (after a dead-slot scan). *used_out gets the slice's usage seen at the decision. */
 int vgpu_region_charge(int dev, uint64_t bytes, uint64_t limit, uint64_t *used_out);
+/* The quota of device index dev: the smaller nonzero of the env limit and the region's. */
+uint64_t vgpu_region_limit(int dev);
 void vgpu_region_uncharge(int dev, uint64_t bytes);
 uint64_t vgpu_region_used(int dev);
 /* Return the charges of dead processes to the quota (system calls: not on every call). */

@@ -1,0 +1,174 @@
+/*
+ * Everything generated from hooks.def: the real_<symbol> pointers and their resolution, the
+ * exported wrappers, and the two maps that make the other call routes reach the hooks:
+ *   dlsym(handle_of_driver, "symbol")   -> our wrapper of exactly that symbol
+ *   cuGetProcAddress(_v2)(base, version, flags) -> the driver answers (it is the authority on
+ *     versions); an answer equal to real_<symbol> becomes the wrapper of that same symbol.
+ * Symbols not in hooks.def are never touched.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include "shim_internal.h"
+
+/* ---- the real driver functions ---- */
+#define VGPU_HOOK(lib, ret, name, params, args) vgpu_pfn_##name real_##name;
+#include "hooks.def"
+#undef VGPU_HOOK
+
+/* ---- the exported wrappers, with hidden aliases so our own maps take their address directly
+ * (not through the GOT, which an interposer loaded before us could redirect) ---- */
+#define VGPU_HOOK(lib, ret, name, params, args)                                                     \
+    VGPU_EXPORT ret name params { return hook_##name args; }                                       \
+    extern __typeof__(name) vgpu_wrap_##name __attribute__((alias(#name), visibility("hidden")));
+#include "hooks.def"
+#undef VGPU_HOOK
+
+enum { VGPU_LIB_CUDA, VGPU_LIB_NVML };
+
+struct entry {
+    const char *name;
+    int lib;
+    void **real;
+    void *wrapper;
+};
+
+static const struct entry entries[] = {
+#define VGPU_HOOK(lib, ret, name, params, args) {#name, VGPU_LIB_##lib, (void **)&real_##name, (void *)&vgpu_wrap_##name},
+#include "hooks.def"
+#undef VGPU_HOOK
+};
+#define N_ENTRIES (sizeof entries / sizeof entries[0])
+
+/* ---- the real dlsym ---- */
+typedef void *(*dlsym_fn)(void *, const char *);
+static _Atomic(dlsym_fn) real_dlsym_ptr;
+
+static dlsym_fn real_dlsym(void) {
+    dlsym_fn f = atomic_load_explicit(&real_dlsym_ptr, memory_order_acquire);
+    if (f) return f;
+    /* dlvsym is not intercepted; RTLD_NEXT from here is the C library's dlsym. Idempotent, so a
+     * race only resolves it twice. */
+    f = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
+    if (f == NULL) f = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+    atomic_store_explicit(&real_dlsym_ptr, f, memory_order_release);
+    return f;
+}
+
+/* ---- resolution ---- */
+static pthread_once_t cuda_once = PTHREAD_ONCE_INIT, nvml_once = PTHREAD_ONCE_INIT;
+static int cuda_ok, nvml_ok;
+static void *cuda_handle, *nvml_handle;
+
+static void resolve_lib(int lib, const char *soname, int *ok) {
+    /* RTLD_LOCAL: do not add the driver to the global scope ahead of anything; by name, so an
+     * application that already loaded it (even by absolute path) shares this one instance */
+    void *h = dlopen(soname, RTLD_NOW | RTLD_LOCAL);
+    if (h == NULL) return;
+    if (lib == VGPU_LIB_CUDA) cuda_handle = h;
+    else nvml_handle = h;
+    dlsym_fn sym = real_dlsym();
+    for (size_t i = 0; i < N_ENTRIES; i++)
+        if (entries[i].lib == lib) *entries[i].real = sym(h, entries[i].name);
+    *ok = 1;
+}
+
+static void resolve_cuda_once(void) { resolve_lib(VGPU_LIB_CUDA, "libcuda.so.1", &cuda_ok); }
+static void resolve_nvml_once(void) { resolve_lib(VGPU_LIB_NVML, "libnvidia-ml.so.1", &nvml_ok); }
+
+int vgpu_resolve_cuda(void) {
+    pthread_once(&cuda_once, resolve_cuda_once);
+    return cuda_ok ? 0 : -1;
+}
+
+int vgpu_resolve_nvml(void) {
+    pthread_once(&nvml_once, resolve_nvml_once);
+    return nvml_ok ? 0 : -1;
+}
+
+void *vgpu_cuda_sym(const char *name) {
+    return vgpu_resolve_cuda() == 0 ? real_dlsym()(cuda_handle, name) : NULL;
+}
+
+void *vgpu_nvml_sym(const char *name) {
+    return vgpu_resolve_nvml() == 0 ? real_dlsym()(nvml_handle, name) : NULL;
+}
+
+static const struct entry *entry_by_name(const char *name) {
+    for (size_t i = 0; i < N_ENTRIES; i++)
+        if (strcmp(entries[i].name, name) == 0) return &entries[i];
+    return NULL;
+}
+
+/* ---- dlsym ---- */
+VGPU_EXPORT void *dlsym(void *handle, const char *name) {
+    dlsym_fn real = real_dlsym();
+    /* <dlfcn.h> declares name nonnull, but applications do pass NULL: launder the pointer so the
+     * compiler keeps the check, and leave the NULL to the real dlsym */
+    __asm__("" : "+r"(name));
+    /* RTLD_NEXT depends on the caller's address and anything that is not a driver name is none
+     * of our business: tail-call the real dlsym so it sees the application as its caller. */
+    if (handle == RTLD_NEXT || name == NULL || !((name[0] == 'c' && name[1] == 'u') || strncmp(name, "nvml", 4) == 0))
+        return real(handle, name);
+    void *r = real(handle, name);
+    if (r == NULL) return r;
+    const struct entry *e = entry_by_name(name);
+    if (e == NULL) return r;
+    if (e->lib == VGPU_LIB_CUDA ? vgpu_resolve_cuda() : vgpu_resolve_nvml()) return r;
+    /* exactly the driver's definition of exactly this name becomes our wrapper of this name */
+    return r == *e->real ? e->wrapper : r;
+}
+
+/* ---- cuGetProcAddress ---- */
+
+/* What the ABI table says a request resolves to (vgpu/cuda_procaddr.def), NULL if no row. */
+static const char *procaddr_symbol(const char *base, int version, cuuint64_t flags) {
+    const char *best = NULL;
+    int best_ver = -1;
+#define CU_PROC(b, ver, sym, ptds)                                                                 \
+    if (strcmp(base, #b) == 0 && ver <= version && ver > best_ver) {                               \
+        best_ver = ver;                                                                            \
+        best = (sizeof(#ptds) > 1 && (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)) ? #ptds : #sym; \
+    }
+#include "vgpu/cuda_procaddr.def"
+#undef CU_PROC
+    return best;
+}
+
+static void map_procaddr(const char *symbol, void **pfn, int version, cuuint64_t flags) {
+    if (pfn == NULL || *pfn == NULL) return;
+    const struct vgpu_config *cfg = vgpu_config();
+    if (cfg != NULL && cfg->disabled) return; /* pure passthrough */
+    for (size_t i = 0; i < N_ENTRIES; i++) {
+        if (entries[i].lib == VGPU_LIB_CUDA && *entries[i].real == *pfn) {
+            *pfn = entries[i].wrapper;
+            return;
+        }
+    }
+    /* A driver may answer with an internal entry point rather than its exported symbol: then
+     * the ABI table names the versioned symbol asked for, and that symbol's hook answers. */
+    if (symbol == NULL) return;
+    const char *exact = procaddr_symbol(symbol, version, flags);
+    const struct entry *e = exact ? entry_by_name(exact) : NULL;
+    if (e != NULL && e->lib == VGPU_LIB_CUDA) *pfn = e->wrapper;
+}
+
+CUresult hook_cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+                                  CUdriverProcAddressQueryResult *symbolStatus) {
+    if (vgpu_resolve_cuda() != 0 || real_cuGetProcAddress_v2 == NULL) return CUDA_ERROR_NOT_INITIALIZED;
+    (void)vgpu_init(); /* for the passthrough switch; a config error is reported by the hooks */
+    CUresult rc = real_cuGetProcAddress_v2(symbol, pfn, cudaVersion, flags, symbolStatus);
+    if (rc == CUDA_SUCCESS) map_procaddr(symbol, pfn, cudaVersion, flags);
+    return rc;
+}
+
+CUresult hook_cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags) {
+    if (vgpu_resolve_cuda() != 0 || real_cuGetProcAddress == NULL) return CUDA_ERROR_NOT_INITIALIZED;
+    (void)vgpu_init();
+    CUresult rc = real_cuGetProcAddress(symbol, pfn, cudaVersion, flags);
+    if (rc == CUDA_SUCCESS) map_procaddr(symbol, pfn, cudaVersion, flags);
+    return rc;
+}

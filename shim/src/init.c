@@ -1,0 +1,85 @@
+/*
+ * One-time setup, lazily at the first hooked call (never in a library constructor: a process that
+ * never touches CUDA, like a shell in the container, pays nothing), and the cuInit hook.
+ * Fail closed: a bad configuration or an unusable region makes cuInit and every memory hook
+ * return the error instead of running unlimited.
+ */
+#include <pthread.h>
+#include <time.h>
+
+#include "shim_internal.h"
+
+static struct vgpu_config cfg;
+static CUresult init_status = CUDA_SUCCESS;
+static pthread_once_t init_once_ctl = PTHREAD_ONCE_INIT;
+static int region_required;
+uint64_t vgpu_setup_ns;
+
+const struct vgpu_config *vgpu_config(void) { return &cfg; }
+
+void vgpu_require_region(void) { region_required = 1; }
+
+/* The compute cap's strong definition replaces this one (issue 4). */
+__attribute__((weak)) int vgpu_compute_init(void) { return 0; }
+
+static uint64_t mono_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+static void atfork_child(void) {
+    vgpu_track_reset();
+    vgpu_region_atfork_child();
+}
+
+static void init_once(void) {
+    uint64_t t0 = mono_ns();
+    if (vgpu_config_load(&cfg) != 0) {
+        init_status = CUDA_ERROR_INVALID_VALUE;
+        return;
+    }
+    if (vgpu_resolve_cuda() != 0) {
+        vgpu_log(VGPU_LOG_ERROR, "cannot load libcuda.so.1");
+        init_status = CUDA_ERROR_NOT_INITIALIZED;
+        return;
+    }
+    if (cfg.disabled) {
+        vgpu_log(VGPU_LOG_INFO, "CUDA_DISABLE_CONTROL=true: passthrough");
+        return;
+    }
+    if (vgpu_compute_init() != 0) {
+        init_status = CUDA_ERROR_INVALID_VALUE;
+        return;
+    }
+    if (cfg.any_limit || cfg.region_path != NULL || region_required) {
+        init_status = vgpu_region_open(cfg.region_path, cfg.limit);
+        if (init_status != CUDA_SUCCESS) return;
+        pthread_atfork(NULL, NULL, atfork_child);
+    }
+    vgpu_setup_ns = mono_ns() - t0;
+}
+
+CUresult vgpu_init(void) {
+    pthread_once(&init_once_ctl, init_once);
+    return init_status;
+}
+
+CUresult hook_cuInit(unsigned int Flags) {
+    CUresult st = vgpu_init();
+    if (st != CUDA_SUCCESS) return st;
+    if (real_cuInit == NULL) return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = real_cuInit(Flags);
+    if (rc == CUDA_SUCCESS && !cfg.disabled) {
+        uint64_t t0 = mono_ns();
+        vgpu_devices_discover();
+        uint64_t t = mono_ns() - t0;
+        /* only the first cuInit's map is setup; later calls find it built */
+        static int reported;
+        if (!__atomic_exchange_n(&reported, 1, __ATOMIC_RELAXED)) {
+            vgpu_setup_ns += t;
+            vgpu_log(VGPU_LOG_DEBUG, "setup took %llu ns", (unsigned long long)vgpu_setup_ns);
+        }
+    }
+    return rc;
+}

@@ -1,0 +1,351 @@
+/*
+ * The slice accounting region (layout and protocol: vgpu/region.h).
+ *
+ * Crash-safety without startup serialisation:
+ *  - creation is build-in-temp-file + link(): no process sees a half-built file, nobody waits;
+ *  - charges are made under a robust process-shared mutex whose critical sections make no system
+ *    calls; a holder killed inside leaves EOWNERDEAD, and the next locker recomputes the totals;
+ *  - slot ownership is an fcntl OFD byte lock held for the process lifetime: the kernel drops it
+ *    at death, in every PID namespace, so a slot whose byte can be locked is a dead process's.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "shim_internal.h"
+
+_Static_assert(sizeof(pthread_mutex_t) <= sizeof(((struct vgpu_region *)0)->lock), "mutex does not fit");
+_Static_assert(_Alignof(pthread_mutex_t) <= _Alignof(uint64_t), "mutex alignment");
+
+#define SCAN_INTERVAL_NS 100000000ULL /* dead-slot scan on allocation at most every 100 ms */
+
+static struct vgpu_region *R;       /* the mapping, NULL when no region is in use */
+static int region_fd = -1;          /* O_CLOEXEC; its open file description holds our slot lock */
+static int my_slot = -1;            /* -1: not claimed yet (or dropped in a fork child) */
+static int region_broken;           /* fork child could not reopen: fail closed */
+static pthread_mutex_t claim_mu = PTHREAD_MUTEX_INITIALIZER; /* process-local: one claimer */
+static _Atomic uint64_t last_scan_ns;
+
+static pthread_mutex_t *region_mutex(struct vgpu_region *r) { return (pthread_mutex_t *)(void *)r->lock; }
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+struct vgpu_region *vgpu_region(void) { return R; }
+
+/* ---- creation ---- */
+
+static int init_contents(struct vgpu_region *r, const uint64_t limits[VGPU_MAX_DEVICES]) {
+    memset(r, 0, sizeof *r);
+    pthread_mutexattr_t a;
+    if (pthread_mutexattr_init(&a) != 0) return -1;
+    int rc = pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+    if (rc == 0) rc = pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+    if (rc == 0) rc = pthread_mutex_init(region_mutex(r), &a);
+    pthread_mutexattr_destroy(&a);
+    if (rc != 0) return -1;
+    for (int d = 0; d < VGPU_MAX_DEVICES; d++) r->devices[d].limit = limits ? limits[d] : 0;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    r->header.created_unix_ns = (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+    r->header.max_devices = VGPU_MAX_DEVICES;
+    r->header.max_procs = VGPU_MAX_PROCS;
+    r->header.file_size = sizeof *r;
+    r->header.layout_version = VGPU_REGION_LAYOUT_VERSION;
+    /* magic last: a reader that sees the magic sees a complete file (it is also link()ed only
+     * when complete; this is belt and braces for the memfd case). */
+    atomic_thread_fence(memory_order_release);
+    r->header.magic = VGPU_REGION_MAGIC;
+    return 0;
+}
+
+static int fill_fd(int fd, const uint64_t limits[VGPU_MAX_DEVICES]) {
+    if (ftruncate(fd, (off_t)sizeof(struct vgpu_region)) != 0) return -1;
+    void *m = mmap(NULL, sizeof(struct vgpu_region), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) return -1;
+    int rc = init_contents(m, limits);
+    munmap(m, sizeof(struct vgpu_region));
+    return rc;
+}
+
+/* Build the file complete under a temporary name in the same directory, then link() it into
+ * place. EEXIST means another process won the race: fine, we open theirs. */
+static int create_atomically(const char *path, const uint64_t limits[VGPU_MAX_DEVICES]) {
+    char tmp[4200];
+    static _Atomic unsigned counter;
+    int n = snprintf(tmp, sizeof tmp, "%s.tmp.%d.%u", path, (int)getpid(), atomic_fetch_add(&counter, 1));
+    if (n < 0 || (size_t)n >= sizeof tmp) { errno = ENAMETOOLONG; return -1; }
+    int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd < 0) return -1;
+    int rc = fill_fd(fd, limits);
+    int saved = errno;
+    if (rc == 0 && link(tmp, path) != 0 && errno != EEXIST) { rc = -1; saved = errno; }
+    unlink(tmp);
+    close(fd);
+    errno = saved;
+    return rc;
+}
+
+/* ---- slots ---- */
+
+static int byte_lock(int fd, int slot, short type) {
+    struct flock fl;
+    memset(&fl, 0, sizeof fl);
+    fl.l_type = type;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = VGPU_SLOT_LOCK_BASE + slot;
+    fl.l_len = 1;
+    return fcntl(fd, F_OFD_SETLK, &fl);
+}
+
+/* Under the lock: return a slot's charges to the quota and free it. */
+static void release_slot_locked(int i) {
+    struct vgpu_proc_slot *s = &R->procs[i];
+    for (int d = 0; d < VGPU_MAX_DEVICES; d++) {
+        uint64_t u = s->used[d];
+        R->devices[d].used = R->devices[d].used >= u ? R->devices[d].used - u : 0;
+        s->used[d] = 0;
+    }
+    s->state = VGPU_SLOT_FREE;
+}
+
+/* A holder died inside a critical section: its updates may be half done. The slots are the
+ * truth (each slot's counters are single stores), so recompute the totals from them. */
+static void recover_locked(void) {
+    for (int d = 0; d < VGPU_MAX_DEVICES; d++) {
+        uint64_t sum = 0;
+        for (int i = 0; i < VGPU_MAX_PROCS; i++)
+            if (R->procs[i].state == VGPU_SLOT_LIVE) sum += R->procs[i].used[d];
+        R->devices[d].used = sum;
+    }
+    R->lock_recoveries++;
+}
+
+int vgpu_region_lock(void) {
+    int rc = pthread_mutex_lock(region_mutex(R));
+    if (rc == 0) return 0;
+    if (rc == EOWNERDEAD) {
+        recover_locked();
+        pthread_mutex_consistent(region_mutex(R));
+        return 0;
+    }
+    vgpu_log(VGPU_LOG_ERROR, "accounting lock unusable (%s)", strerror(rc));
+    return -1;
+}
+
+void vgpu_region_unlock(void) { pthread_mutex_unlock(region_mutex(R)); }
+
+static int claim_slot_locked_local(void) {
+    int start = (int)((unsigned)getpid() % VGPU_MAX_PROCS);
+    int got = -1;
+    /* Prefer free slots (no contention); then slots marked live, whose owner may be dead. The
+     * byte lock is the decision: whoever holds it owns the slot. No mutex is held meanwhile. */
+    for (int pass = 0; pass < 2 && got < 0; pass++) {
+        uint32_t want = pass == 0 ? VGPU_SLOT_FREE : VGPU_SLOT_LIVE;
+        for (int k = 0; k < VGPU_MAX_PROCS; k++) {
+            int i = (start + k) % VGPU_MAX_PROCS;
+            if (__atomic_load_n(&R->procs[i].state, __ATOMIC_RELAXED) != want) continue;
+            if (byte_lock(region_fd, i, F_WRLCK) == 0) { got = i; break; }
+        }
+    }
+    if (got < 0) return -1;
+    if (vgpu_region_lock() != 0) {
+        byte_lock(region_fd, got, F_UNLCK);
+        return -1;
+    }
+    struct vgpu_proc_slot *s = &R->procs[got];
+    if (s->state == VGPU_SLOT_LIVE) { /* its owner died: return what it held */
+        release_slot_locked(got);
+        R->reclaimed_slots++;
+    }
+    s->pid = (int32_t)getpid();
+    s->generation++;
+    memset(s->used, 0, sizeof s->used);
+    s->state = VGPU_SLOT_LIVE;
+    vgpu_region_unlock();
+    my_slot = got;
+    return 0;
+}
+
+static int ensure_slot(void) {
+    if (__atomic_load_n(&my_slot, __ATOMIC_ACQUIRE) >= 0) return 0;
+    if (region_broken) return -1;
+    pthread_mutex_lock(&claim_mu);
+    int rc = my_slot >= 0 ? 0 : claim_slot_locked_local();
+    pthread_mutex_unlock(&claim_mu);
+    if (rc != 0) vgpu_log(VGPU_LOG_ERROR, "no free process slot in the accounting file (max %d processes)", VGPU_MAX_PROCS);
+    return rc;
+}
+
+void vgpu_region_reclaim_dead(void) {
+    if (R == NULL) return;
+    last_scan_ns = now_ns();
+    for (int i = 0; i < VGPU_MAX_PROCS; i++) {
+        /* never test our own slot: the lock is our own open file description's, so taking it
+         * would succeed and unlocking it would drop our liveness */
+        if (i == my_slot || __atomic_load_n(&R->procs[i].state, __ATOMIC_RELAXED) != VGPU_SLOT_LIVE) continue;
+        if (byte_lock(region_fd, i, F_WRLCK) != 0) continue; /* owner alive (or a claimer) */
+        if (vgpu_region_lock() == 0) {
+            if (R->procs[i].state == VGPU_SLOT_LIVE) {
+                release_slot_locked(i);
+                R->reclaimed_slots++;
+            }
+            vgpu_region_unlock();
+        }
+        byte_lock(region_fd, i, F_UNLCK);
+    }
+}
+
+/* ---- opening ---- */
+
+static CUresult open_fail(const char *path, const char *what, int err) {
+    vgpu_log(VGPU_LOG_CONFIG, "accounting file %s (CUDA_DEVICE_MEMORY_SHARED_CACHE): %s%s%s; refusing to run unlimited",
+             path, what, err ? ": " : "", err ? strerror(err) : "");
+    return err ? CUDA_ERROR_OPERATING_SYSTEM : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult vgpu_region_open(const char *path, const uint64_t limits[VGPU_MAX_DEVICES]) {
+    int fd = -1;
+    const char *shown = path ? path : "(private)";
+    if (path == NULL) {
+        fd = memfd_create("vgpu-region", MFD_CLOEXEC);
+        if (fd < 0) return open_fail(shown, "cannot create", errno);
+        if (fill_fd(fd, limits) != 0) {
+            int e = errno;
+            close(fd);
+            return open_fail(shown, "cannot initialise", e);
+        }
+    } else {
+        for (int attempt = 0; attempt < 3 && fd < 0; attempt++) {
+            fd = open(path, O_RDWR | O_CLOEXEC);
+            if (fd >= 0 || errno != ENOENT) break;
+            if (create_atomically(path, limits) != 0 && errno != EEXIST)
+                return open_fail(shown, "cannot create", errno);
+        }
+        if (fd < 0) return open_fail(shown, "cannot open read-write", errno);
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return open_fail(shown, "cannot stat", e);
+    }
+    if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size != sizeof(struct vgpu_region)) {
+        char why[160];
+        snprintf(why, sizeof why, "size %lld bytes, expected %zu (not a vgpu accounting file of layout %d)",
+                 (long long)st.st_size, sizeof(struct vgpu_region), VGPU_REGION_LAYOUT_VERSION);
+        close(fd);
+        return open_fail(shown, why, 0);
+    }
+    void *m = mmap(NULL, sizeof(struct vgpu_region), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) {
+        int e = errno;
+        close(fd);
+        return open_fail(shown, "cannot map", e);
+    }
+    struct vgpu_region *r = m;
+    const char *bad = NULL;
+    char why[160];
+    if (r->header.magic != VGPU_REGION_MAGIC) bad = "wrong magic (not a vgpu accounting file)";
+    else if (r->header.layout_version != VGPU_REGION_LAYOUT_VERSION) {
+        snprintf(why, sizeof why, "layout version %u, this shim reads %d", r->header.layout_version, VGPU_REGION_LAYOUT_VERSION);
+        bad = why;
+    } else if (r->header.file_size != sizeof *r || r->header.max_devices != VGPU_MAX_DEVICES ||
+               r->header.max_procs != VGPU_MAX_PROCS)
+        bad = "header sizes disagree with the layout";
+    if (bad) {
+        munmap(m, sizeof *r);
+        close(fd);
+        return open_fail(shown, bad, 0);
+    }
+    R = r;
+    region_fd = fd;
+    if (ensure_slot() != 0) {
+        R = NULL;
+        region_fd = -1;
+        munmap(m, sizeof *r);
+        close(fd);
+        return open_fail(shown, "no free process slot", 0);
+    }
+    return CUDA_SUCCESS;
+}
+
+/* ---- charging ---- */
+
+uint64_t vgpu_region_limit(int dev) {
+    uint64_t env = vgpu_config()->limit[dev];
+    uint64_t reg = R ? R->devices[dev].limit : 0;
+    if (env == 0) return reg;
+    if (reg == 0) return env;
+    return env < reg ? env : reg;
+}
+
+int vgpu_region_charge(int dev, uint64_t bytes, uint64_t limit, uint64_t *used_out) {
+    if (ensure_slot() != 0) return -2;
+    uint64_t t = now_ns();
+    if (t - last_scan_ns > SCAN_INTERVAL_NS) vgpu_region_reclaim_dead();
+    for (int attempt = 0;; attempt++) {
+        if (vgpu_region_lock() != 0) return -2;
+        struct vgpu_device_account *a = &R->devices[dev];
+        uint64_t used = a->used;
+        *used_out = used;
+        if (limit != 0 && (bytes > limit || used > limit - bytes)) {
+            if (attempt == 0) {
+                /* before refusing, return dead processes' memory (at most one scan) */
+                vgpu_region_unlock();
+                vgpu_region_reclaim_dead();
+                continue;
+            }
+            a->denials++;
+            vgpu_region_unlock();
+            return -1;
+        }
+        a->used = used + bytes;
+        R->procs[my_slot].used[dev] += bytes;
+        if (a->used > a->peak) a->peak = a->used;
+        vgpu_region_unlock();
+        return 0;
+    }
+}
+
+void vgpu_region_uncharge(int dev, uint64_t bytes) {
+    if (my_slot < 0 || vgpu_region_lock() != 0) return;
+    struct vgpu_device_account *a = &R->devices[dev];
+    uint64_t *mine = &R->procs[my_slot].used[dev];
+    /* clamp: never wrap (a fork child's frees of the parent's memory are not ours to return) */
+    uint64_t b = bytes <= *mine ? bytes : *mine;
+    *mine -= b;
+    a->used = a->used >= b ? a->used - b : 0;
+    vgpu_region_unlock();
+}
+
+uint64_t vgpu_region_used(int dev) {
+    return R ? __atomic_load_n(&R->devices[dev].used, __ATOMIC_RELAXED) : 0;
+}
+
+void vgpu_region_atfork_child(void) {
+    if (R == NULL) return;
+    /* The inherited descriptor shares the parent's open file description and so its slot lock:
+     * open a new description of the same file (works for memfd too) and claim a new slot later. */
+    char p[64];
+    snprintf(p, sizeof p, "/proc/self/fd/%d", region_fd);
+    int fd = open(p, O_RDWR | O_CLOEXEC);
+    if (fd < 0 && vgpu_config()->region_path) fd = open(vgpu_config()->region_path, O_RDWR | O_CLOEXEC);
+    close(region_fd);
+    region_fd = fd;
+    my_slot = -1;
+    if (fd < 0) region_broken = 1;
+    pthread_mutex_init(&claim_mu, NULL);
+}

@@ -1,0 +1,97 @@
+/*
+ * The process's own record of what it charged: (kind, key) -> (device index, bytes), so a free
+ * returns exactly what its allocation took, to the device it took it from.
+ * Sharded chained hash: allocations on different threads rarely contend on one shard lock.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "shim_internal.h"
+
+#define SHARDS 64
+#define BUCKETS_PER_SHARD 256
+
+struct node {
+    struct node *next;
+    uint64_t key;
+    uint64_t bytes;
+    int kind;
+    int dev;
+};
+
+static struct shard {
+    pthread_mutex_t mu;
+    struct node *buckets[BUCKETS_PER_SHARD];
+} shards[SHARDS];
+
+static pthread_once_t shards_once = PTHREAD_ONCE_INIT;
+
+static void shards_init(void) {
+    for (int i = 0; i < SHARDS; i++) pthread_mutex_init(&shards[i].mu, NULL);
+}
+
+static uint64_t mix(int kind, uint64_t key) {
+    uint64_t h = key ^ ((uint64_t)kind << 56);
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdULL;
+    h ^= h >> 33;
+    return h;
+}
+
+static struct shard *shard_of(uint64_t h) { return &shards[h % SHARDS]; }
+static struct node **bucket_of(struct shard *s, uint64_t h) { return &s->buckets[(h / SHARDS) % BUCKETS_PER_SHARD]; }
+
+int vgpu_track_add(int kind, uint64_t key, int dev, uint64_t bytes) {
+    pthread_once(&shards_once, shards_init);
+    struct node *n = malloc(sizeof *n);
+    if (n == NULL) return -1;
+    n->key = key;
+    n->kind = kind;
+    n->dev = dev;
+    n->bytes = bytes;
+    uint64_t h = mix(kind, key);
+    struct shard *s = shard_of(h);
+    pthread_mutex_lock(&s->mu);
+    struct node **b = bucket_of(s, h);
+    n->next = *b;
+    *b = n;
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+}
+
+static int lookup(int kind, uint64_t key, int *dev, uint64_t *bytes, int remove) {
+    pthread_once(&shards_once, shards_init);
+    uint64_t h = mix(kind, key);
+    struct shard *s = shard_of(h);
+    pthread_mutex_lock(&s->mu);
+    struct node **pp = bucket_of(s, h), *n;
+    while ((n = *pp) != NULL && !(n->key == key && n->kind == kind)) pp = &n->next;
+    if (n != NULL) {
+        if (dev) *dev = n->dev;
+        if (bytes) *bytes = n->bytes;
+        if (remove) *pp = n->next;
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (n != NULL && remove) free(n);
+    return n != NULL;
+}
+
+int vgpu_track_take(int kind, uint64_t key, int *dev, uint64_t *bytes) { return lookup(kind, key, dev, bytes, 1); }
+int vgpu_track_find(int kind, uint64_t key, int *dev, uint64_t *bytes) { return lookup(kind, key, dev, bytes, 0); }
+
+void vgpu_track_reset(void) {
+    /* fork child (single-threaded): the parent's entries are not ours; the shard mutexes may have
+     * been held by parent threads at fork, so re-initialise them */
+    for (int i = 0; i < SHARDS; i++) {
+        pthread_mutex_init(&shards[i].mu, NULL);
+        for (int b = 0; b < BUCKETS_PER_SHARD; b++) {
+            struct node *n = shards[i].buckets[b];
+            while (n) {
+                struct node *next = n->next;
+                free(n);
+                n = next;
+            }
+            shards[i].buckets[b] = NULL;
+        }
+    }
+}
