@@ -62,6 +62,7 @@ typedef CUresult (*pfn_ctx_get_current)(CUcontext *);
 typedef CUresult (*pfn_ctx_get_device)(CUdevice *);
 typedef CUresult (*pfn_event_create)(CUevent *, unsigned int);
 typedef CUresult (*pfn_event_record)(CUevent, CUstream);
+typedef CUresult (*pfn_event_destroy)(CUevent);
 typedef CUresult (*pfn_event_query)(CUevent);
 typedef CUresult (*pfn_event_elapsed)(float *, CUevent, CUevent);
 typedef CUresult (*pfn_stream_is_capturing)(CUstream, CUstreamCaptureStatus *);
@@ -71,6 +72,7 @@ static struct {
     pfn_ctx_get_device ctx_get_device;
     pfn_event_create event_create;
     pfn_event_record event_record;
+    pfn_event_destroy event_destroy;
     pfn_event_query event_query;
     pfn_event_elapsed event_elapsed;
     pfn_stream_is_capturing stream_is_capturing;
@@ -101,6 +103,7 @@ static void drv_resolve(void)
     drv.ctx_get_device = (pfn_ctx_get_device)drv_sym("cuCtxGetDevice", 2000);
     drv.event_create = (pfn_event_create)drv_sym("cuEventCreate", 2000);
     drv.event_record = (pfn_event_record)drv_sym("cuEventRecord", 2000);
+    drv.event_destroy = (pfn_event_destroy)drv_sym("cuEventDestroy", 4000);
     drv.event_query = (pfn_event_query)drv_sym("cuEventQuery", 2000);
     drv.event_elapsed = (pfn_event_elapsed)drv_sym("cuEventElapsedTime", 2000);
     drv.stream_is_capturing = (pfn_stream_is_capturing)drv_sym("cuStreamIsCapturing", 10000);
@@ -627,10 +630,19 @@ void vgpu_compute_before(struct vgpu_launch *L, uintptr_t key, uint64_t grid, CU
             s->start = NULL;
         if (!s->end && drv.event_create(&s->end, CU_EVENT_DEFAULT) != CUDA_SUCCESS)
             s->end = NULL;
-        if (!s->start || !s->end || drv.event_record(s->start, stream) != CUDA_SUCCESS)
+        L->measure_failed = 0;
+        if (!s->start || !s->end || drv.event_record(s->start, stream) != CUDA_SUCCESS) {
             L->measure_failed = 1;
-        else
-            L->measure_failed = 0;
+            /* Maybe events of a destroyed context (whose address a new context now has):
+             * replace them next time. Destroying a dead context's event just fails. */
+            if (drv.event_destroy) {
+                if (s->start)
+                    drv.event_destroy(s->start);
+                if (s->end)
+                    drv.event_destroy(s->end);
+            }
+            s->start = s->end = NULL;
+        }
     }
 }
 
