@@ -66,14 +66,13 @@ def test_rejected_registration_is_retried(root: Path, server: FakeApiServer) -> 
         kubelet.register(accept=False, error="version mismatch")
         assert not plugin.driver.plugin.registered.is_set()
         sock = plugin.registration_socket
-        first_inode = sock.stat().st_ino
         # The plugin re-creates its registration socket; the kubelet then registers it again.
         for _ in range(100):
             if plugin.driver.plugin.registration_attempts >= 2 and sock.exists():
                 break
             threading.Event().wait(0.05)
+        # (Not compared by inode: the file system may hand the new socket the old number.)
         assert plugin.driver.plugin.registration_attempts >= 2
-        assert sock.stat().st_ino != first_inode
         kubelet.register(accept=True)
         assert plugin.driver.plugin.registered.is_set()
         kubelet.close()
