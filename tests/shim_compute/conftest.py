@@ -1,0 +1,102 @@
+"""Fixtures of the compute-cap tests: a workload runner on the simulated GPU under the shim."""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from sharing.paths import shim_library
+
+
+@dataclass
+class Result:
+    share: float
+    launches: int
+    window_s: float
+    cpu_s: float
+    total_s: float
+    start_ns: int
+    timeline: list[tuple[int, float]]
+    stdout: str
+    stderr: str
+    returncode: int
+
+
+def parse(out: str, err: str, rc: int) -> Result:
+    kv: dict[str, str] = {}
+    tl: list[tuple[int, float]] = []
+    for line in out.splitlines():
+        if line.startswith("tl "):
+            _, t, s = line.split()
+            tl.append((int(t), float(s)))
+            continue
+        for tok in line.split():
+            if "=" in tok:
+                k, v = tok.split("=", 1)
+                kv[k] = v
+    return Result(
+        share=float(kv.get("share", "nan")),
+        launches=int(kv.get("launches", "0")),
+        window_s=float(kv.get("window_s", "0")),
+        cpu_s=float(kv.get("cpu_s", "0")),
+        total_s=float(kv.get("total_s", "0")),
+        start_ns=int(kv.get("start_ns", "0")),
+        timeline=tl,
+        stdout=out,
+        stderr=err,
+        returncode=rc,
+    )
+
+
+class Workload:
+    """Starts compute_workload processes (tests/c/compute_workload.c) under the shim."""
+
+    def __init__(self, exe: Path, base_env: dict[str, str], tmp: Path) -> None:
+        self.exe = exe
+        self.base_env = base_env
+        self.tmp = tmp
+        (tmp / "node").mkdir(exist_ok=True)
+
+    def env(self, slice_name: str = "a", shim: bool = True, **extra: str) -> dict[str, str]:
+        env = dict(self.base_env)
+        for k in list(env):
+            if k.startswith(
+                (
+                    "CUDA_DEVICE_SM_LIMIT",
+                    "VGPU_",
+                    "GPU_CORE_UTILIZATION_POLICY",
+                    "CUDA_TASK_PRIORITY",
+                )
+            ):
+                del env[k]
+        if shim:
+            env["LD_PRELOAD"] = str(shim_library())
+        env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = str(self.tmp / f"slice-{slice_name}.region")
+        env["VGPU_NODE_STATE_DIR"] = str(self.tmp / "node")
+        env.update(extra)
+        return env
+
+    def start(self, env: dict[str, str], *args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [str(self.exe), *args],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    @staticmethod
+    def wait(p: subprocess.Popen[str], timeout: float = 120) -> Result:
+        out, err = p.communicate(timeout=timeout)
+        return parse(out, err, p.returncode)
+
+    def run(self, env: dict[str, str], *args: str, timeout: float = 120) -> Result:
+        return self.wait(self.start(env, *args), timeout)
+
+
+@pytest.fixture
+def workload(build_c, sim_env, tmp_path: Path) -> Workload:  # type: ignore[no-untyped-def]
+    return Workload(build_c("compute_workload.c"), sim_env, tmp_path)
