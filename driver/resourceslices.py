@@ -18,6 +18,7 @@ and the scheduler would keep allocating the broken GPU.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
@@ -40,11 +41,8 @@ MEMORY_STEP = 256 * 1024**2
 CORES_TOTAL = 100  # percent of the GPU's SMs
 CORES_MIN = 1
 CORES_STEP = 1
+MAX_NAME_LENGTH = 253  # object names are DNS subdomains
 PCIE_ROOT_ATTRIBUTE = "resource.kubernetes.io/pcieRoot"
-
-
-class PublishError(Exception):
-    """Publishing failed in a way a retry may fix (API server down, conflict, ...)."""
 
 
 # --- devices ---------------------------------------------------------------------------------------
@@ -247,7 +245,12 @@ class SlicePublisher:
         return self._mode
 
     def _slice_name(self, k: int) -> str:
-        return f"{self.node_name}-{self.driver_name}-{k}"
+        name = f"{self.node_name}-{self.driver_name}-{k}"
+        if len(name) <= MAX_NAME_LENGTH:
+            return name
+        # Long node names: keep the name unique and within the limit with a digest.
+        digest = hashlib.sha256(self.node_name.encode()).hexdigest()[:10]
+        return f"{self.node_name[: MAX_NAME_LENGTH - 80]}-{digest}-{self.driver_name}-{k}"
 
     def _owner(self) -> list[dict[str, Any]]:
         if self._node_uid is None:

@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,7 +27,7 @@ import yaml
 
 from sharing.paths import ArtefactMissingError, sim_lib_dir
 from tests.driver.kubelet_standin import KubeletStandin, allocated_claim, claim_id, result
-from tests.fakes.apiserver import FakeApiServer, RecordedRequest, parse_quantity
+from tests.fakes.apiserver import FakeApiServer, RecordedRequest, free_port, parse_quantity
 
 NODE = "node-a"
 DRIVER = "vgpu.sharing.dev"
@@ -82,12 +81,6 @@ def write_config(path: Path, devices: list[dict[str, Any]]) -> None:
         json.dumps({"devices": devices, "driver_version": "550.54.15", "cuda_version": "12.4"})
     )
     tmp.replace(path)  # atomic: the simulator never reads half a file
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class PluginProcess:

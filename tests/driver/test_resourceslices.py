@@ -352,3 +352,19 @@ def test_publish_loop_stop_is_prompt_during_backoff(server: FakeApiServer) -> No
     done = threading.Event()
     threading.Thread(target=lambda: (loop.stop(), done.set()), daemon=True).start()
     assert done.wait(5), "stop() waited out the 30 s backoff"
+
+
+def test_long_node_name_gives_valid_unique_slice_names() -> None:
+    node = ".".join(["a" * 60] * 4)  # 243 characters, a valid node name
+    with FakeApiServer() as server:
+        p = SlicePublisher(
+            Kube(server.api_client()),
+            driver_name=DRIVER,
+            node_name=node,
+            requested_mode="partition",
+            partitions=64,
+        )
+        p.publish(inventory([gpu(0), gpu(1), gpu(2)]))  # 192 devices: two slices
+        names = [s["metadata"]["name"] for s in slices(server)]
+        assert len(names) == 2 and all(len(n) <= 253 for n in names)
+        assert {s["spec"]["pool"]["name"] for s in slices(server)} == {node}
