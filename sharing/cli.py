@@ -7,10 +7,10 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from sharing import __version__, info
+from sharing import __version__, info, run
 
 # Subcommand modules: each has register(subparsers) which sets `func` on its parser.
-_SUBCOMMANDS = (info,)
+_SUBCOMMANDS = (info, run)
 
 
 def build_parser() -> argparse.ArgumentParser:

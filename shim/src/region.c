@@ -349,3 +349,15 @@ void vgpu_region_atfork_child(void) {
     if (fd < 0) region_broken = 1;
     pthread_mutex_init(&claim_mu, NULL);
 }
+
+/* Normal exit: give the slot back now rather than at the next scan (the driver frees the
+ * process's memory as it exits). A killed process skips this; the byte lock covers that case. */
+__attribute__((destructor)) static void region_at_exit(void) {
+    if (R == NULL || my_slot < 0) return;
+    if (vgpu_region_lock() == 0) {
+        release_slot_locked(my_slot);
+        vgpu_region_unlock();
+    }
+    byte_lock(region_fd, my_slot, F_UNLCK);
+    my_slot = -1;
+}

@@ -1,0 +1,176 @@
+"""`vgpu run`: run a command with the shim preloaded and the slice's limits set, without Kubernetes.
+
+    vgpu run [--memory Q] [--memory-<i> Q] [--region FILE] [--sim] -- CMD [ARGS...]
+
+The command replaces this process (exec), so its exit code, signals and pid are the command's.
+
+Extending (the compute cap adds --compute/--policy): write an `EnvContributor` (add_arguments +
+env) and append it to `CONTRIBUTORS` below. Each contributor adds its own flags and turns the
+parsed arguments into environment variables; it raises `RunConfigError` (one line) for a bad
+value, which is reported before the command starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any, Protocol
+
+from sharing import region
+from sharing.paths import shim_library, sim_lib_dir
+from sharing.quantity import QuantityError, parse_bytes
+
+MAX_DEVICES = region.MAX_DEVICES
+
+
+class RunConfigError(ValueError):
+    """A bad `vgpu run` argument. str() is one line."""
+
+
+class EnvContributor(Protocol):
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
+
+    def env(self, args: argparse.Namespace) -> dict[str, str]: ...
+
+
+class MemoryContributor:
+    """--memory / --memory-<i>: CUDA_DEVICE_MEMORY_LIMIT[_i] in plain bytes."""
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--memory",
+            metavar="QUANTITY",
+            help="device memory quota for every device (e.g. 4Gi, 512Mi, 4g, 1073741824)",
+        )
+        for i in range(MAX_DEVICES):
+            parser.add_argument(
+                f"--memory-{i}",
+                dest=f"memory_{i}",
+                metavar="QUANTITY",
+                help="quota for device <i> as the command sees it" if i == 0 else argparse.SUPPRESS,
+            )
+
+    def limits(self, args: argparse.Namespace) -> dict[int, int]:
+        """Device index -> bytes (only devices with a limit); raises RunConfigError."""
+        base = _quantity("--memory", args.memory)
+        out: dict[int, int] = {}
+        for i in range(MAX_DEVICES):
+            v = _quantity(f"--memory-{i}", getattr(args, f"memory_{i}"))
+            eff = v if v is not None else base
+            if eff:
+                out[i] = eff
+        return out
+
+    def env(self, args: argparse.Namespace) -> dict[str, str]:
+        env: dict[str, str] = {}
+        base = _quantity("--memory", args.memory)
+        if base is not None:
+            env["CUDA_DEVICE_MEMORY_LIMIT"] = str(base)
+        for i in range(MAX_DEVICES):
+            v = _quantity(f"--memory-{i}", getattr(args, f"memory_{i}"))
+            if v is not None:
+                env[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = str(v)
+        return env
+
+
+def _quantity(flag: str, text: str | None) -> int | None:
+    if text is None:
+        return None
+    try:
+        value = parse_bytes(text, what=flag)
+    except QuantityError as e:
+        raise RunConfigError(str(e)) from e
+    if value >= 2**64:
+        raise RunConfigError(f"{flag}: {text!r} is larger than 2^64 bytes")
+    return value
+
+
+MEMORY = MemoryContributor()
+# Every contributor of flags and environment; the compute cap appends its own here.
+CONTRIBUTORS: list[EnvContributor] = [MEMORY]
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "run",
+        help="run a command with the GPU-sharing shim and its limits",
+        description="Run CMD with libvgpu.so preloaded and the slice's limits set; exits with CMD's code.",
+    )
+    for c in CONTRIBUTORS:
+        c.add_arguments(p)
+    p.add_argument(
+        "--region",
+        metavar="FILE",
+        help="accounting file shared by every `vgpu run` given the same FILE (created if missing); "
+        "without it, the processes of CMD share a quota of their own",
+    )
+    p.add_argument("--sim", action="store_true", help="run on the simulated GPU")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
+    p.set_defaults(func=run)
+
+
+def build_env(args: argparse.Namespace, base: dict[str, str]) -> dict[str, str]:
+    """The command's environment: base + every contributor's variables + the preload.
+
+    Raises RunConfigError for a bad argument. Does not touch the region (see prepare_region).
+    """
+    env = dict(base)
+    for c in CONTRIBUTORS:
+        env.update(c.env(args))
+    shim = str(shim_library())
+    # After any existing entries: a sanitizer runtime, if preloaded, must stay first.
+    preload = [x for x in env.get("LD_PRELOAD", "").replace(" ", ":").split(":") if x and x != shim]
+    env["LD_PRELOAD"] = ":".join([*preload, shim])
+    if args.sim:
+        libs = [str(sim_lib_dir()), *[x for x in env.get("LD_LIBRARY_PATH", "").split(":") if x]]
+        env["LD_LIBRARY_PATH"] = ":".join(libs)
+    return env
+
+
+def prepare_region(args: argparse.Namespace, env: dict[str, str]) -> int | None:
+    """Point CUDA_DEVICE_MEMORY_SHARED_CACHE at the slice's region; returns an fd to keep open.
+
+    --region FILE: created with the limits if missing, validated if present.
+    Otherwise: an anonymous region in a memfd that CMD inherits, published as /proc/<pid>/fd/<n>
+    (pid is this process, which exec turns into CMD), so CMD's children share CMD's quota.
+    """
+    limits = MEMORY.limits(args)
+    if args.region:
+        path = os.path.abspath(args.region)
+        try:
+            region.create(path, limits)
+            region.read(path)
+        except (region.RegionError, OSError) as e:
+            raise RunConfigError(f"--region: {e}") from e
+        env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = path
+        return None
+    if "CUDA_DEVICE_MEMORY_SHARED_CACHE" in env or not limits:
+        return None
+    fd = region.create_anonymous(limits)
+    os.set_inheritable(fd, True)
+    env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = f"/proc/{os.getpid()}/fd/{fd}"
+    return fd
+
+
+def run(args: argparse.Namespace) -> int:
+    cmd: list[str] = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        print("vgpu run: no command given (vgpu run [options] -- CMD [ARGS...])", file=sys.stderr)
+        return 2
+    try:
+        env = build_env(args, dict(os.environ))
+        prepare_region(args, env)
+    except RunConfigError as e:
+        print(f"vgpu run: {e}", file=sys.stderr)
+        return 2
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execvpe(cmd[0], cmd, env)
+    except OSError as e:
+        print(f"vgpu run: cannot run {cmd[0]!r}: {e.strerror}", file=sys.stderr)
+        return 127
+    return 0  # pragma: no cover - exec does not return

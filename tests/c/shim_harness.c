@@ -1,0 +1,126 @@
+/*
+ * Test harness linked with the shim's own sources (not preloaded): exercises the parts that need
+ * no driver. Modes:
+ *   parse STR...                 one line per STR: "OK <bytes>" or "ERR <why>"
+ *   config                       load the env config: "OK any_limit=<0|1> limit0=<n> ... " or exit 3
+ *   stress PATH DEV LIMIT THREADS ITERS
+ *                                random charge/uncharge on the region at PATH against LIMIT;
+ *                                checks used <= LIMIT after every charge; everything returned at the end
+ *   hold PATH DEV BYTES          charge BYTES, print "held", then sleep forever (to be SIGKILLed)
+ *   lockdie PATH                 take the region lock and die by SIGKILL while holding it
+ *   used PATH DEV                print the device's used bytes after a dead-slot scan
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "shim_internal.h"
+
+/* The region alone, without vgpu_init (which needs a driver): limits are passed explicitly. */
+static int open_region(const char *path) {
+    uint64_t limits[VGPU_MAX_DEVICES] = {0};
+    return vgpu_region_open(path, limits) == CUDA_SUCCESS ? 0 : -1;
+}
+
+struct stress_arg {
+    int dev;
+    uint64_t limit;
+    long iters;
+    unsigned seed;
+    int failed;
+};
+
+static void *stress_thread(void *p) {
+    struct stress_arg *a = p;
+    uint64_t held[16] = {0};
+    int n = 0;
+    for (long i = 0; i < a->iters; i++) {
+        if (n < 16 && (rand_r(&a->seed) & 1)) {
+            uint64_t b = 1 + (uint64_t)(rand_r(&a->seed) % (a->limit / 8));
+            uint64_t used;
+            int rc = vgpu_region_charge(a->dev, b, a->limit, &used);
+            if (rc == 0) {
+                held[n++] = b;
+                uint64_t now = vgpu_region_used(a->dev);
+                if (now > a->limit) {
+                    fprintf(stderr, "over quota: %llu > %llu\n", (unsigned long long)now, (unsigned long long)a->limit);
+                    a->failed = 1;
+                }
+            } else if (rc != -1) {
+                a->failed = 1;
+            }
+        } else if (n > 0) {
+            vgpu_region_uncharge(a->dev, held[--n]);
+        }
+    }
+    while (n > 0) vgpu_region_uncharge(a->dev, held[--n]);
+    return NULL;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) return 2;
+    if (!strcmp(argv[1], "parse")) {
+        for (int i = 2; i < argc; i++) {
+            uint64_t v;
+            const char *why;
+            if (vgpu_parse_bytes(argv[i], &v, &why) == 0) printf("OK %llu\n", (unsigned long long)v);
+            else printf("ERR %s\n", why);
+        }
+        return 0;
+    }
+    if (!strcmp(argv[1], "config")) {
+        struct vgpu_config c;
+        if (vgpu_config_load(&c) != 0) return 3;
+        printf("OK disabled=%d any_limit=%d", c.disabled, c.any_limit);
+        for (int i = 0; i < 4; i++) printf(" limit%d=%llu", i, (unsigned long long)c.limit[i]);
+        printf(" reserve=%llu log=%d\n", (unsigned long long)c.context_reserve, c.log_level);
+        return 0;
+    }
+    if (!strcmp(argv[1], "stress") && argc == 7) {
+        if (open_region(argv[2]) != 0) return 3;
+        int dev = atoi(argv[3]), threads = atoi(argv[5]);
+        uint64_t limit = strtoull(argv[4], NULL, 10);
+        long iters = atol(argv[6]);
+        pthread_t t[64];
+        struct stress_arg a[64];
+        for (int i = 0; i < threads && i < 64; i++) {
+            a[i] = (struct stress_arg){dev, limit, iters, (unsigned)(getpid() * 131 + i), 0};
+            pthread_create(&t[i], NULL, stress_thread, &a[i]);
+        }
+        int failed = 0;
+        for (int i = 0; i < threads && i < 64; i++) {
+            pthread_join(t[i], NULL);
+            failed |= a[i].failed;
+        }
+        printf("done failed=%d\n", failed);
+        return failed;
+    }
+    if (!strcmp(argv[1], "hold") && argc == 5) {
+        if (open_region(argv[2]) != 0) return 3;
+        uint64_t used;
+        if (vgpu_region_charge(atoi(argv[3]), strtoull(argv[4], NULL, 10), 0, &used) != 0) return 4;
+        printf("held\n");
+        fflush(stdout);
+        for (;;) pause();
+    }
+    if (!strcmp(argv[1], "lockdie") && argc == 3) {
+        if (open_region(argv[2]) != 0) return 3;
+        uint64_t used;
+        vgpu_region_charge(0, 4096, 0, &used);
+        vgpu_region_lock();
+        /* die inside the critical section with the total out of step with the slots */
+        vgpu_region()->devices[0].used += 12345;
+        raise(SIGKILL);
+    }
+    if (!strcmp(argv[1], "used") && argc == 4) {
+        if (open_region(argv[2]) != 0) return 3;
+        vgpu_region_reclaim_dead();
+        printf("%llu\n", (unsigned long long)vgpu_region_used(atoi(argv[3])));
+        return 0;
+    }
+    return 2;
+}
