@@ -207,6 +207,9 @@ def plan_claim(
     for r in ours:
         name = str(r.get("device"))
         where = f"device {name}"
+        pool = str(r.get("pool"))
+        if pool != node_name:  # our pool is named after its node (driver/resourceslices.py)
+            raise ClaimError(f"{where}: pool {pool} is not this node's pool {node_name}")
         gpu, memory, cores = _limits(r, name, where, by_index, mode, partitions)
         request = str(r.get("request"))
         configs = _configs_for(allocation, driver_name, request)
@@ -222,7 +225,7 @@ def plan_claim(
         devices.append(
             AllocatedDevice(
                 request=request,
-                pool=str(r.get("pool")),
+                pool=pool,
                 device=name,
                 gpu=gpu,
                 memory_limit=memory,

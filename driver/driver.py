@@ -21,6 +21,8 @@ Files, under settings.data_dir:
   lib/libvgpu.so         copy of the shim, mounted read-only into containers
   lib/ld.so.preload      names the container path of the shim; mounted at /etc/ld.so.preload
   claims/<uid>/          one claim's accounting directory, mounted at /run/vgpu-sharing
+  node-state/            the compute controller's node-wide demand files (mode 1777), mounted
+                         at /var/run/vgpu/node-state in every container (docs/compute.md)
 and CDI specs in settings.cdi_root: k8s.<driver>-claim_<uid>.json.
 """
 
@@ -104,10 +106,12 @@ class Driver:
         *,
         shim_source: Path | None = None,
         dev_root: Path = Path("/dev"),
+        node_state_dir: Path | None = None,
         registration_backoff: tuple[float, float] = (1.0, 60.0),
     ) -> None:
-        """shim_source (default sharing.paths.shim_library()) and dev_root (where /dev/nvidia*
-        are looked for) exist for tests; main.py leaves them alone."""
+        """shim_source (default sharing.paths.shim_library()), dev_root (where /dev/nvidia* are
+        looked for) and node_state_dir (host directory of the compute controller's node-wide files,
+        default <data dir>/node-state) exist for tests; main.py leaves them alone."""
         if mode not in MODES:
             raise ValueError(f"mode {mode!r} unknown; allowed: {', '.join(MODES)}")
         if partitions < 1:
@@ -123,6 +127,7 @@ class Driver:
             shim_library=data_dir / "lib" / "libvgpu.so",
             preload_file=data_dir / "lib" / "ld.so.preload",
             claims_dir=data_dir / "claims",
+            node_state_dir=node_state_dir or data_dir / "node-state",
             dev_root=dev_root,
         )
         self.state = DeviceState(
@@ -158,6 +163,9 @@ class Driver:
         s.cdi_root.mkdir(parents=True, exist_ok=True)
         self.paths.claims_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(s.data_dir, 0o755)  # containers' users must traverse to their claim directory
+        # Any container user's shim creates its device's demand file here (0666, by the shim).
+        self.paths.node_state_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.paths.node_state_dir, 0o1777)
         self.state.recover()
         if not self.health.snapshot().devices:
             self.health.publish(

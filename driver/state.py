@@ -58,6 +58,9 @@ CRASH_STEPS = (
 CONTAINER_LIB = "/usr/local/lib/vgpu-sharing/libvgpu.so"
 CONTAINER_PRELOAD = "/etc/ld.so.preload"
 CONTAINER_CLAIM_DIR = "/run/vgpu-sharing"
+# Node-wide demand files of the compute controller (docs/compute.md): one host directory shared
+# by every slice's containers, so that elastic slices find idle SMs. Its container path.
+NODE_STATE_DIR = "/var/run/vgpu/node-state"
 ACCOUNTING_FILE = "accounting"
 CLAIM_CLASS = "claim"
 
@@ -89,6 +92,7 @@ class HostPaths:
     shim_library: Path  # <data dir>/lib/libvgpu.so
     preload_file: Path  # <data dir>/lib/ld.so.preload
     claims_dir: Path  # <data dir>/claims; one sub-directory per claim UID
+    node_state_dir: Path  # <data dir>/node-state, shared by every slice of the node
     dev_root: Path = Path("/dev")
 
 
@@ -283,12 +287,16 @@ class DeviceState:
             ("CUDA_DEVICE_MEMORY_SHARED_CACHE", f"{CONTAINER_CLAIM_DIR}/{ACCOUNTING_FILE}"),
             ("VGPU_COMPUTE_POLICY", plan.config.compute_policy),
             ("VGPU_PRIORITY", str(plan.config.priority)),
+            ("VGPU_NODE_STATE_DIR", NODE_STATE_DIR),
         ]
         ro = ("ro", "nosuid", "nodev", "bind")
         mounts = (
             Mount(str(self.paths.shim_library), CONTAINER_LIB, ro),
             Mount(str(self.paths.preload_file), CONTAINER_PRELOAD, ro),
             Mount(str(claim_dir), CONTAINER_CLAIM_DIR, ("rw", "nosuid", "nodev", "bind")),
+            Mount(
+                str(self.paths.node_state_dir), NODE_STATE_DIR, ("rw", "nosuid", "nodev", "bind")
+            ),
         )
         nodes: list[DeviceNode] = []
         names = [f"nvidia{g.gpu.minor}" for g in limits] + ["nvidiactl", "nvidia-uvm"]

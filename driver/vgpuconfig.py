@@ -5,12 +5,14 @@ A DeviceClass or ResourceClaim carries it in `config[].opaque.parameters` for ou
     apiVersion: vgpu.sharing.dev/v1alpha1
     kind: VgpuConfig
     computePolicy: hard        # hard | elastic | off            (default hard)
-    priority: 0                # integer 0..9, higher is served first (default 0)
+    priority: 1                # integer -100..100, lower is served first (default 1)
     memoryLimitOverride: 2Gi   # lowers the slice's memory limit; never above the allocation
 
 computePolicy: `hard` caps the slice's SM share at its limit always; `elastic` lets it use idle
 SMs beyond the limit while nobody else wants them; `off` disables compute throttling (memory is
-still enforced). The values reach the shim as VGPU_COMPUTE_POLICY and VGPU_PRIORITY.
+still enforced). priority follows CUDA's and HAMi's convention, which the shim implements
+(docs/compute.md): lower is higher priority, 0 = high, 1 = normal; it decides which elastic
+slices get idle SMs first. The values reach the shim as VGPU_COMPUTE_POLICY and VGPU_PRIORITY.
 
 Decoding is strict because a typo silently ignored would run a workload with limits the user
 did not ask for: unknown fields and bad values raise ConfigError naming the field.
@@ -27,7 +29,8 @@ from sharing.quantity import ACCEPTED_FORMS, QuantityError, parse_bytes
 API_VERSION = "vgpu.sharing.dev/v1alpha1"
 KIND = "VgpuConfig"
 COMPUTE_POLICIES = ("hard", "elastic", "off")
-PRIORITY_MIN, PRIORITY_MAX = 0, 9
+PRIORITY_MIN, PRIORITY_MAX = -100, 100
+PRIORITY_DEFAULT = 1  # the shim's default: normal
 _FIELDS = ("apiVersion", "kind", "computePolicy", "priority", "memoryLimitOverride")
 
 
@@ -62,7 +65,7 @@ class EffectiveConfig:
     """A config with defaults filled in: what a slice actually runs with."""
 
     compute_policy: str = "hard"
-    priority: int = PRIORITY_MIN
+    priority: int = PRIORITY_DEFAULT
     memory_limit_override: int | None = None
 
     @staticmethod
@@ -73,7 +76,7 @@ class EffectiveConfig:
             acc = acc.merged(c)
         return EffectiveConfig(
             compute_policy=acc.compute_policy or "hard",
-            priority=acc.priority if acc.priority is not None else PRIORITY_MIN,
+            priority=acc.priority if acc.priority is not None else PRIORITY_DEFAULT,
             memory_limit_override=acc.memory_limit_override,
         )
 
@@ -111,7 +114,7 @@ def decode(parameters: Any) -> VgpuConfig:
     ):
         raise ConfigError(
             f"VgpuConfig: priority {priority!r} invalid; allowed: an integer "
-            f"{PRIORITY_MIN}..{PRIORITY_MAX}"
+            f"{PRIORITY_MIN}..{PRIORITY_MAX} (lower is served first)"
         )
 
     raw_mem = parameters.get("memoryLimitOverride")

@@ -103,7 +103,8 @@ def test_prepare_sharing_v1_writes_valid_spec_with_limits(world: World) -> None:
     assert env["CUDA_DEVICE_SM_LIMIT_0"] == "30"
     assert env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] == "/run/vgpu-sharing/accounting"
     assert env["VGPU_COMPUTE_POLICY"] == "hard"
-    assert env["VGPU_PRIORITY"] == "0"
+    assert env["VGPU_PRIORITY"] == "1"  # the shim's "normal"
+    assert env["VGPU_NODE_STATE_DIR"] == "/var/run/vgpu/node-state"
     mounts = {m["containerPath"]: m for m in spec["devices"][0]["containerEdits"]["mounts"]}
     lib = mounts["/usr/local/lib/vgpu-sharing/libvgpu.so"]
     assert lib["hostPath"] == str(world.root / "data" / "lib" / "libvgpu.so")
@@ -112,6 +113,10 @@ def test_prepare_sharing_v1_writes_valid_spec_with_limits(world: World) -> None:
     claim_dir = world.root / "data" / "claims" / c.uid
     assert mounts["/run/vgpu-sharing"]["hostPath"] == str(claim_dir)
     assert stat.S_IMODE(claim_dir.stat().st_mode) == 0o1777  # non-root container users write
+    node_state = mounts["/var/run/vgpu/node-state"]
+    assert node_state["hostPath"] == str(world.root / "data" / "node-state")
+    assert "rw" in node_state["options"]
+    assert stat.S_IMODE(Path(node_state["hostPath"]).stat().st_mode) == 0o1777
     # No /dev/nvidia* on this host: no device nodes in the spec.
     assert "deviceNodes" not in spec["devices"][0]["containerEdits"]
 
@@ -205,7 +210,7 @@ def test_configs_class_then_claim_later_wins_other_drivers_ignored(world: World)
         results=[result("gpu", "gpu-0", memory="8Gi")],
         configs=[
             vgpu_config("FromClaim", {"priority": 5}),
-            vgpu_config("FromClass", {"computePolicy": "off", "priority": 1}),
+            vgpu_config("FromClass", {"computePolicy": "off", "priority": -3}),
             vgpu_config("FromClaim", {"computePolicy": "elastic", "memoryLimitOverride": "6Gi"}),
             vgpu_config("FromClaim", {"computePolicy": "hard"}, requests=["not-this-request"]),
             other,
@@ -229,17 +234,18 @@ def test_bad_claims_fail_alone_and_good_ones_succeed(world: World) -> None:
         "typo", configs=[vgpu_config("FromClaim", {"computePolicyy": "hard"})]
     )
     bad_policy = world.claim("policy", configs=[vgpu_config("FromClass", {"computePolicy": "max"})])
-    bad_priority = world.claim("prio", configs=[vgpu_config("FromClaim", {"priority": 42})])
+    bad_priority = world.claim("prio", configs=[vgpu_config("FromClaim", {"priority": 142})])
     too_much = world.claim(
         "override",
         results=[result("gpu", "gpu-0", memory="1Gi")],
         configs=[vgpu_config("FromClaim", {"memoryLimitOverride": "2Gi"})],
     )
     no_gpu = world.claim("nogpu", results=[result("gpu", "gpu-7")])
+    other_pool = world.claim("pool", results=[result("gpu", "gpu-0", pool="node-b")])
     wrong_uid = ClaimId(good.namespace, good.name, "6b0c1a4e-0000-4000-8000-000000000000")
     missing = ClaimId("default", "missing", "7b0c1a4e-0000-4000-8000-000000000000")
     claims = [good, unallocated, other_node, other_driver, unknown_field, bad_policy,
-              bad_priority, too_much, no_gpu, wrong_uid, missing]  # fmt: skip
+              bad_priority, too_much, no_gpu, other_pool, wrong_uid, missing]  # fmt: skip
 
     out = world.kubelet.prepare(claims)
 
@@ -251,9 +257,10 @@ def test_bad_claims_fail_alone_and_good_ones_succeed(world: World) -> None:
         other_driver.uid: "no allocation results for driver vgpu.sharing.dev",
         unknown_field.uid: "unknown field 'computePolicyy'",
         bad_policy.uid: "computePolicy 'max' invalid; allowed: hard, elastic, off",
-        bad_priority.uid: "priority 42 invalid; allowed: an integer 0..9",
+        bad_priority.uid: "priority 142 invalid; allowed: an integer -100..100",
         too_much.uid: "memoryLimitOverride 2.00 GiB exceeds the allocated 1.00 GiB",
         no_gpu.uid: "no GPU with index 7",
+        other_pool.uid: "device gpu-0: pool node-b is not this node's pool node-a",
         wrong_uid.uid: f"has UID {good.uid}, the kubelet asked for {wrong_uid.uid}",
         missing.uid: "ResourceClaim default/missing not found",
     }
