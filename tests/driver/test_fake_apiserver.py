@@ -285,3 +285,48 @@ def test_down_and_up_keep_store_and_port(server: FakeApiServer, tmp_path: Path) 
     )
     other = ResourceV1Api(kubernetes.client.ApiClient(cfg))
     assert [s.metadata.name for s in other.list_resource_slice().items] == ["a"]
+
+
+def test_drop_consumable_capacity_on_claims() -> None:
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "c", "namespace": "default"},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpu",
+                        "exactly": {
+                            "deviceClassName": "x",
+                            "capacity": {"requests": {"memory": "4Gi"}},
+                        },
+                    }
+                ]
+            }
+        },
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {
+                            "request": "gpu",
+                            "driver": DRIVER,
+                            "pool": "node-a",
+                            "device": "gpu-0",
+                            "consumedCapacity": {"memory": "4Gi"},
+                            "shareID": "0b7f3a38-8f3c-4e44-9a43-2f7d5e2b6a10",
+                        }
+                    ]
+                }
+            }
+        },
+    }
+    with FakeApiServer(drop_consumable_capacity=True) as server:
+        stored = server.put(claim)
+        assert "capacity" not in stored["spec"]["devices"]["requests"][0]["exactly"]
+        res = stored["status"]["allocation"]["devices"]["results"][0]
+        assert "consumedCapacity" not in res and "shareID" not in res
+    with FakeApiServer() as server:
+        res = server.put(claim)["status"]["allocation"]["devices"]["results"][0]
+        assert res["consumedCapacity"] == {"memory": "4Gi"}

@@ -25,7 +25,7 @@ request policies); a violation is HTTP 422 with a Status body like the real serv
 
 `drop_consumable_capacity=True` strips `allowMultipleAllocations` and capacity `requestPolicy`
 from ResourceSlice writes, as a server with the DRAConsumableCapacity gate off does (the 1.34 and
-1.35 default). `drop_device_taints=True` strips device `taints` (gate DRADeviceTaints off).
+1.35 default), and likewise claims' `capacity` requests and results' `consumedCapacity`/`shareID`. `drop_device_taints=True` strips device `taints` (gate DRADeviceTaints off).
 
 `down()` closes the listening socket (clients get "connection refused") and `up()` serves the
 same store on the same port again, for API-server-outage tests. `requests` records every request.
@@ -746,15 +746,31 @@ class FakeApiServer:
             raise _invalid(rt, name, errs)
 
     def _strip_gated_fields(self, rt: ResourceType, obj: dict[str, Any]) -> None:
-        if rt.kind != "ResourceSlice":
+        """Drop what a server with the gate off drops on write (silently, no error)."""
+        if rt.kind == "ResourceSlice":
+            for dev in (obj.get("spec") or {}).get("devices") or []:
+                if self.drop_consumable_capacity:
+                    dev.pop("allowMultipleAllocations", None)
+                    for cap in (dev.get("capacity") or {}).values():
+                        cap.pop("requestPolicy", None)
+                if self.drop_device_taints:
+                    dev.pop("taints", None)
             return
-        for dev in (obj.get("spec") or {}).get("devices") or []:
-            if self.drop_consumable_capacity:
-                dev.pop("allowMultipleAllocations", None)
-                for cap in (dev.get("capacity") or {}).values():
-                    cap.pop("requestPolicy", None)
-            if self.drop_device_taints:
-                dev.pop("taints", None)
+        if not self.drop_consumable_capacity:
+            return
+        if rt.kind in ("ResourceClaim", "ResourceClaimTemplate"):
+            spec = obj.get("spec") or {}
+            if rt.kind == "ResourceClaimTemplate":
+                spec = spec.get("spec") or {}
+            for req in (spec.get("devices") or {}).get("requests") or []:
+                (req.get("exactly") or {}).pop("capacity", None)
+                for sub in req.get("firstAvailable") or []:
+                    sub.pop("capacity", None)
+        if rt.kind == "ResourceClaim":
+            allocation = (obj.get("status") or {}).get("allocation") or {}
+            for res in (allocation.get("devices") or {}).get("results") or []:
+                res.pop("consumedCapacity", None)
+                res.pop("shareID", None)
 
     def _write(
         self,
