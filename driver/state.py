@@ -97,7 +97,8 @@ class HostPaths:
 
 
 class DeviceState:
-    """Prepared claims of this node. Thread-safe: prepare/unprepare calls are serialised."""
+    """Prepared claims of this node. Thread-safe: changes to files and checkpoint are serialised
+    by one lock; reading claims from the API server happens outside it."""
 
     def __init__(
         self,
@@ -173,30 +174,46 @@ class DeviceState:
     def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
         """Prepare each claim; a claim's failure is its own PrepareResult.error."""
         out: dict[str, PrepareResult] = {}
-        with self._lock:
-            for ref in claims:
-                try:
-                    out[ref.uid] = PrepareResult(devices=self._prepare_one(ref))
-                except ClaimError as e:
-                    log.warning("claim %s: prepare failed: %s", ref, e)
-                    out[ref.uid] = PrepareResult(error=str(e))
-                except Exception as e:
-                    log.exception("claim %s: prepare failed", ref)
-                    out[ref.uid] = PrepareResult(error=f"prepare failed: {e}")
+        for ref in claims:
+            try:
+                out[ref.uid] = PrepareResult(devices=self._prepare_one(ref))
+            except ClaimError as e:
+                log.warning("claim %s: prepare failed: %s", ref, e)
+                out[ref.uid] = PrepareResult(error=str(e))
+            except Exception as e:
+                log.exception("claim %s: prepare failed", ref)
+                out[ref.uid] = PrepareResult(error=f"prepare failed: {e}")
         return out
 
-    def _prepare_one(self, ref: ClaimRef) -> tuple[PreparedDevice, ...]:
-        if not _UID_RE.match(ref.uid):
-            raise ClaimError(f"claim UID {ref.uid!r} invalid; allowed: letters, digits and '-'")
+    def _completed(self, ref: ClaimRef) -> tuple[PreparedDevice, ...] | None:
+        """The recorded answer of a completed prepare (call with the lock held)."""
         entry = self.checkpoint.get(ref.uid)
         if entry is not None and entry.state == PREPARE_COMPLETED:
             log.debug("claim %s: already prepared", ref)
             return entry.devices
+        return None
+
+    def _prepare_one(self, ref: ClaimRef) -> tuple[PreparedDevice, ...]:
+        if not _UID_RE.match(ref.uid):
+            raise ClaimError(f"claim UID {ref.uid!r} invalid; allowed: letters, digits and '-'")
+        with self._lock:
+            done = self._completed(ref)
+        if done is not None:
+            return done
+        # The API read is the slow part: outside the lock, so that one slow claim does not hold
+        # up prepares and unprepares of other pods.
+        claim = self._read(ref)
+        with self._lock:
+            done = self._completed(ref)  # a concurrent call for the same claim got there first
+            if done is not None:
+                return done
+            return self._create(ref, claim)
+
+    def _create(self, ref: ClaimRef, claim: dict[str, Any]) -> tuple[PreparedDevice, ...]:
+        entry = self.checkpoint.get(ref.uid)
         if entry is not None:  # a PrepareStarted left by a failure: start over cleanly
             self._remove_artifacts(ref.uid, Path(entry.cdi_spec), Path(entry.claim_dir))
             self.checkpoint.delete(ref.uid)
-
-        claim = self._read(ref)
         plan = plan_claim(
             claim,
             ref,

@@ -322,3 +322,35 @@ def test_every_written_spec_validates(world: World) -> None:
         doc = json.loads(p.read_text())
         validate(doc)
         assert doc["kind"] == KIND
+
+
+def test_slow_claim_read_does_not_block_other_claims(world: World) -> None:
+    """The API read happens outside the state lock: one claim stuck on a slow API server does
+    not hold up the prepare of another pod's claim."""
+    import threading
+
+    from driver.claims import ClaimRef, read_claim
+
+    slow = world.claim("slow", results=[result("gpu", "gpu-0", memory="1Gi")])
+    fast = world.claim("fast", results=[result("gpu", "gpu-1", memory="1Gi")])
+    state = world.plugin.driver.state
+    release = threading.Event()
+    api = world.server.api_client()
+
+    def reader(ref: ClaimRef) -> dict[str, Any]:
+        if ref.name == "slow":
+            assert release.wait(20), "never released"
+        return read_claim(api, ref)
+
+    state._read = reader
+    results: dict[str, Any] = {}
+    t = threading.Thread(target=lambda: results.update(world.kubelet.prepare([slow])))
+    t.start()
+    try:
+        out = world.kubelet.prepare([fast])  # would deadlock-wait if the lock were held
+        assert out[fast.uid].error == ""
+        assert t.is_alive()
+    finally:
+        release.set()
+        t.join(20)
+    assert results[slow.uid].error == ""
