@@ -6,6 +6,7 @@ build step. The library list, sources and flags live in shim/build.py.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -32,10 +33,12 @@ class BuildWithSharedLibraries(build_ext):
 
     def _build_plain_libraries(self) -> None:
         from setuptools._distutils.ccompiler import new_compiler
-        from setuptools._distutils.sysconfig import customize_compiler
 
+        # Not customize_compiler(): Python's own CFLAGS/LDSHARED (-fwrapv, an rpath to the
+        # interpreter's lib dir) have no business in libraries loaded into non-Python programs.
+        cc = os.environ.get("CC", "gcc")
         compiler = new_compiler(verbose=self.verbose, force=self.force)
-        customize_compiler(compiler)
+        compiler.set_executables(compiler=cc, compiler_so=cc, linker_so=f"{cc} -shared")
         lib_root = self._lib_root()
         for lib in LIBRARIES:
             out_dir = lib_root / lib.subdir if lib.subdir else lib_root
