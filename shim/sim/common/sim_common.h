@@ -1,0 +1,144 @@
+/*
+ * Shared by the simulated libcuda.so.1 and libnvidia-ml.so.1 (each links its own copy: every
+ * symbol here is hidden, so the two libraries never see each other's globals).
+ *
+ *   util.c    clocks, sleeping, environment knobs, quantity parsing, one-line diagnostics
+ *   json.c    a small strict JSON parser (the SIMGPU_CONFIG file)
+ *   config.c  SIMGPU_CONFIG -> sim_config (devices, driver and CUDA versions), with defaults
+ *   state.c   node-wide state in SIMGPU_STATE: memory pools, process slots, device timelines,
+ *             busy-time rings for utilisation (memory-mapped, shared by every process)
+ */
+#ifndef VGPU_SIM_COMMON_H
+#define VGPU_SIM_COMMON_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <pthread.h>
+
+/* ---------------------------------------------------------------- util.c */
+
+uint64_t sim_now_ns(void);            /* CLOCK_MONOTONIC: one clock for all processes of the node */
+uint64_t sim_realtime_us(void);       /* CLOCK_REALTIME in microseconds (NVML sample timestamps) */
+void sim_sleep_until_ns(uint64_t t);  /* absolute CLOCK_MONOTONIC deadline; never spins */
+/* An unsigned integer environment knob; `dflt` when unset. Malformed values print one line and
+ * use the default (a knob must not make a program fail). */
+uint64_t sim_env_u64(const char *name, uint64_t dflt);
+/* Parse a quantity: plain bytes ("1048576"), binary suffixes Ki Mi Gi Ti, decimal K M G T;
+ * a decimal fraction is allowed with a suffix ("1.5Gi"). Returns 0 on success. */
+int sim_parse_quantity(const char *s, uint64_t *out);
+void sim_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));  /* "simgpu: ...\n" */
+void sim_copy_str(char *dst, size_t cap, const char *src);                    /* truncating, NUL-terminated */
+
+/* ---------------------------------------------------------------- json.c */
+
+typedef enum { SIM_JSON_NULL, SIM_JSON_BOOL, SIM_JSON_NUMBER, SIM_JSON_STRING, SIM_JSON_ARRAY, SIM_JSON_OBJECT } sim_json_type;
+
+typedef struct sim_json {
+    sim_json_type type;
+    int boolean;
+    double number;
+    int is_integer;            /* number written without fraction/exponent, fits uint64 or int64 */
+    int negative;
+    uint64_t integer;          /* magnitude when is_integer */
+    char *string;              /* STRING: decoded UTF-8; also the key of an object member */
+    char *key;                 /* member name when the parent is an object */
+    struct sim_json *child;    /* first element / member */
+    struct sim_json *next;     /* next sibling */
+    size_t count;              /* elements / members */
+} sim_json;
+
+/* Parse `text` (len bytes). On error returns NULL and writes "line L column C: <what>" to err. */
+sim_json *sim_json_parse(const char *text, size_t len, char *err, size_t errcap);
+void sim_json_free(sim_json *j);
+const sim_json *sim_json_get(const sim_json *obj, const char *key);
+const char *sim_json_type_name(sim_json_type t);
+
+/* ---------------------------------------------------------------- config.c */
+
+#define SIM_MAX_DEVICES 16
+#define SIM_NAME_LEN 96
+#define SIM_UUID_LEN 64
+
+typedef struct {
+    char name[SIM_NAME_LEN];
+    char uuid[SIM_UUID_LEN];      /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" */
+    unsigned char uuid_bytes[16];
+    uint64_t memory;              /* bytes */
+    int sm_count;
+    unsigned pci_domain, pci_bus, pci_device;
+    int numa_node;                /* -1: none */
+    int cc_major, cc_minor;
+    int healthy;
+    unsigned long long xid;       /* delivered while unhealthy */
+    unsigned minor;
+} sim_device_cfg;
+
+typedef struct {
+    int ndev;
+    sim_device_cfg dev[SIM_MAX_DEVICES];
+    char driver_version[80];
+    int cuda_version;             /* 12080 = 12.8 */
+    char path[512];               /* the file read, "" for the built-in default */
+} sim_config;
+
+/* Read SIMGPU_CONFIG (or build the default H100). On a malformed file prints one stderr line
+ * naming the file, the field and what is allowed, and returns -1. */
+int sim_config_load(sim_config *out);
+/* Re-read only health ("healthy", "xid") of the devices of an already loaded config, if the file
+ * changed since `*mtime_ns` (NVML event waits use it to see health flip while they wait). */
+void sim_config_refresh_health(sim_config *cfg, int64_t *mtime_ns);
+int64_t sim_config_mtime_ns(const char *path);
+
+/* ---------------------------------------------------------------- state.c */
+
+#define SIM_MAX_PROCS 128
+#define SIM_BUCKET_NS 10000000ull      /* device busy ring: 10 ms buckets ... */
+#define SIM_DEV_RING 1024              /* ... 10.24 s of history (and of scheduled future) */
+#define SIM_PBUCKET_NS 50000000ull     /* per-process busy ring: 50 ms buckets ... */
+#define SIM_PROC_RING 256              /* ... 12.8 s */
+
+typedef struct {
+    _Atomic uint64_t busy_until;       /* end of the last work scheduled on the device timeline */
+    uint64_t used;                     /* bytes charged by all processes (under the state lock) */
+    _Atomic uint64_t ring[SIM_DEV_RING]; /* (bucket index << 24) | busy microseconds in it */
+    _Atomic uint64_t launches;
+} sim_dev_state;
+
+typedef struct {
+    uint32_t active;
+    int32_t pid;                       /* in the process's own PID namespace */
+    uint64_t used[SIM_MAX_DEVICES];    /* bytes charged by this process */
+    uint32_t contexts[SIM_MAX_DEVICES];
+    _Atomic uint64_t ring[SIM_MAX_DEVICES][SIM_PROC_RING];
+} sim_proc_slot;
+
+typedef struct {
+    uint64_t magic;
+    uint64_t size;
+    pthread_mutex_t lock;              /* robust, process-shared: guards used/active/contexts */
+    sim_dev_state dev[SIM_MAX_DEVICES];
+    sim_proc_slot proc[SIM_MAX_PROCS];
+} sim_shared;
+
+extern sim_shared *sim_shm;
+
+int sim_state_open(void);              /* map the node state; 0 or -1 (one stderr line) */
+void sim_state_lock(void);             /* recovers from a dead owner (EOWNERDEAD) */
+void sim_state_unlock(void);
+void sim_state_reap_locked(int own_slot); /* return the memory of dead processes to the pools */
+int sim_state_claim_slot(void);        /* this process's slot (held by an OFD lock), or -1 */
+void sim_state_after_fork_child(void); /* the child must not keep the parent's slot alive */
+/* Charge `bytes` to (slot, dev) if the device has room: 0, or -1 when it would exceed `total`. */
+int sim_mem_charge(int slot, int dev, uint64_t bytes, uint64_t total);
+void sim_mem_uncharge(int slot, int dev, uint64_t bytes);
+uint64_t sim_mem_used(int dev, int own_slot); /* reaps first */
+void sim_ctx_count(int slot, int dev, int delta);
+/* Busy-time accounting of the interval [start, end) (ns) on the device and for the slot. */
+void sim_busy_record(int dev, int slot, uint64_t start, uint64_t end);
+/* Busy ns in complete buckets of [from, to). slot -1: the whole device. */
+uint64_t sim_busy_between(int dev, int slot, uint64_t from, uint64_t to, uint64_t *window_ns);
+/* Is the slot's owner alive (its OFD lock held)? Caller holds the lock; own slot counts alive. */
+int sim_slot_alive(int slot, int own_slot);
+
+#endif

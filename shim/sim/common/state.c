@@ -1,0 +1,313 @@
+/*
+ * Node-wide state of the simulated GPUs, shared by every process through one memory-mapped file
+ * in $SIMGPU_STATE (default /tmp/simgpu-<uid>):
+ *
+ *  - each device's memory is one pool: `used` is the sum of what every live process charged;
+ *  - every process that creates a context owns a slot recording what it charged per device
+ *    (NVML's process list) and its busy time (NVML's per-process utilisation);
+ *  - each device has one timeline (`busy_until`) on which the launches of all processes are
+ *    serialised, and a ring of 10 ms buckets of busy time (NVML's utilisation).
+ *
+ * Robustness against SIGKILL at any instant:
+ *  - `used`, `active` and the per-slot counters change only under a PTHREAD_MUTEX_ROBUST,
+ *    process-shared mutex. A holder that dies mid-update hands the next locker EOWNERDEAD; it
+ *    then recomputes every derived total from the slots (device used = sum of slot used), which
+ *    is correct whatever instant the owner died at, and marks the mutex consistent.
+ *  - Liveness of a slot is an fcntl open-file-description (OFD) write lock on one byte of the
+ *    state file (offset SLOT_LOCK_BASE + slot, past the end of the file) held for the process
+ *    lifetime. The kernel drops it when the process dies, however it dies, and it works across
+ *    PID namespaces (no PIDs are compared). Dead slots are reaped by whoever next takes the lock
+ *    to touch memory, so a killed process's memory is back before any other process's next
+ *    memory call.
+ *  - The timeline and busy rings are single 64-bit atomics updated by CAS; no lock, no syscall
+ *    on the launch path, and nothing a dead process can leave half-written.
+ */
+#define _GNU_SOURCE 1 /* F_OFD_GETLK, F_OFD_SETLK */
+#include "sim_common.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define SIM_STATE_MAGIC 0x53494d4750553031ull /* "SIMGPU01" */
+#define SLOT_LOCK_BASE (1ll << 30)
+
+sim_shared *sim_shm;
+static int g_fd = -1;
+static char g_path[600];
+
+static int state_dir(char *buf, size_t cap)
+{
+    const char *d = getenv("SIMGPU_STATE");
+    if (d && *d)
+        snprintf(buf, cap, "%s", d);
+    else
+        snprintf(buf, cap, "/tmp/simgpu-%u", (unsigned)getuid());
+    if (mkdir(buf, 0700) != 0 && errno != EEXIST)
+        return -1;
+    return 0;
+}
+
+int sim_state_open(void)
+{
+    if (sim_shm)
+        return 0;
+    char dir[512];
+    if (state_dir(dir, sizeof dir) != 0) {
+        sim_log("state directory %s: %s; allowed: SIMGPU_STATE naming a writable directory (default /tmp/simgpu-<uid>)", dir, strerror(errno));
+        return -1;
+    }
+    /* The layout version is in the name: an old file of another layout is never misread. */
+    snprintf(g_path, sizeof g_path, "%s/state-v1-%zu", dir, sizeof(sim_shared));
+    int fd = open(g_path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        sim_log("state file %s: %s; allowed: SIMGPU_STATE naming a writable directory", g_path, strerror(errno));
+        return -1;
+    }
+    /* flock serialises first-time initialisation between processes starting together; it is
+     * released by the kernel if the holder dies, and does not interact with the OFD slot locks. */
+    if (flock(fd, LOCK_EX) != 0) {
+        sim_log("state file %s: flock: %s", g_path, strerror(errno));
+        close(fd);
+        return -1;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || ((size_t)st.st_size < sizeof(sim_shared) && ftruncate(fd, (off_t)sizeof(sim_shared)) != 0)) {
+        sim_log("state file %s: cannot size it: %s", g_path, strerror(errno));
+        flock(fd, LOCK_UN);
+        close(fd);
+        return -1;
+    }
+    void *p = mmap(NULL, sizeof(sim_shared), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        sim_log("state file %s: mmap: %s", g_path, strerror(errno));
+        flock(fd, LOCK_UN);
+        close(fd);
+        return -1;
+    }
+    sim_shared *s = p;
+    if (__atomic_load_n(&s->magic, __ATOMIC_ACQUIRE) != SIM_STATE_MAGIC || s->size != sizeof(sim_shared)) {
+        /* New (zero-filled) file, or one whose initialiser died before finishing. */
+        memset(s, 0, sizeof *s);
+        pthread_mutexattr_t a;
+        pthread_mutexattr_init(&a);
+        pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+        pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+        pthread_mutex_init(&s->lock, &a);
+        pthread_mutexattr_destroy(&a);
+        s->size = sizeof(sim_shared);
+        __atomic_store_n(&s->magic, SIM_STATE_MAGIC, __ATOMIC_RELEASE);
+    }
+    flock(fd, LOCK_UN);
+    g_fd = fd;
+    sim_shm = s;
+    return 0;
+}
+
+static void recompute_totals(void)
+{
+    for (int d = 0; d < SIM_MAX_DEVICES; d++) {
+        uint64_t used = 0;
+        for (int i = 0; i < SIM_MAX_PROCS; i++)
+            if (sim_shm->proc[i].active)
+                used += sim_shm->proc[i].used[d];
+        sim_shm->dev[d].used = used;
+    }
+}
+
+void sim_state_lock(void)
+{
+    int rc = pthread_mutex_lock(&sim_shm->lock);
+    if (rc == EOWNERDEAD) {
+        /* The previous owner died holding the lock, maybe mid-update: rebuild what is derived. */
+        recompute_totals();
+        pthread_mutex_consistent(&sim_shm->lock);
+    } else if (rc != 0) {
+        sim_log("state lock: %s", strerror(rc));
+    }
+}
+
+void sim_state_unlock(void) { pthread_mutex_unlock(&sim_shm->lock); }
+
+int sim_slot_alive(int slot, int own_slot)
+{
+    if (slot == own_slot)
+        return 1; /* our own OFD lock does not conflict with our own query */
+    struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = SLOT_LOCK_BASE + slot, .l_len = 1, .l_pid = 0 };
+    if (fcntl(g_fd, F_OFD_GETLK, &fl) != 0)
+        return 1; /* cannot tell: never reap on doubt */
+    return fl.l_type != F_UNLCK;
+}
+
+static void free_slot_locked(int i)
+{
+    sim_proc_slot *p = &sim_shm->proc[i];
+    for (int d = 0; d < SIM_MAX_DEVICES; d++) {
+        uint64_t u = p->used[d];
+        sim_shm->dev[d].used = sim_shm->dev[d].used >= u ? sim_shm->dev[d].used - u : 0;
+        p->used[d] = 0;
+        p->contexts[d] = 0;
+    }
+    p->pid = 0;
+    p->active = 0;
+}
+
+void sim_state_reap_locked(int own_slot)
+{
+    for (int i = 0; i < SIM_MAX_PROCS; i++)
+        if (sim_shm->proc[i].active && !sim_slot_alive(i, own_slot))
+            free_slot_locked(i);
+}
+
+int sim_state_claim_slot(void)
+{
+    int got = -1;
+    sim_state_lock();
+    sim_state_reap_locked(-1);
+    for (int i = 0; i < SIM_MAX_PROCS && got < 0; i++) {
+        if (sim_shm->proc[i].active)
+            continue;
+        struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = SLOT_LOCK_BASE + i, .l_len = 1, .l_pid = 0 };
+        if (fcntl(g_fd, F_OFD_SETLK, &fl) != 0)
+            continue; /* held by someone: not ours to take */
+        sim_proc_slot *p = &sim_shm->proc[i];
+        memset(p->used, 0, sizeof p->used);
+        memset(p->contexts, 0, sizeof p->contexts);
+        for (int d = 0; d < SIM_MAX_DEVICES; d++)
+            for (int b = 0; b < SIM_PROC_RING; b++)
+                atomic_store_explicit(&p->ring[d][b], 0, memory_order_relaxed);
+        p->pid = (int32_t)getpid();
+        p->active = 1;
+        got = i;
+    }
+    sim_state_unlock();
+    if (got < 0)
+        sim_log("all %d process slots of the simulated node are in use (state %s)", SIM_MAX_PROCS, g_path);
+    return got;
+}
+
+void sim_state_after_fork_child(void)
+{
+    /* The inherited descriptor shares the parent's open file description and with it the
+     * parent's slot lock: keeping it would make the parent look alive after it died. */
+    if (g_fd >= 0) {
+        close(g_fd);
+        g_fd = open(g_path, O_RDWR | O_CLOEXEC);
+    }
+}
+
+int sim_mem_charge(int slot, int dev, uint64_t bytes, uint64_t total)
+{
+    if (slot < 0 || dev < 0 || dev >= SIM_MAX_DEVICES)
+        return -1;
+    int rc = 0;
+    sim_state_lock();
+    sim_state_reap_locked(slot);
+    sim_dev_state *d = &sim_shm->dev[dev];
+    if (bytes > total || d->used > total - bytes) {
+        rc = -1;
+    } else {
+        d->used += bytes;
+        sim_shm->proc[slot].used[dev] += bytes;
+    }
+    sim_state_unlock();
+    return rc;
+}
+
+void sim_mem_uncharge(int slot, int dev, uint64_t bytes)
+{
+    if (slot < 0 || dev < 0 || dev >= SIM_MAX_DEVICES || bytes == 0)
+        return;
+    sim_state_lock();
+    sim_proc_slot *p = &sim_shm->proc[slot];
+    uint64_t b = p->used[dev] >= bytes ? bytes : p->used[dev];
+    p->used[dev] -= b;
+    sim_shm->dev[dev].used = sim_shm->dev[dev].used >= b ? sim_shm->dev[dev].used - b : 0;
+    sim_state_unlock();
+}
+
+uint64_t sim_mem_used(int dev, int own_slot)
+{
+    sim_state_lock();
+    sim_state_reap_locked(own_slot);
+    uint64_t u = sim_shm->dev[dev].used;
+    sim_state_unlock();
+    return u;
+}
+
+void sim_ctx_count(int slot, int dev, int delta)
+{
+    if (slot < 0 || dev < 0 || dev >= SIM_MAX_DEVICES)
+        return;
+    sim_state_lock();
+    uint32_t *c = &sim_shm->proc[slot].contexts[dev];
+    if (delta < 0 && *c < (uint32_t)-delta)
+        *c = 0;
+    else
+        *c = (uint32_t)((int64_t)*c + delta);
+    sim_state_unlock();
+}
+
+/* Ring entries: (bucket index mod 2^32) << 32 | busy ns within the bucket. */
+static void ring_add(_Atomic uint64_t *ring, uint64_t n, uint64_t bucket_ns, uint64_t start, uint64_t end)
+{
+    while (start < end) {
+        uint64_t b = start / bucket_ns;
+        uint64_t bend = (b + 1) * bucket_ns;
+        uint64_t e = end < bend ? end : bend;
+        uint64_t add = e - start;
+        uint64_t tag = b & 0xffffffffull;
+        _Atomic uint64_t *slot = &ring[b % n];
+        uint64_t old = atomic_load_explicit(slot, memory_order_relaxed), nv;
+        do {
+            if ((old >> 32) != tag)
+                nv = (tag << 32) | add;
+            else {
+                uint64_t cur = (old & 0xffffffffull) + add;
+                nv = (tag << 32) | (cur > bucket_ns ? bucket_ns : cur);
+            }
+        } while (!atomic_compare_exchange_weak_explicit(slot, &old, nv, memory_order_relaxed, memory_order_relaxed));
+        start = e;
+    }
+}
+
+static uint64_t ring_sum(_Atomic uint64_t *ring, uint64_t n, uint64_t bucket_ns, uint64_t from, uint64_t to, uint64_t *window)
+{
+    uint64_t b0 = (from + bucket_ns - 1) / bucket_ns, b1 = to / bucket_ns;
+    if (b1 <= b0) {
+        *window = 0;
+        return 0;
+    }
+    if (b1 - b0 > n - 1)
+        b0 = b1 - (n - 1);
+    uint64_t sum = 0;
+    for (uint64_t b = b0; b < b1; b++) {
+        uint64_t v = atomic_load_explicit(&ring[b % n], memory_order_relaxed);
+        if ((v >> 32) == (b & 0xffffffffull))
+            sum += v & 0xffffffffull;
+    }
+    *window = (b1 - b0) * bucket_ns;
+    return sum;
+}
+
+void sim_busy_record(int dev, int slot, uint64_t start, uint64_t end)
+{
+    if (dev < 0 || dev >= SIM_MAX_DEVICES)
+        return;
+    ring_add(sim_shm->dev[dev].ring, SIM_DEV_RING, SIM_BUCKET_NS, start, end);
+    if (slot >= 0)
+        ring_add(sim_shm->proc[slot].ring[dev], SIM_PROC_RING, SIM_PBUCKET_NS, start, end);
+}
+
+uint64_t sim_busy_between(int dev, int slot, uint64_t from, uint64_t to, uint64_t *window_ns)
+{
+    if (slot < 0)
+        return ring_sum(sim_shm->dev[dev].ring, SIM_DEV_RING, SIM_BUCKET_NS, from, to, window_ns);
+    return ring_sum(sim_shm->proc[slot].ring[dev], SIM_PROC_RING, SIM_PBUCKET_NS, from, to, window_ns);
+}

@@ -1,0 +1,388 @@
+/*
+ * Contexts: the primary context of each device (retained/released by the runtime) and explicit
+ * ones (cuCtxCreate), with the per-thread stack of current contexts.
+ *
+ * Creating a context claims this process's node slot (so NVML lists the process) and charges
+ * SIMGPU_CONTEXT_MEMORY bytes of device memory (default 0), as a real context takes some device
+ * memory. Destroying it (or releasing the primary context to zero, or resetting it) waits for its
+ * work, frees every allocation made in it and returns that memory.
+ *
+ * Context structures are never returned to malloc: a stale handle then fails validation (magic
+ * cleared) instead of touching freed memory.
+ */
+#include "cuda_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define CTX_STACK_MAX 64
+#define CTX_FLAGS_MASK 0xffu /* scheduling, map-host, lmem-resize, coredump, sync-memops */
+
+static __thread struct CUctx_st *tls_stack[CTX_STACK_MAX];
+static __thread int tls_depth;
+static unsigned primary_flags[SIM_MAX_DEVICES];
+
+void sim_contexts_after_fork(void)
+{
+    tls_depth = 0; /* the forking thread is the child's only thread */
+    memset(primary_flags, 0, sizeof primary_flags);
+}
+
+static int ctx_usable(const struct CUctx_st *c)
+{
+    return SIM_VALID(c, MAGIC_CTX) && !(c->is_primary && c->retain == 0);
+}
+
+struct CUctx_st *sim_current_ctx(void)
+{
+    if (tls_depth <= 0)
+        return NULL;
+    struct CUctx_st *c = tls_stack[tls_depth - 1];
+    return ctx_usable(c) ? c : NULL;
+}
+
+CUresult sim_get_ctx(struct CUctx_st **out)
+{
+    CUresult rc = sim_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    struct CUctx_st *c = sim_current_ctx();
+    if (!c)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    *out = c;
+    return CUDA_SUCCESS;
+}
+
+/* Bring up a (new or inactive primary) context: slot, context memory, legacy stream. G.lock held. */
+static CUresult ctx_activate_locked(struct CUctx_st *c, int dev, unsigned flags)
+{
+    if (sim_ensure_slot() < 0)
+        return CUDA_ERROR_OPERATING_SYSTEM;
+    if (G.ctx_mem && sim_mem_charge(G.slot, dev, G.ctx_mem, G.cfg.dev[dev].memory) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    c->charged = G.ctx_mem;
+    c->dev = dev;
+    c->flags = flags;
+    c->serial = ++G.ctx_serial;
+    atomic_store(&c->tail_all, 0);
+    atomic_store(&c->tail_blocking, 0);
+    c->gen = sim_gen();
+    c->magic = MAGIC_CTX;
+    c->legacy = sim_stream_new(c, STREAM_LEGACY, 0, 0);
+    if (!c->legacy) {
+        sim_mem_uncharge(G.slot, dev, c->charged);
+        c->magic = MAGIC_DEAD;
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    sim_ctx_count(G.slot, dev, +1);
+    G.live_contexts++;
+    return CUDA_SUCCESS;
+}
+
+/* Tear down a context's resources (after its work finished). G.lock held. */
+static void ctx_deactivate_locked(struct CUctx_st *c)
+{
+    sim_free_ctx_allocations(c);
+    sim_mem_uncharge(G.slot, c->dev, c->charged);
+    c->charged = 0;
+    sim_ctx_count(G.slot, c->dev, -1);
+    G.live_contexts--;
+    if (c->legacy) {
+        sim_stream_release(c->legacy);
+        c->legacy = NULL;
+    }
+}
+
+static void wait_ctx_idle(struct CUctx_st *c)
+{
+    sim_sleep_until_ns(atomic_load(&c->tail_all));
+}
+
+static CUresult ctx_create(CUcontext *pctx, unsigned flags, CUdevice dev)
+{
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = sim_check_device(dev);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (flags & ~CTX_FLAGS_MASK)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (tls_depth >= CTX_STACK_MAX)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUctx_st *c = calloc(1, sizeof *c);
+    if (!c)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&G.lock);
+    rc = ctx_activate_locked(c, dev, flags);
+    pthread_mutex_unlock(&G.lock);
+    if (rc != CUDA_SUCCESS) {
+        free(c); /* never published */
+        return rc;
+    }
+    tls_stack[tls_depth++] = c; /* a new context is pushed onto the calling thread's stack */
+    *pctx = c;
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreateParams, unsigned int flags, CUdevice dev)
+{
+    if (ctxCreateParams) {
+        if (ctxCreateParams->cigParams)
+            return CUDA_ERROR_NOT_SUPPORTED; /* CUDA in graphics (CIG) needs a graphics API */
+        if (ctxCreateParams->numExecAffinityParams < 0 || (ctxCreateParams->numExecAffinityParams > 0 && !ctxCreateParams->execAffinityParams))
+            return CUDA_ERROR_INVALID_VALUE;
+        /* SM-count affinity is accepted and not modelled (every launch uses the whole device). */
+    }
+    return ctx_create(pctx, flags, dev);
+}
+
+SIM_EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams, unsigned int flags, CUdevice dev)
+{
+    if (numParams < 0 || (numParams > 0 && !paramsArray))
+        return CUDA_ERROR_INVALID_VALUE;
+    return ctx_create(pctx, flags, dev);
+}
+
+SIM_EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) { return ctx_create(pctx, flags, dev); }
+SIM_EXPORT CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev) { return ctx_create(pctx, flags, dev); }
+
+static void drop_from_tls(struct CUctx_st *c)
+{
+    /* Only the calling thread's stack can be fixed up; other threads fail validation later. */
+    int w = 0;
+    for (int r = 0; r < tls_depth; r++)
+        if (tls_stack[r] != c)
+            tls_stack[w++] = tls_stack[r];
+    tls_depth = w;
+}
+
+SIM_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+    CUresult rc = sim_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!ctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!SIM_VALID(ctx, MAGIC_CTX) || ctx->is_primary)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    wait_ctx_idle(ctx);
+    pthread_mutex_lock(&G.lock);
+    if (ctx->magic == MAGIC_CTX) {
+        ctx_deactivate_locked(ctx);
+        ctx->magic = MAGIC_DEAD;
+    }
+    pthread_mutex_unlock(&G.lock);
+    drop_from_tls(ctx);
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuCtxDestroy(CUcontext ctx) { return cuCtxDestroy_v2(ctx); }
+
+SIM_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = sim_check_device(dev);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    pthread_mutex_lock(&G.lock);
+    struct CUctx_st *c = G.primary[dev];
+    if (!c) {
+        c = calloc(1, sizeof *c);
+        if (!c) {
+            pthread_mutex_unlock(&G.lock);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        c->is_primary = 1;
+        G.primary[dev] = c;
+    }
+    if (c->retain == 0)
+        rc = ctx_activate_locked(c, dev, primary_flags[dev]);
+    if (rc == CUDA_SUCCESS) {
+        c->retain++;
+        *pctx = c;
+    }
+    pthread_mutex_unlock(&G.lock);
+    return rc;
+}
+
+static CUresult primary_release(CUdevice dev, int reset)
+{
+    CUresult rc = sim_check_device(dev);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    pthread_mutex_lock(&G.lock);
+    struct CUctx_st *c = G.primary[dev];
+    int active = c && c->retain > 0;
+    pthread_mutex_unlock(&G.lock);
+    if (!active)
+        return reset ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+    if (reset || c->retain == 1)
+        wait_ctx_idle(c);
+    pthread_mutex_lock(&G.lock);
+    if (c->retain > 0) {
+        c->retain = reset ? 0 : c->retain - 1;
+        if (c->retain == 0)
+            ctx_deactivate_locked(c);
+    }
+    pthread_mutex_unlock(&G.lock);
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) { return primary_release(dev, 0); }
+SIM_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev) { return primary_release(dev, 0); }
+SIM_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) { return primary_release(dev, 1); }
+SIM_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev) { return primary_release(dev, 1); }
+
+SIM_EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
+{
+    if (!flags || !active)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = sim_check_device(dev);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    pthread_mutex_lock(&G.lock);
+    *flags = primary_flags[dev];
+    *active = G.primary[dev] && G.primary[dev]->retain > 0;
+    pthread_mutex_unlock(&G.lock);
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags)
+{
+    CUresult rc = sim_check_device(dev);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (flags & ~CTX_FLAGS_MASK)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&G.lock);
+    primary_flags[dev] = flags;
+    if (G.primary[dev])
+        G.primary[dev]->flags = flags;
+    pthread_mutex_unlock(&G.lock);
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags)
+{
+    /* Before CUDA 11 this failed on an active primary context. */
+    CUresult rc = sim_check_device(dev);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (G.primary[dev] && G.primary[dev]->retain > 0)
+        return CUDA_ERROR_ILLEGAL_STATE;
+    return cuDevicePrimaryCtxSetFlags_v2(dev, flags);
+}
+
+SIM_EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx)
+{
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = sim_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    *pctx = sim_current_ctx();
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
+{
+    CUresult rc = sim_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!ctx) {
+        if (tls_depth > 0)
+            tls_depth--;
+        return CUDA_SUCCESS;
+    }
+    if (!ctx_usable(ctx))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (tls_depth == 0)
+        tls_stack[tls_depth++] = ctx;
+    else
+        tls_stack[tls_depth - 1] = ctx;
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
+{
+    CUresult rc = sim_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!ctx || !ctx_usable(ctx))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (tls_depth >= CTX_STACK_MAX)
+        return CUDA_ERROR_INVALID_VALUE;
+    tls_stack[tls_depth++] = ctx;
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuCtxPushCurrent(CUcontext ctx) { return cuCtxPushCurrent_v2(ctx); }
+
+SIM_EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
+{
+    CUresult rc = sim_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (tls_depth <= 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    struct CUctx_st *c = tls_stack[--tls_depth];
+    if (pctx)
+        *pctx = c;
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuCtxPopCurrent(CUcontext *pctx) { return cuCtxPopCurrent_v2(pctx); }
+
+SIM_EXPORT CUresult cuCtxGetDevice(CUdevice *device)
+{
+    if (!device)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUctx_st *c;
+    CUresult rc = sim_get_ctx(&c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    *device = c->dev;
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx)
+{
+    if (!device)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!ctx)
+        return cuCtxGetDevice(device);
+    CUresult rc = sim_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!ctx_usable(ctx))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    *device = ctx->dev;
+    return CUDA_SUCCESS;
+}
+
+static CUresult ctx_sync(struct CUctx_st *c)
+{
+    wait_ctx_idle(c);
+    sim_after_sync(c);
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuCtxSynchronize(void)
+{
+    struct CUctx_st *c;
+    CUresult rc = sim_get_ctx(&c);
+    return rc != CUDA_SUCCESS ? rc : ctx_sync(c);
+}
+
+SIM_EXPORT CUresult cuCtxSynchronize_v2(CUcontext ctx)
+{
+    if (!ctx)
+        return cuCtxSynchronize();
+    CUresult rc = sim_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!ctx_usable(ctx))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    return ctx_sync(ctx);
+}

@@ -1,0 +1,251 @@
+/*
+ * Internals of the simulated libcuda.so.1 (shared between the files of shim/sim/cuda).
+ *
+ *   init.c     cuInit, cuDriverGetVersion, process globals, fork handling
+ *   device.c   devices and attributes
+ *   context.c  primary and explicit contexts, the per-thread context stack
+ *   memory.c   the allocation table, cuMemAlloc & co, cuMemGetInfo, host memory, pointer queries
+ *   copy.c     memcpy / memset, sync and async
+ *   pools.c    stream-ordered allocator and memory pools
+ *   vmm.c      virtual memory management (cuMemCreate, cuMemMap, ...)
+ *   arrays.c   CUDA arrays (charged by a documented size formula)
+ *   module.c   modules, libraries, kernels, functions
+ *   launch.c   kernel launches: the device timeline
+ *   stream.c   streams, synchronisation, events
+ *   graph.c    stream capture and graphs
+ *   procaddr.c cuGetProcAddress from vgpu/cuda_procaddr.def
+ *   errors.c   error names and strings
+ *
+ * Every exported function validates its pointers (NULL -> CUDA_ERROR_INVALID_VALUE) and handles
+ * (a magic number per object type plus the process generation, which fork bumps) before use.
+ */
+#ifndef VGPU_SIM_CUDA_INTERNAL_H
+#define VGPU_SIM_CUDA_INTERNAL_H
+
+#define SIM_EXPORT __attribute__((visibility("default")))
+#define VGPU_CUDA_API extern SIM_EXPORT
+#include "vgpu/cuda_api.h"
+#include "../common/sim_common.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+enum {
+    MAGIC_DEAD = 0,
+    MAGIC_CTX = 0x5c7c0001,
+    MAGIC_STREAM,
+    MAGIC_EVENT,
+    MAGIC_MOD,
+    MAGIC_FUNC,
+    MAGIC_KERNEL,
+    MAGIC_LIB,
+    MAGIC_GRAPH,
+    MAGIC_EXEC,
+    MAGIC_POOL,
+    MAGIC_ARRAY,
+    MAGIC_MIPMAP,
+    MAGIC_NODE,
+};
+
+#define SIM_ALLOC_ALIGN 512ull          /* cuMemAlloc & co charge sizes rounded up to this */
+#define SIM_VMM_GRANULARITY (2ull << 20) /* cuMemCreate / cuMemAddressReserve granularity */
+#define SIM_ARRAY_GRANULE (2ull << 20)  /* arrays are charged in whole 2 MiB granules */
+#define SIM_PITCH_ALIGN 512ull          /* cuMemAllocPitch / array row pitch alignment */
+#define SIM_PACE 1024                   /* at most this many launches in flight per stream */
+
+static inline uint64_t sim_align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+static inline uint64_t sim_max64(uint64_t a, uint64_t b) { return a > b ? a : b; }
+static inline void sim_atomic_max(_Atomic uint64_t *p, uint64_t v)
+{
+    uint64_t cur = atomic_load_explicit(p, memory_order_relaxed);
+    while (cur < v && !atomic_compare_exchange_weak_explicit(p, &cur, v, memory_order_release, memory_order_relaxed)) {
+    }
+}
+
+struct CUmemPoolHandle_st;
+
+struct CUctx_st {
+    uint32_t magic, gen;
+    int dev;
+    unsigned flags;
+    int is_primary;
+    int retain;                      /* primary: retain count */
+    uint64_t serial;                 /* unique per context ever created in the process */
+    uint64_t charged;                /* context memory (SIMGPU_CONTEXT_MEMORY) */
+    struct CUstream_st *legacy;      /* the NULL stream */
+    _Atomic uint64_t tail_all;       /* end of all work queued in the context */
+    _Atomic uint64_t tail_blocking;  /* end of the work of the legacy and the blocking streams */
+    struct CUctx_st *next_free;
+};
+
+struct CUgraph_st;
+
+struct CUstream_st {
+    uint32_t magic, gen;
+    struct CUctx_st *ctx;
+    unsigned flags;
+    int kind;                        /* STREAM_USER, STREAM_LEGACY, STREAM_PER_THREAD */
+    int priority;
+    pthread_mutex_t mu;              /* launches into one stream are ordered */
+    _Atomic uint64_t tail;           /* end of the last work queued in the stream */
+    uint64_t ends[SIM_PACE];         /* end times of the last SIM_PACE launches (pacing) */
+    unsigned pace_idx;
+    /* stream capture */
+    int capturing;
+    int capture_invalid;
+    CUstreamCaptureMode capture_mode;
+    struct CUgraph_st *capture_graph;
+    struct CUstream_st *next_free;
+};
+enum { STREAM_USER = 0, STREAM_LEGACY = 1, STREAM_PER_THREAD = 2 };
+
+struct CUevent_st {
+    uint32_t magic, gen;
+    unsigned flags;
+    _Atomic uint64_t t;              /* CLOCK_MONOTONIC ns at which the recorded work completes */
+    _Atomic int recorded;
+};
+
+struct CUfunc_st {
+    uint32_t magic;
+    uint64_t us_per_wave;
+    char *name;
+    struct CUfunc_st *next;
+};
+
+struct CUkern_st {
+    struct CUfunc_st fn;             /* first: a CUkernel may be passed where a CUfunction goes */
+    struct CUkern_st *next;
+};
+
+struct CUmod_st {
+    uint32_t magic, gen;
+    struct CUfunc_st *funcs;
+};
+
+struct CUlib_st {
+    uint32_t magic, gen;
+    struct CUkern_st *kernels;
+};
+
+enum { NODE_KERNEL = 1, NODE_MEMCPY, NODE_MEMSET };
+struct CUgraphNode_st {
+    uint32_t magic;
+    int type;
+    uint64_t dur_ns;                 /* kernel */
+    CUdeviceptr dst;                 /* memcpy / memset destination */
+    const void *src_host;            /* memcpy source when host memory */
+    CUdeviceptr src;                 /* memcpy source when device memory */
+    size_t bytes;                    /* memcpy bytes / memset element count */
+    unsigned value;
+    int elem;                        /* memset element size 1 or 4 */
+    struct CUgraphNode_st *next;
+};
+
+struct CUgraph_st {
+    uint32_t magic, gen;
+    size_t n;
+    struct CUgraphNode_st *head, *tail;
+};
+
+struct CUgraphExec_st {
+    uint32_t magic, gen;
+    size_t n;
+    struct CUgraphNode_st *nodes;    /* a private copy: the graph may change or die */
+};
+
+struct CUarray_st {
+    uint32_t magic, gen;
+    int dev;
+    uint64_t charged;
+};
+
+struct CUmipmappedArray_st {
+    uint32_t magic, gen;
+    int dev;
+    uint64_t charged;
+};
+
+/* ---------------------------------------------------------------- process globals (init.c) */
+typedef struct {
+    pthread_mutex_t lock;            /* guards every process-local registry below */
+    _Atomic int initialized;
+    sim_config cfg;
+    int slot;                        /* node state slot, -1 until the first context */
+    _Atomic uint32_t gen;            /* bumped in a forked child: parent handles become invalid */
+    uint64_t ctx_mem;                /* SIMGPU_CONTEXT_MEMORY */
+    uint64_t queue_ahead_ns;         /* SIMGPU_QUEUE_AHEAD_US */
+    uint64_t ctx_serial;
+    int live_contexts;
+    struct CUctx_st *primary[SIM_MAX_DEVICES];
+    struct CUmemPoolHandle_st *default_pool[SIM_MAX_DEVICES];
+    struct CUmemPoolHandle_st *current_pool[SIM_MAX_DEVICES];
+} sim_globals;
+extern sim_globals G;
+
+static inline uint32_t sim_gen(void) { return atomic_load_explicit(&G.gen, memory_order_relaxed); }
+#define SIM_VALID(obj, mg) ((obj) != NULL && (obj)->magic == (mg) && (obj)->gen == sim_gen())
+
+CUresult sim_check_init(void);               /* CUDA_ERROR_NOT_INITIALIZED before cuInit */
+CUresult sim_check_device(CUdevice dev);     /* also checks init */
+int sim_ensure_slot(void);                   /* claim the node slot (under G.lock); -1 on failure */
+
+/* context.c */
+struct CUctx_st *sim_current_ctx(void);
+CUresult sim_get_ctx(struct CUctx_st **out); /* current context or CUDA_ERROR_INVALID_CONTEXT */
+void sim_contexts_after_fork(void);
+
+/* stream.c */
+/* Resolve a stream handle (NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD or a created stream);
+ * `ptds`: the per-thread-default-stream variant of the API is being called. */
+CUresult sim_resolve_stream(CUstream h, int ptds, struct CUstream_st **out);
+struct CUstream_st *sim_stream_new(struct CUctx_st *ctx, int kind, unsigned flags, int priority);
+void sim_stream_release(struct CUstream_st *s);
+/* Queue dur_ns of device time on the stream (the device timeline); paces the caller. */
+void sim_stream_enqueue(struct CUstream_st *s, uint64_t dur_ns);
+uint64_t sim_stream_sync_target(struct CUstream_st *s); /* when all work the stream waits for is done */
+CUresult sim_stream_wait(struct CUstream_st *s);        /* host-blocking sync on a stream */
+void sim_after_sync(struct CUctx_st *ctx);              /* pools release memory at synchronisation */
+
+/* memory.c: the allocation table */
+enum { ALLOC_DEVICE = 1, ALLOC_MANAGED, ALLOC_HOST, ALLOC_POOL, ALLOC_VMM_MAP };
+typedef struct {
+    uintptr_t base;
+    size_t size;                     /* usable bytes */
+    uint64_t charged;                /* bytes charged on the device (0 for host / VMM maps) */
+    int dev;
+    int kind;
+    int mmapped;                     /* backing from mmap (else malloc) */
+    int accessible;                  /* VMM maps: cuMemSetAccess done */
+    struct CUctx_st *ctx;
+    struct CUmemPoolHandle_st *pool;
+} sim_alloc;
+int sim_alloc_insert(const sim_alloc *a);           /* G.lock held */
+int sim_alloc_remove(uintptr_t base, sim_alloc *out); /* exact base; G.lock held */
+int sim_alloc_find(uintptr_t p, sim_alloc *out);    /* containing p; G.lock held */
+void *sim_backing_alloc(size_t size, int *mmapped);
+void sim_backing_free(void *p, size_t size, int mmapped);
+/* Is [p, p+n) inside one allocation the device may access (device, managed, pool, mapped VMM)? */
+CUresult sim_check_device_range(CUdeviceptr p, size_t n);
+CUresult sim_free_ctx_allocations(struct CUctx_st *ctx); /* context destroy */
+
+/* pools.c */
+CUresult sim_pool_alloc(struct CUmemPoolHandle_st *pool, size_t bytes, CUdeviceptr *out, struct CUctx_st *ctx);
+void sim_pool_free_block(const sim_alloc *a); /* back into its pool (reserved); G.lock held */
+void sim_pools_trim_device(int dev);                /* to their release thresholds */
+
+/* copy.c */
+CUresult sim_copy_exec(CUdeviceptr dst, const void *src_host, CUdeviceptr src, void *dst_host, size_t n);
+CUresult sim_memset_exec(CUdeviceptr dst, unsigned value, size_t n, int elem);
+
+/* module.c */
+struct CUfunc_st *sim_func_resolve(CUfunction f);   /* a function or a kernel; NULL if invalid */
+
+/* launch.c */
+uint64_t sim_kernel_ns(const struct CUfunc_st *f, uint64_t blocks, int dev);
+
+/* graph.c */
+int sim_capture_add(struct CUstream_st *s, const struct CUgraphNode_st *tmpl); /* 1 if captured */
+
+#endif

@@ -1,0 +1,287 @@
+/*
+ * Stream capture and graphs. A graph here is the ordered list of the work captured from a stream
+ * (kernels with their modelled duration, memcpy and memset nodes); launching an instantiated graph
+ * runs its nodes in capture order on the launch stream: kernels occupy the device timeline as
+ * launches do, copies and memsets move data at launch. Captured event records / waits and
+ * stream-ordered allocations are not recorded as nodes (allocations happen at capture time).
+ * A synchronous call on a capturing stream invalidates the capture
+ * (cuStreamEndCapture then returns CUDA_ERROR_STREAM_CAPTURE_INVALIDATED), as in CUDA.
+ */
+#include "cuda_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static struct CUgraph_st *graph_new(void)
+{
+    struct CUgraph_st *g = calloc(1, sizeof *g);
+    if (g) {
+        g->gen = sim_gen();
+        g->magic = MAGIC_GRAPH;
+    }
+    return g;
+}
+
+static void graph_free(struct CUgraph_st *g)
+{
+    for (struct CUgraphNode_st *n = g->head, *next; n; n = next) {
+        next = n->next;
+        free(n);
+    }
+    g->head = g->tail = NULL;
+    g->n = 0;
+    g->magic = MAGIC_DEAD;
+    free(g);
+}
+
+static int graph_append(struct CUgraph_st *g, const struct CUgraphNode_st *tmpl)
+{
+    struct CUgraphNode_st *n = malloc(sizeof *n);
+    if (!n)
+        return -1;
+    *n = *tmpl;
+    n->magic = MAGIC_NODE;
+    n->next = NULL;
+    if (g->tail)
+        g->tail->next = n;
+    else
+        g->head = n;
+    g->tail = n;
+    g->n++;
+    return 0;
+}
+
+int sim_capture_add(struct CUstream_st *s, const struct CUgraphNode_st *tmpl)
+{
+    pthread_mutex_lock(&s->mu);
+    if (!s->capturing) {
+        pthread_mutex_unlock(&s->mu);
+        return 0;
+    }
+    if (!s->capture_invalid && graph_append(s->capture_graph, tmpl) != 0)
+        s->capture_invalid = 1;
+    pthread_mutex_unlock(&s->mu);
+    return 1;
+}
+
+static CUresult begin_capture(CUstream h, CUstreamCaptureMode mode, int ptds)
+{
+    struct CUstream_st *s;
+    CUresult rc = sim_resolve_stream(h, ptds, &s);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if ((int)mode < 0 || (int)mode > 2)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (s->kind == STREAM_LEGACY)
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED; /* the legacy stream cannot be captured */
+    struct CUgraph_st *g = graph_new();
+    if (!g)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&s->mu);
+    if (s->capturing) {
+        pthread_mutex_unlock(&s->mu);
+        graph_free(g);
+        return CUDA_ERROR_ILLEGAL_STATE;
+    }
+    s->capturing = 1;
+    s->capture_invalid = 0;
+    s->capture_mode = mode;
+    s->capture_graph = g;
+    pthread_mutex_unlock(&s->mu);
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode) { return begin_capture(hStream, mode, 0); }
+SIM_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode) { return begin_capture(hStream, mode, 1); }
+SIM_EXPORT CUresult cuStreamBeginCapture(CUstream hStream) { return begin_capture(hStream, CU_STREAM_CAPTURE_MODE_GLOBAL, 0); }
+SIM_EXPORT CUresult cuStreamBeginCapture_ptsz(CUstream hStream) { return begin_capture(hStream, CU_STREAM_CAPTURE_MODE_GLOBAL, 1); }
+
+static CUresult end_capture(CUstream h, CUgraph *phGraph, int ptds)
+{
+    if (!phGraph)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUstream_st *s;
+    CUresult rc = sim_resolve_stream(h, ptds, &s);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    pthread_mutex_lock(&s->mu);
+    if (!s->capturing) {
+        pthread_mutex_unlock(&s->mu);
+        return CUDA_ERROR_ILLEGAL_STATE;
+    }
+    struct CUgraph_st *g = s->capture_graph;
+    int invalid = s->capture_invalid;
+    s->capturing = 0;
+    s->capture_invalid = 0;
+    s->capture_graph = NULL;
+    pthread_mutex_unlock(&s->mu);
+    if (invalid) {
+        graph_free(g);
+        *phGraph = NULL;
+        return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    }
+    *phGraph = g;
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph) { return end_capture(hStream, phGraph, 0); }
+SIM_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph) { return end_capture(hStream, phGraph, 1); }
+
+static CUresult is_capturing(CUstream h, CUstreamCaptureStatus *st, int ptds)
+{
+    if (!st)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUstream_st *s;
+    CUresult rc = sim_resolve_stream(h, ptds, &s);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    pthread_mutex_lock(&s->mu);
+    *st = !s->capturing ? CU_STREAM_CAPTURE_STATUS_NONE
+                        : (s->capture_invalid ? CU_STREAM_CAPTURE_STATUS_INVALIDATED : CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    pthread_mutex_unlock(&s->mu);
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus) { return is_capturing(hStream, captureStatus, 0); }
+SIM_EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream hStream, CUstreamCaptureStatus *captureStatus) { return is_capturing(hStream, captureStatus, 1); }
+
+SIM_EXPORT CUresult cuGraphCreate(CUgraph *phGraph, unsigned int flags)
+{
+    if (!phGraph || flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = sim_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    struct CUgraph_st *g = graph_new();
+    if (!g)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *phGraph = g;
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuGraphDestroy(CUgraph hGraph)
+{
+    CUresult rc = sim_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!SIM_VALID(hGraph, MAGIC_GRAPH))
+        return CUDA_ERROR_INVALID_VALUE;
+    graph_free(hGraph);
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuGraphGetNodes(CUgraph hGraph, CUgraphNode *nodes, size_t *numNodes)
+{
+    if (!numNodes)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = sim_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!SIM_VALID(hGraph, MAGIC_GRAPH))
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!nodes) {
+        *numNodes = hGraph->n;
+        return CUDA_SUCCESS;
+    }
+    size_t i = 0;
+    for (struct CUgraphNode_st *n = hGraph->head; n && i < *numNodes; n = n->next)
+        nodes[i++] = n;
+    for (size_t j = i; j < *numNodes; j++)
+        nodes[j] = NULL;
+    *numNodes = i;
+    return CUDA_SUCCESS;
+}
+
+static CUresult instantiate(CUgraphExec *pexec, CUgraph g, unsigned long long flags)
+{
+    if (!pexec)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = sim_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!SIM_VALID(g, MAGIC_GRAPH) || (flags & ~0xfull))
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUgraphExec_st *e = calloc(1, sizeof *e);
+    struct CUgraphNode_st *arr = g->n ? calloc(g->n, sizeof *arr) : NULL;
+    if (!e || (g->n && !arr)) {
+        free(e);
+        free(arr);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    size_t i = 0;
+    for (struct CUgraphNode_st *n = g->head; n; n = n->next)
+        arr[i++] = *n;
+    e->n = i;
+    e->nodes = arr;
+    e->gen = sim_gen();
+    e->magic = MAGIC_EXEC;
+    *pexec = e;
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags)
+{
+    return instantiate(phGraphExec, hGraph, flags);
+}
+
+SIM_EXPORT CUresult cuGraphInstantiate(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode, char *logBuffer, size_t bufferSize)
+{
+    if (logBuffer && bufferSize)
+        logBuffer[0] = '\0';
+    if (phErrorNode)
+        *phErrorNode = NULL;
+    return instantiate(phGraphExec, hGraph, 0);
+}
+
+SIM_EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode, char *logBuffer, size_t bufferSize)
+{
+    return cuGraphInstantiate(phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize);
+}
+
+SIM_EXPORT CUresult cuGraphExecDestroy(CUgraphExec hGraphExec)
+{
+    CUresult rc = sim_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!SIM_VALID(hGraphExec, MAGIC_EXEC))
+        return CUDA_ERROR_INVALID_VALUE;
+    hGraphExec->magic = MAGIC_DEAD;
+    free(hGraphExec->nodes);
+    free(hGraphExec);
+    return CUDA_SUCCESS;
+}
+
+static CUresult graph_launch(CUgraphExec e, CUstream h, int ptds)
+{
+    struct CUstream_st *s;
+    CUresult rc = sim_resolve_stream(h, ptds, &s);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!SIM_VALID(e, MAGIC_EXEC))
+        return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < e->n; i++) {
+        const struct CUgraphNode_st *n = &e->nodes[i];
+        if (sim_capture_add(s, n))
+            continue; /* launching a graph into a capture copies its nodes */
+        switch (n->type) {
+        case NODE_KERNEL:
+            sim_stream_enqueue(s, n->dur_ns);
+            break;
+        case NODE_MEMCPY: /* the memory may have been freed since capture: check again */
+            if ((n->elem && sim_check_device_range(n->dst, n->bytes) != CUDA_SUCCESS) ||
+                (n->src && sim_check_device_range(n->src, n->bytes) != CUDA_SUCCESS))
+                return CUDA_ERROR_INVALID_VALUE;
+            sim_copy_exec(n->dst, n->src_host, n->src, NULL, n->bytes);
+            break;
+        case NODE_MEMSET:
+            if (sim_check_device_range(n->dst, n->bytes * (size_t)n->elem) != CUDA_SUCCESS)
+                return CUDA_ERROR_INVALID_VALUE;
+            sim_memset_exec(n->dst, n->value, n->bytes, n->elem);
+            break;
+        }
+    }
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuGraphLaunch(CUgraphExec hGraph, CUstream hStream) { return graph_launch(hGraph, hStream, 0); }
+SIM_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream) { return graph_launch(hGraphExec, hStream, 1); }

@@ -1,0 +1,111 @@
+/*
+ * cuInit and the process-wide state of the simulated driver.
+ *
+ * cuInit reads SIMGPU_CONFIG (again at every call while the process has no context, so tests can
+ * change the node between runs) and maps the node state. A malformed config makes cuInit fail
+ * with CUDA_ERROR_NO_DEVICE after one stderr line naming the file, the field and what is allowed.
+ *
+ * Fork: a child starts with no CUDA state (as with the real driver, the parent's contexts are
+ * unusable there): every handle of the parent becomes invalid (generation bump), the child has
+ * no node slot (the parent's slot lock is not inherited) and must call cuInit again; its first
+ * context claims a slot of its own.
+ */
+#include "cuda_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+sim_globals G = { .lock = PTHREAD_MUTEX_INITIALIZER, .slot = -1, .gen = 1 };
+
+static void atfork_prepare(void) { pthread_mutex_lock(&G.lock); }
+static void atfork_parent(void) { pthread_mutex_unlock(&G.lock); }
+static void atfork_child(void)
+{
+    pthread_mutex_init(&G.lock, NULL);
+    atomic_fetch_add(&G.gen, 1);
+    atomic_store(&G.initialized, 0);
+    G.slot = -1;
+    G.live_contexts = 0;
+    memset(G.primary, 0, sizeof G.primary);
+    memset(G.default_pool, 0, sizeof G.default_pool);
+    memset(G.current_pool, 0, sizeof G.current_pool);
+    sim_contexts_after_fork();
+    if (sim_shm)
+        sim_state_after_fork_child();
+}
+
+__attribute__((constructor)) static void sim_cuda_ctor(void)
+{
+    pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+}
+
+CUresult sim_check_init(void)
+{
+    return atomic_load_explicit(&G.initialized, memory_order_acquire) ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+}
+
+CUresult sim_check_device(CUdevice dev)
+{
+    CUresult rc = sim_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (dev < 0 || dev >= G.cfg.ndev)
+        return CUDA_ERROR_INVALID_DEVICE;
+    return CUDA_SUCCESS;
+}
+
+int sim_ensure_slot(void)
+{
+    if (G.slot < 0)
+        G.slot = sim_state_claim_slot();
+    return G.slot;
+}
+
+SIM_EXPORT CUresult cuInit(unsigned int Flags)
+{
+    if (Flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&G.lock);
+    if (G.live_contexts == 0) {
+        sim_config *cfg = malloc(sizeof *cfg);
+        if (!cfg) {
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        } else if (sim_config_load(cfg) != 0) {
+            rc = CUDA_ERROR_NO_DEVICE;
+            atomic_store(&G.initialized, 0);
+        } else {
+            G.cfg = *cfg;
+        }
+        free(cfg);
+    }
+    if (rc == CUDA_SUCCESS && sim_state_open() != 0)
+        rc = CUDA_ERROR_OPERATING_SYSTEM;
+    if (rc == CUDA_SUCCESS && G.cfg.ndev == 0)
+        rc = CUDA_ERROR_NO_DEVICE;
+    if (rc == CUDA_SUCCESS) {
+        G.ctx_mem = sim_env_u64("SIMGPU_CONTEXT_MEMORY", 0);
+        G.queue_ahead_ns = sim_env_u64("SIMGPU_QUEUE_AHEAD_US", 20000) * 1000ull;
+        atomic_store_explicit(&G.initialized, 1, memory_order_release);
+    }
+    pthread_mutex_unlock(&G.lock);
+    return rc;
+}
+
+SIM_EXPORT CUresult cuDriverGetVersion(int *driverVersion)
+{
+    if (!driverVersion)
+        return CUDA_ERROR_INVALID_VALUE;
+    /* Works before cuInit, as the real one does; the configured version once initialised. */
+    *driverVersion = sim_check_init() == CUDA_SUCCESS ? G.cfg.cuda_version : 12080;
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuGetExportTable(const void **ppExportTable, const CUuuid *pExportTableId)
+{
+    if (!ppExportTable || !pExportTableId)
+        return CUDA_ERROR_INVALID_VALUE;
+    /* The simulator has no private export tables (those serve NVIDIA's runtime and tools). */
+    *ppExportTable = NULL;
+    return CUDA_ERROR_INVALID_VALUE;
+}

@@ -1,0 +1,378 @@
+/*
+ * Streams, host synchronisation and events on the simulated device timeline.
+ *
+ * Every stream keeps `tail`, the CLOCK_MONOTONIC time at which the last work queued into it
+ * completes. A launch (launch.c) is placed on the device timeline shared by all processes at
+ * max(now, stream tail, device busy_until) and returns at once; synchronisation sleeps until
+ * the tail (clock_nanosleep, no spinning). The legacy NULL stream also waits for the blocking
+ * streams of its context (and they for it), as in CUDA; CU_STREAM_NON_BLOCKING streams do not.
+ *
+ * Pacing: a real pushbuffer fills, so a host thread cannot run arbitrarily far ahead of the
+ * device. A launch blocks while the stream already has more than SIMGPU_QUEUE_AHEAD_US (default
+ * 20 ms) of work queued, or SIM_PACE (1024) launches still unfinished. A launch loop is therefore
+ * paced by the device, and the launch path itself makes no system call unless it has to wait.
+ *
+ * Events record the time their stream's queued work completes; cuEventElapsedTime reports the
+ * difference of those simulated times.
+ */
+#include "cuda_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static pthread_mutex_t free_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct CUstream_st *stream_free;
+
+struct CUstream_st *sim_stream_new(struct CUctx_st *ctx, int kind, unsigned flags, int priority)
+{
+    pthread_mutex_lock(&free_mu);
+    struct CUstream_st *s = stream_free;
+    if (s)
+        stream_free = s->next_free;
+    pthread_mutex_unlock(&free_mu);
+    if (!s) {
+        s = malloc(sizeof *s);
+        if (!s)
+            return NULL;
+    }
+    /* Structures are recycled, never freed: a stale handle fails the magic check. */
+    memset(s, 0, sizeof *s);
+    pthread_mutex_init(&s->mu, NULL);
+    s->ctx = ctx;
+    s->kind = kind;
+    s->flags = flags;
+    s->priority = priority;
+    s->gen = sim_gen();
+    s->magic = MAGIC_STREAM;
+    return s;
+}
+
+void sim_stream_release(struct CUstream_st *s)
+{
+    s->magic = MAGIC_DEAD;
+    pthread_mutex_lock(&free_mu);
+    s->next_free = stream_free;
+    stream_free = s;
+    pthread_mutex_unlock(&free_mu);
+}
+
+/* The per-thread default stream of a context, per calling thread. */
+#define PTDS_CACHE 8
+static __thread struct {
+    struct CUctx_st *ctx;
+    uint64_t serial;
+    struct CUstream_st *s;
+} ptds_cache[PTDS_CACHE];
+static __thread unsigned ptds_next;
+
+static struct CUstream_st *per_thread_stream(struct CUctx_st *ctx)
+{
+    for (int i = 0; i < PTDS_CACHE; i++)
+        if (ptds_cache[i].ctx == ctx && ptds_cache[i].serial == ctx->serial && SIM_VALID(ptds_cache[i].s, MAGIC_STREAM))
+            return ptds_cache[i].s;
+    struct CUstream_st *s = sim_stream_new(ctx, STREAM_PER_THREAD, 0, 0);
+    if (!s)
+        return NULL;
+    unsigned i = ptds_next++ % PTDS_CACHE;
+    ptds_cache[i].ctx = ctx;
+    ptds_cache[i].serial = ctx->serial;
+    ptds_cache[i].s = s;
+    return s;
+}
+
+CUresult sim_resolve_stream(CUstream h, int ptds, struct CUstream_st **out)
+{
+    CUresult rc = sim_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (h == NULL || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD) {
+        struct CUctx_st *c;
+        rc = sim_get_ctx(&c);
+        if (rc != CUDA_SUCCESS)
+            return rc;
+        int per_thread = h == CU_STREAM_PER_THREAD || (h == NULL && ptds);
+        struct CUstream_st *s = per_thread ? per_thread_stream(c) : c->legacy;
+        if (!s)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        *out = s;
+        return CUDA_SUCCESS;
+    }
+    if (!SIM_VALID(h, MAGIC_STREAM) || !SIM_VALID(h->ctx, MAGIC_CTX))
+        return CUDA_ERROR_INVALID_HANDLE;
+    *out = h;
+    return CUDA_SUCCESS;
+}
+
+static int is_blocking(const struct CUstream_st *s)
+{
+    return s->kind != STREAM_USER || !(s->flags & CU_STREAM_NON_BLOCKING);
+}
+
+void sim_stream_enqueue(struct CUstream_st *s, uint64_t dur_ns)
+{
+    struct CUctx_st *ctx = s->ctx;
+    sim_dev_state *d = &sim_shm->dev[ctx->dev];
+    pthread_mutex_lock(&s->mu);
+    uint64_t now = sim_now_ns();
+    uint64_t tail = atomic_load(&s->tail);
+    if (tail > now + G.queue_ahead_ns) { /* the pushbuffer is full: wait for the device */
+        sim_sleep_until_ns(tail - G.queue_ahead_ns);
+        now = sim_now_ns();
+    }
+    uint64_t oldest = s->ends[s->pace_idx];
+    if (oldest > now) {
+        sim_sleep_until_ns(oldest);
+        now = sim_now_ns();
+    }
+    uint64_t floor = sim_max64(now, tail);
+    if (s->kind == STREAM_LEGACY)
+        floor = sim_max64(floor, atomic_load(&ctx->tail_blocking));
+    else if (is_blocking(s) && ctx->legacy)
+        floor = sim_max64(floor, atomic_load(&ctx->legacy->tail));
+    /* One timeline per device for every process and context: time-slicing without MPS. */
+    uint64_t old = atomic_load(&d->busy_until), start, end;
+    do {
+        start = sim_max64(floor, old);
+        end = start + dur_ns;
+    } while (!atomic_compare_exchange_weak(&d->busy_until, &old, end));
+    if (dur_ns)
+        sim_busy_record(ctx->dev, G.slot, start, end);
+    atomic_fetch_add_explicit(&d->launches, 1, memory_order_relaxed);
+    atomic_store(&s->tail, end);
+    s->ends[s->pace_idx] = end;
+    s->pace_idx = (s->pace_idx + 1) % SIM_PACE;
+    sim_atomic_max(&ctx->tail_all, end);
+    if (is_blocking(s))
+        sim_atomic_max(&ctx->tail_blocking, end);
+    pthread_mutex_unlock(&s->mu);
+}
+
+uint64_t sim_stream_sync_target(struct CUstream_st *s)
+{
+    uint64_t t = atomic_load(&s->tail);
+    if (s->kind == STREAM_LEGACY)
+        t = sim_max64(t, atomic_load(&s->ctx->tail_blocking));
+    return t;
+}
+
+void sim_after_sync(struct CUctx_st *ctx)
+{
+    if (ctx)
+        sim_pools_trim_device(ctx->dev);
+}
+
+CUresult sim_stream_wait(struct CUstream_st *s)
+{
+    if (s->capturing) {
+        s->capture_invalid = 1; /* synchronising a capturing stream is illegal and ends the capture */
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
+    sim_sleep_until_ns(sim_stream_sync_target(s));
+    sim_after_sync(s->ctx);
+    return CUDA_SUCCESS;
+}
+
+static CUresult stream_create(CUstream *ph, unsigned flags, int priority)
+{
+    if (!ph || (flags & ~(unsigned)CU_STREAM_NON_BLOCKING))
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUctx_st *c;
+    CUresult rc = sim_get_ctx(&c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    /* H100 stream priorities range from 0 (least) to -5 (greatest); others are clamped. */
+    if (priority > 0)
+        priority = 0;
+    if (priority < -5)
+        priority = -5;
+    struct CUstream_st *s = sim_stream_new(c, STREAM_USER, flags, priority);
+    if (!s)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *ph = s;
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags) { return stream_create(phStream, Flags, 0); }
+SIM_EXPORT CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority) { return stream_create(phStream, flags, priority); }
+
+SIM_EXPORT CUresult cuStreamDestroy_v2(CUstream hStream)
+{
+    CUresult rc = sim_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!SIM_VALID(hStream, MAGIC_STREAM) || hStream->kind != STREAM_USER)
+        return CUDA_ERROR_INVALID_HANDLE;
+    /* Work still queued completes on its own (its end times live in the context's tails). */
+    sim_stream_release(hStream);
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuStreamDestroy(CUstream hStream) { return cuStreamDestroy_v2(hStream); }
+
+static CUresult stream_sync(CUstream h, int ptds)
+{
+    struct CUstream_st *s;
+    CUresult rc = sim_resolve_stream(h, ptds, &s);
+    return rc != CUDA_SUCCESS ? rc : sim_stream_wait(s);
+}
+
+SIM_EXPORT CUresult cuStreamSynchronize(CUstream hStream) { return stream_sync(hStream, 0); }
+SIM_EXPORT CUresult cuStreamSynchronize_ptsz(CUstream hStream) { return stream_sync(hStream, 1); }
+
+static CUresult stream_query(CUstream h, int ptds)
+{
+    struct CUstream_st *s;
+    CUresult rc = sim_resolve_stream(h, ptds, &s);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (s->capturing)
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    return sim_stream_sync_target(s) > sim_now_ns() ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuStreamQuery(CUstream hStream) { return stream_query(hStream, 0); }
+SIM_EXPORT CUresult cuStreamQuery_ptsz(CUstream hStream) { return stream_query(hStream, 1); }
+
+static CUresult stream_wait_event(CUstream h, CUevent e, unsigned flags, int ptds)
+{
+    struct CUstream_st *s;
+    CUresult rc = sim_resolve_stream(h, ptds, &s);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!SIM_VALID(e, MAGIC_EVENT))
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (flags > 1) /* CU_EVENT_WAIT_DEFAULT, CU_EVENT_WAIT_EXTERNAL */
+        return CUDA_ERROR_INVALID_VALUE;
+    if (s->capturing || !atomic_load(&e->recorded))
+        return CUDA_SUCCESS; /* nothing to wait for (a captured wait adds no modelled time) */
+    /* Later work of the stream starts after the event's work completes. */
+    pthread_mutex_lock(&s->mu);
+    sim_atomic_max(&s->tail, atomic_load(&e->t));
+    pthread_mutex_unlock(&s->mu);
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags) { return stream_wait_event(hStream, hEvent, Flags, 0); }
+SIM_EXPORT CUresult cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsigned int Flags) { return stream_wait_event(hStream, hEvent, Flags, 1); }
+
+/* ---------------------------------------------------------------- events */
+
+static pthread_mutex_t ev_mu = PTHREAD_MUTEX_INITIALIZER;
+/* Destroyed events are recycled through a free list (never freed: stale handles fail validation). */
+static struct CUevent_st *ev_free;
+struct ev_link { struct CUevent_st ev; struct CUevent_st *next; };
+
+SIM_EXPORT CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
+{
+    if (!phEvent || (Flags & ~0x7u))
+        return CUDA_ERROR_INVALID_VALUE;
+    if ((Flags & 0x4u) && !(Flags & CU_EVENT_DISABLE_TIMING))
+        return CUDA_ERROR_INVALID_VALUE; /* interprocess events must disable timing */
+    struct CUctx_st *c;
+    CUresult rc = sim_get_ctx(&c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    pthread_mutex_lock(&ev_mu);
+    struct CUevent_st *e = ev_free;
+    if (e)
+        ev_free = ((struct ev_link *)e)->next;
+    pthread_mutex_unlock(&ev_mu);
+    if (!e) {
+        struct ev_link *l = calloc(1, sizeof *l);
+        if (!l)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        e = &l->ev;
+    }
+    e->flags = Flags;
+    atomic_store(&e->t, 0);
+    atomic_store(&e->recorded, 0);
+    e->gen = sim_gen();
+    e->magic = MAGIC_EVENT;
+    *phEvent = e;
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuEventDestroy_v2(CUevent hEvent)
+{
+    CUresult rc = sim_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!SIM_VALID(hEvent, MAGIC_EVENT))
+        return CUDA_ERROR_INVALID_HANDLE;
+    hEvent->magic = MAGIC_DEAD;
+    pthread_mutex_lock(&ev_mu);
+    ((struct ev_link *)hEvent)->next = ev_free;
+    ev_free = hEvent;
+    pthread_mutex_unlock(&ev_mu);
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuEventDestroy(CUevent hEvent) { return cuEventDestroy_v2(hEvent); }
+
+static CUresult event_record(CUevent e, CUstream h, int ptds)
+{
+    struct CUstream_st *s;
+    CUresult rc = sim_resolve_stream(h, ptds, &s);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!SIM_VALID(e, MAGIC_EVENT))
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (s->capturing)
+        return CUDA_SUCCESS; /* event nodes are not modelled in graphs */
+    atomic_store(&e->t, sim_max64(sim_now_ns(), sim_stream_sync_target(s)));
+    atomic_store(&e->recorded, 1);
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuEventRecord(CUevent hEvent, CUstream hStream) { return event_record(hEvent, hStream, 0); }
+SIM_EXPORT CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream) { return event_record(hEvent, hStream, 1); }
+
+SIM_EXPORT CUresult cuEventSynchronize(CUevent hEvent)
+{
+    CUresult rc = sim_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!SIM_VALID(hEvent, MAGIC_EVENT))
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (atomic_load(&hEvent->recorded))
+        sim_sleep_until_ns(atomic_load(&hEvent->t));
+    sim_after_sync(sim_current_ctx());
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuEventQuery(CUevent hEvent)
+{
+    CUresult rc = sim_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!SIM_VALID(hEvent, MAGIC_EVENT))
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (atomic_load(&hEvent->recorded) && atomic_load(&hEvent->t) > sim_now_ns())
+        return CUDA_ERROR_NOT_READY;
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, CUevent hEnd)
+{
+    if (!pMilliseconds)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = sim_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!SIM_VALID(hStart, MAGIC_EVENT) || !SIM_VALID(hEnd, MAGIC_EVENT))
+        return CUDA_ERROR_INVALID_HANDLE;
+    if ((hStart->flags | hEnd->flags) & CU_EVENT_DISABLE_TIMING)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!atomic_load(&hStart->recorded) || !atomic_load(&hEnd->recorded))
+        return CUDA_ERROR_INVALID_HANDLE;
+    uint64_t a = atomic_load(&hStart->t), b = atomic_load(&hEnd->t), now = sim_now_ns();
+    if (a > now || b > now)
+        return CUDA_ERROR_NOT_READY;
+    *pMilliseconds = (float)(((double)b - (double)a) / 1e6);
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd)
+{
+    return cuEventElapsedTime_v2(pMilliseconds, hStart, hEnd);
+}

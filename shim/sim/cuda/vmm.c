@@ -1,0 +1,315 @@
+/*
+ * Virtual memory management: physical allocations (cuMemCreate) mapped into reserved address
+ * ranges (cuMemAddressReserve + cuMemMap + cuMemSetAccess).
+ *
+ *  - A physical allocation is a memfd of its size (sparse: pages are committed when written), so
+ *    two mappings of one handle share data, as on a GPU. Sizes and addresses must be multiples of
+ *    the granularity, 2 MiB (cuMemGetAllocationGranularity reports it for both options).
+ *  - It is charged to the device at cuMemCreate and returned at cuMemRelease, not at unmap
+ *    (the pages live on until the last mapping goes, but are no longer counted, as with the real
+ *    driver's deferred release).
+ *  - A reservation is a PROT_NONE mapping; cuMemMap maps the memfd over part of it (still no
+ *    access); cuMemSetAccess makes it readable/writable; cuMemUnmap puts PROT_NONE back.
+ *    Copies into a mapped range without access are CUDA_ERROR_INVALID_VALUE, not a fault.
+ */
+#define _GNU_SOURCE 1 /* memfd_create */
+#include "cuda_internal.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+typedef struct vmm_handle {
+    CUmemGenericAllocationHandle id;
+    int fd;
+    size_t size;
+    int dev;
+    uint64_t charged;
+    struct vmm_handle *next;
+} vmm_handle;
+
+typedef struct vmm_reserve {
+    uintptr_t base;
+    size_t size;
+    struct vmm_reserve *next;
+} vmm_reserve;
+
+static vmm_handle *handles;   /* G.lock */
+static vmm_reserve *reserves; /* G.lock */
+static CUmemGenericAllocationHandle next_id = 0x5100;
+
+static vmm_handle *find_handle(CUmemGenericAllocationHandle id)
+{
+    for (vmm_handle *h = handles; h; h = h->next)
+        if (h->id == id)
+            return h;
+    return NULL;
+}
+
+static vmm_reserve *find_reserve(uintptr_t p, size_t n)
+{
+    for (vmm_reserve *r = reserves; r; r = r->next)
+        if (p >= r->base && n <= r->size && p - r->base <= r->size - n)
+            return r;
+    return NULL;
+}
+
+static CUresult check_prop(const CUmemAllocationProp *prop)
+{
+    if (!prop || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (sim_check_device(prop->location.id) != CUDA_SUCCESS)
+        return CUDA_ERROR_INVALID_DEVICE;
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop, CUmemAllocationGranularity_flags option)
+{
+    if (!granularity)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = sim_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if ((rc = check_prop(prop)) != CUDA_SUCCESS)
+        return rc;
+    if (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM && option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED)
+        return CUDA_ERROR_INVALID_VALUE;
+    *granularity = SIM_VMM_GRANULARITY;
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop, unsigned long long flags)
+{
+    if (!handle || flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = sim_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if ((rc = check_prop(prop)) != CUDA_SUCCESS)
+        return rc;
+    if (size == 0 || size % SIM_VMM_GRANULARITY)
+        return CUDA_ERROR_INVALID_VALUE;
+    int dev = prop->location.id;
+    pthread_mutex_lock(&G.lock);
+    if (sim_ensure_slot() < 0) {
+        pthread_mutex_unlock(&G.lock);
+        return CUDA_ERROR_OPERATING_SYSTEM;
+    }
+    if (sim_mem_charge(G.slot, dev, size, G.cfg.dev[dev].memory) != 0) {
+        pthread_mutex_unlock(&G.lock);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    vmm_handle *h = calloc(1, sizeof *h);
+    int fd = memfd_create("simgpu-vmm", MFD_CLOEXEC);
+    if (!h || fd < 0 || ftruncate(fd, (off_t)size) != 0) {
+        if (fd >= 0)
+            close(fd);
+        free(h);
+        sim_mem_uncharge(G.slot, dev, size);
+        pthread_mutex_unlock(&G.lock);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    h->id = next_id++;
+    h->fd = fd;
+    h->size = size;
+    h->dev = dev;
+    h->charged = size;
+    h->next = handles;
+    handles = h;
+    pthread_mutex_unlock(&G.lock);
+    *handle = h->id;
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+    CUresult rc = sim_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    pthread_mutex_lock(&G.lock);
+    vmm_handle **pp = &handles;
+    while (*pp && (*pp)->id != handle)
+        pp = &(*pp)->next;
+    if (!*pp) {
+        pthread_mutex_unlock(&G.lock);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    vmm_handle *h = *pp;
+    *pp = h->next;
+    sim_mem_uncharge(G.slot, h->dev, h->charged);
+    close(h->fd); /* live mappings keep the pages until unmapped */
+    free(h);
+    pthread_mutex_unlock(&G.lock);
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr, unsigned long long flags)
+{
+    if (!ptr || flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = sim_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (size == 0 || size % SIM_VMM_GRANULARITY)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (alignment == 0)
+        alignment = SIM_VMM_GRANULARITY;
+    if (alignment & (alignment - 1) || alignment > (1ull << 40))
+        return CUDA_ERROR_INVALID_VALUE;
+    /* `addr` is only a hint (as for the real driver); over-reserve, then trim to the alignment. */
+    size_t span = size + alignment;
+    void *raw = mmap((void *)(uintptr_t)addr, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (raw == MAP_FAILED)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    uintptr_t base = sim_align_up((uintptr_t)raw, alignment);
+    if (base > (uintptr_t)raw)
+        munmap(raw, base - (uintptr_t)raw);
+    uintptr_t end = (uintptr_t)raw + span;
+    if (end > base + size)
+        munmap((void *)(base + size), end - (base + size));
+    vmm_reserve *r = malloc(sizeof *r);
+    if (!r) {
+        munmap((void *)base, size);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    pthread_mutex_lock(&G.lock);
+    *r = (vmm_reserve){ .base = base, .size = size, .next = reserves };
+    reserves = r;
+    pthread_mutex_unlock(&G.lock);
+    *ptr = (CUdeviceptr)base;
+    return CUDA_SUCCESS;
+}
+
+/* Drop the mapping records inside [p, p+n). G.lock held. Returns how many were dropped. */
+static int drop_maps_locked(uintptr_t p, size_t n)
+{
+    int dropped = 0;
+    sim_alloc a;
+    uintptr_t cur = p;
+    while (cur < p + n) {
+        if (sim_alloc_find(cur, &a) == 0 && a.kind == ALLOC_VMM_MAP) {
+            sim_alloc_remove(a.base, NULL);
+            dropped++;
+            cur = a.base + a.size;
+        } else {
+            cur += SIM_VMM_GRANULARITY;
+        }
+    }
+    return dropped;
+}
+
+SIM_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
+{
+    CUresult rc = sim_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    pthread_mutex_lock(&G.lock);
+    vmm_reserve **pp = &reserves;
+    while (*pp && !((*pp)->base == (uintptr_t)ptr && (*pp)->size == size))
+        pp = &(*pp)->next;
+    if (!*pp) {
+        pthread_mutex_unlock(&G.lock);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    vmm_reserve *r = *pp;
+    *pp = r->next;
+    drop_maps_locked(r->base, r->size);
+    munmap((void *)r->base, r->size);
+    free(r);
+    pthread_mutex_unlock(&G.lock);
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle, unsigned long long flags)
+{
+    CUresult rc = sim_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (flags != 0 || size == 0 || size % SIM_VMM_GRANULARITY || offset % SIM_VMM_GRANULARITY || ptr % SIM_VMM_GRANULARITY)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&G.lock);
+    vmm_handle *h = find_handle(handle);
+    if (!h || offset > h->size || size > h->size - offset || !find_reserve((uintptr_t)ptr, size)) {
+        pthread_mutex_unlock(&G.lock);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    /* no overlap with an existing mapping */
+    for (uintptr_t cur = (uintptr_t)ptr; cur < (uintptr_t)ptr + size; cur += SIM_VMM_GRANULARITY) {
+        if (sim_alloc_find(cur, NULL) == 0) {
+            pthread_mutex_unlock(&G.lock);
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+    }
+    void *m = mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, h->fd, (off_t)offset);
+    sim_alloc a = { .base = (uintptr_t)ptr, .size = size, .dev = h->dev, .kind = ALLOC_VMM_MAP, .ctx = sim_current_ctx() };
+    if (m == MAP_FAILED || sim_alloc_insert(&a) != 0) {
+        if (m != MAP_FAILED)
+            mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+        pthread_mutex_unlock(&G.lock);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    pthread_mutex_unlock(&G.lock);
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    CUresult rc = sim_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (size == 0 || size % SIM_VMM_GRANULARITY || ptr % SIM_VMM_GRANULARITY)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&G.lock);
+    if (!find_reserve((uintptr_t)ptr, size) || drop_maps_locked((uintptr_t)ptr, size) == 0) {
+        pthread_mutex_unlock(&G.lock);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    /* back to an inaccessible part of the reservation */
+    mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+    pthread_mutex_unlock(&G.lock);
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count)
+{
+    if (!desc || count == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = sim_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    int prot = PROT_NONE;
+    for (size_t i = 0; i < count; i++) {
+        if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE || sim_check_device(desc[i].location.id) != CUDA_SUCCESS)
+            return CUDA_ERROR_INVALID_DEVICE;
+        if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+            prot = PROT_READ | PROT_WRITE;
+        else if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READ && prot == PROT_NONE)
+            prot = PROT_READ;
+        else if (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE && desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READ)
+            return CUDA_ERROR_INVALID_VALUE;
+    }
+    pthread_mutex_lock(&G.lock);
+    /* every granule of the range must be mapped */
+    for (uintptr_t cur = (uintptr_t)ptr; cur < (uintptr_t)ptr + size; cur += SIM_VMM_GRANULARITY) {
+        sim_alloc a;
+        if (sim_alloc_find(cur, &a) != 0 || a.kind != ALLOC_VMM_MAP) {
+            pthread_mutex_unlock(&G.lock);
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+    }
+    if (mprotect((void *)(uintptr_t)ptr, size, prot) != 0) {
+        pthread_mutex_unlock(&G.lock);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    for (uintptr_t cur = (uintptr_t)ptr; cur < (uintptr_t)ptr + size;) {
+        sim_alloc a;
+        sim_alloc_find(cur, &a);
+        sim_alloc_remove(a.base, NULL);
+        a.accessible = prot == (PROT_READ | PROT_WRITE) ? 1 : 0;
+        sim_alloc_insert(&a); /* same slot freed just above: cannot fail */
+        cur = a.base + a.size;
+    }
+    pthread_mutex_unlock(&G.lock);
+    return CUDA_SUCCESS;
+}
