@@ -4,7 +4,7 @@ Prepare of one claim:
   1. a PrepareCompleted checkpoint entry -> return its recorded answer (no API call);
   2. read the ResourceClaim, check it and compute the limits (driver/claims.py);
   3. checkpoint PrepareStarted with the paths about to be created;
-  4. create the claim's accounting directory, write its CDI spec;
+  4. create the claim's accounting directory and file (sharing.region), write its CDI spec;
   5. checkpoint PrepareCompleted with the answer, return it.
 A failure after 3 removes what was created and the entry; a crash after 3 is rolled back at the
 next start (recover()). Either way no CDI spec or directory is left without an entry.
@@ -40,6 +40,7 @@ from driver.checkpoint import (
     PreparedDevice,
 )
 from driver.claims import ClaimError, ClaimPlan, ClaimRef, plan_claim, read_claim
+from sharing import region
 from sharing.gpus import GpuInfo
 
 log = logging.getLogger(__name__)
@@ -237,6 +238,10 @@ class DeviceState:
         _maybe_crash("prepare-started")
         try:
             self._make_claim_dir(claim_dir)
+            # The accounting file, made now with the limits so that the first process of the
+            # slice does not have to (and a later reader sees the quota before any CUDA call).
+            limits = {i: g.memory_limit for i, g in enumerate(plan.gpu_limits())}
+            region.create(claim_dir / ACCOUNTING_FILE, limits, mode=0o666)
             _maybe_crash("prepare-dir")
             spec = self.build_spec(plan, claim_dir)
             self.writer.write(spec, ref.uid)

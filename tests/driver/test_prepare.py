@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from cdi.schema import validate
+from sharing import region
 from tests.driver.kubelet_standin import (
     DRIVER,
     KIND,
@@ -113,6 +114,9 @@ def test_prepare_sharing_v1_writes_valid_spec_with_limits(world: World) -> None:
     claim_dir = world.root / "data" / "claims" / c.uid
     assert mounts["/run/vgpu-sharing"]["hostPath"] == str(claim_dir)
     assert stat.S_IMODE(claim_dir.stat().st_mode) == 0o1777  # non-root container users write
+    snap = region.read(claim_dir / "accounting")  # pre-created with the quota
+    assert snap.devices[0].limit == 4 * GiB
+    assert stat.S_IMODE((claim_dir / "accounting").stat().st_mode) == 0o666
     node_state = mounts["/var/run/vgpu/node-state"]
     assert node_state["hostPath"] == str(world.root / "data" / "node-state")
     assert "rw" in node_state["options"]
