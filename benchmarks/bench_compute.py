@@ -161,7 +161,7 @@ class Bench:
         print("two slices on one device:", flush=True)
         st = self.fresh_state()
         pa = self.start(self.env("a", st, CUDA_DEVICE_SM_LIMIT="30"), *self.window_args())
-        pb = self.start(self.env("b", st, CUDA_DEVICE_SM_LIMIT="60"), *self.window_args())
+        pb = self.start(self.env("b", st, CUDA_DEVICE_SM_LIMIT="70"), *self.window_args())
         ra, rb = self.result(pa), self.result(pb)
         self.record("slices", "slice a (30%)", 30, float(ra["share"]), 3.0)  # type: ignore[arg-type]
         self.record("slices", "slice b (60%)", 60, float(rb["share"]), 3.0)  # type: ignore[arg-type]
@@ -189,7 +189,7 @@ class Bench:
         self.record("devices", "device 1 (70%)", 70, float(r1["share"]), 2.0)  # type: ignore[arg-type]
 
     def elastic(self) -> dict[str, float]:
-        print("elastic: a lone 30% slice, then a hard 60% slice joins:", flush=True)
+        print("elastic: a lone 30% slice, then a hard 70% slice joins (no idle time left to lend):", flush=True)
         st = self.fresh_state()
         alone_s = 3.0
         total = alone_s + self.seconds
@@ -204,7 +204,7 @@ class Bench:
         )
         time.sleep(alone_s)
         pb = self.start(
-            self.env("b", st, CUDA_DEVICE_SM_LIMIT="60"),
+            self.env("b", st, CUDA_DEVICE_SM_LIMIT="70"),
             "--warmup",
             "1",
             "--seconds",
@@ -231,11 +231,11 @@ class Bench:
         print(
             f"  alone: {alone_share:.2f}% (target > 90); back to cap {back_ms:.0f} ms after the second "
             f"slice's first launch (target <= 100); then {statistics.mean(shared):.2f}% (cap 30); "
-            f"second slice {float(rb['share']):.2f}% (cap 60)",
+            f"second slice {float(rb['share']):.2f}% (cap 70)",
             flush=True,
         )
         self.record("elastic", "elastic slice while shared (30%)", 30, statistics.mean(shared), 3.0)
-        self.record("elastic", "hard neighbour (60%)", 60, float(rb["share"]), 3.0)  # type: ignore[arg-type]
+        self.record("elastic", "hard neighbour (70%)", 70, float(rb["share"]), 3.0)  # type: ignore[arg-type]
         return {"alone_share": round(alone_share, 2), "back_to_cap_ms": round(back_ms, 1)}
 
     def overhead(self) -> dict[str, float]:

@@ -99,19 +99,19 @@ uint64_t vc_est_cost(const struct vc_est_entry *e)
 
 /* Robust mean. A device shared by time-slicing only ever adds queueing time to a measured
  * duration (the kernel waited behind someone else's work), so:
- *  - `low_ns` tracks the lower envelope of the samples: it drops half-way to any lower sample
- *    and creeps up by at most 0.2% per higher one. Clean samples keep it at the kernel's own
- *    cost even when most samples are inflated (bias ~0.6% with 60% of samples inflated).
- *  - the charged estimate `est_ns` is the mean of the samples within 10% (+2 us) of the
- *    envelope: unbiased for kernels with ordinary run-to-run jitter, blind to queueing.
- *  - 32 rejected samples in a row mean the kernel really got slower (clean samples that far
- *    apart are unlikely under any contention that still lets the slice run): re-base on the
- *    smallest of them. */
-#define VC_LOW_DOWN 0.5
-#define VC_LOW_CREEP 0.002
-#define VC_ACCEPT_REL 0.10
-#define VC_ACCEPT_ABS_NS 2000.0
-#define VC_REJECT_RUN 32
+ *  - `low_ns` tracks the lower envelope of the samples: it drops to any lower sample at once and
+ *    creeps up by at most 0.01% per higher one. A few clean samples keep it at the kernel's own
+ *    cost even when nine samples in ten are inflated (measured: a 30% slice next to a 70% one).
+ *  - the charged estimate `est_ns` is the mean of the samples within 4% (+1 us) of the
+ *    envelope: unbiased for kernels with small run-to-run jitter, blind to queueing.
+ *  - the kernel really got slower when the rejected samples agree with each other (16 in a row
+ *    within 5%: queueing delays vary), or after 128 rejected in a row: re-base on the smallest. */
+#define VC_LOW_CREEP 0.0001
+#define VC_ACCEPT_REL 0.04
+#define VC_ACCEPT_ABS_NS 1000.0
+#define VC_REJECT_CONSISTENT 16
+#define VC_REJECT_SPREAD 1.05
+#define VC_REJECT_RUN 128
 
 uint64_t vc_est_update(struct vc_est_entry *e, uint64_t sample_ns)
 {
@@ -120,7 +120,7 @@ uint64_t vc_est_update(struct vc_est_entry *e, uint64_t sample_ns)
         e->est_ns = e->low_ns = e->mean_ns = s;
     } else {
         if (s < e->low_ns) {
-            e->low_ns += (s - e->low_ns) * VC_LOW_DOWN;
+            e->low_ns = s;
         } else {
             double up = s - e->low_ns, lim = e->low_ns * VC_LOW_CREEP;
             e->low_ns += up < lim ? up : lim;
@@ -135,7 +135,11 @@ uint64_t vc_est_update(struct vc_est_entry *e, uint64_t sample_ns)
         } else {
             if (e->reject_run == 0 || s < e->reject_min_ns)
                 e->reject_min_ns = s;
-            if (++e->reject_run >= VC_REJECT_RUN) {
+            if (e->reject_run == 0 || s > e->reject_max_ns)
+                e->reject_max_ns = s;
+            e->reject_run++;
+            if ((e->reject_run >= VC_REJECT_CONSISTENT && e->reject_max_ns <= e->reject_min_ns * VC_REJECT_SPREAD) ||
+                e->reject_run >= VC_REJECT_RUN) {
                 e->low_ns = e->est_ns = e->reject_min_ns;
                 e->reject_run = 0;
             }

@@ -66,6 +66,7 @@ struct vc_est_entry {
     double low_ns;        /* lower envelope of the samples */
     double mean_ns;       /* plain EWMA of all samples, for diagnostics */
     double reject_min_ns; /* smallest sample of the current run of rejected ones */
+    double reject_max_ns; /* largest sample of that run */
     uint32_t samples;     /* completions measured */
     uint32_t accepted;    /* samples that fed est_ns */
     uint32_t reject_run;  /* rejected samples in a row */

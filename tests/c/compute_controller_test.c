@@ -290,9 +290,9 @@ int main(void)
     expect(run("two slices 30+60", ls, 2, ss, 2, 300 * US), 1.5, "two slices");
 
     memset(ls, 0, sizeof ls);
-    ls[0] = (struct launcher){.slice = 0, .dur = 2 * MS, .jitter = 200 * US, .qdepth = 16};
-    ls[1] = (struct launcher){.slice = 1, .dur = 500 * US, .jitter = 25 * US, .qdepth = 16, .sync = 1};
-    expect(run("two slices 30+60 mixed, jitter", ls, 2, ss, 2, 300 * US), 2.0, "two slices mixed");
+    ls[0] = (struct launcher){.slice = 0, .dur = 2 * MS, .jitter = 40 * US, .qdepth = 16};
+    ls[1] = (struct launcher){.slice = 1, .dur = 500 * US, .jitter = 10 * US, .qdepth = 16, .sync = 1};
+    expect(run("two slices 30+60 mixed, 2% jitter", ls, 2, ss, 2, 300 * US), 2.0, "two slices mixed");
 
     memset(ls, 0, sizeof ls);
     for (int i = 0; i < 4; i++)

@@ -101,7 +101,7 @@ def test_cap_100_and_0_mean_no_cap(workload: Workload) -> None:
 
 def test_elastic_lends_idle_time_and_gives_it_back(workload: Workload) -> None:
     a_env = workload.env("a", CUDA_DEVICE_SM_LIMIT="30", VGPU_COMPUTE_POLICY="elastic")
-    b_env = workload.env("b", CUDA_DEVICE_SM_LIMIT="60")
+    b_env = workload.env("b", CUDA_DEVICE_SM_LIMIT="70")
     alone = workload.run(a_env, *SHORT)
     assert alone.returncode == 0, alone.stderr
     assert alone.share > 80, alone.stdout
@@ -116,8 +116,8 @@ def test_elastic_lends_idle_time_and_gives_it_back(workload: Workload) -> None:
     after = [s for t, s in ra.timeline if t_b + 150 <= t < t_b + 2000]
     assert before and after, ra.stdout
     assert sum(before) / len(before) > 70, ra.stdout
-    assert sum(after) / len(after) < 45, (t_b, ra.stdout)
-    assert rb.share > 45, rb.stdout
+    assert sum(after) / len(after) < 40, (t_b, ra.stdout)
+    assert rb.share > 55, rb.stdout
 
 
 BAD = [
