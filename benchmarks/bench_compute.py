@@ -161,7 +161,7 @@ class Bench:
         print("two slices on one device:", flush=True)
         st = self.fresh_state()
         pa = self.start(self.env("a", st, CUDA_DEVICE_SM_LIMIT="30"), *self.window_args())
-        pb = self.start(self.env("b", st, CUDA_DEVICE_SM_LIMIT="70"), *self.window_args())
+        pb = self.start(self.env("b", st, CUDA_DEVICE_SM_LIMIT="60"), *self.window_args())
         ra, rb = self.result(pa), self.result(pb)
         self.record("slices", "slice a (30%)", 30, float(ra["share"]), 3.0)  # type: ignore[arg-type]
         self.record("slices", "slice b (60%)", 60, float(rb["share"]), 3.0)  # type: ignore[arg-type]
