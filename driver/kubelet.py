@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
@@ -50,6 +51,7 @@ pluginregistration_pb2 = _generated("pluginregistration_pb2")
 
 SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth")
 HEALTH_CHECK_TIMEOUT_SECONDS = 60
+_UNIX_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
 _HEALTH_POLL_SECONDS = 0.5  # how often an idle health stream checks that its client is still there
 
 PrepareFn = Callable[[Sequence[ClaimRef]], dict[str, PrepareResult]]
@@ -203,8 +205,14 @@ class KubeletPlugin:
     def start(self) -> None:
         self._stopping.clear()
         self._dra_server = self._serve_dra()
-        with self._lock:
-            self._reg_server = self._serve_registration()
+        try:
+            with self._lock:
+                self._reg_server = self._serve_registration()
+        except BaseException:
+            self._dra_server.stop(0).wait()  # do not leave a half-started plugin behind
+            self._dra_server = None
+            self.sockets.dra.unlink(missing_ok=True)
+            raise
         log.info(
             "serving DRA (v1, v1beta1, health v1alpha1) on %s, registration on %s",
             self.sockets.dra,
@@ -229,6 +237,12 @@ class KubeletPlugin:
 
     @staticmethod
     def _bind(server: grpc.Server, path: Path) -> None:
+        if len(os.fsencode(path)) > _UNIX_PATH_MAX:
+            # gRPC's own failure for this is an opaque "Failed to add port".
+            raise ValueError(
+                f"socket path {path} is {len(os.fsencode(path))} bytes; unix sockets allow at "
+                f"most {_UNIX_PATH_MAX}: use shorter plugin/registrar directories"
+            )
         path.parent.mkdir(parents=True, exist_ok=True)
         path.unlink(missing_ok=True)  # a stale socket from a previous run refuses the bind
         server.add_insecure_port(f"unix://{path}")

@@ -165,3 +165,14 @@ def test_proto_full_method_names() -> None:
         "last_updated_time": 3,
         "health_check_timeout_seconds": 4,
     }
+
+
+def test_socket_path_too_long_is_a_clear_error(server: FakeApiServer) -> None:
+    root = Path(tempfile.mkdtemp(prefix="vgk", dir="/tmp"))
+    deep = root / ("d" * 60) / ("e" * 60)
+    try:
+        plugin = InProcessPlugin(deep, server.api_client())
+        with pytest.raises(ValueError, match=r"unix sockets allow at most 107"):
+            plugin.driver.start()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
