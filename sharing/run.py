@@ -18,6 +18,7 @@ import sys
 from typing import Any, Protocol
 
 from sharing import region
+from sharing.compute_run import COMPUTE
 from sharing.paths import shim_library, sim_lib_dir
 from sharing.quantity import QuantityError, parse_bytes
 
@@ -88,7 +89,7 @@ def _quantity(flag: str, text: str | None) -> int | None:
 
 MEMORY = MemoryContributor()
 # Every contributor of flags and environment; the compute cap appends its own here.
-CONTRIBUTORS: list[EnvContributor] = [MEMORY]
+CONTRIBUTORS: list[EnvContributor] = [MEMORY, COMPUTE]
 
 
 def register(sub: Any) -> None:

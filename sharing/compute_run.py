@@ -1,0 +1,87 @@
+"""`vgpu run` flags of the compute cap (docs/compute.md): an EnvContributor for sharing/run.py.
+
+--compute PERCENT      cap of every device (CUDA_DEVICE_SM_LIMIT); 0 or >= 100 = no cap
+--compute-<i> PERCENT  cap of device <i> as the command sees it (CUDA_DEVICE_SM_LIMIT_<i>)
+--policy hard|elastic|off   VGPU_COMPUTE_POLICY
+--priority N           VGPU_PRIORITY (-100..100, lower = higher priority; elastic idle time)
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+MAX_DEVICES = 16
+POLICIES = ("hard", "elastic", "off")
+
+
+class ComputeContributor:
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--compute",
+            metavar="PERCENT",
+            help="compute (SM time) cap of every device in percent, e.g. 30 (0 or >= 100: no cap)",
+        )
+        for i in range(MAX_DEVICES):
+            parser.add_argument(
+                f"--compute-{i}",
+                dest=f"compute_{i}",
+                metavar="PERCENT",
+                help="compute cap of device <i> as the command sees it"
+                if i == 0
+                else argparse.SUPPRESS,
+            )
+        parser.add_argument(
+            "--policy",
+            choices=POLICIES,
+            help="hard (default: the cap holds even on an idle device), elastic (use idle time, "
+            "give it back within 100 ms), off",
+        )
+        parser.add_argument(
+            "--priority",
+            metavar="N",
+            help="priority for idle time in elastic mode, -100..100, lower is higher (default 1)",
+        )
+
+    def env(self, args: argparse.Namespace) -> dict[str, str]:
+        from sharing.run import RunConfigError  # here: run.py imports this module
+
+        env: dict[str, str] = {}
+
+        def percent(flag: str, text: str | None) -> str | None:
+            if text is None:
+                return None
+            t = text.strip().removesuffix("%")
+            try:
+                v = float(t)
+            except ValueError:
+                v = math.nan
+            if not math.isfinite(v) or v < 0 or not t or not (t[0].isdigit()):
+                raise RunConfigError(
+                    f"{flag}: {text!r} is not a percentage (0-100, e.g. 30 or 12.5)"
+                )
+            return t
+
+        base = percent("--compute", args.compute)
+        if base is not None:
+            env["CUDA_DEVICE_SM_LIMIT"] = base
+        for i in range(MAX_DEVICES):
+            v = percent(f"--compute-{i}", getattr(args, f"compute_{i}"))
+            if v is not None:
+                env[f"CUDA_DEVICE_SM_LIMIT_{i}"] = v
+        if args.policy:
+            env["VGPU_COMPUTE_POLICY"] = args.policy
+        if args.priority is not None:
+            try:
+                p = int(args.priority)
+            except ValueError:
+                p = 1000
+            if not -100 <= p <= 100:
+                raise RunConfigError(
+                    f"--priority: {args.priority!r} is not an integer from -100 to 100"
+                )
+            env["VGPU_PRIORITY"] = str(p)
+        return env
+
+
+COMPUTE = ComputeContributor()
