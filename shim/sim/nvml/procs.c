@@ -1,0 +1,154 @@
+/*
+ * Running processes and utilisation.
+ *
+ * Device utilisation ("gpu") is the busy fraction of the device timeline over the last sample
+ * period (SIMGPU_UTIL_PERIOD_MS, default 1000 ms), summed over the complete 10 ms buckets of the
+ * device's busy ring in that period. Memory utilisation is not modelled (0). Per-process samples
+ * (nvmlDeviceGetProcessUtilization) give each process's busy fraction (50 ms buckets) over the
+ * period since lastSeenTimeStamp (at most one sample period, at least one bucket).
+ *
+ * A process is listed on a device while it is alive and holds a context or memory there; dead
+ * processes are reaped before listing (their memory returns to the pool).
+ */
+#include "nvml_internal.h"
+
+#include <string.h>
+
+typedef struct {
+    int slot;
+    unsigned pid;
+    unsigned long long used;
+} proc_entry;
+
+static int list_procs(int dev, proc_entry *out, int cap)
+{
+    int n = 0;
+    sim_state_lock();
+    sim_state_reap_locked(-1);
+    for (int i = 0; i < SIM_MAX_PROCS; i++) {
+        sim_proc_slot *p = &sim_shm->proc[i];
+        if (!p->active || (p->contexts[dev] == 0 && p->used[dev] == 0))
+            continue;
+        if (n < cap)
+            out[n] = (proc_entry){ .slot = i, .pid = (unsigned)p->pid, .used = p->used[dev] };
+        n++;
+    }
+    sim_state_unlock();
+    return n;
+}
+
+/* Shared by the v1, v2 and v3 forms: `stride` bytes per entry, `v1` for the short layout. */
+static nvmlReturn_t running(nvmlDevice_t device, unsigned int *infoCount, void *infos, size_t stride, int v1)
+{
+    if (!infoCount)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    int dev;
+    nvmlReturn_t rc = sim_nvml_device(device, &dev, NULL);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    proc_entry e[SIM_MAX_PROCS];
+    int n = list_procs(dev, e, SIM_MAX_PROCS);
+    if (!infos || *infoCount < (unsigned)n) {
+        *infoCount = (unsigned)n;
+        return n == 0 ? NVML_SUCCESS : NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (int i = 0; i < n; i++) {
+        char *slot = (char *)infos + (size_t)i * stride;
+        if (v1) {
+            nvmlProcessInfo_v1_t *p = (nvmlProcessInfo_v1_t *)slot;
+            p->pid = e[i].pid;
+            p->usedGpuMemory = e[i].used;
+        } else {
+            nvmlProcessInfo_t *p = (nvmlProcessInfo_t *)slot;
+            p->pid = e[i].pid;
+            p->usedGpuMemory = e[i].used;
+            p->gpuInstanceId = 0xFFFFFFFFu; /* no MIG */
+            p->computeInstanceId = 0xFFFFFFFFu;
+        }
+    }
+    *infoCount = (unsigned)n;
+    return NVML_SUCCESS;
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_t *infos)
+{
+    return running(device, infoCount, infos, sizeof(nvmlProcessInfo_t), 0);
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_v2_t *infos)
+{
+    return running(device, infoCount, infos, sizeof(nvmlProcessInfo_v2_t), 0);
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_v1_t *infos)
+{
+    return running(device, infoCount, infos, sizeof(nvmlProcessInfo_v1_t), 1);
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_t *infos)
+{
+    if (!infoCount)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    int dev;
+    nvmlReturn_t rc = sim_nvml_device(device, &dev, NULL);
+    if (rc == NVML_SUCCESS)
+        *infoCount = 0; /* the simulated GPU runs no graphics */
+    return rc;
+}
+
+static unsigned pct(uint64_t busy, uint64_t window)
+{
+    if (!window)
+        return 0;
+    uint64_t p = (busy * 100 + window / 2) / window;
+    return p > 100 ? 100u : (unsigned)p;
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *utilization)
+{
+    if (!utilization)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    int dev;
+    nvmlReturn_t rc = sim_nvml_device(device, &dev, NULL);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    uint64_t now = sim_now_ns(), window;
+    uint64_t busy = sim_busy_between(dev, -1, now - sim_nvml_period_ns(), now, &window);
+    utilization->gpu = pct(busy, window);
+    utilization->memory = 0;
+    return NVML_SUCCESS;
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUtilizationSample_t *utilization,
+                                                        unsigned int *processSamplesCount, unsigned long long lastSeenTimeStamp)
+{
+    if (!processSamplesCount)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    int dev;
+    nvmlReturn_t rc = sim_nvml_device(device, &dev, NULL);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    uint64_t now_us = sim_realtime_us(), now = sim_now_ns(), period = sim_nvml_period_ns();
+    if (lastSeenTimeStamp >= now_us)
+        return NVML_ERROR_NOT_FOUND; /* nothing newer than what the caller has seen */
+    uint64_t span = (now_us - lastSeenTimeStamp) * 1000ull;
+    if (lastSeenTimeStamp == 0 || span > period)
+        span = period;
+    if (span < 2 * SIM_PBUCKET_NS)
+        span = 2 * SIM_PBUCKET_NS; /* at least one complete bucket */
+    proc_entry e[SIM_MAX_PROCS];
+    int n = list_procs(dev, e, SIM_MAX_PROCS);
+    if (n == 0)
+        return NVML_ERROR_NOT_FOUND;
+    if (!utilization || *processSamplesCount < (unsigned)n) {
+        *processSamplesCount = (unsigned)n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (int i = 0; i < n; i++) {
+        uint64_t window;
+        uint64_t busy = sim_busy_between(dev, e[i].slot, now - span, now, &window);
+        utilization[i] = (nvmlProcessUtilizationSample_t){ .pid = e[i].pid, .timeStamp = now_us, .smUtil = pct(busy, window) };
+    }
+    *processSamplesCount = (unsigned)n;
+    return NVML_SUCCESS;
+}
