@@ -1,0 +1,127 @@
+"""driver/claims.py and driver/vgpuconfig.py on their own: limits and configs from a claim."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from driver.claims import ClaimError, ClaimRef, plan_claim
+from driver.vgpuconfig import ConfigError, EffectiveConfig, VgpuConfig, decode
+from tests.driver.kubelet_standin import DRIVER, allocated_claim, result, vgpu_config
+from tests.driver.plugin_process import fake_gpus
+
+GiB = 1024**3
+REF = ClaimRef("default", "c", "uid-1")
+
+
+def plan(claim: dict[str, Any], mode: str = "sharing", partitions: int = 4) -> Any:
+    claim["metadata"]["uid"] = REF.uid
+    return plan_claim(claim, REF, driver_name=DRIVER, node_name="node-a", gpus=fake_gpus(),
+                      mode=mode, partitions=partitions)  # fmt: skip
+
+
+def test_two_slices_of_one_gpu_add_up() -> None:
+    p = plan(
+        allocated_claim(
+            "c",
+            results=[
+                result("a", "gpu-0-slice-0", share=False),
+                result("b", "gpu-0-slice-2", share=False),
+            ],
+        ),
+        mode="partition",
+    )
+    [g] = p.gpu_limits()
+    assert (g.memory_limit, g.sm_limit) == (40 * GiB, 50)
+
+
+@pytest.mark.parametrize(("cores", "percent"), [("50", 50), ("100", 100), ("30000m", 30)])
+def test_cores_quantities(cores: str, percent: int) -> None:
+    claim = allocated_claim("c", results=[result("gpu", "gpu-0", cores=cores)])
+    assert plan(claim).gpu_limits()[0].sm_limit == percent
+
+
+def test_fractional_cores_rejected() -> None:
+    claim = allocated_claim("c", results=[result("gpu", "gpu-0", cores="500m")])
+    with pytest.raises(ClaimError, match="cores '500m' invalid; allowed: a whole percent"):
+        plan(claim)
+
+
+@pytest.mark.parametrize(
+    ("consumed", "message"),
+    [
+        ({"memory": "lots"}, "consumed memory: 'lots' is not a memory size"),
+        ({"memory": "81Gi"}, "outside 1 B..80.0 GiB"),
+        ({"cores": "0"}, "cores '0' invalid"),
+        ({"cores": "101"}, "cores '101' invalid"),
+        ({"cores": "x"}, "cores 'x' is not a number"),
+    ],
+)
+def test_bad_consumed_capacity(consumed: dict[str, str], message: str) -> None:
+    r = result("gpu", "gpu-0")
+    r["consumedCapacity"] = consumed
+    with pytest.raises(ClaimError, match=message.replace("(", r"\(").replace(".", r"\.")):
+        plan(allocated_claim("c", results=[r]))
+
+
+def test_hostname_expression_selector_and_no_selector() -> None:
+    claim = allocated_claim("c", node=None)
+    claim["status"]["allocation"]["nodeSelector"] = {
+        "nodeSelectorTerms": [
+            {
+                "matchExpressions": [
+                    {"key": "kubernetes.io/hostname", "operator": "In", "values": ["node-b"]}
+                ]
+            }
+        ]
+    }
+    with pytest.raises(ClaimError, match="allocated for node node-b"):
+        plan(claim)
+    assert plan(allocated_claim("c", node=None)).devices  # no selector: not pinned, accepted
+
+
+def test_subrequest_matches_parent_request_config() -> None:
+    claim = allocated_claim(
+        "c",
+        results=[result("gpu/small", "gpu-0", memory="4Gi")],
+        configs=[vgpu_config("FromClaim", {"memoryLimitOverride": "3Gi"}, requests=["gpu"])],
+    )
+    assert plan(claim).gpu_limits()[0].memory_limit == 3 * GiB
+
+
+def test_conflicting_policies_between_requests() -> None:
+    claim = allocated_claim(
+        "c",
+        results=[result("a", "gpu-0"), result("b", "gpu-1")],
+        configs=[vgpu_config("FromClaim", {"computePolicy": "elastic"}, requests=["a"])],
+    )
+    with pytest.raises(ClaimError, match="differ between its requests"):
+        plan(claim)
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ("not an object", "parameters must be an object, got str"),
+        ({"apiVersion": "vgpu.sharing.dev/v1", "kind": "VgpuConfig"}, "apiVersion 'vgpu.sharing.dev/v1' unsupported"),
+        ({"apiVersion": "vgpu.sharing.dev/v1alpha1", "kind": "GpuConfig"}, "kind 'GpuConfig' unsupported"),
+        ({"apiVersion": "vgpu.sharing.dev/v1alpha1", "kind": "VgpuConfig", "priority": True}, "priority True invalid"),
+        ({"apiVersion": "vgpu.sharing.dev/v1alpha1", "kind": "VgpuConfig", "priority": 1.5}, "priority 1.5 invalid"),
+        ({"apiVersion": "vgpu.sharing.dev/v1alpha1", "kind": "VgpuConfig", "memoryLimitOverride": "0"}, "more than 0 bytes"),
+        ({"apiVersion": "vgpu.sharing.dev/v1alpha1", "kind": "VgpuConfig", "memoryLimitOverride": "1.5x"}, "'1.5x' is not a memory size"),
+        ({"apiVersion": "vgpu.sharing.dev/v1alpha1", "kind": "VgpuConfig", "memoryLimitOverride": [1]}, "memoryLimitOverride [1] invalid"),
+    ],
+)  # fmt: skip
+def test_vgpuconfig_rejects(params: Any, message: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        decode(params)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_vgpuconfig_merge_field_by_field() -> None:
+    base = decode({"apiVersion": "vgpu.sharing.dev/v1alpha1", "kind": "VgpuConfig",
+                   "computePolicy": "off", "priority": 0, "memoryLimitOverride": 1024})  # fmt: skip
+    later = VgpuConfig(priority=-5)
+    assert EffectiveConfig.of([base, later]) == EffectiveConfig("off", -5, 1024)
+    assert EffectiveConfig.of([]) == EffectiveConfig("hard", 1, None)
