@@ -358,3 +358,26 @@ def test_slow_claim_read_does_not_block_other_claims(world: World) -> None:
         release.set()
         t.join(20)
     assert results[slow.uid].error == ""
+
+
+def test_shim_installed_atomically_and_only_when_changed(tmp_path: Path) -> None:
+    from driver.driver import install_shim
+    from sharing.paths import shim_library
+
+    lib_dir = tmp_path / "lib"
+    target = install_shim(shim_library(), lib_dir)
+    assert target.read_bytes() == shim_library().read_bytes()
+    assert stat.S_IMODE(target.stat().st_mode) == 0o755
+    preload = lib_dir / "ld.so.preload"
+    assert preload.read_text() == "/usr/local/lib/vgpu-sharing/libvgpu.so\n"
+    inode = target.stat().st_ino
+    install_shim(shim_library(), lib_dir)
+    assert target.stat().st_ino == inode  # unchanged: not rewritten
+    newer = tmp_path / "libvgpu-new.so"
+    newer.write_bytes(b"\x7fELF a different build")
+    held = target.open("rb")  # a container still has the old one open
+    install_shim(newer, lib_dir)
+    assert target.read_bytes() == newer.read_bytes()
+    assert held.read() == shim_library().read_bytes()  # replaced by rename, not rewritten
+    held.close()
+    assert sorted(p.name for p in lib_dir.iterdir()) == ["ld.so.preload", "libvgpu.so"]
