@@ -110,7 +110,8 @@ class PluginProcess:
         )
 
     def output(self) -> str:
-        self.log.flush()
+        if not self.log.closed:
+            self.log.flush()
         return (self.root / "plugin.log").read_text()
 
     def healthz(self) -> tuple[int, dict[str, Any]]:
