@@ -1,0 +1,164 @@
+"""pynvml, unmodified, reads every field the simulator provides; XID events of unhealthy devices."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.sim.simhelp import Client, run_python, write_config
+
+GB = 10**9
+
+EVERYTHING = """
+nv.nvmlInit()
+out = {
+    "driver": text(nv.nvmlSystemGetDriverVersion()),
+    "cuda": nv.nvmlSystemGetCudaDriverVersion(),
+    "cuda_v2": nv.nvmlSystemGetCudaDriverVersion_v2(),
+    "nvml_version": text(nv.nvmlSystemGetNVMLVersion()),
+    "count": nv.nvmlDeviceGetCount(),
+}
+h = nv.nvmlDeviceGetHandleByIndex(0)
+uuid = text(nv.nvmlDeviceGetUUID(h))
+pci = nv.nvmlDeviceGetPciInfo(h)
+m1 = nv.nvmlDeviceGetMemoryInfo(h)
+m2 = nv.nvmlDeviceGetMemoryInfo(h, version=nv.nvmlMemory_v2)
+u = nv.nvmlDeviceGetUtilizationRates(h)
+procs = nv.nvmlDeviceGetComputeRunningProcesses(h)
+procs_v2 = nv.nvmlDeviceGetComputeRunningProcesses_v2(h)
+samples = nv.nvmlDeviceGetProcessUtilization(h, 0)
+out.update({
+    "name": text(nv.nvmlDeviceGetName(h)), "uuid": uuid, "index": nv.nvmlDeviceGetIndex(h),
+    "by_uuid_same": nv.nvmlDeviceGetIndex(nv.nvmlDeviceGetHandleByUUID(uuid)) == 0,
+    "by_pci_same": nv.nvmlDeviceGetIndex(nv.nvmlDeviceGetHandleByPciBusId(pci.busId)) == 0,
+    "bus_id": text(pci.busId), "bus_id_legacy": text(pci.busIdLegacy), "domain": pci.domain, "bus": pci.bus,
+    "device": pci.device, "pci_device_id": pci.pciDeviceId,
+    "minor": nv.nvmlDeviceGetMinorNumber(h), "numa": nv.nvmlDeviceGetNumaNodeId(h),
+    "cc": list(nv.nvmlDeviceGetCudaComputeCapability(h)),
+    "mem_v1": [m1.total, m1.used, m1.free], "mem_v2": [m2.total, m2.reserved, m2.used, m2.free],
+    "util": [u.gpu, u.memory],
+    "procs": [[p.pid, p.usedGpuMemory] for p in procs],
+    "procs_v2": [[p.pid, p.usedGpuMemory] for p in procs_v2],
+    "samples": [[s.pid, s.smUtil, s.timeStamp > 0] for s in samples],
+    "events": nv.nvmlDeviceGetSupportedEventTypes(h),
+})
+try:
+    nv.nvmlDeviceGetHandleByIndex(5)
+    out["bad_index"] = "no error"
+except nv.NVMLError as e:
+    out["bad_index"] = str(e)
+try:
+    nv.nvmlDeviceGetHandleByUUID("GPU-00000000-0000-0000-0000-000000000000")
+    out["bad_uuid"] = "no error"
+except nv.NVMLError as e:
+    out["bad_uuid"] = str(e)
+nv.nvmlShutdown()
+try:
+    nv.nvmlDeviceGetCount()
+    out["after_shutdown"] = "no error"
+except nv.NVMLError as e:
+    out["after_shutdown"] = str(e)
+print(json.dumps(out))
+"""
+
+
+def test_pynvml_reads_every_field(sim_tool, sim_env) -> None:  # type: ignore[no-untyped-def]
+    load = Client(sim_tool, sim_env, "load", "1000", "10", "10", "4")
+    holder = Client(sim_tool, sim_env, "hold", str(3 * GB))
+    try:
+        got = run_python(sim_env, "time.sleep(1.2)\n" + EVERYTHING)
+    finally:
+        holder.finish()
+        load.finish(timeout=60)
+    assert got["driver"] == "570.172.08" and got["cuda"] == 12080 and got["cuda_v2"] == 12080
+    assert got["nvml_version"] == "12.570.172.08"
+    assert got["count"] == 1 and got["index"] == 0
+    assert got["name"] == "NVIDIA H100 80GB HBM3"
+    assert got["uuid"].startswith("GPU-") and len(got["uuid"]) == 40
+    assert got["by_uuid_same"] and got["by_pci_same"]
+    assert got["bus_id"] == "00000000:18:00.0" and got["bus_id_legacy"] == "0000:18:00.0"
+    assert (got["domain"], got["bus"], got["device"]) == (0, 0x18, 0)
+    assert got["pci_device_id"] == 0x233010DE
+    assert got["minor"] == 0 and got["numa"] == 0 and got["cc"] == [9, 0]
+    total = 80 << 30
+    assert got["mem_v1"] == [total, 3 * GB, total - 3 * GB]
+    assert got["mem_v2"] == [total, 0, 3 * GB, total - 3 * GB]
+    assert got["util"][0] >= 97 and got["util"][1] == 0
+    assert sorted(got["procs"]) == sorted([[holder.pid, 3 * GB], [load.pid, 0]])
+    assert sorted(got["procs_v2"]) == sorted(got["procs"])
+    samples = {pid: (sm, ts) for pid, sm, ts in got["samples"]}
+    assert samples[load.pid][0] >= 95 and samples[load.pid][1]
+    assert samples[holder.pid][0] == 0
+    assert got["events"] & 0x8  # XID critical errors
+    assert got["bad_index"] == "Invalid Argument" and got["bad_uuid"] == "Not Found"
+    assert got["after_shutdown"] == "Uninitialized"
+
+
+def test_sharing_info_lists_the_simulated_gpu(sim_env) -> None:  # type: ignore[no-untyped-def]
+    r = subprocess.run([sys.executable, "-m", "sharing.cli", "info", "--sim"], env=sim_env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "NVIDIA H100 80GB HBM3" in r.stdout and "81920 MiB" in r.stdout
+
+
+XID_CONFIG = {
+    "devices": [
+        {"uuid": "GPU-11111111-1111-4111-8111-111111111111"},
+        {"uuid": "GPU-22222222-2222-4222-8222-222222222222", "healthy": False, "xid": 48},
+        {"uuid": "GPU-33333333-3333-4333-8333-333333333333", "healthy": False},
+    ]
+}
+
+WAIT_EVENTS = """
+nv.nvmlInit()
+def register(indices):
+    s = nv.nvmlEventSetCreate()
+    for i in indices:
+        nv.nvmlDeviceRegisterEvents(nv.nvmlDeviceGetHandleByIndex(i), nv.nvmlEventTypeXidCriticalError, s)
+    return s
+def drain(s, timeout_ms=300):
+    got = []
+    while True:
+        try:
+            d = nv.nvmlEventSetWait_v2(s, timeout_ms)
+        except nv.NVMLError_Timeout:
+            return got
+        got.append([nv.nvmlDeviceGetIndex(d.device), d.eventType, d.eventData])
+first = register([0, 1, 2])
+healthy_only = register([0])
+out = {"first": drain(first), "healthy_only": drain(healthy_only), "again": drain(first)}
+late = register([1])  # registered after the device became unhealthy: still told
+out["late"] = drain(late)
+for s in (first, healthy_only, late):
+    nv.nvmlEventSetFree(s)
+print(json.dumps(out))
+"""
+
+
+def test_xid_events_of_unhealthy_devices(sim_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    env = {**sim_env, "SIMGPU_CONFIG": str(write_config(tmp_path, XID_CONFIG))}
+    got = run_python(env, WAIT_EVENTS)
+    xid = 0x8
+    assert sorted(got["first"]) == [[1, xid, 48], [2, xid, 79]]
+    assert got["healthy_only"] == []
+    assert got["again"] == []  # once per set while the device stays unhealthy
+    assert got["late"] == [[1, xid, 48]]
+
+
+def test_health_flip_is_seen_by_a_waiting_monitor(sim_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    path = write_config(tmp_path, {"devices": [{}]})
+    env = {**sim_env, "SIMGPU_CONFIG": str(path)}
+    broken = json.dumps({"devices": [{"healthy": False, "xid": 94}]})
+    got = run_python(env, f"""
+import pathlib, threading
+nv.nvmlInit()
+s = nv.nvmlEventSetCreate()
+nv.nvmlDeviceRegisterEvents(nv.nvmlDeviceGetHandleByIndex(0), nv.nvmlEventTypeXidCriticalError, s)
+threading.Timer(0.5, lambda: pathlib.Path({str(path)!r}).write_text({broken!r})).start()
+t0 = time.monotonic()
+d = nv.nvmlEventSetWait_v2(s, 10000)
+print(json.dumps([d.eventData, time.monotonic() - t0]))
+""")
+    assert got[0] == 94 and 0.4 < got[1] < 3
