@@ -39,7 +39,9 @@
 _Static_assert(sizeof(struct vgpu_compute_state) == 512, "compute state size is part of the region layout");
 
 /* ------------------------------------------------------------ tunables (docs/compute.md) */
-#define BURST_NS (20 * 1000000LL)          /* how far a slice may run ahead of its schedule */
+#ifndef BURST_NS
+#define BURST_NS (20 * 1000000LL) /* how far a slice may run ahead of its schedule */
+#endif
 #define WANT_HOLD_NS (100 * 1000000LL)     /* a slice "wants" time this long after a launch */
 #define NODE_CHECK_NS (1000000LL)          /* elastic: re-read the node file at most every 1 ms */
 #define HEARTBEAT_NS (5 * 1000000LL)       /* rewrite want_until when it moved by more than this */
@@ -527,9 +529,10 @@ static uint32_t effective_cap(struct cdev *cd, int dev, int64_t now)
             e = g_cap[dev];
         if (e != cd->eff) {
             /* Going back to (or towards) the cap: start from now, with neither the debt nor the
-             * credit of the uncapped period. */
+             * credit of the uncapped period, and without the burst allowance (tat = now + burst):
+             * the newcomer gets its share from the first millisecond. */
             if (e < cd->eff)
-                vc_reset(&cd->st->tat_ns, now);
+                vc_reset(&cd->st->tat_ns, now + BURST_NS);
             cd->eff = e;
             __atomic_store_n(&cd->st->effective_permille, e, __ATOMIC_RELAXED);
         }
