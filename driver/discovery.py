@@ -150,7 +150,7 @@ def sysfs_bdf(bus_id: str) -> tuple[str, int, int] | None:
 @dataclass(frozen=True)
 class DiscoveredGpu:
     info: GpuInfo
-    pcie_root: str
+    pcie_root: str | None  # None: unknown, attribute left out
     healthy: bool = True
     reason: str = ""  # why it is unhealthy
 
@@ -180,19 +180,25 @@ class Discovery:
         self.sysfs_root = sysfs_root
         self._fallback_logged = False
 
-    def pcie_root(self, gpu: GpuInfo) -> str:
+    def pcie_root(self, gpu: GpuInfo) -> str | None:
         """The PCIe root complex ('pci0000:00') the GPU hangs off, for resource.kubernetes.io/pcieRoot.
 
         sysfs links /sys/bus/pci/devices/<bdf> into /sys/devices/pci<domain>:<bus>/...; the
         first path component of that form is the root complex. Where sysfs lacks the device
         (containers without /sys, simulated GPUs), 'pci<domain>:<bus>' of the GPU's own bus id
-        stands in: distinct per bus, but not the root; logged once.
+        stands in: distinct per bus, but not the root; logged once. None (attribute left out,
+        logged) for a bus id that is not one.
         """
         parsed = sysfs_bdf(gpu.pci_bus_id)
         if parsed is None:
-            raise ValueError(
-                f"GPU {gpu.index} ({gpu.uuid}): unparsable PCI bus id {gpu.pci_bus_id!r}"
+            log.warning(
+                "GPU %d (%s): PCI bus id %r is not domain:bus:device.function; "
+                "resource.kubernetes.io/pcieRoot left out",
+                gpu.index,
+                gpu.uuid,
+                gpu.pci_bus_id,
             )
+            return None
         bdf, domain, bus = parsed
         link = self.sysfs_root / "bus" / "pci" / "devices" / bdf
         if link.exists():
@@ -262,15 +268,26 @@ class Rediscovery:
         if events is None and not self._events_unavailable_logged:
             self._events_unavailable_logged = True
             log.warning("NVML XID events unavailable: GPU health is presence only")
-        if events is not None:
-            self._note(events.wait(0.05), unhealthy, gpus)
-        self._emit(self.discovery.inventory(gpus, unhealthy))
+        try:
+            if events is not None:
+                self._note(events.wait(0.05), unhealthy, gpus)
+            self._emit(self.discovery.inventory(gpus, unhealthy))
+        except BaseException:
+            if events is not None:
+                events.close()
+            raise
         return unhealthy, events
 
     def run(self) -> None:
         carried: dict[str, str] = {}
         while not self.stop_event.is_set():
-            unhealthy, events = self.round(carried)
+            try:
+                unhealthy, events = self.round(carried)
+            except Exception:
+                # A bug or an NVML surprise must not end health monitoring for good.
+                log.exception("rediscovery round failed; trying again in %gs", self.interval)
+                self.stop_event.wait(self.interval)
+                continue
             carried = {}
             deadline = time.monotonic() + self.interval
             try:
@@ -310,10 +327,10 @@ class Rediscovery:
     def _emit(self, inv: Inventory) -> None:
         if inv == self._last:
             return
+        self.on_change(inv)  # if it raises, the next round offers the same inventory again
         previous, self._last = self._last, inv
         if previous is not None:
             _log_changes(previous, inv)
-        self.on_change(inv)
 
 
 def _log_changes(old: Inventory, new: Inventory) -> None:

@@ -55,8 +55,9 @@ def _attributes(g: DiscoveredGpu) -> dict[str, Any]:
         "index": {"int": info.index},
         "minor": {"int": info.minor},
         "productName": {"string": info.name[:64]},
-        PCIE_ROOT_ATTRIBUTE: {"string": g.pcie_root},
     }
+    if g.pcie_root is not None:
+        attrs[PCIE_ROOT_ATTRIBUTE] = {"string": g.pcie_root}
     for key, text in (
         ("cudaComputeCapability", info.compute_capability),
         ("driverVersion", info.driver_version),
