@@ -1,0 +1,88 @@
+"""The simulator built with AddressSanitizer + UndefinedBehaviorSanitizer (shim.build's flags).
+
+The C programs are sanitized too (LeakSanitizer on, with the intentional handle retention in
+lsan.supp suppressed); pynvml's Python host is not, so the sanitizer runtimes are preloaded there
+and leak checking is off (the interpreter's own allocations would drown it).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from shim.build import SANITIZER_FLAGS, build_with_gcc
+from tests.sim.simhelp import Client, run_python, tool_info
+from tests.support.cbuild import C_PROGRAMS, CFLAGS, INCLUDE
+
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def sanitized(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("asan")
+    libs = build_with_gcc(out, SANITIZER_FLAGS)
+    libdir = libs["libcuda.so.1"].parent
+    progs = {}
+    for name, extra in (("sim_api", ["-ldl"]), ("sim_tool", [])):
+        exe = out / name
+        subprocess.run(
+            ["gcc", *CFLAGS, *SANITIZER_FLAGS, f"-I{INCLUDE}", "-o", str(exe), str(C_PROGRAMS / f"{name}.c"),
+             f"-L{libdir}", "-l:libcuda.so.1", *extra],
+            check=True,
+        )
+        progs[name] = exe
+    return {"libdir": libdir, **progs}
+
+
+def _env(sim_env: dict[str, str], libdir: Path, leaks: bool) -> dict[str, str]:
+    env = dict(sim_env)
+    env["LD_LIBRARY_PATH"] = str(libdir)
+    env["ASAN_OPTIONS"] = f"detect_leaks={int(leaks)}:abort_on_error=0:halt_on_error=1:exitcode=23"
+    env["LSAN_OPTIONS"] = f"suppressions={HERE / 'lsan.supp'}:print_suppressions=0"
+    env["UBSAN_OPTIONS"] = "halt_on_error=1:print_stacktrace=1:exitcode=24"
+    return env
+
+
+def test_api_surface_is_sanitizer_clean(sanitized, sim_env) -> None:  # type: ignore[no-untyped-def]
+    env = _env(sim_env, sanitized["libdir"], leaks=True)
+    r = subprocess.run([str(sanitized["sim_api"])], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr[-6000:]
+    assert r.stdout.strip().endswith("OK")
+    assert "Sanitizer" not in r.stderr and "runtime error" not in r.stderr, r.stderr[-6000:]
+
+
+def test_multiprocess_paths_are_sanitizer_clean(sanitized, sim_env) -> None:  # type: ignore[no-untyped-def]
+    env = _env(sim_env, sanitized["libdir"], leaks=True)
+    tool = sanitized["sim_tool"]
+    victim = Client(tool, env, "hold", str(10**9))
+    fork = Client(tool, env, "fork", str(10**9))
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.proc.wait(10)
+    assert tool_info(tool, env)[0] == (80 << 30) - 2 * 10**9
+    assert fork.finish() == 0, fork.proc.stderr.read() if fork.proc.stderr else ""
+    load = subprocess.run([str(tool), "load", "200", "4", "8", "1"], env=env, capture_output=True, text=True, timeout=120)
+    assert load.returncode == 0, load.stderr[-4000:]
+    # NVML through pynvml, with the sanitizer runtimes preloaded into the (unsanitized) interpreter
+    runtimes = [subprocess.run(["gcc", f"-print-file-name={lib}"], capture_output=True, text=True, check=True).stdout.strip()
+                for lib in ("libasan.so", "libubsan.so")]
+    penv = _env(sim_env, sanitized["libdir"], leaks=False)
+    penv["LD_PRELOAD"] = " ".join(runtimes)
+    got = run_python(penv, """
+nv.nvmlInit()
+h = nv.nvmlDeviceGetHandleByIndex(0)
+procs = nv.nvmlDeviceGetComputeRunningProcesses(h)
+s = nv.nvmlEventSetCreate()
+nv.nvmlDeviceRegisterEvents(h, nv.nvmlEventTypeXidCriticalError, s)
+try:
+    nv.nvmlEventSetWait_v2(s, 100)
+except nv.NVMLError_Timeout:
+    pass
+nv.nvmlEventSetFree(s)
+print(json.dumps([nv.nvmlDeviceGetMemoryInfo(h).used, text(nv.nvmlDeviceGetName(h)),
+                  nv.nvmlDeviceGetUtilizationRates(h).gpu, len(procs)]))
+""")
+    assert got[0] == 0 and got[1] == "NVIDIA H100 80GB HBM3" and got[3] == 0
