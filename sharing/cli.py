@@ -7,10 +7,10 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from sharing import __version__, info, run
+from sharing import __version__, demo, info, run
 
 # Subcommand modules: each has register(subparsers) which sets `func` on its parser.
-_SUBCOMMANDS = (info, run)
+_SUBCOMMANDS = (info, run, demo)
 
 
 def build_parser() -> argparse.ArgumentParser:
