@@ -1,0 +1,40 @@
+/*
+ * Dies (SIGKILL) while holding the simulator's node-state lock, in the middle of an update:
+ * it takes the robust mutex of $SIMGPU_STATE's state file, scribbles over the device 0 total
+ * (as a process killed between two writes would leave it) and kills itself. The next process
+ * to take the lock must recover (EOWNERDEAD) and rebuild the totals from the process slots.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "../../shim/sim/common/sim_common.h"
+
+int main(void)
+{
+    const char *dir = getenv("SIMGPU_STATE");
+    if (!dir)
+        return 2;
+    char path[600];
+    snprintf(path, sizeof path, "%s/state-v1-%zu", dir, sizeof(sim_shared));
+    int fd = open(path, O_RDWR);
+    if (fd < 0) {
+        perror(path);
+        return 3;
+    }
+    sim_shared *s = mmap(NULL, sizeof *s, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (s == MAP_FAILED)
+        return 4;
+    int rc = pthread_mutex_lock(&s->lock);
+    if (rc != 0 && rc != EOWNERDEAD)
+        return 5;
+    s->dev[0].used = 123456789; /* half-done update */
+    printf("LOCKED\n");
+    fflush(stdout);
+    raise(SIGKILL);
+    return 6;
+}
