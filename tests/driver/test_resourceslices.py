@@ -368,3 +368,18 @@ def test_long_node_name_gives_valid_unique_slice_names() -> None:
         names = [s["metadata"]["name"] for s in slices(server)]
         assert len(names) == 2 and all(len(n) <= 253 for n in names)
         assert {s["spec"]["pool"]["name"] for s in slices(server)} == {node}
+
+
+def test_explicit_sharing_on_a_server_that_drops_fields_errors_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with FakeApiServer(drop_consumable_capacity=True) as server:
+        server.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+        p = publisher(server, "sharing")
+        p.publish(inventory([gpu(0)]))
+        p.publish(inventory([gpu(0), gpu(1)]))
+        assert p.mode == "sharing"  # the operator's choice stands
+        assert [d["name"] for d in all_devices(server)] == ["gpu-0", "gpu-1"]
+        assert not any(r.query.get("dryRun") for r in server.requests)
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "use --sharing-mode=auto or partition" in errors[0].getMessage()
