@@ -330,3 +330,33 @@ def test_drop_consumable_capacity_on_claims() -> None:
     with FakeApiServer() as server:
         res = server.put(claim)["status"]["allocation"]["devices"]["results"][0]
         assert res["consumedCapacity"] == {"memory": "4Gi"}
+
+
+def test_status_subresource_and_create_resets_status(server: FakeApiServer) -> None:
+    api = ResourceV1Api(server.api_client())
+    body = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "c", "namespace": "ns1"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "x"}}]}},
+        "status": {"devices": [{"driver": DRIVER, "pool": "p", "device": "d"}]},
+    }
+    created = api.create_namespaced_resource_claim("ns1", body)
+    assert created.status is None  # a create through the API ignores status
+    status = {
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"request": "gpu", "driver": DRIVER, "pool": "node-a", "device": "gpu-0"}
+                    ]
+                }
+            }
+        }
+    }
+    patched = api.patch_namespaced_resource_claim_status("c", "ns1", status)
+    assert patched.status.allocation.devices.results[0].device == "gpu-0"
+    # Writes to the main resource keep the status; spec changes bump metadata.generation.
+    again = api.patch_namespaced_resource_claim("c", "ns1", {"metadata": {"labels": {"a": "b"}}})
+    assert again.status.allocation is not None
+    assert again.metadata.generation == 1 and again.metadata.labels == {"a": "b"}
