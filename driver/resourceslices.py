@@ -234,7 +234,6 @@ class SlicePublisher:
         )
         self.generation = 0
         self._written: dict[str, _Written] = {}
-        self._node_uid: str | None = None
         self._dropped_warned = False
         self.mode_decided = threading.Event()
         if self._mode is not None:
@@ -254,24 +253,25 @@ class SlicePublisher:
         return f"{self.node_name[: MAX_NAME_LENGTH - 80]}-{digest}-{self.driver_name}-{k}"
 
     def _owner(self) -> list[dict[str, Any]]:
-        if self._node_uid is None:
-            try:
-                self._node_uid = str(self.kube.read_node(self.node_name)["metadata"]["uid"])
-            except ApiException as e:
-                if e.status != 404:
-                    raise
-                log.warning(
-                    "node %s: Node object not found; publishing ResourceSlices without an owner "
-                    "reference (they will not be garbage-collected with the Node)",
-                    self.node_name,
-                )
-                return []
+        """The Node as owner. Read at every write (writes are rare): a Node deleted and
+        re-created has a new UID, and slices owned by the old one would be garbage-collected."""
+        try:
+            uid = str(self.kube.read_node(self.node_name)["metadata"]["uid"])
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            log.warning(
+                "node %s: Node object not found; publishing ResourceSlices without an owner "
+                "reference (they will not be garbage-collected with the Node)",
+                self.node_name,
+            )
+            return []
         return [
             {
                 "apiVersion": "v1",
                 "kind": "Node",
                 "name": self.node_name,
-                "uid": self._node_uid,
+                "uid": uid,
                 "controller": True,
             }
         ]

@@ -383,3 +383,17 @@ def test_explicit_sharing_on_a_server_that_drops_fields_errors_once(
         assert not any(r.query.get("dryRun") for r in server.requests)
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1 and "use --sharing-mode=auto or partition" in errors[0].getMessage()
+
+
+def test_recreated_node_gets_the_new_owner_uid(server: FakeApiServer) -> None:
+    p = publisher(server, "sharing")
+    p.publish(inventory([gpu(0)]))
+    old_uid = slices(server)[0]["metadata"]["ownerReferences"][0]["uid"]
+    server.delete("Node", None, NODE)
+    new_uid = server.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})[
+        "metadata"
+    ]["uid"]
+    # The garbage collector removes slices owned by the old Node; the next publish repairs.
+    server.delete("ResourceSlice", None, slices(server)[0]["metadata"]["name"])
+    p.publish(inventory([gpu(0)]))
+    assert slices(server)[0]["metadata"]["ownerReferences"][0]["uid"] == new_uid != old_uid
