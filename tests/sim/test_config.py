@@ -110,3 +110,32 @@ nv.nvmlInit(); b = nv.nvmlDeviceGetCount(); nv.nvmlShutdown()
 print(json.dumps([a, b]))
 """)
     assert got == [1, 3]
+
+
+@pytest.mark.parametrize(("visible", "ordinal0_total"), [("1", 2 << 30), ("2,0", 3 << 30), ("2,bogus,0", 3 << 30),
+                                                         ("GPU-5a1d0c0e-1001", 2 << 30), ("0,0,1", 1 << 30)])
+def test_cuda_visible_devices(sim_tool, sim_env, tmp_path: Path, visible: str, ordinal0_total: int) -> None:  # type: ignore[no-untyped-def]
+    """CUDA ordinals number the visible devices (real driver rules: indices or UUID prefixes, the
+    list ends at the first invalid or repeated entry)."""
+    cfg = write_config(tmp_path, {"devices": [{"memory": "1Gi"}, {"memory": "2Gi"}, {"memory": "3Gi"}]})
+    env = {**sim_env, "SIMGPU_CONFIG": str(cfg), "CUDA_VISIBLE_DEVICES": visible}
+    r = subprocess.run([str(sim_tool), "info"], env=env, capture_output=True, text=True, timeout=30, check=True)
+    assert f"total={ordinal0_total}" in r.stdout
+
+
+def test_visible_device_memory_is_charged_to_the_physical_device(sim_tool, sim_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from tests.sim.simhelp import Client
+
+    cfg = write_config(tmp_path, {"devices": [{"memory": "1Gi"}, {"memory": "2Gi"}]})
+    env = {**sim_env, "SIMGPU_CONFIG": str(cfg)}
+    holder = Client(sim_tool, {**env, "CUDA_VISIBLE_DEVICES": "1"}, "hold", str(100 << 20))
+    try:
+        used = run_python(env, """
+nv.nvmlInit()
+print(json.dumps([nv.nvmlDeviceGetMemoryInfo(nv.nvmlDeviceGetHandleByIndex(i)).used for i in range(2)]))
+""")
+        assert used == [0, 100 << 20]
+    finally:
+        holder.finish()
+    r = subprocess.run([str(sim_tool), "init"], env={**env, "CUDA_VISIBLE_DEVICES": ""}, capture_output=True, text=True, timeout=30)
+    assert r.stdout.strip() == "100"  # CUDA_ERROR_NO_DEVICE: nothing visible

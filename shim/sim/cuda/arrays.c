@@ -59,7 +59,7 @@ static CUresult charge(int dev, uint64_t bytes, uint64_t *charged)
 {
     *charged = sim_align_up(bytes, SIM_ARRAY_GRANULE);
     pthread_mutex_lock(&G.lock);
-    int rc = sim_mem_charge(G.slot, dev, *charged, G.cfg.dev[dev].memory);
+    int rc = sim_mem_charge(G.slot, sim_phys(dev), *charged, G.cfg.dev[dev].memory);
     pthread_mutex_unlock(&G.lock);
     return rc == 0 ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
@@ -131,7 +131,7 @@ SIM_EXPORT CUresult cuArrayDestroy(CUarray hArray)
         return CUDA_ERROR_INVALID_HANDLE;
     }
     hArray->magic = MAGIC_DEAD; /* kept, not freed: a stale handle fails validation */
-    sim_mem_uncharge(G.slot, hArray->dev, hArray->charged);
+    sim_mem_uncharge(G.slot, sim_phys(hArray->dev), hArray->charged);
     pthread_mutex_unlock(&G.lock);
     return CUDA_SUCCESS;
 }
@@ -191,7 +191,7 @@ SIM_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)
         return CUDA_ERROR_INVALID_HANDLE;
     }
     hMipmappedArray->magic = MAGIC_DEAD;
-    sim_mem_uncharge(G.slot, hMipmappedArray->dev, hMipmappedArray->charged);
+    sim_mem_uncharge(G.slot, sim_phys(hMipmappedArray->dev), hMipmappedArray->charged);
     pthread_mutex_unlock(&G.lock);
     return CUDA_SUCCESS;
 }

@@ -58,7 +58,7 @@ static CUresult ctx_activate_locked(struct CUctx_st *c, int dev, unsigned flags)
 {
     if (sim_ensure_slot() < 0)
         return CUDA_ERROR_OPERATING_SYSTEM;
-    if (G.ctx_mem && sim_mem_charge(G.slot, dev, G.ctx_mem, G.cfg.dev[dev].memory) != 0)
+    if (G.ctx_mem && sim_mem_charge(G.slot, sim_phys(dev), G.ctx_mem, G.cfg.dev[dev].memory) != 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     c->charged = G.ctx_mem;
     c->dev = dev;
@@ -70,11 +70,11 @@ static CUresult ctx_activate_locked(struct CUctx_st *c, int dev, unsigned flags)
     c->magic = MAGIC_CTX;
     c->legacy = sim_stream_new(c, STREAM_LEGACY, 0, 0);
     if (!c->legacy) {
-        sim_mem_uncharge(G.slot, dev, c->charged);
+        sim_mem_uncharge(G.slot, sim_phys(dev), c->charged);
         c->magic = MAGIC_DEAD;
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    sim_ctx_count(G.slot, dev, +1);
+    sim_ctx_count(G.slot, sim_phys(dev), +1);
     G.live_contexts++;
     return CUDA_SUCCESS;
 }
@@ -83,9 +83,9 @@ static CUresult ctx_activate_locked(struct CUctx_st *c, int dev, unsigned flags)
 static void ctx_deactivate_locked(struct CUctx_st *c)
 {
     sim_free_ctx_allocations(c);
-    sim_mem_uncharge(G.slot, c->dev, c->charged);
+    sim_mem_uncharge(G.slot, sim_phys(c->dev), c->charged);
     c->charged = 0;
-    sim_ctx_count(G.slot, c->dev, -1);
+    sim_ctx_count(G.slot, sim_phys(c->dev), -1);
     G.live_contexts--;
     if (c->legacy) {
         sim_stream_release(c->legacy);

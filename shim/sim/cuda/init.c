@@ -5,6 +5,11 @@
  * change the node between runs) and maps the node state. A malformed config makes cuInit fail
  * with CUDA_ERROR_NO_DEVICE after one stderr line naming the file, the field and what is allowed.
  *
+ * CUDA_VISIBLE_DEVICES is honoured as by the real driver: a comma-separated list of device
+ * indices or (prefixes of) GPU UUIDs; the list ends at the first invalid or repeated entry; an
+ * empty value hides every device. CUDA ordinals then number the visible devices, while memory is
+ * charged, and NVML (which ignores the variable) reports it, on the physical device.
+ *
  * Fork: a child starts with no CUDA state (as with the real driver, the parent's contexts are
  * unusable there): every handle of the parent becomes invalid (generation bump), the child has
  * no node slot (the parent's slot lock is not inherited) and must call cuInit again; its first
@@ -12,6 +17,7 @@
  */
 #include "cuda_internal.h"
 
+#include <ctype.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -54,6 +60,53 @@ CUresult sim_check_device(CUdevice dev)
     return CUDA_SUCCESS;
 }
 
+/* Narrow `cfg` to the devices CUDA_VISIBLE_DEVICES shows; phys[i] = node index of ordinal i. */
+static void apply_visible_devices(sim_config *cfg, int phys[SIM_MAX_DEVICES])
+{
+    for (int i = 0; i < SIM_MAX_DEVICES; i++)
+        phys[i] = i;
+    const char *v = getenv("CUDA_VISIBLE_DEVICES");
+    if (!v)
+        return;
+    sim_device_cfg all[SIM_MAX_DEVICES];
+    int nall = cfg->ndev, n = 0;
+    memcpy(all, cfg->dev, sizeof all);
+    char buf[1024];
+    sim_copy_str(buf, sizeof buf, v);
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, ",", &save); tok && n < SIM_MAX_DEVICES; tok = strtok_r(NULL, ",", &save)) {
+        while (isspace((unsigned char)*tok))
+            tok++;
+        size_t len = strlen(tok);
+        while (len && isspace((unsigned char)tok[len - 1]))
+            tok[--len] = '\0';
+        int idx = -1;
+        if (len && isdigit((unsigned char)tok[0])) {
+            char *end;
+            long x = strtol(tok, &end, 10);
+            if (*end == '\0' && x >= 0 && x < nall)
+                idx = (int)x;
+        } else if (len > 4 && strncmp(tok, "GPU-", 4) == 0) {
+            for (int i = 0; i < nall; i++) /* a unique UUID prefix selects the device */
+                if (strncmp(all[i].uuid, tok, len) == 0) {
+                    if (idx >= 0) {
+                        idx = -1;
+                        break;
+                    }
+                    idx = i;
+                }
+        }
+        for (int j = 0; j < n && idx >= 0; j++)
+            if (phys[j] == idx)
+                idx = -1; /* repeated */
+        if (idx < 0)
+            break;
+        phys[n] = idx;
+        cfg->dev[n++] = all[idx];
+    }
+    cfg->ndev = n;
+}
+
 int sim_ensure_slot(void)
 {
     if (G.slot < 0)
@@ -75,6 +128,7 @@ SIM_EXPORT CUresult cuInit(unsigned int Flags)
             rc = CUDA_ERROR_NO_DEVICE;
             atomic_store(&G.initialized, 0);
         } else {
+            apply_visible_devices(cfg, G.phys);
             G.cfg = *cfg;
         }
         free(cfg);

@@ -127,7 +127,7 @@ static CUresult alloc_device(CUdeviceptr *out, size_t size, int kind, int low32)
         return CUDA_ERROR_OUT_OF_MEMORY;
     uint64_t charge = kind == ALLOC_HOST ? 0 : sim_align_up(size, SIM_ALLOC_ALIGN);
     pthread_mutex_lock(&G.lock);
-    if (charge && sim_mem_charge(G.slot, c->dev, charge, G.cfg.dev[c->dev].memory) != 0) {
+    if (charge && sim_mem_charge(G.slot, sim_phys(c->dev), charge, G.cfg.dev[c->dev].memory) != 0) {
         pthread_mutex_unlock(&G.lock);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -136,7 +136,7 @@ static CUresult alloc_device(CUdeviceptr *out, size_t size, int kind, int low32)
     sim_alloc a = { .base = (uintptr_t)p, .size = size, .charged = charge, .dev = c->dev, .kind = kind, .mmapped = mm, .ctx = c };
     if (!p || sim_alloc_insert(&a) != 0) {
         sim_backing_free(p, size, mm);
-        sim_mem_uncharge(G.slot, c->dev, charge);
+        sim_mem_uncharge(G.slot, sim_phys(c->dev), charge);
         pthread_mutex_unlock(&G.lock);
         return kind == ALLOC_HOST ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -209,7 +209,7 @@ SIM_EXPORT CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pPitch, 
 static void release_locked(const sim_alloc *a)
 {
     sim_backing_free((void *)a->base, a->size, a->mmapped);
-    sim_mem_uncharge(G.slot, a->dev, a->charged);
+    sim_mem_uncharge(G.slot, sim_phys(a->dev), a->charged);
 }
 
 SIM_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
@@ -261,7 +261,7 @@ SIM_EXPORT CUresult cuMemGetInfo_v2(size_t *free_, size_t *total)
     if (rc != CUDA_SUCCESS)
         return rc;
     uint64_t tot = G.cfg.dev[c->dev].memory;
-    uint64_t used = sim_mem_used(c->dev, G.slot);
+    uint64_t used = sim_mem_used(sim_phys(c->dev), G.slot);
     *total = tot;
     *free_ = used >= tot ? 0 : tot - used;
     return CUDA_SUCCESS;

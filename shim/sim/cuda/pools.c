@@ -69,7 +69,7 @@ static struct CUmemPoolHandle_st *default_pool_locked(int dev)
 static void release_block(struct CUmemPoolHandle_st *p, pool_block *b)
 {
     sim_backing_free((void *)b->base, b->size, b->mmapped);
-    sim_mem_uncharge(G.slot, p->dev, b->charged);
+    sim_mem_uncharge(G.slot, sim_phys(p->dev), b->charged);
     p->reserved -= b->charged;
     free(b);
 }
@@ -99,7 +99,7 @@ void sim_pool_free_block(const sim_alloc *a)
     p->used -= a->charged;
     if (!b) { /* cannot keep it: give it back */
         sim_backing_free((void *)a->base, a->size, a->mmapped);
-        sim_mem_uncharge(G.slot, p->dev, a->charged);
+        sim_mem_uncharge(G.slot, sim_phys(p->dev), a->charged);
         p->reserved -= a->charged;
         return;
     }
@@ -138,13 +138,13 @@ CUresult sim_pool_alloc(struct CUmemPoolHandle_st *pool, size_t bytes, CUdevicep
         free(b);
     } else {
         if ((pool->max_size && pool->reserved + charge > pool->max_size) ||
-            sim_mem_charge(G.slot, pool->dev, charge, G.cfg.dev[pool->dev].memory) != 0) {
+            sim_mem_charge(G.slot, sim_phys(pool->dev), charge, G.cfg.dev[pool->dev].memory) != 0) {
             pthread_mutex_unlock(&G.lock);
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
         void *p = sim_backing_alloc(charge, &a.mmapped);
         if (!p) {
-            sim_mem_uncharge(G.slot, pool->dev, charge);
+            sim_mem_uncharge(G.slot, sim_phys(pool->dev), charge);
             pthread_mutex_unlock(&G.lock);
             return CUDA_ERROR_OUT_OF_MEMORY;
         }

@@ -111,7 +111,7 @@ static int is_blocking(const struct CUstream_st *s)
 void sim_stream_enqueue(struct CUstream_st *s, uint64_t dur_ns)
 {
     struct CUctx_st *ctx = s->ctx;
-    sim_dev_state *d = &sim_shm->dev[ctx->dev];
+    sim_dev_state *d = &sim_shm->dev[sim_phys(ctx->dev)];
     pthread_mutex_lock(&s->mu);
     uint64_t now = sim_now_ns();
     uint64_t tail = atomic_load(&s->tail);
@@ -136,7 +136,7 @@ void sim_stream_enqueue(struct CUstream_st *s, uint64_t dur_ns)
         end = start + dur_ns;
     } while (!atomic_compare_exchange_weak(&d->busy_until, &old, end));
     if (dur_ns)
-        sim_busy_record(ctx->dev, G.slot, start, end);
+        sim_busy_record(sim_phys(ctx->dev), G.slot, start, end);
     atomic_fetch_add_explicit(&d->launches, 1, memory_order_relaxed);
     atomic_store(&s->tail, end);
     s->ends[s->pace_idx] = end;

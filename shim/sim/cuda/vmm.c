@@ -96,7 +96,7 @@ SIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t siz
         pthread_mutex_unlock(&G.lock);
         return CUDA_ERROR_OPERATING_SYSTEM;
     }
-    if (sim_mem_charge(G.slot, dev, size, G.cfg.dev[dev].memory) != 0) {
+    if (sim_mem_charge(G.slot, sim_phys(dev), size, G.cfg.dev[dev].memory) != 0) {
         pthread_mutex_unlock(&G.lock);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -106,7 +106,7 @@ SIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t siz
         if (fd >= 0)
             close(fd);
         free(h);
-        sim_mem_uncharge(G.slot, dev, size);
+        sim_mem_uncharge(G.slot, sim_phys(dev), size);
         pthread_mutex_unlock(&G.lock);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -137,7 +137,7 @@ SIM_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
     }
     vmm_handle *h = *pp;
     *pp = h->next;
-    sim_mem_uncharge(G.slot, h->dev, h->charged);
+    sim_mem_uncharge(G.slot, sim_phys(h->dev), h->charged);
     close(h->fd); /* live mappings keep the pages until unmapped */
     free(h);
     pthread_mutex_unlock(&G.lock);
