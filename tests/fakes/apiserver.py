@@ -27,7 +27,8 @@ request policies); a violation is HTTP 422 with a Status body like the real serv
 from ResourceSlice writes, as a server with the DRAConsumableCapacity gate off does (the 1.34 and
 1.35 default), and likewise claims' `capacity` requests and results' `consumedCapacity`/`shareID`. `drop_device_taints=True` strips device `taints` (gate DRADeviceTaints off).
 
-`down()` closes the listening socket (clients get "connection refused") and `up()` serves the
+Deleting an object deletes the objects whose ownerReferences name its UID (what the garbage
+collector does, here at once). `down()` closes the listening socket (clients get "connection refused") and `up()` serves the
 same store on the same port again, for API-server-outage tests. `requests` records every request.
 """
 
@@ -868,6 +869,14 @@ class FakeApiServer:
         obj["metadata"]["resourceVersion"] = str(self._store.rv)
         self._store.events.append(_Event(self._store.rv, "DELETED", rt, copy.deepcopy(obj)))
         self._cond.notify_all()
+        # The garbage collector's part: dependents of the deleted object go too (at once here).
+        uid = obj["metadata"].get("uid")
+        for (plural, dns, dname), dep in list(self._store.objects.items()):
+            owners = (dep.get("metadata") or {}).get("ownerReferences") or []
+            if uid and any(o.get("uid") == uid for o in owners):
+                drt = self.resource_type(plural)
+                if (plural, dns, dname) in self._store.objects:
+                    self._delete(drt, dns, dname)
         return obj
 
     def _list(
