@@ -242,6 +242,13 @@ def test_sharing_mode_end_to_end(sim_ready: None, server: FakeApiServer, root: P
         assert answer.error == "", answer.error
         assert [d.device_name for d in answer.devices] == ["gpu-1"]
         assert list((root / "cdi").glob(f"*{claim['metadata']['uid']}*.json"))
+        # With the API server gone, the sockets keep serving: a repeated prepare of a prepared
+        # claim answers from the checkpoint, and /healthz stays live.
+        server.down()
+        again = kubelet.prepare([claim_id(claim)])[claim["metadata"]["uid"]]
+        assert again.error == "" and [d.device_name for d in again.devices] == ["gpu-1"]
+        assert p.healthz()[0] == 200
+        server.up()
         kubelet.close()
         assert p.healthz()[1]["registered"] is True
 
