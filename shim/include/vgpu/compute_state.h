@@ -42,7 +42,14 @@ struct vgpu_compute_state {
     uint64_t last_launch_ns;     /* CLOCK_MONOTONIC of the newest launch (heartbeat) */
     uint32_t effective_permille; /* cap currently applied (elastic may lift it; 1000 = uncapped) */
     uint32_t attached;           /* processes that attached to this device's cap (monotonic count) */
-    uint64_t reserved[52];       /* zero; room to grow without a layout change */
+    /* NVML outer loop (compute.c): a slow correction of the cost estimates from the driver's
+     * per-process utilisation, run by one process of the slice per period (CAS on nvml_next_ns). */
+    uint32_t nvml_factor_ppm;     /* multiplier of estimated costs, 1000000 = 1.0 (0 = unset = 1.0) */
+    uint32_t nvml_usage_permille; /* the slice's share on this device at the last NVML reading */
+    int64_t nvml_next_ns;         /* CLOCK_MONOTONIC of the next NVML reading */
+    uint64_t nvml_launches_snap;  /* `launches` and `throttled` at the previous reading */
+    uint64_t nvml_throttled_snap;
+    uint64_t reserved[48];        /* zero; room to grow without a layout change */
 };
 
 /* Node-wide per-physical-device demand file: $VGPU_NODE_STATE_DIR/compute-<uuid>.state.
