@@ -1,9 +1,18 @@
 /*
- * CUDA arrays: their size is not an argument, so it is computed from the descriptor
- * (width x height x depth x channels x element size, mip levels summed), charged before the
- * array is created and returned at cuArrayDestroy / cuMipmappedArrayDestroy.
+ * CUDA arrays: their size is not an argument, so it is computed from the descriptor, charged
+ * before the array is created and returned at cuArrayDestroy / cuMipmappedArrayDestroy.
+ * The driver's layout of an array is opaque; the formula is the simulator's documented one
+ * (shim/sim/cuda/arrays.c), a faithful model of what the hardware takes:
+ *   row pitch = align_up(width * channels * element size, 512)
+ *   bytes     = pitch * max(height, 1) * max(depth, 1)   (layers and cube faces are depth)
+ *   charged   = align_up(bytes, 2 MiB)                   (arrays live in whole large pages)
+ * A mipmapped array sums its levels (each halves every extent but layers, down to 1) and is
+ * rounded up once.
  */
 #include "shim_internal.h"
+
+#define ARRAY_PITCH_ALIGN 512ULL
+#define ARRAY_GRANULE (2ULL << 20)
 
 static uint64_t mul_sat(uint64_t a, uint64_t b) {
     uint64_t r;
@@ -27,29 +36,35 @@ static uint64_t format_bytes(CUarray_format f) {
 
 static uint64_t nz(uint64_t v) { return v ? v : 1; }
 
-/* 0 = not computable (unknown format, zero width): pass through uncharged, the driver rejects */
-static uint64_t array_bytes(uint64_t w, uint64_t h, uint64_t d, CUarray_format fmt, unsigned channels) {
+static uint64_t round_up_sat(uint64_t v, uint64_t a) { return v > UINT64_MAX - (a - 1) ? UINT64_MAX : (v + a - 1) / a * a; }
+
+/* One level's bytes; 0 = not computable (unknown format, zero width): pass through uncharged,
+ * the driver rejects the descriptor itself. */
+static uint64_t level_bytes(uint64_t w, uint64_t h, uint64_t d, CUarray_format fmt, unsigned channels) {
     uint64_t e = format_bytes(fmt);
     if (e == 0 || w == 0 || channels == 0) return 0;
-    return vgpu_mem_round(mul_sat(mul_sat(mul_sat(w, nz(h)), nz(d)), e * channels));
+    uint64_t pitch = round_up_sat(mul_sat(w, e * channels), ARRAY_PITCH_ALIGN);
+    return mul_sat(mul_sat(pitch, nz(h)), nz(d));
+}
+
+static uint64_t array_bytes(uint64_t w, uint64_t h, uint64_t d, CUarray_format fmt, unsigned channels) {
+    return round_up_sat(level_bytes(w, h, d, fmt, channels), ARRAY_GRANULE);
 }
 
 static uint64_t mipmap_bytes(const CUDA_ARRAY3D_DESCRIPTOR *a, unsigned levels) {
-    uint64_t e = format_bytes(a->Format), total = 0;
-    if (e == 0 || a->Width == 0 || a->NumChannels == 0) return 0;
-    int layered = (a->Flags & CUDA_ARRAY3D_LAYERED) != 0;
+    uint64_t total = 0;
+    int layered = (a->Flags & (CUDA_ARRAY3D_LAYERED | CUDA_ARRAY3D_CUBEMAP)) != 0;
     uint64_t w = a->Width, h = a->Height, d = a->Depth;
     for (unsigned l = 0; l < (levels ? levels : 1); l++) {
-        uint64_t lb = mul_sat(mul_sat(mul_sat(w, nz(h)), nz(d)), e * a->NumChannels);
+        uint64_t lb = level_bytes(w, h, d, a->Format, a->NumChannels);
+        if (lb == 0) return 0;
         total = total > UINT64_MAX - lb ? UINT64_MAX : total + lb;
         w = w > 1 ? w / 2 : 1;
         if (h) h = h > 1 ? h / 2 : 1;
         if (d && !layered) d = d > 1 ? d / 2 : 1; /* layers (and cube faces) do not shrink */
     }
-    return vgpu_mem_round(total);
+    return round_up_sat(total, ARRAY_GRANULE);
 }
-
-typedef CUresult (*destroy_fn)(void *);
 
 static CUresult charged_create(int kind, uint64_t bytes, CUresult (*create)(const void *, void *), const void *args,
                                void **handle_out) {

@@ -47,7 +47,13 @@ static const struct entry entries[] = {
 typedef void *(*dlsym_fn)(void *, const char *);
 static _Atomic(dlsym_fn) real_dlsym_ptr;
 
-static dlsym_fn real_dlsym(void) {
+/* dlsym runs before anything is set up (sanitizer runtimes and other preloads resolve their own
+ * symbols through it while they initialise): its passthrough path touches no instrumented code,
+ * calls no intercepted libc function, and must stay a tail call (RTLD_NEXT is relative to the
+ * caller's address, so the real dlsym must see the application's return address, not ours). */
+#define EARLY_SAFE __attribute__((no_sanitize_address, no_sanitize("undefined")))
+
+EARLY_SAFE static dlsym_fn real_dlsym(void) {
     dlsym_fn f = atomic_load_explicit(&real_dlsym_ptr, memory_order_acquire);
     if (f) return f;
     /* dlvsym is not intercepted; RTLD_NEXT from here is the C library's dlsym. Idempotent, so a
@@ -97,6 +103,8 @@ void *vgpu_nvml_sym(const char *name) {
     return vgpu_resolve_nvml() == 0 ? real_dlsym()(nvml_handle, name) : NULL;
 }
 
+static void *vgpu_map_dlsym(const char *name, void *r);
+
 static const struct entry *entry_by_name(const char *name) {
     for (size_t i = 0; i < N_ENTRIES; i++)
         if (strcmp(entries[i].name, name) == 0) return &entries[i];
@@ -104,16 +112,24 @@ static const struct entry *entry_by_name(const char *name) {
 }
 
 /* ---- dlsym ---- */
-VGPU_EXPORT void *dlsym(void *handle, const char *name) {
+EARLY_SAFE static int maybe_ours(const char *name) {
+    return (name[0] == 'c' && name[1] == 'u') || (name[0] == 'n' && name[1] == 'v' && name[2] == 'm' && name[3] == 'l');
+}
+
+/* The tail call must not depend on the optimisation level the shim is built with. */
+EARLY_SAFE __attribute__((optimize("optimize-sibling-calls"))) VGPU_EXPORT void *dlsym(void *handle, const char *name) {
     dlsym_fn real = real_dlsym();
     /* <dlfcn.h> declares name nonnull, but applications do pass NULL: launder the pointer so the
      * compiler keeps the check, and leave the NULL to the real dlsym */
     __asm__("" : "+r"(name));
     /* RTLD_NEXT depends on the caller's address and anything that is not a driver name is none
      * of our business: tail-call the real dlsym so it sees the application as its caller. */
-    if (handle == RTLD_NEXT || name == NULL || !((name[0] == 'c' && name[1] == 'u') || strncmp(name, "nvml", 4) == 0))
-        return real(handle, name);
-    void *r = real(handle, name);
+    if (handle == RTLD_NEXT || name == NULL || !maybe_ours(name)) return real(handle, name);
+    return vgpu_map_dlsym(name, real(handle, name));
+}
+
+/* the part of dlsym for driver names: ordinary (instrumented) code */
+static void *vgpu_map_dlsym(const char *name, void *r) {
     if (r == NULL) return r;
     const struct entry *e = entry_by_name(name);
     if (e == NULL) return r;

@@ -30,6 +30,7 @@ static uint64_t mono_ns(void) {
 
 static void atfork_child(void) {
     vgpu_track_reset();
+    vgpu_pools_atfork_child();
     vgpu_region_atfork_child();
 }
 

@@ -36,6 +36,8 @@ int vgpu_mem_active(void) { return vgpu_region() != NULL && !vgpu_config()->disa
 CUresult vgpu_mem_reserve(int dev, uint64_t bytes) {
     uint64_t limit = vgpu_region_limit(dev), used = 0;
     int rc = vgpu_region_charge(dev, bytes, limit, &used);
+    /* before refusing: memory our pools merely cache goes back to the device, then retry */
+    if (rc == -1 && vgpu_pools_settle(dev, 1)) rc = vgpu_region_charge(dev, bytes, limit, &used);
     if (rc == 0) return CUDA_SUCCESS;
     if (rc == -2) return CUDA_ERROR_OPERATING_SYSTEM; /* region unusable: reported already */
     static atomic_flag said = ATOMIC_FLAG_INIT;
@@ -214,6 +216,7 @@ static int slice_view(int dev, uint64_t drv_total, uint64_t drv_free, uint64_t *
     uint64_t limit = vgpu_region_limit(dev);
     if (limit == 0) return 0;
     vgpu_region_reclaim_dead(); /* what dead processes held is free again */
+    vgpu_pools_settle(dev, 0);  /* pools that released cached memory at a synchronisation */
     uint64_t used = vgpu_region_used(dev);
     uint64_t t = limit < drv_total ? limit : drv_total;
     uint64_t f = used >= limit ? 0 : limit - used; /* never negative, never wrapped */

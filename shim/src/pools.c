@@ -1,46 +1,142 @@
 /*
  * Stream-ordered allocation (cuMemAllocAsync, cuMemAllocFromPoolAsync and their _ptsz forms).
- * Charged by allocation and returned at cuMemFreeAsync, never by a pool's high-water mark: memory
- * a pool keeps cached after a free does not count against the slice, so a pool that once held
- * 3 GiB does not refuse the next allocation (the spurious OOM of the field).
- * The device of a pool allocation is the pool's (recorded when the pool is created or looked
- * up); of cuMemAllocAsync, the current context's.
+ *
+ * A pool keeps freed blocks reserved (charged on the device) until a synchronisation or a trim
+ * releases them down to its release threshold, so "what the slice takes" is the pools'
+ * reserved memory, not the sum of live allocations. Each pool the process uses is charged its
+ * reserved bytes (CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, the driver's own figure):
+ *   - an allocation reserves its size first (refused over quota), then settles the pool's
+ *     charge to what the pool reserves afterwards (less if a cached block was reused);
+ *   - a free settles the pool's charge (a pool that released memory at once returns it);
+ *   - a refusal, cuMemGetInfo and cuMemPoolTrimTo settle every pool of the device first, and a
+ *     refusal also trims them, so memory a pool merely caches never causes an OOM (the
+ *     spurious OOM of high-water-mark accounting) and never lets the slice exceed its quota.
+ * Between a synchronisation that releases pool memory and the next settle, the charge is higher
+ * than the device's use: conservative, and corrected before any refusal.
  */
+#include <pthread.h>
+#include <stdlib.h>
+
 #include "shim_internal.h"
 
-static int pool_device(CUmemoryPool pool) {
-    int dev;
-    if (pool != NULL && vgpu_track_find(VGPU_TRACK_POOL, (uint64_t)(uintptr_t)pool, &dev, NULL)) return dev;
-    return vgpu_current_device_index();
+struct pool_acct {
+    CUmemoryPool pool;
+    int dev;             /* app-visible device index */
+    uint64_t charged;    /* bytes charged to the region for this pool */
+    pthread_mutex_t mu;  /* serialises this pool's allocate/settle in this process */
+    struct pool_acct *next;
+};
+
+static pthread_mutex_t list_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct pool_acct *pools;
+
+typedef CUresult (*pool_attr_fn)(CUmemoryPool, CUmemPool_attribute, void *);
+typedef CUresult (*ctx_dev_fn)(CUdevice *);
+
+static pool_attr_fn get_attr(void) {
+    static pool_attr_fn f;
+    if (f == NULL) f = (pool_attr_fn)vgpu_cuda_sym("cuMemPoolGetAttribute");
+    return f;
 }
 
-static void remember_pool(CUmemoryPool pool, int dev) {
-    int known;
-    if (pool == NULL || dev < 0) return;
-    if (!vgpu_track_find(VGPU_TRACK_POOL, (uint64_t)(uintptr_t)pool, &known, NULL))
-        vgpu_track_add(VGPU_TRACK_POOL, (uint64_t)(uintptr_t)pool, dev, 0);
+static struct pool_acct *pool_acct(CUmemoryPool pool, int dev) {
+    pthread_mutex_lock(&list_mu);
+    struct pool_acct *a = pools;
+    while (a && a->pool != pool) a = a->next;
+    if (a == NULL && dev >= 0 && (a = calloc(1, sizeof *a)) != NULL) {
+        a->pool = pool;
+        a->dev = dev;
+        pthread_mutex_init(&a->mu, NULL);
+        a->next = pools;
+        pools = a;
+    }
+    pthread_mutex_unlock(&list_mu);
+    return a;
+}
+
+/* a->mu held: bring the pool's charge to what the pool reserves now */
+static void settle_locked(struct pool_acct *a) {
+    cuuint64_t r = 0;
+    pool_attr_fn f = get_attr();
+    if (f == NULL || f(a->pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &r) != CUDA_SUCCESS) return;
+    if (r < a->charged) {
+        vgpu_mem_release(a->dev, a->charged - r);
+        a->charged = r;
+    } else if (r > a->charged) {
+        /* grown behind our back (cannot happen through the hooks): account it, never refuse */
+        uint64_t used;
+        if (vgpu_region_charge(a->dev, r - a->charged, 0, &used) == 0) a->charged = r;
+    }
+}
+
+int vgpu_pools_settle(int dev, int trim) {
+    int released = 0;
+    pthread_mutex_lock(&list_mu);
+    for (struct pool_acct *a = pools; a; a = a->next) {
+        if (a->dev != dev || pthread_mutex_trylock(&a->mu) != 0) continue; /* busy: its owner settles it */
+        uint64_t before = a->charged;
+        if (trim && real_cuMemPoolTrimTo) real_cuMemPoolTrimTo(a->pool, 0);
+        settle_locked(a);
+        released |= a->charged < before;
+        pthread_mutex_unlock(&a->mu);
+    }
+    pthread_mutex_unlock(&list_mu);
+    return released;
+}
+
+void vgpu_pools_atfork_child(void) {
+    /* the parent's pools are not the child's (and their mutexes may be held by parent threads) */
+    pthread_mutex_init(&list_mu, NULL);
+    pools = NULL;
 }
 
 typedef CUresult (*alloc_async_fn)(CUdeviceptr *, size_t, CUstream);
 typedef CUresult (*alloc_pool_fn)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
 typedef CUresult (*free_async_fn)(CUdeviceptr, CUstream);
 
-static CUresult charged(int dev, CUdeviceptr *dptr, size_t bytesize, alloc_async_fn a, alloc_pool_fn ap,
-                        CUmemoryPool pool, CUstream s) {
-    uint64_t charge = vgpu_mem_round(bytesize);
-    CUresult st = vgpu_mem_reserve(dev, charge);
-    if (st != CUDA_SUCCESS) return st;
-    CUresult rc = a ? a(dptr, bytesize, s) : ap(dptr, bytesize, pool, s);
+static CUresult charged_alloc(struct pool_acct *a, CUdeviceptr *dptr, size_t bytesize, alloc_async_fn fa,
+                              alloc_pool_fn fp, CUstream s) {
+    pthread_mutex_lock(&a->mu);
+    settle_locked(a); /* a synchronisation may have released cached blocks */
+    uint64_t want = vgpu_mem_round(bytesize);
+    CUresult rc = vgpu_mem_reserve(a->dev, want);
     if (rc != CUDA_SUCCESS) {
-        vgpu_mem_release(dev, charge);
+        pthread_mutex_unlock(&a->mu);
         return rc;
     }
-    if (vgpu_track_add(VGPU_TRACK_PTR, *dptr, dev, charge) != 0) {
-        real_cuMemFreeAsync(*dptr, s);
-        vgpu_mem_release(dev, charge);
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    a->charged += want;
+    rc = fa ? fa(dptr, bytesize, s) : fp(dptr, bytesize, a->pool, s);
+    if (rc == CUDA_SUCCESS) {
+        cuuint64_t r = 0;
+        pool_attr_fn f = get_attr();
+        if (f && f(a->pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &r) == CUDA_SUCCESS && r > a->charged) {
+            /* the pool reserved more than asked: that too must fit the quota */
+            if (vgpu_mem_reserve(a->dev, r - a->charged) == CUDA_SUCCESS) {
+                a->charged = r;
+            } else {
+                real_cuMemFreeAsync(*dptr, s);
+                if (real_cuMemPoolTrimTo) real_cuMemPoolTrimTo(a->pool, 0);
+                rc = CUDA_ERROR_OUT_OF_MEMORY;
+            }
+        }
+        if (rc == CUDA_SUCCESS && vgpu_track_add(VGPU_TRACK_ASYNC, *dptr, a->dev, (uint64_t)(uintptr_t)a) != 0) {
+            real_cuMemFreeAsync(*dptr, s);
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        }
     }
+    settle_locked(a); /* reused cache: less than provisionally charged; failure: back to before */
+    pthread_mutex_unlock(&a->mu);
     return rc;
+}
+
+static struct pool_acct *current_pool(int *dev) {
+    static ctx_dev_fn ctx_dev;
+    if (ctx_dev == NULL) ctx_dev = (ctx_dev_fn)vgpu_cuda_sym("cuCtxGetDevice");
+    CUdevice d;
+    CUmemoryPool pool;
+    if (ctx_dev == NULL || ctx_dev(&d) != CUDA_SUCCESS || (*dev = vgpu_device_index(d)) < 0) return NULL;
+    if (real_cuDeviceGetMemPool == NULL || real_cuDeviceGetMemPool(&pool, d) != CUDA_SUCCESS) return NULL;
+    return pool_acct(pool, *dev);
 }
 
 static CUresult alloc_async(alloc_async_fn real, CUdeviceptr *dptr, size_t bytesize, CUstream s) {
@@ -48,19 +144,21 @@ static CUresult alloc_async(alloc_async_fn real, CUdeviceptr *dptr, size_t bytes
     if (st != CUDA_SUCCESS) return st;
     if (real == NULL) return CUDA_ERROR_NOT_SUPPORTED;
     int dev;
-    if (!vgpu_mem_active() || dptr == NULL || bytesize == 0 || (dev = vgpu_current_device_index()) < 0)
-        return real(dptr, bytesize, s);
-    return charged(dev, dptr, bytesize, real, NULL, NULL, s);
+    struct pool_acct *a;
+    if (!vgpu_mem_active() || dptr == NULL || bytesize == 0 || (a = current_pool(&dev)) == NULL)
+        return real(dptr, bytesize, s); /* no context or device: the driver's error */
+    return charged_alloc(a, dptr, bytesize, real, NULL, s);
 }
 
 static CUresult alloc_pool(alloc_pool_fn real, CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream s) {
     CUresult st = vgpu_init();
     if (st != CUDA_SUCCESS) return st;
     if (real == NULL) return CUDA_ERROR_NOT_SUPPORTED;
-    int dev;
-    if (!vgpu_mem_active() || dptr == NULL || bytesize == 0 || pool == NULL || (dev = pool_device(pool)) < 0)
+    struct pool_acct *a;
+    if (!vgpu_mem_active() || dptr == NULL || bytesize == 0 || pool == NULL ||
+        (a = pool_acct(pool, vgpu_current_device_index())) == NULL)
         return real(dptr, bytesize, pool, s);
-    return charged(dev, dptr, bytesize, NULL, real, pool, s);
+    return charged_alloc(a, dptr, bytesize, NULL, real, s);
 }
 
 static CUresult free_async(free_async_fn real, CUdeviceptr dptr, CUstream s) {
@@ -68,11 +166,17 @@ static CUresult free_async(free_async_fn real, CUdeviceptr dptr, CUstream s) {
     if (st != CUDA_SUCCESS) return st;
     if (real == NULL) return CUDA_ERROR_NOT_SUPPORTED;
     int dev;
-    uint64_t bytes;
-    if (!vgpu_mem_active() || !vgpu_track_take(VGPU_TRACK_PTR, dptr, &dev, &bytes)) return real(dptr, s);
+    uint64_t pa;
+    if (!vgpu_mem_active() || !vgpu_track_take(VGPU_TRACK_ASYNC, dptr, &dev, &pa)) return real(dptr, s);
     CUresult rc = real(dptr, s);
-    if (rc == CUDA_SUCCESS) vgpu_mem_release(dev, bytes);
-    else vgpu_track_add(VGPU_TRACK_PTR, dptr, dev, bytes);
+    if (rc != CUDA_SUCCESS) {
+        vgpu_track_add(VGPU_TRACK_ASYNC, dptr, dev, pa);
+        return rc;
+    }
+    struct pool_acct *a = (struct pool_acct *)(uintptr_t)pa;
+    pthread_mutex_lock(&a->mu);
+    settle_locked(a);
+    pthread_mutex_unlock(&a->mu);
     return rc;
 }
 
@@ -93,7 +197,7 @@ CUresult hook_cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
     return free_async(real_cuMemFreeAsync_ptsz, dptr, hStream);
 }
 
-/* ---- pools: only to learn each pool's device ---- */
+/* ---- pool lifetime: learn each pool's device; a destroyed pool's charge goes back ---- */
 
 CUresult hook_cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps) {
     CUresult st = vgpu_init();
@@ -102,7 +206,7 @@ CUresult hook_cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProp
     CUresult rc = real_cuMemPoolCreate(pool, poolProps);
     if (rc == CUDA_SUCCESS && vgpu_mem_active() && pool != NULL && poolProps != NULL &&
         poolProps->location.type == CU_MEM_LOCATION_TYPE_DEVICE)
-        remember_pool(*pool, vgpu_device_index(poolProps->location.id));
+        pool_acct(*pool, vgpu_device_index(poolProps->location.id));
     return rc;
 }
 
@@ -111,16 +215,31 @@ CUresult hook_cuMemPoolDestroy(CUmemoryPool pool) {
     if (st != CUDA_SUCCESS) return st;
     if (real_cuMemPoolDestroy == NULL) return CUDA_ERROR_NOT_SUPPORTED;
     CUresult rc = real_cuMemPoolDestroy(pool);
-    if (rc == CUDA_SUCCESS && vgpu_mem_active()) vgpu_track_take(VGPU_TRACK_POOL, (uint64_t)(uintptr_t)pool, NULL, NULL);
+    if (rc != CUDA_SUCCESS || !vgpu_mem_active()) return rc;
+    pthread_mutex_lock(&list_mu);
+    struct pool_acct **pp = &pools, *a;
+    while ((a = *pp) != NULL && a->pool != pool) pp = &a->next;
+    if (a != NULL) *pp = a->next;
+    pthread_mutex_unlock(&list_mu);
+    if (a != NULL) {
+        vgpu_mem_release(a->dev, a->charged);
+        free(a);
+    }
     return rc;
 }
 
-/* Trimming returns cached memory the slice was never charged for: nothing to account. */
 CUresult hook_cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep) {
     CUresult st = vgpu_init();
     if (st != CUDA_SUCCESS) return st;
     if (real_cuMemPoolTrimTo == NULL) return CUDA_ERROR_NOT_SUPPORTED;
-    return real_cuMemPoolTrimTo(pool, minBytesToKeep);
+    CUresult rc = real_cuMemPoolTrimTo(pool, minBytesToKeep);
+    struct pool_acct *a;
+    if (rc == CUDA_SUCCESS && vgpu_mem_active() && (a = pool_acct(pool, -1)) != NULL) {
+        pthread_mutex_lock(&a->mu);
+        settle_locked(a);
+        pthread_mutex_unlock(&a->mu);
+    }
+    return rc;
 }
 
 CUresult hook_cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev) {
@@ -128,7 +247,7 @@ CUresult hook_cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev) {
     if (st != CUDA_SUCCESS) return st;
     if (real_cuDeviceGetDefaultMemPool == NULL) return CUDA_ERROR_NOT_SUPPORTED;
     CUresult rc = real_cuDeviceGetDefaultMemPool(pool_out, dev);
-    if (rc == CUDA_SUCCESS && pool_out != NULL && vgpu_mem_active()) remember_pool(*pool_out, vgpu_device_index(dev));
+    if (rc == CUDA_SUCCESS && pool_out != NULL && vgpu_mem_active()) pool_acct(*pool_out, vgpu_device_index(dev));
     return rc;
 }
 
@@ -137,6 +256,6 @@ CUresult hook_cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev) {
     if (st != CUDA_SUCCESS) return st;
     if (real_cuDeviceGetMemPool == NULL) return CUDA_ERROR_NOT_SUPPORTED;
     CUresult rc = real_cuDeviceGetMemPool(pool, dev);
-    if (rc == CUDA_SUCCESS && pool != NULL && vgpu_mem_active()) remember_pool(*pool, vgpu_device_index(dev));
+    if (rc == CUDA_SUCCESS && pool != NULL && vgpu_mem_active()) pool_acct(*pool, vgpu_device_index(dev));
     return rc;
 }

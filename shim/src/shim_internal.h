@@ -132,7 +132,7 @@ enum vgpu_track_kind {
     VGPU_TRACK_ARRAY = 3,
     VGPU_TRACK_MIPMAP = 4,
     VGPU_TRACK_CTX = 5,    /* contexts' reserve */
-    VGPU_TRACK_POOL = 6,   /* memory pool -> device index (bytes unused) */
+    VGPU_TRACK_ASYNC = 6,  /* stream-ordered allocations: key ptr, "bytes" = its pool's record (pools.c) */
 };
 int vgpu_track_add(int kind, uint64_t key, int dev, uint64_t bytes); /* 0, or -1 out of memory */
 int vgpu_track_take(int kind, uint64_t key, int *dev, uint64_t *bytes); /* 1 found+removed, 0 not */
@@ -148,5 +148,11 @@ CUresult vgpu_mem_reserve(int dev, uint64_t bytes);
 void vgpu_mem_release(int dev, uint64_t bytes);
 /* Bytes the driver takes for a request of n bytes (rounding to the allocation granule). */
 uint64_t vgpu_mem_round(uint64_t n);
+
+/* ---- memory pools (pools.c) ---- */
+/* Settle every (idle) pool of device index dev to what it reserves; trim them first if trim.
+ * Returns nonzero if some charge was returned. */
+int vgpu_pools_settle(int dev, int trim);
+void vgpu_pools_atfork_child(void);
 
 #endif

@@ -46,7 +46,9 @@ def shim_harness(cbin_dir: Path) -> Path:
 @pytest.fixture
 def shim_env(sim_env: dict[str, str]) -> dict[str, str]:
     """sim_env with the shim preloaded and no limits or region set yet."""
-    env = {k: v for k, v in sim_env.items() if not k.startswith(("CUDA_DEVICE_", "LIBCUDA_", "VGPU_"))}
+    env = {
+        k: v for k, v in sim_env.items() if not k.startswith(("CUDA_DEVICE_", "LIBCUDA_", "VGPU_"))
+    }
     env.pop("CUDA_DISABLE_CONTROL", None)
     env.pop("CUDA_VISIBLE_DEVICES", None)
     env["LD_PRELOAD"] = str(shim_library())
@@ -67,9 +69,16 @@ RunFn = Callable[..., subprocess.CompletedProcess[str]]
 def run_prog() -> RunFn:
     """run_prog(binary, *args, env=..., timeout=...) -> CompletedProcess (text, captured)."""
 
-    def _run(binary: Path, *args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    def _run(
+        binary: Path, *args: str, env: dict[str, str], timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [str(binary), *args], env=env, capture_output=True, text=True, timeout=timeout, check=False
+            [str(binary), *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
         )
 
     return _run
@@ -91,3 +100,65 @@ def clean_env() -> dict[str, str]:
         if k.startswith(("CUDA_DEVICE_", "LIBCUDA_", "VGPU_", "SIMGPU_")) or k == "LD_PRELOAD":
             del env[k]
     return env
+
+
+# ---- running tests/c/shim_ops.c -------------------------------------------------------------
+
+
+def parse_ops(stdout: str) -> list[dict[str, str]]:
+    """One dict per 'op=... rc=...' line of shim_ops."""
+    return [kv(line) for line in stdout.splitlines() if line.startswith("op=")]
+
+
+@pytest.fixture
+def shim_ops(build_c: Callable[..., Path]) -> Path:
+    return build_c("shim_ops.c")
+
+
+def run_ops(
+    binary: Path, env: dict[str, str], *ops: str, timeout: float = 120
+) -> list[dict[str, str]]:
+    r = subprocess.run(
+        [str(binary), *ops], env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    assert r.returncode == 0, f"rc={r.returncode} stdout={r.stdout!r} stderr={r.stderr!r}"
+    return parse_ops(r.stdout)
+
+
+class Held:
+    """A shim_ops process that ran its ops and now holds its allocations until release()."""
+
+    def __init__(self, binary: Path, env: dict[str, str], *ops: str) -> None:
+        self.proc = subprocess.Popen(
+            [str(binary), *ops, "ready", "freeall"],
+            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert self.proc.stdout is not None
+        lines: list[str] = []
+        for line in self.proc.stdout:
+            if line.strip() == "ready":
+                break
+            lines.append(line)
+        else:
+            err = self.proc.stderr.read() if self.proc.stderr else ""
+            raise AssertionError(f"shim_ops ended early: {lines} {err}")
+        self.results = parse_ops("".join(lines))
+        self.stderr = ""
+
+    def release(self) -> list[dict[str, str]]:
+        out, err = self.proc.communicate(timeout=60)
+        self.stderr = err
+        assert self.proc.returncode == 0, err
+        return parse_ops(out)
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.communicate(timeout=60)
+
+
+def device_used(binary: Path, env: dict[str, str], ordinal: int = 0) -> int:
+    """Ground truth: the simulator's used bytes on a device, seen by a process without the shim."""
+    plain = {k: v for k, v in env.items() if k != "LD_PRELOAD"}
+    res = run_ops(binary, plain, "init", f"ctx:{ordinal}", "info")
+    assert res[-1]["rc"] == "0", res
+    return int(res[-1]["used"])

@@ -52,4 +52,8 @@ CASES: list[tuple[str, int | None]] = [
 
 # Beyond 64 bits: the C parser refuses (its counters are 64-bit); sharing.quantity accepts
 # arbitrary sizes and `vgpu run` refuses them itself.
-C_ONLY_REJECTED = ["18446744073709551616", "16Pi" + "0" * 3, "99999999999999999999999999999999999999999"]
+C_ONLY_REJECTED = [
+    "18446744073709551616",
+    "16Pi" + "0" * 3,
+    "99999999999999999999999999999999999999999",
+]

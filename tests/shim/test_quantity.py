@@ -19,7 +19,9 @@ def _python(text: str) -> int | None:
 
 
 def _c(harness: Path, texts: list[str]) -> list[int | None]:
-    out = subprocess.run([str(harness), "parse", *texts], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [str(harness), "parse", *texts], capture_output=True, text=True, check=True
+    )
     lines = out.stdout.splitlines()
     assert len(lines) == len(texts)
     return [int(line.split()[1]) if line.startswith("OK ") else None for line in lines]

@@ -34,7 +34,9 @@ def test_create_then_read(tmp_path: Path) -> None:
         (b"\0" * region.FILE_SIZE, "wrong magic"),
     ],
 )
-def test_corrupt_files_are_refused_with_one_line(tmp_path: Path, content: bytes, message: str) -> None:
+def test_corrupt_files_are_refused_with_one_line(
+    tmp_path: Path, content: bytes, message: str
+) -> None:
     p = tmp_path / "bad.region"
     p.write_bytes(content)
     with pytest.raises(region.RegionError, match=message) as e:
@@ -62,7 +64,9 @@ def test_stress_many_processes_never_exceed_the_limit(shim_harness: Path, tmp_pa
     p = str(tmp_path / "stress.region")
     limit = 64 << 20
     procs = [
-        subprocess.Popen([str(shim_harness), "stress", p, "0", str(limit), "8", "20000"], stdout=subprocess.PIPE)
+        subprocess.Popen(
+            [str(shim_harness), "stress", p, "0", str(limit), "8", "20000"], stdout=subprocess.PIPE
+        )
         for _ in range(4)
     ]
     for pr in procs:
@@ -76,7 +80,9 @@ def test_stress_many_processes_never_exceed_the_limit(shim_harness: Path, tmp_pa
 
 def test_sigkilled_holder_is_reclaimed(shim_harness: Path, tmp_path: Path) -> None:
     p = str(tmp_path / "kill.region")
-    holder = subprocess.Popen([str(shim_harness), "hold", p, "2", "12345"], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [str(shim_harness), "hold", p, "2", "12345"], stdout=subprocess.PIPE, text=True
+    )
     assert holder.stdout is not None
     assert holder.stdout.readline().strip() == "held"
     snap = region.read(p)
@@ -86,17 +92,23 @@ def test_sigkilled_holder_is_reclaimed(shim_harness: Path, tmp_path: Path) -> No
     holder.wait(timeout=10)
     snap = region.read(p)
     assert [pr.alive for pr in snap.processes] == [False]  # seen dead, not yet reclaimed
-    out = subprocess.run([str(shim_harness), "used", p, "2"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [str(shim_harness), "used", p, "2"], capture_output=True, text=True, check=True
+    )
     assert out.stdout.strip() == "0"
     assert region.read(p).reclaimed_slots == 1
 
 
-def test_holder_killed_inside_the_lock_does_not_block_others(shim_harness: Path, tmp_path: Path) -> None:
+def test_holder_killed_inside_the_lock_does_not_block_others(
+    shim_harness: Path, tmp_path: Path
+) -> None:
     p = str(tmp_path / "lock.region")
     r = subprocess.run([str(shim_harness), "lockdie", p], timeout=10, check=False)
     assert r.returncode == -signal.SIGKILL
     t0 = time.monotonic()
-    out = subprocess.run([str(shim_harness), "used", p, "0"], capture_output=True, text=True, timeout=10, check=True)
+    out = subprocess.run(
+        [str(shim_harness), "used", p, "0"], capture_output=True, text=True, timeout=10, check=True
+    )
     assert time.monotonic() - t0 < 5
     assert out.stdout.strip() == "0"  # the half-done update was discarded, the charge reclaimed
     assert region.read(p).lock_recoveries == 1
@@ -107,12 +119,15 @@ def test_sigkill_loop_while_others_charge(shim_harness: Path, tmp_path: Path) ->
     p = str(tmp_path / "loop.region")
     limit = 1 << 30
     survivors = [
-        subprocess.Popen([str(shim_harness), "stress", p, "0", str(limit), "2", "30000"], stdout=subprocess.PIPE)
+        subprocess.Popen(
+            [str(shim_harness), "stress", p, "0", str(limit), "2", "30000"], stdout=subprocess.PIPE
+        )
         for _ in range(2)
     ]
     for i in range(30):
         victim = subprocess.Popen(
-            [str(shim_harness), "stress", p, "0", str(limit), "4", "10000000"], stdout=subprocess.DEVNULL
+            [str(shim_harness), "stress", p, "0", str(limit), "4", "10000000"],
+            stdout=subprocess.DEVNULL,
         )
         time.sleep(0.01 + (i % 5) * 0.005)
         victim.kill()
@@ -120,5 +135,7 @@ def test_sigkill_loop_while_others_charge(shim_harness: Path, tmp_path: Path) ->
     for s in survivors:
         s.communicate(timeout=120)
         assert s.returncode == 0
-    out = subprocess.run([str(shim_harness), "used", p, "0"], capture_output=True, text=True, timeout=10, check=True)
+    out = subprocess.run(
+        [str(shim_harness), "used", p, "0"], capture_output=True, text=True, timeout=10, check=True
+    )
     assert out.stdout.strip() == "0"

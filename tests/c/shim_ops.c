@@ -1,0 +1,295 @@
+/*
+ * A CUDA program driven by its arguments, one operation each, for the shim's tests. Prints one
+ * line per operation: "op=<op> rc=<CUresult> [key=value...]". Objects allocated are kept on a
+ * stack; "free" releases the top one with the matching call, "freeall" all of them.
+ *
+ *   init | ctx[:ORD] | info | total[:ORD] | sync | sleep:MS | ready (print, wait for stdin EOF)
+ *   alloc:N | alloc1:N | pitch:W:H | managed:N | create:N[:ORD] | async:N | pool:N | newpool:N
+ *   array:W:H | array3d:W:H:D | mipmap:W:H:LEVELS | ctxcreate[:ORD] | fill:N (allocate N-byte
+ *   chunks until refused: count=...) | free | freeall | freeasync (top async object, no sync)
+ *   dlsym:NAME:N            dlopen("libcuda.so.1") + dlsym(NAME), call it as an allocation of N
+ *   procaddr:BASE:VER:FL:N  cuGetProcAddress_v2(BASE, VER, FL), call it as an allocation of N
+ *   dlsym_is:NAME           same=1 if dlsym(libcuda, NAME) == dlsym(RTLD_DEFAULT, NAME), real=1 if
+ *                           it is libcuda's own definition
+ *   procaddr_is:BASE:VER:FL:SYM   the same for cuGetProcAddress_v2's answer against symbol SYM
+ *   stress:THREADS:ITERS:MAX      random cuMemAlloc_v2/cuMemFree_v2 of 1..MAX bytes per thread
+ *                                 (ok=.. oom=.. other=..)
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "vgpu/cuda_api.h"
+
+enum { K_PTR, K_PTR1, K_HANDLE, K_ASYNC, K_ARRAY, K_MIPMAP, K_CTX, K_POOL };
+struct obj {
+    int kind;
+    unsigned long long h;
+};
+static struct obj stack[1 << 16];
+static int top;
+static CUcontext ctx;
+static CUstream stream;
+
+static void push(int kind, unsigned long long h) {
+    if (top < (int)(sizeof stack / sizeof stack[0])) stack[top++] = (struct obj){kind, h};
+}
+
+static CUresult release(struct obj o) {
+    switch (o.kind) {
+    case K_PTR: return cuMemFree_v2((CUdeviceptr)o.h);
+    case K_PTR1: return cuMemFree((CUdeviceptr_v1)o.h);
+    case K_HANDLE: return cuMemRelease((CUmemGenericAllocationHandle)o.h);
+    case K_ASYNC: {
+        CUresult rc = cuMemFreeAsync((CUdeviceptr)o.h, stream);
+        if (rc == CUDA_SUCCESS) rc = cuStreamSynchronize(stream);
+        return rc;
+    }
+    case K_ARRAY: return cuArrayDestroy((CUarray)(uintptr_t)o.h);
+    case K_MIPMAP: return cuMipmappedArrayDestroy((CUmipmappedArray)(uintptr_t)o.h);
+    case K_CTX: return cuCtxDestroy_v2((CUcontext)(uintptr_t)o.h);
+    case K_POOL: return cuMemPoolDestroy((CUmemoryPool)(uintptr_t)o.h);
+    }
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t);
+typedef CUresult (*alloc1_fn)(CUdeviceptr_v1 *, unsigned int);
+
+static int is_v1(const char *name) { return !strcmp(name, "cuMemAlloc"); }
+
+static CUresult call_alloc(const char *name, void *fn, size_t n) {
+    if (fn == NULL) return CUDA_ERROR_NOT_FOUND;
+    if (is_v1(name)) {
+        CUdeviceptr_v1 p;
+        CUresult rc = ((alloc1_fn)fn)(&p, (unsigned)n);
+        if (rc == CUDA_SUCCESS) push(K_PTR1, p);
+        return rc;
+    }
+    CUdeviceptr p;
+    CUresult rc = ((alloc_fn)fn)(&p, n);
+    if (rc == CUDA_SUCCESS) push(K_PTR, p);
+    return rc;
+}
+
+struct stress {
+    long iters;
+    size_t max;
+    unsigned seed;
+    long ok, oom, other;
+};
+
+static void *stress_thread(void *p) {
+    struct stress *s = p;
+    cuCtxSetCurrent(ctx);
+    CUdeviceptr held[64];
+    int n = 0;
+    for (long i = 0; i < s->iters; i++) {
+        if (n < 64 && (n == 0 || rand_r(&s->seed) % 3 != 0)) {
+            size_t b = 1 + (size_t)rand_r(&s->seed) % s->max;
+            CUresult rc = cuMemAlloc_v2(&held[n], b);
+            if (rc == CUDA_SUCCESS) {
+                n++;
+                s->ok++;
+            } else if (rc == CUDA_ERROR_OUT_OF_MEMORY) {
+                s->oom++;
+                if (n > 0 && cuMemFree_v2(held[--n]) != CUDA_SUCCESS) s->other++;
+            } else {
+                s->other++;
+            }
+        } else if (cuMemFree_v2(held[--n]) != CUDA_SUCCESS) {
+            s->other++;
+        }
+    }
+    while (n > 0)
+        if (cuMemFree_v2(held[--n]) != CUDA_SUCCESS) s->other++;
+    return NULL;
+}
+
+static unsigned long long num(const char *s) { return strtoull(s, NULL, 0); }
+
+int main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    void *libcuda = NULL;
+    for (int i = 1; i < argc; i++) {
+        char buf[512];
+        snprintf(buf, sizeof buf, "%s", argv[i]);
+        char *f[8] = {0};
+        int nf = 0;
+        for (char *tok = strtok(buf, ":"); tok && nf < 8; tok = strtok(NULL, ":")) f[nf++] = tok;
+        const char *op = f[0];
+        CUresult rc = CUDA_SUCCESS;
+        char extra[256] = "";
+        if (!strcmp(op, "init")) {
+            rc = cuInit(0);
+        } else if (!strcmp(op, "ctx")) {
+            CUdevice d;
+            rc = cuDeviceGet(&d, nf > 1 ? atoi(f[1]) : 0);
+            if (rc == CUDA_SUCCESS) rc = cuDevicePrimaryCtxRetain(&ctx, d);
+            if (rc == CUDA_SUCCESS) rc = cuCtxSetCurrent(ctx);
+            if (rc == CUDA_SUCCESS) rc = cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING);
+        } else if (!strcmp(op, "ctxcreate")) {
+            CUdevice d;
+            CUcontext c;
+            rc = cuDeviceGet(&d, nf > 1 ? atoi(f[1]) : 0);
+            if (rc == CUDA_SUCCESS) rc = cuCtxCreate_v2(&c, 0, d);
+            if (rc == CUDA_SUCCESS) {
+                push(K_CTX, (uintptr_t)c);
+                cuCtxSetCurrent(ctx);
+            }
+        } else if (!strcmp(op, "info")) {
+            size_t fr = 0, t = 0;
+            rc = cuMemGetInfo_v2(&fr, &t);
+            snprintf(extra, sizeof extra, "free=%zu total=%zu used=%zu", fr, t, t - fr);
+        } else if (!strcmp(op, "total")) {
+            CUdevice d;
+            size_t t = 0;
+            rc = cuDeviceGet(&d, nf > 1 ? atoi(f[1]) : 0);
+            if (rc == CUDA_SUCCESS) rc = cuDeviceTotalMem_v2(&t, d);
+            snprintf(extra, sizeof extra, "total=%zu", t);
+        } else if (!strcmp(op, "sync")) {
+            rc = cuCtxSynchronize();
+        } else if (!strcmp(op, "sleep")) {
+            usleep((useconds_t)num(f[1]) * 1000);
+        } else if (!strcmp(op, "ready")) {
+            printf("ready\n");
+            char c;
+            while (read(0, &c, 1) > 0) {
+            }
+        } else if (!strcmp(op, "alloc")) {
+            CUdeviceptr p;
+            rc = cuMemAlloc_v2(&p, num(f[1]));
+            if (rc == CUDA_SUCCESS) push(K_PTR, p);
+        } else if (!strcmp(op, "alloc1")) {
+            CUdeviceptr_v1 p;
+            rc = cuMemAlloc(&p, (unsigned)num(f[1]));
+            if (rc == CUDA_SUCCESS) push(K_PTR1, p);
+        } else if (!strcmp(op, "pitch")) {
+            CUdeviceptr p;
+            size_t pitch = 0;
+            rc = cuMemAllocPitch_v2(&p, &pitch, num(f[1]), num(f[2]), 4);
+            if (rc == CUDA_SUCCESS) push(K_PTR, p);
+            snprintf(extra, sizeof extra, "pitch=%zu", pitch);
+        } else if (!strcmp(op, "managed")) {
+            CUdeviceptr p;
+            rc = cuMemAllocManaged(&p, num(f[1]), CU_MEM_ATTACH_GLOBAL);
+            if (rc == CUDA_SUCCESS) push(K_PTR, p);
+        } else if (!strcmp(op, "create")) {
+            CUmemAllocationProp prop;
+            memset(&prop, 0, sizeof prop);
+            prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+            prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+            prop.location.id = nf > 2 ? atoi(f[2]) : 0;
+            CUmemGenericAllocationHandle h;
+            rc = cuMemCreate(&h, num(f[1]), &prop, 0);
+            if (rc == CUDA_SUCCESS) push(K_HANDLE, h);
+        } else if (!strcmp(op, "async")) {
+            CUdeviceptr p;
+            rc = cuMemAllocAsync(&p, num(f[1]), stream);
+            if (rc == CUDA_SUCCESS) push(K_ASYNC, p);
+        } else if (!strcmp(op, "pool") || !strcmp(op, "newpool")) {
+            CUmemoryPool pool = NULL;
+            CUdevice d;
+            cuCtxGetDevice(&d);
+            if (!strcmp(op, "pool")) {
+                rc = cuDeviceGetDefaultMemPool(&pool, d);
+            } else {
+                CUmemPoolProps props;
+                memset(&props, 0, sizeof props);
+                props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+                props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+                props.location.id = d;
+                rc = cuMemPoolCreate(&pool, &props);
+                if (rc == CUDA_SUCCESS) push(K_POOL, (uintptr_t)pool);
+            }
+            if (rc == CUDA_SUCCESS) {
+                CUdeviceptr p;
+                rc = cuMemAllocFromPoolAsync(&p, num(f[1]), pool, stream);
+                if (rc == CUDA_SUCCESS) push(K_ASYNC, p);
+            }
+        } else if (!strcmp(op, "array") || !strcmp(op, "array3d") || !strcmp(op, "mipmap")) {
+            if (!strcmp(op, "array")) {
+                CUDA_ARRAY_DESCRIPTOR d = {num(f[1]), num(f[2]), CU_AD_FORMAT_FLOAT, 4};
+                CUarray a;
+                rc = cuArrayCreate_v2(&a, &d);
+                if (rc == CUDA_SUCCESS) push(K_ARRAY, (uintptr_t)a);
+            } else {
+                CUDA_ARRAY3D_DESCRIPTOR d = {num(f[1]), num(f[2]), !strcmp(op, "array3d") ? num(f[3]) : 0,
+                                             CU_AD_FORMAT_FLOAT, 4, 0};
+                if (!strcmp(op, "array3d")) {
+                    CUarray a;
+                    rc = cuArray3DCreate_v2(&a, &d);
+                    if (rc == CUDA_SUCCESS) push(K_ARRAY, (uintptr_t)a);
+                } else {
+                    CUmipmappedArray m;
+                    rc = cuMipmappedArrayCreate(&m, &d, (unsigned)num(f[3]));
+                    if (rc == CUDA_SUCCESS) push(K_MIPMAP, (uintptr_t)m);
+                }
+            }
+        } else if (!strcmp(op, "fill")) {
+            long count = 0;
+            CUdeviceptr p;
+            while ((rc = cuMemAlloc_v2(&p, num(f[1]))) == CUDA_SUCCESS) {
+                push(K_PTR, p);
+                count++;
+            }
+            snprintf(extra, sizeof extra, "count=%ld", count);
+        } else if (!strcmp(op, "free")) {
+            rc = top > 0 ? release(stack[--top]) : CUDA_ERROR_INVALID_VALUE;
+        } else if (!strcmp(op, "freeasync")) { /* cuMemFreeAsync of the top object, no synchronisation */
+            rc = top > 0 && stack[top - 1].kind == K_ASYNC ? cuMemFreeAsync((CUdeviceptr)stack[--top].h, stream)
+                                                          : CUDA_ERROR_INVALID_VALUE;
+        } else if (!strcmp(op, "freeall")) {
+            while (top > 0 && rc == CUDA_SUCCESS) rc = release(stack[--top]);
+        } else if (!strcmp(op, "dlsym") || !strcmp(op, "dlsym_is")) {
+            if (libcuda == NULL) libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+            void *fn = libcuda ? dlsym(libcuda, f[1]) : NULL;
+            if (!strcmp(op, "dlsym")) {
+                rc = call_alloc(f[1], fn, num(f[2]));
+            } else {
+                Dl_info info;
+                int real = fn && dladdr(fn, &info) && info.dli_fname && strstr(info.dli_fname, "libcuda.so");
+                snprintf(extra, sizeof extra, "same=%d real=%d", fn != NULL && fn == dlsym(RTLD_DEFAULT, f[1]), real);
+            }
+        } else if (!strcmp(op, "procaddr") || !strcmp(op, "procaddr_is")) {
+            void *fn = NULL;
+            CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SUCCESS;
+            rc = cuGetProcAddress_v2(f[1], &fn, atoi(f[2]), num(f[3]), &st);
+            if (!strcmp(op, "procaddr")) {
+                /* the answer's ABI: cuMemAlloc below 3020 is the 32-bit cuMemAlloc, else _v2 */
+                const char *abi = (!strcmp(f[1], "cuMemAlloc") && atoi(f[2]) < 3020) ? "cuMemAlloc" : "cuMemAlloc_v2";
+                if (rc == CUDA_SUCCESS) rc = call_alloc(abi, fn, num(f[4]));
+            } else {
+                Dl_info info;
+                int real = fn && dladdr(fn, &info) && info.dli_fname && strstr(info.dli_fname, "libcuda.so");
+                snprintf(extra, sizeof extra, "same=%d real=%d status=%d", fn != NULL && fn == dlsym(RTLD_DEFAULT, f[4]),
+                         real, (int)st);
+            }
+        } else if (!strcmp(op, "stress")) {
+            int nt = atoi(f[1]);
+            pthread_t t[64];
+            struct stress s[64];
+            for (int k = 0; k < nt && k < 64; k++) {
+                s[k] = (struct stress){(long)num(f[2]), (size_t)num(f[3]), (unsigned)(getpid() * 7919 + k), 0, 0, 0};
+                pthread_create(&t[k], NULL, stress_thread, &s[k]);
+            }
+            long ok = 0, oom = 0, other = 0;
+            for (int k = 0; k < nt && k < 64; k++) {
+                pthread_join(t[k], NULL);
+                ok += s[k].ok;
+                oom += s[k].oom;
+                other += s[k].other;
+            }
+            snprintf(extra, sizeof extra, "ok=%ld oom=%ld other=%ld", ok, oom, other);
+        } else {
+            fprintf(stderr, "unknown op %s\n", op);
+            return 2;
+        }
+        printf("op=%s rc=%d%s%s\n", op, (int)rc, extra[0] ? " " : "", extra);
+    }
+    return 0;
+}

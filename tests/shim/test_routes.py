@@ -1,0 +1,105 @@
+"""Calls reach the hooks by every route: direct binding, dlopen+dlsym, cuGetProcAddress(_v2).
+Each route answers with the hook of exactly the symbol and ABI version asked for; what the
+shim does not hook is the driver's own function."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from tests.shim.conftest import REPO, run_ops
+
+MiB = 1 << 20
+
+
+def hooked_cuda_symbols() -> set[str]:
+    text = (REPO / "shim" / "src" / "hooks.def").read_text() + (
+        REPO / "shim" / "src" / "hooks_compute.def"
+    ).read_text()
+    return set(re.findall(r"^VGPU_HOOK\(CUDA,\s*\w+,\s*(\w+),", text, re.M))
+
+
+def procaddr_rows() -> list[tuple[str, int, str, str]]:
+    text = (REPO / "shim" / "include" / "vgpu" / "cuda_procaddr.def").read_text()
+    rows = re.findall(r"^CU_PROC\((\w+),\s*(\d+),\s*(\w+),\s*(\w*)\)", text, re.M)
+    return [(b, int(v), s, p) for b, v, s, p in rows]
+
+
+def test_the_hook_list_covers_every_versioned_memory_entry_point() -> None:
+    hooked = hooked_cuda_symbols()
+    for base in ("cuMemAlloc", "cuMemAllocPitch", "cuMemFree", "cuMemGetInfo", "cuDeviceTotalMem", "cuArrayCreate",
+                 "cuArray3DCreate", "cuCtxCreate", "cuCtxDestroy", "cuDevicePrimaryCtxRelease",
+                 "cuDevicePrimaryCtxReset", "cuMemAllocAsync", "cuMemFreeAsync", "cuMemAllocFromPoolAsync"):  # fmt: skip
+        symbols = {s for b, _, s, p in procaddr_rows() if b == base} | {
+            p for b, _, _, p in procaddr_rows() if b == base and p
+        }
+        assert symbols and symbols <= hooked, (base, symbols - hooked)
+
+
+def test_dlsym_returns_the_hook_of_exactly_that_symbol(
+    shim_ops: Path, shim_env: dict[str, str]
+) -> None:
+    env = dict(shim_env, CUDA_DEVICE_MEMORY_LIMIT="1Gi")
+    hooked = sorted(hooked_cuda_symbols())
+    unhooked = [
+        "cuDeviceGet",
+        "cuMemcpyHtoD_v2",
+        "cuStreamCreate",
+        "cuCtxGetDevice",
+        "cuMemAllocHost_v2",
+    ]
+    res = run_ops(shim_ops, env, "init", *[f"dlsym_is:{s}" for s in hooked + unhooked])[1:]
+    for sym, r in zip(hooked + unhooked, res, strict=True):
+        want = ("1", "0") if sym in hooked else ("1", "1")
+        assert (r["same"], r["real"]) == want, sym
+
+
+def test_dlsym_without_shim_is_the_driver(shim_ops: Path, sim_env: dict[str, str]) -> None:
+    res = run_ops(shim_ops, sim_env, "init", "dlsym_is:cuMemAlloc_v2")
+    assert (res[1]["same"], res[1]["real"]) == ("1", "1")
+
+
+def test_cugetprocaddress_answers_the_exact_version(
+    shim_ops: Path, shim_env: dict[str, str]
+) -> None:
+    """Every row of the ABI table, with and without the per-thread flag: the answer is the
+    exported symbol of that row (our hook if hooked, the driver's otherwise)."""
+    env = dict(shim_env, CUDA_DEVICE_MEMORY_LIMIT="1Gi")
+    hooked = hooked_cuda_symbols()
+    cases: list[tuple[str, int, int, str]] = []
+    for base, ver, sym, ptds in procaddr_rows():
+        cases.append((base, ver, 0, sym))
+        cases.append((base, ver, 2, ptds or sym))  # CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
+    res = run_ops(shim_ops, env, "init", *[f"procaddr_is:{b}:{v}:{f}:{s}" for b, v, f, s in cases])[
+        1:
+    ]
+    bad = []
+    for (base, ver, flags, sym), r in zip(cases, res, strict=True):
+        want = ("0", "1", "0") if sym in hooked else ("0", "1", "1")
+        if (r["rc"], r["same"], r["real"]) != want:
+            bad.append((base, ver, flags, sym, r))
+    assert bad == []
+
+
+def test_every_route_is_enforced(shim_ops: Path, shim_env: dict[str, str]) -> None:
+    env = dict(shim_env, CUDA_DEVICE_MEMORY_LIMIT="64Mi")
+    routes = [
+        f"alloc:{48 * MiB}",
+        f"alloc1:{48 * MiB}",
+        f"dlsym:cuMemAlloc_v2:{48 * MiB}",
+        f"dlsym:cuMemAlloc:{48 * MiB}",
+        f"procaddr:cuMemAlloc:12000:0:{48 * MiB}",  # -> cuMemAlloc_v2
+        f"procaddr:cuMemAlloc:3020:2:{48 * MiB}",  # -> cuMemAlloc_v2
+        f"procaddr:cuMemAlloc:2000:0:{48 * MiB}",  # -> cuMemAlloc (32-bit)
+    ]
+    for route in routes:
+        res = run_ops(shim_ops, env, "init", "ctx", route, route, "free", route)
+        assert [r["rc"] for r in res[2:]] == ["0", "2", "0", "0"], (route, res)
+
+
+def test_unhooked_calls_pass_through(shim_ops: Path, shim_env: dict[str, str]) -> None:
+    env = dict(shim_env, CUDA_DEVICE_MEMORY_LIMIT="64Mi")
+    res = run_ops(
+        shim_ops, env, "init", "ctx", "procaddr_is:cuMemcpyHtoD:7000:2:cuMemcpyHtoD_v2_ptds"
+    )
+    assert (res[2]["same"], res[2]["real"]) == ("1", "1")

@@ -1,0 +1,110 @@
+"""`vgpu run`: the shim preloaded, limits set, CMD's exit code, shared regions, bad input refused
+before CMD starts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sharing import region
+from tests.shim.conftest import Held, clean_env, parse_ops
+
+MiB = 1 << 20
+VGPU = [sys.executable, "-m", "sharing.cli"]
+
+
+def vgpu_run(
+    args: list[str], env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*VGPU, "run", *args],
+        env=env or clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_exit_code_and_environment(tmp_path: Path) -> None:
+    r = vgpu_run(
+        [
+            "--memory",
+            "4Gi",
+            "--memory-1",
+            "512m",
+            "--",
+            "sh",
+            "-c",
+            'echo "$CUDA_DEVICE_MEMORY_LIMIT $CUDA_DEVICE_MEMORY_LIMIT_1 $LD_PRELOAD"; exit 7',
+        ]
+    )
+    assert r.returncode == 7
+    limit, limit1, preload = r.stdout.split()
+    assert (limit, limit1) == (str(4 << 30), str(512 << 20))
+    assert preload.endswith("libvgpu.so")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--memory", "4GB"],
+        ["--memory", "-1"],
+        ["--memory-3", "lots"],
+        ["--memory", "99999999999999999999Gi"],
+    ],
+)
+def test_bad_quantities_refused_before_cmd(args: list[str], tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    r = vgpu_run([*args, "--", "touch", str(marker)])
+    assert r.returncode == 2
+    assert not marker.exists()
+    assert r.stderr.count("\n") == 1 and "vgpu run:" in r.stderr
+
+
+def test_corrupt_region_refused_before_cmd(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.region"
+    bad.write_bytes(b"junk")
+    marker = tmp_path / "ran"
+    r = vgpu_run(["--memory", "1Gi", "--region", str(bad), "--", "touch", str(marker)])
+    assert r.returncode == 2 and not marker.exists()
+    assert "size 4 bytes" in r.stderr
+
+
+def test_missing_command() -> None:
+    assert vgpu_run(["--memory", "1Gi"]).returncode == 2
+
+
+def test_sim_runs_share_one_region(shim_ops: Path, sim_env: dict[str, str], tmp_path: Path) -> None:
+    reg = tmp_path / "shared.region"
+    env = {k: v for k, v in sim_env.items() if k != "LD_LIBRARY_PATH"}
+    first = Held(Path(VGPU[0]), env, *VGPU[1:], "run", "--sim", "--memory", "64Mi", "--region", str(reg), "--",
+                 str(shim_ops), "init", "ctx", f"alloc:{40 * MiB}")  # fmt: skip
+    try:
+        assert first.results[-1]["rc"] == "0"
+        r = vgpu_run(["--sim", "--memory", "64Mi", "--region", str(reg), "--", str(shim_ops), "init", "ctx", "info",
+                      f"alloc:{32 * MiB}", f"alloc:{16 * MiB}"], env)  # fmt: skip
+        res = parse_ops(r.stdout)
+        assert r.returncode == 0, r.stderr
+        assert res[2]["total"] == str(64 * MiB) and res[2]["free"] == str(24 * MiB)
+        assert [x["rc"] for x in res[3:]] == ["2", "0"]
+        assert region.read(reg).devices[0].limit == 64 * MiB
+    finally:
+        first.release()
+
+
+def test_children_of_cmd_share_its_quota(shim_ops: Path, sim_env: dict[str, str]) -> None:
+    """Without --region, the processes CMD starts share one quota (an anonymous region)."""
+    env = {k: v for k, v in sim_env.items() if k != "LD_LIBRARY_PATH"}
+    script = (
+        f"{shim_ops} init ctx alloc:{40 * MiB} sleep:1500 & sleep 0.7; "
+        f"{shim_ops} init ctx alloc:{32 * MiB} alloc:{16 * MiB}; wait"
+    )
+    r = vgpu_run(["--sim", "--memory", "64Mi", "--", "sh", "-c", script], env)
+    assert r.returncode == 0, r.stderr
+    res = parse_ops(r.stdout)
+    second = [x for x in res if x["op"] == "alloc"][1:]
+    assert [x["rc"] for x in second] == ["2", "0"], res

@@ -1,0 +1,99 @@
+"""The shim's own tests under AddressSanitizer + UndefinedBehaviorSanitizer: the harness compiled
+sanitized, and the sanitized libvgpu.so preloaded (libasan first) into the CUDA test program."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from shim.build import SANITIZER_FLAGS, build_with_gcc
+from tests.shim.conftest import _build_harness, parse_ops
+from tests.shim.quantity_cases import CASES
+
+MiB = 1 << 20
+ASAN_ENV = {
+    "ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0:exitcode=99",
+    "UBSAN_OPTIONS": "print_stacktrace=1",
+}
+
+
+def _libasan() -> str:
+    out = subprocess.run(
+        ["gcc", "-print-file-name=libasan.so"], capture_output=True, text=True, check=True
+    )
+    return out.stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def sanitized(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("asan")
+    libs = build_with_gcc(d / "lib", SANITIZER_FLAGS)
+    return {"shim": libs["libvgpu.so"], "harness": _build_harness(d, list(SANITIZER_FLAGS))}
+
+
+def _clean(r: subprocess.CompletedProcess[str]) -> None:
+    assert "Sanitizer" not in r.stderr and "runtime error" not in r.stderr, r.stderr[-3000:]
+
+
+def test_harness_sanitized(sanitized: dict[str, Path], tmp_path: Path) -> None:
+    h = str(sanitized["harness"])
+    env = {**ASAN_ENV, "PATH": "/usr/bin:/bin"}
+    r = subprocess.run(
+        [h, "parse", *[t for t, _ in CASES]], env=env, capture_output=True, text=True, check=False
+    )
+    _clean(r)
+    assert r.returncode == 0
+    reg = str(tmp_path / "r.region")
+    procs = [
+        subprocess.Popen(
+            [h, "stress", reg, "0", str(32 * MiB), "4", "5000"],
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0 and "Sanitizer" not in err, err[-3000:]
+    r = subprocess.run([h, "lockdie", reg], env=env, capture_output=True, text=True, check=False)
+    assert r.returncode == -signal.SIGKILL
+    r = subprocess.run(
+        [h, "used", reg, "0"], env=env, capture_output=True, text=True, timeout=30, check=False
+    )
+    _clean(r)
+    assert r.stdout.strip() == "0"
+
+
+def test_shim_sanitized_in_a_cuda_program(
+    sanitized: dict[str, Path], shim_ops: Path, sim_env: dict[str, str], tmp_path: Path
+) -> None:
+    base = dict(sim_env, **ASAN_ENV)
+    base["LD_PRELOAD"] = f"{_libasan()}:{sanitized['shim']}"
+    reg = str(tmp_path / "s.region")
+    scenarios: list[tuple[dict[str, str], list[str]]] = [
+        ({"CUDA_DEVICE_MEMORY_LIMIT": "64Mi", "CUDA_DEVICE_MEMORY_SHARED_CACHE": reg},
+         ["init", "ctx", f"alloc:{60 * MiB}", f"alloc:{8 * MiB}", "info", "free", "alloc1:4096", "pitch:1000:100",
+          "managed:4096", "create:2097152", "async:4096", "pool:4096", "newpool:4096", "array:64:64",
+          "array3d:16:16:4", "mipmap:64:64:3", "ctxcreate", "total", "freeall", "info",
+          "dlsym:cuMemAlloc_v2:1024", "procaddr:cuMemAlloc:12000:2:1024", "dlsym_is:cuMemFree_v2",
+          "procaddr_is:cuMemAllocAsync:11020:2:cuMemAllocAsync_ptsz", "freeall",
+          f"stress:4:2000:{4 * MiB}"]),
+        ({"CUDA_DEVICE_MEMORY_LIMIT": "nonsense"}, ["init", "alloc:1024"]),
+        ({"CUDA_DEVICE_MEMORY_LIMIT": "1Gi", "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(tmp_path)}, ["init"]),
+    ]  # fmt: skip
+    for extra, ops in scenarios:
+        r = subprocess.run(
+            [str(shim_ops), *ops],
+            env={**base, **extra},
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        _clean(r)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert parse_ops(r.stdout)[-1]["op"] == ops[-1].split(":")[0]
