@@ -210,6 +210,9 @@ void sim_stream_enqueue(struct CUstream_st *s, uint64_t dur_ns);
 uint64_t sim_stream_sync_target(struct CUstream_st *s); /* when all work the stream waits for is done */
 CUresult sim_stream_wait(struct CUstream_st *s);        /* host-blocking sync on a stream */
 void sim_after_sync(struct CUctx_st *ctx);              /* pools release memory at synchronisation */
+void sim_stream_fork_prepare(void);
+void sim_stream_fork_parent(void);
+void sim_stream_fork_child(void);
 
 /* memory.c: the allocation table */
 enum { ALLOC_DEVICE = 1, ALLOC_MANAGED, ALLOC_HOST, ALLOC_POOL, ALLOC_VMM_MAP };

@@ -23,10 +23,21 @@
 
 sim_globals G = { .lock = PTHREAD_MUTEX_INITIALIZER, .slot = -1, .gen = 1 };
 
-static void atfork_prepare(void) { pthread_mutex_lock(&G.lock); }
-static void atfork_parent(void) { pthread_mutex_unlock(&G.lock); }
+static void atfork_prepare(void)
+{
+    pthread_mutex_lock(&G.lock);
+    sim_stream_fork_prepare();
+}
+
+static void atfork_parent(void)
+{
+    sim_stream_fork_parent();
+    pthread_mutex_unlock(&G.lock);
+}
+
 static void atfork_child(void)
 {
+    sim_stream_fork_child();
     pthread_mutex_init(&G.lock, NULL);
     atomic_fetch_add(&G.gen, 1);
     atomic_store(&G.initialized, 0);

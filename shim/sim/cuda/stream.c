@@ -21,6 +21,7 @@
 #include <string.h>
 
 static pthread_mutex_t free_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t ev_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct CUstream_st *stream_free;
 
 struct CUstream_st *sim_stream_new(struct CUctx_st *ctx, int kind, unsigned flags, int priority)
@@ -155,6 +156,25 @@ uint64_t sim_stream_sync_target(struct CUstream_st *s)
     return t;
 }
 
+/* fork: the free lists' locks must not be inherited held by a thread that does not exist there. */
+void sim_stream_fork_prepare(void)
+{
+    pthread_mutex_lock(&free_mu);
+    pthread_mutex_lock(&ev_mu);
+}
+
+void sim_stream_fork_parent(void)
+{
+    pthread_mutex_unlock(&ev_mu);
+    pthread_mutex_unlock(&free_mu);
+}
+
+void sim_stream_fork_child(void)
+{
+    pthread_mutex_init(&ev_mu, NULL);
+    pthread_mutex_init(&free_mu, NULL);
+}
+
 void sim_after_sync(struct CUctx_st *ctx)
 {
     if (ctx)
@@ -257,7 +277,6 @@ SIM_EXPORT CUresult cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, uns
 
 /* ---------------------------------------------------------------- events */
 
-static pthread_mutex_t ev_mu = PTHREAD_MUTEX_INITIALIZER;
 /* Destroyed events are recycled through a free list (never freed: stale handles fail validation). */
 static struct CUevent_st *ev_free;
 struct ev_link { struct CUevent_st ev; struct CUevent_st *next; };

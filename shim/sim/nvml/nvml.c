@@ -7,6 +7,17 @@
 
 nvml_globals N = { .lock = PTHREAD_MUTEX_INITIALIZER };
 
+/* fork: a child must not inherit N.lock held by a thread it does not have. NVML state (init
+ * count, config) is inherited as is: NVML keeps working in the child. */
+static void atfork_prepare(void) { pthread_mutex_lock(&N.lock); }
+static void atfork_parent(void) { pthread_mutex_unlock(&N.lock); }
+static void atfork_child(void) { pthread_mutex_init(&N.lock, NULL); }
+
+__attribute__((constructor)) static void sim_nvml_ctor(void)
+{
+    pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+}
+
 #define PCI_DEVICE_ID 0x233010DEu    /* H100 SXM5 (0x2330) by NVIDIA (0x10DE) */
 #define PCI_SUBSYSTEM_ID 0x16C110DEu
 
