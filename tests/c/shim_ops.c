@@ -240,6 +240,34 @@ int main(int argc, char **argv) {
             snprintf(extra, sizeof extra, "count=%ld", count);
         } else if (!strcmp(op, "free")) {
             rc = top > 0 ? release(stack[--top]) : CUDA_ERROR_INVALID_VALUE;
+        } else if (!strcmp(op, "nulls")) { /* NULL output pointers: the driver's error, never a crash */
+            CUdevice d = 0;
+            size_t fr;
+            int bad = 0;
+            bad += cuMemGetInfo_v2(NULL, NULL) == CUDA_SUCCESS;
+            bad += cuMemGetInfo_v2(&fr, NULL) == CUDA_SUCCESS;
+            bad += cuMemAlloc_v2(NULL, 1024) == CUDA_SUCCESS;
+            bad += cuMemAllocPitch_v2(NULL, NULL, 1024, 4, 4) == CUDA_SUCCESS;
+            bad += cuMemAllocManaged(NULL, 1024, CU_MEM_ATTACH_GLOBAL) == CUDA_SUCCESS;
+            bad += cuDeviceTotalMem_v2(NULL, d) == CUDA_SUCCESS;
+            bad += cuMemCreate(NULL, 2 << 20, NULL, 0) == CUDA_SUCCESS;
+            bad += cuArrayCreate_v2(NULL, NULL) == CUDA_SUCCESS;
+            bad += cuArray3DCreate_v2(NULL, NULL) == CUDA_SUCCESS;
+            bad += cuMipmappedArrayCreate(NULL, NULL, 1) == CUDA_SUCCESS;
+            bad += cuMemAllocAsync(NULL, 1024, stream) == CUDA_SUCCESS;
+            bad += cuMemAllocFromPoolAsync(NULL, 1024, NULL, stream) == CUDA_SUCCESS;
+            bad += cuMemPoolCreate(NULL, NULL) == CUDA_SUCCESS;
+            bad += cuDevicePrimaryCtxRetain(NULL, d) == CUDA_SUCCESS;
+            bad += cuCtxCreate_v2(NULL, 0, d) == CUDA_SUCCESS;
+            bad += cuGetProcAddress_v2("cuMemAlloc", NULL, 12000, 0, NULL) == CUDA_SUCCESS;
+            snprintf(extra, sizeof extra, "accepted=%d", bad);
+        } else if (!strcmp(op, "fork")) { /* a child that outlives us a little, touching no CUDA */
+            pid_t pid = fork();
+            if (pid == 0) {
+                usleep(3000 * 1000);
+                _exit(0);
+            }
+            snprintf(extra, sizeof extra, "child=%d", (int)pid);
         } else if (!strcmp(op, "freeasync")) { /* cuMemFreeAsync of the top object, no synchronisation */
             rc = top > 0 && stack[top - 1].kind == K_ASYNC ? cuMemFreeAsync((CUdeviceptr)stack[--top].h, stream)
                                                           : CUDA_ERROR_INVALID_VALUE;

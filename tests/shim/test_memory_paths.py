@@ -139,3 +139,12 @@ def test_pool_cached_memory_is_charged_until_released(
         assert region.read(reg).devices[0].used == device_used(shim_ops, env) == 40 * MiB
     finally:
         held.release()
+
+
+def test_null_output_pointers_go_to_the_driver(
+    shim_ops: Path, shim_env: dict[str, str], tmp_path: Path
+) -> None:
+    env, _ = slice_env(shim_env, tmp_path, "64Mi")
+    res = run_ops(shim_ops, env, "init", "ctx", "nulls", "info")
+    assert res[2]["accepted"] == "0"  # every call returned the driver's error
+    assert res[3]["free"] == str(64 * MiB)  # and nothing was charged

@@ -162,3 +162,18 @@ def test_startup_does_not_serialise(
     setup.sort()
     # generous bounds for a loaded 2-core test machine; benchmarks/ measures the real figures
     assert setup[32] < 2_000_000 and setup[63] < 50_000_000
+
+
+def test_fork_child_does_not_keep_the_parent_alive(
+    shim_ops: Path, shim_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The child of a fork closes the inherited region descriptor: its parent's slot dies with
+    the parent even while the child lives on."""
+    reg = tmp_path / "slice.region"
+    env = dict(shim_env, CUDA_DEVICE_MEMORY_LIMIT="64Mi", CUDA_DEVICE_MEMORY_SHARED_CACHE=str(reg))
+    parent = Held(shim_ops, env, "init", "ctx", f"alloc:{40 * MiB}", "fork")
+    child = int(parent.results[-1]["child"])
+    parent.kill()
+    assert Path(f"/proc/{child}").exists()  # the child still runs
+    res = run_ops(shim_ops, env, "init", "ctx", f"alloc:{60 * MiB}")
+    assert res[2]["rc"] == "0"
