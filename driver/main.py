@@ -60,12 +60,14 @@ class Plugin:
         backend: NvmlBackend | None = None,
         backoff: Backoff | None = None,
         resync: float = 30.0,
+        reprobe: float = 300.0,
         sysfs_root: Path = Path("/sys"),
     ) -> None:
         self.settings = settings
         self.backend: NvmlBackend = backend or PynvmlBackend()
         self.backoff = backoff or Backoff()
         self.resync = resync
+        self.reprobe = reprobe
         self.sysfs_root = sysfs_root
         self.stop_event = threading.Event()
         self.exit_code = EXIT_OK
@@ -214,11 +216,13 @@ class Plugin:
                 node_name=s.node_name,
                 requested_mode=s.sharing_mode,
                 partitions=s.partitions,
+                reprobe_interval=self.reprobe,
             )
             mode = self._initial_mode(publisher)
             if mode is None:  # stopped while waiting for the API server
                 return self.exit_code
             self.mode = mode
+            publisher.use_mode(mode)
             if s.sharing_mode == "auto":
                 self._remember_mode(mode)
             health = HealthBroadcaster()

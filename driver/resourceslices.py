@@ -223,26 +223,39 @@ class SlicePublisher:
         node_name: str,
         requested_mode: str,  # auto | sharing | partition
         partitions: int,
+        reprobe_interval: float = 300.0,
     ) -> None:
         self.kube = kube
         self.driver_name = driver_name
         self.node_name = node_name
         self.requested_mode = requested_mode
         self.partitions = partitions
+        self.reprobe_interval = reprobe_interval
         self._mode: Mode | None = (
             cast(Mode, requested_mode) if requested_mode in ("sharing", "partition") else None
         )
+        self._server_mode: Mode | None = None
+        self._probed_at = 0.0
         self.generation = 0
         self._written: dict[str, _Written] = {}
         self._dropped_warned = False
-        self.mode_decided = threading.Event()
-        if self._mode is not None:
-            self.mode_decided.set()
 
     @property
     def mode(self) -> Mode | None:
-        """The mode the slices are published in, once decided (auto: after the first read-back)."""
+        """The mode the slices are published in, once decided; fixed for the publisher's life."""
         return self._mode
+
+    @property
+    def server_mode(self) -> Mode | None:
+        """auto: what the API server supports by the latest probe (None before the first).
+
+        It can differ from `mode` after a cluster upgrade or downgrade; the owner decides what to
+        do (the plugin restarts, since the kubelet side reads claims by mode)."""
+        return self._server_mode
+
+    def use_mode(self, mode: Mode) -> None:
+        """Publish in this mode (decided elsewhere, e.g. remembered from an earlier run)."""
+        self._mode = mode
 
     def _slice_name(self, k: int) -> str:
         name = f"{self.node_name}-{self.driver_name}-{k}"
@@ -287,15 +300,13 @@ class SlicePublisher:
                 out[d["metadata"]["name"]] = d
         return out
 
-    def decide_mode(self) -> Mode:
-        """The mode to publish in; in auto, probe the API server once. Raises on API errors.
+    def probe(self) -> Mode:
+        """Ask the API server whether it keeps consumable capacity. Raises on API errors.
 
         The probe is a dry-run create of a slice with one sharing-mode device: the server runs
         it through the same field dropping as a real write and answers with what it would store,
         without any transient sharing-mode devices for the scheduler to allocate.
         """
-        if self._mode is not None:
-            return self._mode
         probe_device = sharing_device(
             DiscoveredGpu(
                 info=GpuInfo(
@@ -326,29 +337,52 @@ class SlicePublisher:
             },
         }
         stored = self.kube.create_slice(body, dry_run=True)
+        self._probed_at = time.monotonic()
+        previous = self._server_mode
         if consumable_capacity_dropped([probe_device], stored["spec"].get("devices") or []):
-            log.warning(
-                "node %s: the API server drops allowMultipleAllocations/requestPolicy from "
-                "ResourceSlices (DRAConsumableCapacity is off: the default before Kubernetes "
-                "1.36); publishing in partition mode: each GPU as %d devices "
-                "gpu-<index>-slice-<k> with 1/%d of its memory and cores",
-                self.node_name,
-                self.partitions,
-                self.partitions,
-            )
-            self._dropped_warned = True
-            self._mode = "partition"
+            if not self._dropped_warned:
+                self._dropped_warned = True
+                log.warning(
+                    "node %s: the API server drops allowMultipleAllocations/requestPolicy from "
+                    "ResourceSlices (DRAConsumableCapacity is off: the default before Kubernetes "
+                    "1.36); partition mode: each GPU as %d devices gpu-<index>-slice-<k> with "
+                    "1/%d of its memory and cores",
+                    self.node_name,
+                    self.partitions,
+                    self.partitions,
+                )
+            self._server_mode = "partition"
         else:
-            log.info(
-                "node %s: the API server keeps consumable capacity: sharing mode", self.node_name
-            )
-            self._mode = "sharing"
-        self.mode_decided.set()
+            if previous != "sharing":
+                log.info(
+                    "node %s: the API server keeps consumable capacity: sharing mode",
+                    self.node_name,
+                )
+            self._server_mode = "sharing"
+        return self._server_mode
+
+    def decide_mode(self) -> Mode:
+        """The mode to publish in: explicit, set by use_mode(), or probed once (auto)."""
+        if self._mode is None:
+            self._mode = self.probe()
         return self._mode
 
     def publish(self, inv: Inventory) -> bool:
-        """Bring the pool in line with inv; True if anything was written. Raises on API errors."""
-        return self._publish(inv, self.decide_mode())
+        """Bring the pool in line with inv; True if anything was written. Raises on API errors.
+
+        In auto mode the server is probed again every `reprobe_interval` (see server_mode);
+        the publishing mode itself does not change.
+        """
+        probed_now = self._mode is None
+        mode = self.decide_mode()
+        stale = time.monotonic() - self._probed_at >= self.reprobe_interval
+        if (
+            self.requested_mode == "auto"
+            and not probed_now
+            and (self._server_mode is None or stale)
+        ):
+            self.probe()
+        return self._publish(inv, mode)
 
     def _publish(self, inv: Inventory, mode: Mode) -> bool:
         devices = build_devices(inv.gpus, mode, self.partitions)
@@ -556,7 +590,7 @@ class PublishLoop:
             self._healthy_api = True
             delays = iter(self.backoff.delays())
             next_resync = time.monotonic() + self.resync
-            mode = self.publisher.mode
+            mode = self.publisher.server_mode or self.publisher.mode
             if mode is not None and self.on_mode is not None:
                 self.on_mode(mode)
             with self._cond:

@@ -326,3 +326,25 @@ def test_api_client_does_not_retry_behind_the_backoff(
         kube.list_slices("spec.nodeName=x")
     # urllib3 logs each hidden retry; the publisher's own backoff is the only retry wanted.
     assert not [r for r in caplog.records if "Retrying" in r.getMessage()]
+
+
+def test_server_losing_consumable_capacity_at_runtime_exits_3(short_tmp: Path) -> None:
+    with FakeApiServer() as server:
+        server.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+        plugin = Plugin(
+            settings(server, short_tmp),
+            backend=FakeNvml([gpu(0)]),
+            backoff=Backoff(0.05, 2.0, 0.2),
+            resync=0.2,
+            reprobe=0.2,
+        )
+        result: list[int] = []
+        t = threading.Thread(target=lambda: result.append(plugin.run()), daemon=True)
+        t.start()
+        wait_devices(server, ["gpu-0"])
+        assert t.is_alive() and plugin.mode == "sharing"
+        server.drop_consumable_capacity = True
+        t.join(20)
+        assert not t.is_alive()
+        assert result == [EXIT_MODE_CHANGED]
+        assert (short_tmp / "data" / MODE_FILE).read_text().strip() == "partition"

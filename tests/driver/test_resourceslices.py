@@ -397,3 +397,32 @@ def test_recreated_node_gets_the_new_owner_uid(server: FakeApiServer) -> None:
     assert slices(server) == []
     p.publish(inventory([gpu(0)]))
     assert slices(server)[0]["metadata"]["ownerReferences"][0]["uid"] == new_uid != old_uid
+
+
+def test_auto_reprobes_and_reports_a_changed_server_without_switching(
+    server: FakeApiServer,
+) -> None:
+    p = SlicePublisher(
+        Kube(server.api_client()),
+        driver_name=DRIVER,
+        node_name=NODE,
+        requested_mode="auto",
+        partitions=4,
+        reprobe_interval=0.0,
+    )
+    p.publish(inventory([gpu(0)]))
+    assert (p.mode, p.server_mode) == ("sharing", "sharing")
+    server.drop_consumable_capacity = True  # the cluster was downgraded / the gate turned off
+    p.publish(inventory([gpu(0)]))
+    assert (p.mode, p.server_mode) == ("sharing", "partition")
+    assert [d["name"] for d in all_devices(server)] == ["gpu-0"]  # no switch behind the Driver
+    probes = [r for r in server.requests if r.query.get("dryRun")]
+    assert len(probes) == 2
+
+
+def test_use_mode_publishes_the_remembered_mode(server: FakeApiServer) -> None:
+    p = publisher(server, "auto")
+    p.use_mode("partition")
+    p.publish(inventory([gpu(0)]))
+    assert (p.mode, p.server_mode) == ("partition", "sharing")
+    assert [d["name"] for d in all_devices(server)][:1] == ["gpu-0-slice-0"]
