@@ -30,8 +30,11 @@ static inline CUstream ptsz_stream(CUstream s)
             return real_##sym args;                                                                 \
     } while (0)
 
+/* A NULL function or graph goes straight to the driver, which reports the error: nothing runs. */
 #define GATED(sym, key, shape, stream, args)                                                        \
     do {                                                                                            \
+        if (!(key))                                                                                 \
+            return real_##sym args;                                                                 \
         struct vgpu_launch L_;                                                                      \
         vgpu_compute_before(&L_, (uintptr_t)(key), (shape), (stream));                              \
         CUresult r_ = real_##sym args;                                                              \
