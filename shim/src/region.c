@@ -124,6 +124,10 @@ static void release_slot_locked(int i) {
 /* A holder died inside a critical section: its updates may be half done. The slots are the
  * truth (each slot's counters are single stores), so recompute the totals from them. */
 static void recover_locked(void) {
+    uint32_t hwm = 0;
+    for (int i = 0; i < VGPU_MAX_PROCS; i++)
+        if (R->procs[i].state == VGPU_SLOT_LIVE) hwm = (uint32_t)i + 1;
+    if (hwm > R->slots_hwm) R->slots_hwm = hwm;
     for (int d = 0; d < VGPU_MAX_DEVICES; d++) {
         uint64_t sum = 0;
         for (int i = 0; i < VGPU_MAX_PROCS; i++)
@@ -148,14 +152,13 @@ int vgpu_region_lock(void) {
 void vgpu_region_unlock(void) { pthread_mutex_unlock(region_mutex(R)); }
 
 static int claim_slot_locked_local(void) {
-    int start = (int)((unsigned)getpid() % VGPU_MAX_PROCS);
     int got = -1;
-    /* Prefer free slots (no contention); then slots marked live, whose owner may be dead. The
-     * byte lock is the decision: whoever holds it owns the slot. No mutex is held meanwhile. */
+    /* Lowest free slot first (keeps slots_hwm, and so every scan, short; a free slot another
+     * starter is claiming costs one failed fcntl), then slots marked live whose owner may be
+     * dead. The byte lock is the decision: whoever holds it owns the slot. No mutex is held. */
     for (int pass = 0; pass < 2 && got < 0; pass++) {
         uint32_t want = pass == 0 ? VGPU_SLOT_FREE : VGPU_SLOT_LIVE;
-        for (int k = 0; k < VGPU_MAX_PROCS; k++) {
-            int i = (start + k) % VGPU_MAX_PROCS;
+        for (int i = 0; i < VGPU_MAX_PROCS; i++) {
             if (__atomic_load_n(&R->procs[i].state, __ATOMIC_RELAXED) != want) continue;
             if (byte_lock(region_fd, i, F_WRLCK) == 0) { got = i; break; }
         }
@@ -174,6 +177,7 @@ static int claim_slot_locked_local(void) {
     s->generation++;
     memset(s->used, 0, sizeof s->used);
     s->state = VGPU_SLOT_LIVE;
+    if ((uint32_t)got >= R->slots_hwm) __atomic_store_n(&R->slots_hwm, (uint32_t)got + 1, __ATOMIC_RELEASE);
     vgpu_region_unlock();
     my_slot = got;
     return 0;
@@ -192,7 +196,9 @@ static int ensure_slot(void) {
 void vgpu_region_reclaim_dead(void) {
     if (R == NULL) return;
     last_scan_ns = now_ns();
-    for (int i = 0; i < VGPU_MAX_PROCS; i++) {
+    uint32_t hwm = __atomic_load_n(&R->slots_hwm, __ATOMIC_ACQUIRE);
+    if (hwm > VGPU_MAX_PROCS) hwm = VGPU_MAX_PROCS; /* never trust a shared counter as a bound */
+    for (int i = 0; i < (int)hwm; i++) {
         /* never test our own slot: the lock is our own open file description's, so taking it
          * would succeed and unlocking it would drop our liveness */
         if (i == my_slot || __atomic_load_n(&R->procs[i].state, __ATOMIC_RELAXED) != VGPU_SLOT_LIVE) continue;

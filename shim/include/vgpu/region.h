@@ -20,6 +20,8 @@
  *    byte at file offset VGPU_SLOT_LOCK_BASE + i (held for the owner's lifetime; the kernel
  *    drops it when the process dies, in any PID namespace). A slot in state VGPU_SLOT_LIVE
  *    whose byte lock can be taken belongs to a dead process: its charges are reclaimed.
+ *  - Slots are claimed lowest-free-first, so slots_hwm stays near the number of processes and a
+ *    dead-slot scan looks at few slots.
  *  - Invariant (under the lock): devices[d].used == sum over LIVE slots of procs[i].used[d].
  */
 #ifndef VGPU_REGION_H
@@ -31,7 +33,7 @@
 
 /* CFFI-BEGIN */
 #define VGPU_REGION_MAGIC 0x55504756 /* "VGPU" little-endian */
-#define VGPU_REGION_LAYOUT_VERSION 2
+#define VGPU_REGION_LAYOUT_VERSION 3
 #define VGPU_MAX_DEVICES 16
 #define VGPU_MAX_PROCS 1024
 #define VGPU_LOCK_WORDS 8 /* 64 bytes reserved for the pthread_mutex_t (40 on x86-64 glibc) */
@@ -67,6 +69,8 @@ struct vgpu_region {
     uint64_t lock[VGPU_LOCK_WORDS]; /* pthread_mutex_t: PTHREAD_PROCESS_SHARED, PTHREAD_MUTEX_ROBUST */
     uint64_t lock_recoveries;       /* EOWNERDEAD recoveries (a holder died in a critical section) */
     uint64_t reclaimed_slots;       /* dead processes whose charges were returned */
+    uint32_t slots_hwm;             /* slots [0, slots_hwm) have ever been claimed: scans stop there */
+    uint32_t reserved0;
     struct vgpu_device_account devices[VGPU_MAX_DEVICES];
     struct vgpu_compute_state compute[VGPU_MAX_DEVICES];
     struct vgpu_proc_slot procs[VGPU_MAX_PROCS];
