@@ -228,13 +228,20 @@ class Plugin:
             health = HealthBroadcaster()
             self.driver = Driver(s, api_client, gpus, mode, s.partitions, health)
             self.driver.start()
+            if s.healthcheck_port is not None:
+                try:
+                    self.healthz = HealthServer(s.healthcheck_port, self._health_status)
+                except OSError as e:
+                    raise StartupError(
+                        f"--healthcheck-port {s.healthcheck_port}: cannot listen: {e}"
+                    ) from e
         except (KubeConfigError, StartupError) as e:
             log.error("%s", e)
+            self._stop_driver()
             return EXIT_STARTUP
         except Exception as e:
             log.exception("node %s: startup failed: %s", s.node_name, describe_error(e))
-            if self.driver is not None:
-                self.driver.stop()
+            self._stop_driver()
             return EXIT_STARTUP
 
         self.loop = PublishLoop(
@@ -247,8 +254,7 @@ class Plugin:
         )
         threads = [threading.Thread(target=rediscovery.run, name="rediscovery", daemon=True)]
         try:
-            if s.healthcheck_port is not None:
-                self.healthz = HealthServer(s.healthcheck_port, self._health_status)
+            if self.healthz is not None:
                 self.healthz.start()
             self.loop.start()
             for t in threads:
@@ -268,6 +274,11 @@ class Plugin:
             if self.healthz is not None:
                 self.healthz.stop()
         return self.exit_code
+
+    def _stop_driver(self) -> None:
+        if self.driver is not None:
+            self.driver.stop()
+            self.driver.health.close()
 
     def _cleanup(self, publisher: SlicePublisher) -> None:
         delays = iter(self.backoff.delays())

@@ -348,3 +348,19 @@ def test_server_losing_consumable_capacity_at_runtime_exits_3(short_tmp: Path) -
         assert not t.is_alive()
         assert result == [EXIT_MODE_CHANGED]
         assert (short_tmp / "data" / MODE_FILE).read_text().strip() == "partition"
+
+
+def test_healthcheck_port_in_use_is_a_startup_error(
+    server: FakeApiServer, short_tmp: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        s = settings(server, short_tmp, "--healthcheck-port", str(port))
+        assert Plugin(s, backend=FakeNvml([gpu(0)])).run() == EXIT_STARTUP
+    assert any(f"--healthcheck-port {port}: cannot listen" in m for m in caplog.messages)
+    # The Driver it had started is stopped again: no sockets left behind.
+    assert not (short_tmp / "plugins" / DRIVER / "dra.sock").exists()
