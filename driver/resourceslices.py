@@ -436,7 +436,7 @@ class SlicePublisher:
             else:
                 resp = self.kube.create_slice(body)
             written[name] = _Written(name, str(resp["metadata"]["resourceVersion"]), devs)
-            if mode == "sharing" and not self._dropped_warned:
+            if mode == "sharing" and self.requested_mode == "sharing" and not self._dropped_warned:
                 stored = (resp.get("spec") or {}).get("devices") or []
                 if consumable_capacity_dropped(devs, stored):
                     # Explicit --sharing-mode=sharing on a server without the gate: claims
