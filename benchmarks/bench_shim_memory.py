@@ -47,7 +47,11 @@ class Bench:
         self.prog = compile_program(REPO / "benchmarks" / "c" / "shim_bench.c", work, ["-O2"])
         state = work / "state"
         state.mkdir()
-        base = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "LIBCUDA_", "VGPU_", "SIMGPU_"))}
+        base = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("CUDA_", "LIBCUDA_", "VGPU_", "SIMGPU_"))
+        }
         base.pop("LD_PRELOAD", None)
         base["LD_LIBRARY_PATH"] = str(sim_lib_dir())
         base["SIMGPU_STATE"] = str(state)
@@ -63,7 +67,9 @@ class Bench:
         }
 
     def ns(self, mode: str, env: dict[str, str], n: int) -> float:
-        out = subprocess.run([str(self.prog), mode, str(n)], env=env, capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [str(self.prog), mode, str(n)], env=env, capture_output=True, text=True, check=True
+        )
         return float(re.search(r"ns_per_op=([\d.]+)", out.stdout).group(1))  # type: ignore[union-attr]
 
     def instructions(self, mode: str, env: dict[str, str], n: int) -> float:
@@ -74,14 +80,22 @@ class Bench:
             env=env, capture_output=True, text=True, check=True,
         )  # fmt: skip
         text = out_file.read_text()
-        m = re.search(r"^summary:\s+(\d+)", text, re.M) or re.search(r"^totals:\s+(\d+)", text, re.M)
+        m = re.search(r"^summary:\s+(\d+)", text, re.M) or re.search(
+            r"^totals:\s+(\d+)", text, re.M
+        )
         assert m, "no callgrind summary"
         return int(m.group(1)) / (n + n // 10 + 1)  # the warm-up loop is collected too
 
     def startup(self, env: dict[str, str], procs: int = 64) -> tuple[list[float], list[float]]:
         env = dict(env, LIBCUDA_LOG_LEVEL="4")
         ps = [
-            subprocess.Popen([str(self.prog), "init"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            subprocess.Popen(
+                [str(self.prog), "init"],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
             for _ in range(procs)
         ]
         setup, init = [], []
@@ -89,14 +103,18 @@ class Bench:
             out, err = p.communicate(timeout=120)
             assert p.returncode == 0, err
             init.append(float(out.split("=")[1]))
-            setup += [float(x.split()[-2]) for x in err.splitlines() if x.startswith("vgpu: setup took")]
+            setup += [
+                float(x.split()[-2]) for x in err.splitlines() if x.startswith("vgpu: setup took")
+            ]
         return setup, init
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=200_000, help="iterations per timed run")
-    ap.add_argument("--callgrind-n", type=int, default=20_000, help="iterations under callgrind (0: skip)")
+    ap.add_argument(
+        "--callgrind-n", type=int, default=20_000, help="iterations under callgrind (0: skip)"
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-shim-"))
@@ -110,7 +128,10 @@ def main() -> int:
                 for k in names:
                     runs[k].append(b.ns(mode, b.envs[k], args.n))
             ns = {k: statistics.median(v) for k, v in runs.items()}
-            entry: dict[str, object] = {"ns": ns, "ns_ratio": {k: ns[k] / ns["baseline"] for k in names}}
+            entry: dict[str, object] = {
+                "ns": ns,
+                "ns_ratio": {k: ns[k] / ns["baseline"] for k in names},
+            }
             if args.callgrind_n and shutil.which("valgrind"):
                 ins = {k: b.instructions(mode, b.envs[k], args.callgrind_n) for k in names}
                 entry["instructions"] = ins
@@ -121,8 +142,14 @@ def main() -> int:
         report["startup_64"] = {
             "shim_setup_ms_p50": pct(setup, 50) / 1e6,
             "shim_setup_ms_p99": pct(setup, 99) / 1e6,
-            "cuInit_ms_p50": {"baseline": pct(init_base, 50) / 1e6, "shim": pct(init_shim, 50) / 1e6},
-            "cuInit_ms_p99": {"baseline": pct(init_base, 99) / 1e6, "shim": pct(init_shim, 99) / 1e6},
+            "cuInit_ms_p50": {
+                "baseline": pct(init_base, 50) / 1e6,
+                "shim": pct(init_shim, 50) / 1e6,
+            },
+            "cuInit_ms_p99": {
+                "baseline": pct(init_base, 99) / 1e6,
+                "shim": pct(init_shim, 99) / 1e6,
+            },
             "processes": len(setup),
         }
     finally:
@@ -130,7 +157,11 @@ def main() -> int:
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
-    labels = {"pair": "cuMemAlloc_v2+cuMemFree_v2", "getinfo": "cuMemGetInfo_v2", "unhooked": "cuCtxGetDevice (unhooked)"}
+    labels = {
+        "pair": "cuMemAlloc_v2+cuMemFree_v2",
+        "getinfo": "cuMemGetInfo_v2",
+        "unhooked": "cuCtxGetDevice (unhooked)",
+    }
     for mode in MODES:
         e = report[mode]
         assert isinstance(e, dict)
