@@ -60,6 +60,8 @@ _Static_assert(sizeof(struct vgpu_compute_state) == 512, "compute state size is 
 #define NVML_FACTOR_MIN 0.75
 #define NVML_FACTOR_MAX 1.25
 #define MAX_CTX 32
+#define MEASURE_ALL_FIRST 32               /* measure every launch of a key until it has this many samples */
+#define MEASURE_EVERY 4                    /* then one launch in this many */
 
 /* ------------------------------------------------------------ configuration */
 static int g_enabled;                              /* some device has a cap and policy != off */
@@ -812,6 +814,7 @@ void vgpu_compute_before(struct vgpu_launch *L, uintptr_t key, uint64_t grid, CU
     /* Estimate, and learn before guessing twice: a key never measured has one launch in flight. */
     uint64_t cost;
     struct cctx *cx;
+    int measure = 0;
     int64_t deadline = now + UNKNOWN_WAIT_MAX_NS;
     for (;;) {
         pthread_mutex_lock(&g_mu);
@@ -823,7 +826,13 @@ void vgpu_compute_before(struct vgpu_launch *L, uintptr_t key, uint64_t grid, CU
         int queue_full = eff >= VC_PERMILLE_FULL && cx && cx->outstanding_ns > INFLIGHT_MAX_NS;
         if ((!unknown_busy && !queue_full) || now >= deadline) {
             cost = (uint64_t)((double)vc_est_cost(e) * cost_factor(cd->st) + 0.5);
-            e->in_flight++;
+            /* Measure every launch while learning a key and while running uncapped (the queue
+             * bound needs them), then one in MEASURE_EVERY: plenty of samples for the envelope,
+             * a quarter of the event traffic. */
+            measure = drv_ok && cx && cx->tail - cx->head < RING &&
+                      (e->samples < MEASURE_ALL_FIRST || eff >= VC_PERMILLE_FULL || e->seq++ % MEASURE_EVERY == 0);
+            if (measure)
+                e->in_flight++;
             break;
         }
         pthread_mutex_unlock(&g_mu);
@@ -835,7 +844,7 @@ void vgpu_compute_before(struct vgpu_launch *L, uintptr_t key, uint64_t grid, CU
     }
     /* A ring slot for the measurement (none when the ring is full: charged by estimate only). */
     L->slot = -1;
-    if (cx && drv_ok && cx->tail - cx->head < RING) {
+    if (measure) {
         L->slot = (int)(cx->tail % RING);
         cx->ring[L->slot].state = SLOT_RESERVED;
         cx->tail++;
@@ -898,8 +907,8 @@ void vgpu_compute_after(struct vgpu_launch *L, CUresult launched)
     if (L->slot >= 0 && launched == CUDA_SUCCESS && !L->measure_failed)
         measured = drv.event_record(L->cx->ring[L->slot].end, L->stream) == CUDA_SUCCESS;
 
-    pthread_mutex_lock(&g_mu);
     if (L->slot >= 0) {
+        pthread_mutex_lock(&g_mu);
         struct ring_slot *s = &L->cx->ring[L->slot];
         if (measured) {
             s->key = L->key;
@@ -909,14 +918,12 @@ void vgpu_compute_after(struct vgpu_launch *L, CUresult launched)
             s->state = SLOT_PENDING;
         } else {
             s->state = SLOT_SKIP; /* not measurable (launch or event record failed) */
+            struct vc_est_entry *e = vc_est_lookup(&g_est, L->key, L->grid);
+            if (e->in_flight)
+                e->in_flight--;
         }
+        pthread_mutex_unlock(&g_mu);
     }
-    if (!measured) {
-        struct vc_est_entry *e = vc_est_lookup(&g_est, L->key, L->grid);
-        if (e->in_flight)
-            e->in_flight--;
-    }
-    pthread_mutex_unlock(&g_mu);
 
     if (launched != CUDA_SUCCESS) {
         /* Nothing ran: give the budget back. */

@@ -70,7 +70,8 @@ struct vc_est_entry {
     uint32_t samples;     /* completions measured */
     uint32_t accepted;    /* samples that fed est_ns */
     uint32_t reject_run;  /* rejected samples in a row */
-    uint32_t in_flight;   /* launches admitted whose completion was not read yet */
+    uint32_t in_flight;   /* measured launches admitted whose completion was not read yet */
+    uint32_t seq;         /* launches of this key (for measuring one in N) */
     uint64_t last_use;  /* for eviction */
 };
 
