@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from shim.build import SANITIZER_FLAGS, build_with_gcc
+from shim.build import CFLAGS as BUILD_CFLAGS
+from shim.build import INCLUDE_DIR, LIBRARIES, SANITIZER_FLAGS, build_with_gcc, link_args
 from tests.sim.simhelp import Client, run_python, tool_info
 from tests.support.cbuild import C_PROGRAMS, CFLAGS, INCLUDE
 
@@ -27,7 +28,7 @@ def sanitized(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     libs = build_with_gcc(out, SANITIZER_FLAGS)
     libdir = libs["libcuda.so.1"].parent
     progs = {}
-    for name, extra in (("sim_api", ["-ldl"]), ("sim_tool", [])):
+    for name, extra in (("sim_api", ["-ldl"]), ("sim_tool", []), ("sim_threads", [])):
         exe = out / name
         subprocess.run(
             ["gcc", *CFLAGS, *SANITIZER_FLAGS, f"-I{INCLUDE}", "-o", str(exe), str(C_PROGRAMS / f"{name}.c"),
@@ -53,6 +54,31 @@ def test_api_surface_is_sanitizer_clean(sanitized, sim_env) -> None:  # type: ig
     assert r.returncode == 0, r.stdout + r.stderr[-6000:]
     assert r.stdout.strip().endswith("OK")
     assert "Sanitizer" not in r.stderr and "runtime error" not in r.stderr, r.stderr[-6000:]
+
+
+def test_threads_are_sanitizer_clean(sanitized, sim_env) -> None:  # type: ignore[no-untyped-def]
+    env = _env(sim_env, sanitized["libdir"], leaks=True)
+    r = subprocess.run([str(sanitized["sim_threads"])], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout + r.stderr[-6000:]
+
+
+def test_threads_are_threadsanitizer_clean(sim_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """ThreadSanitizer over the multi-threaded program. Only the simulator's libraries are built
+    (with shim.build's sources and flags): the interposer is not part of this program."""
+    out = tmp_path / "sim"
+    out.mkdir()
+    for lib in LIBRARIES:
+        if lib.subdir != "sim":
+            continue
+        subprocess.run(["gcc", *BUILD_CFLAGS, "-fsanitize=thread", f"-I{INCLUDE_DIR}", "-shared", "-o", str(out / lib.filename),
+                        *map(str, lib.sources()), *link_args(lib), *[f"-l{x}" for x in lib.libs]], check=True)
+    exe = tmp_path / "sim_threads"
+    subprocess.run(["gcc", *CFLAGS, "-fsanitize=thread", f"-I{INCLUDE}", "-o", str(exe), str(C_PROGRAMS / "sim_threads.c"),
+                    f"-L{out}", "-l:libcuda.so.1"], check=True)
+    env = dict(sim_env, LD_LIBRARY_PATH=str(out), TSAN_OPTIONS="halt_on_error=1:exitcode=25")
+    r = subprocess.run([str(exe)], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout + r.stderr[-6000:]
+    assert "ThreadSanitizer" not in r.stderr, r.stderr[-6000:]
 
 
 def test_multiprocess_paths_are_sanitizer_clean(sanitized, sim_env) -> None:  # type: ignore[no-untyped-def]

@@ -80,6 +80,7 @@ typedef struct {
     char driver_version[80];
     int cuda_version;             /* 12080 = 12.8 */
     char path[512];               /* the file read, "" for the built-in default */
+    int phys[SIM_MAX_DEVICES];    /* libcuda: CUDA ordinal -> node device index (CUDA_VISIBLE_DEVICES) */
 } sim_config;
 
 /* Read SIMGPU_CONFIG (or build the default H100). On a malformed file prints one stderr line
@@ -94,9 +95,9 @@ int64_t sim_config_mtime_ns(const char *path);
 
 #define SIM_MAX_PROCS 128
 #define SIM_BUCKET_NS 10000000ull      /* device busy ring: 10 ms buckets ... */
-#define SIM_DEV_RING 1024              /* ... 10.24 s of history (and of scheduled future) */
+#define SIM_DEV_RING 4096              /* ... 41 s of history and scheduled future */
 #define SIM_PBUCKET_NS 50000000ull     /* per-process busy ring: 50 ms buckets ... */
-#define SIM_PROC_RING 256              /* ... 12.8 s */
+#define SIM_PROC_RING 1024             /* ... 51 s */
 
 typedef struct {
     _Atomic uint64_t busy_until;       /* end of the last work scheduled on the device timeline */

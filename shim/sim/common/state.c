@@ -254,11 +254,17 @@ void sim_ctx_count(int slot, int dev, int delta)
     sim_state_unlock();
 }
 
-/* Ring entries: (bucket index mod 2^32) << 32 | busy ns within the bucket. */
+/* Ring entries: (bucket index mod 2^32) << 32 | busy ns within the bucket.
+ * Work is recorded when it is scheduled, i.e. into future buckets. Buckets more than 3/4 of the
+ * ring ahead of now are not written: they would overwrite the history readers still need (the
+ * last quarter, >= 10 s). Only work queued that far ahead (tens of seconds) goes unrecorded. */
 static void ring_add(_Atomic uint64_t *ring, uint64_t n, uint64_t bucket_ns, uint64_t start, uint64_t end)
 {
+    uint64_t limit = sim_now_ns() / bucket_ns + n - n / 4;
     while (start < end) {
         uint64_t b = start / bucket_ns;
+        if (b >= limit)
+            break;
         uint64_t bend = (b + 1) * bucket_ns;
         uint64_t e = end < bend ? end : bend;
         uint64_t add = e - start;

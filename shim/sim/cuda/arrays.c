@@ -59,7 +59,7 @@ static CUresult charge(int dev, uint64_t bytes, uint64_t *charged)
 {
     *charged = sim_align_up(bytes, SIM_ARRAY_GRANULE);
     pthread_mutex_lock(&G.lock);
-    int rc = sim_mem_charge(G.slot, sim_phys(dev), *charged, G.cfg.dev[dev].memory);
+    int rc = sim_mem_charge(G.slot, sim_phys(dev), *charged, G.cfg->dev[dev].memory);
     pthread_mutex_unlock(&G.lock);
     return rc == 0 ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }

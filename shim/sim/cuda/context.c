@@ -58,7 +58,7 @@ static CUresult ctx_activate_locked(struct CUctx_st *c, int dev, unsigned flags)
 {
     if (sim_ensure_slot() < 0)
         return CUDA_ERROR_OPERATING_SYSTEM;
-    if (G.ctx_mem && sim_mem_charge(G.slot, sim_phys(dev), G.ctx_mem, G.cfg.dev[dev].memory) != 0)
+    if (G.ctx_mem && sim_mem_charge(G.slot, sim_phys(dev), G.ctx_mem, G.cfg->dev[dev].memory) != 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     c->charged = G.ctx_mem;
     c->dev = dev;

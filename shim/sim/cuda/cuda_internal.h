@@ -171,14 +171,13 @@ struct CUmipmappedArray_st {
 typedef struct {
     pthread_mutex_t lock;            /* guards every process-local registry below */
     _Atomic int initialized;
-    sim_config cfg;
+    const sim_config *cfg;           /* immutable once published: a re-read publishes a new one */
     int slot;                        /* node state slot, -1 until the first context */
     _Atomic uint32_t gen;            /* bumped in a forked child: parent handles become invalid */
     uint64_t ctx_mem;                /* SIMGPU_CONTEXT_MEMORY */
     uint64_t queue_ahead_ns;         /* SIMGPU_QUEUE_AHEAD_US */
     uint64_t ctx_serial;
     int live_contexts;
-    int phys[SIM_MAX_DEVICES];       /* CUDA ordinal -> node device index (CUDA_VISIBLE_DEVICES) */
     struct CUctx_st *primary[SIM_MAX_DEVICES];
     struct CUmemPoolHandle_st *default_pool[SIM_MAX_DEVICES];
     struct CUmemPoolHandle_st *current_pool[SIM_MAX_DEVICES];
@@ -186,7 +185,7 @@ typedef struct {
 extern sim_globals G;
 
 /* The node-wide state is indexed by physical device; CUDA ordinals by visible device. */
-static inline int sim_phys(int dev) { return G.phys[dev]; }
+static inline int sim_phys(int dev) { return G.cfg->phys[dev]; }
 static inline uint32_t sim_gen(void) { return atomic_load_explicit(&G.gen, memory_order_relaxed); }
 #define SIM_VALID(obj, mg) ((obj) != NULL && (obj)->magic == (mg) && (obj)->gen == sim_gen())
 

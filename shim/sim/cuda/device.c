@@ -11,7 +11,7 @@ SIM_EXPORT CUresult cuDeviceGetCount(int *count)
     CUresult rc = sim_check_init();
     if (rc != CUDA_SUCCESS)
         return rc;
-    *count = G.cfg.ndev;
+    *count = G.cfg->ndev;
     return CUDA_SUCCESS;
 }
 
@@ -33,7 +33,7 @@ SIM_EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
     CUresult rc = sim_check_device(dev);
     if (rc != CUDA_SUCCESS)
         return rc;
-    sim_copy_str(name, (size_t)len, G.cfg.dev[dev].name);
+    sim_copy_str(name, (size_t)len, G.cfg->dev[dev].name);
     return CUDA_SUCCESS;
 }
 
@@ -44,7 +44,7 @@ SIM_EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
     CUresult rc = sim_check_device(dev);
     if (rc != CUDA_SUCCESS)
         return rc;
-    memcpy(uuid->bytes, G.cfg.dev[dev].uuid_bytes, 16);
+    memcpy(uuid->bytes, G.cfg->dev[dev].uuid_bytes, 16);
     return CUDA_SUCCESS;
 }
 
@@ -57,7 +57,7 @@ SIM_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
     CUresult rc = sim_check_device(dev);
     if (rc != CUDA_SUCCESS)
         return rc;
-    *bytes = G.cfg.dev[dev].memory;
+    *bytes = G.cfg->dev[dev].memory;
     return CUDA_SUCCESS;
 }
 
@@ -79,8 +79,8 @@ SIM_EXPORT CUresult cuDeviceComputeCapability(int *major, int *minor, CUdevice d
     CUresult rc = sim_check_device(dev);
     if (rc != CUDA_SUCCESS)
         return rc;
-    *major = G.cfg.dev[dev].cc_major;
-    *minor = G.cfg.dev[dev].cc_minor;
+    *major = G.cfg->dev[dev].cc_major;
+    *minor = G.cfg->dev[dev].cc_minor;
     return CUDA_SUCCESS;
 }
 
@@ -93,7 +93,7 @@ SIM_EXPORT CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUd
         return rc;
     if ((int)attrib <= 0 || (int)attrib >= (int)CU_DEVICE_ATTRIBUTE_MAX)
         return CUDA_ERROR_INVALID_VALUE;
-    const sim_device_cfg *d = &G.cfg.dev[dev];
+    const sim_device_cfg *d = &G.cfg->dev[dev];
     int v;
     switch ((int)attrib) { /* H100-like values where the config says nothing */
     case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: v = 1024; break;
@@ -138,7 +138,7 @@ SIM_EXPORT CUresult cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev)
     if (rc != CUDA_SUCCESS)
         return rc;
     char buf[32];
-    const sim_device_cfg *d = &G.cfg.dev[dev];
+    const sim_device_cfg *d = &G.cfg->dev[dev];
     snprintf(buf, sizeof buf, "%04X:%02X:%02X.0", d->pci_domain, d->pci_bus, d->pci_device);
     sim_copy_str(pciBusId, (size_t)len, buf);
     return CUDA_SUCCESS;
@@ -158,8 +158,8 @@ SIM_EXPORT CUresult cuDeviceGetByPCIBusId(CUdevice *dev, const char *pciBusId)
         if (sscanf(pciBusId, "%x:%x.%x%c", &bus, &device, &fn, &tail) != 3)
             return CUDA_ERROR_INVALID_VALUE;
     }
-    for (int i = 0; i < G.cfg.ndev; i++) {
-        const sim_device_cfg *d = &G.cfg.dev[i];
+    for (int i = 0; i < G.cfg->ndev; i++) {
+        const sim_device_cfg *d = &G.cfg->dev[i];
         if (d->pci_domain == dom && d->pci_bus == bus && d->pci_device == device) {
             *dev = i;
             return CUDA_SUCCESS;

@@ -21,7 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-sim_globals G = { .lock = PTHREAD_MUTEX_INITIALIZER, .slot = -1, .gen = 1 };
+static const sim_config empty_config; /* no devices until cuInit succeeds */
+sim_globals G = { .lock = PTHREAD_MUTEX_INITIALIZER, .slot = -1, .gen = 1, .cfg = &empty_config };
 
 static void atfork_prepare(void)
 {
@@ -66,14 +67,15 @@ CUresult sim_check_device(CUdevice dev)
     CUresult rc = sim_check_init();
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (dev < 0 || dev >= G.cfg.ndev)
+    if (dev < 0 || dev >= G.cfg->ndev)
         return CUDA_ERROR_INVALID_DEVICE;
     return CUDA_SUCCESS;
 }
 
 /* Narrow `cfg` to the devices CUDA_VISIBLE_DEVICES shows; phys[i] = node index of ordinal i. */
-static void apply_visible_devices(sim_config *cfg, int phys[SIM_MAX_DEVICES])
+static void apply_visible_devices(sim_config *cfg)
 {
+    int *phys = cfg->phys;
     for (int i = 0; i < SIM_MAX_DEVICES; i++)
         phys[i] = i;
     const char *v = getenv("CUDA_VISIBLE_DEVICES");
@@ -132,21 +134,27 @@ SIM_EXPORT CUresult cuInit(unsigned int Flags)
     CUresult rc = CUDA_SUCCESS;
     pthread_mutex_lock(&G.lock);
     if (G.live_contexts == 0) {
-        sim_config *cfg = malloc(sizeof *cfg);
+        sim_config *cfg = calloc(1, sizeof *cfg);
         if (!cfg) {
             rc = CUDA_ERROR_OUT_OF_MEMORY;
         } else if (sim_config_load(cfg) != 0) {
             rc = CUDA_ERROR_NO_DEVICE;
             atomic_store(&G.initialized, 0);
+            free(cfg);
         } else {
-            apply_visible_devices(cfg, G.phys);
-            G.cfg = *cfg;
+            apply_visible_devices(cfg);
+            if (memcmp(cfg, G.cfg, sizeof *cfg) == 0) {
+                free(cfg);
+            } else {
+                /* Publish a new immutable config; the old one is kept (never freed) because
+                 * other threads may be reading it right now without a lock. */
+                __atomic_store_n(&G.cfg, cfg, __ATOMIC_RELEASE);
+            }
         }
-        free(cfg);
     }
     if (rc == CUDA_SUCCESS && sim_state_open() != 0)
         rc = CUDA_ERROR_OPERATING_SYSTEM;
-    if (rc == CUDA_SUCCESS && G.cfg.ndev == 0)
+    if (rc == CUDA_SUCCESS && G.cfg->ndev == 0)
         rc = CUDA_ERROR_NO_DEVICE;
     if (rc == CUDA_SUCCESS) {
         G.ctx_mem = sim_env_u64("SIMGPU_CONTEXT_MEMORY", 0);
@@ -162,7 +170,7 @@ SIM_EXPORT CUresult cuDriverGetVersion(int *driverVersion)
     if (!driverVersion)
         return CUDA_ERROR_INVALID_VALUE;
     /* Works before cuInit, as the real one does; the configured version once initialised. */
-    *driverVersion = sim_check_init() == CUDA_SUCCESS ? G.cfg.cuda_version : 12080;
+    *driverVersion = sim_check_init() == CUDA_SUCCESS ? G.cfg->cuda_version : 12080;
     return CUDA_SUCCESS;
 }
 

@@ -10,11 +10,11 @@
  */
 #include "cuda_internal.h"
 
-#define MAX_KERNEL_NS (60ull * 1000000000ull) /* one launch never occupies more than a minute */
+#define MAX_KERNEL_NS (10ull * 1000000000ull) /* one launch occupies at most 10 s (see ring_add) */
 
 uint64_t sim_kernel_ns(const struct CUfunc_st *f, uint64_t blocks, int dev)
 {
-    uint64_t sms = (uint64_t)G.cfg.dev[dev].sm_count;
+    uint64_t sms = (uint64_t)G.cfg->dev[dev].sm_count;
     uint64_t waves = (blocks + sms - 1) / sms;
     if (waves > MAX_KERNEL_NS / 1000 || f->us_per_wave > MAX_KERNEL_NS / 1000)
         return MAX_KERNEL_NS;
@@ -48,7 +48,7 @@ static CUresult launch(CUfunction fn, unsigned gx, unsigned gy, unsigned gz, uns
     if (coop) {
         /* all blocks must be co-resident: at most 2048 threads per SM */
         uint64_t per_sm = 2048u / ((uint64_t)bx * by * bz);
-        if (per_sm == 0 || blocks > per_sm * (uint64_t)G.cfg.dev[dev].sm_count)
+        if (per_sm == 0 || blocks > per_sm * (uint64_t)G.cfg->dev[dev].sm_count)
             return CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE;
     }
     struct CUgraphNode_st node = { .type = NODE_KERNEL, .dur_ns = sim_kernel_ns(f, blocks, dev) };

@@ -127,7 +127,7 @@ static CUresult alloc_device(CUdeviceptr *out, size_t size, int kind, int low32)
         return CUDA_ERROR_OUT_OF_MEMORY;
     uint64_t charge = kind == ALLOC_HOST ? 0 : sim_align_up(size, SIM_ALLOC_ALIGN);
     pthread_mutex_lock(&G.lock);
-    if (charge && sim_mem_charge(G.slot, sim_phys(c->dev), charge, G.cfg.dev[c->dev].memory) != 0) {
+    if (charge && sim_mem_charge(G.slot, sim_phys(c->dev), charge, G.cfg->dev[c->dev].memory) != 0) {
         pthread_mutex_unlock(&G.lock);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -260,7 +260,7 @@ SIM_EXPORT CUresult cuMemGetInfo_v2(size_t *free_, size_t *total)
     CUresult rc = sim_get_ctx(&c);
     if (rc != CUDA_SUCCESS)
         return rc;
-    uint64_t tot = G.cfg.dev[c->dev].memory;
+    uint64_t tot = G.cfg->dev[c->dev].memory;
     uint64_t used = sim_mem_used(sim_phys(c->dev), G.slot);
     *total = tot;
     *free_ = used >= tot ? 0 : tot - used;

@@ -138,7 +138,7 @@ CUresult sim_pool_alloc(struct CUmemPoolHandle_st *pool, size_t bytes, CUdevicep
         free(b);
     } else {
         if ((pool->max_size && pool->reserved + charge > pool->max_size) ||
-            sim_mem_charge(G.slot, sim_phys(pool->dev), charge, G.cfg.dev[pool->dev].memory) != 0) {
+            sim_mem_charge(G.slot, sim_phys(pool->dev), charge, G.cfg->dev[pool->dev].memory) != 0) {
             pthread_mutex_unlock(&G.lock);
             return CUDA_ERROR_OUT_OF_MEMORY;
         }

@@ -66,6 +66,23 @@ static __thread struct {
 } ptds_cache[PTDS_CACHE];
 static __thread unsigned ptds_next;
 
+static pthread_key_t ptds_key;
+static pthread_once_t ptds_once = PTHREAD_ONCE_INIT;
+
+/* Thread exit: its per-thread default streams go back to the free list. */
+static void ptds_release_all(void *unused)
+{
+    (void)unused;
+    for (int i = 0; i < PTDS_CACHE; i++) {
+        if (SIM_VALID(ptds_cache[i].s, MAGIC_STREAM) && ptds_cache[i].s->kind == STREAM_PER_THREAD)
+            sim_stream_release(ptds_cache[i].s);
+        ptds_cache[i].s = NULL;
+        ptds_cache[i].ctx = NULL;
+    }
+}
+
+static void ptds_key_init(void) { pthread_key_create(&ptds_key, ptds_release_all); }
+
 static struct CUstream_st *per_thread_stream(struct CUctx_st *ctx)
 {
     for (int i = 0; i < PTDS_CACHE; i++)
@@ -74,7 +91,11 @@ static struct CUstream_st *per_thread_stream(struct CUctx_st *ctx)
     struct CUstream_st *s = sim_stream_new(ctx, STREAM_PER_THREAD, 0, 0);
     if (!s)
         return NULL;
+    pthread_once(&ptds_once, ptds_key_init);
+    pthread_setspecific(ptds_key, &ptds_cache); /* any non-NULL value arms the destructor */
     unsigned i = ptds_next++ % PTDS_CACHE;
+    if (SIM_VALID(ptds_cache[i].s, MAGIC_STREAM) && ptds_cache[i].s->kind == STREAM_PER_THREAD)
+        sim_stream_release(ptds_cache[i].s); /* evicted: this thread's stream of another context */
     ptds_cache[i].ctx = ctx;
     ptds_cache[i].serial = ctx->serial;
     ptds_cache[i].s = s;

@@ -96,7 +96,7 @@ SIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t siz
         pthread_mutex_unlock(&G.lock);
         return CUDA_ERROR_OPERATING_SYSTEM;
     }
-    if (sim_mem_charge(G.slot, sim_phys(dev), size, G.cfg.dev[dev].memory) != 0) {
+    if (sim_mem_charge(G.slot, sim_phys(dev), size, G.cfg->dev[dev].memory) != 0) {
         pthread_mutex_unlock(&G.lock);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
