@@ -49,7 +49,7 @@ def test_concurrent_processes_and_threads_never_exceed(
         CUDA_DEVICE_MEMORY_LIMIT=str(quota),
         CUDA_DEVICE_MEMORY_SHARED_CACHE=str(reg),
     )
-    per_thread = 100_000 // 8  # 10^5 allocations and frees per process
+    per_thread = 100_000  # 10^5 random allocations and frees per thread
     procs = [
         subprocess.Popen(
             [str(shim_ops), "init", "ctx", f"stress:8:{per_thread}:{16 * MiB}"],
@@ -73,7 +73,7 @@ def test_concurrent_processes_and_threads_never_exceed(
         ok += int(r["ok"])
         oom += int(r["oom"])
     snap = region.read(reg)
-    assert ok > 100_000 and oom > 0  # the quota was reached, and often
+    assert ok > 4 * 8 * 100_000 // 4 and oom > 0  # many allocations, and the quota was reached
     assert oom == snap.devices[0].denials  # every OOM was the shim's; the driver never refused
     assert snap.devices[0].peak <= quota and max(samples) <= quota
     assert snap.devices[0].used == 0
