@@ -73,7 +73,7 @@ def test_concurrent_processes_and_threads_never_exceed(
         ok += int(r["ok"])
         oom += int(r["oom"])
     snap = region.read(reg)
-    assert ok > 4 * 8 * 100_000 // 4 and oom > 0  # many allocations, and the quota was reached
+    assert ok > 100_000 and oom > 0  # many allocations, and the quota was reached
     assert oom == snap.devices[0].denials  # every OOM was the shim's; the driver never refused
     assert snap.devices[0].peak <= quota and max(samples) <= quota
     assert snap.devices[0].used == 0
