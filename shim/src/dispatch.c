@@ -134,6 +134,8 @@ static void *vgpu_map_dlsym(const char *name, void *r) {
     const struct entry *e = entry_by_name(name);
     if (e == NULL) return r;
     if (e->lib == VGPU_LIB_CUDA ? vgpu_resolve_cuda() : vgpu_resolve_nvml()) return r;
+    (void)vgpu_init(); /* CUDA_DISABLE_CONTROL=true: the driver's own pointers (pure passthrough) */
+    if (vgpu_config()->disabled) return r;
     /* exactly the driver's definition of exactly this name becomes our wrapper of this name */
     return r == *e->real ? e->wrapper : r;
 }

@@ -75,6 +75,7 @@ def test_disable_control_is_passthrough(
     )
     assert res[0]["rc"] == "0" and res[3]["rc"] == "0"
     assert res[2]["total"] == plain[2]["total"]
+    assert (res[4]["same"], res[4]["real"]) == ("0", "1")  # dlsym hands out the driver's function
     assert lines == []
 
 
