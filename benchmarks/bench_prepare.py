@@ -32,7 +32,6 @@ from tests.driver.kubelet_standin import (  # noqa: E402
     result,
 )
 from tests.driver.plugin_process import PluginProcess, fake_gpus  # noqa: E402
-from tests.fakes import apiserver  # noqa: E402
 from tests.fakes.apiserver import FakeApiServer  # noqa: E402
 
 
@@ -52,18 +51,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--claims", type=int, default=200)
     ap.add_argument("--json", action="store_true", help="print one JSON object")
-    ap.add_argument(
-        "--nagle",
-        action="store_true",
-        help="leave Nagle's algorithm on in the fake API server (adds ~40 ms per claim read: "
-        "its headers and body go out in two writes and the client delays its ACK)",
-    )
     args = ap.parse_args()
     n = args.claims
-    if not args.nagle:
-        # A real API server (Go) sets TCP_NODELAY; without it every GET of the fake server
-        # waits for a delayed ACK and the benchmark would measure that, not the plugin.
-        apiserver._Handler.disable_nagle_algorithm = True
     root = Path(tempfile.mkdtemp(prefix="vgb", dir="/tmp"))
     try:
         with FakeApiServer() as server:
@@ -128,9 +117,7 @@ def main() -> int:
     if args.json:
         print(json.dumps(res))
     else:
-        nagle = "on" if args.nagle else "off"
-        print(f"DRA plugin, {n} claims, one claim per call, fake API server on loopback "
-              f"(Nagle {nagle})")  # fmt: skip
+        print(f"DRA plugin, {n} claims, one claim per call, fake API server on loopback")
         print(f"  prepare      p50 {res['prepare_p50_ms']} ms   p99 {res['prepare_p99_ms']} ms"
               f"   (mean {res['prepare_mean_ms']} ms)")  # fmt: skip
         print(
