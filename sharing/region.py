@@ -170,19 +170,22 @@ def _check_limits(limits: Mapping[int, int] | None) -> dict[int, int]:
 
 
 def create(
-    path: str | os.PathLike[str], limits: Mapping[int, int] | None = None, mode: int = 0o666
+    path: str | os.PathLike[str], limits: Mapping[int, int] | None = None, mode: int | None = None
 ) -> bool:
     """Create the region at path atomically (built in a temp file, then link()ed into place).
 
     Returns True if this call created it, False if it already existed (it is then left as is;
     validate it with read()). `limits` maps device index -> bytes, recorded as the slice's quota.
+    `mode`: the file's permissions exactly (e.g. 0o666 for processes of several users, as the
+    DRA driver may need); None: 0o666 narrowed by the umask, as the shim creates it.
     """
     p = Path(path)
     lim = _check_limits(limits)
     tmp = p.with_name(f"{p.name}.tmp.{os.getpid()}.{time.monotonic_ns()}")
-    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
     try:
-        os.fchmod(fd, mode)  # not narrowed by the umask: processes of other users share it
+        if mode is not None:
+            os.fchmod(fd, mode)  # exactly as asked, not narrowed by the umask
         _fill(fd, lim)
         try:
             os.link(tmp, p)
