@@ -57,6 +57,14 @@ static void init_once(void) {
         init_status = vgpu_region_open(cfg.region_path, cfg.limit);
         if (init_status != CUDA_SUCCESS) return;
         pthread_atfork(NULL, NULL, atfork_child);
+        for (int d = 0; d < VGPU_MAX_DEVICES; d++) {
+            char q[32];
+            uint64_t l = vgpu_region_limit(d);
+            if (l == 0) continue;
+            vgpu_format_bytes(l, q, sizeof q);
+            vgpu_log(VGPU_LOG_INFO, "device %d: quota %s, accounting file %s", d, q,
+                     cfg.region_path ? cfg.region_path : "(private)");
+        }
     }
     vgpu_setup_ns = mono_ns() - t0;
 }
