@@ -70,3 +70,17 @@ def test_forked_child_gets_its_own_slot(sim_tool, sim_env) -> None:  # type: ign
     finally:
         assert parent.finish() == 0
     assert tool_info(sim_tool, sim_env)[0] == 80 << 30
+
+
+def test_context_memory_is_charged(sim_tool, sim_env) -> None:  # type: ignore[no-untyped-def]
+    """SIMGPU_CONTEXT_MEMORY: a context takes device memory while it exists, as a real one does."""
+    env = {**sim_env, "SIMGPU_CONTEXT_MEMORY": "300Mi"}
+    free, total = tool_info(sim_tool, env)
+    assert free == total - (300 << 20)
+    holder = Client(sim_tool, env, "hold", str(GB))
+    try:
+        seen = run_python(sim_env, NVML_MEM_AND_PROCS)
+        assert seen["procs"] == [[holder.pid, GB + (300 << 20)]]
+    finally:
+        holder.finish()
+    assert tool_info(sim_tool, sim_env)[0] == total
