@@ -57,13 +57,15 @@ static void init_once(void) {
         init_status = vgpu_region_open(cfg.region_path, cfg.limit);
         if (init_status != CUDA_SUCCESS) return;
         pthread_atfork(NULL, NULL, atfork_child);
-        for (int d = 0; d < VGPU_MAX_DEVICES; d++) {
+        int same = 1;
+        for (int d = 1; d < VGPU_MAX_DEVICES; d++) same &= vgpu_region_limit(d) == vgpu_region_limit(0);
+        for (int d = 0; d < (same ? 1 : VGPU_MAX_DEVICES); d++) {
             char q[32];
             uint64_t l = vgpu_region_limit(d);
             if (l == 0) continue;
             vgpu_format_bytes(l, q, sizeof q);
-            vgpu_log(VGPU_LOG_INFO, "device %d: quota %s, accounting file %s", d, q,
-                     cfg.region_path ? cfg.region_path : "(private)");
+            vgpu_log(VGPU_LOG_INFO, "%s%d: quota %s, accounting file %s", same ? "every device, like device " : "device ",
+                     d, q, cfg.region_path ? cfg.region_path : "(private)");
         }
     }
     vgpu_setup_ns = mono_ns() - t0;
