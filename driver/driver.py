@@ -181,6 +181,11 @@ class Driver:
             s.cdi_root,
         )
 
+    def update_gpus(self, gpus: list[GpuInfo]) -> None:
+        """Prepare claims on this set of GPUs from now on (called by rediscovery)."""
+        self.gpus = list(gpus)
+        self.state.set_gpus(gpus)
+
     def stop(self) -> None:
         self.plugin.stop()
         log.info("driver %s stopped", self.settings.driver_name)

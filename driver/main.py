@@ -75,7 +75,6 @@ class Plugin:
         self.driver: Driver | None = None
         self.loop: PublishLoop | None = None
         self.healthz: HealthServer | None = None
-        self._new_gpus_warned: set[str] = set()
 
     # -- mode --
 
@@ -148,23 +147,20 @@ class Plugin:
         driver, loop, mode = self.driver, self.loop, self.mode
         if driver is None or loop is None or mode is None:
             return
-        # The Driver prepares claims only on the GPUs it was started with: a GPU that appears
-        # later is offered after a restart, not before (a claim on it could not be prepared).
+        # The Driver must know a GPU before a claim on it can be prepared: hand it every change
+        # of the set before the slices offer it.
         known = {(g.uuid, g.index) for g in driver.gpus}
-        offered = []
-        for g in inv.gpus:
-            if (g.info.uuid, g.index) in known:
-                offered.append(g)
-            elif g.info.uuid not in self._new_gpus_warned:
-                self._new_gpus_warned.add(g.info.uuid)
-                log.warning(
-                    "node %s: GPU %d (%s) appeared after start; it is offered after the plugin "
-                    "restarts",
-                    self.settings.node_name,
-                    g.index,
-                    g.info.uuid,
-                )
-        inv = Inventory(tuple(offered))
+        current = {(g.info.uuid, g.index) for g in inv.gpus}
+        if current != known:
+            for g in inv.gpus:
+                if (g.info.uuid, g.index) not in known:
+                    log.info(
+                        "node %s: GPU %d (%s) appeared; offering it",
+                        self.settings.node_name,
+                        g.index,
+                        g.info.uuid,
+                    )
+            driver.update_gpus([g.info for g in inv.gpus])
         loop.submit(inv)
         driver.health.publish(health_map(inv, mode, self.settings.partitions))
 

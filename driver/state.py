@@ -126,6 +126,13 @@ class DeviceState:
         self._read = read
         self._lock = threading.Lock()
 
+    def set_gpus(self, gpus: Sequence[GpuInfo]) -> None:
+        """Plan later claims on these GPUs (rediscovery saw GPUs appear or go). Prepared claims
+        keep their specs; device names map to GPUs by index, so a GPU at a reused index is the
+        new one."""
+        with self._lock:
+            self.gpus = list(gpus)
+
     @staticmethod
     def api_reader(api_client: Any) -> ClaimReader:
         return lambda ref: read_claim(api_client, ref)

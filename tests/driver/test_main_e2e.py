@@ -311,3 +311,33 @@ def test_sigterm_while_api_server_is_down(
     finally:
         code = p.terminate()
     assert code == 0, p.output()
+
+
+def test_gpu_appearing_after_start_is_offered_and_prepared(
+    sim_ready: None, server: FakeApiServer, root: Path
+) -> None:
+    config = root / "simgpu.json"
+    write_config(config, [device(0)])
+    p = PluginProcess(server, root)
+    try:
+        wait_names(server, p, ["gpu-0"])
+        write_config(config, [device(0), device(1)])  # a GPU is added to the node
+        wait_names(server, p, ["gpu-0", "gpu-1"])
+        assert "GPU 1 (" in p.output() and "appeared; offering it" in p.output()
+        kubelet = KubeletStandin(root / "reg" / f"{DRIVER}-reg.sock")
+        kubelet.register()
+        claim = server.put(
+            allocated_claim(
+                "late",
+                results=[
+                    result("gpu", "gpu-1") | {"consumedCapacity": {"memory": "2Gi", "cores": "10"}}
+                ],
+            )
+        )
+        answer = kubelet.prepare([claim_id(claim)])[claim["metadata"]["uid"]]
+        kubelet.close()
+        assert answer.error == "", answer.error
+        assert [d.device_name for d in answer.devices] == ["gpu-1"]
+    finally:
+        code = p.terminate()
+    assert code == 0, p.output()
