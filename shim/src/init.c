@@ -5,6 +5,7 @@
  * return the error instead of running unlimited.
  */
 #include <pthread.h>
+#include <stdio.h>
 #include <time.h>
 
 #include "shim_internal.h"
@@ -63,9 +64,12 @@ static void init_once(void) {
             char q[32];
             uint64_t l = vgpu_region_limit(d);
             if (l == 0) continue;
+            char who[32];
             vgpu_format_bytes(l, q, sizeof q);
-            vgpu_log(VGPU_LOG_INFO, "%s%d: quota %s, accounting file %s", same ? "every device, like device " : "device ",
-                     d, q, cfg.region_path ? cfg.region_path : "(private)");
+            if (same) snprintf(who, sizeof who, "every device");
+            else snprintf(who, sizeof who, "device %d", d);
+            vgpu_log(VGPU_LOG_INFO, "%s: quota %s, accounting file %s", who, q,
+                     cfg.region_path ? cfg.region_path : "(private)");
         }
     }
     vgpu_setup_ns = mono_ns() - t0;
