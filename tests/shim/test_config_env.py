@@ -174,3 +174,15 @@ def test_region_without_permission_is_refused(shim_ops: Path, shim_env: dict[str
             and "cannot open read-write" in lines[0]
             and "Permission denied" in lines[0]
         ), lines
+
+
+def test_limits_hold_with_only_libcuda(shim_ops: Path, shim_env: dict[str, str], tmp_path: Path) -> None:
+    """No libnvidia-ml.so.1 anywhere: the shim needs only the CUDA driver."""
+    only = tmp_path / "only-libcuda"
+    only.mkdir()
+    shutil.copy(Path(shim_env["LD_LIBRARY_PATH"]) / "libcuda.so.1", only / "libcuda.so.1")
+    env = dict(shim_env, LD_LIBRARY_PATH=str(only), CUDA_DEVICE_MEMORY_LIMIT="64Mi")
+    res, lines = run(shim_ops, env, "init", "ctx", f"alloc:{48 * MiB}", f"alloc:{48 * MiB}", "info")
+    assert [r["rc"] for r in res] == ["0", "0", "0", "2", "0"]
+    assert res[4]["total"] == str(64 * MiB)
+    assert len(lines) == 1 and "denied" in lines[0]
