@@ -108,3 +108,35 @@ def test_children_of_cmd_share_its_quota(shim_ops: Path, sim_env: dict[str, str]
     res = parse_ops(r.stdout)
     second = [x for x in res if x["op"] == "alloc"][1:]
     assert [x["rc"] for x in second] == ["2", "0"], res
+
+
+def test_contributors_extend_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compute cap adds its flags through run.CONTRIBUTORS; bad values stop the run."""
+    import argparse
+
+    from sharing import cli, run
+
+    class Extra:
+        def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+            parser.add_argument("--compute", metavar="PERCENT")
+
+        def env(self, args: argparse.Namespace) -> dict[str, str]:
+            if args.compute is not None and not args.compute.isdigit():
+                raise run.RunConfigError(f"--compute: {args.compute!r} is not a percentage")
+            return {"CUDA_DEVICE_SM_LIMIT": args.compute} if args.compute else {}
+
+    monkeypatch.setattr(run, "CONTRIBUTORS", [*run.CONTRIBUTORS, Extra()])
+    args = cli.build_parser().parse_args(
+        ["run", "--memory", "1Gi", "--compute", "30", "--", "true"]
+    )
+    env = run.build_env(args, {})
+    assert env["CUDA_DEVICE_SM_LIMIT"] == "30" and env["CUDA_DEVICE_MEMORY_LIMIT"] == str(1 << 30)
+    bad = cli.build_parser().parse_args(["run", "--compute", "lots", "--", "true"])
+    with pytest.raises(run.RunConfigError, match="--compute"):
+        run.build_env(bad, {})
+
+
+def test_help_lists_the_flags() -> None:
+    r = subprocess.run([*VGPU, "run", "--help"], capture_output=True, text=True, check=True)
+    for flag in ("--memory", "--memory-0", "--region", "--sim"):
+        assert flag in r.stdout
