@@ -111,28 +111,28 @@ def test_children_of_cmd_share_its_quota(shim_ops: Path, sim_env: dict[str, str]
 
 
 def test_contributors_extend_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The compute cap adds its flags through run.CONTRIBUTORS; bad values stop the run."""
+    """Other features (the compute cap) add flags through run.CONTRIBUTORS; bad values stop the run."""
     import argparse
 
     from sharing import cli, run
 
     class Extra:
         def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-            parser.add_argument("--compute", metavar="PERCENT")
+            parser.add_argument("--example-knob", metavar="N")
 
         def env(self, args: argparse.Namespace) -> dict[str, str]:
-            if args.compute is not None and not args.compute.isdigit():
-                raise run.RunConfigError(f"--compute: {args.compute!r} is not a percentage")
-            return {"CUDA_DEVICE_SM_LIMIT": args.compute} if args.compute else {}
+            if args.example_knob is not None and not args.example_knob.isdigit():
+                raise run.RunConfigError(f"--example-knob: {args.example_knob!r} is not a number")
+            return {"VGPU_EXAMPLE_KNOB": args.example_knob} if args.example_knob else {}
 
     monkeypatch.setattr(run, "CONTRIBUTORS", [*run.CONTRIBUTORS, Extra()])
     args = cli.build_parser().parse_args(
-        ["run", "--memory", "1Gi", "--compute", "30", "--", "true"]
+        ["run", "--memory", "1Gi", "--example-knob", "30", "--", "true"]
     )
     env = run.build_env(args, {})
-    assert env["CUDA_DEVICE_SM_LIMIT"] == "30" and env["CUDA_DEVICE_MEMORY_LIMIT"] == str(1 << 30)
-    bad = cli.build_parser().parse_args(["run", "--compute", "lots", "--", "true"])
-    with pytest.raises(run.RunConfigError, match="--compute"):
+    assert env["VGPU_EXAMPLE_KNOB"] == "30" and env["CUDA_DEVICE_MEMORY_LIMIT"] == str(1 << 30)
+    bad = cli.build_parser().parse_args(["run", "--example-knob", "lots", "--", "true"])
+    with pytest.raises(run.RunConfigError, match="--example-knob"):
         run.build_env(bad, {})
 
 
