@@ -161,6 +161,11 @@ static int claim_slot_locked_local(void) {
         for (int i = 0; i < VGPU_MAX_PROCS; i++) {
             if (__atomic_load_n(&R->procs[i].state, __ATOMIC_RELAXED) != want) continue;
             if (byte_lock(region_fd, i, F_WRLCK) == 0) { got = i; break; }
+            if (errno != EAGAIN && errno != EACCES) { /* not "taken": locks do not work here */
+                vgpu_log(VGPU_LOG_CONFIG, "accounting file: byte locks unavailable (%s): the file must be on a local filesystem",
+                         strerror(errno));
+                return -1;
+            }
         }
     }
     if (got < 0) return -1;
