@@ -53,8 +53,9 @@ _Static_assert(sizeof(struct vgpu_compute_state) == 512, "compute state size is 
 #define MIN_SLEEP_NS (2000000LL)           /* a launch due sooner than this goes now: batches wake-ups */
 #define RING 256                           /* measured launches in flight per context */
 #define NVML_PERIOD_NS (1000000000LL)      /* NVML outer loop: one reading per second per slice */
-#define NVML_DEADBAND_PM 10                /* act on errors of 1 point (+0.5 per further process) or more:
-                                              smUtil is an integer percent per process */
+#define NVML_DEADBAND_PM 20                /* act on errors of 2 points (+0.5 per further process) or more,
+                                              seen in two readings in a row: smUtil is an integer percent
+                                              per process and one reading of an exact 30% reads 29..31 */
 #define NVML_GAIN 0.5                      /* fraction of the relative error corrected per reading */
 #define NVML_STEP_MAX 0.10                 /* at most 10% change of the factor per reading */
 #define NVML_FACTOR_MIN 0.75
@@ -431,8 +432,8 @@ static int node_claim(struct vgpu_node_file *f, uint64_t id, int64_t now)
  * device saturated by its slices' caps) is invisible to it. The driver's per-process
  * utilisation is not: once per second one process of the slice (the one that wins the CAS on
  * nvml_next_ns) sums the smUtil of the slice's processes on the device and, if the slice was
- * held by its cap and the share is off by >= 1 point (+0.5 per further process: smUtil is an
- * integer percent per process), scales the cost estimates of the whole slice (nvml_factor_ppm) by half the relative
+ * held by its cap and the share is off by >= 2 points (+0.5 per further process: smUtil is an
+ * integer percent per process) in two readings in a row on the same side, scales the cost estimates of the whole slice (nvml_factor_ppm) by half the relative
  * error, at most 10% per reading, within [0.75, 1.25]. It runs on a helper thread (started at the
  * first capped launch, sleeping between readings, all signals blocked) so that a slow NVML call
  * never delays a launch. PIDs are compared with the region's process slots: where NVML reports
@@ -570,11 +571,13 @@ static void nvml_step(int dev)
     int usage = nvml_slice_usage(cd, dev, &nprocs);
     if (usage < 0)
         return;
-    __atomic_store_n(&st->nvml_usage_permille, (uint32_t)usage, __ATOMIC_RELAXED);
-    int err = usage - (int)eff;
+    int prev = (int)__atomic_exchange_n(&st->nvml_usage_permille, (uint32_t)usage, __ATOMIC_RELAXED);
+    int err = usage - (int)eff, prev_err = prev ? prev - (int)eff : 0;
     int deadband = NVML_DEADBAND_PM + 5 * (nprocs - 1); /* each process's smUtil is rounded */
     if (err > -deadband && err < deadband)
         return;
+    if ((err > 0) != (prev_err > 0) || (prev_err > -deadband && prev_err < deadband))
+        return; /* one reading is noise; two in a row on the same side are a bias */
     double step = NVML_GAIN * (double)err / (double)eff;
     if (step > NVML_STEP_MAX)
         step = NVML_STEP_MAX;
@@ -613,7 +616,7 @@ static void *nvml_thread(void *arg)
 /* Under g_mu. */
 static void start_nvml_thread(void)
 {
-    if (!g_nvml_loop || g_nvml_thread)
+    if (!g_nvml_loop || __atomic_load_n(&g_nvml_thread, __ATOMIC_RELAXED))
         return;
     pthread_attr_t a;
     pthread_t t;
@@ -621,8 +624,10 @@ static void start_nvml_thread(void)
         return;
     pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
     pthread_attr_setstacksize(&a, 256 * 1024);
-    if (pthread_create(&t, &a, nvml_thread, NULL) == 0)
-        g_nvml_thread = 1;
+    /* Marked started even if creation fails: no retry on every launch. */
+    __atomic_store_n(&g_nvml_thread, 1, __ATOMIC_RELAXED);
+    if (pthread_create(&t, &a, nvml_thread, NULL) != 0)
+        vgpu_log(VGPU_LOG_INFO, "compute cap: no NVML helper thread; events only");
     pthread_attr_destroy(&a);
 }
 
@@ -726,7 +731,9 @@ static void drain_ctx(struct cctx *cx, int64_t now, int budget)
             uint64_t sample = (uint64_t)llroundf(ms * 1e6f);
             uint64_t est = vc_est_update(e, sample);
             int64_t delta = (int64_t)((double)est * cost_factor(cd->st) + 0.5) - (int64_t)s->charged;
-            uint32_t pm = cd->eff ? cd->eff : g_cap[cx->dev];
+            uint32_t pm = __atomic_load_n(&cd->eff, __ATOMIC_RELAXED);
+            if (!pm)
+                pm = g_cap[cx->dev];
             if (pm && pm < VC_PERMILLE_FULL)
                 vc_correct(&cd->st->tat_ns, now, delta, pm);
             __atomic_fetch_add(&cd->st->charged_ns, delta, __ATOMIC_RELAXED);
@@ -740,11 +747,15 @@ static void drain_ctx(struct cctx *cx, int64_t now, int budget)
     }
 }
 
+/* Threads of the process call these concurrently without g_mu: the per-process fields they
+ * touch (published_want, next_node_check, eff) are only read and written atomically, and a
+ * lost update just repeats a cheap step. */
 static void publish_want(struct cdev *cd, int64_t until)
 {
     if (!cd->node || cd->node_slot < 0)
         return;
-    if (until - cd->published_want < HEARTBEAT_NS && until <= cd->published_want + WANT_HOLD_NS)
+    int64_t pub = __atomic_load_n(&cd->published_want, __ATOMIC_RELAXED);
+    if (until - pub < HEARTBEAT_NS && until <= pub + WANT_HOLD_NS)
         return;
     struct vgpu_node_slot *s = &cd->node->slots[cd->node_slot];
     int64_t cur = __atomic_load_n(&s->want_until_ns, __ATOMIC_RELAXED);
@@ -752,7 +763,7 @@ static void publish_want(struct cdev *cd, int64_t until)
     while (cur < until &&
            !__atomic_compare_exchange_n(&s->want_until_ns, &cur, until, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
         ;
-    cd->published_want = until;
+    __atomic_store_n(&cd->published_want, until, __ATOMIC_RELAXED);
 }
 
 /* The cap to apply now on this device (permille, VC_PERMILLE_FULL = none). */
@@ -760,22 +771,22 @@ static uint32_t effective_cap(struct cdev *cd, int dev, int64_t now)
 {
     if (g_policy != VGPU_COMPUTE_POLICY_ELASTIC || !cd->node || cd->node_slot < 0)
         return g_cap[dev];
-    if (now >= cd->next_node_check) {
+    if (now >= __atomic_load_n(&cd->next_node_check, __ATOMIC_RELAXED)) {
+        __atomic_store_n(&cd->next_node_check, now + NODE_CHECK_NS, __ATOMIC_RELAXED);
         uint32_t e = vc_elastic_permille(cd->node->slots, VGPU_NODE_SLOTS, cd->node_slot, now);
         if (e < g_cap[dev])
             e = g_cap[dev];
-        if (e != cd->eff) {
+        uint32_t old = __atomic_exchange_n(&cd->eff, e, __ATOMIC_RELAXED);
+        if (e != old) {
             /* Going back to (or towards) the cap: start from now, with neither the debt nor the
              * credit of the uncapped period, and without the burst allowance (tat = now + burst):
              * the newcomer gets its share from the first millisecond. */
-            if (e < cd->eff)
+            if (e < old)
                 vc_reset(&cd->st->tat_ns, now + BURST_NS);
-            cd->eff = e;
             __atomic_store_n(&cd->st->effective_permille, e, __ATOMIC_RELAXED);
         }
-        cd->next_node_check = now + NODE_CHECK_NS;
     }
-    return cd->eff;
+    return __atomic_load_n(&cd->eff, __ATOMIC_RELAXED);
 }
 
 /* ------------------------------------------------------------ the gate */
@@ -804,6 +815,13 @@ void vgpu_compute_before(struct vgpu_launch *L, uintptr_t key, uint64_t grid, CU
         pthread_mutex_lock(&g_mu);
         if (!cd->attached)
             attach_device(dev, cudev);
+        pthread_mutex_unlock(&g_mu);
+    }
+
+    if (g_nvml_loop && !__atomic_load_n(&g_nvml_thread, __ATOMIC_RELAXED)) {
+        /* Not started yet in this process (e.g. a fork child of a process that had it). */
+        pthread_mutex_lock(&g_mu);
+        start_nvml_thread();
         pthread_mutex_unlock(&g_mu);
     }
 

@@ -142,3 +142,19 @@ def test_bad_values_fail_closed(workload: Workload, var: str, value: str) -> Non
     assert "cuInit=1" in r.stdout  # CUDA_ERROR_INVALID_VALUE
     lines = [ln for ln in r.stderr.splitlines() if var in ln]
     assert len(lines) == 1 and value in lines[0] and "accepted" in lines[0], r.stderr
+
+
+def test_elastic_idle_time_goes_to_higher_priority(workload: Workload) -> None:
+    # Two elastic 20% slices: the idle 60% goes to the higher priority (lower number) one;
+    # the other keeps its own cap.
+    hi = workload.env(
+        "hi", CUDA_DEVICE_SM_LIMIT="20", VGPU_COMPUTE_POLICY="elastic", VGPU_PRIORITY="0"
+    )
+    lo = workload.env(
+        "lo", CUDA_DEVICE_SM_LIMIT="20", VGPU_COMPUTE_POLICY="elastic", CUDA_TASK_PRIORITY="1"
+    )
+    p_hi, p_lo = workload.start(hi, *SHORT), workload.start(lo, *SHORT)
+    r_hi, r_lo = workload.wait(p_hi), workload.wait(p_lo)
+    assert r_hi.returncode == 0 and r_lo.returncode == 0, r_hi.stderr + r_lo.stderr
+    assert r_hi.share > 65, (r_hi.stdout, r_lo.stdout)
+    assert 12 < r_lo.share < 28, (r_hi.stdout, r_lo.stdout)
