@@ -22,7 +22,9 @@
 struct pool_acct {
     CUmemoryPool pool;
     int dev;             /* app-visible device index */
+    int destroyed;       /* cuMemPoolDestroy returned while allocations were outstanding */
     uint64_t charged;    /* bytes charged to the region for this pool */
+    uint64_t live;       /* bytes of its allocations not yet freed (what a destroyed pool keeps) */
     pthread_mutex_t mu;  /* serialises this pool's allocate/settle in this process */
     struct pool_acct *next;
 };
@@ -56,6 +58,7 @@ static struct pool_acct *pool_acct(CUmemoryPool pool, int dev) {
 
 /* a->mu held: bring the pool's charge to what the pool reserves now */
 static void settle_locked(struct pool_acct *a) {
+    if (a->destroyed) return; /* no attributes to ask: its allocations return one by one */
     cuuint64_t r = 0;
     pool_attr_fn f = get_attr();
     if (f == NULL || f(a->pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &r) != CUDA_SUCCESS) return;
@@ -119,10 +122,11 @@ static CUresult charged_alloc(struct pool_acct *a, CUdeviceptr *dptr, size_t byt
                 rc = CUDA_ERROR_OUT_OF_MEMORY;
             }
         }
-        if (rc == CUDA_SUCCESS && vgpu_track_add(VGPU_TRACK_ASYNC, *dptr, a->dev, (uint64_t)(uintptr_t)a) != 0) {
+        if (rc == CUDA_SUCCESS && vgpu_track_add_aux(VGPU_TRACK_ASYNC, *dptr, a->dev, want, (uint64_t)(uintptr_t)a) != 0) {
             real_cuMemFreeAsync(*dptr, s);
             rc = CUDA_ERROR_OUT_OF_MEMORY;
         }
+        if (rc == CUDA_SUCCESS) a->live += want;
     }
     settle_locked(a); /* reused cache: less than provisionally charged; failure: back to before */
     pthread_mutex_unlock(&a->mu);
@@ -166,17 +170,30 @@ static CUresult free_async(free_async_fn real, CUdeviceptr dptr, CUstream s) {
     if (st != CUDA_SUCCESS) return st;
     if (real == NULL) return CUDA_ERROR_NOT_SUPPORTED;
     int dev;
-    uint64_t pa;
-    if (!vgpu_mem_active() || !vgpu_track_take(VGPU_TRACK_ASYNC, dptr, &dev, &pa)) return real(dptr, s);
+    uint64_t size, pa;
+    if (!vgpu_mem_active() || !vgpu_track_take_aux(VGPU_TRACK_ASYNC, dptr, &dev, &size, &pa)) return real(dptr, s);
     CUresult rc = real(dptr, s);
     if (rc != CUDA_SUCCESS) {
-        vgpu_track_add(VGPU_TRACK_ASYNC, dptr, dev, pa);
+        vgpu_track_add_aux(VGPU_TRACK_ASYNC, dptr, dev, size, pa);
         return rc;
     }
     struct pool_acct *a = (struct pool_acct *)(uintptr_t)pa;
     pthread_mutex_lock(&a->mu);
-    settle_locked(a);
+    a->live -= size < a->live ? size : a->live;
+    int last = 0;
+    if (a->destroyed) { /* the pool is gone: this allocation's bytes are returned as it goes */
+        uint64_t b = size < a->charged ? size : a->charged;
+        vgpu_mem_release(a->dev, b);
+        a->charged -= b;
+        last = a->live == 0;
+    } else {
+        settle_locked(a);
+    }
     pthread_mutex_unlock(&a->mu);
+    if (last) {
+        vgpu_mem_release(a->dev, a->charged);
+        free(a);
+    }
     return rc;
 }
 
@@ -221,7 +238,17 @@ CUresult hook_cuMemPoolDestroy(CUmemoryPool pool) {
     while ((a = *pp) != NULL && a->pool != pool) pp = &a->next;
     if (a != NULL) *pp = a->next;
     pthread_mutex_unlock(&list_mu);
-    if (a != NULL) {
+    if (a == NULL) return rc;
+    /* The driver frees a destroyed pool's memory once its last allocation is freed: until then
+     * the live allocations stay charged (and the record stays, for their frees). */
+    pthread_mutex_lock(&a->mu);
+    uint64_t cached = a->charged > a->live ? a->charged - a->live : 0;
+    vgpu_mem_release(a->dev, cached);
+    a->charged -= cached;
+    a->destroyed = 1;
+    int last = a->live == 0;
+    pthread_mutex_unlock(&a->mu);
+    if (last) {
         vgpu_mem_release(a->dev, a->charged);
         free(a);
     }

@@ -15,6 +15,7 @@ struct node {
     struct node *next;
     uint64_t key;
     uint64_t bytes;
+    uint64_t aux;
     int kind;
     int dev;
 };
@@ -41,11 +42,14 @@ static uint64_t mix(int kind, uint64_t key) {
 static struct shard *shard_of(uint64_t h) { return &shards[h % SHARDS]; }
 static struct node **bucket_of(struct shard *s, uint64_t h) { return &s->buckets[(h / SHARDS) % BUCKETS_PER_SHARD]; }
 
-int vgpu_track_add(int kind, uint64_t key, int dev, uint64_t bytes) {
+int vgpu_track_add(int kind, uint64_t key, int dev, uint64_t bytes) { return vgpu_track_add_aux(kind, key, dev, bytes, 0); }
+
+int vgpu_track_add_aux(int kind, uint64_t key, int dev, uint64_t bytes, uint64_t aux) {
     pthread_once(&shards_once, shards_init);
     struct node *n = malloc(sizeof *n);
     if (n == NULL) return -1;
     n->key = key;
+    n->aux = aux;
     n->kind = kind;
     n->dev = dev;
     n->bytes = bytes;
@@ -59,7 +63,7 @@ int vgpu_track_add(int kind, uint64_t key, int dev, uint64_t bytes) {
     return 0;
 }
 
-static int lookup(int kind, uint64_t key, int *dev, uint64_t *bytes, int remove) {
+static int lookup(int kind, uint64_t key, int *dev, uint64_t *bytes, uint64_t *aux, int remove) {
     pthread_once(&shards_once, shards_init);
     uint64_t h = mix(kind, key);
     struct shard *s = shard_of(h);
@@ -69,6 +73,7 @@ static int lookup(int kind, uint64_t key, int *dev, uint64_t *bytes, int remove)
     if (n != NULL) {
         if (dev) *dev = n->dev;
         if (bytes) *bytes = n->bytes;
+        if (aux) *aux = n->aux;
         if (remove) *pp = n->next;
     }
     pthread_mutex_unlock(&s->mu);
@@ -76,8 +81,11 @@ static int lookup(int kind, uint64_t key, int *dev, uint64_t *bytes, int remove)
     return n != NULL;
 }
 
-int vgpu_track_take(int kind, uint64_t key, int *dev, uint64_t *bytes) { return lookup(kind, key, dev, bytes, 1); }
-int vgpu_track_find(int kind, uint64_t key, int *dev, uint64_t *bytes) { return lookup(kind, key, dev, bytes, 0); }
+int vgpu_track_take(int kind, uint64_t key, int *dev, uint64_t *bytes) { return lookup(kind, key, dev, bytes, NULL, 1); }
+int vgpu_track_take_aux(int kind, uint64_t key, int *dev, uint64_t *bytes, uint64_t *aux) {
+    return lookup(kind, key, dev, bytes, aux, 1);
+}
+int vgpu_track_find(int kind, uint64_t key, int *dev, uint64_t *bytes) { return lookup(kind, key, dev, bytes, NULL, 0); }
 
 void vgpu_track_reset(void) {
     /* fork child (single-threaded): the parent's entries are not ours; the shard mutexes may have

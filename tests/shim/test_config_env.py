@@ -176,7 +176,9 @@ def test_region_without_permission_is_refused(shim_ops: Path, shim_env: dict[str
         ), lines
 
 
-def test_limits_hold_with_only_libcuda(shim_ops: Path, shim_env: dict[str, str], tmp_path: Path) -> None:
+def test_limits_hold_with_only_libcuda(
+    shim_ops: Path, shim_env: dict[str, str], tmp_path: Path
+) -> None:
     """No libnvidia-ml.so.1 anywhere: the shim needs only the CUDA driver."""
     only = tmp_path / "only-libcuda"
     only.mkdir()

@@ -148,3 +148,53 @@ def test_null_output_pointers_go_to_the_driver(
     res = run_ops(shim_ops, env, "init", "ctx", "nulls", "info")
     assert res[2]["accepted"] == "0"  # every call returned the driver's error
     assert res[3]["free"] == str(64 * MiB)  # and nothing was charged
+
+
+def test_pool_destroyed_before_its_allocation(
+    shim_ops: Path, shim_env: dict[str, str], tmp_path: Path
+) -> None:
+    """cuMemPoolDestroy with an allocation outstanding: the driver keeps that block until it is
+    freed, and so does the charge."""
+    env, reg = slice_env(shim_env, tmp_path, "64Mi")
+    held = Held(shim_ops, env, "init", "ctx", f"newpool:{8 * MiB}", "swap", "free")
+    try:
+        assert [r["rc"] for r in held.results] == ["0", "0", "0", "0", "0"]
+        assert region.read(reg).devices[0].used == device_used(shim_ops, env) == 8 * MiB
+        res = run_ops(shim_ops, env, "init", "ctx", "info")
+        assert res[2]["free"] == str(56 * MiB)
+    finally:
+        out = held.release()
+    assert out[-1]["rc"] == "0"
+
+
+def test_pool_destroyed_after_its_allocation_returns_everything(
+    shim_ops: Path, shim_env: dict[str, str], tmp_path: Path
+) -> None:
+    env, reg = slice_env(shim_env, tmp_path, "64Mi")
+    held = Held(shim_ops, env, "init", "ctx", f"newpool:{8 * MiB}", "freeasync", "free")
+    try:
+        assert region.read(reg).devices[0].used == device_used(shim_ops, env) == 0
+    finally:
+        held.release()
+
+
+def test_block_of_a_destroyed_pool_returns_when_freed(
+    shim_ops: Path, shim_env: dict[str, str], tmp_path: Path
+) -> None:
+    env, reg = slice_env(shim_env, tmp_path, "64Mi")
+    held = Held(
+        shim_ops,
+        env,
+        "init",
+        "ctx",
+        f"alloc:{4 * MiB}",
+        f"newpool:{8 * MiB}",
+        "swap",
+        "free",
+        "free",
+    )
+    try:
+        assert [r["rc"] for r in held.results] == ["0", "0", "0", "0", "0", "0"]
+        assert region.read(reg).devices[0].used == device_used(shim_ops, env) == 4 * MiB
+    finally:
+        held.release()
