@@ -4,7 +4,6 @@ on the simulated GPU, and small helpers to run CUDA test programs under it."""
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import subprocess
 from collections.abc import Callable
@@ -53,35 +52,6 @@ def shim_env(sim_env: dict[str, str]) -> dict[str, str]:
     env.pop("CUDA_VISIBLE_DEVICES", None)
     env["LD_PRELOAD"] = str(shim_library())
     return env
-
-
-def write_sim_config(tmp_path: Path, devices: list[dict[str, object]]) -> str:
-    """A SIMGPU_CONFIG file with these devices; returns its path."""
-    path = tmp_path / "simgpu.json"
-    path.write_text(json.dumps({"devices": devices}))
-    return str(path)
-
-
-RunFn = Callable[..., subprocess.CompletedProcess[str]]
-
-
-@pytest.fixture
-def run_prog() -> RunFn:
-    """run_prog(binary, *args, env=..., timeout=...) -> CompletedProcess (text, captured)."""
-
-    def _run(
-        binary: Path, *args: str, env: dict[str, str], timeout: float = 60
-    ) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [str(binary), *args],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-
-    return _run
 
 
 def kv(stdout: str) -> dict[str, str]:
