@@ -13,7 +13,11 @@
 #ifndef VGPU_SIM_NVML_INTERNAL_H
 #define VGPU_SIM_NVML_INTERNAL_H
 
-#define SIM_EXPORT __attribute__((visibility("default")))
+/* Exported, but bound inside this library ("protected"): the simulator never calls its own
+ * entry points through the dynamic symbol table, so an interposer (LD_PRELOAD) sees exactly the
+ * application's calls, and cuGetProcAddress returns this library's own functions, as the real
+ * driver does. */
+#define SIM_EXPORT __attribute__((visibility("protected")))
 #define VGPU_NVML_API extern SIM_EXPORT
 #include "vgpu/nvml_api.h"
 #include "../common/sim_common.h"
