@@ -162,3 +162,24 @@ d = nv.nvmlEventSetWait_v2(s, 10000)
 print(json.dumps([d.eventData, time.monotonic() - t0]))
 """)
     assert got[0] == 94 and 0.4 < got[1] < 3
+
+
+def test_cuda_and_nvml_in_one_process(sim_env) -> None:  # type: ignore[no-untyped-def]
+    """A process using both libraries: NVML sees its own CUDA memory and does not reap itself."""
+    got = run_python(sim_env, """
+import ctypes, os
+cu = ctypes.CDLL("libcuda.so.1")
+ctx, ptr = ctypes.c_void_p(), ctypes.c_ulonglong()
+assert cu.cuInit(0) == 0
+assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+assert cu.cuCtxSetCurrent(ctx) == 0
+assert cu.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(123 << 20)) == 0
+nv.nvmlInit()
+h = nv.nvmlDeviceGetHandleByIndex(0)
+before = [nv.nvmlDeviceGetMemoryInfo(h).used, [[p.pid, p.usedGpuMemory] for p in nv.nvmlDeviceGetComputeRunningProcesses(h)]]
+assert cu.cuMemFree_v2(ptr) == 0
+after = nv.nvmlDeviceGetMemoryInfo(h).used
+print(json.dumps({"pid": os.getpid(), "before": before, "after": after}))
+""")
+    assert got["before"] == [123 << 20, [[got["pid"], 123 << 20]]]
+    assert got["after"] == 0
