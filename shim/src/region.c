@@ -32,7 +32,10 @@ static struct vgpu_region *R;       /* the mapping, NULL when no region is in us
 static int region_fd = -1;          /* O_CLOEXEC; its open file description holds our slot lock */
 static int my_slot = -1;            /* -1: not claimed yet (or dropped in a fork child) */
 static int region_broken;           /* fork child could not reopen: fail closed */
-static pthread_mutex_t claim_mu = PTHREAD_MUTEX_INITIALIZER; /* process-local: one claimer */
+/* Process-local: byte locks belong to our open file description, not to a thread, so two of our
+ * threads would both "get" the same slot's lock. Claims and scans take this mutex so that a slot's
+ * byte lock is only ever tested by one of our threads at a time, and never our own slot. */
+static pthread_mutex_t slot_mu = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic uint64_t last_scan_ns;
 
 static pthread_mutex_t *region_mutex(struct vgpu_region *r) { return (pthread_mutex_t *)(void *)r->lock; }
@@ -191,15 +194,16 @@ static int claim_slot_locked_local(void) {
 static int ensure_slot(void) {
     if (__atomic_load_n(&my_slot, __ATOMIC_ACQUIRE) >= 0) return 0;
     if (region_broken) return -1;
-    pthread_mutex_lock(&claim_mu);
+    pthread_mutex_lock(&slot_mu);
     int rc = my_slot >= 0 ? 0 : claim_slot_locked_local();
-    pthread_mutex_unlock(&claim_mu);
+    pthread_mutex_unlock(&slot_mu);
     if (rc != 0) vgpu_log(VGPU_LOG_ERROR, "no free process slot in the accounting file (max %d processes)", VGPU_MAX_PROCS);
     return rc;
 }
 
 void vgpu_region_reclaim_dead(void) {
     if (R == NULL) return;
+    pthread_mutex_lock(&slot_mu);
     last_scan_ns = now_ns();
     uint32_t hwm = __atomic_load_n(&R->slots_hwm, __ATOMIC_ACQUIRE);
     if (hwm > VGPU_MAX_PROCS) hwm = VGPU_MAX_PROCS; /* never trust a shared counter as a bound */
@@ -217,6 +221,7 @@ void vgpu_region_reclaim_dead(void) {
         }
         byte_lock(region_fd, i, F_UNLCK);
     }
+    pthread_mutex_unlock(&slot_mu);
 }
 
 /* ---- opening ---- */
@@ -358,17 +363,21 @@ void vgpu_region_atfork_child(void) {
     region_fd = fd;
     my_slot = -1;
     if (fd < 0) region_broken = 1;
-    pthread_mutex_init(&claim_mu, NULL);
+    pthread_mutex_init(&slot_mu, NULL);
 }
 
 /* Normal exit: give the slot back now rather than at the next scan (the driver frees the
  * process's memory as it exits). A killed process skips this; the byte lock covers that case. */
 __attribute__((destructor)) static void region_at_exit(void) {
-    if (R == NULL || my_slot < 0) return;
-    if (vgpu_region_lock() == 0) {
-        release_slot_locked(my_slot);
-        vgpu_region_unlock();
+    if (R == NULL) return;
+    pthread_mutex_lock(&slot_mu);
+    if (my_slot >= 0) {
+        if (vgpu_region_lock() == 0) {
+            release_slot_locked(my_slot);
+            vgpu_region_unlock();
+        }
+        byte_lock(region_fd, my_slot, F_UNLCK);
+        my_slot = -1;
     }
-    byte_lock(region_fd, my_slot, F_UNLCK);
-    my_slot = -1;
+    pthread_mutex_unlock(&slot_mu);
 }
