@@ -208,8 +208,11 @@ int sim_mem_charge(int slot, int dev, uint64_t bytes, uint64_t total)
         return -1;
     int rc = 0;
     sim_state_lock();
-    sim_state_reap_locked(slot);
     sim_dev_state *d = &sim_shm->dev[dev];
+    /* Reaping costs a syscall per live slot: do it only when the charge would not fit. A dead
+     * process's memory is thus back before any charge fails and before any query reports it. */
+    if (bytes > total || d->used > total - bytes)
+        sim_state_reap_locked(slot);
     if (bytes > total || d->used > total - bytes) {
         rc = -1;
     } else {

@@ -90,6 +90,8 @@ SIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t siz
         return rc;
     if (size == 0 || size % SIM_VMM_GRANULARITY)
         return CUDA_ERROR_INVALID_VALUE;
+    if (size > G.cfg->dev[prop->location.id].memory)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     int dev = prop->location.id;
     pthread_mutex_lock(&G.lock);
     if (sim_ensure_slot() < 0) {
@@ -153,6 +155,8 @@ SIM_EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t al
         return rc;
     if (size == 0 || size % SIM_VMM_GRANULARITY)
         return CUDA_ERROR_INVALID_VALUE;
+    if (size > (1ull << 52))
+        return CUDA_ERROR_OUT_OF_MEMORY; /* more address space than a process can have */
     if (alignment == 0)
         alignment = SIM_VMM_GRANULARITY;
     if (alignment & (alignment - 1) || alignment > (1ull << 40))
@@ -273,7 +277,7 @@ SIM_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 
 SIM_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count)
 {
-    if (!desc || count == 0)
+    if (!desc || count == 0 || size == 0 || size % SIM_VMM_GRANULARITY || ptr % SIM_VMM_GRANULARITY)
         return CUDA_ERROR_INVALID_VALUE;
     CUresult rc = sim_check_init();
     if (rc != CUDA_SUCCESS)
