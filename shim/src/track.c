@@ -23,7 +23,11 @@ struct node {
 static struct shard {
     pthread_mutex_t mu;
     struct node *buckets[BUCKETS_PER_SHARD];
+    struct node *spare; /* freed nodes kept for reuse: no malloc/free per allocation */
+    int nspare;
 } shards[SHARDS];
+
+#define MAX_SPARE 64
 
 static pthread_once_t shards_once = PTHREAD_ONCE_INIT;
 
@@ -46,16 +50,22 @@ int vgpu_track_add(int kind, uint64_t key, int dev, uint64_t bytes) { return vgp
 
 int vgpu_track_add_aux(int kind, uint64_t key, int dev, uint64_t bytes, uint64_t aux) {
     pthread_once(&shards_once, shards_init);
-    struct node *n = malloc(sizeof *n);
-    if (n == NULL) return -1;
+    uint64_t h = mix(kind, key);
+    struct shard *s = shard_of(h);
+    pthread_mutex_lock(&s->mu);
+    struct node *n = s->spare;
+    if (n != NULL) {
+        s->spare = n->next;
+        s->nspare--;
+    } else if ((n = malloc(sizeof *n)) == NULL) {
+        pthread_mutex_unlock(&s->mu);
+        return -1;
+    }
     n->key = key;
     n->aux = aux;
     n->kind = kind;
     n->dev = dev;
     n->bytes = bytes;
-    uint64_t h = mix(kind, key);
-    struct shard *s = shard_of(h);
-    pthread_mutex_lock(&s->mu);
     struct node **b = bucket_of(s, h);
     n->next = *b;
     *b = n;
@@ -70,15 +80,24 @@ static int lookup(int kind, uint64_t key, int *dev, uint64_t *bytes, uint64_t *a
     pthread_mutex_lock(&s->mu);
     struct node **pp = bucket_of(s, h), *n;
     while ((n = *pp) != NULL && !(n->key == key && n->kind == kind)) pp = &n->next;
+    int found = n != NULL;
     if (n != NULL) {
         if (dev) *dev = n->dev;
         if (bytes) *bytes = n->bytes;
         if (aux) *aux = n->aux;
-        if (remove) *pp = n->next;
+        if (remove) {
+            *pp = n->next;
+            if (s->nspare < MAX_SPARE) {
+                n->next = s->spare;
+                s->spare = n;
+                s->nspare++;
+                n = NULL; /* kept */
+            }
+        }
     }
     pthread_mutex_unlock(&s->mu);
     if (n != NULL && remove) free(n);
-    return n != NULL;
+    return found;
 }
 
 int vgpu_track_take(int kind, uint64_t key, int *dev, uint64_t *bytes) { return lookup(kind, key, dev, bytes, NULL, 1); }
@@ -101,5 +120,11 @@ void vgpu_track_reset(void) {
             }
             shards[i].buckets[b] = NULL;
         }
+        while (shards[i].spare) {
+            struct node *next = shards[i].spare->next;
+            free(shards[i].spare);
+            shards[i].spare = next;
+        }
+        shards[i].nspare = 0;
     }
 }
