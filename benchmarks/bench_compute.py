@@ -316,7 +316,13 @@ def to_markdown(
         MD_BEGIN,
         "## Compute caps (bench_compute.py)",
         "",
-        f"Command: `{cmd}` ({when}; {os.cpu_count()} CPUs; simulated GPU).",
+        f"Command: `{cmd}` ({when}; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end; "
+        "simulated GPU).",
+        "",
+        "Measured %: each workload's own share of device time over its 10 s steady window "
+        "(launches x kernel time from the simulator's kernel model / window, bracketed by "
+        "cuCtxSynchronize); elastic rows from a 10 ms launch timeline. Overhead: callgrind "
+        "instructions of the outermost cuLaunchKernel (inclusive of the driver), with the shim / without.",
         "",
         "| scenario | cap % | measured % | error (points) | bound | |",
         "|---|---|---|---|---|---|",

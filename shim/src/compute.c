@@ -805,10 +805,16 @@ void vgpu_compute_before(struct vgpu_launch *L, uintptr_t key, uint64_t grid, CU
     int dev = vgpu_device_index(cudev);
     if (dev < 0 || dev >= VGPU_MAX_DEVICES || !g_cap[dev])
         return;
+    int may_measure = 1;
     if (drv.stream_is_capturing) {
         CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
-        if (drv.stream_is_capturing(stream, &cs) == CUDA_SUCCESS && cs != CU_STREAM_CAPTURE_STATUS_NONE)
+        CUresult cr = drv.stream_is_capturing(stream, &cs);
+        if (cr == CUDA_SUCCESS && cs != CU_STREAM_CAPTURE_STATUS_NONE)
             return; /* recorded into a graph, not run: cuGraphLaunch pays for it */
+        /* An error here (e.g. another thread captures in global mode) means our own event
+         * records could disturb that capture: charge the launch, record nothing. */
+        if (cr != CUDA_SUCCESS)
+            may_measure = 0;
     }
     struct cdev *cd = &g_dev[dev];
     if (!__atomic_load_n(&cd->attached, __ATOMIC_ACQUIRE)) {
@@ -847,7 +853,7 @@ void vgpu_compute_before(struct vgpu_launch *L, uintptr_t key, uint64_t grid, CU
             /* Measure every launch while learning a key and while running uncapped (the queue
              * bound needs them), then one in MEASURE_EVERY: plenty of samples for the envelope,
              * a quarter of the event traffic. */
-            measure = drv_ok && cx && cx->tail - cx->head < RING &&
+            measure = drv_ok && may_measure && cx && cx->tail - cx->head < RING &&
                       (e->samples < MEASURE_ALL_FIRST || eff >= VC_PERMILLE_FULL || e->seq++ % MEASURE_EVERY == 0);
             if (measure)
                 e->in_flight++;

@@ -18,10 +18,19 @@ def test_controller_holds_caps_in_plant_model(tmp_path: Path) -> None:
     exe = tmp_path / "compute_controller_test"
     subprocess.run(
         [
-            "gcc", "-std=gnu11", "-O1", "-g", "-Wall", "-Wextra", "-Werror",
-            "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined",
-            f"-I{REPO / 'shim' / 'include'}", f"-I{REPO / 'shim' / 'src'}",
-            "-o", str(exe),
+            "gcc",
+            "-std=gnu11",
+            "-O1",
+            "-g",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-fsanitize=address,undefined",
+            "-fno-sanitize-recover=undefined",
+            f"-I{REPO / 'shim' / 'include'}",
+            f"-I{REPO / 'shim' / 'src'}",
+            "-o",
+            str(exe),
             str(REPO / "tests" / "c" / "compute_controller_test.c"),
             str(REPO / "shim" / "src" / "compute_controller.c"),
             "-lm",
