@@ -189,7 +189,9 @@ CUresult hook_cuMemFree_v2(CUdeviceptr dptr) {
     if (real_cuMemFree_v2 == NULL) return CUDA_ERROR_NOT_SUPPORTED;
     int dev;
     uint64_t bytes;
-    if (!vgpu_mem_active() || !vgpu_track_take(VGPU_TRACK_PTR, dptr, &dev, &bytes)) return real_cuMemFree_v2(dptr);
+    if (!vgpu_mem_active()) return real_cuMemFree_v2(dptr);
+    /* cuMemFree also frees stream-ordered allocations (after synchronising) */
+    if (!vgpu_track_take(VGPU_TRACK_PTR, dptr, &dev, &bytes)) return vgpu_pools_free_sync(dptr, real_cuMemFree_v2);
     CUresult rc = real_cuMemFree_v2(dptr);
     if (rc == CUDA_SUCCESS) vgpu_mem_release(dev, bytes);
     else vgpu_track_add(VGPU_TRACK_PTR, dptr, dev, bytes);

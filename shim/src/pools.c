@@ -165,19 +165,8 @@ static CUresult alloc_pool(alloc_pool_fn real, CUdeviceptr *dptr, size_t bytesiz
     return charged_alloc(a, dptr, bytesize, NULL, real, s);
 }
 
-static CUresult free_async(free_async_fn real, CUdeviceptr dptr, CUstream s) {
-    CUresult st = vgpu_init();
-    if (st != CUDA_SUCCESS) return st;
-    if (real == NULL) return CUDA_ERROR_NOT_SUPPORTED;
-    int dev;
-    uint64_t size, pa;
-    if (!vgpu_mem_active() || !vgpu_track_take_aux(VGPU_TRACK_ASYNC, dptr, &dev, &size, &pa)) return real(dptr, s);
-    CUresult rc = real(dptr, s);
-    if (rc != CUDA_SUCCESS) {
-        vgpu_track_add_aux(VGPU_TRACK_ASYNC, dptr, dev, size, pa);
-        return rc;
-    }
-    struct pool_acct *a = (struct pool_acct *)(uintptr_t)pa;
+/* A stream-ordered allocation was freed (cuMemFreeAsync, or cuMemFree which may free them too). */
+static void after_free(struct pool_acct *a, uint64_t size) {
     pthread_mutex_lock(&a->mu);
     a->live -= size < a->live ? size : a->live;
     int last = 0;
@@ -194,6 +183,28 @@ static CUresult free_async(free_async_fn real, CUdeviceptr dptr, CUstream s) {
         vgpu_mem_release(a->dev, a->charged);
         free(a);
     }
+}
+
+static CUresult free_async(free_async_fn real, CUdeviceptr dptr, CUstream s) {
+    CUresult st = vgpu_init();
+    if (st != CUDA_SUCCESS) return st;
+    if (real == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+    int dev;
+    uint64_t size, pa;
+    if (!vgpu_mem_active() || !vgpu_track_take_aux(VGPU_TRACK_ASYNC, dptr, &dev, &size, &pa)) return real(dptr, s);
+    CUresult rc = real(dptr, s);
+    if (rc != CUDA_SUCCESS) vgpu_track_add_aux(VGPU_TRACK_ASYNC, dptr, dev, size, pa);
+    else after_free((struct pool_acct *)(uintptr_t)pa, size);
+    return rc;
+}
+
+CUresult vgpu_pools_free_sync(CUdeviceptr dptr, CUresult (*real_free)(CUdeviceptr)) {
+    int dev;
+    uint64_t size, pa;
+    if (!vgpu_track_take_aux(VGPU_TRACK_ASYNC, dptr, &dev, &size, &pa)) return real_free(dptr);
+    CUresult rc = real_free(dptr);
+    if (rc != CUDA_SUCCESS) vgpu_track_add_aux(VGPU_TRACK_ASYNC, dptr, dev, size, pa);
+    else after_free((struct pool_acct *)(uintptr_t)pa, size);
     return rc;
 }
 

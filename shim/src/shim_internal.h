@@ -157,5 +157,8 @@ uint64_t vgpu_mem_round(uint64_t n);
  * Returns nonzero if some charge was returned. */
 int vgpu_pools_settle(int dev, int trim);
 void vgpu_pools_atfork_child(void);
+/* cuMemFree of a pointer that is not a cuMemAlloc one: a stream-ordered allocation is freed
+ * and its pool settled; anything else just goes to real_free. */
+CUresult vgpu_pools_free_sync(CUdeviceptr dptr, CUresult (*real_free)(CUdeviceptr));
 
 #endif

@@ -7,6 +7,7 @@
  *   alloc:N | alloc1:N | pitch:W:H | managed:N | create:N[:ORD] | async:N | pool:N | newpool:N
  *   array:W:H | array3d:W:H:D | mipmap:W:H:LEVELS | ctxcreate[:ORD] | fill:N (allocate N-byte
  *   chunks until refused: count=...) | free | freeall | freeasync (top async object, no sync) | swap
+ *   freesync (cuMemFree_v2 of the top object, e.g. a stream-ordered one)
  *   dlsym:NAME:N            dlopen("libcuda.so.1") + dlsym(NAME), call it as an allocation of N
  *   procaddr:BASE:VER:FL:N  cuGetProcAddress_v2(BASE, VER, FL), call it as an allocation of N
  *   dlsym_is:NAME           same=1 if dlsym(libcuda, NAME) == dlsym(RTLD_DEFAULT, NAME), real=1 if
@@ -268,6 +269,8 @@ int main(int argc, char **argv) {
                 _exit(0);
             }
             snprintf(extra, sizeof extra, "child=%d", (int)pid);
+        } else if (!strcmp(op, "freesync")) { /* cuMemFree_v2 of the top object, whatever allocated it */
+            rc = top > 0 ? cuMemFree_v2((CUdeviceptr)stack[--top].h) : CUDA_ERROR_INVALID_VALUE;
         } else if (!strcmp(op, "swap")) { /* swap the top two objects (free a pool before its block) */
             if (top >= 2) {
                 struct obj t = stack[top - 1];

@@ -198,3 +198,17 @@ def test_block_of_a_destroyed_pool_returns_when_freed(
         assert region.read(reg).devices[0].used == device_used(shim_ops, env) == 4 * MiB
     finally:
         held.release()
+
+
+def test_cumemfree_of_a_stream_ordered_allocation(
+    shim_ops: Path, shim_env: dict[str, str], tmp_path: Path
+) -> None:
+    env, reg = slice_env(shim_env, tmp_path, "64Mi")
+    held = Held(
+        shim_ops, env, "init", "ctx", f"async:{40 * MiB}", "freesync", "sync", f"alloc:{40 * MiB}"
+    )
+    try:
+        assert [r["rc"] for r in held.results] == ["0"] * 6
+        assert region.read(reg).devices[0].used == device_used(shim_ops, env) == 40 * MiB
+    finally:
+        held.release()
