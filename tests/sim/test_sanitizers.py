@@ -112,3 +112,51 @@ print(json.dumps([nv.nvmlDeviceGetMemoryInfo(h).used, text(nv.nvmlDeviceGetName(
                   nv.nvmlDeviceGetUtilizationRates(h).gpu, len(procs)]))
 """)
     assert got[0] == 0 and got[1] == "NVIDIA H100 80GB HBM3" and got[3] == 0
+
+
+def test_config_parser_fuzz_is_sanitizer_clean(sanitized, sim_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Mutated config files (truncation, byte flips, deep nesting, escapes, huge numbers) never
+    crash the parser: cuInit either works or fails with at most one line."""
+    import json
+    import random
+
+    rng = random.Random(1234)
+    base = json.dumps({
+        "devices": [{"name": "NVIDIA H100 \\u00e9 \\ud83d\\ude00", "uuid": "GPU-11111111-2222-4333-8444-555555555555",
+                     "memory": "80Gi", "sm_count": 132, "pci_bus_id": "0000:18:00.0", "numa_node": 0,
+                     "compute_capability": "9.0", "healthy": True, "xid": 79, "minor": 0}, {"memory": 12345678}],
+        "driver_version": "570.172.08", "cuda_version": "12.8",
+    }).replace("\\\\u", "\\u")
+    cases = [base, "[" * 5000, "{" * 70 + "}" * 70, '{"devices": [' + "[" * 100, '"\\ud800"', '{"a": 1e999999}',
+             '{"devices": [{"memory": 184467440737095516160}]}', '{"devices": [{"memory": "99999999999999999999Ti"}]}',
+             "\x00", "{\"devices\": []}", " \n\t{} ", '{"devices":[{"name":"a\\x"}]}']
+    for _ in range(80):
+        b = bytearray(base.encode())
+        for _ in range(rng.randint(1, 4)):
+            op = rng.random()
+            pos = rng.randrange(len(b))
+            if op < 0.4:
+                b[pos] = rng.randrange(256)
+            elif op < 0.7:
+                del b[pos:pos + rng.randint(1, 8)]
+            else:
+                b[pos:pos] = rng.choice([b"{", b"[", b'"', b"\\", b",", b":", b"-", b"9" * 30, b"\\u12", b"\xff"])
+        cases.append(b.decode("latin-1"))
+    env = _env(sim_env, sanitized["libdir"], leaks=True)
+    cfg = tmp_path / "fuzz.json"
+    ok = 0
+    for text in cases:
+        cfg.write_bytes(text.encode("latin-1"))
+        r = subprocess.run([str(sanitized["sim_tool"]), "init"], env=dict(env, SIMGPU_CONFIG=str(cfg)),
+                           capture_output=True, text=True, errors="replace", timeout=60)
+        assert r.returncode == 0, (text[:200], r.returncode, r.stderr[-3000:])
+        code = r.stdout.strip()
+        lines = r.stderr.strip().splitlines()
+        if code == "0":
+            ok += 1
+            assert lines == [], (text[:200], r.stderr)
+        elif not lines:
+            assert code == "100" and json.loads(text)["devices"] == [], text[:200]  # a node without GPUs
+        else:
+            assert len(lines) == 1 and "allowed:" in lines[0], (text[:200], r.stderr)
+    assert ok >= 1  # the unmutated base config loads
