@@ -154,6 +154,8 @@ int vgpu_region_lock(void) {
 
 void vgpu_region_unlock(void) { pthread_mutex_unlock(region_mutex(R)); }
 
+/* slot_mu held. 0 claimed; -1 every slot is taken by a live process; -2 byte locks do not work
+ * on this file (errno says why). */
 static int claim_slot_locked_local(void) {
     int got = -1;
     /* Lowest free slot first (keeps slots_hwm, and so every scan, short; a free slot another
@@ -164,11 +166,7 @@ static int claim_slot_locked_local(void) {
         for (int i = 0; i < VGPU_MAX_PROCS; i++) {
             if (__atomic_load_n(&R->procs[i].state, __ATOMIC_RELAXED) != want) continue;
             if (byte_lock(region_fd, i, F_WRLCK) == 0) { got = i; break; }
-            if (errno != EAGAIN && errno != EACCES) { /* not "taken": locks do not work here */
-                vgpu_log(VGPU_LOG_CONFIG, "accounting file: byte locks unavailable (%s): the file must be on a local filesystem",
-                         strerror(errno));
-                return -1;
-            }
+            if (errno != EAGAIN && errno != EACCES) return -2; /* not "taken": locks do not work here */
         }
     }
     if (got < 0) return -1;
@@ -196,8 +194,10 @@ static int ensure_slot(void) {
     if (region_broken) return -1;
     pthread_mutex_lock(&slot_mu);
     int rc = my_slot >= 0 ? 0 : claim_slot_locked_local();
+    int e = errno;
     pthread_mutex_unlock(&slot_mu);
-    if (rc != 0) vgpu_log(VGPU_LOG_ERROR, "no free process slot in the accounting file (max %d processes)", VGPU_MAX_PROCS);
+    if (rc == -1) vgpu_log(VGPU_LOG_ERROR, "no free process slot in the accounting file (max %d processes)", VGPU_MAX_PROCS);
+    if (rc == -2) vgpu_log(VGPU_LOG_ERROR, "accounting file: byte locks unavailable (%s)", strerror(e));
     return rc;
 }
 
@@ -288,12 +288,19 @@ CUresult vgpu_region_open(const char *path, const uint64_t limits[VGPU_MAX_DEVIC
     }
     R = r;
     region_fd = fd;
-    if (ensure_slot() != 0) {
+    pthread_mutex_lock(&slot_mu);
+    int rc = claim_slot_locked_local();
+    int e = errno;
+    pthread_mutex_unlock(&slot_mu);
+    if (rc != 0) {
         R = NULL;
         region_fd = -1;
         munmap(m, sizeof *r);
         close(fd);
-        return open_fail(shown, "no free process slot", 0);
+        if (rc == -2) return open_fail(shown, "byte locks unavailable (it must be on a local filesystem)", e);
+        char why[96];
+        snprintf(why, sizeof why, "all %d process slots are taken by live processes", VGPU_MAX_PROCS);
+        return open_fail(shown, why, 0);
     }
     return CUDA_SUCCESS;
 }
