@@ -866,15 +866,9 @@ void vgpu_compute_before(struct vgpu_launch *L, uintptr_t key, uint64_t grid, CU
         now = now_ns();
         eff = effective_cap(cd, dev, now);
     }
-    /* A ring slot for the measurement (none when the ring is full: charged by estimate only). */
-    L->slot = -1;
-    if (measure) {
-        L->slot = (int)(cx->tail % RING);
-        cx->ring[L->slot].state = SLOT_RESERVED;
-        cx->tail++;
-    }
     pthread_mutex_unlock(&g_mu);
 
+    int slept = 0;
     if (eff < VC_PERMILLE_FULL) {
         int64_t go = vc_reserve(&cd->st->tat_ns, now, cost, eff, BURST_NS);
         /* Launches due within MIN_SLEEP_NS go at once: a thread of many tiny kernels then sleeps
@@ -884,9 +878,30 @@ void vgpu_compute_before(struct vgpu_launch *L, uintptr_t key, uint64_t grid, CU
             publish_want(cd, go + WANT_HOLD_NS);
             /* Sleep, holding nothing: the reservation is already ours. */
             sleep_until(go);
+            slept = 1;
             __atomic_fetch_add(&cd->st->throttled, 1, __ATOMIC_RELAXED);
             __atomic_fetch_add(&cd->st->wait_ns, (uint64_t)(go - now), __ATOMIC_RELAXED);
         }
+    }
+
+    /* A ring slot for the measurement, taken after the sleep so that a sleeping thread does not
+     * hold back the reading of everyone's completions (the ring is read in order). None when
+     * the ring is full: then the launch is charged by estimate only. */
+    L->slot = -1;
+    if (measure) {
+        pthread_mutex_lock(&g_mu);
+        if (slept)
+            drain_ctx(cx, now_ns(), 64);
+        if (cx->tail - cx->head < RING) {
+            L->slot = (int)(cx->tail % RING);
+            cx->ring[L->slot].state = SLOT_RESERVED;
+            cx->tail++;
+        } else {
+            struct vc_est_entry *e = vc_est_lookup(&g_est, key, grid);
+            if (e->in_flight)
+                e->in_flight--;
+        }
+        pthread_mutex_unlock(&g_mu);
     }
 
     L->active = 1;
