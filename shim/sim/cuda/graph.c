@@ -209,7 +209,7 @@ static CUresult instantiate(CUgraphExec *pexec, CUgraph g, unsigned long long fl
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     size_t i = 0;
-    for (struct CUgraphNode_st *n = g->head; n; n = n->next)
+    for (struct CUgraphNode_st *n = g->head; n && arr && i < g->n; n = n->next)
         arr[i++] = *n;
     e->n = i;
     e->nodes = arr;
