@@ -158,3 +158,26 @@ def test_elastic_idle_time_goes_to_higher_priority(workload: Workload) -> None:
     assert r_hi.returncode == 0 and r_lo.returncode == 0, r_hi.stderr + r_lo.stderr
     assert r_hi.share > 65, (r_hi.stdout, r_lo.stdout)
     assert 12 < r_lo.share < 28, (r_hi.stdout, r_lo.stdout)
+
+
+def test_two_slices_each_hold_their_cap(workload: Workload) -> None:
+    a = workload.start(workload.env("a", CUDA_DEVICE_SM_LIMIT="30"), *SHORT)
+    b = workload.start(workload.env("b", CUDA_DEVICE_SM_LIMIT="60"), *SHORT)
+    ra, rb = workload.wait(a), workload.wait(b)
+    assert ra.returncode == 0 and rb.returncode == 0, ra.stderr + rb.stderr
+    assert 22 < ra.share < 38, ra.stdout
+    assert 50 < rb.share < 68, rb.stdout
+
+
+def test_each_device_has_its_own_cap(workload: Workload, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cfg = tmp_path / "two-gpus.json"
+    cfg.write_text('{"devices": [{}, {}]}')
+    env = workload.env(
+        "multi", SIMGPU_CONFIG=str(cfg), CUDA_DEVICE_SM_LIMIT_0="20", CUDA_DEVICE_SM_LIMIT_1="70"
+    )
+    p0 = workload.start(env, "--device", "0", *SHORT)
+    p1 = workload.start(env, "--device", "1", *SHORT)
+    r0, r1 = workload.wait(p0), workload.wait(p1)
+    assert r0.returncode == 0 and r1.returncode == 0, r0.stderr + r1.stderr
+    assert 12 < r0.share < 28, r0.stdout
+    assert 60 < r1.share < 78, r1.stdout
