@@ -11,6 +11,8 @@
  *   sim_tool fork BYTES                 parent holds BYTES; a forked child allocates BYTES too in
  *                                       a context of its own; prints both pids and free memory
  *   sim_tool init                       print the cuInit result code
+ *   sim_tool launches N                 N launches of sim_0us then a sync; prints ns per launch
+ *   sim_tool allocs N                   N cuMemAlloc/cuMemFree pairs of 1 MiB
  */
 #include <signal.h>
 #include <stdint.h>
@@ -108,6 +110,31 @@ int main(int argc, char **argv)
         if (rc == CUDA_ERROR_OUT_OF_MEMORY)
             return 2;
         CHECK(rc);
+        return 0;
+    }
+    if (strcmp(cmd, "launches") == 0 && argc == 3) {
+        setup();
+        CUmodule m;
+        CUfunction f;
+        CHECK(cuModuleLoadData(&m, "any image"));
+        CHECK(cuModuleGetFunction(&f, m, "sim_0us"));
+        long n = atol(argv[2]);
+        double t0 = now_s();
+        for (long i = 0; i < n; i++)
+            CHECK(cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
+        double t1 = now_s();
+        CHECK(cuCtxSynchronize());
+        printf("ns_per_launch=%.1f\n", (t1 - t0) * 1e9 / (double)n);
+        return 0;
+    }
+    if (strcmp(cmd, "allocs") == 0 && argc == 3) {
+        setup();
+        long n = atol(argv[2]);
+        for (long i = 0; i < n; i++) {
+            CUdeviceptr p;
+            CHECK(cuMemAlloc_v2(&p, 1 << 20));
+            CHECK(cuMemFree_v2(p));
+        }
         return 0;
     }
     if (strcmp(cmd, "load") == 0 && argc == 6)
