@@ -608,6 +608,11 @@ static void test_graphs(void)
     EXPECT_RC(cuGraphLaunch(ge, s), CUDA_ERROR_INVALID_VALUE);
     CHECK(cuGraphExecDestroy(ge));
     CHECK(cuGraphDestroy(g));
+    /* destroyed graphs are invalid handles, not freed memory */
+    EXPECT_RC(cuGraphLaunch(ge, s), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_RC(cuGraphExecDestroy(ge), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_RC(cuGraphDestroy(g), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_RC(cuGraphInstantiateWithFlags(&ge, g, 0), CUDA_ERROR_INVALID_VALUE);
     CHECK(cuStreamDestroy_v2(s));
     CHECK(cuEventDestroy_v2(a));
     CHECK(cuEventDestroy_v2(b));

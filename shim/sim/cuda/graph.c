@@ -30,8 +30,7 @@ static void graph_free(struct CUgraph_st *g)
     }
     g->head = g->tail = NULL;
     g->n = 0;
-    g->magic = MAGIC_DEAD;
-    free(g);
+    g->magic = MAGIC_DEAD; /* the struct is kept: a stale handle fails validation, no use-after-free */
 }
 
 static int graph_append(struct CUgraph_st *g, const struct CUgraphNode_st *tmpl)
@@ -245,9 +244,10 @@ SIM_EXPORT CUresult cuGraphExecDestroy(CUgraphExec hGraphExec)
         return rc;
     if (!SIM_VALID(hGraphExec, MAGIC_EXEC))
         return CUDA_ERROR_INVALID_VALUE;
-    hGraphExec->magic = MAGIC_DEAD;
+    hGraphExec->magic = MAGIC_DEAD; /* kept, like graphs */
     free(hGraphExec->nodes);
-    free(hGraphExec);
+    hGraphExec->nodes = NULL;
+    hGraphExec->n = 0;
     return CUDA_SUCCESS;
 }
 

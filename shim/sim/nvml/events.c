@@ -43,8 +43,7 @@ SIM_EXPORT nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set)
         return rc;
     if (!set || set->magic != EVENT_SET_MAGIC)
         return NVML_ERROR_INVALID_ARGUMENT;
-    set->magic = 0;
-    free(set);
+    set->magic = 0; /* the struct is kept (small): a stale set fails validation instead of a use-after-free */
     return NVML_SUCCESS;
 }
 
