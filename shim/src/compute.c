@@ -66,6 +66,7 @@ _Static_assert(sizeof(struct vgpu_compute_state) == 512, "compute state size is 
 
 /* ------------------------------------------------------------ configuration */
 static int g_enabled;                              /* some device has a cap and policy != off */
+int vgpu_compute_on;                               /* = g_enabled, for launch_hooks.c (compute.h) */
 static uint32_t g_cap[VGPU_MAX_DEVICES];           /* permille, 0 = none */
 static uint32_t g_policy = VGPU_COMPUTE_POLICY_HARD;
 static int32_t g_priority = 1;
@@ -342,6 +343,7 @@ int vgpu_compute_init(void)
 {
     if (load_config())
         return 1;
+    vgpu_compute_on = g_enabled;
     if (g_enabled) {
         vgpu_require_region();
         pthread_atfork(NULL, NULL, atfork_child);

@@ -33,6 +33,8 @@ struct vgpu_launch {
 };
 
 int vgpu_compute_enabled(void); /* a cap is configured and the policy is not off */
+/* The same as a variable (hidden), for the launch hooks' fast path: written once by the init. */
+extern int vgpu_compute_on;
 uint32_t vgpu_compute_cap_permille(int dev);
 void vgpu_compute_before(struct vgpu_launch *L, uintptr_t key, uint64_t grid, CUstream stream);
 void vgpu_compute_after(struct vgpu_launch *L, CUresult launched);

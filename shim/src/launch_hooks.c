@@ -26,7 +26,8 @@ static inline CUstream ptsz_stream(CUstream s)
             return init_rc_;                                                                        \
         if (!real_##sym)                                                                            \
             return CUDA_ERROR_NOT_SUPPORTED;                                                        \
-        if (!vgpu_compute_enabled() || vgpu_config()->disabled)                                     \
+        /* vgpu_compute_on stays 0 when control is disabled (the compute init never runs). */     \
+        if (!vgpu_compute_on)                                                                       \
             return real_##sym args;                                                                 \
     } while (0)
 
