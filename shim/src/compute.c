@@ -382,8 +382,9 @@ static struct vgpu_node_file *node_open(CUdevice cudev)
         chmod(g_node_dir, 01777);
     int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
     if (fd < 0) {
-        /* Only an elastic slice needs it (it says so itself); a hard slice merely cannot tell
-         * elastic neighbours that it wants time, which costs it nothing of its own cap. */
+        /* An elastic slice warns about it itself. A hard slice still enforces its cap, but
+         * elastic neighbours cannot see that it wants time (they may lend themselves time it
+         * would use: its kernels then queue behind theirs, <= 8 ms). */
         vgpu_log(VGPU_LOG_INFO, "compute cap: cannot open node state %s: %s", path, strerror(errno));
         return NULL;
     }
