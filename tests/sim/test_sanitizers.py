@@ -129,7 +129,9 @@ def test_config_parser_fuzz_is_sanitizer_clean(sanitized, sim_env, tmp_path: Pat
     }).replace("\\\\u", "\\u")
     cases = [base, "[" * 5000, "{" * 70 + "}" * 70, '{"devices": [' + "[" * 100, '"\\ud800"', '{"a": 1e999999}',
              '{"devices": [{"memory": 184467440737095516160}]}', '{"devices": [{"memory": "99999999999999999999Ti"}]}',
-             "\x00", "{\"devices\": []}", " \n\t{} ", '{"devices":[{"name":"a\\x"}]}']
+             "\x00", "{\"devices\": []}", " \n\t{} ", '{"devices":[{"name":"a\\x"}]}',
+             '{"devices": [{"name": "a\\"' + "b" * 300 + '"}]}',  # an escaped quote does not end the string
+             '{"devices": [{"name": "' + "\\\"" * 40 + "\\u00e9" * 10 + '"}]}']
     for _ in range(80):
         b = bytearray(base.encode())
         for _ in range(rng.randint(1, 4)):

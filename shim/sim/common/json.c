@@ -91,11 +91,16 @@ static int hex4(parser *p, unsigned *out)
 
 static char *parse_string_raw(parser *p)
 {
-    /* p->pos is at the opening quote. The decoded string is never longer than the source. */
+    /* p->pos is at the opening quote. The decoded string is never longer than its source text
+     * (an escape decodes to at most as many bytes as it is written with), so measure the source
+     * up to the closing quote, stepping over escapes (an escaped quote does not end it). */
     size_t start = ++p->pos;
     size_t cap = 16;
-    for (size_t i = start; i < p->len && p->s[i] != '"'; i++)
-        cap++;
+    for (size_t i = start; i < p->len && p->s[i] != '"'; i++, cap++)
+        if (p->s[i] == '\\' && i + 1 < p->len) {
+            i++;
+            cap++;
+        }
     char *out = malloc(cap + 4);
     if (!out) {
         fail(p, "out of memory");
