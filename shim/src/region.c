@@ -226,6 +226,24 @@ void vgpu_region_reclaim_dead(void) {
 
 /* ---- opening ---- */
 
+/* A new open file description of the file `fd` refers to (also for a memfd): through /proc, or
+ * by path if the file there is still the same one. -1 with errno. */
+static int reopen_same(int fd, const char *path) {
+    char p[64];
+    snprintf(p, sizeof p, "/proc/self/fd/%d", fd);
+    int nfd = open(p, O_RDWR | O_CLOEXEC);
+    if (nfd >= 0 || path == NULL) return nfd;
+    nfd = open(path, O_RDWR | O_CLOEXEC);
+    if (nfd < 0) return -1;
+    struct stat a, b;
+    if (fstat(fd, &a) != 0 || fstat(nfd, &b) != 0 || a.st_dev != b.st_dev || a.st_ino != b.st_ino) {
+        close(nfd);
+        errno = ESTALE; /* replaced between the two opens */
+        return -1;
+    }
+    return nfd;
+}
+
 static CUresult open_fail(const char *path, const char *what, int err) {
     vgpu_log(VGPU_LOG_CONFIG, "accounting file %s (CUDA_DEVICE_MEMORY_SHARED_CACHE): %s%s%s; refusing to run unlimited",
              path, what, err ? ": " : "", err ? strerror(err) : "");
@@ -286,8 +304,21 @@ CUresult vgpu_region_open(const char *path, const uint64_t limits[VGPU_MAX_DEVIC
         close(fd);
         return open_fail(shown, bad, 0);
     }
+    /* The slot lock must live on an open file description that only our descriptor refers to.
+     * A mapping holds a reference to the description it was made from, and a fork child inherits
+     * the mapping: had we locked through the mapping's description, a child would keep its
+     * parent's slot alive. So the mapping keeps `fd`'s description (unlocked), and the locks go
+     * through a second, fresh description of the same file. */
+    int lock_fd = reopen_same(fd, path);
+    if (lock_fd < 0) {
+        int e = errno;
+        munmap(m, sizeof *r);
+        close(fd);
+        return open_fail(shown, "cannot open a second descriptor", e);
+    }
+    close(fd);
     R = r;
-    region_fd = fd;
+    region_fd = lock_fd;
     pthread_mutex_lock(&slot_mu);
     int rc = claim_slot_locked_local();
     int e = errno;
@@ -296,7 +327,7 @@ CUresult vgpu_region_open(const char *path, const uint64_t limits[VGPU_MAX_DEVIC
         R = NULL;
         region_fd = -1;
         munmap(m, sizeof *r);
-        close(fd);
+        close(lock_fd);
         if (rc == -2) return open_fail(shown, "byte locks unavailable (it must be on a local filesystem)", e);
         char why[96];
         snprintf(why, sizeof why, "all %d process slots are taken by live processes", VGPU_MAX_PROCS);
@@ -362,10 +393,7 @@ void vgpu_region_atfork_child(void) {
     if (R == NULL) return;
     /* The inherited descriptor shares the parent's open file description and so its slot lock:
      * open a new description of the same file (works for memfd too) and claim a new slot later. */
-    char p[64];
-    snprintf(p, sizeof p, "/proc/self/fd/%d", region_fd);
-    int fd = open(p, O_RDWR | O_CLOEXEC);
-    if (fd < 0 && vgpu_config()->region_path) fd = open(vgpu_config()->region_path, O_RDWR | O_CLOEXEC);
+    int fd = reopen_same(region_fd, vgpu_config()->region_path);
     close(region_fd);
     region_fd = fd;
     my_slot = -1;

@@ -264,7 +264,10 @@ int main(int argc, char **argv) {
             snprintf(extra, sizeof extra, "accepted=%d", bad);
         } else if (!strcmp(op, "fork")) { /* a child that outlives us a little, touching no CUDA */
             pid_t pid = fork();
-            if (pid == 0) {
+            if (pid == 0) { /* let go of the test's pipes: only the region descriptor is inherited */
+                close(0);
+                close(1);
+                close(2);
                 usleep(3000 * 1000);
                 _exit(0);
             }

@@ -96,18 +96,22 @@ def test_sim_runs_share_one_region(shim_ops: Path, sim_env: dict[str, str], tmp_
         first.release()
 
 
-def test_children_of_cmd_share_its_quota(shim_ops: Path, sim_env: dict[str, str]) -> None:
+def test_children_of_cmd_share_its_quota(
+    shim_ops: Path, sim_env: dict[str, str], tmp_path: Path
+) -> None:
     """Without --region, the processes CMD starts share one quota (an anonymous region)."""
     env = {k: v for k, v in sim_env.items() if k != "LD_LIBRARY_PATH"}
+    first = tmp_path / "first.out"
     script = (
-        f"{shim_ops} init ctx alloc:{40 * MiB} sleep:1500 & sleep 0.7; "
-        f"{shim_ops} init ctx alloc:{32 * MiB} alloc:{16 * MiB}; wait"
+        f"{shim_ops} init ctx alloc:{40 * MiB} sleep:20000 > {first} & p=$!; "
+        f"until grep -q op=alloc {first} 2>/dev/null; do sleep 0.05; done; "
+        f"{shim_ops} init ctx alloc:{32 * MiB} alloc:{16 * MiB}; kill $p; wait"
     )
     r = vgpu_run(["--sim", "--memory", "64Mi", "--", "sh", "-c", script], env)
     assert r.returncode == 0, r.stderr
+    assert "op=alloc rc=0" in first.read_text()
     res = parse_ops(r.stdout)
-    second = [x for x in res if x["op"] == "alloc"][1:]
-    assert [x["rc"] for x in second] == ["2", "0"], res
+    assert [x["rc"] for x in res if x["op"] == "alloc"] == ["2", "0"], res
 
 
 def test_contributors_extend_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:

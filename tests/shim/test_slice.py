@@ -174,6 +174,7 @@ def test_fork_child_does_not_keep_the_parent_alive(
     parent = Held(shim_ops, env, "init", "ctx", f"alloc:{40 * MiB}", "fork")
     child = int(parent.results[-1]["child"])
     parent.kill()
-    assert Path(f"/proc/{child}").exists()  # the child still runs
+    state = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    assert state in "RSD"  # the child still runs (not a zombie)
     res = run_ops(shim_ops, env, "init", "ctx", f"alloc:{60 * MiB}")
     assert res[2]["rc"] == "0"
