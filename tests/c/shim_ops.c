@@ -9,7 +9,7 @@
  *   chunks until refused: count=...) | free | freeall | freeasync (top async object, no sync) | swap
  *   freesync (cuMemFree_v2 of the top object, e.g. a stream-ordered one)
  *   dlsym:NAME:N            dlopen("libcuda.so.1") + dlsym(NAME), call it as an allocation of N
- *   procaddr:BASE:VER:FL:N  cuGetProcAddress_v2(BASE, VER, FL), call it as an allocation of N
+ *   procaddr:BASE:VER:FL:N:SYM  cuGetProcAddress_v2(BASE, VER, FL), call it as SYM allocating N
  *   dlsym_is:NAME           same=1 if dlsym(libcuda, NAME) == dlsym(RTLD_DEFAULT, NAME), real=1 if
  *                           it is libcuda's own definition
  *   procaddr_is:BASE:VER:FL:SYM   the same for cuGetProcAddress_v2's answer against symbol SYM
@@ -60,20 +60,37 @@ static CUresult release(struct obj o) {
 
 typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t);
 typedef CUresult (*alloc1_fn)(CUdeviceptr_v1 *, unsigned int);
+typedef CUresult (*managed_fn)(CUdeviceptr *, size_t, unsigned int);
+typedef CUresult (*pitch_fn)(CUdeviceptr *, size_t *, size_t, size_t, unsigned int);
+typedef CUresult (*pitch1_fn)(CUdeviceptr_v1 *, unsigned int *, unsigned int, unsigned int, unsigned int);
+typedef CUresult (*async_fn)(CUdeviceptr *, size_t, CUstream);
 
-static int is_v1(const char *name) { return !strcmp(name, "cuMemAlloc"); }
-
+/* Call an allocation entry point obtained by name, with the signature of the symbol `name`
+ * (the exact versioned symbol the route was expected to answer with). */
 static CUresult call_alloc(const char *name, void *fn, size_t n) {
     if (fn == NULL) return CUDA_ERROR_NOT_FOUND;
-    if (is_v1(name)) {
+    CUresult rc;
+    if (!strcmp(name, "cuMemAlloc")) {
         CUdeviceptr_v1 p;
-        CUresult rc = ((alloc1_fn)fn)(&p, (unsigned)n);
-        if (rc == CUDA_SUCCESS) push(K_PTR1, p);
-        return rc;
+        if ((rc = ((alloc1_fn)fn)(&p, (unsigned)n)) == CUDA_SUCCESS) push(K_PTR1, p);
+    } else if (!strcmp(name, "cuMemAllocManaged")) {
+        CUdeviceptr p;
+        if ((rc = ((managed_fn)fn)(&p, n, CU_MEM_ATTACH_GLOBAL)) == CUDA_SUCCESS) push(K_PTR, p);
+    } else if (!strcmp(name, "cuMemAllocPitch_v2")) {
+        CUdeviceptr p;
+        size_t pitch;
+        if ((rc = ((pitch_fn)fn)(&p, &pitch, 1024, n / 1024, 4)) == CUDA_SUCCESS) push(K_PTR, p);
+    } else if (!strcmp(name, "cuMemAllocPitch")) {
+        CUdeviceptr_v1 p;
+        unsigned pitch;
+        if ((rc = ((pitch1_fn)fn)(&p, &pitch, 1024, (unsigned)(n / 1024), 4)) == CUDA_SUCCESS) push(K_PTR1, p);
+    } else if (!strcmp(name, "cuMemAllocAsync") || !strcmp(name, "cuMemAllocAsync_ptsz")) {
+        CUdeviceptr p;
+        if ((rc = ((async_fn)fn)(&p, n, stream)) == CUDA_SUCCESS) push(K_ASYNC, p);
+    } else {
+        CUdeviceptr p;
+        if ((rc = ((alloc_fn)fn)(&p, n)) == CUDA_SUCCESS) push(K_PTR, p);
     }
-    CUdeviceptr p;
-    CUresult rc = ((alloc_fn)fn)(&p, n);
-    if (rc == CUDA_SUCCESS) push(K_PTR, p);
     return rc;
 }
 
@@ -300,9 +317,8 @@ int main(int argc, char **argv) {
             CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SUCCESS;
             rc = cuGetProcAddress_v2(f[1], &fn, atoi(f[2]), num(f[3]), &st);
             if (!strcmp(op, "procaddr")) {
-                /* the answer's ABI: cuMemAlloc below 3020 is the 32-bit cuMemAlloc, else _v2 */
-                const char *abi = (!strcmp(f[1], "cuMemAlloc") && atoi(f[2]) < 3020) ? "cuMemAlloc" : "cuMemAlloc_v2";
-                if (rc == CUDA_SUCCESS) rc = call_alloc(abi, fn, num(f[4]));
+                /* f[5]: the versioned symbol the answer must be (its signature is used to call it) */
+                if (rc == CUDA_SUCCESS) rc = call_alloc(nf > 5 ? f[5] : f[1], fn, num(f[4]));
             } else {
                 Dl_info info;
                 int real = fn && dladdr(fn, &info) && info.dli_fname && strstr(info.dli_fname, "libcuda.so");

@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from tests.shim.conftest import REPO, run_ops
 
 MiB = 1 << 20
@@ -81,20 +83,35 @@ def test_cugetprocaddress_answers_the_exact_version(
     assert bad == []
 
 
-def test_every_route_is_enforced(shim_ops: Path, shim_env: dict[str, str]) -> None:
+# (dlsym name | procaddr request, the versioned symbol it must reach)
+ENFORCED_ROUTES = [
+    ("dlsym:cuMemAlloc_v2", "cuMemAlloc_v2"),
+    ("dlsym:cuMemAlloc", "cuMemAlloc"),
+    ("dlsym:cuMemAllocManaged", "cuMemAllocManaged"),
+    ("dlsym:cuMemAllocPitch_v2", "cuMemAllocPitch_v2"),
+    ("dlsym:cuMemAllocPitch", "cuMemAllocPitch"),
+    ("dlsym:cuMemAllocAsync", "cuMemAllocAsync"),
+    ("dlsym:cuMemAllocAsync_ptsz", "cuMemAllocAsync_ptsz"),
+    ("procaddr:cuMemAlloc:12000:0", "cuMemAlloc_v2"),
+    ("procaddr:cuMemAlloc:3020:2", "cuMemAlloc_v2"),
+    ("procaddr:cuMemAlloc:2000:0", "cuMemAlloc"),
+    ("procaddr:cuMemAllocManaged:12000:0", "cuMemAllocManaged"),
+    ("procaddr:cuMemAllocPitch:12000:0", "cuMemAllocPitch_v2"),
+    ("procaddr:cuMemAllocPitch:2000:0", "cuMemAllocPitch"),
+    ("procaddr:cuMemAllocAsync:12000:0", "cuMemAllocAsync"),
+    ("procaddr:cuMemAllocAsync:12000:2", "cuMemAllocAsync_ptsz"),
+]
+
+
+@pytest.mark.parametrize(("route", "symbol"), ENFORCED_ROUTES)
+def test_every_route_is_enforced(
+    route: str, symbol: str, shim_ops: Path, shim_env: dict[str, str]
+) -> None:
     env = dict(shim_env, CUDA_DEVICE_MEMORY_LIMIT="64Mi")
-    routes = [
-        f"alloc:{48 * MiB}",
-        f"alloc1:{48 * MiB}",
-        f"dlsym:cuMemAlloc_v2:{48 * MiB}",
-        f"dlsym:cuMemAlloc:{48 * MiB}",
-        f"procaddr:cuMemAlloc:12000:0:{48 * MiB}",  # -> cuMemAlloc_v2
-        f"procaddr:cuMemAlloc:3020:2:{48 * MiB}",  # -> cuMemAlloc_v2
-        f"procaddr:cuMemAlloc:2000:0:{48 * MiB}",  # -> cuMemAlloc (32-bit)
-    ]
-    for route in routes:
-        res = run_ops(shim_ops, env, "init", "ctx", route, route, "free", route)
-        assert [r["rc"] for r in res[2:]] == ["0", "2", "0", "0"], (route, res)
+    size = 48 * MiB
+    op = f"{route}:{size}" if route.startswith("dlsym:") else f"{route}:{size}:{symbol}"
+    res = run_ops(shim_ops, env, "init", "ctx", op, op, "free", op)
+    assert [r["rc"] for r in res[2:]] == ["0", "2", "0", "0"], (route, res)
 
 
 def test_unhooked_calls_pass_through(shim_ops: Path, shim_env: dict[str, str]) -> None:
