@@ -181,3 +181,12 @@ def test_each_device_has_its_own_cap(workload: Workload, tmp_path) -> None:  # t
     assert r0.returncode == 0 and r1.returncode == 0, r0.stderr + r1.stderr
     assert 12 < r0.share < 28, r0.stdout
     assert 60 < r1.share < 78, r1.stdout
+
+
+def test_accepted_forms_of_a_cap(workload: Workload) -> None:
+    for value, lo, hi in (("12.5", 9, 16), ("30%", 24, 36), (" 20 ", 15, 25)):
+        r = workload.run(
+            workload.env(CUDA_DEVICE_SM_LIMIT=value), "--warmup", "0.5", "--seconds", "1.5"
+        )
+        assert r.returncode == 0, (value, r.stdout, r.stderr)
+        assert lo < r.share < hi, (value, r.stdout)
