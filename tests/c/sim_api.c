@@ -694,6 +694,82 @@ static void test_procaddr(void)
     CHECK(cuGetProcAddress_v2("cuInit", &fn, 12080, 0, NULL)); /* status is optional */
 }
 
+/* NULL out-pointers (and required in-pointers) are CUDA_ERROR_INVALID_VALUE, never a crash. */
+static void test_null_arguments(void)
+{
+    const CUresult IV = CUDA_ERROR_INVALID_VALUE;
+    CUstream s;
+    CUevent e;
+    CUgraph g;
+    CUmodule m;
+    CUlibrary l;
+    CUdeviceptr p;
+    CUmemoryPool pool;
+    CHECK(cuStreamCreate(&s, 0));
+    CHECK(cuEventCreate(&e, 0));
+    CHECK(cuGraphCreate(&g, 0));
+    CHECK(cuModuleLoadData(&m, "img"));
+    CHECK(cuLibraryLoadData(&l, "img", NULL, NULL, 0, NULL, NULL, 0));
+    EXPECT_RC(cuDriverGetVersion(NULL), IV);
+    EXPECT_RC(cuDeviceGetCount(NULL), IV);
+    EXPECT_RC(cuDeviceTotalMem_v2(NULL, 0), IV);
+    EXPECT_RC(cuDeviceTotalMem(NULL, 0), IV);
+    EXPECT_RC(cuDeviceComputeCapability(NULL, NULL, 0), IV);
+    EXPECT_RC(cuDeviceGetPCIBusId(NULL, 13, 0), IV);
+    EXPECT_RC(cuDeviceGetByPCIBusId(NULL, "0000:18:00.0"), IV);
+    EXPECT_RC(cuDeviceGetByPCIBusId((CUdevice *)&p, NULL), IV);
+    EXPECT_RC(cuDevicePrimaryCtxRetain(NULL, 0), IV);
+    EXPECT_RC(cuDevicePrimaryCtxGetState(0, NULL, NULL), IV);
+    EXPECT_RC(cuCtxGetCurrent(NULL), IV);
+    EXPECT_RC(cuCtxGetDevice(NULL), IV);
+    EXPECT_RC(cuCtxCreate_v3(NULL, NULL, 0, 0, 0), IV);
+    EXPECT_RC(cuMemAlloc(NULL, 16), IV);
+    EXPECT_RC(cuMemAllocPitch_v2(&p, NULL, 16, 16, 4), IV);
+    EXPECT_RC(cuMemAllocManaged(NULL, 16, CU_MEM_ATTACH_GLOBAL), IV);
+    EXPECT_RC(cuMemAllocHost_v2(NULL, 16), IV);
+    EXPECT_RC(cuMemGetInfo(NULL, NULL), IV);
+    EXPECT_RC(cuMemAllocAsync(NULL, 16, s), IV);
+    EXPECT_RC(cuMemAllocFromPoolAsync(NULL, 16, NULL, s), IV);
+    EXPECT_RC(cuDeviceGetDefaultMemPool(NULL, 0), IV);
+    EXPECT_RC(cuDeviceGetMemPool(NULL, 0), IV);
+    CHECK(cuDeviceGetDefaultMemPool(&pool, 0));
+    EXPECT_RC(cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, NULL), IV);
+    EXPECT_RC(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, NULL), IV);
+    EXPECT_RC(cuMemGetAllocationGranularity(NULL, NULL, CU_MEM_ALLOC_GRANULARITY_MINIMUM), IV);
+    EXPECT_RC(cuMemAddressReserve(NULL, 2 << 20, 0, 0, 0), IV);
+    EXPECT_RC(cuMemSetAccess(0, 2 << 20, NULL, 1), IV);
+    EXPECT_RC(cuArrayCreate_v2(NULL, NULL), IV);
+    EXPECT_RC(cuArray3DCreate_v2(NULL, NULL), IV);
+    EXPECT_RC(cuMipmappedArrayCreate(NULL, NULL, 1), IV);
+    EXPECT_RC(cuMemcpyDtoH_v2(NULL, 0, 16), IV);
+    EXPECT_RC(cuModuleLoad(NULL, "/proc/self/exe"), IV);
+    EXPECT_RC(cuModuleGetFunction(NULL, m, "f"), IV);
+    EXPECT_RC(cuModuleGetFunction((CUfunction *)&p, m, NULL), IV);
+    EXPECT_RC(cuModuleLoadDataEx(&m, "img", 1, NULL, NULL), IV);
+    EXPECT_RC(cuLibraryLoadData(NULL, "img", NULL, NULL, 0, NULL, NULL, 0), IV);
+    EXPECT_RC(cuLibraryGetKernel(NULL, l, "k"), IV);
+    EXPECT_RC(cuKernelGetFunction(NULL, NULL), IV);
+    EXPECT_RC(cuStreamCreate(NULL, 0), IV);
+    EXPECT_RC(cuStreamCreateWithPriority(NULL, 0, 0), IV);
+    EXPECT_RC(cuStreamIsCapturing(s, NULL), IV);
+    EXPECT_RC(cuStreamEndCapture(s, NULL), IV);
+    EXPECT_RC(cuEventCreate(NULL, 0), IV);
+    EXPECT_RC(cuEventElapsedTime(NULL, e, e), IV);
+    EXPECT_RC(cuGraphCreate(NULL, 0), IV);
+    EXPECT_RC(cuGraphGetNodes(g, NULL, NULL), IV);
+    EXPECT_RC(cuGraphInstantiateWithFlags(NULL, g, 0), IV);
+    EXPECT_RC(cuGraphInstantiate(NULL, g, NULL, NULL, 0), IV);
+    EXPECT_RC(cuGetErrorString(CUDA_SUCCESS, NULL), IV);
+    EXPECT_RC(cuGetExportTable(NULL, NULL), IV);
+    EXPECT_RC(cuPointerGetAttribute(NULL, CU_POINTER_ATTRIBUTE_CONTEXT, 0), IV);
+    EXPECT_RC(cuLaunchKernelEx_ptsz(NULL, NULL, NULL, NULL), IV);
+    CHECK(cuGraphDestroy(g));
+    CHECK(cuEventDestroy_v2(e));
+    CHECK(cuStreamDestroy_v2(s));
+    CHECK(cuModuleUnload(m));
+    CHECK(cuLibraryUnload(l));
+}
+
 static void test_errors(void)
 {
     const char *s = NULL;
@@ -726,6 +802,7 @@ int main(void)
     test_graphs();
     test_procaddr();
     test_errors();
+    test_null_arguments();
     CHECK(cuDevicePrimaryCtxRelease_v2(0));
     CHECK(cuDevicePrimaryCtxReset_v2(0));
     CUcontext c;

@@ -183,3 +183,32 @@ print(json.dumps({"pid": os.getpid(), "before": before, "after": after}))
 """)
     assert got["before"] == [123 << 20, [[got["pid"], 123 << 20]]]
     assert got["after"] == 0
+
+
+def test_null_pointers_are_invalid_argument(sim_env) -> None:  # type: ignore[no-untyped-def]
+    """Every NVML entry point given NULL where it writes answers NVML_ERROR_INVALID_ARGUMENT."""
+    got = run_python(sim_env, """
+import ctypes
+lib = ctypes.CDLL("libnvidia-ml.so.1")
+assert lib.nvmlInit_v2() == 0
+h = ctypes.c_void_p()
+assert lib.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(h)) == 0
+N = None
+calls = {
+    "nvmlDeviceGetCount_v2": (N,), "nvmlDeviceGetHandleByIndex_v2": (0, N), "nvmlDeviceGetHandleByUUID": (N, N),
+    "nvmlDeviceGetHandleByPciBusId_v2": (N, N), "nvmlDeviceGetName": (h, N, 96), "nvmlDeviceGetUUID": (h, N, 96),
+    "nvmlDeviceGetIndex": (h, N), "nvmlDeviceGetMinorNumber": (h, N), "nvmlDeviceGetNumaNodeId": (h, N),
+    "nvmlDeviceGetPciInfo_v3": (h, N), "nvmlDeviceGetCudaComputeCapability": (h, N, N),
+    "nvmlDeviceGetMemoryInfo": (h, N), "nvmlDeviceGetMemoryInfo_v2": (h, N), "nvmlDeviceGetUtilizationRates": (h, N),
+    "nvmlDeviceGetProcessUtilization": (h, N, N, ctypes.c_ulonglong(0)),
+    "nvmlDeviceGetComputeRunningProcesses_v3": (h, N, N), "nvmlDeviceGetComputeRunningProcesses_v2": (h, N, N),
+    "nvmlDeviceGetComputeRunningProcesses": (h, N, N), "nvmlDeviceGetGraphicsRunningProcesses_v3": (h, N, N),
+    "nvmlDeviceGetSupportedEventTypes": (h, N), "nvmlEventSetCreate": (N,), "nvmlEventSetWait_v2": (N, N, 0),
+    "nvmlDeviceRegisterEvents": (h, ctypes.c_ulonglong(8), N), "nvmlEventSetFree": (N,),
+    "nvmlSystemGetDriverVersion": (N, 80), "nvmlSystemGetCudaDriverVersion": (N,),
+    "nvmlSystemGetCudaDriverVersion_v2": (N,), "nvmlSystemGetNVMLVersion": (N, 80),
+    "nvmlDeviceGetHandleByIndex": (0, N), "nvmlDeviceGetCount": (N,), "nvmlDeviceGetPciInfo": (h, N),
+}
+print(json.dumps({name: getattr(lib, name)(*args) for name, args in calls.items()}))
+""")
+    assert got == {name: 2 for name in got}, {k: v for k, v in got.items() if v != 2}
