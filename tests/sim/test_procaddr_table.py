@@ -1,0 +1,58 @@
+"""shim/include/vgpu/cuda_procaddr.def is complete and agrees with NVIDIA's versioning.
+
+Every function declared in vgpu/cuda_api.h has a row (as symbol or per-thread symbol), every
+symbol of the table is declared, rows of a name ascend, and — where a CUDA toolkit is installed —
+each row's version is one NVIDIA's cudaTypedefs.h names: PFN_<name>_v<version>[_ptsz|_ptds].
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+HEADER = REPO / "shim" / "include" / "vgpu" / "cuda_api.h"
+TABLE = REPO / "shim" / "include" / "vgpu" / "cuda_procaddr.def"
+TYPEDEFS = Path("/usr/local/cuda/include/cudaTypedefs.h")
+
+
+def rows() -> list[tuple[str, int, str, str]]:
+    out = []
+    for m in re.finditer(r"^CU_PROC\((\w+), (\d+), (\w+), (\w*)\)$", TABLE.read_text(), re.M):
+        out.append((m.group(1), int(m.group(2)), m.group(3), m.group(4)))
+    return out
+
+
+def test_table_covers_the_header() -> None:
+    declared = set(re.findall(r"VGPU_CUDA_API CUresult (\w+)\(", HEADER.read_text()))
+    in_table = {r[2] for r in rows()} | {r[3] for r in rows() if r[3]}
+    assert declared - in_table == set(), "declared but without a cuGetProcAddress row"
+    assert in_table - declared == set(), "in the table but not declared"
+
+
+def test_rows_ascend_per_name() -> None:
+    seen: dict[str, int] = {}
+    for base, ver, _, _ in rows():
+        assert ver > seen.get(base, 0), f"{base}: versions must ascend"
+        seen[base] = ver
+
+
+@pytest.mark.skipif(not TYPEDEFS.exists(), reason="no CUDA toolkit (cudaTypedefs.h) installed")
+def test_versions_match_cuda_typedefs() -> None:
+    pfn = set(re.findall(r"PFN_(\w+?_v\d+(?:_ptsz|_ptds)?)\b", TYPEDEFS.read_text()))
+    missing = []
+    previous: dict[str, str] = {}
+    for base, ver, sym, pt in rows():
+        if pt:
+            suffix = pt[-5:]  # _ptsz / _ptds
+            if f"{base}_v{ver}{suffix}" not in pfn:
+                missing.append(f"{base}@{ver} ({pt})")
+            # the row's plain symbol is either new at this version or carried over from the previous row
+            if f"{base}_v{ver}" not in pfn and previous.get(base) != sym:
+                missing.append(f"{base}@{ver} ({sym})")
+        elif f"{base}_v{ver}" not in pfn and not (base == "cuGraphInstantiate" and sym == "cuGraphInstantiateWithFlags"):
+            missing.append(f"{base}@{ver} ({sym})")
+        previous[base] = sym
+    assert missing == []
