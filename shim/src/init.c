@@ -23,11 +23,14 @@ void vgpu_require_region(void) { region_required = 1; }
 /* The compute cap's strong definition replaces this one (issue 4). */
 __attribute__((weak)) int vgpu_compute_init(void) { return 0; }
 
-static uint64_t mono_ns(void) {
+static uint64_t clock_ns(clockid_t c) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(c, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
 }
+static uint64_t mono_ns(void) { return clock_ns(CLOCK_MONOTONIC); }
+static uint64_t cpu_ns(void) { return clock_ns(CLOCK_THREAD_CPUTIME_ID); }
+static uint64_t setup_cpu_ns; /* the same, in CPU time of the calling thread (no scheduling waits) */
 
 static void atfork_child(void) {
     vgpu_track_reset();
@@ -36,7 +39,8 @@ static void atfork_child(void) {
 }
 
 static void init_once(void) {
-    uint64_t t0 = mono_ns();
+    /* the CPU clock is a system call (a preemption point): read it outside the wall interval */
+    uint64_t c0 = cpu_ns(), t0 = mono_ns();
     if (vgpu_config_load(&cfg) != 0) {
         init_status = CUDA_ERROR_INVALID_VALUE;
         return;
@@ -73,6 +77,7 @@ static void init_once(void) {
         }
     }
     vgpu_setup_ns = mono_ns() - t0;
+    setup_cpu_ns = cpu_ns() - c0;
 }
 
 CUresult vgpu_init(void) {
@@ -86,14 +91,17 @@ CUresult hook_cuInit(unsigned int Flags) {
     if (real_cuInit == NULL) return CUDA_ERROR_NOT_INITIALIZED;
     CUresult rc = real_cuInit(Flags);
     if (rc == CUDA_SUCCESS && !cfg.disabled) {
-        uint64_t t0 = mono_ns();
+        uint64_t c0 = cpu_ns(), t0 = mono_ns();
         vgpu_devices_discover();
         uint64_t t = mono_ns() - t0;
+        uint64_t c = cpu_ns() - c0;
         /* only the first cuInit's map is setup; later calls find it built */
         static int reported;
         if (!__atomic_exchange_n(&reported, 1, __ATOMIC_RELAXED)) {
             vgpu_setup_ns += t;
+            setup_cpu_ns += c;
             vgpu_log(VGPU_LOG_DEBUG, "setup took %llu ns", (unsigned long long)vgpu_setup_ns);
+            vgpu_log(VGPU_LOG_DEBUG, "setup cpu %llu ns", (unsigned long long)setup_cpu_ns);
         }
     }
     return rc;

@@ -50,8 +50,9 @@ struct vgpu_region *vgpu_region(void) { return R; }
 
 /* ---- creation ---- */
 
+/* r is freshly ftruncate()d, so all zeros: only the non-zero fields are written (touching the
+ * whole 150 KiB would fault every page in, for nothing, in every racing creator). */
 static int init_contents(struct vgpu_region *r, const uint64_t limits[VGPU_MAX_DEVICES]) {
-    memset(r, 0, sizeof *r);
     pthread_mutexattr_t a;
     if (pthread_mutexattr_init(&a) != 0) return -1;
     int rc = pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
@@ -59,7 +60,8 @@ static int init_contents(struct vgpu_region *r, const uint64_t limits[VGPU_MAX_D
     if (rc == 0) rc = pthread_mutex_init(region_mutex(r), &a);
     pthread_mutexattr_destroy(&a);
     if (rc != 0) return -1;
-    for (int d = 0; d < VGPU_MAX_DEVICES; d++) r->devices[d].limit = limits ? limits[d] : 0;
+    if (limits)
+        for (int d = 0; d < VGPU_MAX_DEVICES; d++) r->devices[d].limit = limits[d];
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     r->header.created_unix_ns = (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
@@ -229,19 +231,16 @@ void vgpu_region_reclaim_dead(void) {
 /* A new open file description of the file `fd` refers to (also for a memfd): through /proc, or
  * by path if the file there is still the same one. -1 with errno. */
 static int reopen_same(int fd, const char *path) {
+    /* by path first (cheapest), accepted only if it is still the same file */
+    int nfd = path ? open(path, O_RDWR | O_CLOEXEC) : -1;
+    if (nfd >= 0) {
+        struct stat a, b;
+        if (fstat(fd, &a) == 0 && fstat(nfd, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino) return nfd;
+        close(nfd); /* replaced meanwhile: go through /proc */
+    }
     char p[64];
     snprintf(p, sizeof p, "/proc/self/fd/%d", fd);
-    int nfd = open(p, O_RDWR | O_CLOEXEC);
-    if (nfd >= 0 || path == NULL) return nfd;
-    nfd = open(path, O_RDWR | O_CLOEXEC);
-    if (nfd < 0) return -1;
-    struct stat a, b;
-    if (fstat(fd, &a) != 0 || fstat(nfd, &b) != 0 || a.st_dev != b.st_dev || a.st_ino != b.st_ino) {
-        close(nfd);
-        errno = ESTALE; /* replaced between the two opens */
-        return -1;
-    }
-    return nfd;
+    return open(p, O_RDWR | O_CLOEXEC);
 }
 
 static CUresult open_fail(const char *path, const char *what, int err) {
