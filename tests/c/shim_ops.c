@@ -7,7 +7,7 @@
  *   alloc:N | alloc1:N | pitch:W:H | managed:N | create:N[:ORD] | async:N | pool:N | newpool:N
  *   array:W:H | array3d:W:H:D | mipmap:W:H:LEVELS | ctxcreate[:ORD] | fill:N (allocate N-byte
  *   chunks until refused: count=...) | free | freeall | freeasync (top async object, no sync) | swap
- *   freesync (cuMemFree_v2 of the top object, e.g. a stream-ordered one)
+ *   freesync (cuMemFree_v2 of the top object, e.g. a stream-ordered one) | mapunmap:N (top handle)
  *   dlsym:NAME:N            dlopen("libcuda.so.1") + dlsym(NAME), call it as an allocation of N
  *   procaddr:BASE:VER:FL:N:SYM  cuGetProcAddress_v2(BASE, VER, FL), call it as SYM allocating N
  *   dlsym_is:NAME           same=1 if dlsym(libcuda, NAME) == dlsym(RTLD_DEFAULT, NAME), real=1 if
@@ -291,6 +291,14 @@ int main(int argc, char **argv) {
             snprintf(extra, sizeof extra, "child=%d", (int)pid);
         } else if (!strcmp(op, "freesync")) { /* cuMemFree_v2 of the top object, whatever allocated it */
             rc = top > 0 ? cuMemFree_v2((CUdeviceptr)stack[--top].h) : CUDA_ERROR_INVALID_VALUE;
+        } else if (!strcmp(op, "mapunmap")) { /* map the top cuMemCreate handle, then unmap it */
+            CUdeviceptr va = 0;
+            size_t size = num(f[1]);
+            rc = top > 0 && stack[top - 1].kind == K_HANDLE ? cuMemAddressReserve(&va, size, 0, 0, 0)
+                                                           : CUDA_ERROR_INVALID_VALUE;
+            if (rc == CUDA_SUCCESS) rc = cuMemMap(va, size, 0, (CUmemGenericAllocationHandle)stack[top - 1].h, 0);
+            if (rc == CUDA_SUCCESS) rc = cuMemUnmap(va, size);
+            if (va) cuMemAddressFree(va, size);
         } else if (!strcmp(op, "swap")) { /* swap the top two objects (free a pool before its block) */
             if (top >= 2) {
                 struct obj t = stack[top - 1];

@@ -212,3 +212,20 @@ def test_cumemfree_of_a_stream_ordered_allocation(
         assert region.read(reg).devices[0].used == device_used(shim_ops, env) == 40 * MiB
     finally:
         held.release()
+
+
+def test_vmm_memory_is_returned_at_release_not_at_unmap(
+    shim_ops: Path, shim_env: dict[str, str], tmp_path: Path
+) -> None:
+    env, reg = slice_env(shim_env, tmp_path, "64Mi")
+    held = Held(shim_ops, env, "init", "ctx", f"create:{8 * MiB}", f"mapunmap:{8 * MiB}")
+    try:
+        assert [r["rc"] for r in held.results] == ["0"] * 4
+        assert region.read(reg).devices[0].used == device_used(shim_ops, env) == 8 * MiB
+    finally:
+        held.release()
+    held = Held(shim_ops, env, "init", "ctx", f"create:{8 * MiB}", f"mapunmap:{8 * MiB}", "free")
+    try:
+        assert region.read(reg).devices[0].used == device_used(shim_ops, env) == 0
+    finally:
+        held.release()
