@@ -133,8 +133,9 @@ def prepare_region(args: argparse.Namespace, env: dict[str, str]) -> int | None:
     """Point CUDA_DEVICE_MEMORY_SHARED_CACHE at the slice's region; returns an fd to keep open.
 
     --region FILE: created with the limits if missing, validated if present.
-    Otherwise: an anonymous region in a memfd that CMD inherits, published as /proc/<pid>/fd/<n>
-    (pid is this process, which exec turns into CMD), so CMD's children share CMD's quota.
+    Otherwise, when any limit is set: an anonymous region in a memfd that CMD inherits, published
+    as /proc/<pid>/fd/<n> (pid is this process, which exec turns into CMD), so CMD's children
+    share CMD's quota and compute budget.
     """
     limits = MEMORY.limits(args)
     if args.region:
@@ -146,7 +147,8 @@ def prepare_region(args: argparse.Namespace, env: dict[str, str]) -> int | None:
             raise RunConfigError(f"--region: {e}") from e
         env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = path
         return None
-    if "CUDA_DEVICE_MEMORY_SHARED_CACHE" in env or not limits:
+    # Any limit (memory or a contributor's, e.g. a compute cap) makes CMD's processes one slice.
+    if "CUDA_DEVICE_MEMORY_SHARED_CACHE" in env or not any(c.env(args) for c in CONTRIBUTORS):
         return None
     fd = region.create_anonymous(limits)
     os.set_inheritable(fd, True)
