@@ -10,6 +10,8 @@
  *                                       BUSY_MS == PERIOD_MS is a back-to-back launch loop
  *   sim_tool fork BYTES                 parent holds BYTES; a forked child allocates BYTES too in
  *                                       a context of its own; prints both pids and free memory
+ *   sim_tool forkidle BYTES             parent holds BYTES, forks a child that never touches CUDA
+ *                                       and sleeps (up to 120 s); prints "child pid=N" and READY
  *   sim_tool init                       print the cuInit result code
  *   sim_tool launches N                 N launches of sim_0us then a sync; prints ns per launch
  *   sim_tool allocs N                   N cuMemAlloc/cuMemFree pairs of 1 MiB
@@ -139,6 +141,27 @@ int main(int argc, char **argv)
     }
     if (strcmp(cmd, "load") == 0 && argc == 6)
         return load((unsigned)atoi(argv[2]), (unsigned)atoi(argv[3]), (unsigned)atoi(argv[4]), atof(argv[5]));
+    if (strcmp(cmd, "forkidle") == 0 && argc == 3) {
+        setup();
+        CUdeviceptr p;
+        CHECK(cuMemAlloc_v2(&p, strtoull(argv[2], NULL, 0)));
+        pid_t child = fork();
+        if (child < 0)
+            return 1;
+        if (child == 0) {
+            /* inherits the parent's mappings and descriptors, calls nothing of CUDA */
+            for (int i = 0; i < 120; i++)
+                sleep(1);
+            _exit(0);
+        }
+        printf("child pid=%d\n", (int)child);
+        printf("READY pid=%d\n", (int)getpid());
+        fflush(stdout);
+        wait_stdin_closed();
+        kill(child, SIGKILL);
+        waitpid(child, NULL, 0);
+        return 0;
+    }
     if (strcmp(cmd, "fork") == 0 && argc == 3) {
         size_t bytes = strtoull(argv[2], NULL, 0);
         setup();

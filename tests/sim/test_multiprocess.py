@@ -3,6 +3,7 @@ returning, fork, and what NVML sees of it."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -70,6 +71,27 @@ def test_forked_child_gets_its_own_slot(sim_tool, sim_env) -> None:  # type: ign
     finally:
         assert parent.finish() == 0
     assert tool_info(sim_tool, sim_env)[0] == 80 << 30
+
+
+def test_idle_fork_child_does_not_keep_dead_parents_memory(sim_tool, sim_env) -> None:  # type: ignore[no-untyped-def]
+    # The child inherits the parent's mapping of the node state (and with it the open file
+    # description the mapping was made from) but never touches CUDA: it must not keep the
+    # parent's slot alive once the parent is dead.
+    free0, _ = tool_info(sim_tool, sim_env)
+    parent = Client(sim_tool, sim_env, "forkidle", str(10 * GB))
+    child_pid = int(next(line for line in parent.lines if line.startswith("child")).split("=")[1])
+    try:
+        assert tool_info(sim_tool, sim_env)[0] == free0 - 10 * GB
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.proc.wait(10)
+        os.kill(child_pid, 0)  # the child still lives
+        assert tool_info(sim_tool, sim_env)[0] == free0
+        seen = run_python(sim_env, NVML_MEM_AND_PROCS)
+        assert seen["used"] == 0 and seen["procs"] == []
+        os.kill(child_pid, 0)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child_pid, signal.SIGKILL)
 
 
 def test_context_memory_is_charged(sim_tool, sim_env) -> None:  # type: ignore[no-untyped-def]

@@ -16,7 +16,8 @@
  *  - Liveness of a slot is an fcntl open-file-description (OFD) write lock on one byte of the
  *    state file (offset SLOT_LOCK_BASE + slot, past the end of the file) held for the process
  *    lifetime. The kernel drops it when the process dies, however it dies, and it works across
- *    PID namespaces (no PIDs are compared). Dead slots are reaped by whoever next takes the lock
+ *    PID namespaces (no PIDs are compared). The locks go through their own open file description,
+ *    not the one the file is mapped through (a fork child inherits mappings). Dead slots are reaped by whoever next takes the lock
  *    to touch memory, so a killed process's memory is back before any other process's next
  *    memory call.
  *  - The timeline and busy rings are single 64-bit atomics updated by CAS; no lock, no syscall
@@ -52,6 +53,22 @@ static int state_dir(char *buf, size_t cap)
     if (mkdir(buf, 0700) != 0 && errno != EEXIST)
         return -1;
     return 0;
+}
+
+/* A new open file description of the file `fd` is open on: by path, accepted only if it is still
+ * the same file (it may have been replaced meanwhile), else through /proc. */
+static int reopen_same(int fd)
+{
+    int nfd = open(g_path, O_RDWR | O_CLOEXEC);
+    if (nfd >= 0) {
+        struct stat a, b;
+        if (fstat(fd, &a) == 0 && fstat(nfd, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino)
+            return nfd;
+        close(nfd);
+    }
+    char proc[64];
+    snprintf(proc, sizeof proc, "/proc/self/fd/%d", fd);
+    return open(proc, O_RDWR | O_CLOEXEC);
 }
 
 int sim_state_open(void)
@@ -105,7 +122,18 @@ int sim_state_open(void)
         __atomic_store_n(&s->magic, SIM_STATE_MAGIC, __ATOMIC_RELEASE);
     }
     flock(fd, LOCK_UN);
-    g_fd = fd;
+    /* The slot locks go through a second, fresh open file description that nothing but g_fd
+     * refers to. A mapping holds a reference to the description it was made from, and a fork
+     * child inherits the mapping: locks taken through `fd`'s description would stay held while
+     * any child of the holder lives, keeping a dead parent's slot (and memory) alive. */
+    int lock_fd = reopen_same(fd);
+    close(fd); /* the mapping keeps its (never locked) description */
+    if (lock_fd < 0) {
+        sim_log("state file %s: cannot open a second descriptor: %s", g_path, strerror(errno));
+        munmap(p, sizeof(sim_shared));
+        return -1;
+    }
+    g_fd = lock_fd;
     sim_shm = s;
     return 0;
 }
@@ -195,7 +223,8 @@ int sim_state_claim_slot(void)
 void sim_state_after_fork_child(void)
 {
     /* The inherited descriptor shares the parent's open file description and with it the
-     * parent's slot lock: keeping it would make the parent look alive after it died. */
+     * parent's slot lock: keeping it would make the parent look alive after it died. (The
+     * inherited mapping refers to another, never locked description: see sim_state_open.) */
     if (g_fd >= 0) {
         close(g_fd);
         g_fd = open(g_path, O_RDWR | O_CLOEXEC);
