@@ -85,7 +85,7 @@ for i in range(nv.nvmlDeviceGetCount()):
 print(json.dumps(out))
 """)
     assert got["driver"] == "550.54.15" and got["cuda"] == 12040
-    d0, d1, d2 = got["devs"]
+    d1, d2, d0 = got["devs"]  # NVML enumerates in PCI bus order (0x19, 0x1A, 0x3B), not file order
     assert d0 == {"name": "NVIDIA A100-SXM4-40GB", "uuid": d0["uuid"], "total": 40 << 30, "bus": "00000000:3B:00.0",
                   "cc": [8, 0], "minor": 0, "numa": 1}
     assert d1["total"] == 10**9 and d2["total"] == 1_500_000_000
@@ -95,6 +95,8 @@ print(json.dumps(out))
     assert (d1["minor"], d2["minor"]) == (1, 7)
     assert d2["numa"] is None
     # CUDA sees the same devices
+    # (ordinal 0 is the fastest device, an H100: name the A100 by its UUID)
+    env["CUDA_VISIBLE_DEVICES"] = d0["uuid"]
     r = subprocess.run([str(sim_tool), "info"], env=env, capture_output=True, text=True, timeout=30, check=True)
     assert f"total={40 << 30}" in r.stdout
 

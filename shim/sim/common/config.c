@@ -252,6 +252,27 @@ static int load_doc(ctx_t *c, const sim_json *root, sim_config *cfg)
             }
         }
     }
+    /* Node (= NVML) order is PCI bus order, as with NVIDIA's NVML, whatever order the file lists
+     * the devices in (defaults derived from the index were assigned above, in file order).
+     * Insertion sort: at most 16 devices, and bus ids are unique. */
+    for (int i = 1; i < cfg->ndev; i++) {
+        sim_device_cfg d = cfg->dev[i];
+        int j = i;
+        for (; j > 0 && sim_pci_cmp(&cfg->dev[j - 1], &d) > 0; j--)
+            cfg->dev[j] = cfg->dev[j - 1];
+        cfg->dev[j] = d;
+    }
+    return 0;
+}
+
+int sim_pci_cmp(const sim_device_cfg *a, const sim_device_cfg *b)
+{
+    if (a->pci_domain != b->pci_domain)
+        return a->pci_domain < b->pci_domain ? -1 : 1;
+    if (a->pci_bus != b->pci_bus)
+        return a->pci_bus < b->pci_bus ? -1 : 1;
+    if (a->pci_device != b->pci_device)
+        return a->pci_device < b->pci_device ? -1 : 1;
     return 0;
 }
 

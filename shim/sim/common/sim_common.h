@@ -80,16 +80,20 @@ typedef struct {
     char driver_version[80];
     int cuda_version;             /* 12080 = 12.8 */
     char path[512];               /* the file read, "" for the built-in default */
-    int phys[SIM_MAX_DEVICES];    /* libcuda: CUDA ordinal -> node device index (CUDA_VISIBLE_DEVICES) */
+    int phys[SIM_MAX_DEVICES];    /* libcuda: CUDA ordinal -> node device index (CUDA_DEVICE_ORDER,
+                                   * CUDA_VISIBLE_DEVICES) */
 } sim_config;
 
-/* Read SIMGPU_CONFIG (or build the default H100). On a malformed file prints one stderr line
+/* Devices are in PCI bus order (as NVML enumerates them), whatever order the file lists them in.
+ * Read SIMGPU_CONFIG (or build the default H100). On a malformed file prints one stderr line
  * naming the file, the field and what is allowed, and returns -1. */
 int sim_config_load(sim_config *out);
 /* Re-read only health ("healthy", "xid") of the devices of an already loaded config, if the file
  * changed since `*mtime_ns` (NVML event waits use it to see health flip while they wait). */
 void sim_config_refresh_health(sim_config *cfg, int64_t *mtime_ns);
 int64_t sim_config_mtime_ns(const char *path);
+/* Order of two devices by PCI bus id (domain, bus, device): <0, 0, >0. */
+int sim_pci_cmp(const sim_device_cfg *a, const sim_device_cfg *b);
 
 /* ---------------------------------------------------------------- state.c */
 

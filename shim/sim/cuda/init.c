@@ -5,8 +5,10 @@
  * change the node between runs) and maps the node state. A malformed config makes cuInit fail
  * with CUDA_ERROR_NO_DEVICE after one stderr line naming the file, the field and what is allowed.
  *
- * CUDA_VISIBLE_DEVICES is honoured as by the real driver: a comma-separated list of device
- * indices or (prefixes of) GPU UUIDs; the list ends at the first invalid or repeated entry; an
+ * CUDA_DEVICE_ORDER is honoured as by the real driver: PCI_BUS_ID numbers the devices in PCI bus
+ * order (NVML's order); FASTEST_FIRST, unset or any other value, fastest first (see
+ * device_speed). CUDA_VISIBLE_DEVICES is honoured as by the real driver: a comma-separated list
+ * of device indices (into that CUDA order) or (prefixes of) GPU UUIDs; the list ends at the first invalid or repeated entry; an
  * empty value hides every device. CUDA ordinals then number the visible devices, while memory is
  * charged, and NVML (which ignores the variable) reports it, on the physical device.
  *
@@ -72,18 +74,46 @@ CUresult sim_check_device(CUdevice dev)
     return CUDA_SUCCESS;
 }
 
-/* Narrow `cfg` to the devices CUDA_VISIBLE_DEVICES shows; phys[i] = node index of ordinal i. */
+/* "Compute power" of a device for FASTEST_FIRST: SMs times compute capability (9.0 -> 90).
+ * NVIDIA's heuristic is undocumented in detail; this is a simple deterministic stand-in. */
+static long device_speed(const sim_device_cfg *d) { return (long)d->sm_count * (d->cc_major * 10 + d->cc_minor); }
+
+/* order[k] = node index of the k-th device in CUDA's enumeration order (before
+ * CUDA_VISIBLE_DEVICES). Node indices are in PCI bus order (config.c), so PCI_BUS_ID is the
+ * identity; FASTEST_FIRST (the default, and any unknown value, which the real driver ignores)
+ * sorts by speed descending, ties in PCI bus order (a stable sort of the PCI order). */
+static void cuda_device_order(const sim_config *cfg, int *order)
+{
+    for (int i = 0; i < cfg->ndev; i++)
+        order[i] = i;
+    const char *o = getenv("CUDA_DEVICE_ORDER");
+    if (o && strcmp(o, "PCI_BUS_ID") == 0)
+        return;
+    for (int i = 1; i < cfg->ndev; i++) {
+        int x = order[i], j = i;
+        for (; j > 0 && device_speed(&cfg->dev[order[j - 1]]) < device_speed(&cfg->dev[x]); j--)
+            order[j] = order[j - 1];
+        order[j] = x;
+    }
+}
+
+/* Number the devices in CUDA order and narrow `cfg` to those CUDA_VISIBLE_DEVICES shows (numeric
+ * entries index the CUDA order); phys[i] = node index of ordinal i. */
 static void apply_visible_devices(sim_config *cfg)
 {
     int *phys = cfg->phys;
+    sim_device_cfg all[SIM_MAX_DEVICES];
+    int order[SIM_MAX_DEVICES];
+    int nall = cfg->ndev, n = 0;
+    memcpy(all, cfg->dev, sizeof all);
+    cuda_device_order(cfg, order);
     for (int i = 0; i < SIM_MAX_DEVICES; i++)
-        phys[i] = i;
+        phys[i] = i < nall ? order[i] : i;
+    for (int i = 0; i < nall; i++)
+        cfg->dev[i] = all[order[i]];
     const char *v = getenv("CUDA_VISIBLE_DEVICES");
     if (!v)
         return;
-    sim_device_cfg all[SIM_MAX_DEVICES];
-    int nall = cfg->ndev, n = 0;
-    memcpy(all, cfg->dev, sizeof all);
     char buf[1024];
     sim_copy_str(buf, sizeof buf, v);
     char *save = NULL;
@@ -98,7 +128,7 @@ static void apply_visible_devices(sim_config *cfg)
             char *end;
             long x = strtol(tok, &end, 10);
             if (*end == '\0' && x >= 0 && x < nall)
-                idx = (int)x;
+                idx = order[x];
         } else if (len > 4 && strncmp(tok, "GPU-", 4) == 0) {
             for (int i = 0; i < nall; i++) /* a unique UUID prefix selects the device */
                 if (strncmp(all[i].uuid, tok, len) == 0) {
