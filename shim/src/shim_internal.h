@@ -101,7 +101,9 @@ int vgpu_compute_init(void); /* weak default in init.c returns 0 */
 void vgpu_devices_discover(void);
 int vgpu_device_index(CUdevice dev);    /* app-visible index, or -1 (not a device we mapped) */
 int vgpu_current_device_index(void);    /* of the current context's device, or -1 (no context) */
-/* The app-visible index of an NVML device handle (via CUDA_VISIBLE_DEVICES), or -1. */
+/* The app-visible index of an NVML device handle, or -1 (not visible, or unknown): by UUID
+ * against the map when CUDA is initialised in the process; else from CUDA_VISIBLE_DEVICES (UUID
+ * entries; numeric ones only when CUDA's order is known to be NVML's). Never initialises CUDA. */
 int vgpu_nvml_device_index(nvmlDevice_t dev);
 int vgpu_device_count(void);            /* devices mapped (<= VGPU_MAX_DEVICES), 0 before cuInit */
 

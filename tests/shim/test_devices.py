@@ -71,10 +71,14 @@ def test_visible_devices_not_starting_at_zero(
         assert device_used(shim_ops, all_devices, 1) == 48 * MiB  # physical device 1 was charged
         assert device_used(shim_ops, all_devices, 0) == 0
         assert region.read(reg).devices[0].used == 48 * MiB  # under the app's index 0
-        # NVML (which ignores CUDA_VISIBLE_DEVICES) shows the slice on physical device 1 only
-        nvml = nvml_memory(dict(env), [0, 1])
+        # NVML (which ignores CUDA_VISIBLE_DEVICES) shows the slice on physical device 1 only.
+        # This NVML-only process knows which device "1" is only if CUDA's order is NVML's (PCI
+        # bus order); fastest-first (the default) it cannot tell, and shows the driver's numbers.
+        nvml = nvml_memory(dict(env, CUDA_DEVICE_ORDER="PCI_BUS_ID"), [0, 1])
         assert nvml[1] == {"total": 64 * MiB, "used": 48 * MiB, "free": 16 * MiB}
         assert nvml[0]["total"] == GiB
+        nvml = nvml_memory(dict(env), [0, 1])
+        assert (nvml[0]["total"], nvml[1]["total"]) == (GiB, 2 * GiB)
     finally:
         held.release()
 
