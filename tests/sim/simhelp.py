@@ -27,7 +27,10 @@ def run_python(env: dict[str, str], code: str, timeout: float = 60) -> Any:
     """Run `code` (which must print one JSON document last) with pynvml importable; return it."""
     r = subprocess.run(
         [sys.executable, "-c", PROBE_PRELUDE + textwrap.dedent(code)],
-        env=env, capture_output=True, text=True, timeout=timeout,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
     assert r.returncode == 0, f"probe failed ({r.returncode}):\n{r.stdout}\n{r.stderr}"
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -44,8 +47,12 @@ class Client:
 
     def __init__(self, tool: Path, env: dict[str, str], *args: str) -> None:
         self.proc = subprocess.Popen(
-            [str(tool), *args], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True,
+            [str(tool), *args],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         self.lines: list[str] = []
         deadline = time.monotonic() + 30
@@ -74,6 +81,8 @@ class Client:
 
 
 def tool_info(tool: Path, env: dict[str, str]) -> tuple[int, int]:
-    r = subprocess.run([str(tool), "info"], env=env, capture_output=True, text=True, timeout=30, check=True)
+    r = subprocess.run(
+        [str(tool), "info"], env=env, capture_output=True, text=True, timeout=30, check=True
+    )
     fields = dict(kv.split("=") for kv in r.stdout.split())
     return int(fields["free"]), int(fields["total"])

@@ -15,10 +15,17 @@ from tests.sim.simhelp import Client
 pytestmark = pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")
 
 
-def _syscalls(sim_tool: Path, env: dict[str, str], tmp_path: Path, *args: str) -> tuple[dict[str, int], str]:
+def _syscalls(
+    sim_tool: Path, env: dict[str, str], tmp_path: Path, *args: str
+) -> tuple[dict[str, int], str]:
     out = tmp_path / "strace.txt"
-    r = subprocess.run(["strace", "-f", "-c", "-o", str(out), str(sim_tool), *args], env=env,
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        ["strace", "-f", "-c", "-o", str(out), str(sim_tool), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     counts = {}
     for line in out.read_text().splitlines():

@@ -13,8 +13,20 @@ from tests.support.cbuild import C_PROGRAMS, CFLAGS, INCLUDE
 
 def test_internal_calls_bypass_an_interposer(build_c, sim_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     lib = tmp_path / "libinterpose.so"
-    subprocess.run(["gcc", *CFLAGS, "-fPIC", "-shared", f"-I{INCLUDE}", "-o", str(lib),
-                    str(C_PROGRAMS / "sim_interpose_lib.c"), "-ldl"], check=True)
+    subprocess.run(
+        [
+            "gcc",
+            *CFLAGS,
+            "-fPIC",
+            "-shared",
+            f"-I{INCLUDE}",
+            "-o",
+            str(lib),
+            str(C_PROGRAMS / "sim_interpose_lib.c"),
+            "-ldl",
+        ],
+        check=True,
+    )
     exe = build_c("sim_interpose_main.c", ["-ldl"])
     env = dict(sim_env, LD_PRELOAD=str(lib))
     r = subprocess.run([str(exe)], env=env, capture_output=True, text=True, timeout=60)

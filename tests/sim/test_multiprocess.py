@@ -29,9 +29,19 @@ def test_memory_is_one_pool_across_processes(sim_tool, sim_env) -> None:  # type
         free1, _ = tool_info(sim_tool, sim_env)
         assert free1 == free0 - 50 * GB
         # another process cannot take what the first one holds ...
-        assert subprocess.run([str(sim_tool), "alloc", str(40 * GB)], env=sim_env, timeout=60).returncode == 2
+        assert (
+            subprocess.run(
+                [str(sim_tool), "alloc", str(40 * GB)], env=sim_env, timeout=60
+            ).returncode
+            == 2
+        )
         # ... but can take the rest
-        assert subprocess.run([str(sim_tool), "alloc", str(30 * GB)], env=sim_env, timeout=60).returncode == 0
+        assert (
+            subprocess.run(
+                [str(sim_tool), "alloc", str(30 * GB)], env=sim_env, timeout=60
+            ).returncode
+            == 0
+        )
         b = Client(sim_tool, sim_env, "hold", str(20 * GB))
         try:
             seen = run_python(sim_env, NVML_MEM_AND_PROCS)

@@ -97,8 +97,13 @@ def test_pynvml_reads_every_field(sim_tool, sim_env) -> None:  # type: ignore[no
 
 
 def test_sharing_info_lists_the_simulated_gpu(sim_env) -> None:  # type: ignore[no-untyped-def]
-    r = subprocess.run([sys.executable, "-m", "sharing.cli", "info", "--sim"], env=sim_env,
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "sharing.cli", "info", "--sim"],
+        env=sim_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     assert "NVIDIA H100 80GB HBM3" in r.stdout and "81920 MiB" in r.stdout
 
@@ -151,7 +156,9 @@ def test_health_flip_is_seen_by_a_waiting_monitor(sim_env, tmp_path: Path) -> No
     path = write_config(tmp_path, {"devices": [{}]})
     env = {**sim_env, "SIMGPU_CONFIG": str(path)}
     broken = json.dumps({"devices": [{"healthy": False, "xid": 94}]})
-    got = run_python(env, f"""
+    got = run_python(
+        env,
+        f"""
 import pathlib, threading
 nv.nvmlInit()
 s = nv.nvmlEventSetCreate()
@@ -160,13 +167,16 @@ threading.Timer(0.5, lambda: pathlib.Path({str(path)!r}).write_text({broken!r}))
 t0 = time.monotonic()
 d = nv.nvmlEventSetWait_v2(s, 10000)
 print(json.dumps([d.eventData, time.monotonic() - t0]))
-""")
+""",
+    )
     assert got[0] == 94 and 0.4 < got[1] < 3
 
 
 def test_cuda_and_nvml_in_one_process(sim_env) -> None:  # type: ignore[no-untyped-def]
     """A process using both libraries: NVML sees its own CUDA memory and does not reap itself."""
-    got = run_python(sim_env, """
+    got = run_python(
+        sim_env,
+        """
 import ctypes, os
 cu = ctypes.CDLL("libcuda.so.1")
 ctx, ptr = ctypes.c_void_p(), ctypes.c_ulonglong()
@@ -180,14 +190,17 @@ before = [nv.nvmlDeviceGetMemoryInfo(h).used, [[p.pid, p.usedGpuMemory] for p in
 assert cu.cuMemFree_v2(ptr) == 0
 after = nv.nvmlDeviceGetMemoryInfo(h).used
 print(json.dumps({"pid": os.getpid(), "before": before, "after": after}))
-""")
+""",
+    )
     assert got["before"] == [123 << 20, [[got["pid"], 123 << 20]]]
     assert got["after"] == 0
 
 
 def test_null_pointers_are_invalid_argument(sim_env) -> None:  # type: ignore[no-untyped-def]
     """Every NVML entry point given NULL where it writes answers NVML_ERROR_INVALID_ARGUMENT."""
-    got = run_python(sim_env, """
+    got = run_python(
+        sim_env,
+        """
 import ctypes
 lib = ctypes.CDLL("libnvidia-ml.so.1")
 assert lib.nvmlInit_v2() == 0
@@ -210,5 +223,6 @@ calls = {
     "nvmlDeviceGetHandleByIndex": (0, N), "nvmlDeviceGetCount": (N,), "nvmlDeviceGetPciInfo": (h, N),
 }
 print(json.dumps({name: getattr(lib, name)(*args) for name, args in calls.items()}))
-""")
+""",
+    )
     assert got == {name: 2 for name in got}, {k: v for k, v in got.items() if v != 2}

@@ -26,14 +26,28 @@ def real_nvml_include(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("nvml-dev")
     try:
         r = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "nvidia-nvml-dev", "-d", str(d)],
-            capture_output=True, text=True, timeout=180,
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "-q",
+                "--no-deps",
+                "nvidia-nvml-dev",
+                "-d",
+                str(d),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=180,
         )
     except (subprocess.TimeoutExpired, OSError) as e:
         pytest.skip(f"cannot download nvidia-nvml-dev for the real nvml.h: {e}")
     wheels = list(d.glob("*.whl"))
     if r.returncode != 0 or not wheels:
-        pytest.skip(f"cannot download nvidia-nvml-dev for the real nvml.h: {r.stderr.strip()[-300:]}")
+        pytest.skip(
+            f"cannot download nvidia-nvml-dev for the real nvml.h: {r.stderr.strip()[-300:]}"
+        )
     with zipfile.ZipFile(wheels[0]) as z:
         z.extractall(d / "x")
     headers = list((d / "x").rglob("nvml.h"))
@@ -49,13 +63,18 @@ def _compile(src: str, tmp: Path, *flags: str, run: bool = False) -> str:
     subprocess.run(
         ["gcc", "-std=gnu11", "-Wall", "-Werror", *flags, f"-I{INCLUDE}", "-o", str(exe), str(c)]
         + ([] if run else ["-c"]),
-        check=True, capture_output=False,
+        check=True,
+        capture_output=False,
     )
-    return subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout if run else ""
+    return (
+        subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout if run else ""
+    )
 
 
 @pytest.mark.parametrize("legacy", [False, True], ids=["versioned", "legacy-names"])
-def test_prototypes_match_real_nvml_h(real_nvml_include: Path, tmp_path: Path, legacy: bool) -> None:
+def test_prototypes_match_real_nvml_h(
+    real_nvml_include: Path, tmp_path: Path, legacy: bool
+) -> None:
     flags = [f"-I{real_nvml_include}"]
     if legacy:
         flags.append("-DNVML_NO_UNVERSIONED_FUNC_DEFS")
@@ -94,7 +113,9 @@ def test_layouts_and_constants_match_real_nvml_h(real_nvml_include: Path, tmp_pa
     (tmp_path / "ours").mkdir()
     (tmp_path / "theirs").mkdir()
     ours = _compile('#include "vgpu/nvml_api.h"\n' + LAYOUT, tmp_path / "ours", run=True)
-    theirs = _compile("#include <nvml.h>\n" + LAYOUT, tmp_path / "theirs", f"-I{real_nvml_include}", run=True)
+    theirs = _compile(
+        "#include <nvml.h>\n" + LAYOUT, tmp_path / "theirs", f"-I{real_nvml_include}", run=True
+    )
     assert ours == theirs
 
 

@@ -52,7 +52,9 @@ def test_versions_match_cuda_typedefs() -> None:
             # the row's plain symbol is either new at this version or carried over from the previous row
             if f"{base}_v{ver}" not in pfn and previous.get(base) != sym:
                 missing.append(f"{base}@{ver} ({sym})")
-        elif f"{base}_v{ver}" not in pfn and not (base == "cuGraphInstantiate" and sym == "cuGraphInstantiateWithFlags"):
+        elif f"{base}_v{ver}" not in pfn and not (
+            base == "cuGraphInstantiate" and sym == "cuGraphInstantiateWithFlags"
+        ):
             missing.append(f"{base}@{ver} ({sym})")
         previous[base] = sym
     assert missing == []

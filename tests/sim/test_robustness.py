@@ -19,10 +19,13 @@ def test_death_inside_the_state_lock_is_recovered(build_c, sim_tool, sim_env) ->
         # the next locker recovers and recomputes the device total from the live slots
         free, total = tool_info(sim_tool, sim_env)  # would hang (and time out) without recovery
         assert free == total - 10 * GB
-        used = run_python(sim_env, """
+        used = run_python(
+            sim_env,
+            """
 nv.nvmlInit()
 print(json.dumps(nv.nvmlDeviceGetMemoryInfo(nv.nvmlDeviceGetHandleByIndex(0)).used))
-""")
+""",
+        )
         assert used == 10 * GB
     finally:
         assert holder.finish() == 0
@@ -39,10 +42,13 @@ def test_many_processes_killed_while_working(sim_tool, sim_env) -> None:  # type
         v.kill()
     free, total = tool_info(sim_tool, sim_env)
     assert free == total
-    procs = run_python(sim_env, """
+    procs = run_python(
+        sim_env,
+        """
 nv.nvmlInit()
 print(json.dumps(len(nv.nvmlDeviceGetComputeRunningProcesses(nv.nvmlDeviceGetHandleByIndex(0)))))
-""")
+""",
+    )
     assert procs == 0
 
 
@@ -54,8 +60,15 @@ def test_random_kills_during_lock_heavy_loops(sim_tool, sim_env) -> None:  # typ
 
     rng = random.Random(7)
     for _ in range(6):
-        procs = [subprocess.Popen([str(sim_tool), "allocs", "100000000"], env=sim_env,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(3)]
+        procs = [
+            subprocess.Popen(
+                [str(sim_tool), "allocs", "100000000"],
+                env=sim_env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            for _ in range(3)
+        ]
         time.sleep(rng.uniform(0.05, 0.3))
         for p in procs:
             p.send_signal(signal.SIGKILL)

@@ -31,8 +31,18 @@ def sanitized(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for name, extra in (("sim_api", ["-ldl"]), ("sim_tool", []), ("sim_threads", [])):
         exe = out / name
         subprocess.run(
-            ["gcc", *CFLAGS, *SANITIZER_FLAGS, f"-I{INCLUDE}", "-o", str(exe), str(C_PROGRAMS / f"{name}.c"),
-             f"-L{libdir}", "-l:libcuda.so.1", *extra],
+            [
+                "gcc",
+                *CFLAGS,
+                *SANITIZER_FLAGS,
+                f"-I{INCLUDE}",
+                "-o",
+                str(exe),
+                str(C_PROGRAMS / f"{name}.c"),
+                f"-L{libdir}",
+                "-l:libcuda.so.1",
+                *extra,
+            ],
             check=True,
         )
         progs[name] = exe
@@ -50,7 +60,9 @@ def _env(sim_env: dict[str, str], libdir: Path, leaks: bool) -> dict[str, str]:
 
 def test_api_surface_is_sanitizer_clean(sanitized, sim_env) -> None:  # type: ignore[no-untyped-def]
     env = _env(sim_env, sanitized["libdir"], leaks=True)
-    r = subprocess.run([str(sanitized["sim_api"])], env=env, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [str(sanitized["sim_api"])], env=env, capture_output=True, text=True, timeout=300
+    )
     assert r.returncode == 0, r.stdout + r.stderr[-6000:]
     assert r.stdout.strip().endswith("OK")
     assert "Sanitizer" not in r.stderr and "runtime error" not in r.stderr, r.stderr[-6000:]
@@ -58,7 +70,9 @@ def test_api_surface_is_sanitizer_clean(sanitized, sim_env) -> None:  # type: ig
 
 def test_threads_are_sanitizer_clean(sanitized, sim_env) -> None:  # type: ignore[no-untyped-def]
     env = _env(sim_env, sanitized["libdir"], leaks=True)
-    r = subprocess.run([str(sanitized["sim_threads"])], env=env, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [str(sanitized["sim_threads"])], env=env, capture_output=True, text=True, timeout=300
+    )
     assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout + r.stderr[-6000:]
 
 
@@ -70,11 +84,36 @@ def test_threads_are_threadsanitizer_clean(sim_env, tmp_path: Path) -> None:  # 
     for lib in LIBRARIES:
         if lib.subdir != "sim":
             continue
-        subprocess.run(["gcc", *BUILD_CFLAGS, "-fsanitize=thread", f"-I{INCLUDE_DIR}", "-shared", "-o", str(out / lib.filename),
-                        *map(str, lib.sources()), *link_args(lib), *[f"-l{x}" for x in lib.libs]], check=True)
+        subprocess.run(
+            [
+                "gcc",
+                *BUILD_CFLAGS,
+                "-fsanitize=thread",
+                f"-I{INCLUDE_DIR}",
+                "-shared",
+                "-o",
+                str(out / lib.filename),
+                *map(str, lib.sources()),
+                *link_args(lib),
+                *[f"-l{x}" for x in lib.libs],
+            ],
+            check=True,
+        )
     exe = tmp_path / "sim_threads"
-    subprocess.run(["gcc", *CFLAGS, "-fsanitize=thread", f"-I{INCLUDE}", "-o", str(exe), str(C_PROGRAMS / "sim_threads.c"),
-                    f"-L{out}", "-l:libcuda.so.1"], check=True)
+    subprocess.run(
+        [
+            "gcc",
+            *CFLAGS,
+            "-fsanitize=thread",
+            f"-I{INCLUDE}",
+            "-o",
+            str(exe),
+            str(C_PROGRAMS / "sim_threads.c"),
+            f"-L{out}",
+            "-l:libcuda.so.1",
+        ],
+        check=True,
+    )
     env = dict(sim_env, LD_LIBRARY_PATH=str(out), TSAN_OPTIONS="halt_on_error=1:exitcode=25")
     r = subprocess.run([str(exe)], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout + r.stderr[-6000:]
@@ -90,14 +129,26 @@ def test_multiprocess_paths_are_sanitizer_clean(sanitized, sim_env) -> None:  # 
     victim.proc.wait(10)
     assert tool_info(tool, env)[0] == (80 << 30) - 2 * 10**9
     assert fork.finish() == 0, fork.proc.stderr.read() if fork.proc.stderr else ""
-    load = subprocess.run([str(tool), "load", "200", "4", "8", "1"], env=env, capture_output=True, text=True, timeout=120)
+    load = subprocess.run(
+        [str(tool), "load", "200", "4", "8", "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert load.returncode == 0, load.stderr[-4000:]
     # NVML through pynvml, with the sanitizer runtimes preloaded into the (unsanitized) interpreter
-    runtimes = [subprocess.run(["gcc", f"-print-file-name={lib}"], capture_output=True, text=True, check=True).stdout.strip()
-                for lib in ("libasan.so", "libubsan.so")]
+    runtimes = [
+        subprocess.run(
+            ["gcc", f"-print-file-name={lib}"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        for lib in ("libasan.so", "libubsan.so")
+    ]
     penv = _env(sim_env, sanitized["libdir"], leaks=False)
     penv["LD_PRELOAD"] = " ".join(runtimes)
-    got = run_python(penv, """
+    got = run_python(
+        penv,
+        """
 nv.nvmlInit()
 h = nv.nvmlDeviceGetHandleByIndex(0)
 procs = nv.nvmlDeviceGetComputeRunningProcesses(h)
@@ -110,7 +161,8 @@ except nv.NVMLError_Timeout:
 nv.nvmlEventSetFree(s)
 print(json.dumps([nv.nvmlDeviceGetMemoryInfo(h).used, text(nv.nvmlDeviceGetName(h)),
                   nv.nvmlDeviceGetUtilizationRates(h).gpu, len(procs)]))
-""")
+""",
+    )
     assert got[0] == 0 and got[1] == "NVIDIA H100 80GB HBM3" and got[3] == 0
 
 
@@ -121,17 +173,45 @@ def test_config_parser_fuzz_is_sanitizer_clean(sanitized, sim_env, tmp_path: Pat
     import random
 
     rng = random.Random(1234)
-    base = json.dumps({
-        "devices": [{"name": "NVIDIA H100 \\u00e9 \\ud83d\\ude00", "uuid": "GPU-11111111-2222-4333-8444-555555555555",
-                     "memory": "80Gi", "sm_count": 132, "pci_bus_id": "0000:18:00.0", "numa_node": 0,
-                     "compute_capability": "9.0", "healthy": True, "xid": 79, "minor": 0}, {"memory": 12345678}],
-        "driver_version": "570.172.08", "cuda_version": "12.8",
-    }).replace("\\\\u", "\\u")
-    cases = [base, "[" * 5000, "{" * 70 + "}" * 70, '{"devices": [' + "[" * 100, '"\\ud800"', '{"a": 1e999999}',
-             '{"devices": [{"memory": 184467440737095516160}]}', '{"devices": [{"memory": "99999999999999999999Ti"}]}',
-             "\x00", "{\"devices\": []}", " \n\t{} ", '{"devices":[{"name":"a\\x"}]}',
-             '{"devices": [{"name": "a\\"' + "b" * 300 + '"}]}',  # an escaped quote does not end the string
-             '{"devices": [{"name": "' + "\\\"" * 40 + "\\u00e9" * 10 + '"}]}']
+    base = json.dumps(
+        {
+            "devices": [
+                {
+                    "name": "NVIDIA H100 \\u00e9 \\ud83d\\ude00",
+                    "uuid": "GPU-11111111-2222-4333-8444-555555555555",
+                    "memory": "80Gi",
+                    "sm_count": 132,
+                    "pci_bus_id": "0000:18:00.0",
+                    "numa_node": 0,
+                    "compute_capability": "9.0",
+                    "healthy": True,
+                    "xid": 79,
+                    "minor": 0,
+                },
+                {"memory": 12345678},
+            ],
+            "driver_version": "570.172.08",
+            "cuda_version": "12.8",
+        }
+    ).replace("\\\\u", "\\u")
+    cases = [
+        base,
+        "[" * 5000,
+        "{" * 70 + "}" * 70,
+        '{"devices": [' + "[" * 100,
+        '"\\ud800"',
+        '{"a": 1e999999}',
+        '{"devices": [{"memory": 184467440737095516160}]}',
+        '{"devices": [{"memory": "99999999999999999999Ti"}]}',
+        "\x00",
+        '{"devices": []}',
+        " \n\t{} ",
+        '{"devices":[{"name":"a\\x"}]}',
+        '{"devices": [{"name": "a\\"'
+        + "b" * 300
+        + '"}]}',  # an escaped quote does not end the string
+        '{"devices": [{"name": "' + '\\"' * 40 + "\\u00e9" * 10 + '"}]}',
+    ]
     for _ in range(80):
         b = bytearray(base.encode())
         for _ in range(rng.randint(1, 4)):
@@ -140,17 +220,25 @@ def test_config_parser_fuzz_is_sanitizer_clean(sanitized, sim_env, tmp_path: Pat
             if op < 0.4:
                 b[pos] = rng.randrange(256)
             elif op < 0.7:
-                del b[pos:pos + rng.randint(1, 8)]
+                del b[pos : pos + rng.randint(1, 8)]
             else:
-                b[pos:pos] = rng.choice([b"{", b"[", b'"', b"\\", b",", b":", b"-", b"9" * 30, b"\\u12", b"\xff"])
+                b[pos:pos] = rng.choice(
+                    [b"{", b"[", b'"', b"\\", b",", b":", b"-", b"9" * 30, b"\\u12", b"\xff"]
+                )
         cases.append(b.decode("latin-1"))
     env = _env(sim_env, sanitized["libdir"], leaks=True)
     cfg = tmp_path / "fuzz.json"
     ok = 0
     for text in cases:
         cfg.write_bytes(text.encode("latin-1"))
-        r = subprocess.run([str(sanitized["sim_tool"]), "init"], env=dict(env, SIMGPU_CONFIG=str(cfg)),
-                           capture_output=True, text=True, errors="replace", timeout=60)
+        r = subprocess.run(
+            [str(sanitized["sim_tool"]), "init"],
+            env=dict(env, SIMGPU_CONFIG=str(cfg)),
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=60,
+        )
         assert r.returncode == 0, (text[:200], r.returncode, r.stderr[-3000:])
         code = r.stdout.strip()
         lines = r.stderr.strip().splitlines()
@@ -158,7 +246,9 @@ def test_config_parser_fuzz_is_sanitizer_clean(sanitized, sim_env, tmp_path: Pat
             ok += 1
             assert lines == [], (text[:200], r.stderr)
         elif not lines:
-            assert code == "100" and json.loads(text)["devices"] == [], text[:200]  # a node without GPUs
+            assert code == "100" and json.loads(text)["devices"] == [], text[
+                :200
+            ]  # a node without GPUs
         else:
             assert len(lines) == 1 and "allowed:" in lines[0], (text[:200], r.stderr)
     assert ok >= 1  # the unmutated base config loads

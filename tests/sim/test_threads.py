@@ -9,8 +9,12 @@ from tests.sim.simhelp import tool_info
 
 def test_threads_of_several_processes(build_c, sim_tool, sim_env) -> None:  # type: ignore[no-untyped-def]
     exe = build_c("sim_threads.c")
-    procs = [subprocess.Popen([str(exe)], env=sim_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(3)]
+    procs = [
+        subprocess.Popen(
+            [str(exe)], env=sim_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(3)
+    ]
     for p in procs:
         out, err = p.communicate(timeout=300)
         assert p.returncode == 0 and out.strip().endswith("OK"), out + err

@@ -28,7 +28,9 @@ DEEP_QUEUE = {"SIMGPU_QUEUE_AHEAD_US": "150000"}
 
 
 def _measure(sim_tool, sim_env, busy_ms: int, period_ms: int):  # type: ignore[no-untyped-def]
-    load = Client(sim_tool, {**sim_env, **DEEP_QUEUE}, "load", "1000", str(busy_ms), str(period_ms), "6")
+    load = Client(
+        sim_tool, {**sim_env, **DEEP_QUEUE}, "load", "1000", str(busy_ms), str(period_ms), "6"
+    )
     try:
         got = run_python(sim_env, SAMPLE)
     finally:
@@ -53,11 +55,14 @@ def test_half_duty_loop_is_50_percent(sim_tool, sim_env) -> None:  # type: ignor
 
 
 def test_idle_device_is_0_percent(sim_env) -> None:  # type: ignore[no-untyped-def]
-    got = run_python(sim_env, """
+    got = run_python(
+        sim_env,
+        """
 nv.nvmlInit()
 h = nv.nvmlDeviceGetHandleByIndex(0)
 print(json.dumps(nv.nvmlDeviceGetUtilizationRates(h).gpu))
-""")
+""",
+    )
     assert got == 0
 
 
