@@ -187,13 +187,15 @@ def test_publishes_serves_and_follows_health(server: FakeApiServer, short_tmp: P
             lambda: [d.device for d in p.driver.health.snapshot().devices] == ["gpu-0"],  # type: ignore[union-attr]
             what="gpu-1 gone from the health stream",
         )
-        # A GPU that was not there at start is not offered (the Driver could not prepare it).
+        # GPUs that appear later (gpu-1 back, gpu-2 new) are offered, and the Driver knows them
+        # first so that claims on them can be prepared.
         nvml.gpus = [gpu(0), gpu(1), gpu(2)]
-        wait_devices(server, ["gpu-0", "gpu-1"])
+        wait_devices(server, ["gpu-0", "gpu-1", "gpu-2"])
+        assert [g.index for g in p.driver.gpus] == [0, 1, 2]
     finally:
         assert run.stop() == EXIT_OK
     # No --cleanup: the slices stay, the sockets are gone.
-    assert device_names(server) == ["gpu-0", "gpu-1"]
+    assert device_names(server) == ["gpu-0", "gpu-1", "gpu-2"]
     assert not (short_tmp / "plugins" / DRIVER / "dra.sock").exists()
 
 
