@@ -26,7 +26,7 @@ import shutil
 import signal
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -264,17 +264,7 @@ class DeviceState:
                 )
                 for d in plan.devices
             )
-            self.checkpoint.put(
-                ClaimEntry(
-                    uid=ref.uid,
-                    namespace=ref.namespace,
-                    name=ref.name,
-                    state=PREPARE_COMPLETED,
-                    cdi_spec=str(spec_path),
-                    claim_dir=str(claim_dir),
-                    devices=devices,
-                )
-            )
+            self.checkpoint.put(replace(started, state=PREPARE_COMPLETED, devices=devices))
         except BaseException:
             self._remove_artifacts(ref.uid, spec_path, claim_dir)
             self.checkpoint.delete(ref.uid)
