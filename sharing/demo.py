@@ -2,8 +2,9 @@
 
 Everything is real except the GPU: each tenant is a separate process started through `vgpu run`
 (libvgpu.so preloaded, limits set) running an ordinary CUDA client (sharing/demo_workload.py) on
-the simulated driver. Nothing here computes the results: they come from what the processes see
-(cuMemGetInfo, refused allocations) and what the simulated device reports through NVML.
+the simulated driver. The memory results are what the processes see (cuMemGetInfo, refused
+allocations); the compute shares are each tenant's completed kernels (1 ms of device time each in
+the simulator's kernel model) over its wall time; the live line is the device's NVML utilisation.
 """
 
 from __future__ import annotations
@@ -74,11 +75,6 @@ def _collect(tenant: Tenant) -> None:
         raise DemoError(f"tenant {tenant.name} failed: {err}; its stderr: {tenant.stderr.strip()}")
 
 
-def _device_utilization() -> int:
-    h = pynvml.nvmlDeviceGetHandleByIndex(0)
-    return int(pynvml.nvmlDeviceGetUtilizationRates(h).gpu)
-
-
 def run(args: argparse.Namespace) -> int:
     tenants = [
         Tenant("team-a", parse_bytes("4Gi"), 30),
@@ -134,7 +130,8 @@ def _demo(tenants: list[Tenant], workdir: Path, sim_state: Path, seconds: float)
         time.sleep(1.0)
         elapsed = time.monotonic() - start
         if elapsed <= seconds + 0.5:
-            print(f"  t={elapsed:4.1f}s  device busy {_device_utilization():3d}%", flush=True)
+            busy = int(pynvml.nvmlDeviceGetUtilizationRates(h).gpu)
+            print(f"  t={elapsed:4.1f}s  device busy {busy:3d}%", flush=True)
     for t in tenants:
         _collect(t)
     print(f"\n  {'tenant':<8} {'cap':>4} {'measured':>9}")
