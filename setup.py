@@ -41,8 +41,8 @@ class BuildWithSharedLibraries(build_ext):
         compiler.set_executables(compiler=cc, compiler_so=cc, linker_so=f"{cc} -shared")
         lib_root = self._lib_root()
         for lib in LIBRARIES:
-            out_dir = lib_root / lib.subdir if lib.subdir else lib_root
-            out_dir.mkdir(parents=True, exist_ok=True)
+            target = lib.output_path(lib_root)
+            target.parent.mkdir(parents=True, exist_ok=True)
             temp = Path(self.build_temp) / "plain" / lib.filename
             objects = compiler.compile(
                 [str(s) for s in lib.sources()],
@@ -53,7 +53,7 @@ class BuildWithSharedLibraries(build_ext):
             )
             compiler.link_shared_object(
                 objects,
-                str(out_dir / lib.filename),
+                str(target),
                 libraries=list(lib.libs),
                 extra_postargs=link_args(lib),
             )

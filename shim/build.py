@@ -52,6 +52,10 @@ class Library:
             found.extend(sorted((SHIM_DIR / d).glob("*.c")))
         return found
 
+    def output_path(self, lib_root: Path) -> Path:
+        """Where this library goes under a build's library root (sharing/_lib or a test dir)."""
+        return lib_root / self.subdir / self.filename
+
     def headers(self) -> list[Path]:
         hs = sorted(INCLUDE_DIR.rglob("*.h"))
         for d in self.source_dirs:
@@ -89,9 +93,8 @@ def build_with_gcc(
     """
     out: dict[str, Path] = {}
     for lib in LIBRARIES:
-        target_dir = out_dir / lib.subdir if lib.subdir else out_dir
-        target_dir.mkdir(parents=True, exist_ok=True)
-        target = target_dir / lib.filename
+        target = lib.output_path(out_dir)
+        target.parent.mkdir(parents=True, exist_ok=True)
         cmd = [
             cc,
             *CFLAGS,
