@@ -11,7 +11,8 @@ from __future__ import annotations
 import argparse
 import math
 
-MAX_DEVICES = 16
+from sharing.region import MAX_DEVICES  # the devices the accounting file has room for
+
 POLICIES = ("hard", "elastic", "off")
 
 
