@@ -157,7 +157,8 @@ struct cdev {
     int nvml_state;     /* 0 not tried, 1 usable, -1 off for this device (helper thread only) */
     struct vgpu_compute_state *st;
     struct vgpu_node_file *node;
-    int node_slot;
+    int node_slot;      /* read and written atomically: launches of several threads */
+    uint64_t slice_id;  /* this slice's id (the key of its node slot) */
     int64_t next_node_check;
     int64_t published_want;
     uint32_t eff;
@@ -413,22 +414,14 @@ static struct vgpu_node_file *node_open(CUdevice cudev)
     return f;
 }
 
-static int node_claim(struct vgpu_node_file *f, uint64_t id, int64_t now)
+/* Write this slice's settings into its node slot (after taking one). */
+static void node_publish_settings(struct cdev *cd, int dev, int slot)
 {
-    for (int i = 0; i < VGPU_NODE_SLOTS; i++)
-        if (__atomic_load_n(&f->slots[i].slice_id, __ATOMIC_ACQUIRE) == id)
-            return i;
-    for (int i = 0; i < VGPU_NODE_SLOTS; i++) {
-        struct vgpu_node_slot *s = &f->slots[i];
-        uint64_t cur = __atomic_load_n(&s->slice_id, __ATOMIC_ACQUIRE);
-        int64_t want = __atomic_load_n(&s->want_until_ns, __ATOMIC_ACQUIRE);
-        /* Free, or left by a slice that has not wanted time for a long while (it died). */
-        if (cur != 0 && want > now - VGPU_NODE_SLOT_STALE_NS)
-            continue;
-        if (__atomic_compare_exchange_n(&s->slice_id, &cur, id, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
-            return i;
-    }
-    return -1;
+    struct vgpu_node_slot *s = &cd->node->slots[slot];
+    __atomic_store_n(&s->cap_permille, g_cap[dev], __ATOMIC_RELAXED);
+    __atomic_store_n(&s->policy, g_policy, __ATOMIC_RELAXED);
+    __atomic_store_n(&s->priority, g_priority, __ATOMIC_RELAXED);
+    __atomic_store_n(&cd->published_want, 0, __ATOMIC_RELAXED); /* the next launch publishes */
 }
 
 /* ------------------------------------------------------------ NVML outer loop
@@ -673,15 +666,12 @@ static void attach_device(int dev, CUdevice cudev)
                  b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
     }
     cd->node_slot = -1;
+    cd->slice_id = id;
     cd->node = node_open(cudev);
     if (cd->node) {
-        cd->node_slot = node_claim(cd->node, id, now_ns());
-        if (cd->node_slot >= 0) {
-            struct vgpu_node_slot *s = &cd->node->slots[cd->node_slot];
-            __atomic_store_n(&s->cap_permille, g_cap[dev], __ATOMIC_RELAXED);
-            __atomic_store_n(&s->policy, g_policy, __ATOMIC_RELAXED);
-            __atomic_store_n(&s->priority, g_priority, __ATOMIC_RELAXED);
-        }
+        cd->node_slot = vc_node_claim(cd->node->slots, VGPU_NODE_SLOTS, id, now_ns(), WANT_HOLD_NS);
+        if (cd->node_slot >= 0)
+            node_publish_settings(cd, dev, cd->node_slot);
     }
     if (g_policy == VGPU_COMPUTE_POLICY_ELASTIC && cd->node_slot < 0)
         vgpu_log(VGPU_LOG_WARN, "compute cap: elastic policy without node state (%s): device %d keeps its cap",
@@ -757,12 +747,13 @@ static void drain_ctx(struct cctx *cx, int64_t now, int budget)
  * lost update just repeats a cheap step. */
 static void publish_want(struct cdev *cd, int64_t until)
 {
-    if (!cd->node || cd->node_slot < 0)
+    int slot = __atomic_load_n(&cd->node_slot, __ATOMIC_RELAXED);
+    if (!cd->node || slot < 0)
         return;
     int64_t pub = __atomic_load_n(&cd->published_want, __ATOMIC_RELAXED);
     if (until - pub < HEARTBEAT_NS && until <= pub + WANT_HOLD_NS)
         return;
-    struct vgpu_node_slot *s = &cd->node->slots[cd->node_slot];
+    struct vgpu_node_slot *s = &cd->node->slots[slot];
     int64_t cur = __atomic_load_n(&s->want_until_ns, __ATOMIC_RELAXED);
     /* Processes of a slice race here; only ever move it forward. */
     while (cur < until &&
@@ -771,26 +762,41 @@ static void publish_want(struct cdev *cd, int64_t until)
     __atomic_store_n(&cd->published_want, until, __ATOMIC_RELAXED);
 }
 
-/* The cap to apply now on this device (permille, VC_PERMILLE_FULL = none). */
+/* Once per NODE_CHECK_NS (one thread of the process wins the CAS): keep hold of the node slot
+ * (it may have been merged with a twin or, after a long idle spell, taken over) and, for an
+ * elastic slice, recompute the cap from the neighbours' demand. Returns the cap to apply now on
+ * this device (permille, VC_PERMILLE_FULL = none). */
 static uint32_t effective_cap(struct cdev *cd, int dev, int64_t now)
 {
-    if (g_policy != VGPU_COMPUTE_POLICY_ELASTIC || !cd->node || cd->node_slot < 0)
+    if (!cd->node)
         return g_cap[dev];
-    if (now >= __atomic_load_n(&cd->next_node_check, __ATOMIC_RELAXED)) {
-        __atomic_store_n(&cd->next_node_check, now + NODE_CHECK_NS, __ATOMIC_RELAXED);
-        uint32_t e = vc_elastic_permille(cd->node->slots, VGPU_NODE_SLOTS, cd->node_slot, now);
-        if (e < g_cap[dev])
-            e = g_cap[dev];
-        uint32_t old = __atomic_exchange_n(&cd->eff, e, __ATOMIC_RELAXED);
-        if (e != old) {
-            /* Going back to (or towards) the cap: start from now, with neither the debt nor the
-             * credit of the uncapped period, and without the burst allowance (tat = now + burst):
-             * the newcomer gets its share from the first millisecond. */
-            if (e < old)
-                vc_reset(&cd->st->tat_ns, now + BURST_NS);
-            __atomic_store_n(&cd->st->effective_permille, e, __ATOMIC_RELAXED);
+    int64_t due = __atomic_load_n(&cd->next_node_check, __ATOMIC_RELAXED);
+    if (now >= due && __atomic_compare_exchange_n(&cd->next_node_check, &due, now + NODE_CHECK_NS, 0,
+                                                  __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+        int cur = __atomic_load_n(&cd->node_slot, __ATOMIC_RELAXED);
+        int slot = vc_node_recheck(cd->node->slots, VGPU_NODE_SLOTS, cur, cd->slice_id, now, WANT_HOLD_NS);
+        if (slot != cur) {
+            if (slot >= 0)
+                node_publish_settings(cd, dev, slot);
+            __atomic_store_n(&cd->node_slot, slot, __ATOMIC_RELAXED);
+        }
+        if (g_policy == VGPU_COMPUTE_POLICY_ELASTIC && slot >= 0) {
+            uint32_t e = vc_elastic_permille(cd->node->slots, VGPU_NODE_SLOTS, slot, now);
+            if (e < g_cap[dev])
+                e = g_cap[dev];
+            uint32_t old = __atomic_exchange_n(&cd->eff, e, __ATOMIC_RELAXED);
+            if (e != old) {
+                /* Going back to (or towards) the cap: start from now, with neither the debt nor the
+                 * credit of the uncapped period, and without the burst allowance (tat = now + burst):
+                 * the newcomer gets its share from the first millisecond. */
+                if (e < old)
+                    vc_reset(&cd->st->tat_ns, now + BURST_NS);
+                __atomic_store_n(&cd->st->effective_permille, e, __ATOMIC_RELAXED);
+            }
         }
     }
+    if (g_policy != VGPU_COMPUTE_POLICY_ELASTIC || __atomic_load_n(&cd->node_slot, __ATOMIC_RELAXED) < 0)
+        return g_cap[dev];
     return __atomic_load_n(&cd->eff, __ATOMIC_RELAXED);
 }
 

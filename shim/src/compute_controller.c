@@ -170,6 +170,7 @@ uint32_t vc_elastic_permille(const struct vgpu_node_slot *slots, size_t nslots, 
     const struct vgpu_node_slot *me = &slots[self];
     uint32_t my_cap = __atomic_load_n(&me->cap_permille, __ATOMIC_RELAXED);
     int32_t my_prio = __atomic_load_n(&me->priority, __ATOMIC_RELAXED);
+    uint64_t my_id = __atomic_load_n(&me->slice_id, __ATOMIC_ACQUIRE);
     if (my_cap == 0 || my_cap > VC_PERMILLE_FULL)
         my_cap = VC_PERMILLE_FULL;
 
@@ -178,6 +179,10 @@ uint32_t vc_elastic_permille(const struct vgpu_node_slot *slots, size_t nslots, 
     bool outranked = false;     /* an elastic slice of higher priority wants time */
     for (size_t i = 0; i < nslots; i++) {
         if ((int)i == self || !slot_wants(&slots[i], now_ns))
+            continue;
+        /* A second slot of my own slice (two of its processes claimed at once, until
+         * vc_node_recheck merges them) is me, not a neighbour. */
+        if (my_id && __atomic_load_n(&slots[i].slice_id, __ATOMIC_ACQUIRE) == my_id)
             continue;
         uint32_t cap = __atomic_load_n(&slots[i].cap_permille, __ATOMIC_RELAXED);
         uint32_t pol = __atomic_load_n(&slots[i].policy, __ATOMIC_RELAXED);
@@ -200,4 +205,51 @@ uint32_t vc_elastic_permille(const struct vgpu_node_slot *slots, size_t nslots, 
     if (peers == 1 && eff >= VC_PERMILLE_FULL - 1)
         return VC_PERMILLE_FULL;
     return eff > VC_PERMILLE_FULL ? VC_PERMILLE_FULL : eff;
+}
+
+/* ---------------------------------------------------------- node slots */
+
+static int lowest_slot_of(const struct vgpu_node_slot *slots, size_t nslots, uint64_t id)
+{
+    for (size_t i = 0; i < nslots; i++)
+        if (__atomic_load_n(&slots[i].slice_id, __ATOMIC_ACQUIRE) == id)
+            return (int)i;
+    return -1;
+}
+
+int vc_node_claim(struct vgpu_node_slot *slots, size_t nslots, uint64_t id, int64_t now_ns, int64_t lease_ns)
+{
+    if (!id)
+        return -1;
+    int have = lowest_slot_of(slots, nslots, id);
+    if (have >= 0)
+        return have;
+    for (size_t i = 0; i < nslots; i++) {
+        struct vgpu_node_slot *s = &slots[i];
+        uint64_t cur = __atomic_load_n(&s->slice_id, __ATOMIC_ACQUIRE);
+        int64_t want = __atomic_load_n(&s->want_until_ns, __ATOMIC_ACQUIRE);
+        if (cur != 0 && want > now_ns - VGPU_NODE_SLOT_STALE_NS)
+            continue; /* held by a live slice */
+        /* The lease: whoever moves want_until_ns first owns the right to set the id. */
+        if (!__atomic_compare_exchange_n(&s->want_until_ns, &want, now_ns + lease_ns, 0, __ATOMIC_ACQ_REL,
+                                         __ATOMIC_ACQUIRE))
+            continue;
+        if (__atomic_compare_exchange_n(&s->slice_id, &cur, id, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+            return (int)i;
+    }
+    return -1;
+}
+
+int vc_node_recheck(struct vgpu_node_slot *slots, size_t nslots, int cur, uint64_t id, int64_t now_ns,
+                    int64_t lease_ns)
+{
+    int low = lowest_slot_of(slots, nslots, id);
+    if (low < 0)
+        return vc_node_claim(slots, nslots, id, now_ns, lease_ns); /* mine was taken over */
+    if (cur >= 0 && (size_t)cur < nslots && low < cur) {
+        /* Merge a duplicate: give mine back; my slice's other processes move on their own. */
+        uint64_t expect = id;
+        __atomic_compare_exchange_n(&slots[cur].slice_id, &expect, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+    }
+    return low;
 }

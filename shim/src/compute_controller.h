@@ -100,4 +100,25 @@ uint64_t vc_est_update(struct vc_est_entry *e, uint64_t sample_ns);
  * it evenly. Hard slices never take idle share. */
 uint32_t vc_elastic_permille(const struct vgpu_node_slot *slots, size_t nslots, int self, int64_t now_ns);
 
+/* ---- 4. node slots ----
+ * Each slice that runs on a device holds one slot of the device's node file, found by its
+ * slice id (all processes of a slice share it). A slot is free when its id is 0, or stale when
+ * its owner has not wanted time for VGPU_NODE_SLOT_STALE_NS (it died). Taking a slot is two
+ * steps, each a CAS: first its want_until_ns is moved from the value read to now + lease_ns,
+ * so that no other claimant finds it free or stale in between; then the id is set. Without the
+ * lease, a slot taken but not yet used (want_until_ns still 0) looked stale to a slice starting
+ * at the same moment, which took it over: both then shared one slot, and elastic priorities
+ * were lost. */
+
+/* The slot of `id`: the lowest one already holding it, else a free or stale one taken now.
+ * -1 when every slot is held. */
+int vc_node_claim(struct vgpu_node_slot *slots, size_t nslots, uint64_t id, int64_t now_ns, int64_t lease_ns);
+
+/* Called now and then by a slot holder: the slot it should use from now on. `cur` when it still
+ * holds it and no lower slot has the same id; the lower slot (releasing `cur`) when two
+ * processes of the slice claimed at once; a newly claimed one when `cur` was taken over (its
+ * owner was idle long enough to look dead). */
+int vc_node_recheck(struct vgpu_node_slot *slots, size_t nslots, int cur, uint64_t id, int64_t now_ns,
+                    int64_t lease_ns);
+
 #endif

@@ -218,7 +218,48 @@ static void test_elastic(void)
                                    .policy = VGPU_COMPUTE_POLICY_OFF, .priority = 1};
     assert(vc_elastic_permille(s, 4, 0, now) == 300);
     assert(vc_elastic_permille(s, 4, -1, now) == 0);
+    /* a second slot of my own slice (a twin claim) is me, not a neighbour */
+    s[3] = s[0];
+    assert(vc_elastic_permille(s, 4, 0, now) == 300); /* s[2] (higher priority) still outranks */
+    s[2].want_until_ns = now - 1;
+    assert(vc_elastic_permille(s, 4, 0, now) == 1000);
     printf("elastic: ok\n");
+}
+
+static void test_node_slots(void)
+{
+    struct vgpu_node_slot s[3];
+    memset(s, 0, sizeof s);
+    int64_t now = 100000 * MS, lease = 100 * MS;
+    /* A takes a slot: it is leased at once, so B, starting before A's first launch, does not
+     * take A's slot for a stale one (the race that made two slices share one slot). */
+    assert(vc_node_claim(s, 3, 0xA, now, lease) == 0);
+    assert(s[0].slice_id == 0xA && s[0].want_until_ns == now + lease);
+    assert(vc_node_claim(s, 3, 0xB, now + 1, lease) == 1);
+    assert(vc_node_claim(s, 3, 0xA, now + 2, lease) == 0); /* another process of A finds it */
+    /* A's CAS of the lease done but not yet of the id: B takes the slot (a free one), A moves on */
+    memset(s, 0, sizeof s);
+    s[0].want_until_ns = now + lease;
+    assert(vc_node_claim(s, 3, 0xB, now, lease) == 0);
+    assert(vc_node_claim(s, 3, 0xA, now, lease) == 1);
+    /* every slot held by a live slice: none */
+    s[2] = (struct vgpu_node_slot){.slice_id = 0xC, .want_until_ns = now};
+    assert(vc_node_claim(s, 3, 0xD, now, lease) == -1);
+    /* a slot whose owner has not wanted time for VGPU_NODE_SLOT_STALE_NS is taken over ... */
+    int64_t later = now + VGPU_NODE_SLOT_STALE_NS + lease + 1;
+    s[0].want_until_ns = s[1].want_until_ns = later; /* A and B are alive */
+    assert(vc_node_claim(s, 3, 0xD, later, lease) == 2 && s[2].slice_id == 0xD);
+    /* ... and the old owner, back, finds out at its next check and claims another one */
+    s[1].slice_id = 0; /* B left */
+    assert(vc_node_recheck(s, 3, 2, 0xC, later, lease) == 1 && s[1].slice_id == 0xC);
+    /* two processes of one slice claimed two slots at once: the higher one is given back */
+    memset(s, 0, sizeof s);
+    s[0] = (struct vgpu_node_slot){.slice_id = 0xE, .want_until_ns = now + lease};
+    s[2] = (struct vgpu_node_slot){.slice_id = 0xE, .want_until_ns = now + lease};
+    assert(vc_node_recheck(s, 3, 2, 0xE, now, lease) == 0 && s[2].slice_id == 0);
+    assert(vc_node_recheck(s, 3, 0, 0xE, now, lease) == 0 && s[0].slice_id == 0xE);
+    assert(vc_node_claim(s, 3, 0, now, lease) == -1); /* id 0 means "free": never claimed */
+    printf("node slots: ok\n");
 }
 
 static void test_bucket(void)
@@ -253,6 +294,7 @@ int main(void)
 {
     test_bucket();
     test_elastic();
+    test_node_slots();
 
     struct launcher ls[MAXL];
     struct slice ss[4];
