@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from sharing._region_cffi import ffi
 
 from tests.shim_compute.conftest import Workload
