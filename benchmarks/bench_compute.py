@@ -168,6 +168,25 @@ class Bench:
             flush=True,
         )
 
+    def record_limit(self, group: str, name: str, value: float, limit: float, unit: str) -> None:
+        """A measured value that must not exceed `limit` (a MAE, a reaction time); NaN is a MISS."""
+        ok = value <= limit  # False for NaN (never measured)
+        row = {
+            "group": group,
+            "name": name,
+            "cap": limit,
+            "share": round(value, 3),
+            "nvml": None,
+            "err": round(value - limit, 3),
+            "bound": f"<= {limit:g} {unit}",
+            "ok": ok,
+        }
+        self.rows.append(row)
+        print(
+            f"  {name:<44} {value:7.2f} {unit}  (bound {row['bound']}) {'ok' if ok else 'MISS'}",
+            flush=True,
+        )
+
     # ---------------------------------------------------------------- scenarios
     def caps(self) -> dict[str, float]:
         print("one process, sim_1000us:", flush=True)
@@ -182,7 +201,7 @@ class Bench:
             self.record("caps", f"cap {cap}%", cap, float(r["share"]), 2.0, nvml=seen)  # type: ignore[arg-type]
             errs.append(abs(float(r["share"]) - cap))  # type: ignore[arg-type]
         mae = statistics.mean(errs)
-        print(f"  MAE {mae:.2f} points (target <= 1.5)", flush=True)
+        self.record_limit("caps", "mean absolute error, caps 10..90", mae, 1.5, "points")
         return {"mae": round(mae, 3)}
 
     def kernels(self) -> None:
@@ -278,9 +297,12 @@ class Bench:
         alone_share = statistics.mean(s for t, s in tl if 500 <= t < t_b - 50)
 
         # "Back to its cap": from the first 10 ms bucket at or after b's first launch, the first
-        # bucket from which every 50 ms rolling window of a's launches over the next second is
+        # bucket from which every 100 ms rolling window of a's launches over the next second is
         # within cap + 5 points (launch-time timeline; the shim keeps <= 8 ms queued ahead, so
         # the device follows within that). Reported as the end of that bucket after b's start.
+        # 100 ms, not 50: one late wake-up of a's thread (a busy 2-core machine) moves a
+        # bucket's launches into the next bucket (0% then 60%), which alone lifts a 50 ms window
+        # to 36% although a holds 30% over any 20 ms; seen in about 1 run in 15.
         def window(t0: float, ms: float) -> float:
             v = [s for t, s in tl if t0 <= t < t0 + ms]
             return statistics.mean(v) if v else float("nan")
@@ -288,7 +310,7 @@ class Bench:
         back_ms = float("nan")
         starts = [t for t, _ in tl if t_b - 10 < t < t_b + 2000]
         for t in starts:
-            if all(window(u, 50) <= 35 for u in range(int(t), int(t) + 1000, 10)):
+            if all(window(u, 100) <= 35 for u in range(int(t), int(t) + 1000, 10)):
                 back_ms = max(t + 10 - t_b, 0.0)
                 break
         shared = [s for t, s in tl if t_b + 500 <= t < t_b + 1000 * (1 + b_secs) - 200]
@@ -304,6 +326,7 @@ class Bench:
         )
         self.record("elastic", "elastic slice while shared (30%)", 30, shared_share, 3.0)
         self.record("elastic", "hard neighbour (70%)", 70, float(rb["share"]), 3.0)  # type: ignore[arg-type]
+        self.record_limit("elastic", "elastic slice back to its cap after", back_ms, 100, "ms")
         return {"alone_share": round(alone_share, 2), "back_to_cap_ms": round(back_ms, 1)}
 
     def overhead(self) -> dict[str, float]:
