@@ -762,39 +762,43 @@ static void publish_want(struct cdev *cd, int64_t until)
     __atomic_store_n(&cd->published_want, until, __ATOMIC_RELAXED);
 }
 
-/* Once per NODE_CHECK_NS (one thread of the process wins the CAS): keep hold of the node slot
- * (it may have been merged with a twin or, after a long idle spell, taken over) and, for an
- * elastic slice, recompute the cap from the neighbours' demand. Returns the cap to apply now on
- * this device (permille, VC_PERMILLE_FULL = none). */
+/* Keep hold of the node slot (it may have been merged with a twin or, after a long idle spell,
+ * taken over) and, for an elastic slice, recompute the cap from the neighbours' demand. */
+static void node_check(struct cdev *cd, int dev, int64_t now)
+{
+    int cur = __atomic_load_n(&cd->node_slot, __ATOMIC_RELAXED);
+    int slot = vc_node_recheck(cd->node->slots, VGPU_NODE_SLOTS, cur, cd->slice_id, now, WANT_HOLD_NS);
+    if (slot != cur) {
+        if (slot >= 0)
+            node_publish_settings(cd, dev, slot);
+        __atomic_store_n(&cd->node_slot, slot, __ATOMIC_RELAXED);
+    }
+    if (g_policy != VGPU_COMPUTE_POLICY_ELASTIC || slot < 0)
+        return;
+    uint32_t e = vc_elastic_permille(cd->node->slots, VGPU_NODE_SLOTS, slot, now);
+    if (e < g_cap[dev])
+        e = g_cap[dev];
+    uint32_t old = __atomic_exchange_n(&cd->eff, e, __ATOMIC_RELAXED);
+    if (e != old) {
+        /* Going back to (or towards) the cap: start from now, with neither the debt nor the
+         * credit of the uncapped period, and without the burst allowance (tat = now + burst):
+         * the newcomer gets its share from the first millisecond. */
+        if (e < old)
+            vc_reset(&cd->st->tat_ns, now + BURST_NS);
+        __atomic_store_n(&cd->st->effective_permille, e, __ATOMIC_RELAXED);
+    }
+}
+
+/* The cap to apply now on this device (permille, VC_PERMILLE_FULL = none). Runs node_check once
+ * per NODE_CHECK_NS (the thread of the process that wins the CAS). */
 static uint32_t effective_cap(struct cdev *cd, int dev, int64_t now)
 {
     if (!cd->node)
         return g_cap[dev];
     int64_t due = __atomic_load_n(&cd->next_node_check, __ATOMIC_RELAXED);
     if (now >= due && __atomic_compare_exchange_n(&cd->next_node_check, &due, now + NODE_CHECK_NS, 0,
-                                                  __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
-        int cur = __atomic_load_n(&cd->node_slot, __ATOMIC_RELAXED);
-        int slot = vc_node_recheck(cd->node->slots, VGPU_NODE_SLOTS, cur, cd->slice_id, now, WANT_HOLD_NS);
-        if (slot != cur) {
-            if (slot >= 0)
-                node_publish_settings(cd, dev, slot);
-            __atomic_store_n(&cd->node_slot, slot, __ATOMIC_RELAXED);
-        }
-        if (g_policy == VGPU_COMPUTE_POLICY_ELASTIC && slot >= 0) {
-            uint32_t e = vc_elastic_permille(cd->node->slots, VGPU_NODE_SLOTS, slot, now);
-            if (e < g_cap[dev])
-                e = g_cap[dev];
-            uint32_t old = __atomic_exchange_n(&cd->eff, e, __ATOMIC_RELAXED);
-            if (e != old) {
-                /* Going back to (or towards) the cap: start from now, with neither the debt nor the
-                 * credit of the uncapped period, and without the burst allowance (tat = now + burst):
-                 * the newcomer gets its share from the first millisecond. */
-                if (e < old)
-                    vc_reset(&cd->st->tat_ns, now + BURST_NS);
-                __atomic_store_n(&cd->st->effective_permille, e, __ATOMIC_RELAXED);
-            }
-        }
-    }
+                                                  __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        node_check(cd, dev, now);
     if (g_policy != VGPU_COMPUTE_POLICY_ELASTIC || __atomic_load_n(&cd->node_slot, __ATOMIC_RELAXED) < 0)
         return g_cap[dev];
     return __atomic_load_n(&cd->eff, __ATOMIC_RELAXED);
