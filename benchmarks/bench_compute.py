@@ -45,6 +45,14 @@ MD_BEGIN = "<!-- bench_compute:begin -->"
 MD_END = "<!-- bench_compute:end -->"
 
 
+class WorkloadResult(dict[str, float]):
+    """A workload's key=value numbers (share, start_ns, ...); its launch timeline apart."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.timeline: list[tuple[int, float]] = []  # (ms since start, share %) per bucket
+
+
 class Bench:
     def __init__(self, tmp: Path, seconds: float, warmup: float) -> None:
         self.tmp = tmp
@@ -115,15 +123,15 @@ class Bench:
         return [float(got[str(p.pid)][str(device)]) for p in procs]
 
     @staticmethod
-    def result(p: subprocess.Popen[str]) -> dict[str, object]:
+    def result(p: subprocess.Popen[str]) -> WorkloadResult:
         out, err = p.communicate(timeout=600)
         if p.returncode != 0:
             raise RuntimeError(f"workload failed ({p.returncode}): {out}\n{err}")
-        kv: dict[str, object] = {"timeline": []}
+        kv = WorkloadResult()
         for line in out.splitlines():
             if line.startswith("tl "):
                 _, t, s = line.split()
-                kv["timeline"].append((int(t), float(s)))  # type: ignore[union-attr]
+                kv.timeline.append((int(t), float(s)))
                 continue
             for tok in line.split():
                 if "=" in tok:
@@ -198,8 +206,8 @@ class Bench:
             w = self.witness(env, [p], [0])
             r = self.result(p)
             [seen] = self.witnessed(w, [p])
-            self.record("caps", f"cap {cap}%", cap, float(r["share"]), 2.0, nvml=seen)  # type: ignore[arg-type]
-            errs.append(abs(float(r["share"]) - cap))  # type: ignore[arg-type]
+            self.record("caps", f"cap {cap}%", cap, float(r["share"]), 2.0, nvml=seen)
+            errs.append(abs(float(r["share"]) - cap))
         mae = statistics.mean(errs)
         self.record_limit("caps", "mean absolute error, caps 10..90", mae, 1.5, "points")
         return {"mae": round(mae, 3)}
@@ -223,7 +231,7 @@ class Bench:
             w = self.witness(env, [p], [0])
             r = self.result(p)
             [seen] = self.witnessed(w, [p])
-            self.record("kernels", name, 30, float(r["share"]), 2.0, nvml=seen)  # type: ignore[arg-type]
+            self.record("kernels", name, 30, float(r["share"]), 2.0, nvml=seen)
 
     def slices(self) -> None:
         print("two slices on one device:", flush=True)
@@ -234,8 +242,8 @@ class Bench:
         w = self.witness(env_a, [pa, pb], [0])
         ra, rb = self.result(pa), self.result(pb)
         na, nb = self.witnessed(w, [pa, pb])
-        self.record("slices", "slice a (30%)", 30, float(ra["share"]), 3.0, nvml=na)  # type: ignore[arg-type]
-        self.record("slices", "slice b (60%)", 60, float(rb["share"]), 3.0, nvml=nb)  # type: ignore[arg-type]
+        self.record("slices", "slice a (30%)", 30, float(ra["share"]), 3.0, nvml=na)
+        self.record("slices", "slice b (60%)", 60, float(rb["share"]), 3.0, nvml=nb)
 
     def procs(self) -> None:
         print("four processes in one 40% slice:", flush=True)
@@ -245,7 +253,7 @@ class Bench:
         w = self.witness(env, ps, [0])
         rs = [self.result(p) for p in ps]
         seen = self.witnessed(w, ps)
-        shares = [float(r["share"]) for r in rs]  # type: ignore[arg-type]
+        shares = [float(r["share"]) for r in rs]
         print("  per process: " + ", ".join(f"{s:.2f}" for s in shares), flush=True)
         self.record("procs", "sum of 4 processes", 40, sum(shares), 2.0, nvml=sum(seen))
 
@@ -262,8 +270,8 @@ class Bench:
         out, _ = w.communicate(timeout=600)
         got = json.loads(out)
         n0, n1 = float(got[str(p0.pid)]["0"]), float(got[str(p1.pid)]["1"])
-        self.record("devices", "device 0 (20%)", 20, float(r0["share"]), 2.0, nvml=n0)  # type: ignore[arg-type]
-        self.record("devices", "device 1 (70%)", 70, float(r1["share"]), 2.0, nvml=n1)  # type: ignore[arg-type]
+        self.record("devices", "device 0 (20%)", 20, float(r0["share"]), 2.0, nvml=n0)
+        self.record("devices", "device 1 (70%)", 70, float(r1["share"]), 2.0, nvml=n1)
 
     def elastic(self) -> dict[str, float]:
         print(
@@ -292,7 +300,7 @@ class Bench:
             str(b_secs),
         )
         ra, rb = self.result(pa), self.result(pb)
-        tl: list[tuple[int, float]] = ra["timeline"]  # type: ignore[assignment]
+        tl = ra.timeline
         t_b = (float(rb["start_ns"]) - float(ra["start_ns"])) / 1e6  # ms, on a's clock
         alone_share = statistics.mean(s for t, s in tl if 500 <= t < t_b - 50)
 
@@ -325,7 +333,7 @@ class Bench:
             "elastic", "elastic slice alone (target > 90%)", 90, alone_share, 0, at_least=True
         )
         self.record("elastic", "elastic slice while shared (30%)", 30, shared_share, 3.0)
-        self.record("elastic", "hard neighbour (70%)", 70, float(rb["share"]), 3.0)  # type: ignore[arg-type]
+        self.record("elastic", "hard neighbour (70%)", 70, float(rb["share"]), 3.0)
         self.record_limit("elastic", "elastic slice back to its cap after", back_ms, 100, "ms")
         return {"alone_share": round(alone_share, 2), "back_to_cap_ms": round(back_ms, 1)}
 

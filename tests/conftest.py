@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -19,7 +19,7 @@ def cbin_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def build_c(cbin_dir: Path):  # type: ignore[no-untyped-def]
+def build_c(cbin_dir: Path) -> Callable[..., Path]:
     """build_c("prog.c") -> path of the compiled test program (tests/c/prog.c)."""
 
     def _build(source: str | Path, extra: list[str] | None = None) -> Path:

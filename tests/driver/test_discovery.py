@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -96,7 +97,7 @@ class Recorder:
             self.seen.append(inv)
             self.cond.notify_all()
 
-    def wait_for(self, pred, timeout: float = 10.0) -> Inventory:  # type: ignore[no-untyped-def]
+    def wait_for(self, pred: Callable[[Inventory], bool], timeout: float = 10.0) -> Inventory:
         with self.cond:
             ok = self.cond.wait_for(lambda: self.seen and pred(self.seen[-1]), timeout)
             assert ok, f"timed out; last inventory: {self.seen[-1] if self.seen else None}"
@@ -107,8 +108,11 @@ def health(inv: Inventory) -> dict[int, bool]:
     return {g.index: g.healthy for g in inv.gpus}
 
 
+LoopFactory = Callable[..., tuple[Rediscovery, Recorder]]
+
+
 @pytest.fixture
-def loop_factory(tmp_path: Path):  # type: ignore[no-untyped-def]
+def loop_factory(tmp_path: Path) -> Iterator[LoopFactory]:
     started: list[tuple[Rediscovery, threading.Thread]] = []
 
     def make(nvml: FakeNvml, interval: float = 0.3) -> tuple[Rediscovery, Recorder]:
@@ -126,7 +130,7 @@ def loop_factory(tmp_path: Path):  # type: ignore[no-untyped-def]
         assert not t.is_alive()
 
 
-def test_critical_xid_marks_unhealthy_at_once_and_recovers(loop_factory) -> None:  # type: ignore[no-untyped-def]
+def test_critical_xid_marks_unhealthy_at_once_and_recovers(loop_factory: LoopFactory) -> None:
     nvml = FakeNvml([gpu(0), gpu(1)])
     _, rec = loop_factory(nvml, interval=0.3)
     rec.wait_for(lambda inv: health(inv) == {0: True, 1: True})
@@ -137,7 +141,7 @@ def test_critical_xid_marks_unhealthy_at_once_and_recovers(loop_factory) -> None
     rec.wait_for(lambda inv: health(inv) == {0: True, 1: True}, timeout=5)
 
 
-def test_persistently_failing_gpu_stays_unhealthy(loop_factory) -> None:  # type: ignore[no-untyped-def]
+def test_persistently_failing_gpu_stays_unhealthy(loop_factory: LoopFactory) -> None:
     nvml = FakeNvml([gpu(0), gpu(1)])
     nvml.failing["GPU-0"] = 48  # double-bit ECC error, redelivered to every new event set
     _, rec = loop_factory(nvml, interval=0.1)
@@ -150,7 +154,7 @@ def test_persistently_failing_gpu_stays_unhealthy(loop_factory) -> None:  # type
     rec.wait_for(lambda inv: health(inv) == {0: True, 1: True})
 
 
-def test_application_xids_do_not_change_health(loop_factory) -> None:  # type: ignore[no-untyped-def]
+def test_application_xids_do_not_change_health(loop_factory: LoopFactory) -> None:
     nvml = FakeNvml([gpu(0)])
     _, rec = loop_factory(nvml, interval=5)
     rec.wait_for(lambda inv: health(inv) == {0: True})
@@ -160,7 +164,7 @@ def test_application_xids_do_not_change_health(loop_factory) -> None:  # type: i
     assert [health(i) for i in rec.seen] == [{0: True}]
 
 
-def test_presence_change_is_reported(loop_factory) -> None:  # type: ignore[no-untyped-def]
+def test_presence_change_is_reported(loop_factory: LoopFactory) -> None:
     nvml = FakeNvml([gpu(0), gpu(1)], events=False)
     _, rec = loop_factory(nvml, interval=0.1)
     rec.wait_for(lambda inv: len(inv.gpus) == 2)
@@ -175,7 +179,9 @@ def test_presence_change_is_reported(loop_factory) -> None:  # type: ignore[no-u
     assert len(rec.seen) == n
 
 
-def test_nvml_failure_marks_known_gpus_unhealthy(loop_factory, caplog) -> None:  # type: ignore[no-untyped-def]
+def test_nvml_failure_marks_known_gpus_unhealthy(
+    loop_factory: LoopFactory, caplog: pytest.LogCaptureFixture
+) -> None:
     nvml = FakeNvml([gpu(0)], events=False)
     _, rec = loop_factory(nvml, interval=0.1)
     rec.wait_for(lambda inv: health(inv) == {0: True})
@@ -186,7 +192,9 @@ def test_nvml_failure_marks_known_gpus_unhealthy(loop_factory, caplog) -> None: 
     rec.wait_for(lambda inv: health(inv) == {0: True})
 
 
-def test_events_unavailable_logged_once(loop_factory, caplog) -> None:  # type: ignore[no-untyped-def]
+def test_events_unavailable_logged_once(
+    loop_factory: LoopFactory, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.WARNING, logger="driver.discovery")
     nvml = FakeNvml([gpu(0)], events=False)
     _, rec = loop_factory(nvml, interval=0.05)
@@ -197,7 +205,9 @@ def test_events_unavailable_logged_once(loop_factory, caplog) -> None:  # type: 
     assert len(msgs) == 1
 
 
-def test_a_failing_round_does_not_end_monitoring(tmp_path: Path, caplog) -> None:  # type: ignore[no-untyped-def]
+def test_a_failing_round_does_not_end_monitoring(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     nvml = FakeNvml([gpu(0)])
     calls: list[Inventory] = []
     opened: list[FakeEvents] = []

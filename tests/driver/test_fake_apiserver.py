@@ -12,7 +12,7 @@ from typing import Any
 import kubernetes
 import pytest
 from kubernetes.client import CoreV1Api, ResourceV1Api
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 
 from tests.fakes.apiserver import FakeApiServer, parse_quantity, validate_resource_slice
 
@@ -84,7 +84,10 @@ def test_label_selector(server: FakeApiServer) -> None:
     body["metadata"]["labels"] = {"app": "x", "tier": "gpu"}
     api.create_resource_slice(body)
     api.create_resource_slice(slice_body("b"))
-    names = lambda sel: [s.metadata.name for s in api.list_resource_slice(label_selector=sel).items]  # noqa: E731
+
+    def names(sel: str) -> list[str | None]:
+        return [s.metadata.name for s in api.list_resource_slice(label_selector=sel).items]
+
     assert names("app=x") == ["a"]
     assert names("app in (y, x),tier") == ["a"]
     assert names("!app") == ["b"]
@@ -249,13 +252,13 @@ def test_watch_streams_events(server: FakeApiServer) -> None:
     done = threading.Event()
 
     def run() -> None:
-        w = kubernetes.watch.Watch()
-        for ev in w.stream(
+        w = kubernetes.watch.Watch()  # type: ignore[no-untyped-call]
+        for ev in w.stream(  # type: ignore[no-untyped-call]
             api.list_resource_slice, field_selector="spec.nodeName=node-a", timeout_seconds=10
         ):
             events.append((ev["type"], ev["object"].metadata.name))
             if len(events) == 3:
-                w.stop()
+                w.stop()  # type: ignore[no-untyped-call]
         done.set()
 
     t = threading.Thread(target=run, daemon=True)
@@ -280,7 +283,7 @@ def test_down_and_up_keep_store_and_port(server: FakeApiServer, tmp_path: Path) 
     assert api.read_resource_slice("a").metadata.name == "a"
     # A subprocess-style client configured from the kubeconfig reaches the same server.
     cfg = kubernetes.client.Configuration()
-    kubernetes.config.load_kube_config(
+    kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
         str(server.kubeconfig_path(tmp_path)), client_configuration=cfg
     )
     other = ResourceV1Api(kubernetes.client.ApiClient(cfg))

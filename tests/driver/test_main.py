@@ -174,7 +174,7 @@ def test_publishes_serves_and_follows_health(server: FakeApiServer, short_tmp: P
         assert p.driver is not None
         wait_until(
             lambda: (
-                {d.device: d.healthy for d in p.driver.health.snapshot().devices}  # type: ignore[union-attr]
+                {d.device: d.healthy for d in p.driver.health.snapshot().devices}
                 == {"gpu-0": True, "gpu-1": False}
             ),
             what="health stream",
@@ -184,7 +184,7 @@ def test_publishes_serves_and_follows_health(server: FakeApiServer, short_tmp: P
         nvml.gpus = [gpu(0)]
         wait_devices(server, ["gpu-0"])
         wait_until(
-            lambda: [d.device for d in p.driver.health.snapshot().devices] == ["gpu-0"],  # type: ignore[union-attr]
+            lambda: [d.device for d in p.driver.health.snapshot().devices] == ["gpu-0"],
             what="gpu-1 gone from the health stream",
         )
         # GPUs that appear later (gpu-1 back, gpu-2 new) are offered, and the Driver knows them

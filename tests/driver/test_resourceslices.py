@@ -350,7 +350,12 @@ def test_publish_loop_stop_is_prompt_during_backoff(server: FakeApiServer) -> No
     loop.submit(inventory([gpu(0)]))
     threading.Event().wait(0.3)
     done = threading.Event()
-    threading.Thread(target=lambda: (loop.stop(), done.set()), daemon=True).start()
+
+    def stop() -> None:
+        loop.stop()
+        done.set()
+
+    threading.Thread(target=stop, daemon=True).start()
     assert done.wait(5), "stop() waited out the 30 s backoff"
 
 

@@ -705,7 +705,7 @@ class FakeApiServer:
     def put(self, obj: Any) -> dict[str, Any]:
         """Create or replace an object as given (status included), validated like a write."""
         if not isinstance(obj, dict):
-            obj = kubernetes.client.ApiClient().sanitize_for_serialization(obj)
+            obj = kubernetes.client.ApiClient().sanitize_for_serialization(obj)  # type: ignore[no-untyped-call]
         rt = self.resource_type(obj["kind"])
         meta = obj.get("metadata") or {}
         ns = meta.get("namespace", "default") if rt.namespaced else ""

@@ -76,7 +76,8 @@ def probe(env: dict[str, str], mode: str) -> dict[str, int]:
         env=env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)
+    got: dict[str, int] = json.loads(r.stdout)
+    return got
 
 
 # (mode, CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES, NVML total of A, of B; app device 0)

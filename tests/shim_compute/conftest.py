@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,5 +99,5 @@ class Workload:
 
 
 @pytest.fixture
-def workload(build_c, sim_env, tmp_path: Path) -> Workload:  # type: ignore[no-untyped-def]
+def workload(build_c: Callable[..., Path], sim_env: dict[str, str], tmp_path: Path) -> Workload:
     return Workload(build_c("compute_workload.c"), sim_env, tmp_path)

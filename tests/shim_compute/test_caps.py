@@ -7,6 +7,7 @@ model over a window bracketed by cuCtxSynchronize (tests/c/compute_workload.c).
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -134,7 +135,8 @@ BAD = [
 
 @pytest.mark.parametrize(("var", "value"), BAD)
 def test_bad_values_fail_closed(workload: Workload, var: str, value: str) -> None:
-    env = workload.env(**{var: value})
+    env = workload.env()
+    env[var] = value
     if var != "CUDA_DEVICE_SM_LIMIT":
         env.setdefault("CUDA_DEVICE_SM_LIMIT", "30")
     r = workload.run(env, *SHORT)
@@ -169,7 +171,7 @@ def test_two_slices_each_hold_their_cap(workload: Workload) -> None:
     assert 50 < rb.share < 68, rb.stdout
 
 
-def test_each_device_has_its_own_cap(workload: Workload, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_each_device_has_its_own_cap(workload: Workload, tmp_path: Path) -> None:
     cfg = tmp_path / "two-gpus.json"
     cfg.write_text('{"devices": [{}, {}]}')
     env = workload.env(

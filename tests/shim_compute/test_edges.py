@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 from sharing._region_cffi import ffi
@@ -10,7 +11,7 @@ from sharing._region_cffi import ffi
 from tests.shim_compute.conftest import Workload
 
 
-def test_edges_under_a_cap(build_c, workload: Workload) -> None:  # type: ignore[no-untyped-def]
+def test_edges_under_a_cap(build_c: Callable[..., Path], workload: Workload) -> None:
     exe = build_c("compute_edge.c")
     env = workload.env(CUDA_DEVICE_SM_LIMIT="10")
     r = subprocess.run([str(exe)], env=env, capture_output=True, text=True, timeout=60)

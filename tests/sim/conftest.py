@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 
 @pytest.fixture
-def sim_tool(build_c) -> Path:  # type: ignore[no-untyped-def]
+def sim_tool(build_c: Callable[..., Path]) -> Path:
     """tests/c/sim_tool.c compiled against the simulated libcuda."""
     return build_c("sim_tool.c")

@@ -43,8 +43,8 @@ BAD = [
     ("content", "field", "allowed"), BAD, ids=[b[1] + "-" + str(i) for i, b in enumerate(BAD)]
 )
 def test_bad_config_is_one_clear_line(
-    sim_tool, sim_env, tmp_path: Path, content: str, field: str, allowed: str
-) -> None:  # type: ignore[no-untyped-def]
+    sim_tool: Path, sim_env: dict[str, str], tmp_path: Path, content: str, field: str, allowed: str
+) -> None:
     path = write_config(tmp_path, content)
     env = {**sim_env, "SIMGPU_CONFIG": str(path)}
     r = subprocess.run([str(sim_tool), "init"], env=env, capture_output=True, text=True, timeout=30)
@@ -69,14 +69,16 @@ def test_bad_config_is_one_clear_line(
     assert probe.stderr.strip().splitlines() == [line]
 
 
-def test_missing_file(sim_tool, sim_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_missing_file(sim_tool: Path, sim_env: dict[str, str], tmp_path: Path) -> None:
     env = {**sim_env, "SIMGPU_CONFIG": str(tmp_path / "nope.json")}
     r = subprocess.run([str(sim_tool), "init"], env=env, capture_output=True, text=True, timeout=30)
     assert r.stdout.strip() != "0"
     assert "nope.json" in r.stderr and "No such file" in r.stderr and "allowed:" in r.stderr
 
 
-def test_devices_quantities_and_defaults(sim_tool, sim_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_devices_quantities_and_defaults(
+    sim_tool: Path, sim_env: dict[str, str], tmp_path: Path
+) -> None:
     path = write_config(
         tmp_path,
         {
@@ -141,7 +143,7 @@ print(json.dumps(out))
     assert f"total={40 << 30}" in r.stdout
 
 
-def test_config_reread_at_every_init(sim_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_config_reread_at_every_init(sim_env: dict[str, str], tmp_path: Path) -> None:
     path = write_config(tmp_path, {"devices": [{}]})
     env = {**sim_env, "SIMGPU_CONFIG": str(path)}
     got = run_python(
@@ -168,8 +170,8 @@ print(json.dumps([a, b]))
     ],
 )
 def test_cuda_visible_devices(
-    sim_tool, sim_env, tmp_path: Path, visible: str, ordinal0_total: int
-) -> None:  # type: ignore[no-untyped-def]
+    sim_tool: Path, sim_env: dict[str, str], tmp_path: Path, visible: str, ordinal0_total: int
+) -> None:
     """CUDA ordinals number the visible devices (real driver rules: indices or UUID prefixes, the
     list ends at the first invalid or repeated entry)."""
     cfg = write_config(
@@ -183,8 +185,8 @@ def test_cuda_visible_devices(
 
 
 def test_visible_device_memory_is_charged_to_the_physical_device(
-    sim_tool, sim_env, tmp_path: Path
-) -> None:  # type: ignore[no-untyped-def]
+    sim_tool: Path, sim_env: dict[str, str], tmp_path: Path
+) -> None:
     from tests.sim.simhelp import Client
 
     cfg = write_config(tmp_path, {"devices": [{"memory": "1Gi"}, {"memory": "2Gi"}]})

@@ -35,7 +35,9 @@ def _syscalls(
     return counts, r.stdout
 
 
-def test_hot_paths_make_no_per_slot_syscalls(sim_tool, sim_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_hot_paths_make_no_per_slot_syscalls(
+    sim_tool: Path, sim_env: dict[str, str], tmp_path: Path
+) -> None:
     others = [Client(sim_tool, sim_env, "hold", str(1 << 20)) for _ in range(4)]  # live slots
     try:
         base, _ = _syscalls(sim_tool, sim_env, tmp_path, "launches", "10")

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Callable
+from pathlib import Path
 
 
-def test_api_surface(build_c, sim_env) -> None:  # type: ignore[no-untyped-def]
+def test_api_surface(build_c: Callable[..., Path], sim_env: dict[str, str]) -> None:
     """Devices, contexts, memory accounting, copies, pools, VMM, arrays, modules, launches,
     streams, events, graphs, every cuGetProcAddress row, errors (tests/c/sim_api.c)."""
     exe = build_c("sim_api.c", ["-ldl"])
@@ -15,13 +17,13 @@ def test_api_surface(build_c, sim_env) -> None:  # type: ignore[no-untyped-def]
     assert "procaddr rows checked" in r.stdout
 
 
-def test_smoke_timeline(build_c, sim_env) -> None:  # type: ignore[no-untyped-def]
+def test_smoke_timeline(build_c: Callable[..., Path], sim_env: dict[str, str]) -> None:
     exe = build_c("sim_smoke.c")
     r = subprocess.run([str(exe)], env=sim_env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-def test_whole_80gib_device_on_a_small_machine(sim_tool, sim_env) -> None:  # type: ignore[no-untyped-def]
+def test_whole_80gib_device_on_a_small_machine(sim_tool: Path, sim_env: dict[str, str]) -> None:
     """The default device has 80 GiB; all of it can be allocated in one piece (committed lazily)."""
     r = subprocess.run([str(sim_tool), "alloc", str(80 << 30)], env=sim_env, timeout=60)
     assert r.returncode == 0

@@ -49,8 +49,8 @@ print(json.dumps({"nvml": nvml, "cuda": cuda}))
         (None, "GPU-5a1d0c0e-1001", ["A"]),  # UUIDs name a device whatever the order
     ],
 )
-def test_cuda_order_follows_cuda_device_order_nvml_stays_pci(  # type: ignore[no-untyped-def]
-    sim_env, tmp_path: Path, order: str | None, visible: str | None, cuda: list[str]
+def test_cuda_order_follows_cuda_device_order_nvml_stays_pci(
+    sim_env: dict[str, str], tmp_path: Path, order: str | None, visible: str | None, cuda: list[str]
 ) -> None:
     env = {**sim_env, "SIMGPU_CONFIG": str(write_config(tmp_path, {"devices": DEVICES}))}
     env.pop("CUDA_DEVICE_ORDER", None)

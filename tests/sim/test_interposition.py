@@ -6,12 +6,15 @@ returns the simulator's own functions."""
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 from tests.support.cbuild import C_PROGRAMS, CFLAGS, INCLUDE
 
 
-def test_internal_calls_bypass_an_interposer(build_c, sim_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_internal_calls_bypass_an_interposer(
+    build_c: Callable[..., Path], sim_env: dict[str, str], tmp_path: Path
+) -> None:
     lib = tmp_path / "libinterpose.so"
     subprocess.run(
         [

@@ -7,6 +7,7 @@ import contextlib
 import os
 import signal
 import subprocess
+from pathlib import Path
 
 from tests.sim.simhelp import Client, run_python, tool_info
 
@@ -21,7 +22,7 @@ print(json.dumps({"used": m.used, "free": m.free, "total": m.total, "procs": pro
 """
 
 
-def test_memory_is_one_pool_across_processes(sim_tool, sim_env) -> None:  # type: ignore[no-untyped-def]
+def test_memory_is_one_pool_across_processes(sim_tool: Path, sim_env: dict[str, str]) -> None:
     free0, total = tool_info(sim_tool, sim_env)
     assert free0 == total == 80 << 30
     a = Client(sim_tool, sim_env, "hold", str(50 * GB))
@@ -54,7 +55,7 @@ def test_memory_is_one_pool_across_processes(sim_tool, sim_env) -> None:  # type
     assert tool_info(sim_tool, sim_env)[0] == free0
 
 
-def test_sigkilled_process_memory_comes_back(sim_tool, sim_env) -> None:  # type: ignore[no-untyped-def]
+def test_sigkilled_process_memory_comes_back(sim_tool: Path, sim_env: dict[str, str]) -> None:
     free0, _ = tool_info(sim_tool, sim_env)
     victims = [Client(sim_tool, sim_env, "hold", str(30 * GB)) for _ in range(2)]
     assert tool_info(sim_tool, sim_env)[0] == free0 - 60 * GB
@@ -70,7 +71,7 @@ def test_sigkilled_process_memory_comes_back(sim_tool, sim_env) -> None:  # type
     assert tool_info(sim_tool, sim_env)[0] == free0
 
 
-def test_forked_child_gets_its_own_slot(sim_tool, sim_env) -> None:  # type: ignore[no-untyped-def]
+def test_forked_child_gets_its_own_slot(sim_tool: Path, sim_env: dict[str, str]) -> None:
     parent = Client(sim_tool, sim_env, "fork", str(GB))
     try:
         child_line = next(line for line in parent.lines if line.startswith("child"))
@@ -83,7 +84,9 @@ def test_forked_child_gets_its_own_slot(sim_tool, sim_env) -> None:  # type: ign
     assert tool_info(sim_tool, sim_env)[0] == 80 << 30
 
 
-def test_idle_fork_child_does_not_keep_dead_parents_memory(sim_tool, sim_env) -> None:  # type: ignore[no-untyped-def]
+def test_idle_fork_child_does_not_keep_dead_parents_memory(
+    sim_tool: Path, sim_env: dict[str, str]
+) -> None:
     # The child inherits the parent's mapping of the node state (and with it the open file
     # description the mapping was made from) but never touches CUDA: it must not keep the
     # parent's slot alive once the parent is dead.
@@ -104,7 +107,7 @@ def test_idle_fork_child_does_not_keep_dead_parents_memory(sim_tool, sim_env) ->
             os.kill(child_pid, signal.SIGKILL)
 
 
-def test_context_memory_is_charged(sim_tool, sim_env) -> None:  # type: ignore[no-untyped-def]
+def test_context_memory_is_charged(sim_tool: Path, sim_env: dict[str, str]) -> None:
     """SIMGPU_CONTEXT_MEMORY: a context takes device memory while it exists, as a real one does."""
     env = {**sim_env, "SIMGPU_CONTEXT_MEMORY": "300Mi"}
     free, total = tool_info(sim_tool, env)

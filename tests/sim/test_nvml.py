@@ -64,7 +64,7 @@ print(json.dumps(out))
 """
 
 
-def test_pynvml_reads_every_field(sim_tool, sim_env) -> None:  # type: ignore[no-untyped-def]
+def test_pynvml_reads_every_field(sim_tool: Path, sim_env: dict[str, str]) -> None:
     load = Client(sim_tool, sim_env, "load", "1000", "10", "10", "4")
     holder = Client(sim_tool, sim_env, "hold", str(3 * GB))
     try:
@@ -96,7 +96,7 @@ def test_pynvml_reads_every_field(sim_tool, sim_env) -> None:  # type: ignore[no
     assert got["after_shutdown"] == "Uninitialized"
 
 
-def test_sharing_info_lists_the_simulated_gpu(sim_env) -> None:  # type: ignore[no-untyped-def]
+def test_sharing_info_lists_the_simulated_gpu(sim_env: dict[str, str]) -> None:
     r = subprocess.run(
         [sys.executable, "-m", "sharing.cli", "info", "--sim"],
         env=sim_env,
@@ -142,7 +142,7 @@ print(json.dumps(out))
 """
 
 
-def test_xid_events_of_unhealthy_devices(sim_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_xid_events_of_unhealthy_devices(sim_env: dict[str, str], tmp_path: Path) -> None:
     env = {**sim_env, "SIMGPU_CONFIG": str(write_config(tmp_path, XID_CONFIG))}
     got = run_python(env, WAIT_EVENTS)
     xid = 0x8
@@ -152,7 +152,7 @@ def test_xid_events_of_unhealthy_devices(sim_env, tmp_path: Path) -> None:  # ty
     assert got["late"] == [[1, xid, 48]]
 
 
-def test_health_flip_is_seen_by_a_waiting_monitor(sim_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_health_flip_is_seen_by_a_waiting_monitor(sim_env: dict[str, str], tmp_path: Path) -> None:
     path = write_config(tmp_path, {"devices": [{}]})
     env = {**sim_env, "SIMGPU_CONFIG": str(path)}
     broken = json.dumps({"devices": [{"healthy": False, "xid": 94}]})
@@ -172,7 +172,7 @@ print(json.dumps([d.eventData, time.monotonic() - t0]))
     assert got[0] == 94 and 0.4 < got[1] < 3
 
 
-def test_cuda_and_nvml_in_one_process(sim_env) -> None:  # type: ignore[no-untyped-def]
+def test_cuda_and_nvml_in_one_process(sim_env: dict[str, str]) -> None:
     """A process using both libraries: NVML sees its own CUDA memory and does not reap itself."""
     got = run_python(
         sim_env,
@@ -196,7 +196,7 @@ print(json.dumps({"pid": os.getpid(), "before": before, "after": after}))
     assert got["after"] == 0
 
 
-def test_null_pointers_are_invalid_argument(sim_env) -> None:  # type: ignore[no-untyped-def]
+def test_null_pointers_are_invalid_argument(sim_env: dict[str, str]) -> None:
     """Every NVML entry point given NULL where it writes answers NVML_ERROR_INVALID_ARGUMENT."""
     got = run_python(
         sim_env,

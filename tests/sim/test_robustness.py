@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import signal
 import subprocess
+from collections.abc import Callable
+from pathlib import Path
 
 from tests.sim.simhelp import Client, run_python, tool_info
 
 GB = 10**9
 
 
-def test_death_inside_the_state_lock_is_recovered(build_c, sim_tool, sim_env) -> None:  # type: ignore[no-untyped-def]
+def test_death_inside_the_state_lock_is_recovered(
+    build_c: Callable[..., Path], sim_tool: Path, sim_env: dict[str, str]
+) -> None:
     holder = Client(sim_tool, sim_env, "hold", str(10 * GB))
     try:
         die = build_c("sim_die_locked.c")
@@ -32,7 +36,7 @@ print(json.dumps(nv.nvmlDeviceGetMemoryInfo(nv.nvmlDeviceGetHandleByIndex(0)).us
     assert tool_info(sim_tool, sim_env)[0] == 80 << 30
 
 
-def test_many_processes_killed_while_working(sim_tool, sim_env) -> None:  # type: ignore[no-untyped-def]
+def test_many_processes_killed_while_working(sim_tool: Path, sim_env: dict[str, str]) -> None:
     """Kill launch loops and holders at arbitrary moments; the node stays usable and clean."""
     victims = []
     for i in range(6):
@@ -52,7 +56,7 @@ print(json.dumps(len(nv.nvmlDeviceGetComputeRunningProcesses(nv.nvmlDeviceGetHan
     assert procs == 0
 
 
-def test_random_kills_during_lock_heavy_loops(sim_tool, sim_env) -> None:  # type: ignore[no-untyped-def]
+def test_random_kills_during_lock_heavy_loops(sim_tool: Path, sim_env: dict[str, str]) -> None:
     """Processes in tight allocate/free loops (each call takes the node lock) are SIGKILLed at
     random instants, round after round: nobody wedges and the books balance afterwards."""
     import random

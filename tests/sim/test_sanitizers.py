@@ -58,7 +58,9 @@ def _env(sim_env: dict[str, str], libdir: Path, leaks: bool) -> dict[str, str]:
     return env
 
 
-def test_api_surface_is_sanitizer_clean(sanitized, sim_env) -> None:  # type: ignore[no-untyped-def]
+def test_api_surface_is_sanitizer_clean(
+    sanitized: dict[str, Path], sim_env: dict[str, str]
+) -> None:
     env = _env(sim_env, sanitized["libdir"], leaks=True)
     r = subprocess.run(
         [str(sanitized["sim_api"])], env=env, capture_output=True, text=True, timeout=300
@@ -68,7 +70,7 @@ def test_api_surface_is_sanitizer_clean(sanitized, sim_env) -> None:  # type: ig
     assert "Sanitizer" not in r.stderr and "runtime error" not in r.stderr, r.stderr[-6000:]
 
 
-def test_threads_are_sanitizer_clean(sanitized, sim_env) -> None:  # type: ignore[no-untyped-def]
+def test_threads_are_sanitizer_clean(sanitized: dict[str, Path], sim_env: dict[str, str]) -> None:
     env = _env(sim_env, sanitized["libdir"], leaks=True)
     r = subprocess.run(
         [str(sanitized["sim_threads"])], env=env, capture_output=True, text=True, timeout=300
@@ -76,7 +78,7 @@ def test_threads_are_sanitizer_clean(sanitized, sim_env) -> None:  # type: ignor
     assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout + r.stderr[-6000:]
 
 
-def test_threads_are_threadsanitizer_clean(sim_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_threads_are_threadsanitizer_clean(sim_env: dict[str, str], tmp_path: Path) -> None:
     """ThreadSanitizer over the multi-threaded program. Only the simulator's libraries are built
     (with shim.build's sources and flags): the interposer is not part of this program."""
     out = tmp_path / "sim"
@@ -120,7 +122,9 @@ def test_threads_are_threadsanitizer_clean(sim_env, tmp_path: Path) -> None:  # 
     assert "ThreadSanitizer" not in r.stderr, r.stderr[-6000:]
 
 
-def test_multiprocess_paths_are_sanitizer_clean(sanitized, sim_env) -> None:  # type: ignore[no-untyped-def]
+def test_multiprocess_paths_are_sanitizer_clean(
+    sanitized: dict[str, Path], sim_env: dict[str, str]
+) -> None:
     env = _env(sim_env, sanitized["libdir"], leaks=True)
     tool = sanitized["sim_tool"]
     victim = Client(tool, env, "hold", str(10**9))
@@ -166,7 +170,9 @@ print(json.dumps([nv.nvmlDeviceGetMemoryInfo(h).used, text(nv.nvmlDeviceGetName(
     assert got[0] == 0 and got[1] == "NVIDIA H100 80GB HBM3" and got[3] == 0
 
 
-def test_config_parser_fuzz_is_sanitizer_clean(sanitized, sim_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_config_parser_fuzz_is_sanitizer_clean(
+    sanitized: dict[str, Path], sim_env: dict[str, str], tmp_path: Path
+) -> None:
     """Mutated config files (truncation, byte flips, deep nesting, escapes, huge numbers) never
     crash the parser: cuInit either works or fails with at most one line."""
     import json

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Callable
+from pathlib import Path
 
 from tests.sim.simhelp import tool_info
 
 
-def test_threads_of_several_processes(build_c, sim_tool, sim_env) -> None:  # type: ignore[no-untyped-def]
+def test_threads_of_several_processes(
+    build_c: Callable[..., Path], sim_tool: Path, sim_env: dict[str, str]
+) -> None:
     exe = build_c("sim_threads.c")
     procs = [
         subprocess.Popen(
@@ -22,7 +26,7 @@ def test_threads_of_several_processes(build_c, sim_tool, sim_env) -> None:  # ty
     assert free == total
 
 
-def test_threads_return_all_memory(build_c, sim_env) -> None:  # type: ignore[no-untyped-def]
+def test_threads_return_all_memory(build_c: Callable[..., Path], sim_env: dict[str, str]) -> None:
     exe = build_c("sim_threads.c")
     r = subprocess.run([str(exe)], env=sim_env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -6,6 +6,8 @@ The window is long (several 1 s sample periods averaged) so that scheduling nois
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from tests.sim.simhelp import Client, run_python
 
 SAMPLE = """
@@ -27,7 +29,9 @@ print(json.dumps({"gpu": gpu, "per_proc": [{str(k): v for k, v in d.items()} for
 DEEP_QUEUE = {"SIMGPU_QUEUE_AHEAD_US": "150000"}
 
 
-def _measure(sim_tool, sim_env, busy_ms: int, period_ms: int):  # type: ignore[no-untyped-def]
+def _measure(
+    sim_tool: Path, sim_env: dict[str, str], busy_ms: int, period_ms: int
+) -> tuple[float, list[int], list[int | None]]:
     load = Client(
         sim_tool, {**sim_env, **DEEP_QUEUE}, "load", "1000", str(busy_ms), str(period_ms), "6"
     )
@@ -40,21 +44,21 @@ def _measure(sim_tool, sim_env, busy_ms: int, period_ms: int):  # type: ignore[n
     return mean, got["gpu"], proc
 
 
-def test_back_to_back_launches_are_100_percent(sim_tool, sim_env) -> None:  # type: ignore[no-untyped-def]
+def test_back_to_back_launches_are_100_percent(sim_tool: Path, sim_env: dict[str, str]) -> None:
     mean, samples, proc = _measure(sim_tool, sim_env, 10, 10)
     print("utilization samples (back-to-back sim_1000us):", samples, "per process:", proc)
     assert abs(mean - 100) <= 3, samples
     assert all(p is not None and abs(p - 100) <= 5 for p in proc), proc
 
 
-def test_half_duty_loop_is_50_percent(sim_tool, sim_env) -> None:  # type: ignore[no-untyped-def]
+def test_half_duty_loop_is_50_percent(sim_tool: Path, sim_env: dict[str, str]) -> None:
     mean, samples, proc = _measure(sim_tool, sim_env, 10, 20)
     print("utilization samples (10 ms of sim_1000us every 20 ms):", samples, "per process:", proc)
     assert abs(mean - 50) <= 3, samples
     assert all(p is not None and abs(p - 50) <= 6 for p in proc), proc
 
 
-def test_idle_device_is_0_percent(sim_env) -> None:  # type: ignore[no-untyped-def]
+def test_idle_device_is_0_percent(sim_env: dict[str, str]) -> None:
     got = run_python(
         sim_env,
         """
@@ -66,7 +70,7 @@ print(json.dumps(nv.nvmlDeviceGetUtilizationRates(h).gpu))
     assert got == 0
 
 
-def test_two_processes_share_the_timeline(sim_tool, sim_env) -> None:  # type: ignore[no-untyped-def]
+def test_two_processes_share_the_timeline(sim_tool: Path, sim_env: dict[str, str]) -> None:
     """Two back-to-back loops time-slice one device: 100% together, about half each."""
     a = Client(sim_tool, {**sim_env, **DEEP_QUEUE}, "load", "1000", "10", "10", "6")
     b = Client(sim_tool, {**sim_env, **DEEP_QUEUE}, "load", "1000", "10", "10", "6")
