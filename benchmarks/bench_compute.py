@@ -427,6 +427,9 @@ def to_markdown(
     return "\n".join(lines) + "\n"
 
 
+MIN_SECONDS = 2.0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=10.0)
@@ -437,6 +440,13 @@ def main() -> int:
         "--update-md", action="store_true", help="rewrite the compute section of BENCHMARKS.md"
     )
     a = ap.parse_args()
+    # The NVML witness samples once a second inside the window less its 0.3 s margins.
+    if not a.seconds >= MIN_SECONDS:
+        ap.error(
+            f"--seconds {a.seconds:g}: too short; the NVML witness needs at least {MIN_SECONDS:g}"
+        )
+    if not a.warmup >= 0:
+        ap.error(f"--warmup {a.warmup:g}: must be a number of seconds >= 0")
     with tempfile.TemporaryDirectory(prefix="bench-compute-") as td:
         b = Bench(Path(td), a.seconds, a.warmup)
         extra: dict[str, object] = {}
