@@ -245,10 +245,9 @@ class DeviceState:
         _maybe_crash("prepare-started")
         try:
             self._make_claim_dir(claim_dir)
-            # The accounting file, made now with the limits so that the first process of the
-            # slice does not have to (and a later reader sees the quota before any CUDA call).
-            limits = {i: g.memory_limit for i, g in enumerate(plan.gpu_limits())}
-            region.create(claim_dir / ACCOUNTING_FILE, limits, mode=0o666)
+            # The accounting file, made now so that the first process of the slice does not have
+            # to (it holds usage only: the limits reach the container apart from it).
+            region.create(claim_dir / ACCOUNTING_FILE, mode=0o666)
             _maybe_crash("prepare-dir")
             spec = self.build_spec(plan, claim_dir)
             self.writer.write(spec, ref.uid)

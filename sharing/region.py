@@ -5,19 +5,25 @@ is described there. This module opens a region read-only and takes consistent-en
 (the counters are 64-bit words written under the shim's lock; a snapshot reads them without it),
 tells live processes from dead ones the way the shim does (the slot's byte lock), and can
 create a region atomically (for the DRA driver, or `vgpu run`).
+
+The file holds usage only: any process of the slice can write it, so a slice's limits are never
+kept here (they come from the plugin's read-only limits file, or the environment of `vgpu run`).
+Files are opened the way the shim opens them (shim/src/safefile.c): never through a link at the
+last component, relative to a directory that belongs to the caller or root and, if others may
+write it, has the sticky bit; in such a directory only a file of the caller or root is used.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import mmap
 import os
+import stat
 import struct
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from sharing._region_cffi import ffi, lib
@@ -40,7 +46,6 @@ class RegionError(Exception):
 @dataclass(frozen=True)
 class DeviceUsage:
     index: int  # device index as the application sees it
-    limit: int  # bytes written by the region's creator (0 = none)
     used: int  # bytes charged by live and not-yet-reclaimed processes
     peak: int
     denials: int
@@ -95,15 +100,69 @@ def _validate(path: str, buf: Any, size: int) -> Any:
     return r
 
 
+def _why(e: OSError) -> str:
+    """One line for an open() error, as the shim says it."""
+    if e.errno == errno.ELOOP:
+        return "is a symbolic link (refused: it could point anywhere)"
+    if e.errno == errno.EISDIR:
+        return "is a directory"
+    if e.errno == errno.ENOENT:
+        return "does not exist"
+    return e.strerror or str(e)
+
+
+def open_dir(path: str | os.PathLike[str]) -> tuple[int, str, bool]:
+    """The checked directory of `path` (fd), its last component, and whether others may write it.
+
+    Links in the directory's own path are followed (an admin's choice, like /var/run); the
+    directory must belong to the caller or root, and have the sticky bit if others may write it.
+    """
+    p = os.path.abspath(os.fspath(path))
+    parent, name = os.path.split(p)
+    if not name or name in (".", ".."):
+        raise RegionError(f"{p}: not a file path")
+    try:
+        dfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as e:
+        raise RegionError(f"{p}: its directory {parent} {_why(e)}") from e
+    st = os.fstat(dfd)
+    why = None
+    if st.st_uid not in (os.geteuid(), 0):
+        why = f"its directory {parent} belongs to uid {st.st_uid}, neither this user nor root"
+    elif st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+        why = (
+            f"its directory {parent} is writable by others without the sticky bit "
+            f"(mode {stat.S_IMODE(st.st_mode):04o})"
+        )
+    if why:
+        os.close(dfd)
+        raise RegionError(f"{p}: {why}")
+    return dfd, name, bool(st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
+
+
+def _check_file(p: str, fd: int, shared: bool) -> os.stat_result:
+    st = os.fstat(fd)
+    if stat.S_ISDIR(st.st_mode):
+        raise RegionError(f"{p}: is a directory")
+    if not stat.S_ISREG(st.st_mode):
+        raise RegionError(f"{p}: is not a regular file")
+    if shared and st.st_uid not in (os.geteuid(), 0):
+        raise RegionError(
+            f"{p}: belongs to uid {st.st_uid} in a directory others can write "
+            "(refused: it could be planted)"
+        )
+    return st
+
+
 def read(path: str | os.PathLike[str]) -> RegionSnapshot:
     """Snapshot the region at path. Raises RegionError (one line) if it is missing or not valid."""
     p = os.fspath(path)
     try:
-        fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
-        raise RegionError(f"{p}: cannot open: {e.strerror}") from e
+        raise RegionError(f"{p}: {_why(e)}") from e
     try:
-        size = os.fstat(fd).st_size
+        size = _check_file(p, fd, False).st_size
         if size != FILE_SIZE:
             _validate(p, b"", size)
         with mmap.mmap(fd, FILE_SIZE, mmap.MAP_SHARED, mmap.PROT_READ) as m:
@@ -111,7 +170,6 @@ def read(path: str | os.PathLike[str]) -> RegionSnapshot:
             devices = tuple(
                 DeviceUsage(
                     index=d,
-                    limit=int(r.devices[d].limit),
                     used=int(r.devices[d].used),
                     peak=int(r.devices[d].peak),
                     denials=int(r.devices[d].denials),
@@ -142,14 +200,12 @@ def read(path: str | os.PathLike[str]) -> RegionSnapshot:
         os.close(fd)
 
 
-def _fill(fd: int, limits: Mapping[int, int]) -> None:
+def _fill(fd: int) -> None:
     os.ftruncate(fd, FILE_SIZE)
     with mmap.mmap(fd, FILE_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE) as m:
         r = ffi.cast("struct vgpu_region *", ffi.from_buffer(m))
         if lib.vgpu_region_init_lock(r) != 0:
             raise RegionError("cannot initialise the region's lock")
-        for d, v in limits.items():
-            r.devices[d].limit = v
         r.header.created_unix_ns = time.time_ns()
         r.header.max_devices = MAX_DEVICES
         r.header.max_procs = MAX_PROCS
@@ -159,50 +215,60 @@ def _fill(fd: int, limits: Mapping[int, int]) -> None:
         del r
 
 
-def _check_limits(limits: Mapping[int, int] | None) -> dict[int, int]:
-    out = dict(limits or {})
-    for d, v in out.items():
-        if not 0 <= d < MAX_DEVICES:
-            raise RegionError(f"device index {d} out of range 0..{MAX_DEVICES - 1}")
-        if not 0 <= v < 2**64:
-            raise RegionError(f"limit {v} for device {d} out of range")
-    return out
-
-
-def create(
-    path: str | os.PathLike[str], limits: Mapping[int, int] | None = None, mode: int | None = None
-) -> bool:
+def create(path: str | os.PathLike[str], mode: int | None = None) -> bool:
     """Create the region at path atomically (built in a temp file, then link()ed into place).
 
     Returns True if this call created it, False if it already existed (it is then left as is;
-    validate it with read()). `limits` maps device index -> bytes, recorded as the slice's quota.
-    `mode`: the file's permissions exactly (e.g. 0o666 for processes of several users, as the
-    DRA driver may need); None: 0o666 narrowed by the umask, as the shim creates it.
+    validate it with read()). `mode`: the file's permissions exactly (e.g. 0o666 for processes
+    of several users); None: 0o666 narrowed by the umask, as the shim creates it. Raises
+    RegionError (one line) for a directory that is not safe to create in (see open_dir).
     """
-    p = Path(path)
-    lim = _check_limits(limits)
-    tmp = p.with_name(f"{p.name}.tmp.{os.getpid()}.{time.monotonic_ns()}")
-    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+    p = os.path.abspath(os.fspath(path))
+    dfd, name, shared = open_dir(p)
     try:
-        if mode is not None:
-            os.fchmod(fd, mode)  # exactly as asked, not narrowed by the umask
-        _fill(fd, lim)
         try:
-            os.link(tmp, p)
-        except FileExistsError:
+            fd = os.open(
+                name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd
+            )
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise RegionError(f"{p}: {_why(e)}") from e
+        else:
+            try:
+                _check_file(p, fd, shared)
+            finally:
+                os.close(fd)
             return False
-        return True
+        tmp = f".{name[:200]}.tmp.{os.getpid()}.{time.monotonic_ns()}"
+        fd = os.open(
+            tmp,
+            os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o666,
+            dir_fd=dfd,
+        )
+        try:
+            if mode is not None:
+                os.fchmod(fd, mode)  # our own new file: exactly as asked, not narrowed by the umask
+            _fill(fd)
+            try:
+                os.link(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
+            except FileExistsError:
+                return False
+            return True
+        finally:
+            os.close(fd)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp, dir_fd=dfd)
     finally:
-        os.close(fd)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        os.close(dfd)
 
 
-def create_anonymous(limits: Mapping[int, int] | None = None) -> int:
+def create_anonymous() -> int:
     """A region in an inheritable memfd (no file on disk); returns its descriptor."""
     fd = os.memfd_create("vgpu-region", 0)
     try:
-        _fill(fd, _check_limits(limits))
+        _fill(fd)
     except BaseException:
         os.close(fd)
         raise

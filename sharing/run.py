@@ -132,16 +132,16 @@ def build_env(args: argparse.Namespace, base: dict[str, str]) -> dict[str, str]:
 def prepare_region(args: argparse.Namespace, env: dict[str, str]) -> int | None:
     """Point CUDA_DEVICE_MEMORY_SHARED_CACHE at the slice's region; returns an fd to keep open.
 
-    --region FILE: created with the limits if missing, validated if present.
+    --region FILE: created if missing, validated if present (it holds usage only: the limits
+    reach CMD through its environment).
     Otherwise, when any limit is set: an anonymous region in a memfd that CMD inherits, published
     as /proc/<pid>/fd/<n> (pid is this process, which exec turns into CMD), so CMD's children
     share CMD's quota and compute budget.
     """
-    limits = MEMORY.limits(args)
     if args.region:
         path = os.path.abspath(args.region)
         try:
-            region.create(path, limits)
+            region.create(path)
             region.read(path)
         except (region.RegionError, OSError) as e:
             raise RunConfigError(f"--region: {e}") from e
@@ -150,7 +150,7 @@ def prepare_region(args: argparse.Namespace, env: dict[str, str]) -> int | None:
     # Any limit (memory or a contributor's, e.g. a compute cap) makes CMD's processes one slice.
     if "CUDA_DEVICE_MEMORY_SHARED_CACHE" in env or not any(c.env(args) for c in CONTRIBUTORS):
         return None
-    fd = region.create_anonymous(limits)
+    fd = region.create_anonymous()
     os.set_inheritable(fd, True)
     env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = f"/proc/{os.getpid()}/fd/{fd}"
     return fd

@@ -35,6 +35,7 @@
 
 #include "compute.h"
 #include "compute_controller.h"
+#include "demand.h"
 #include "shim_internal.h"
 
 _Static_assert(sizeof(struct vgpu_compute_state) == 512, "compute state size is part of the region layout");
@@ -44,7 +45,7 @@ _Static_assert(sizeof(struct vgpu_compute_state) == 512, "compute state size is 
 #define BURST_NS (20 * 1000000LL) /* how far a slice may run ahead of its schedule */
 #endif
 #define WANT_HOLD_NS (100 * 1000000LL)     /* a slice "wants" time this long after a launch */
-#define NODE_CHECK_NS (1000000LL)          /* elastic: re-read the node file at most every 1 ms */
+#define NODE_CHECK_NS (1000000LL)          /* elastic: re-read the neighbours' demand at most every 1 ms */
 #define HEARTBEAT_NS (5 * 1000000LL)       /* rewrite want_until when it moved by more than this */
 #define UNKNOWN_WAIT_MAX_NS (200 * 1000000LL) /* first launch of a key: wait this long at most */
 #define INFLIGHT_MAX_NS (8 * 1000000LL)    /* elastic, uncapped: device time queued ahead at most */
@@ -70,7 +71,6 @@ int vgpu_compute_on;                               /* = g_enabled, for launch_ho
 static uint32_t g_cap[VGPU_MAX_DEVICES];           /* permille, 0 = none */
 static uint32_t g_policy = VGPU_COMPUTE_POLICY_HARD;
 static int32_t g_priority = 1;
-static char g_node_dir[512];
 static int g_nvml_loop = 1; /* VGPU_COMPUTE_NVML */
 
 /* ------------------------------------------------------------ driver entry points we call */
@@ -156,9 +156,9 @@ struct cdev {
     nvmlDevice_t nvdev; /* NVML handle (helper thread only) */
     int nvml_state;     /* 0 not tried, 1 usable, -1 off for this device (helper thread only) */
     struct vgpu_compute_state *st;
-    struct vgpu_node_file *node;
-    int node_slot;      /* read and written atomically: launches of several threads */
-    uint64_t slice_id;  /* this slice's id (the key of its node slot) */
+    struct vgpu_node_slot *own; /* this slice's demand record on the device (NULL: none) */
+    uint8_t uuid_bytes[16];
+    uint64_t slice_id;  /* this slice's id */
     int64_t next_node_check;
     int64_t published_want;
     uint32_t eff;
@@ -188,24 +188,37 @@ static void sleep_until(int64_t t)
 /* ------------------------------------------------------------ configuration parsing */
 static const char cap_forms[] = "a percentage 0-100 (e.g. 30 or 12.5; 0 or >= 100 = no cap)";
 
-/* Percent -> permille. 0 ok (*out: 0 = no cap), -1 malformed. */
+/* Percent -> permille: [0-9]+(.[0-9]+)? with an optional '%' and surrounding blanks (no hex, no
+ * exponent, no sign: strtod's extra forms are refused). 0 ok (*out: 0 = no cap), -1 malformed. */
 static int parse_percent(const char *v, uint32_t *out)
 {
     const char *p = v;
     while (*p == ' ' || *p == '\t')
         p++;
-    if (*p < '0' || *p > '9')
+    const char *start = p;
+    while (*p >= '0' && *p <= '9')
+        p++;
+    if (p == start)
         return -1;
-    char *end;
-    errno = 0;
-    double d = strtod(p, &end);
-    if (errno || end == p || !isfinite(d) || d < 0)
+    if (*p == '.') {
+        const char *frac = ++p;
+        while (*p >= '0' && *p <= '9')
+            p++;
+        if (p == frac)
+            return -1;
+    }
+    const char *end = p;
+    if (*p == '%')
+        p++;
+    while (*p == ' ' || *p == '\t')
+        p++;
+    if (*p || end - start > 32)
         return -1;
-    if (*end == '%')
-        end++;
-    while (*end == ' ' || *end == '\t')
-        end++;
-    if (*end)
+    char num[40];
+    memcpy(num, start, (size_t)(end - start));
+    num[end - start] = '\0';
+    double d = strtod(num, NULL);
+    if (!isfinite(d))
         return -1;
     if (d >= 100.0 || d == 0.0) {
         *out = 0;
@@ -217,6 +230,17 @@ static int parse_percent(const char *v, uint32_t *out)
     if (pm > 999)
         pm = 999;
     *out = (uint32_t)pm;
+    return 0;
+}
+
+static int parse_cap_setting(const char *var, const char *v, uint64_t *out)
+{
+    uint32_t pm;
+    if (parse_percent(v, &pm)) {
+        vgpu_config_error(var, v, "not a percentage", cap_forms);
+        return -1;
+    }
+    *out = pm;
     return 0;
 }
 
@@ -238,27 +262,14 @@ static int parse_int(const char *v, long lo, long hi, long *out)
 static int load_config(void)
 {
     const char *v;
-    uint32_t base = 0;
-    if ((v = getenv("CUDA_DEVICE_SM_LIMIT")) && *v) {
-        if (parse_percent(v, &base)) {
-            vgpu_config_error("CUDA_DEVICE_SM_LIMIT", v, "not a percentage", cap_forms);
-            return -1;
-        }
-    }
-    for (int i = 0; i < VGPU_MAX_DEVICES; i++) {
-        char name[40];
-        snprintf(name, sizeof name, "CUDA_DEVICE_SM_LIMIT_%d", i);
-        g_cap[i] = base;
-        if ((v = getenv(name)) && *v) {
-            if (parse_percent(v, &g_cap[i])) {
-                vgpu_config_error(name, v, "not a percentage", cap_forms);
-                return -1;
-            }
-        }
-    }
+    uint64_t caps[VGPU_MAX_DEVICES];
+    if (vgpu_indexed_settings("CUDA_DEVICE_SM_LIMIT", parse_cap_setting, caps, NULL))
+        return -1;
+    for (int i = 0; i < VGPU_MAX_DEVICES; i++)
+        g_cap[i] = (uint32_t)caps[i];
 
     g_policy = VGPU_COMPUTE_POLICY_HARD;
-    if ((v = getenv("VGPU_COMPUTE_POLICY")) && *v) {
+    if ((v = vgpu_setting("VGPU_COMPUTE_POLICY")) && *v) {
         if (!strcasecmp(v, "hard"))
             g_policy = VGPU_COMPUTE_POLICY_HARD;
         else if (!strcasecmp(v, "elastic"))
@@ -269,7 +280,7 @@ static int load_config(void)
             vgpu_config_error("VGPU_COMPUTE_POLICY", v, "unknown policy", "hard, elastic or off");
             return -1;
         }
-    } else if ((v = getenv("GPU_CORE_UTILIZATION_POLICY")) && *v) {
+    } else if ((v = vgpu_setting("GPU_CORE_UTILIZATION_POLICY")) && *v) {
         if (!strcasecmp(v, "force"))
             g_policy = VGPU_COMPUTE_POLICY_HARD;
         else if (!strcasecmp(v, "default"))
@@ -285,9 +296,9 @@ static int load_config(void)
 
     g_priority = 1;
     const char *pname = "VGPU_PRIORITY";
-    if (!((v = getenv(pname)) && *v)) {
+    if (!((v = vgpu_setting(pname)) && *v)) {
         pname = "CUDA_TASK_PRIORITY";
-        v = getenv(pname);
+        v = vgpu_setting(pname);
     }
     if (v && *v) {
         long x;
@@ -299,19 +310,35 @@ static int load_config(void)
         g_priority = (int32_t)x;
     }
 
-    if ((v = getenv("VGPU_NODE_STATE_DIR")) && *v) {
-        if (v[0] != '/' || strlen(v) >= sizeof g_node_dir - 64) {
+    /* Where elastic demand is exchanged. Under a limits file only the plugin's directory counts
+     * (no default: a slice that could choose a directory without neighbours would lend itself
+     * their share). */
+    char dir[512] = "";
+    int default_dir = 0;
+    if ((v = vgpu_setting("VGPU_NODE_STATE_DIR")) && *v) {
+        if (v[0] != '/' || strlen(v) >= sizeof dir - 64) {
             vgpu_config_error("VGPU_NODE_STATE_DIR", v, "not an absolute path (or too long)",
                               "an absolute directory path");
             return -1;
         }
-        snprintf(g_node_dir, sizeof g_node_dir, "%s", v);
-    } else {
-        snprintf(g_node_dir, sizeof g_node_dir, "/tmp/vgpu-node-%u", (unsigned)getuid());
+        snprintf(dir, sizeof dir, "%s", v);
+    } else if (!vgpu_settings_file()) {
+        const char *run = getenv("XDG_RUNTIME_DIR");
+        if (run && run[0] == '/' && strlen(run) < sizeof dir - 64)
+            snprintf(dir, sizeof dir, "%s/vgpu-node", run);
+        else
+            snprintf(dir, sizeof dir, "/tmp/vgpu-node-%u", (unsigned)geteuid());
+        default_dir = 1;
     }
+    const char *own = vgpu_setting("VGPU_DEMAND_FILE");
+    if (own && *own && (own[0] != '/' || strlen(own) >= 500)) {
+        vgpu_config_error("VGPU_DEMAND_FILE", own, "not an absolute path (or too long)", "an absolute file path");
+        return -1;
+    }
+    vgpu_demand_configure(dir, own, default_dir);
 
     g_nvml_loop = 1;
-    if ((v = getenv("VGPU_COMPUTE_NVML")) && *v) {
+    if ((v = vgpu_setting("VGPU_COMPUTE_NVML")) && *v) {
         if (!strcmp(v, "1") || !strcasecmp(v, "true") || !strcasecmp(v, "on"))
             g_nvml_loop = 1;
         else if (!strcmp(v, "0") || !strcasecmp(v, "false") || !strcasecmp(v, "off"))
@@ -333,6 +360,7 @@ static int load_config(void)
 static void atfork_child(void)
 {
     pthread_mutex_init(&g_mu, NULL);
+    vgpu_demand_atfork_child();
     /* The parent's contexts (and so its events) are not usable here. */
     memset(g_ctx, 0, sizeof g_ctx);
     g_nvml_thread = 0; /* threads do not survive fork: start it again when needed */
@@ -349,7 +377,7 @@ int vgpu_compute_init(void)
         vgpu_require_region();
         pthread_atfork(NULL, NULL, atfork_child);
         vgpu_log(VGPU_LOG_INFO, "compute cap: policy %s, priority %d, node state %s",
-                 g_policy == VGPU_COMPUTE_POLICY_ELASTIC ? "elastic" : "hard", (int)g_priority, g_node_dir);
+                 g_policy == VGPU_COMPUTE_POLICY_ELASTIC ? "elastic" : "hard", (int)g_priority, vgpu_demand_dir());
     }
     return 0;
 }
@@ -362,66 +390,6 @@ int vgpu_compute_enabled(void)
 uint32_t vgpu_compute_cap_permille(int dev)
 {
     return dev >= 0 && dev < VGPU_MAX_DEVICES ? g_cap[dev] : 0;
-}
-
-/* ------------------------------------------------------------ node-wide demand file */
-static struct vgpu_node_file *node_open(CUdevice cudev)
-{
-    if (!drv.device_get_uuid)
-        return NULL;
-    CUuuid u;
-    if (drv.device_get_uuid(&u, cudev) != CUDA_SUCCESS)
-        return NULL;
-    char path[sizeof g_node_dir + 80];
-    int n = snprintf(path, sizeof path, "%s/compute-", g_node_dir);
-    for (int i = 0; i < 16 && n > 0 && (size_t)n + 3 < sizeof path; i++)
-        n += snprintf(path + n, sizeof path - (size_t)n, "%02x", (unsigned char)u.bytes[i]);
-    snprintf(path + n, sizeof path - (size_t)n, ".state");
-
-    /* Shared by slices of different users: world-writable file in a sticky directory. */
-    if (mkdir(g_node_dir, 01777) == 0)
-        chmod(g_node_dir, 01777);
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
-    if (fd < 0) {
-        /* An elastic slice warns about it itself. A hard slice still enforces its cap, but
-         * elastic neighbours cannot see that it wants time (they may lend themselves time it
-         * would use: its kernels then queue behind theirs, <= 8 ms). */
-        vgpu_log(VGPU_LOG_INFO, "compute cap: cannot open node state %s: %s", path, strerror(errno));
-        return NULL;
-    }
-    fchmod(fd, 0666);
-    struct stat sb;
-    if (fstat(fd, &sb) || (sb.st_size < (off_t)sizeof(struct vgpu_node_file) &&
-                           ftruncate(fd, sizeof(struct vgpu_node_file)))) {
-        /* ftruncate to the same size by racing creators is harmless: the file only grows. */
-        close(fd);
-        return NULL;
-    }
-    void *m = mmap(NULL, sizeof(struct vgpu_node_file), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (m == MAP_FAILED)
-        return NULL;
-    struct vgpu_node_file *f = m;
-    uint32_t zero = 0;
-    if (__atomic_compare_exchange_n(&f->magic, &zero, VGPU_NODE_MAGIC, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
-        f->version = 1;
-        f->nslots = VGPU_NODE_SLOTS;
-    } else if (zero != VGPU_NODE_MAGIC) {
-        vgpu_log(VGPU_LOG_WARN, "compute cap: %s is not a node state file", path);
-        munmap(m, sizeof *f);
-        return NULL;
-    }
-    return f;
-}
-
-/* Write this slice's settings into its node slot (after taking one). */
-static void node_publish_settings(struct cdev *cd, int dev, int slot)
-{
-    struct vgpu_node_slot *s = &cd->node->slots[slot];
-    __atomic_store_n(&s->cap_permille, g_cap[dev], __ATOMIC_RELAXED);
-    __atomic_store_n(&s->policy, g_policy, __ATOMIC_RELAXED);
-    __atomic_store_n(&s->priority, g_priority, __ATOMIC_RELAXED);
-    __atomic_store_n(&cd->published_want, 0, __ATOMIC_RELAXED); /* the next launch publishes */
 }
 
 /* ------------------------------------------------------------ NVML outer loop
@@ -650,9 +618,6 @@ static void attach_device(int dev, CUdevice cudev)
     uint64_t id = random_id();
     if (!__atomic_compare_exchange_n(&st->slice_id, &zero, id, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
         id = zero;
-    __atomic_store_n(&st->cap_permille, g_cap[dev], __ATOMIC_RELAXED);
-    __atomic_store_n(&st->policy, g_policy, __ATOMIC_RELAXED);
-    __atomic_store_n(&st->priority, g_priority, __ATOMIC_RELAXED);
     __atomic_store_n(&st->effective_permille, g_cap[dev], __ATOMIC_RELAXED);
     __atomic_store_n(&st->version, VGPU_COMPUTE_STATE_VERSION, __ATOMIC_RELEASE);
     __atomic_fetch_add(&st->attached, 1, __ATOMIC_RELAXED);
@@ -661,21 +626,16 @@ static void attach_device(int dev, CUdevice cudev)
     CUuuid u;
     if (drv.device_get_uuid && drv.device_get_uuid(&u, cudev) == CUDA_SUCCESS) {
         const unsigned char *b = (const unsigned char *)u.bytes;
+        memcpy(cd->uuid_bytes, b, 16);
         snprintf(cd->uuid, sizeof cd->uuid,
                  "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2],
                  b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+        cd->own = vgpu_demand_own(dev, cd->uuid_bytes, id, g_cap[dev], g_policy, g_priority);
     }
-    cd->node_slot = -1;
     cd->slice_id = id;
-    cd->node = node_open(cudev);
-    if (cd->node) {
-        cd->node_slot = vc_node_claim(cd->node->slots, VGPU_NODE_SLOTS, id, now_ns(), WANT_HOLD_NS);
-        if (cd->node_slot >= 0)
-            node_publish_settings(cd, dev, cd->node_slot);
-    }
-    if (g_policy == VGPU_COMPUTE_POLICY_ELASTIC && cd->node_slot < 0)
+    if (g_policy == VGPU_COMPUTE_POLICY_ELASTIC && !cd->own)
         vgpu_log(VGPU_LOG_WARN, "compute cap: elastic policy without node state (%s): device %d keeps its cap",
-                 g_node_dir, dev);
+                 vgpu_demand_dir(), dev);
     __atomic_store_n(&cd->attached, 1, __ATOMIC_RELEASE);
     start_nvml_thread();
 }
@@ -747,13 +707,12 @@ static void drain_ctx(struct cctx *cx, int64_t now, int budget)
  * lost update just repeats a cheap step. */
 static void publish_want(struct cdev *cd, int64_t until)
 {
-    int slot = __atomic_load_n(&cd->node_slot, __ATOMIC_RELAXED);
-    if (!cd->node || slot < 0)
+    if (!cd->own)
         return;
     int64_t pub = __atomic_load_n(&cd->published_want, __ATOMIC_RELAXED);
     if (until - pub < HEARTBEAT_NS && until <= pub + WANT_HOLD_NS)
         return;
-    struct vgpu_node_slot *s = &cd->node->slots[slot];
+    struct vgpu_node_slot *s = cd->own;
     int64_t cur = __atomic_load_n(&s->want_until_ns, __ATOMIC_RELAXED);
     /* Processes of a slice race here; only ever move it forward. */
     while (cur < until &&
@@ -762,20 +721,22 @@ static void publish_want(struct cdev *cd, int64_t until)
     __atomic_store_n(&cd->published_want, until, __ATOMIC_RELAXED);
 }
 
-/* Keep hold of the node slot (it may have been merged with a twin or, after a long idle spell,
- * taken over) and, for an elastic slice, recompute the cap from the neighbours' demand. */
+/* Elastic: recompute the cap from the neighbours' demand (their records, read as copies). */
 static void node_check(struct cdev *cd, int dev, int64_t now)
 {
-    int cur = __atomic_load_n(&cd->node_slot, __ATOMIC_RELAXED);
-    int slot = vc_node_recheck(cd->node->slots, VGPU_NODE_SLOTS, cur, cd->slice_id, now, WANT_HOLD_NS);
-    if (slot != cur) {
-        if (slot >= 0)
-            node_publish_settings(cd, dev, slot);
-        __atomic_store_n(&cd->node_slot, slot, __ATOMIC_RELAXED);
-    }
-    if (g_policy != VGPU_COMPUTE_POLICY_ELASTIC || slot < 0)
-        return;
-    uint32_t e = vc_elastic_permille(cd->node->slots, VGPU_NODE_SLOTS, slot, now);
+    struct vgpu_node_slot view[1 + 64];
+    int n = vgpu_demand_peers(cd->uuid_bytes, now, view + 1, 64);
+    if (n < 0)
+        return; /* nothing to read now: keep the last decision */
+    view[0] = *cd->own; /* a snapshot: only its settings matter, and they are this process's */
+    view[0].cap_permille = g_cap[dev] ? g_cap[dev] : VC_PERMILLE_FULL;
+    view[0].policy = g_policy;
+    view[0].priority = g_priority;
+    view[0].want_until_ns = now + 1;
+    view[0].slice_id = 1;
+    for (int i = 1; i <= n; i++)
+        view[i].slice_id = (uint64_t)i + 1; /* distinct from mine whatever the files say */
+    uint32_t e = vc_elastic_permille(view, (size_t)n + 1, 0, now);
     if (e < g_cap[dev])
         e = g_cap[dev];
     uint32_t old = __atomic_exchange_n(&cd->eff, e, __ATOMIC_RELAXED);
@@ -789,18 +750,16 @@ static void node_check(struct cdev *cd, int dev, int64_t now)
     }
 }
 
-/* The cap to apply now on this device (permille, VC_PERMILLE_FULL = none). Runs node_check once
- * per NODE_CHECK_NS (the thread of the process that wins the CAS). */
+/* The cap to apply now on this device (permille, VC_PERMILLE_FULL = none). An elastic slice runs
+ * node_check once per NODE_CHECK_NS (the thread of the process that wins the CAS). */
 static uint32_t effective_cap(struct cdev *cd, int dev, int64_t now)
 {
-    if (!cd->node)
+    if (!cd->own || g_policy != VGPU_COMPUTE_POLICY_ELASTIC)
         return g_cap[dev];
     int64_t due = __atomic_load_n(&cd->next_node_check, __ATOMIC_RELAXED);
     if (now >= due && __atomic_compare_exchange_n(&cd->next_node_check, &due, now + NODE_CHECK_NS, 0,
                                                   __ATOMIC_RELAXED, __ATOMIC_RELAXED))
         node_check(cd, dev, now);
-    if (g_policy != VGPU_COMPUTE_POLICY_ELASTIC || __atomic_load_n(&cd->node_slot, __ATOMIC_RELAXED) < 0)
-        return g_cap[dev];
     return __atomic_load_n(&cd->eff, __ATOMIC_RELAXED);
 }
 

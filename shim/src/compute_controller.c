@@ -2,6 +2,8 @@
  * Compute-cap controller: budget, cost estimator, elastic share. See compute_controller.h and
  * docs/compute.md. No CUDA calls here.
  */
+#include <string.h>
+
 #include "compute_controller.h"
 
 #include <stdbool.h>
@@ -207,49 +209,32 @@ uint32_t vc_elastic_permille(const struct vgpu_node_slot *slots, size_t nslots, 
     return eff > VC_PERMILLE_FULL ? VC_PERMILLE_FULL : eff;
 }
 
-/* ---------------------------------------------------------- node slots */
+/* ---------------------------------------------------------- demand records */
 
-static int lowest_slot_of(const struct vgpu_node_slot *slots, size_t nslots, uint64_t id)
+int vc_peer_demand(const struct vgpu_demand_file *f, size_t len, const uint8_t uuid[16], int64_t now_ns,
+                   struct vgpu_node_slot *out)
 {
-    for (size_t i = 0; i < nslots; i++)
-        if (__atomic_load_n(&slots[i].slice_id, __ATOMIC_ACQUIRE) == id)
-            return (int)i;
-    return -1;
-}
-
-int vc_node_claim(struct vgpu_node_slot *slots, size_t nslots, uint64_t id, int64_t now_ns, int64_t lease_ns)
-{
-    if (!id)
-        return -1;
-    int have = lowest_slot_of(slots, nslots, id);
-    if (have >= 0)
-        return have;
-    for (size_t i = 0; i < nslots; i++) {
-        struct vgpu_node_slot *s = &slots[i];
-        uint64_t cur = __atomic_load_n(&s->slice_id, __ATOMIC_ACQUIRE);
-        int64_t want = __atomic_load_n(&s->want_until_ns, __ATOMIC_ACQUIRE);
-        if (cur != 0 && want > now_ns - VGPU_NODE_SLOT_STALE_NS)
-            continue; /* held by a live slice */
-        /* The lease: whoever moves want_until_ns first owns the right to set the id. */
-        if (!__atomic_compare_exchange_n(&s->want_until_ns, &want, now_ns + lease_ns, 0, __ATOMIC_ACQ_REL,
-                                         __ATOMIC_ACQUIRE))
+    static const uint8_t zero[16];
+    if (len < sizeof *f || f->magic != VGPU_DEMAND_MAGIC || f->version != VGPU_DEMAND_VERSION ||
+        memcmp(uuid, zero, 16) == 0)
+        return 0;
+    for (size_t i = 0; i < sizeof f->dev / sizeof f->dev[0]; i++) {
+        const struct vgpu_demand_entry *e = &f->dev[i];
+        if (memcmp(e->uuid, uuid, 16) != 0)
             continue;
-        if (__atomic_compare_exchange_n(&s->slice_id, &cur, id, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
-            return (int)i;
+        /* The first entry for the device is the record (a second one is ignored: one file is one
+         * slice). A record out of range is not believed at all: it can then only cost its
+         * writer, whose guaranteed share nobody sees wanted. */
+        const struct vgpu_node_slot *d = &e->d;
+        if (d->slice_id == 0 || d->cap_permille == 0 || d->cap_permille > VC_PERMILLE_FULL ||
+            d->policy > VGPU_COMPUTE_POLICY_ELASTIC || d->priority < -100 || d->priority > 100)
+            return 0;
+        /* A want further ahead than any live shim writes is a stale clock (an earlier boot) or a
+         * lie; a liar must keep rewriting its record to be believed. */
+        if (d->want_until_ns > now_ns + VC_WANT_AHEAD_MAX_NS)
+            return 0;
+        *out = *d;
+        return 1;
     }
-    return -1;
-}
-
-int vc_node_recheck(struct vgpu_node_slot *slots, size_t nslots, int cur, uint64_t id, int64_t now_ns,
-                    int64_t lease_ns)
-{
-    int low = lowest_slot_of(slots, nslots, id);
-    if (low < 0)
-        return vc_node_claim(slots, nslots, id, now_ns, lease_ns); /* mine was taken over */
-    if (cur >= 0 && (size_t)cur < nslots && low < cur) {
-        /* Merge a duplicate: give mine back; my slice's other processes move on their own. */
-        uint64_t expect = id;
-        __atomic_compare_exchange_n(&slots[cur].slice_id, &expect, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
-    }
-    return low;
+    return 0;
 }

@@ -14,8 +14,8 @@
  *     inflated whenever the kernel queued behind someone else's work (time-slicing), never
  *     deflated, so the estimate is a robust mean of the samples near their lower envelope rather
  *     than their mean: only samples near the lower envelope feed the estimate.
- *  3. The elastic share: given the node-wide demand slots of one device, the cap this slice may
- *     apply now (its own cap, plus idle share that nobody with a higher priority wants).
+ *  3. The elastic share: given the demand records of the slices on one device, the cap this
+ *     slice may apply now (its own cap, plus idle share that nobody with a higher priority wants).
  */
 #ifndef VGPU_COMPUTE_CONTROLLER_H
 #define VGPU_COMPUTE_CONTROLLER_H
@@ -100,25 +100,16 @@ uint64_t vc_est_update(struct vc_est_entry *e, uint64_t sample_ns);
  * it evenly. Hard slices never take idle share. */
 uint32_t vc_elastic_permille(const struct vgpu_node_slot *slots, size_t nslots, int self, int64_t now_ns);
 
-/* ---- 4. node slots ----
- * Each slice that runs on a device holds one slot of the device's node file, found by its
- * slice id (all processes of a slice share it). A slot is free when its id is 0, or stale when
- * its owner has not wanted time for VGPU_NODE_SLOT_STALE_NS (it died). Taking a slot is two
- * steps, each a CAS: first its want_until_ns is moved from the value read to now + lease_ns,
- * so that no other claimant finds it free or stale in between; then the id is set. Without the
- * lease, a slot taken but not yet used (want_until_ns still 0) looked stale to a slice starting
- * at the same moment, which took it over: both then shared one slot, and elastic priorities
- * were lost. */
+/* ---- 4. demand records ----
+ * Each slice publishes its demand in a file of its own (struct vgpu_demand_file); an elastic slice
+ * reads the files of the others (a copy: never a mapping another tenant could truncate under it). */
 
-/* The slot of `id`: the lowest one already holding it, else a free or stale one taken now.
- * -1 when every slot is held. */
-int vc_node_claim(struct vgpu_node_slot *slots, size_t nslots, uint64_t id, int64_t now_ns, int64_t lease_ns);
+#define VC_WANT_AHEAD_MAX_NS 1000000000LL /* a want_until further ahead than this is not believed */
 
-/* Called now and then by a slot holder: the slot it should use from now on. `cur` when it still
- * holds it and no lower slot has the same id; the lower slot (releasing `cur`) when two
- * processes of the slice claimed at once; a newly claimed one when `cur` was taken over (its
- * owner was idle long enough to look dead). */
-int vc_node_recheck(struct vgpu_node_slot *slots, size_t nslots, int cur, uint64_t id, int64_t now_ns,
-                    int64_t lease_ns);
+/* The demand of the slice whose file content is `f` (len bytes read) on the device `uuid`, into
+ * *out: 1 when it has a believable record for the device, 0 when not (no record, a corrupt or
+ * out-of-range one, or a want_until too far ahead). Only the first record for the device counts. */
+int vc_peer_demand(const struct vgpu_demand_file *f, size_t len, const uint8_t uuid[16], int64_t now_ns,
+                   struct vgpu_node_slot *out);
 
 #endif

@@ -4,13 +4,12 @@
  */
 #include <ctype.h>
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
 #include "shim_internal.h"
-
-extern char **environ;
 
 const char vgpu_quantity_forms[] =
     "bytes (e.g. 1073741824), or a number with Ki/Mi/Gi/Ti, k/M/G/T or k/m/g suffix (e.g. 4Gi, 512m)";
@@ -98,36 +97,20 @@ static int parse_limit(const char *var, const char *v, uint64_t *out) {
     return 0;
 }
 
-#define LIMIT_PREFIX "CUDA_DEVICE_MEMORY_LIMIT"
-
-int vgpu_config_load(struct vgpu_config *cfg) {
-    memset(cfg, 0, sizeof *cfg);
-    cfg->log_level = VGPU_LOG_WARN;
-    const char *v = getenv("LIBCUDA_LOG_LEVEL");
-    if (v != NULL && *v != '\0') {
-        char *end;
-        errno = 0;
-        long lvl = strtol(v, &end, 10);
-        if (errno || end == v || *end != '\0' || lvl < 0 || lvl > 4) {
-            vgpu_config_error("LIBCUDA_LOG_LEVEL", v, "not a level", "0 (config errors only) to 4 (debug)");
-            return -1;
-        }
-        cfg->log_level = (int)lvl;
-    }
-    vgpu_log_set_level(cfg->log_level);
-    if (parse_bool("CUDA_DISABLE_CONTROL", getenv("CUDA_DISABLE_CONTROL"), &cfg->disabled) != 0) return -1;
-    if (cfg->disabled) return 0; /* pure passthrough: nothing else matters */
-
+int vgpu_indexed_settings(const char *prefix, vgpu_setting_parser parse, uint64_t out[VGPU_MAX_DEVICES],
+                          int have[VGPU_MAX_DEVICES]) {
+    size_t plen = strlen(prefix);
     uint64_t all = 0;
     int have_all = 0;
     uint64_t per[VGPU_MAX_DEVICES] = {0};
     int have_per[VGPU_MAX_DEVICES] = {0};
-    /* Walk the environment once: catches CUDA_DEVICE_MEMORY_LIMIT_<junk> and indices beyond
-     * VGPU_MAX_DEVICES, which getenv of the known names would silently miss. */
-    for (char **ep = environ; ep != NULL && *ep != NULL; ep++) {
+    /* Walk the entries once: catches PREFIX_<junk> and indices beyond VGPU_MAX_DEVICES, which a
+     * lookup of the known names would silently miss. An empty value is parsed like any other
+     * (and refused): "set but empty" never means "no limit". */
+    for (char **ep = vgpu_setting_entries(); ep != NULL && *ep != NULL; ep++) {
         const char *kv = *ep;
-        if (strncmp(kv, LIMIT_PREFIX, sizeof LIMIT_PREFIX - 1) != 0) continue;
-        const char *rest = kv + sizeof LIMIT_PREFIX - 1;
+        if (strncmp(kv, prefix, plen) != 0) continue;
+        const char *rest = kv + plen;
         const char *eq = strchr(rest, '=');
         if (eq == NULL) continue;
         char name[96];
@@ -136,7 +119,7 @@ int vgpu_config_load(struct vgpu_config *cfg) {
         memcpy(name, kv, nlen);
         name[nlen] = '\0';
         if (rest == eq) {
-            if (parse_limit(name, eq + 1, &all) != 0) return -1;
+            if (parse(name, eq + 1, &all) != 0) return -1;
             have_all = 1;
             continue;
         }
@@ -151,22 +134,50 @@ int vgpu_config_load(struct vgpu_config *cfg) {
             }
         }
         if (i < 0 || i >= VGPU_MAX_DEVICES) {
-            vgpu_config_error(name, eq + 1, "not a device index", "CUDA_DEVICE_MEMORY_LIMIT_<i> with i in 0..15");
+            char allowed[96];
+            snprintf(allowed, sizeof allowed, "%s_<i> with i in 0..%d", prefix, VGPU_MAX_DEVICES - 1);
+            vgpu_config_error(name, eq + 1, "not a device index", allowed);
             return -1;
         }
-        if (parse_limit(name, eq + 1, &per[i]) != 0) return -1;
+        if (parse(name, eq + 1, &per[i]) != 0) return -1;
         have_per[i] = 1;
     }
     for (int i = 0; i < VGPU_MAX_DEVICES; i++) {
-        /* 0 means "no limit" (as in HAMi-core): CUDA_DEVICE_MEMORY_LIMIT_1=0 exempts device 1. */
-        cfg->limit[i] = have_per[i] ? per[i] : (have_all ? all : 0);
-        if (cfg->limit[i] != 0) cfg->any_limit = 1;
+        out[i] = have_per[i] ? per[i] : (have_all ? all : 0);
+        if (have) have[i] = have_per[i] || have_all;
     }
+    return 0;
+}
 
-    v = getenv("VGPU_CONTEXT_RESERVE");
+int vgpu_config_load(struct vgpu_config *cfg) {
+    memset(cfg, 0, sizeof *cfg);
+    cfg->log_level = VGPU_LOG_WARN;
+    const char *v = getenv("LIBCUDA_LOG_LEVEL"); /* the tenant's to choose, even under a limits file */
+    if (v != NULL && *v != '\0') {
+        char *end;
+        errno = 0;
+        long lvl = strtol(v, &end, 10);
+        if (errno || end == v || *end != '\0' || lvl < 0 || lvl > 4) {
+            vgpu_config_error("LIBCUDA_LOG_LEVEL", v, "not a level", "0 (config errors only) to 4 (debug)");
+            return -1;
+        }
+        cfg->log_level = (int)lvl;
+    }
+    vgpu_log_set_level(cfg->log_level);
+    if (vgpu_settings_load() != 0) return -1;
+    if (parse_bool("CUDA_DISABLE_CONTROL", vgpu_setting("CUDA_DISABLE_CONTROL"), &cfg->disabled) != 0) return -1;
+    if (cfg->disabled) return 0; /* pure passthrough: nothing else matters */
+
+    if (vgpu_indexed_settings("CUDA_DEVICE_MEMORY_LIMIT", parse_limit, cfg->limit, NULL) != 0)
+        return -1;
+    /* 0 means "no limit" (as in HAMi-core): CUDA_DEVICE_MEMORY_LIMIT_1=0 exempts device 1. */
+    for (int i = 0; i < VGPU_MAX_DEVICES; i++)
+        if (cfg->limit[i] != 0) cfg->any_limit = 1;
+
+    v = vgpu_setting("VGPU_CONTEXT_RESERVE");
     if (v != NULL && parse_limit("VGPU_CONTEXT_RESERVE", v, &cfg->context_reserve) != 0) return -1;
 
-    v = getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE");
+    v = vgpu_setting("CUDA_DEVICE_MEMORY_SHARED_CACHE");
     cfg->region_path = (v != NULL && *v != '\0') ? strdup(v) : NULL; /* env may change later */
     return 0;
 }

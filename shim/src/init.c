@@ -58,8 +58,9 @@ static void init_once(void) {
         init_status = CUDA_ERROR_INVALID_VALUE;
         return;
     }
+    vgpu_settings_report();
     if (cfg.any_limit || cfg.region_path != NULL || region_required) {
-        init_status = vgpu_region_open(cfg.region_path, cfg.limit);
+        init_status = vgpu_region_open(cfg.region_path);
         if (init_status != CUDA_SUCCESS) return;
         pthread_atfork(NULL, NULL, atfork_child);
         int same = 1;

@@ -17,7 +17,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <limits.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -52,7 +55,7 @@ struct vgpu_region *vgpu_region(void) { return R; }
 
 /* r is freshly ftruncate()d, so all zeros: only the non-zero fields are written (touching the
  * whole 150 KiB would fault every page in, for nothing, in every racing creator). */
-static int init_contents(struct vgpu_region *r, const uint64_t limits[VGPU_MAX_DEVICES]) {
+static int init_contents(struct vgpu_region *r) {
     pthread_mutexattr_t a;
     if (pthread_mutexattr_init(&a) != 0) return -1;
     int rc = pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
@@ -60,8 +63,6 @@ static int init_contents(struct vgpu_region *r, const uint64_t limits[VGPU_MAX_D
     if (rc == 0) rc = pthread_mutex_init(region_mutex(r), &a);
     pthread_mutexattr_destroy(&a);
     if (rc != 0) return -1;
-    if (limits)
-        for (int d = 0; d < VGPU_MAX_DEVICES; d++) r->devices[d].limit = limits[d];
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     r->header.created_unix_ns = (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
@@ -76,28 +77,29 @@ static int init_contents(struct vgpu_region *r, const uint64_t limits[VGPU_MAX_D
     return 0;
 }
 
-static int fill_fd(int fd, const uint64_t limits[VGPU_MAX_DEVICES]) {
+static int fill_fd(int fd) {
     if (ftruncate(fd, (off_t)sizeof(struct vgpu_region)) != 0) return -1;
     void *m = mmap(NULL, sizeof(struct vgpu_region), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (m == MAP_FAILED) return -1;
-    int rc = init_contents(m, limits);
+    int rc = init_contents(m);
     munmap(m, sizeof(struct vgpu_region));
     return rc;
 }
 
 /* Build the file complete under a temporary name in the same directory, then link() it into
- * place. EEXIST means another process won the race: fine, we open theirs. */
-static int create_atomically(const char *path, const uint64_t limits[VGPU_MAX_DEVICES]) {
-    char tmp[4200];
+ * place. EEXIST means another process won the race: fine, we open theirs. O_EXCL never follows a
+ * link, and linkat() does not follow the target name either. */
+static int create_atomically(int dfd, const char *base) {
+    char tmp[NAME_MAX + 1];
     static _Atomic unsigned counter;
-    int n = snprintf(tmp, sizeof tmp, "%s.tmp.%d.%u", path, (int)getpid(), atomic_fetch_add(&counter, 1));
+    int n = snprintf(tmp, sizeof tmp, ".%.200s.tmp.%d.%u", base, (int)getpid(), atomic_fetch_add(&counter, 1));
     if (n < 0 || (size_t)n >= sizeof tmp) { errno = ENAMETOOLONG; return -1; }
-    int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    int fd = openat(dfd, tmp, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
     if (fd < 0) return -1;
-    int rc = fill_fd(fd, limits);
+    int rc = fill_fd(fd);
     int saved = errno;
-    if (rc == 0 && link(tmp, path) != 0 && errno != EEXIST) { rc = -1; saved = errno; }
-    unlink(tmp);
+    if (rc == 0 && linkat(dfd, tmp, dfd, base, 0) != 0 && errno != EEXIST) { rc = -1; saved = errno; }
+    unlinkat(dfd, tmp, 0);
     close(fd);
     errno = saved;
     return rc;
@@ -232,7 +234,7 @@ void vgpu_region_reclaim_dead(void) {
  * by path if the file there is still the same one. -1 with errno. */
 static int reopen_same(int fd, const char *path) {
     /* by path first (cheapest), accepted only if it is still the same file */
-    int nfd = path ? open(path, O_RDWR | O_CLOEXEC) : -1;
+    int nfd = path ? open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC) : -1;
     if (nfd >= 0) {
         struct stat a, b;
         if (fstat(fd, &a) == 0 && fstat(nfd, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino) return nfd;
@@ -249,25 +251,62 @@ static CUresult open_fail(const char *path, const char *what, int err) {
     return err ? CUDA_ERROR_OPERATING_SYSTEM : CUDA_ERROR_INVALID_VALUE;
 }
 
-CUresult vgpu_region_open(const char *path, const uint64_t limits[VGPU_MAX_DEVICES]) {
+/* Open (creating it complete if absent) the accounting file at path, relative to its checked
+ * directory, never through a link. -1 after the one line. */
+static int open_path(const char *path, CUresult *err) {
+    char base[NAME_MAX + 1], why[200];
+    int dfd = vgpu_dir_open(path, base, sizeof base, why, sizeof why);
+    if (dfd < 0) { *err = open_fail(path, why, 0); return -1; }
+    int shared = 0;
+    if (vgpu_dir_check(dfd, &shared, why, sizeof why) != 0) {
+        close(dfd);
+        *err = open_fail(path, why, 0);
+        return -1;
+    }
+    /* /proc/<pid>/fd/<n> (how `vgpu run` shares a memfd region with CMD's children) is a kernel
+     * link that nobody can plant: the one link that is followed. */
+    struct statfs sfs;
+    int nofollow = fstatfs(dfd, &sfs) == 0 && sfs.f_type == PROC_SUPER_MAGIC ? 0 : O_NOFOLLOW;
+    int fd = -1;
+    for (int attempt = 0; attempt < 3 && fd < 0; attempt++) {
+        fd = openat(dfd, base, O_RDWR | nofollow | O_NONBLOCK | O_CLOEXEC);
+        if (fd >= 0 || errno != ENOENT) break;
+        if (create_atomically(dfd, base) != 0 && errno != EEXIST) {
+            int e = errno;
+            close(dfd);
+            *err = open_fail(path, "cannot create", e);
+            return -1;
+        }
+    }
+    int e = errno;
+    close(dfd);
+    if (fd < 0) {
+        *err = e == ELOOP || e == EISDIR ? open_fail(path, vgpu_open_error(e), 0) : open_fail(path, "cannot open read-write", e);
+        return -1;
+    }
+    if (vgpu_file_check(fd, shared, why, sizeof why) != 0) {
+        close(fd);
+        *err = open_fail(path, why, 0);
+        return -1;
+    }
+    return fd;
+}
+
+CUresult vgpu_region_open(const char *path) {
     int fd = -1;
     const char *shown = path ? path : "(private)";
     if (path == NULL) {
         fd = memfd_create("vgpu-region", MFD_CLOEXEC);
         if (fd < 0) return open_fail(shown, "cannot create", errno);
-        if (fill_fd(fd, limits) != 0) {
+        if (fill_fd(fd) != 0) {
             int e = errno;
             close(fd);
             return open_fail(shown, "cannot initialise", e);
         }
     } else {
-        for (int attempt = 0; attempt < 3 && fd < 0; attempt++) {
-            fd = open(path, O_RDWR | O_CLOEXEC);
-            if (fd >= 0 || errno != ENOENT) break;
-            if (create_atomically(path, limits) != 0 && errno != EEXIST)
-                return open_fail(shown, "cannot create", errno);
-        }
-        if (fd < 0) return open_fail(shown, "cannot open read-write", errno);
+        CUresult err = CUDA_SUCCESS;
+        fd = open_path(path, &err);
+        if (fd < 0) return err;
     }
     struct stat st;
     if (fstat(fd, &st) != 0) {
@@ -337,13 +376,7 @@ CUresult vgpu_region_open(const char *path, const uint64_t limits[VGPU_MAX_DEVIC
 
 /* ---- charging ---- */
 
-uint64_t vgpu_region_limit(int dev) {
-    uint64_t env = vgpu_config()->limit[dev];
-    uint64_t reg = R ? R->devices[dev].limit : 0;
-    if (env == 0) return reg;
-    if (reg == 0) return env;
-    return env < reg ? env : reg;
-}
+uint64_t vgpu_region_limit(int dev) { return vgpu_config()->limit[dev]; }
 
 int vgpu_region_charge(int dev, uint64_t bytes, uint64_t limit, uint64_t *used_out) {
     if (ensure_slot() != 0) return -2;

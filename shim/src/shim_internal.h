@@ -85,10 +85,44 @@ int vgpu_config_load(struct vgpu_config *cfg);
 const struct vgpu_config *vgpu_config(void);
 /* Print the one config-error line: "vgpu: VAR=VALUE is invalid: WHY; accepted: FORMS". */
 void vgpu_config_error(const char *var, const char *value, const char *why, const char *forms);
+/* PREFIX (every device) and PREFIX_<i> (device i, 0..15) from the settings: out[i] is device i's
+ * parsed value (PREFIX_<i> over PREFIX, 0 when neither is set), have[i] (may be NULL) whether one
+ * was set. Another index, or a value `parse` refuses, is a config error: -1 after the line. */
+typedef int (*vgpu_setting_parser)(const char *var, const char *value, uint64_t *out);
+int vgpu_indexed_settings(const char *prefix, vgpu_setting_parser parse, uint64_t out[VGPU_MAX_DEVICES],
+                          int have[VGPU_MAX_DEVICES]);
 /* Memory quantity parser: exactly the forms of sharing/quantity.py. 0 ok, -1 malformed or
  * out of range (then *why says which). */
 int vgpu_parse_bytes(const char *text, uint64_t *out, const char **why);
 extern const char vgpu_quantity_forms[];
+
+/* ---- where limit settings come from (settings.c) ---- */
+/* The plugin's read-only limits file, in the container beside the shim's container path. */
+#define VGPU_LIMITS_CONTAINER_PATH "/usr/local/lib/vgpu-sharing/limits"
+/* Find the limits file (beside the loaded shim, then VGPU_LIMITS_CONTAINER_PATH). 0 (with or
+ * without one), -1 when one exists but cannot be used (reported: fail closed). */
+int vgpu_settings_load(void);
+/* A setting's value: from the limits file when one is in force and the name is a limit setting
+ * (every one but LIBCUDA_LOG_LEVEL), else from the environment. NULL when unset. */
+const char *vgpu_setting(const char *name);
+/* The "K=V" entries settings are read from (the limits file's, or environ). */
+char **vgpu_setting_entries(void);
+const char *vgpu_settings_file(void); /* the limits file in force, or NULL */
+int vgpu_setting_is_controlled(const char *name);
+/* Log once where the limits come from and which environment settings were ignored. */
+void vgpu_settings_report(void);
+
+/* ---- files in shared directories (safefile.c) ---- */
+/* Open the directory of `path` (links in the directory's path are followed) and put the last
+ * component in base. The descriptor, or -1 with *why set. */
+int vgpu_dir_open(const char *path, char *base, size_t baselen, char *why, size_t len);
+/* A directory we may create or open files in: owned by us or root, and if others may write it,
+ * sticky (*shared = 1 then). 0, or -1 with *why. */
+int vgpu_dir_check(int dfd, int *shared, char *why, size_t len);
+/* An opened file we may use: regular, and in a shared directory owned by us or root. */
+int vgpu_file_check(int fd, int dir_shared, char *why, size_t len);
+/* A one-line reason for an open() errno (ELOOP: a link, refused). */
+const char *vgpu_open_error(int err);
 
 /* ---- initialisation (init.c) ---- */
 CUresult vgpu_init(void);
@@ -110,15 +144,15 @@ int vgpu_device_count(void);            /* devices mapped (<= VGPU_MAX_DEVICES),
 /* ---- the accounting region (region.c) ---- */
 struct vgpu_region *vgpu_region(void);  /* NULL when no region is in use */
 /* Open (or create) the region: path, or a private memfd when path is NULL. Returns CUDA_SUCCESS
- * or an error after printing one line. Writes the creator's limits if it creates the file. */
-CUresult vgpu_region_open(const char *path, const uint64_t limits[VGPU_MAX_DEVICES]);
+ * or an error after printing one line. */
+CUresult vgpu_region_open(const char *path);
 /* 0 locked; -1 the lock is unusable (ENOTRECOVERABLE: reported, fail the call). */
 int vgpu_region_lock(void);
 void vgpu_region_unlock(void);
 /* Reserve bytes on device index dev against limit (0 = none). Returns 0, or -1 if over quota
  * (after a dead-slot scan). *used_out gets the slice's usage seen at the decision. */
 int vgpu_region_charge(int dev, uint64_t bytes, uint64_t limit, uint64_t *used_out);
-/* The quota of device index dev: the smaller nonzero of the env limit and the region's. */
+/* The quota of device index dev (the configuration's: never the writable region's). */
 uint64_t vgpu_region_limit(int dev);
 void vgpu_region_uncharge(int dev, uint64_t bytes);
 uint64_t vgpu_region_used(int dev);

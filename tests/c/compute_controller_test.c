@@ -226,40 +226,51 @@ static void test_elastic(void)
     printf("elastic: ok\n");
 }
 
-static void test_node_slots(void)
+static void test_peer_demand(void)
 {
-    struct vgpu_node_slot s[3];
-    memset(s, 0, sizeof s);
-    int64_t now = 100000 * MS, lease = 100 * MS;
-    /* A takes a slot: it is leased at once, so B, starting before A's first launch, does not
-     * take A's slot for a stale one (the race that made two slices share one slot). */
-    assert(vc_node_claim(s, 3, 0xA, now, lease) == 0);
-    assert(s[0].slice_id == 0xA && s[0].want_until_ns == now + lease);
-    assert(vc_node_claim(s, 3, 0xB, now + 1, lease) == 1);
-    assert(vc_node_claim(s, 3, 0xA, now + 2, lease) == 0); /* another process of A finds it */
-    /* A's CAS of the lease done but not yet of the id: B takes the slot (a free one), A moves on */
-    memset(s, 0, sizeof s);
-    s[0].want_until_ns = now + lease;
-    assert(vc_node_claim(s, 3, 0xB, now, lease) == 0);
-    assert(vc_node_claim(s, 3, 0xA, now, lease) == 1);
-    /* every slot held by a live slice: none */
-    s[2] = (struct vgpu_node_slot){.slice_id = 0xC, .want_until_ns = now};
-    assert(vc_node_claim(s, 3, 0xD, now, lease) == -1);
-    /* a slot whose owner has not wanted time for VGPU_NODE_SLOT_STALE_NS is taken over ... */
-    int64_t later = now + VGPU_NODE_SLOT_STALE_NS + lease + 1;
-    s[0].want_until_ns = s[1].want_until_ns = later; /* A and B are alive */
-    assert(vc_node_claim(s, 3, 0xD, later, lease) == 2 && s[2].slice_id == 0xD);
-    /* ... and the old owner, back, finds out at its next check and claims another one */
-    s[1].slice_id = 0; /* B left */
-    assert(vc_node_recheck(s, 3, 2, 0xC, later, lease) == 1 && s[1].slice_id == 0xC);
-    /* two processes of one slice claimed two slots at once: the higher one is given back */
-    memset(s, 0, sizeof s);
-    s[0] = (struct vgpu_node_slot){.slice_id = 0xE, .want_until_ns = now + lease};
-    s[2] = (struct vgpu_node_slot){.slice_id = 0xE, .want_until_ns = now + lease};
-    assert(vc_node_recheck(s, 3, 2, 0xE, now, lease) == 0 && s[2].slice_id == 0);
-    assert(vc_node_recheck(s, 3, 0, 0xE, now, lease) == 0 && s[0].slice_id == 0xE);
-    assert(vc_node_claim(s, 3, 0, now, lease) == -1); /* id 0 means "free": never claimed */
-    printf("node slots: ok\n");
+    static const uint8_t gpu_a[16] = {1, 2, 3}, gpu_b[16] = {9};
+    int64_t now = 100000 * MS;
+    struct vgpu_demand_file f;
+    struct vgpu_node_slot out;
+    memset(&f, 0, sizeof f);
+    f.magic = VGPU_DEMAND_MAGIC;
+    f.version = VGPU_DEMAND_VERSION;
+    f.ndev = 16;
+    memcpy(f.dev[3].uuid, gpu_a, 16);
+    f.dev[3].d = (struct vgpu_node_slot){.slice_id = 7, .want_until_ns = now + 50 * MS, .cap_permille = 300,
+                                         .policy = VGPU_COMPUTE_POLICY_ELASTIC, .priority = 1};
+    assert(vc_peer_demand(&f, sizeof f, gpu_a, now, &out) == 1 && out.cap_permille == 300 && out.slice_id == 7);
+    assert(vc_peer_demand(&f, sizeof f, gpu_b, now, &out) == 0);      /* no record for that device */
+    assert(vc_peer_demand(&f, sizeof f - 1, gpu_a, now, &out) == 0);  /* a truncated file */
+    /* one file is one slice: a second record for the same device is not counted */
+    f.dev[5] = f.dev[3];
+    f.dev[5].d.cap_permille = 1000;
+    assert(vc_peer_demand(&f, sizeof f, gpu_a, now, &out) == 1 && out.cap_permille == 300);
+    /* out of range: not believed at all (it can only cost its writer) */
+    struct vgpu_demand_file g = f;
+    g.dev[3].d.cap_permille = 5000;
+    assert(vc_peer_demand(&g, sizeof g, gpu_a, now, &out) == 0);
+    g = f;
+    g.dev[3].d.policy = 77;
+    assert(vc_peer_demand(&g, sizeof g, gpu_a, now, &out) == 0);
+    g = f;
+    g.dev[3].d.priority = -1000;
+    assert(vc_peer_demand(&g, sizeof g, gpu_a, now, &out) == 0);
+    /* a want far ahead (a clock of an earlier boot, or a lie written once) is not believed */
+    g = f;
+    g.dev[3].d.want_until_ns = now + 3600 * 1000 * MS;
+    assert(vc_peer_demand(&g, sizeof g, gpu_a, now, &out) == 0);
+    g = f;
+    g.magic = 0x12345678;
+    assert(vc_peer_demand(&g, sizeof g, gpu_a, now, &out) == 0);
+    /* an all-zero uuid never matches (unused entries) */
+    static const uint8_t none[16];
+    memset(&g, 0, sizeof g);
+    g.magic = VGPU_DEMAND_MAGIC;
+    g.version = VGPU_DEMAND_VERSION;
+    g.dev[0].d = f.dev[3].d;
+    assert(vc_peer_demand(&g, sizeof g, none, now, &out) == 0);
+    printf("peer demand: ok\n");
 }
 
 static void test_bucket(void)
@@ -294,7 +305,7 @@ int main(void)
 {
     test_bucket();
     test_elastic();
-    test_node_slots();
+    test_peer_demand();
 
     struct launcher ls[MAXL];
     struct slice ss[4];

@@ -21,10 +21,7 @@
 #include "shim_internal.h"
 
 /* The region alone, without vgpu_init (which needs a driver): limits are passed explicitly. */
-static int open_region(const char *path) {
-    uint64_t limits[VGPU_MAX_DEVICES] = {0};
-    return vgpu_region_open(path, limits) == CUDA_SUCCESS ? 0 : -1;
-}
+static int open_region(const char *path) { return vgpu_region_open(path) == CUDA_SUCCESS ? 0 : -1; }
 
 struct stress_arg {
     int dev;

@@ -114,8 +114,8 @@ def test_prepare_sharing_v1_writes_valid_spec_with_limits(world: World) -> None:
     claim_dir = world.root / "data" / "claims" / c.uid
     assert mounts["/run/vgpu-sharing"]["hostPath"] == str(claim_dir)
     assert stat.S_IMODE(claim_dir.stat().st_mode) == 0o1777  # non-root container users write
-    snap = region.read(claim_dir / "accounting")  # pre-created with the quota
-    assert snap.devices[0].limit == 4 * GiB
+    snap = region.read(claim_dir / "accounting")  # pre-created, empty
+    assert snap.devices[0].used == 0 and snap.processes == ()
     assert stat.S_IMODE((claim_dir / "accounting").stat().st_mode) == 0o666
     node_state = mounts["/var/run/vgpu/node-state"]
     assert node_state["hostPath"] == str(world.root / "data" / "node-state")

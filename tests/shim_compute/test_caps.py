@@ -125,6 +125,15 @@ BAD = [
     ("CUDA_DEVICE_SM_LIMIT", "abc"),
     ("CUDA_DEVICE_SM_LIMIT", "-5"),
     ("CUDA_DEVICE_SM_LIMIT_1", "30x"),
+    # set but empty, or a device index the shim has no room for: refused as for memory limits
+    ("CUDA_DEVICE_SM_LIMIT", ""),
+    ("CUDA_DEVICE_SM_LIMIT_0", ""),
+    ("CUDA_DEVICE_SM_LIMIT_16", "30"),
+    ("CUDA_DEVICE_SM_LIMIT_x", "30"),
+    # strtod's extra forms are not percentages
+    ("CUDA_DEVICE_SM_LIMIT", "0x10"),
+    ("CUDA_DEVICE_SM_LIMIT", "1e1"),
+    ("CUDA_DEVICE_SM_LIMIT", "+30"),
     ("VGPU_COMPUTE_POLICY", "soft"),
     ("GPU_CORE_UTILIZATION_POLICY", "sometimes"),
     ("VGPU_PRIORITY", "high"),
@@ -143,7 +152,7 @@ def test_bad_values_fail_closed(workload: Workload, var: str, value: str) -> Non
     assert r.returncode == 3, r.stdout + r.stderr  # cuInit failed
     assert "cuInit=1" in r.stdout  # CUDA_ERROR_INVALID_VALUE
     lines = [ln for ln in r.stderr.splitlines() if var in ln]
-    assert len(lines) == 1 and value in lines[0] and "accepted" in lines[0], r.stderr
+    assert len(lines) == 1 and f'{var}="{value}"' in lines[0] and "accepted" in lines[0], r.stderr
 
 
 def test_elastic_idle_time_goes_to_higher_priority(workload: Workload) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sharing._region_cffi import ffi
@@ -14,7 +15,11 @@ def test_sizes() -> None:
     # 512 bytes: the size of the placeholder the compute state replaced (region layout unchanged).
     assert ffi.sizeof("struct vgpu_compute_state") == 512
     assert ffi.sizeof("struct vgpu_node_slot") == 32
-    assert ffi.sizeof("struct vgpu_node_file") == 16 + 64 * 32
+    assert ffi.sizeof("struct vgpu_demand_file") == 16 + 16 * (16 + 32)
+
+
+def _demand(path: Path) -> object:
+    return ffi.cast("struct vgpu_demand_file *", ffi.from_buffer(path.read_bytes()))
 
 
 def test_a_capped_run_leaves_its_accounting(workload: Workload, tmp_path: Path) -> None:
@@ -24,28 +29,32 @@ def test_a_capped_run_leaves_its_accounting(workload: Workload, tmp_path: Path) 
     data = Path(env["CUDA_DEVICE_MEMORY_SHARED_CACHE"]).read_bytes()
     region = ffi.cast("struct vgpu_region *", ffi.from_buffer(data))
     st = region.compute[0]
-    assert st.version == 1 and st.cap_permille == 300 and st.policy == 1 and st.priority == 0
+    assert st.version == 2 and st.effective_permille == 300
     assert st.slice_id != 0 and st.attached == 1
     assert st.launches > 100 and st.measured_launches > 10 and st.throttled > 0
     # Charged device time is the measured cost: 1 ms per launch, within 5%.
     assert abs(st.charged_ns / st.launches - 1_000_000) < 50_000
     assert region.compute[1].version == 0  # device 1 never used
     node = Path(env["VGPU_NODE_STATE_DIR"])
-    files = list(node.glob("compute-*.state"))
-    assert len(files) == 1
-    nf = ffi.cast("struct vgpu_node_file *", ffi.from_buffer(files[0].read_bytes()))
-    assert nf.magic == 0x43475056 and nf.nslots == 64
-    assert [s.slice_id for s in nf.slots if s.slice_id] == [st.slice_id]
+    # The slice's demand record: a file of its own, named by its id, the entry of device 0.
+    (demand,) = node.glob("*.demand")
+    assert demand.name == f"{st.slice_id:016x}.demand"
+    f: Any = _demand(demand)
+    assert f.magic == 0x44475056 and f.version == 1 and f.ndev == 16
+    e = f.dev[0]
+    assert bytes(e.uuid) != bytes(16)
+    assert (e.d.slice_id, e.d.cap_permille, e.d.policy, e.d.priority) == (st.slice_id, 300, 1, 0)
+    assert all(f.dev[i].d.slice_id == 0 for i in range(1, 16))
 
 
 @pytest.mark.parametrize("round_", range(3))
-def test_slices_starting_together_each_hold_one_node_slot(
+def test_slices_starting_together_each_have_one_demand_record(
     workload: Workload, tmp_path: Path, round_: int
 ) -> None:
-    # Twelve elastic slices (one of three processes) start at once. Each must end up in a node
-    # slot of its own, with its own priority: a slot taken but not yet used once looked stale
-    # to a slice starting at the same moment, which took it over (both then shared it, and the
-    # elastic split ignored their priorities). The race is narrow: three rounds of twelve.
+    # Twelve elastic slices (one of three processes) start at once. Each must end up with one
+    # demand record of its own, with its own priority, and the three processes of one slice
+    # must share theirs (when demand lived in shared slots, a slot taken but not yet used looked
+    # stale to a slice starting at the same moment, which took it over).
     node = tmp_path / f"node-{round_}"
     envs = [
         workload.env(
@@ -68,7 +77,10 @@ def test_slices_starting_together_each_hold_one_node_slot(
         st = ffi.cast("struct vgpu_region *", ffi.from_buffer(data)).compute[0]
         ids[st.slice_id] = i
     assert len(ids) == len(envs) and 0 not in ids
-    (state,) = node.glob("compute-*.state")
-    nf = ffi.cast("struct vgpu_node_file *", ffi.from_buffer(state.read_bytes()))
-    held = [(s.slice_id, s.priority) for s in nf.slots if s.slice_id]
+    held = []
+    for path in node.glob("*.demand"):
+        f: Any = _demand(path)
+        d = f.dev[0].d
+        assert path.name == f"{d.slice_id:016x}.demand"
+        held.append((int(d.slice_id), int(d.priority)))
     assert sorted(held) == sorted(ids.items()), (held, ids)

@@ -1,7 +1,7 @@
 /*
  * Per-device compute (SM cap) state of a slice, embedded in the accounting file (region.h) as
- * `struct vgpu_compute_state compute[VGPU_MAX_DEVICES]`, and the node-wide per-device demand
- * file through which slices that share one physical device find each other (elastic policy).
+ * `struct vgpu_compute_state compute[VGPU_MAX_DEVICES]`, and the per-slice demand file through
+ * which slices that share one physical device find each other (elastic policy).
  *
  * Owned by the compute-cap code (shim/src/compute*.c, docs/compute.md). Plain C between the
  * CFFI markers so the Python reader can see it: no #include, no macros with arguments.
@@ -21,17 +21,18 @@
 #include <stdint.h>
 
 /* CFFI-BEGIN */
-#define VGPU_COMPUTE_STATE_VERSION 1
+#define VGPU_COMPUTE_STATE_VERSION 2
 #define VGPU_COMPUTE_POLICY_OFF 0
 #define VGPU_COMPUTE_POLICY_HARD 1
 #define VGPU_COMPUTE_POLICY_ELASTIC 2
 
+/* Usage and controller state only: the cap, policy and priority are each process's configuration
+ * (the plugin's limits file or the environment), never read from here, since any process of the
+ * slice can write this file. */
 struct vgpu_compute_state {
     uint32_t version;            /* VGPU_COMPUTE_STATE_VERSION once a capped process initialised it */
-    uint32_t cap_permille;       /* the slice's cap on this device, 1..999 (0 = no cap) */
-    uint32_t policy;             /* VGPU_COMPUTE_POLICY_* */
-    int32_t priority;            /* lower = higher priority (CUDA's and HAMi's convention) */
-    uint64_t slice_id;           /* random nonzero id, set once by CAS: the slice's name in node files */
+    uint32_t reserved_a;
+    uint64_t slice_id;           /* random nonzero id, set once by CAS: the slice's name in demand files */
     int64_t tat_ns;              /* virtual-time bucket: theoretical arrival time, CLOCK_MONOTONIC ns */
     int64_t charged_ns;          /* device time charged: estimates at admission + corrections */
     uint64_t measured_ns;        /* device time of launches measured by events (raw elapsed) */
@@ -49,18 +50,24 @@ struct vgpu_compute_state {
     int64_t nvml_next_ns;         /* CLOCK_MONOTONIC of the next NVML reading */
     uint64_t nvml_launches_snap;  /* `launches` and `throttled` at the previous reading */
     uint64_t nvml_throttled_snap;
-    uint64_t reserved[48];        /* zero; room to grow without a layout change */
+    uint64_t reserved[49];        /* zero; room to grow without a layout change */
 };
 
-/* Node-wide per-physical-device demand file: $VGPU_NODE_STATE_DIR/compute-<uuid>.state.
- * One slot per slice using the device. A slot is claimed by CAS on `slice_id` (0 = free, or
- * stale: want_until_ns older than VGPU_NODE_SLOT_STALE_NS). */
-#define VGPU_NODE_MAGIC 0x43475056 /* "VPGC" */
-#define VGPU_NODE_SLOTS 64
+/* Elastic demand: one file per slice (per claim under the DRA driver). Each slice writes only its
+ * own file; every slice reads the others' files of its node-state directory (read-only) to find
+ * the idle share it may borrow. Under the DRA driver the plugin creates <dir>/<claim-uid>.demand
+ * (exact size, header filled, the rest zero), mounts the directory read-only into every claim and
+ * the claim's own file writable at VGPU_DEMAND_FILE; `vgpu run` slices create
+ * <dir>/<slice-id>.demand themselves in a directory of their own user.
+ * Entry d describes the slice's application device d; `uuid` names the physical device, so that
+ * readers match entries of different slices by device. A reader trusts nothing in another slice's
+ * file: values are clamped, and a lie can only cost its writer (docs/compute.md). */
+#define VGPU_DEMAND_MAGIC 0x44475056 /* "VPGD" */
+#define VGPU_DEMAND_VERSION 1
 #define VGPU_NODE_SLOT_STALE_NS 10000000000
 
 struct vgpu_node_slot {
-    uint64_t slice_id;       /* owner (0 = free) */
+    uint64_t slice_id;       /* the slice's id (0 = entry unused) */
     int64_t want_until_ns;   /* the slice wants device time until then (CLOCK_MONOTONIC) */
     uint32_t cap_permille;   /* its guaranteed share (1000 when not capped) */
     uint32_t policy;         /* VGPU_COMPUTE_POLICY_* */
@@ -68,12 +75,17 @@ struct vgpu_node_slot {
     uint32_t usage_permille; /* its recent measured share (informational) */
 };
 
-struct vgpu_node_file {
-    uint32_t magic;
-    uint32_t version;
-    uint32_t nslots;
+struct vgpu_demand_entry {
+    uint8_t uuid[16];          /* the physical device (cuDeviceGetUuid); all zero = unused */
+    struct vgpu_node_slot d;   /* the slice's demand on it */
+};
+
+struct vgpu_demand_file {
+    uint32_t magic;   /* VGPU_DEMAND_MAGIC */
+    uint32_t version; /* VGPU_DEMAND_VERSION */
+    uint32_t ndev;    /* VGPU_MAX_DEVICES (the entries below) */
     uint32_t pad;
-    struct vgpu_node_slot slots[64];
+    struct vgpu_demand_entry dev[16];
 };
 /* CFFI-END */
 

@@ -33,7 +33,7 @@
 
 /* CFFI-BEGIN */
 #define VGPU_REGION_MAGIC 0x55504756 /* "VGPU" little-endian */
-#define VGPU_REGION_LAYOUT_VERSION 3
+#define VGPU_REGION_LAYOUT_VERSION 4
 #define VGPU_MAX_DEVICES 16
 #define VGPU_MAX_PROCS 1024
 #define VGPU_LOCK_WORDS 8 /* 64 bytes reserved for the pthread_mutex_t (40 on x86-64 glibc) */
@@ -50,11 +50,13 @@ struct vgpu_region_header {
     uint64_t created_unix_ns;
 };
 
+/* Usage only: a slice's limits are never read from this file (any process of the slice can write
+ * it); they come from the plugin's read-only limits file or the environment (docs/shim.md). */
 struct vgpu_device_account {
-    uint64_t limit;   /* bytes; the quota the creator wrote (0 = none written) */
     uint64_t used;    /* bytes charged by all live slots */
     uint64_t peak;    /* highest `used` seen (diagnostics) */
     uint64_t denials; /* allocations refused over quota */
+    uint64_t reserved0;
 };
 
 struct vgpu_proc_slot {

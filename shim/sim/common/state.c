@@ -43,23 +43,48 @@ sim_shared *sim_shm;
 static int g_fd = -1;
 static char g_path[600];
 
-static int state_dir(char *buf, size_t cap)
+/* The state directory, opened and checked: a root process must never follow a link another user
+ * planted, nor keep its state in someone else's directory. The default (/tmp/simgpu-<uid>) is
+ * created here and must be a real directory of this user; SIMGPU_STATE may go through links
+ * (the admin's choice) but must lead to a directory of this user or root, sticky if others may
+ * write it. Returns the descriptor, or -1 with *why set. */
+static int state_dir(char *buf, size_t cap, const char **why)
 {
     const char *d = getenv("SIMGPU_STATE");
-    if (d && *d)
-        snprintf(buf, cap, "%s", d);
+    int dflt = !(d && *d);
+    if (dflt)
+        snprintf(buf, cap, "/tmp/simgpu-%u", (unsigned)geteuid());
     else
-        snprintf(buf, cap, "/tmp/simgpu-%u", (unsigned)getuid());
-    if (mkdir(buf, 0700) != 0 && errno != EEXIST)
+        snprintf(buf, cap, "%s", d);
+    if (dflt && mkdir(buf, 0700) != 0 && errno != EEXIST) {
+        *why = strerror(errno);
         return -1;
-    return 0;
+    }
+    int fd = open(buf, O_RDONLY | O_DIRECTORY | O_CLOEXEC | (dflt ? O_NOFOLLOW : 0));
+    if (fd < 0) {
+        *why = errno == ELOOP || errno == ENOTDIR ? "not a directory (a link?)" : strerror(errno);
+        return -1;
+    }
+    struct stat st;
+    *why = NULL;
+    if (fstat(fd, &st) != 0)
+        *why = strerror(errno);
+    else if (st.st_uid != geteuid() && (dflt || st.st_uid != 0))
+        *why = "it belongs to another user";
+    else if ((st.st_mode & (S_IWGRP | S_IWOTH)) && !(st.st_mode & S_ISVTX))
+        *why = "others may write it and it has no sticky bit";
+    if (*why) {
+        close(fd);
+        return -1;
+    }
+    return fd;
 }
 
 /* A new open file description of the file `fd` is open on: by path, accepted only if it is still
  * the same file (it may have been replaced meanwhile), else through /proc. */
 static int reopen_same(int fd)
 {
-    int nfd = open(g_path, O_RDWR | O_CLOEXEC);
+    int nfd = open(g_path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
     if (nfd >= 0) {
         struct stat a, b;
         if (fstat(fd, &a) == 0 && fstat(nfd, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino)
@@ -76,13 +101,24 @@ int sim_state_open(void)
     if (sim_shm)
         return 0;
     char dir[512];
-    if (state_dir(dir, sizeof dir) != 0) {
-        sim_log("state directory %s: %s; allowed: SIMGPU_STATE naming a writable directory (default /tmp/simgpu-<uid>)", dir, strerror(errno));
+    const char *why;
+    int dfd = state_dir(dir, sizeof dir, &why);
+    if (dfd < 0) {
+        sim_log("state directory %s refused: %s; allowed: SIMGPU_STATE naming a directory of this user (default /tmp/simgpu-<uid>)", dir, why);
         return -1;
     }
     /* The layout version is in the name: an old file of another layout is never misread. */
-    snprintf(g_path, sizeof g_path, "%s/state-v1-%zu", dir, sizeof(sim_shared));
-    int fd = open(g_path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    char name[64];
+    snprintf(name, sizeof name, "state-v1-%zu", sizeof(sim_shared));
+    snprintf(g_path, sizeof g_path, "%s/%s", dir, name);
+    int fd = openat(dfd, name, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
+    close(dfd);
+    struct stat fst;
+    if (fd >= 0 && (fstat(fd, &fst) != 0 || !S_ISREG(fst.st_mode))) {
+        close(fd);
+        fd = -1;
+        errno = EINVAL;
+    }
     if (fd < 0) {
         sim_log("state file %s: %s; allowed: SIMGPU_STATE naming a writable directory", g_path, strerror(errno));
         return -1;
@@ -227,7 +263,7 @@ void sim_state_after_fork_child(void)
      * inherited mapping refers to another, never locked description: see sim_state_open.) */
     if (g_fd >= 0) {
         close(g_fd);
-        g_fd = open(g_path, O_RDWR | O_CLOEXEC);
+        g_fd = open(g_path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
     }
 }
 

@@ -1,0 +1,288 @@
+"""Tenant isolation of the shim (docs/shim.md, "Threat model"): each test performs an attack.
+
+- The plugin's read-only limits file is the only source of limits when present: a tenant's
+  environment (kill switches, other limits, another accounting file) changes nothing.
+- The writable accounting file holds no limit: rewriting it cannot lift the quota.
+- No file is opened through a link another user planted, nor taken from another user's
+  directory: the link's target stays byte-for-byte unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from sharing._region_cffi import ffi
+
+from sharing import region
+from sharing.paths import shim_library
+from tests.shim.conftest import parse_ops
+
+MiB = 1 << 20
+NOBODY = 65534
+
+# Every way a tenant's environment could try to lift or move the limits.
+HOSTILE_ENV = {
+    "CUDA_DISABLE_CONTROL": "1",
+    "CUDA_DEVICE_MEMORY_LIMIT": "0",
+    "CUDA_DEVICE_MEMORY_LIMIT_0": "1Ti",
+    "CUDA_DEVICE_SM_LIMIT": "",
+    "CUDA_DEVICE_SM_LIMIT_0": "0",
+    "VGPU_COMPUTE_POLICY": "off",
+    "GPU_CORE_UTILIZATION_POLICY": "disable",
+    "VGPU_CONTEXT_RESERVE": "0",
+}
+
+
+def run(binary: Path, env: dict[str, str], *ops: str) -> tuple[list[dict[str, str]], list[str]]:
+    r = subprocess.run(
+        [str(binary), *ops], env=env, capture_output=True, text=True, timeout=60, check=True
+    )
+    return parse_ops(r.stdout), [x for x in r.stderr.splitlines() if x.startswith("vgpu:")]
+
+
+@pytest.fixture
+def shim_dir(tmp_path: Path) -> Path:
+    """A copy of the shim in a directory of its own: a limits file beside it is in force."""
+    d = tmp_path / "vgpu-sharing"
+    d.mkdir()
+    shutil.copy(shim_library(), d / "libvgpu.so")
+    return d
+
+
+def write_limits(shim_dir: Path, text: str) -> Path:
+    p = shim_dir / "limits"
+    p.write_text(text)
+    p.chmod(0o444)
+    return p
+
+
+def test_limits_file_overrides_every_tenant_setting(
+    shim_ops: Path, shim_env: dict[str, str], shim_dir: Path, tmp_path: Path
+) -> None:
+    acct = tmp_path / "acct"
+    write_limits(
+        shim_dir,
+        "# written by the plugin\n"
+        f"CUDA_DEVICE_MEMORY_LIMIT_0={64 * MiB}\n"
+        f"CUDA_DEVICE_MEMORY_SHARED_CACHE={acct}\n",
+    )
+    elsewhere = tmp_path / "tenant.region"
+    env = dict(shim_env, **HOSTILE_ENV, LD_PRELOAD=str(shim_dir / "libvgpu.so"))
+    env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = str(elsewhere)
+    res, lines = run(shim_ops, env, "init", "ctx", "info", f"alloc:{48 * MiB}", f"alloc:{32 * MiB}")
+    assert [r["rc"] for r in res] == ["0", "0", "0", "0", "2"]  # the second is over 64 MiB
+    assert res[2]["total"] == str(64 * MiB)
+    # The slice's accounting file is the plugin's, not the one the tenant named.
+    assert acct.exists() and not elsewhere.exists()
+    ignored = [x for x in lines if "limits come from" in x]
+    assert len(ignored) == 1, lines
+    for name in HOSTILE_ENV:
+        assert name in ignored[0]
+    assert "CUDA_DEVICE_MEMORY_SHARED_CACHE" in ignored[0]
+
+
+def test_limits_file_without_a_limit_still_ignores_the_kill_switch(
+    shim_ops: Path, shim_env: dict[str, str], shim_dir: Path
+) -> None:
+    """CUDA_DISABLE_CONTROL=1 from the tenant: not honoured when the plugin's file is there."""
+    write_limits(shim_dir, f"CUDA_DEVICE_MEMORY_LIMIT={16 * MiB}\n")
+    env = dict(shim_env, CUDA_DISABLE_CONTROL="1", LD_PRELOAD=str(shim_dir / "libvgpu.so"))
+    res, _ = run(shim_ops, env, "init", "ctx", f"alloc:{32 * MiB}")
+    assert res[2]["rc"] == "2"
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("CUDA_DEVICE_MEMORY_LIMIT_0=lots\n", 'CUDA_DEVICE_MEMORY_LIMIT_0="lots" is invalid'),
+        ("just words\n", "not a KEY=VALUE line"),
+        ("CUDA_DEVICE_SM_LIMIT_16=30\n", "not a device index"),
+        ("CUDA_DEVICE_SM_LIMIT_0=\n", "not a percentage"),
+    ],
+)
+def test_a_bad_limits_file_fails_closed(
+    shim_ops: Path, shim_env: dict[str, str], shim_dir: Path, content: str, message: str
+) -> None:
+    write_limits(shim_dir, content)
+    env = dict(shim_env, CUDA_DISABLE_CONTROL="1", LD_PRELOAD=str(shim_dir / "libvgpu.so"))
+    res, lines = run(shim_ops, env, "init", f"alloc:{MiB}")
+    assert res[0]["rc"] == "1" and res[1]["rc"] != "0"
+    assert len(lines) == 1 and message in lines[0], lines
+
+
+def test_a_limits_file_behind_a_link_fails_closed(
+    shim_ops: Path, shim_env: dict[str, str], shim_dir: Path, tmp_path: Path
+) -> None:
+    other = tmp_path / "generous"
+    other.write_text("CUDA_DEVICE_MEMORY_LIMIT=0\n")
+    (shim_dir / "limits").symlink_to(other)
+    env = dict(shim_env, LD_PRELOAD=str(shim_dir / "libvgpu.so"))
+    res, lines = run(shim_ops, env, "init", f"alloc:{MiB}")
+    assert res[0]["rc"] == "1"
+    assert len(lines) == 1 and "limits file" in lines[0], lines
+
+
+def test_rewriting_the_accounting_file_cannot_lift_the_quota(
+    shim_ops: Path, shim_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The accounting file is writable by every process of the slice; it holds no limit."""
+    reg = tmp_path / "slice.region"
+    region.create(reg)
+    assert "limit" not in {f[0] for f in ffi.typeof("struct vgpu_device_account").fields}
+    # Everything but the lock and the process slots: zeros, then all ones.
+    devices = ffi.offsetof("struct vgpu_region", "devices")
+    end = ffi.offsetof("struct vgpu_region", "procs")
+    for fill in (0x00, 0xFF):
+        with reg.open("r+b") as f:
+            f.seek(devices)
+            f.write(bytes([fill]) * (end - devices))
+        env = dict(
+            shim_env, CUDA_DEVICE_MEMORY_LIMIT="64Mi", CUDA_DEVICE_MEMORY_SHARED_CACHE=str(reg)
+        )
+        res, _ = run(shim_ops, env, "init", "ctx", f"alloc:{100 * MiB}")
+        # more than the quota on its own: refused whatever the file says
+        assert res[2]["rc"] == "2", fill
+
+
+# ---------------------------------------------------------------- planted links
+
+
+def as_nobody(*cmd: str) -> None:
+    subprocess.run(
+        ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", *cmd],
+        check=True,
+        timeout=30,
+    )
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A directory like /tmp (1777, root's) that an unprivileged attacker can reach."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip(
+            "needs root and setpriv: the attack is an unprivileged user against a root process"
+        )
+    base = Path("/tmp") / f"vgpu-isolation-{os.getpid()}"
+    base.mkdir(mode=0o755)
+    base.chmod(0o755)
+    d = base / "shared"
+    d.mkdir()
+    d.chmod(0o1777)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def target(shared_dir: Path) -> Path:
+    """A root-owned file an attacker would like to corrupt (the size of an accounting file)."""
+    t = shared_dir.parent / "precious"
+    t.write_bytes(os.urandom(region.FILE_SIZE))
+    t.chmod(0o644)
+    return t
+
+
+def test_planted_link_at_the_accounting_file_is_refused(
+    shim_ops: Path, shim_env: dict[str, str], shared_dir: Path, target: Path
+) -> None:
+    before = target.read_bytes()
+    link = shared_dir / "slice.region"
+    as_nobody("ln", "-s", str(target), str(link))
+    env = dict(shim_env, CUDA_DEVICE_MEMORY_LIMIT="64Mi", CUDA_DEVICE_MEMORY_SHARED_CACHE=str(link))
+    res, lines = run(shim_ops, env, "init", "ctx", f"alloc:{MiB}")
+    assert res[0]["rc"] == "1" and res[2]["rc"] != "0"
+    assert len(lines) == 1 and "symbolic link" in lines[0], lines
+    assert target.read_bytes() == before
+    # `vgpu run --region` refuses it too, with one line.
+    r = subprocess.run(
+        [sys.executable, "-m", "sharing.cli", "run", "--sim", "--memory", "64Mi", "--region",
+         str(link), "--", "true"],
+        env=shim_env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert r.returncode == 2 and "symbolic link" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert target.read_bytes() == before
+
+
+def test_accounting_file_planted_by_another_user_is_refused(
+    shim_ops: Path, shim_env: dict[str, str], shared_dir: Path
+) -> None:
+    """A valid-looking file the attacker prepared (and can rewrite) is not used by root."""
+    planted = shared_dir / "slice.region"
+    prep = shared_dir / "prep.region"
+    region.create(prep, mode=0o666)
+    as_nobody("cp", str(prep), str(planted))
+    env = dict(
+        shim_env, CUDA_DEVICE_MEMORY_LIMIT="64Mi", CUDA_DEVICE_MEMORY_SHARED_CACHE=str(planted)
+    )
+    res, lines = run(shim_ops, env, "init")
+    assert res[0]["rc"] == "1"
+    assert len(lines) == 1 and f"belongs to uid {NOBODY}" in lines[0], lines
+
+
+def test_planted_node_state_directory_is_refused(
+    build_c: Callable[..., Path], shim_env: dict[str, str], shared_dir: Path, target: Path
+) -> None:
+    """The default demand directory ($XDG_RUNTIME_DIR/vgpu-node here, /tmp/vgpu-node-<uid>
+    without it) planted as a link to the attacker's directory, or made by the attacker."""
+    workload = build_c("compute_workload.c")
+    before = target.read_bytes()
+    trap = shared_dir / "trap"
+    as_nobody("mkdir", str(trap))
+    planted = ["0" * 16 + ".demand", "compute.state"]
+    for name in planted:
+        as_nobody("ln", "-s", str(target), str(trap / name))
+    as_nobody("ln", "-s", str(trap), str(shared_dir / "vgpu-node"))
+    env = dict(
+        shim_env,
+        CUDA_DEVICE_SM_LIMIT="30",
+        VGPU_COMPUTE_POLICY="elastic",
+        XDG_RUNTIME_DIR=str(shared_dir),
+        CUDA_DEVICE_MEMORY_SHARED_CACHE=str(shared_dir.parent / "root.region"),
+    )
+    cmd = [str(workload), "--warmup", "0", "--seconds", "0.3"]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 0, r.stderr  # the cap holds; only lending is off
+    assert "node state" in r.stderr and "refused" in r.stderr, r.stderr
+    assert sorted(p.name for p in trap.iterdir()) == sorted(planted)
+    assert target.read_bytes() == before
+    # A real directory of the attacker's in its place: refused as well, nothing written there.
+    (shared_dir / "vgpu-node").unlink()
+    as_nobody("mkdir", str(shared_dir / "vgpu-node"))
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 0 and f"belongs to uid {NOBODY}" in r.stderr, r.stderr
+    assert list((shared_dir / "vgpu-node").iterdir()) == []
+
+
+def test_planted_link_at_the_simulator_state_is_refused(
+    shim_ops: Path, sim_env: dict[str, str], shared_dir: Path, target: Path
+) -> None:
+    """The simulated driver keeps node-wide state too: same rules for its files."""
+    before = target.read_bytes()
+    state = shared_dir
+    # Learn the state file's name from a harmless run in a directory of our own, then plant it.
+    own = shared_dir.parent / "own-state"
+    own.mkdir(mode=0o700)
+    env = dict(sim_env, SIMGPU_STATE=str(own))
+    run(shim_ops, env, "init", "ctx")
+    (name,) = [p.name for p in own.iterdir() if p.name.startswith("state-")]
+    as_nobody("ln", "-s", str(target), str(state / name))
+    env = dict(sim_env, SIMGPU_STATE=str(state))
+    r = subprocess.run(
+        [str(shim_ops), "init", "ctx"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert parse_ops(r.stdout)[0]["rc"] != "0"
+    assert target.read_bytes() == before
+    # A state directory that belongs to the attacker: refused.
+    theirs = shared_dir / "theirs"
+    as_nobody("mkdir", str(theirs))
+    env = dict(sim_env, SIMGPU_STATE=str(theirs))
+    r = subprocess.run([str(shim_ops), "init"], env=env, capture_output=True, text=True, timeout=60)
+    assert parse_ops(r.stdout)[0]["rc"] != "0" and "another user" in r.stderr
+    assert list(theirs.iterdir()) == []
