@@ -9,7 +9,8 @@
  *   library's own handle: its dependencies) | cuda:FLAGS / nvml:FLAGS (dlopen of the driver's
  *   soname with FLAGS, '+'-separated: lazy now global local nodelete noload deepbind) |
  *   dlmopen_base (dlmopen(LM_ID_BASE, soname)) | dlmopen_new (dlmopen(LM_ID_NEWLM, soname)) |
- *   dlmopen_dep:PATH (dlmopen(LM_ID_NEWLM, PATH), PATH a library that needs the driver)
+ *   dlmopen_dep:PATH (dlmopen(LM_ID_NEWLM, PATH), PATH a library that needs the driver) |
+ *   vsym:VERSION (dlvsym(driver's handle, name, VERSION))
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -60,7 +61,10 @@ void *bypass_resolve(const char *route, const char *name) {
     else if (!strcmp(route, "self")) h = dlopen("libvgpu_bypass_test.so", RTLD_NOW | RTLD_NOLOAD);
     else if (!strncmp(route, "cuda:", 5) || !strncmp(route, "nvml:", 5))
         h = dlopen(soname_of(name), flags_of(route + 5));
-    else if (!strcmp(route, "dlmopen_base")) h = dlmopen(LM_ID_BASE, soname_of(name), RTLD_NOW);
+    else if (!strncmp(route, "vsym:", 5)) {
+        h = dlopen(soname_of(name), RTLD_NOW);
+        return h ? dlvsym(h, name, route + 5) : NULL;
+    } else if (!strcmp(route, "dlmopen_base")) h = dlmopen(LM_ID_BASE, soname_of(name), RTLD_NOW);
     else if (!strcmp(route, "dlmopen_new")) h = dlmopen(LM_ID_NEWLM, soname_of(name), RTLD_NOW);
     else if (!strncmp(route, "dlmopen_dep:", 12)) h = dlmopen(LM_ID_NEWLM, route + 12, RTLD_NOW);
     else {

@@ -179,3 +179,14 @@ def test_dlmopen_passes_through_with_control_off(
     res, out = run(bypass_main, str(hostile), env, f"alloc:{OVER}:{route}")
     assert res[0]["rc"] == "0", out
     assert "refused" not in out
+
+
+@pytest.mark.parametrize("version", ["libcuda.so.1", "GLIBC_2.2.5", "CUDA_12"])
+def test_dlvsym_finds_no_unversioned_driver_function(
+    version: str, bypass_main: Path, hostile: Path, shim_env: dict[str, str]
+) -> None:
+    """The shim does not hook dlvsym (it resolves the real dlsym through it). The driver's entry
+    points carry no symbol version, and the C library's dlvsym does not return such a symbol
+    for any version asked: not a route to the driver (docs/shim.md, threat model)."""
+    res, out = run(bypass_main, str(hostile), quota_env(shim_env), f"alloc:{OVER}:vsym:{version}")
+    assert res[0]["rc"] == "-1", out
