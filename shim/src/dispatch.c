@@ -1,13 +1,15 @@
 /*
  * Everything generated from hooks.def: the real_<symbol> pointers and their resolution, the
  * exported wrappers, and the two maps that make the other call routes reach the hooks:
- *   dlsym(handle_of_driver, "symbol")   -> our wrapper of exactly that symbol
+ *   dlsym(handle_of_driver, "symbol")   -> our wrapper of exactly that symbol (any handle whose
+ *     answer is the driver's definition; RTLD_NEXT from an object loaded after the shim)
  *   cuGetProcAddress(_v2)(base, version, flags) -> the driver answers (it is the authority on
  *     versions); an answer equal to real_<symbol> becomes the wrapper of that same symbol.
  * Symbols not in hooks.def are never touched.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <link.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -103,6 +105,9 @@ void *vgpu_nvml_sym(const char *name) {
     return vgpu_resolve_nvml() == 0 ? real_dlsym()(nvml_handle, name) : NULL;
 }
 
+/* The C library's definition of `name` (the next one after the shim). */
+void *vgpu_libc_sym(const char *name) { return real_dlsym()(RTLD_NEXT, name); }
+
 static void *vgpu_map_dlsym(const char *name, void *r);
 
 static const struct entry *entry_by_name(const char *name) {
@@ -116,28 +121,96 @@ EARLY_SAFE static int maybe_ours(const char *name) {
     return (name[0] == 'c' && name[1] == 'u') || (name[0] == 'n' && name[1] == 'v' && name[2] == 'm' && name[3] == 'l');
 }
 
+__attribute__((noinline)) static void *vgpu_next_hook(const char *name, const void *caller);
+
 /* The tail call must not depend on the optimisation level the shim is built with. */
 EARLY_SAFE __attribute__((optimize("optimize-sibling-calls"))) VGPU_EXPORT void *dlsym(void *handle, const char *name) {
     dlsym_fn real = real_dlsym();
     /* <dlfcn.h> declares name nonnull, but applications do pass NULL: launder the pointer so the
      * compiler keeps the check, and leave the NULL to the real dlsym */
     __asm__("" : "+r"(name));
-    /* RTLD_NEXT depends on the caller's address and anything that is not a driver name is none
-     * of our business: tail-call the real dlsym so it sees the application as its caller. */
-    if (handle == RTLD_NEXT || name == NULL || !maybe_ours(name)) return real(handle, name);
+    /* anything that is not a driver name is none of our business */
+    if (name == NULL || !maybe_ours(name)) return real(handle, name);
+    if (handle == RTLD_NEXT) {
+        /* RTLD_NEXT depends on the caller's address: the hook if the caller was loaded after us,
+         * otherwise a tail call so the real dlsym sees the application as its caller */
+        void *hook = vgpu_next_hook(name, __builtin_return_address(0));
+        if (hook != NULL) return hook;
+        return real(handle, name);
+    }
     return vgpu_map_dlsym(name, real(handle, name));
+}
+
+/* Control is on and `e`'s library resolved: the wrapper may be handed out. */
+static int hooks_apply(const struct entry *e) {
+    if (e->lib == VGPU_LIB_CUDA ? vgpu_resolve_cuda() : vgpu_resolve_nvml()) return 0;
+    (void)vgpu_init(); /* CUDA_DISABLE_CONTROL=true: the driver's own pointers (pure passthrough) */
+    return !vgpu_config()->disabled;
 }
 
 /* the part of dlsym for driver names: ordinary (instrumented) code */
 static void *vgpu_map_dlsym(const char *name, void *r) {
     if (r == NULL) return r;
     const struct entry *e = entry_by_name(name);
-    if (e == NULL) return r;
-    if (e->lib == VGPU_LIB_CUDA ? vgpu_resolve_cuda() : vgpu_resolve_nvml()) return r;
-    (void)vgpu_init(); /* CUDA_DISABLE_CONTROL=true: the driver's own pointers (pure passthrough) */
-    if (vgpu_config()->disabled) return r;
+    if (e == NULL || !hooks_apply(e)) return r;
     /* exactly the driver's definition of exactly this name becomes our wrapper of this name */
     return r == *e->real ? e->wrapper : r;
+}
+
+/* Where the caller sits in the load order relative to the shim (dl_iterate_phdr walks the
+ * objects in that order, under the loader's lock, so no object goes away during the walk). */
+struct load_order {
+    uintptr_t caller, self;
+    int self_seen, caller_after_self;
+};
+
+static int object_contains(const struct dl_phdr_info *info, uintptr_t addr) {
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        uintptr_t start = info->dlpi_addr + ph->p_vaddr;
+        if (ph->p_type == PT_LOAD && addr >= start && addr - start < ph->p_memsz) return 1;
+    }
+    return 0;
+}
+
+static int load_order_step(struct dl_phdr_info *info, size_t size, void *data) {
+    (void)size;
+    struct load_order *o = data;
+    if (object_contains(info, o->self)) {
+        o->self_seen = 1;
+        return object_contains(info, o->caller); /* the shim itself: stop, not after */
+    }
+    if (!object_contains(info, o->caller)) return 0;
+    o->caller_after_self = o->self_seen;
+    return 1;
+}
+
+static int loaded_after_shim(const void *caller) {
+    struct load_order o = {(uintptr_t)caller, (uintptr_t)&vgpu_wrap_cuInit, 0, 0};
+    dl_iterate_phdr(load_order_step, &o);
+    return o.caller_after_self;
+}
+
+/* A driver library already in the process (dlsym must not load one as a side effect). */
+static int lib_loaded(const struct entry *e) {
+    void *h = dlopen(e->lib == VGPU_LIB_CUDA ? "libcuda.so.1" : "libnvidia-ml.so.1", RTLD_LAZY | RTLD_NOLOAD);
+    if (h == NULL) return 0;
+    dlclose(h);
+    return 1;
+}
+
+/* dlsym(RTLD_NEXT, name) from `caller`. A caller loaded after the shim (a library dlopen'ed
+ * later, a later preload, a dependency of the program) looks behind the shim, where the driver's
+ * unhooked definition is: it gets the hook of exactly that name whenever the loaded driver
+ * defines it. The C library computes RTLD_NEXT from the caller's address and offers no call that
+ * takes it, so the answer the caller would have had is not recomputed: an interposer loaded
+ * after the shim is skipped (as it is on every other route, the shim coming first), and a
+ * caller whose scope lacks the driver gets the hook instead of NULL. Callers loaded before the
+ * shim (the program, earlier preloads) get NULL here: the real dlsym answers them exactly. */
+static void *vgpu_next_hook(const char *name, const void *caller) {
+    const struct entry *e = entry_by_name(name);
+    if (e == NULL || !lib_loaded(e) || !loaded_after_shim(caller) || !hooks_apply(e)) return NULL;
+    return *e->real != NULL ? e->wrapper : NULL;
 }
 
 /* ---- cuGetProcAddress ---- */

@@ -144,19 +144,139 @@ static void recover_locked(void) {
     R->lock_recoveries++;
 }
 
-int vgpu_region_lock(void) {
-    int rc = pthread_mutex_lock(region_mutex(R));
-    if (rc == 0) return 0;
+/* ---- the lock: bounded waits, and a rebuild when the lock word is not a usable mutex ----
+ *
+ * Any process of the slice can write the file, so the mutex may hold garbage (or a state no
+ * live holder will ever release). No wait is unbounded: a locker that cannot get the mutex
+ * within LOCK_TIMEOUT rebuilds it (a fresh robust mutex, taken) and recomputes the totals from
+ * the live slots, as after EOWNERDEAD. Rebuilders take turns on an OFD byte lock of the file
+ * (REBUILD_BYTE, after the slots' bytes; dropped by the kernel if the holder dies) and on
+ * rebuild_mu among our own threads (byte locks belong to the open file description, shared by
+ * our threads). A holder descheduled for longer than LOCK_TIMEOUT is taken for garbage: its
+ * critical section may then overlap the rebuilder's; the next recovery recomputes the totals. */
+#define LOCK_TIMEOUT_NS 2000000000LL    /* a critical section takes microseconds */
+#define RETRY_TIMEOUT_NS 250000000LL    /* after waiting for the rebuild turn: it may be healthy again */
+#define REBUILD_BYTE (VGPU_SLOT_LOCK_BASE + VGPU_MAX_PROCS)
+static pthread_mutex_t rebuild_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int init_robust_mutex(pthread_mutex_t *m) {
+    pthread_mutexattr_t a;
+    if (pthread_mutexattr_init(&a) != 0) return -1;
+    int rc = pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+    if (rc == 0) rc = pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+    if (rc == 0) rc = pthread_mutex_init(m, &a);
+    pthread_mutexattr_destroy(&a);
+    return rc == 0 ? 0 : -1;
+}
+
+#if defined(__GLIBC__) && defined(__PTHREAD_MUTEX_HAVE_PREV)
+/* glibc's mutex: the C library trusts its fields (the kind selects the code path, some of which
+ * assert; unlock follows the robust-list pointers). A kind other than the one we create is
+ * garbage: rebuild without calling into it. The holder keeps a copy of the fields the unlock
+ * trusts and puts them back before unlocking (someone may have written over them meanwhile). */
+#define GLIBC_MUTEX 1
+static int expected_kind = -1;
+static struct {
+    int owner, kind;
+    __pthread_list_t list;
+} held_fields;
+
+static int mutex_plausible(pthread_mutex_t *m) {
+    int k = __atomic_load_n(&expected_kind, __ATOMIC_RELAXED);
+    if (k < 0) {
+        pthread_mutex_t t;
+        if (init_robust_mutex(&t) != 0) return 1;
+        k = t.__data.__kind;
+        pthread_mutex_destroy(&t);
+        __atomic_store_n(&expected_kind, k, __ATOMIC_RELAXED);
+    }
+    return __atomic_load_n(&m->__data.__kind, __ATOMIC_RELAXED) == k;
+}
+
+static void keep_fields(pthread_mutex_t *m) {
+    held_fields.owner = m->__data.__owner;
+    held_fields.kind = m->__data.__kind;
+    held_fields.list = m->__data.__list;
+}
+
+static void restore_fields(pthread_mutex_t *m) {
+    m->__data.__owner = held_fields.owner;
+    m->__data.__kind = held_fields.kind;
+    m->__data.__list = held_fields.list;
+}
+#else
+static int mutex_plausible(pthread_mutex_t *m) { return (void)m, 1; }
+static void keep_fields(pthread_mutex_t *m) { (void)m; }
+static void restore_fields(pthread_mutex_t *m) { (void)m; }
+#endif
+
+static int timed_lock(pthread_mutex_t *m, long long timeout_ns) {
+    if (!mutex_plausible(m)) return EINVAL;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    long long ns = ts.tv_nsec + timeout_ns;
+    ts.tv_sec += (time_t)(ns / 1000000000LL);
+    ts.tv_nsec = (long)(ns % 1000000000LL);
+    int rc = pthread_mutex_timedlock(m, &ts);
     if (rc == EOWNERDEAD) {
         recover_locked();
-        pthread_mutex_consistent(region_mutex(R));
-        return 0;
+        pthread_mutex_consistent(m);
+        rc = 0;
     }
-    vgpu_log(VGPU_LOG_ERROR, "accounting lock unusable (%s)", strerror(rc));
+    if (rc == 0) keep_fields(m);
+    return rc;
+}
+
+/* Our turn to rebuild, among processes (the byte lock) and our threads (rebuild_mu, held by the
+ * caller); bounded too, so that a process sitting on the byte cannot hang the others. */
+static int take_rebuild_byte(void) {
+    for (long long waited = 0; waited < LOCK_TIMEOUT_NS; waited += 1000000) {
+        if (byte_lock(region_fd, REBUILD_BYTE, F_WRLCK) == 0) return 0;
+        if (errno != EAGAIN && errno != EACCES) return -1;
+        nanosleep(&(struct timespec){0, 1000000}, NULL);
+    }
+    errno = ETIMEDOUT;
     return -1;
 }
 
-void vgpu_region_unlock(void) { pthread_mutex_unlock(region_mutex(R)); }
+static int rebuild_and_lock(int why) {
+    pthread_mutex_t *m = region_mutex(R);
+    pthread_mutex_lock(&rebuild_mu);
+    int rc = take_rebuild_byte() == 0 ? 0 : errno;
+    if (rc == 0) {
+        /* someone may have rebuilt it while we waited for our turn */
+        if (timed_lock(m, RETRY_TIMEOUT_NS) != 0) {
+            /* a locker still inside the C library's lock call may take the fresh mutex first:
+             * it leaves it within a critical section's time */
+            if (init_robust_mutex(m) != 0 ||
+                (pthread_mutex_trylock(m) != 0 && timed_lock(m, RETRY_TIMEOUT_NS) != 0)) {
+                rc = ENOTRECOVERABLE;
+            } else {
+                keep_fields(m);
+                recover_locked();
+                vgpu_log(VGPU_LOG_WARN, "accounting lock was unusable (%s): rebuilt it, and the totals from the live slots",
+                         strerror(why));
+            }
+        }
+        byte_lock(region_fd, REBUILD_BYTE, F_UNLCK);
+    }
+    pthread_mutex_unlock(&rebuild_mu);
+    if (rc != 0) vgpu_log(VGPU_LOG_ERROR, "accounting lock unusable (%s)", strerror(rc));
+    return rc == 0 ? 0 : -1;
+}
+
+int vgpu_region_lock(void) {
+    int rc = timed_lock(region_mutex(R), LOCK_TIMEOUT_NS);
+    return rc == 0 ? 0 : rebuild_and_lock(rc);
+}
+
+void vgpu_region_unlock(void) {
+    pthread_mutex_t *m = region_mutex(R);
+    restore_fields(m);
+    /* still refused (the lock word itself was overwritten): the next locker times out and
+     * rebuilds it */
+    pthread_mutex_unlock(m);
+}
 
 /* slot_mu held. 0 claimed; -1 every slot is taken by a live process; -2 byte locks do not work
  * on this file (errno says why). */
@@ -431,6 +551,7 @@ void vgpu_region_atfork_child(void) {
     my_slot = -1;
     if (fd < 0) region_broken = 1;
     pthread_mutex_init(&slot_mu, NULL);
+    pthread_mutex_init(&rebuild_mu, NULL);
 }
 
 /* Normal exit: give the slot back now rather than at the next scan (the driver frees the

@@ -54,6 +54,8 @@ int vgpu_resolve_nvml(void);
  * from the same library instance; NULL if absent. Resolve once and cache the result. */
 void *vgpu_cuda_sym(const char *name);
 void *vgpu_nvml_sym(const char *name);
+/* The C library's definition of `name` (what follows the shim: dlmopen.c's real dlmopen). */
+void *vgpu_libc_sym(const char *name);
 /* Nanoseconds the last first-call setup took (init + device map), for benchmarks/debug. */
 extern uint64_t vgpu_setup_ns;
 

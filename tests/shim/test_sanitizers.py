@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,8 @@ import pytest
 from shim.build import SANITIZER_FLAGS, build_with_gcc
 from tests.shim.conftest import _build_harness, parse_ops
 from tests.shim.quantity_cases import CASES
+from tests.shim.test_lock_garbage import LOCK_OFFSET, LOCK_SIZE, garbage_patterns, scribble
+from tests.support.cbuild import compile_shared_library
 
 MiB = 1 << 20
 ASAN_ENV = {
@@ -97,3 +100,53 @@ def test_shim_sanitized_in_a_cuda_program(
         _clean(r)
         assert r.returncode == 0, r.stderr[-3000:]
         assert parse_ops(r.stdout)[-1]["op"] == ops[-1].split(":")[0]
+
+
+def test_lock_rebuild_sanitized(sanitized: dict[str, Path], tmp_path: Path) -> None:
+    """Garbage over the region's lock: the sanitized harness rebuilds it (no hang, no report)."""
+    h = str(sanitized["harness"])
+    env = {**ASAN_ENV, "PATH": "/usr/bin:/bin"}
+    reg = tmp_path / "g.region"
+    r = subprocess.run(
+        [h, "used", str(reg), "0"], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    _clean(r)
+    for pattern in garbage_patterns(reg.read_bytes()[LOCK_OFFSET : LOCK_OFFSET + LOCK_SIZE]):
+        scribble(reg, pattern)
+        r = subprocess.run(
+            [h, "stress", str(reg), "0", str(32 * MiB), "2", "2000"],
+            env=env, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        _clean(r)
+        assert r.returncode == 0 and "accounting lock was unusable" in r.stderr, r.stderr[-3000:]
+
+
+def test_bypass_routes_sanitized(
+    sanitized: dict[str, Path],
+    build_c: Callable[..., Path],
+    cbin_dir: Path,
+    sim_env: dict[str, str],
+) -> None:
+    """dlsym(RTLD_NEXT) behind the shim, and dlmopen, with the sanitized shim preloaded."""
+    hostile = compile_shared_library("bypass_lib.c", cbin_dir, "libvgpu_bypass_test.so")
+    main = build_c("bypass_main.c", ["-ldl"])
+    env = dict(sim_env, **ASAN_ENV, CUDA_DEVICE_MEMORY_LIMIT="1Gi")
+    env["LD_PRELOAD"] = f"{_libasan()}:{sanitized['shim']}"
+    ops = [f"alloc:{2 << 30}:next", "nvml:next", "hook:next:cuMemFree_v2", f"alloc:{2 << 30}:dlmopen_new",
+           f"alloc:{2 << 30}:dlmopen_dep:{hostile}"]  # fmt: skip
+    r = subprocess.run(
+        [str(main), str(hostile), *ops],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    _clean(r)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rcs = [
+        line.split("rc=")[1].split()[0]
+        for line in r.stdout.splitlines()
+        if line.startswith("op=alloc")
+    ]
+    assert rcs == ["2", "2", "-1"], r.stdout
