@@ -124,7 +124,10 @@ def test_prepare_sharing_v1_writes_valid_spec_with_limits(world: World) -> None:
     assert all({"nosuid", "nodev", "bind"} <= set(m["options"]) for m in mounts.values())
     # Modes: DATA is the plugin's; the claim directory and the limits are root's, read-only to
     # others; only shared/ and the claim's own demand file are writable by container users.
-    mode = lambda p: stat.S_IMODE(p.lstat().st_mode)  # noqa: E731
+
+    def mode(p: Path) -> int:
+        return stat.S_IMODE(p.lstat().st_mode)
+
     assert mode(data) == 0o700
     assert mode(claim_dir) == 0o755
     assert mode(claim_dir / "limits") == 0o444
