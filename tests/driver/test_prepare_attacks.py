@@ -15,6 +15,7 @@ import re
 import stat
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -96,7 +97,9 @@ def snapshot(root: Path) -> dict[str, tuple[int, bytes | None]]:
 def forge_checkpoint(w: World, entries: list[ClaimEntry]) -> None:
     """A checkpoint with a valid checksum (as an older plugin, or an attacker, left it)."""
     cp = w.root / "data" / "checkpoint.json"
-    doc = json.loads(cp.read_text()) if cp.exists() else {"version": 1, "claims": {}}
+    doc: dict[str, Any] = (
+        json.loads(cp.read_text()) if cp.exists() else {"version": 1, "claims": {}}
+    )
     for e in entries:
         doc["claims"][e.uid] = e.to_dict()
     doc["checksum"] = _checksum(doc["claims"])
