@@ -179,6 +179,16 @@ def _value(out: str, key: str) -> int:
     raise AssertionError(f"no {key}= in {out!r}")
 
 
+def wait_held(holder: subprocess.Popen[str], shared: Path) -> None:
+    """Until the container's `hold` has its allocation (it creates `held` in the shared dir)."""
+    deadline = time.monotonic() + 60
+    while not (shared / "held").exists():
+        if holder.poll() is not None:
+            raise AssertionError(f"holder exited {holder.returncode}: {holder.stderr.read()}")  # type: ignore[union-attr]
+        assert time.monotonic() < deadline, "holder never allocated"
+        time.sleep(0.1)
+
+
 @pytest.fixture
 def world(rootfs: Path) -> Iterator[tuple[FakeApiServer, KubeletStandin, Path, Podman]]:
     root = Path(tempfile.mkdtemp(prefix="vge", dir="/tmp"))
@@ -265,12 +275,7 @@ def test_containers_see_and_share_the_claims_quota(
     claim_dir = root / "data" / "claims" / a.uid / "shared"  # /run/vgpu-sharing
     holder = podman.start(id_a, "hold", str(700 * MiB), "/run/vgpu-sharing")
     try:
-        deadline = time.monotonic() + 60
-        while not (claim_dir / "held").exists():
-            if holder.poll() is not None:
-                raise AssertionError(f"holder exited {holder.returncode}: {holder.stderr.read()}")  # type: ignore[union-attr]
-            assert time.monotonic() < deadline, "holder never allocated"
-            time.sleep(0.1)
+        wait_held(holder, claim_dir)
         # ... so container 2 of the same claim cannot get another 700 MiB (one quota) ...
         assert (
             _value(podman.run(id_a, "alloc", str(700 * MiB)), "alloc") == CUDA_ERROR_OUT_OF_MEMORY
@@ -346,12 +351,7 @@ def test_environment_overrides_do_not_lift_the_claims_quota(
     holder = podman.start(cdi_id, "-c", script, "sh", "hold", str(700 * MiB), "/run/vgpu-sharing",
                           program="/bin/sh")  # fmt: skip
     try:
-        deadline = time.monotonic() + 60
-        while not (shared / "held").exists():
-            if holder.poll() is not None:
-                raise AssertionError(f"holder exited {holder.returncode}: {holder.stderr.read()}")  # type: ignore[union-attr]
-            assert time.monotonic() < deadline, "holder never allocated"
-            time.sleep(0.1)
+        wait_held(holder, shared)
         assert (
             _value(podman.run(cdi_id, "alloc", str(700 * MiB)), "alloc") == CUDA_ERROR_OUT_OF_MEMORY
         )

@@ -96,25 +96,31 @@ def test_crash_during_prepare(env: tuple[Path, FakeApiServer], step: str) -> Non
         plugin.stop()
 
 
+def crash_in_unprepare(root: Path, server: FakeApiServer, step: str, prepared: list[ClaimId],
+                       unprepared: ClaimId) -> PluginProcess:  # fmt: skip
+    """Prepare `prepared`, then unprepare `unprepared` in a plugin that SIGKILLs itself at
+    `step`. Returns the (dead) plugin, to be started again."""
+    plugin = PluginProcess(root, server.url, fake_gpus())
+    plugin.start()
+    kubelet = registered(root)
+    assert all(r.error == "" for r in kubelet.prepare(prepared).values())
+    kubelet.close()
+    plugin.stop()
+    plugin.start(crash_at=step)
+    kubelet = registered(root)
+    with pytest.raises(grpc.RpcError):
+        kubelet.unprepare([unprepared])
+    kubelet.close()
+    assert plugin.wait_exit() == -signal.SIGKILL
+    return plugin
+
+
 @pytest.mark.parametrize("step", ["unprepare-started", "unprepare-cdi", "unprepare-dir"])
 def test_crash_during_unprepare(env: tuple[Path, FakeApiServer], step: str) -> None:
     root, server = env
     c = claim_id(server.put(allocated_claim("c1", results=[result("gpu", "gpu-0", memory="2Gi")])))
     keep = claim_id(server.put(allocated_claim("c2", results=[result("gpu", "gpu-1")])))
-    plugin = PluginProcess(root, server.url, fake_gpus())
-    plugin.start()
-    kubelet = registered(root)
-    assert all(r.error == "" for r in kubelet.prepare([c, keep]).values())
-    kubelet.close()
-    plugin.stop()
-
-    plugin.start(crash_at=step)
-    kubelet = registered(root)
-    with pytest.raises(grpc.RpcError):
-        kubelet.unprepare([c])
-    kubelet.close()
-    assert plugin.wait_exit() == -signal.SIGKILL
-
+    plugin = crash_in_unprepare(root, server, step, prepared=[c, keep], unprepared=c)
     plugin.start()
     try:
         kubelet = registered(root)
@@ -136,20 +142,7 @@ def test_prepare_after_a_crashed_unprepare_answers_with_a_spec_that_exists(
     now recorded (UnprepareStarted) and finished at the restart; the prepare starts afresh."""
     root, server = env
     c = claim_id(server.put(allocated_claim("c1", results=[result("gpu", "gpu-0", memory="2Gi")])))
-    plugin = PluginProcess(root, server.url, fake_gpus())
-    plugin.start()
-    kubelet = registered(root)
-    assert kubelet.prepare([c])[c.uid].error == ""
-    kubelet.close()
-    plugin.stop()
-
-    plugin.start(crash_at=step)
-    kubelet = registered(root)
-    with pytest.raises(grpc.RpcError):
-        kubelet.unprepare([c])
-    kubelet.close()
-    assert plugin.wait_exit() == -signal.SIGKILL
-
+    plugin = crash_in_unprepare(root, server, step, prepared=[c], unprepared=c)
     plugin.start()
     try:
         assert artefacts(root) == ([], [])  # the unprepare was finished at startup
