@@ -9,8 +9,11 @@ starting empty, because starting empty would silently forget prepared claims (th
 and accounting files would never be cleaned up, and a repeated prepare would re-read the API).
 
 A claim goes PrepareStarted (recorded before anything is created, with the paths it will
-create) -> PrepareCompleted (with the answer given to the kubelet). A PrepareStarted entry
-found at startup is a prepare that died half-way: it is rolled back from the recorded paths.
+create) -> PrepareCompleted (with the answer given to the kubelet) -> UnprepareStarted (recorded
+before anything is removed) -> gone. At startup a PrepareStarted entry is a prepare that died
+half-way: it is rolled back; an UnprepareStarted entry is an unprepare that died half-way: it is
+finished. Either way the claim's files are found from its UID, inside the plugin's own
+directories; the paths recorded here are only compared with those (driver/state.py).
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from cdi.writer import atomic_write
 VERSION = 1
 PREPARE_STARTED = "PrepareStarted"
 PREPARE_COMPLETED = "PrepareCompleted"
-_STATES = (PREPARE_STARTED, PREPARE_COMPLETED)
+UNPREPARE_STARTED = "UnprepareStarted"
+_STATES = (PREPARE_STARTED, PREPARE_COMPLETED, UNPREPARE_STARTED)
 
 
 class CheckpointError(Exception):

@@ -16,13 +16,16 @@ Construction (by driver/main.py):
   health      the HealthBroadcaster whose device list the health stream serves; when nobody has
               published yet, start() publishes every device of `gpus` as healthy
 
-Files, under settings.data_dir:
+Files, under settings.data_dir (mode 0700: containers reach what they need through bind mounts,
+which the runtime resolves as root; nobody else needs anything in it):
   checkpoint.json        prepared claims (driver/checkpoint.py)
   lib/libvgpu.so         copy of the shim, mounted read-only into containers
   lib/ld.so.preload      names the container path of the shim; mounted at /etc/ld.so.preload
-  claims/<uid>/          one claim's accounting directory, mounted at /run/vgpu-sharing
-  node-state/            the compute controller's node-wide demand files (mode 1777), mounted
-                         at /var/run/vgpu/node-state in every container (docs/compute.md)
+  claims/<uid>/          one claim: `limits` (read-only mount) and `shared/` (read-write mount at
+                         /run/vgpu-sharing, the accounting file); see driver/state.py
+  node-state/            0755: one demand file per claim, `<uid>.demand`; the directory is
+                         mounted read-only into every claim at /run/vgpu-node, each claim's own
+                         file writable at /run/vgpu-demand (docs/compute.md)
 and CDI specs in settings.cdi_root: k8s.<driver>-claim_<uid>.json.
 """
 
@@ -161,11 +164,11 @@ class Driver:
         source = self._shim_source or shim_library()
         install_shim(source, self.paths.shim_library.parent)
         s.cdi_root.mkdir(parents=True, exist_ok=True)
-        self.paths.claims_dir.mkdir(parents=True, exist_ok=True)
-        os.chmod(s.data_dir, 0o755)  # containers' users must traverse to their claim directory
-        # Any container user's shim creates its device's demand file here (0666, by the shim).
-        self.paths.node_state_dir.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.paths.node_state_dir, 0o1777)
+        os.chmod(s.data_dir, 0o700)  # the plugin's own; containers get bind mounts
+        for d in (self.paths.claims_dir, self.paths.node_state_dir):
+            d.mkdir(parents=True, exist_ok=True)
+            # Only the plugin writes here (an older version made node-state 1777: tighten it).
+            os.chmod(d, 0o755)
         self.state.recover()
         if not self.health.snapshot().devices:
             self.health.publish(

@@ -53,6 +53,13 @@ SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResource
 HEALTH_CHECK_TIMEOUT_SECONDS = 60
 _UNIX_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
 _HEALTH_POLL_SECONDS = 0.5  # how often an idle health stream checks that its client is still there
+# The DRA server's worker threads: a gRPC (sync) server runs every call, streams included, on one
+# thread pool, and a health stream holds its thread for as long as it is open. Health streams are
+# therefore admitted up to MAX_HEALTH_STREAMS at a time (the kubelet opens one; more are refused
+# with RESOURCE_EXHAUSTED), and the pool has PREPARE_WORKERS threads on top of those: open
+# streams can never take the threads prepare and unprepare need.
+PREPARE_WORKERS = 16
+MAX_HEALTH_STREAMS = 4
 
 PrepareFn = Callable[[Sequence[ClaimRef]], dict[str, PrepareResult]]
 UnprepareFn = Callable[[Sequence[ClaimRef]], dict[str, str]]
@@ -124,6 +131,7 @@ class _HealthService:
         self._health = health
         self._pool = pool_name
         self._stopping = stopping
+        self._slots = threading.BoundedSemaphore(MAX_HEALTH_STREAMS)
 
     def _message(self, devices: Sequence[Any]) -> Any:
         pb = health_v1alpha1_pb2
@@ -138,6 +146,18 @@ class _HealthService:
         return resp
 
     def NodeWatchResources(self, request: Any, context: Any) -> Iterator[Any]:
+        if not self._slots.acquire(blocking=False):
+            log.warning("health stream refused: %d already open", MAX_HEALTH_STREAMS)
+            context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{MAX_HEALTH_STREAMS} health streams already open; close one first",
+            )
+        try:
+            yield from self._watch(context)
+        finally:
+            self._slots.release()
+
+    def _watch(self, context: Any) -> Iterator[Any]:
         snap = self._health.snapshot()
         log.info("health stream opened (%d devices)", len(snap.devices))
         yield self._message(snap.devices)
@@ -249,8 +269,10 @@ class KubeletPlugin:
         server.start()
 
     def _serve_dra(self) -> grpc.Server:
-        # Health streams hold a worker each for their lifetime; leave room for prepares.
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="dra"))
+        workers = PREPARE_WORKERS + MAX_HEALTH_STREAMS
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dra")
+        )
         _grpc_module("dra_v1").add_DRAPluginServicer_to_server(
             _DraService(dra_v1_pb2, "v1", self._prepare, self._unprepare), server
         )

@@ -21,6 +21,7 @@ from pathlib import Path
 from types import FrameType
 from typing import cast
 
+from driver.checkpoint import CheckpointError
 from driver.discovery import Discovery, Inventory, NvmlBackend, PynvmlBackend, Rediscovery
 from driver.driver import Driver
 from driver.flags import Settings, SettingsError, parse
@@ -231,7 +232,7 @@ class Plugin:
                     raise StartupError(
                         f"--healthcheck-port {s.healthcheck_port}: cannot listen: {e}"
                     ) from e
-        except (KubeConfigError, StartupError) as e:
+        except (KubeConfigError, StartupError, CheckpointError) as e:  # one line each
             log.error("%s", e)
             self._stop_driver()
             return EXIT_STARTUP

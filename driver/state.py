@@ -1,13 +1,34 @@
 """Prepare and unprepare of claims on this node: the DeviceState.
 
+Files of one claim (DATA = the plugin's data dir, 0700 root):
+
+    <cdi root>/k8s.<driver>-claim_<uid>.json  the CDI spec (one device named by the claim UID)
+    DATA/claims/<uid>/                   0755 root, never mounted writable
+    DATA/claims/<uid>/limits             0444: the claim's limits (sharing/limitsfile.py), mounted
+                                         read-only beside the shim; the shim takes every limit
+                                         from it, whatever the container's environment says
+    DATA/claims/<uid>/shared/            1777: mounted read-write at /run/vgpu-sharing (the
+                                         accounting file lives here; tenant-writable)
+    DATA/node-state/<uid>.demand         0666, created empty: the claim's elastic-demand record,
+                                         mounted writable only into this claim (/run/vgpu-demand);
+                                         DATA/node-state is mounted read-only into every claim
+
 Prepare of one claim:
-  1. a PrepareCompleted checkpoint entry -> return its recorded answer (no API call);
+  1. a PrepareCompleted checkpoint entry whose files all exist -> return its recorded answer (no
+     API call). If one is missing (e.g. /var/run/cdi is a tmpfs and the node rebooted), the
+     claim is read again and the missing files are recreated; an existing shared/ directory
+     (the slice's usage) is kept;
   2. read the ResourceClaim, check it and compute the limits (driver/claims.py);
-  3. checkpoint PrepareStarted with the paths about to be created;
-  4. create the claim's accounting directory and file (sharing.region), write its CDI spec;
+  3. checkpoint PrepareStarted;
+  4. create the claim directory, limits file, shared directory, accounting file, demand file;
+     write the CDI spec;
   5. checkpoint PrepareCompleted with the answer, return it.
 A failure after 3 removes what was created and the entry; a crash after 3 is rolled back at the
-next start (recover()). Either way no CDI spec or directory is left without an entry.
+next start (recover()). Unprepare checkpoints UnprepareStarted before removing anything, so a
+crash half-way is finished at the next start, never taken for a prepared claim.
+
+Every path is derived from the claim UID (validated: letters, digits, '-', at most 128) inside
+the plugin's own directories; nothing under DATA is opened through a link (driver/hostfs.py).
 
 One claim = one CDI device `k8s.<driver>/claim=<claim-uid>` carrying every GPU of the claim, and
 one accounting directory: all containers of a pod that use the claim share one quota; two claims
@@ -22,7 +43,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import shutil
 import signal
 import threading
 from collections.abc import Callable, Sequence
@@ -31,10 +51,12 @@ from pathlib import Path
 from typing import Any
 
 from cdi.spec import ContainerEdits, Device, DeviceNode, Mount, Spec
-from cdi.writer import SpecWriter, fsync_dir
+from cdi.writer import SpecWriter, atomic_write
+from driver import hostfs
 from driver.checkpoint import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
+    UNPREPARE_STARTED,
     Checkpoint,
     ClaimEntry,
     PreparedDevice,
@@ -42,30 +64,41 @@ from driver.checkpoint import (
 from driver.claims import ClaimError, ClaimPlan, ClaimRef, plan_claim, read_claim
 from sharing import region
 from sharing.gpus import GpuInfo
+from sharing.limitsfile import render_limits_file
 
 log = logging.getLogger(__name__)
 
 CRASH_ENV = "VGPU_TEST_CRASH_AT"
 CRASH_STEPS = (
     "prepare-started",  # after the PrepareStarted checkpoint
-    "prepare-dir",  # after the accounting directory exists
+    "prepare-dir",  # after the claim directory, limits, shared dir and demand file exist
     "prepare-cdi",  # after the CDI spec is written
     "prepare-completed",  # after the PrepareCompleted checkpoint, before answering
+    "unprepare-started",  # after the UnprepareStarted checkpoint
     "unprepare-cdi",  # after the CDI spec is removed
-    "unprepare-dir",  # after the directory is removed, before the entry is dropped
+    "unprepare-dir",  # after the directory and demand file are removed, before the entry goes
 )
 
 # Where things appear inside the container.
 CONTAINER_LIB = "/usr/local/lib/vgpu-sharing/libvgpu.so"
+CONTAINER_LIMITS = "/usr/local/lib/vgpu-sharing/limits"
 CONTAINER_PRELOAD = "/etc/ld.so.preload"
 CONTAINER_CLAIM_DIR = "/run/vgpu-sharing"
-# Node-wide demand files of the compute controller (docs/compute.md): one host directory shared
-# by every slice's containers, so that elastic slices find idle SMs. Its container path.
-NODE_STATE_DIR = "/var/run/vgpu/node-state"
+# The node's demand records (docs/compute.md), read-only: elastic slices see every claim's demand.
+NODE_STATE_DIR = "/run/vgpu-node"
+# This claim's own demand record, the only one it can write.
+DEMAND_FILE = "/run/vgpu-demand"
 ACCOUNTING_FILE = "accounting"
+LIMITS_FILE = "limits"
+SHARED_DIR = "shared"
+DEMAND_SUFFIX = ".demand"
 CLAIM_CLASS = "claim"
 
-_UID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9\-]*$")
+# Kubernetes UIDs are UUIDs (36 characters); the bound keeps every derived file name short.
+MAX_UID = 128
+_UID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9\-]*")
+_RO = ("ro", "nosuid", "nodev", "bind")
+_RW = ("rw", "nosuid", "nodev", "bind")
 
 ClaimReader = Callable[[ClaimRef], dict[str, Any]]
 
@@ -78,6 +111,15 @@ def _maybe_crash(step: str) -> None:
 
 def cdi_kind(driver_name: str) -> str:
     return f"k8s.{driver_name}/{CLAIM_CLASS}"
+
+
+def uid_error(uid: str) -> str | None:
+    """Why `uid` cannot be a claim UID, or None. Whole-string match: a trailing newline fails."""
+    if len(uid) > MAX_UID:
+        return f"claim UID of {len(uid)} characters invalid; allowed: at most {MAX_UID}"
+    if not _UID_RE.fullmatch(uid):
+        return f"claim UID {uid!r} invalid; allowed: letters, digits and '-', not starting with '-'"
+    return None
 
 
 @dataclass(frozen=True)
@@ -93,8 +135,29 @@ class HostPaths:
     shim_library: Path  # <data dir>/lib/libvgpu.so
     preload_file: Path  # <data dir>/lib/ld.so.preload
     claims_dir: Path  # <data dir>/claims; one sub-directory per claim UID
-    node_state_dir: Path  # <data dir>/node-state, shared by every slice of the node
+    node_state_dir: Path  # <data dir>/node-state: one demand file per claim
     dev_root: Path = Path("/dev")
+
+    @property
+    def data_dir(self) -> Path:
+        return self.claims_dir.parent
+
+
+@dataclass(frozen=True)
+class ClaimFiles:
+    """Where one claim's files are, derived from its (validated) UID."""
+
+    spec: Path
+    claim_dir: Path
+    demand: Path
+
+    @property
+    def limits(self) -> Path:
+        return self.claim_dir / LIMITS_FILE
+
+    @property
+    def shared(self) -> Path:
+        return self.claim_dir / SHARED_DIR
 
 
 class DeviceState:
@@ -137,45 +200,84 @@ class DeviceState:
     def api_reader(api_client: Any) -> ClaimReader:
         return lambda ref: read_claim(api_client, ref)
 
+    def files(self, uid: str) -> ClaimFiles:
+        """The claim's paths; call only with a UID that passed uid_error()."""
+        return ClaimFiles(
+            spec=self.writer.path_for(self.kind, uid),
+            claim_dir=self.paths.claims_dir / uid,
+            demand=self.paths.node_state_dir / f"{uid}{DEMAND_SUFFIX}",
+        )
+
     # --- startup -----------------------------------------------------------------------------
 
     def recover(self) -> None:
-        """Load the checkpoint, roll back interrupted prepares, remove orphans.
+        """Load the checkpoint, roll back interrupted prepares, finish interrupted unprepares,
+        remove orphans. A failure on one entry or file is logged and the rest goes on.
 
         Raises CheckpointError when the checkpoint is corrupt (never silently starts empty).
         """
         with self._lock:
             self.checkpoint.load()
             for entry in self.checkpoint.entries():
-                if entry.state == PREPARE_STARTED:
-                    log.warning(
-                        "claim %s/%s (%s): rolling back a prepare interrupted by a restart",
+                try:
+                    self._recover_entry(entry)
+                except OSError as e:
+                    log.error(
+                        "claim %s/%s (%r): recovery failed: %s; continuing with the others",
                         entry.namespace,
                         entry.name,
                         entry.uid,
+                        e,
                     )
-                    self._remove_artifacts(entry.uid, Path(entry.cdi_spec), Path(entry.claim_dir))
-                    self.checkpoint.delete(entry.uid)
             self._remove_orphans()
             log.info("checkpoint %s: %d prepared claims", self.checkpoint.path,
                      len(self.checkpoint.entries()))  # fmt: skip
 
+    def _recover_entry(self, entry: ClaimEntry) -> None:
+        what = f"claim {entry.namespace}/{entry.name} ({entry.uid!r})"
+        if err := uid_error(entry.uid):
+            # No file of ours can carry this name; whatever carries a similar one is an orphan.
+            log.error("%s in the checkpoint: %s; dropping the entry", what, err)
+            self.checkpoint.delete(entry.uid)
+            return
+        if entry.state == PREPARE_STARTED:
+            log.warning("%s: rolling back a prepare interrupted by a restart", what)
+        elif entry.state == UNPREPARE_STARTED:
+            log.warning("%s: finishing an unprepare interrupted by a restart", what)
+        else:
+            return
+        self._remove_artifacts(entry)
+        self.checkpoint.delete(entry.uid)
+
     def _remove_orphans(self) -> None:
-        """Specs and directories of ours that no checkpoint entry owns (defence in depth)."""
+        """Files of ours that no checkpoint entry owns (defence in depth), and temporary files
+        of writes a crash cut short. One failure is logged; the sweep goes on."""
         known = {e.uid for e in self.checkpoint.entries()}
         prefix = f"{self.kind.replace('/', '-')}_"
-        root = self.writer.cdi_root
-        if root.is_dir():
-            for p in root.glob(f"{prefix}*.json"):
-                uid = p.name[len(prefix) : -len(".json")]
-                if uid not in known:
-                    log.warning("removing orphan CDI spec %s", p)
-                    p.unlink(missing_ok=True)
-        if self.paths.claims_dir.is_dir():
-            for d in self.paths.claims_dir.iterdir():
-                if d.name not in known:
-                    log.warning("removing orphan claim directory %s", d)
-                    shutil.rmtree(d, ignore_errors=True)
+        sweeps: list[tuple[Path, Callable[[str], bool]]] = [
+            (self.writer.cdi_root, lambda n: (n.startswith(prefix) and n.endswith(".json")
+                                              and n[len(prefix) : -len(".json")] not in known)
+                                             or (n.startswith(f".{prefix}") and n.endswith(".tmp"))),
+            (self.paths.claims_dir, lambda n: n not in known),
+            (self.paths.node_state_dir, lambda n: n.endswith(DEMAND_SUFFIX)
+                                                  and n[: -len(DEMAND_SUFFIX)] not in known),
+            (self.checkpoint.path.parent, lambda n: n.startswith(f".{self.checkpoint.path.name}.")
+                                                    and n.endswith(".tmp")),
+        ]  # fmt: skip
+        for root, orphan in sweeps:
+            try:
+                names = sorted(os.listdir(root))
+            except FileNotFoundError:
+                continue
+            except OSError as e:
+                log.error("cannot list %s for orphans: %s", root, e)
+                continue
+            for name in filter(orphan, names):
+                try:
+                    if hostfs.remove(root / name, root):
+                        log.warning("removed orphan %s", root / name)
+                except OSError as e:
+                    log.error("cannot remove orphan %s: %s; continuing", root / name, e)
 
     # --- prepare -----------------------------------------------------------------------------
 
@@ -193,36 +295,58 @@ class DeviceState:
                 out[ref.uid] = PrepareResult(error=f"prepare failed: {e}")
         return out
 
-    def _completed(self, ref: ClaimRef) -> tuple[PreparedDevice, ...] | None:
-        """The recorded answer of a completed prepare (call with the lock held)."""
+    def _missing(self, uid: str) -> list[str]:
+        """The files of a prepared claim that are not (or not as regular files) in place."""
+        f = self.files(uid)
+        missing = [str(p) for p in (f.spec, f.limits, f.demand) if not _is_regular(p)]
+        if not hostfs.is_real_dir(f.shared):
+            missing.append(str(f.shared))
+        return missing
+
+    def _completed(self, ref: ClaimRef) -> tuple[tuple[PreparedDevice, ...] | None, list[str]]:
+        """The recorded answer of a completed prepare whose files all exist, else None and the
+        missing files (call with the lock held)."""
         entry = self.checkpoint.get(ref.uid)
-        if entry is not None and entry.state == PREPARE_COMPLETED:
-            log.debug("claim %s: already prepared", ref)
-            return entry.devices
-        return None
+        if entry is None or entry.state != PREPARE_COMPLETED:
+            return None, []
+        missing = self._missing(ref.uid)
+        if missing:
+            return None, missing
+        log.debug("claim %s: already prepared", ref)
+        return entry.devices, []
 
     def _prepare_one(self, ref: ClaimRef) -> tuple[PreparedDevice, ...]:
-        if not _UID_RE.match(ref.uid):
-            raise ClaimError(f"claim UID {ref.uid!r} invalid; allowed: letters, digits and '-'")
+        if err := uid_error(ref.uid):
+            raise ClaimError(err)
         with self._lock:
-            done = self._completed(ref)
+            done, missing = self._completed(ref)
         if done is not None:
             return done
+        if missing:
+            log.warning("claim %s: prepared, but %s missing; recreating from the ResourceClaim",
+                        ref, ", ".join(missing))  # fmt: skip
         # The API read is the slow part: outside the lock, so that one slow claim does not hold
         # up prepares and unprepares of other pods.
-        claim = self._read(ref)
+        try:
+            claim = self._read(ref)
+        except ClaimError as e:
+            if missing:
+                raise ClaimError(
+                    f"prepared earlier, but {', '.join(missing)} is gone and reading the claim "
+                    f"to recreate it failed: {e}"
+                ) from e
+            raise
         with self._lock:
-            done = self._completed(ref)  # a concurrent call for the same claim got there first
+            done, missing = self._completed(ref)  # a concurrent call may have got there first
             if done is not None:
                 return done
+            entry = self.checkpoint.get(ref.uid)
+            if entry is not None and entry.state == PREPARE_COMPLETED:
+                return self._repair(ref, claim, entry)
             return self._create(ref, claim)
 
-    def _create(self, ref: ClaimRef, claim: dict[str, Any]) -> tuple[PreparedDevice, ...]:
-        entry = self.checkpoint.get(ref.uid)
-        if entry is not None:  # a PrepareStarted left by a failure: start over cleanly
-            self._remove_artifacts(ref.uid, Path(entry.cdi_spec), Path(entry.claim_dir))
-            self.checkpoint.delete(ref.uid)
-        plan = plan_claim(
+    def _plan(self, ref: ClaimRef, claim: dict[str, Any]) -> ClaimPlan:
+        return plan_claim(
             claim,
             ref,
             driver_name=self.driver_name,
@@ -231,41 +355,30 @@ class DeviceState:
             mode=self.mode,
             partitions=self.partitions,
         )
-        spec_path = self.writer.path_for(self.kind, ref.uid)
-        claim_dir = self.paths.claims_dir / ref.uid
+
+    def _create(self, ref: ClaimRef, claim: dict[str, Any]) -> tuple[PreparedDevice, ...]:
+        files = self.files(ref.uid)
+        entry = self.checkpoint.get(ref.uid)
+        if entry is not None:  # PrepareStarted left by a failure, or UnprepareStarted: start over
+            self._remove_artifacts(entry)
+            self.checkpoint.delete(ref.uid)
+        plan = self._plan(ref, claim)
         started = ClaimEntry(
             uid=ref.uid,
             namespace=ref.namespace,
             name=ref.name,
             state=PREPARE_STARTED,
-            cdi_spec=str(spec_path),
-            claim_dir=str(claim_dir),
+            cdi_spec=str(files.spec),
+            claim_dir=str(files.claim_dir),
         )
         self.checkpoint.put(started)
         _maybe_crash("prepare-started")
         try:
-            self._make_claim_dir(claim_dir)
-            # The accounting file, made now so that the first process of the slice does not have
-            # to (it holds usage only: the limits reach the container apart from it).
-            region.create(claim_dir / ACCOUNTING_FILE, mode=0o666)
-            _maybe_crash("prepare-dir")
-            spec = self.build_spec(plan, claim_dir)
-            self.writer.write(spec, ref.uid)
-            _maybe_crash("prepare-cdi")
-            cdi_id = spec.qualified_name(ref.uid)
-            devices = tuple(
-                PreparedDevice(
-                    request_names=(d.request,),
-                    pool_name=d.pool,
-                    device_name=d.device,
-                    cdi_device_ids=(cdi_id,),
-                    share_id=d.share_id,
-                )
-                for d in plan.devices
-            )
+            self._remove_files(files)  # leftovers of anything earlier under these names
+            devices = self._write_files(ref, plan, files)
             self.checkpoint.put(replace(started, state=PREPARE_COMPLETED, devices=devices))
         except BaseException:
-            self._remove_artifacts(ref.uid, spec_path, claim_dir)
+            self._remove_artifacts(started)
             self.checkpoint.delete(ref.uid)
             raise
         _maybe_crash("prepare-completed")
@@ -282,12 +395,80 @@ class DeviceState:
             )
         return devices
 
-    def _make_claim_dir(self, claim_dir: Path) -> None:
-        claim_dir.mkdir(parents=True, exist_ok=True)
-        # Containers may run as any non-root user; the shim creates the accounting file there.
-        # Sticky so one container user cannot delete a file another user's process created.
-        os.chmod(claim_dir, 0o1777)
-        fsync_dir(claim_dir.parent)
+    def _repair(
+        self, ref: ClaimRef, claim: dict[str, Any], entry: ClaimEntry
+    ) -> tuple[PreparedDevice, ...]:
+        """Recreate the missing files of a prepared claim. Existing ones (the shared directory
+        with the slice's usage, the demand record) are kept; on failure nothing is rolled back,
+        the entry stays, and the claim fails with the reason (unprepare still cleans up)."""
+        try:
+            devices = self._write_files(ref, self._plan(ref, claim), self.files(ref.uid))
+        except ClaimError as e:
+            raise ClaimError(
+                f"prepared earlier, but recreating its missing files failed: {e}"
+            ) from e
+        self.checkpoint.put(replace(entry, devices=devices))
+        log.info("claim %s: recreated its missing files", ref)
+        return devices
+
+    def _write_files(
+        self, ref: ClaimRef, plan: ClaimPlan, files: ClaimFiles
+    ) -> tuple[PreparedDevice, ...]:
+        """Create (or complete) the claim's files; existing ones are kept, except the limits
+        file and the spec, which are rewritten atomically. Returns the answer's devices."""
+        for d in (self.paths.claims_dir, self.paths.node_state_dir):
+            d.mkdir(mode=0o755, parents=True, exist_ok=True)  # gone since start (an operator?)
+        with hostfs.open_dir(self.paths.claims_dir) as cfd:
+            hostfs.make_dir(cfd, ref.uid, 0o755)
+        atomic_write(files.limits, self.render_limits(plan).encode(), mode=0o444)
+        with hostfs.open_dir(files.claim_dir) as dfd:
+            if hostfs.make_dir(dfd, SHARED_DIR, 0o1777):
+                # Containers may run as any user; sticky so that one container user cannot
+                # delete a file another user's process created. The accounting file is made now
+                # (the first process of the slice does not have to).
+                self._create_accounting(files.shared / ACCOUNTING_FILE)
+        with hostfs.open_dir(self.paths.node_state_dir) as nfd:
+            name = files.demand.name
+            if not hostfs.is_regular(nfd, name):
+                hostfs.remove(files.demand, self.paths.node_state_dir)  # not a file of ours
+                hostfs.create_empty(nfd, name, 0o666)
+            os.fsync(nfd)
+        _maybe_crash("prepare-dir")
+        spec = self.build_spec(plan, files.claim_dir)
+        self.writer.write(spec, ref.uid)
+        _maybe_crash("prepare-cdi")
+        cdi_id = spec.qualified_name(ref.uid)
+        return tuple(
+            PreparedDevice(
+                request_names=(d.request,),
+                pool_name=d.pool,
+                device_name=d.device,
+                cdi_device_ids=(cdi_id,),
+                share_id=d.share_id,
+            )
+            for d in plan.devices
+        )
+
+    @staticmethod
+    def _create_accounting(path: Path) -> None:
+        """Pre-create the slice's accounting file (usage only, shared by the slice's processes).
+        sharing.region.create makes it through an O_EXCL temporary file and link(), neither of
+        which follows a link, in a directory it checks (root's, sticky if others may write)."""
+        region.create(path, mode=0o666)
+
+    @staticmethod
+    def render_limits(plan: ClaimPlan) -> str:
+        """The claim's limits file (sharing/limitsfile.py), in container device order."""
+        limits = plan.gpu_limits()
+        return render_limits_file(
+            memory_limits=[g.memory_limit for g in limits],
+            sm_limits=[g.sm_limit for g in limits],
+            policy=plan.config.compute_policy,
+            priority=plan.config.priority,
+            shared_cache=f"{CONTAINER_CLAIM_DIR}/{ACCOUNTING_FILE}",
+            node_state_dir=NODE_STATE_DIR,
+            demand_file=DEMAND_FILE,
+        )
 
     def build_spec(self, plan: ClaimPlan, claim_dir: Path) -> Spec:
         """The claim's CDI spec: one device named by the claim UID."""
@@ -297,7 +478,8 @@ class DeviceState:
             ("CUDA_VISIBLE_DEVICES", uuids),
             ("NVIDIA_VISIBLE_DEVICES", uuids),
         ]
-        # Indices as the container sees them: positions in CUDA_VISIBLE_DEVICES.
+        # Indices as the container sees them: positions in CUDA_VISIBLE_DEVICES. For tools that
+        # read them; the shim takes its limits from the limits file.
         for i, g in enumerate(limits):
             env.append((f"CUDA_DEVICE_MEMORY_LIMIT_{i}", str(g.memory_limit)))
             env.append((f"CUDA_DEVICE_SM_LIMIT_{i}", str(g.sm_limit)))
@@ -306,15 +488,17 @@ class DeviceState:
             ("VGPU_COMPUTE_POLICY", plan.config.compute_policy),
             ("VGPU_PRIORITY", str(plan.config.priority)),
             ("VGPU_NODE_STATE_DIR", NODE_STATE_DIR),
+            ("VGPU_DEMAND_FILE", DEMAND_FILE),
         ]
-        ro = ("ro", "nosuid", "nodev", "bind")
+        uid = plan.ref.uid
+        files = self.files(uid)
         mounts = (
-            Mount(str(self.paths.shim_library), CONTAINER_LIB, ro),
-            Mount(str(self.paths.preload_file), CONTAINER_PRELOAD, ro),
-            Mount(str(claim_dir), CONTAINER_CLAIM_DIR, ("rw", "nosuid", "nodev", "bind")),
-            Mount(
-                str(self.paths.node_state_dir), NODE_STATE_DIR, ("rw", "nosuid", "nodev", "bind")
-            ),
+            Mount(str(self.paths.shim_library), CONTAINER_LIB, _RO),
+            Mount(str(claim_dir / LIMITS_FILE), CONTAINER_LIMITS, _RO),
+            Mount(str(self.paths.preload_file), CONTAINER_PRELOAD, _RO),
+            Mount(str(claim_dir / SHARED_DIR), CONTAINER_CLAIM_DIR, _RW),
+            Mount(str(self.paths.node_state_dir), NODE_STATE_DIR, _RO),
+            Mount(str(files.demand), DEMAND_FILE, _RW),
         )
         nodes: list[DeviceNode] = []
         names = [f"nvidia{g.gpu.minor}" for g in limits] + ["nvidiactl", "nvidia-uvm"]
@@ -323,7 +507,7 @@ class DeviceState:
             if host.exists():  # no GPU (or no UVM module) on this host: nothing to expose
                 nodes.append(DeviceNode(path=f"/dev/{n}", host_path=str(host)))
         edits = ContainerEdits(env=tuple(env), device_nodes=tuple(nodes), mounts=mounts)
-        return Spec(kind=self.kind, devices=(Device(name=plan.ref.uid, edits=edits),))
+        return Spec(kind=self.kind, devices=(Device(name=uid, edits=edits),))
 
     # --- unprepare ---------------------------------------------------------------------------
 
@@ -335,36 +519,69 @@ class DeviceState:
                 try:
                     self._unprepare_one(ref)
                     out[ref.uid] = ""
+                except ClaimError as e:
+                    log.warning("claim %s: unprepare failed: %s", ref, e)
+                    out[ref.uid] = str(e)
                 except Exception as e:
                     log.exception("claim %s: unprepare failed", ref)
                     out[ref.uid] = f"unprepare failed: {e}"
         return out
 
     def _unprepare_one(self, ref: ClaimRef) -> None:
-        if not _UID_RE.match(ref.uid):
-            raise ClaimError(f"claim UID {ref.uid!r} invalid; allowed: letters, digits and '-'")
+        if err := uid_error(ref.uid):
+            raise ClaimError(err)
         entry = self.checkpoint.get(ref.uid)
         if entry is None:
             # Not ours (or already done); names are deterministic, so sweep them anyway.
-            self._remove_artifacts(
-                ref.uid, self.writer.path_for(self.kind, ref.uid), self.paths.claims_dir / ref.uid
-            )
+            self._remove_files(self.files(ref.uid))
             log.debug("claim %s: unprepare of an unknown claim: nothing to do", ref)
             return
-        self._remove_artifacts(ref.uid, Path(entry.cdi_spec), Path(entry.claim_dir))
+        if entry.state != UNPREPARE_STARTED:
+            # Recorded before anything goes: a crash from here on is finished at the next start,
+            # never mistaken for a prepared claim whose files are gone.
+            entry = replace(entry, state=UNPREPARE_STARTED)
+            self.checkpoint.put(entry)
+            _maybe_crash("unprepare-started")
+        self._remove_artifacts(entry, crash_hooks=True)
         self.checkpoint.delete(ref.uid)
         log.info("claim %s: unprepared", ref)
 
-    def _remove_artifacts(self, uid: str, spec_path: Path, claim_dir: Path) -> None:
-        if spec_path.exists():
-            spec_path.unlink(missing_ok=True)
-            fsync_dir(spec_path.parent)
-        _maybe_crash("unprepare-cdi")
-        if claim_dir.exists():
-            shutil.rmtree(claim_dir)
-            fsync_dir(claim_dir.parent)
-        _maybe_crash("unprepare-dir")
+    def _remove_artifacts(self, entry: ClaimEntry, crash_hooks: bool = False) -> None:
+        """Remove the files of a checkpointed claim. They are found from its UID; a recorded
+        path that differs (a checkpoint from another --cdi-root/--data-dir, or a forged one) is
+        logged and left alone: the plugin deletes only inside its own directories."""
+        files = self.files(entry.uid)
+        for recorded, expected in (
+            (entry.cdi_spec, files.spec),
+            (entry.claim_dir, files.claim_dir),
+        ):
+            if Path(recorded) != expected:
+                log.error(
+                    "claim %s: the checkpoint names %s where the plugin keeps %s; not deleting "
+                    "it (only files inside the plugin's own directories are deleted)",
+                    entry.uid,
+                    recorded,
+                    expected,
+                )
+        self._remove_files(files, crash_hooks)
+
+    def _remove_files(self, files: ClaimFiles, crash_hooks: bool = False) -> None:
+        hostfs.remove(files.spec, self.writer.cdi_root)
+        if crash_hooks:
+            _maybe_crash("unprepare-cdi")
+        hostfs.remove(files.claim_dir, self.paths.claims_dir)
+        hostfs.remove(files.demand, self.paths.node_state_dir)
+        if crash_hooks:
+            _maybe_crash("unprepare-dir")
 
     def prepared(self) -> list[ClaimEntry]:
         with self._lock:
             return self.checkpoint.entries()
+
+
+def _is_regular(path: Path) -> bool:
+    try:
+        with hostfs.open_dir(path.parent) as dfd:
+            return hostfs.is_regular(dfd, path.name)
+    except FileNotFoundError:
+        return False

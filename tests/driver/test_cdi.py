@@ -174,7 +174,7 @@ def test_writer_atomic_write_and_remove(tmp_path: Path, monkeypatch: pytest.Monk
     assert stat.S_IMODE(path.stat().st_mode) == 0o644
 
     # A failure before the rename leaves the old file whole and no temporary behind.
-    def boom(*_: object) -> None:
+    def boom(*_: object, **__: object) -> None:
         raise OSError("no space left")
 
     monkeypatch.setattr(os, "replace", boom)

@@ -135,7 +135,7 @@ def test_failed_write_keeps_memory_equal_to_disk(
     cp = Checkpoint(path)
     cp.put(entry("aaaa-1"))
 
-    def boom(*_: object) -> None:
+    def boom(*_: object, **__: object) -> None:
         raise OSError("disk full")
 
     monkeypatch.setattr("os.replace", boom)

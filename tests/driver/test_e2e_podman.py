@@ -166,9 +166,10 @@ class Podman:
         assert p.returncode == 0, f"container {args} failed ({p.returncode}): {p.stderr[-2000:]}"
         return p.stdout
 
-    def start(self, cdi_id: str, *args: str) -> subprocess.Popen[str]:
-        return subprocess.Popen(self.command(cdi_id, *args), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)  # fmt: skip
+    def start(self, cdi_id: str, *args: str, program: str = "/bin/e2e_claim_quota"
+              ) -> subprocess.Popen[str]:  # fmt: skip
+        return subprocess.Popen(self.command(cdi_id, *args, program=program),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
 
 
 def _value(out: str, key: str) -> int:
@@ -176,6 +177,16 @@ def _value(out: str, key: str) -> int:
         if word.startswith(f"{key}="):
             return int(word.split("=", 1)[1])
     raise AssertionError(f"no {key}= in {out!r}")
+
+
+def wait_held(holder: subprocess.Popen[str], shared: Path) -> None:
+    """Until the container's `hold` has its allocation (it creates `held` in the shared dir)."""
+    deadline = time.monotonic() + 60
+    while not (shared / "held").exists():
+        if holder.poll() is not None:
+            raise AssertionError(f"holder exited {holder.returncode}: {holder.stderr.read()}")  # type: ignore[union-attr]
+        assert time.monotonic() < deadline, "holder never allocated"
+        time.sleep(0.1)
 
 
 @pytest.fixture
@@ -215,7 +226,11 @@ def test_cdi_edits_reach_the_container(
         "sm=$CUDA_DEVICE_SM_LIMIT_0 cache=$CUDA_DEVICE_MEMORY_SHARED_CACHE "
         'policy=$VGPU_COMPUTE_POLICY"; cat /etc/ld.so.preload; '
         "test -r /usr/local/lib/vgpu-sharing/libvgpu.so && echo shim=present; "
-        "echo x > /run/vgpu-sharing/written && echo dir=writable"
+        "echo x > /run/vgpu-sharing/written && echo dir=writable; "
+        "cat /usr/local/lib/vgpu-sharing/limits; "
+        "echo y > /usr/local/lib/vgpu-sharing/limits || echo limits=readonly; "
+        "echo z > /run/vgpu-node/other.demand || echo node=readonly; "
+        "echo d > /run/vgpu-demand && echo demand=writable"
     )
     out = podman.run(cdi_id, "-c", script, program="/bin/sh")
     spec = json.loads((root / "cdi" / f"k8s.{DRIVER}-claim_{c.uid}.json").read_text())
@@ -225,8 +240,16 @@ def test_cdi_edits_reach_the_container(
     assert f"mem={3 * GiB} sm=40 cache=/run/vgpu-sharing/accounting policy=hard" in out
     assert "/usr/local/lib/vgpu-sharing/libvgpu.so" in out
     assert "shim=present" in out and "dir=writable" in out
-    # The container wrote into the claim's accounting directory on the host.
-    assert (root / "data" / "claims" / c.uid / "written").read_text() == "x\n"
+    # The limits file is there and read-only; the node's demand records are read-only; the
+    # claim's own demand record is writable.
+    assert f"CUDA_DEVICE_MEMORY_LIMIT_0={3 * GiB}\nCUDA_DEVICE_SM_LIMIT_0=40\n" in out
+    assert "limits=readonly" in out and "node=readonly" in out and "demand=writable" in out
+    claim_dir = root / "data" / "claims" / c.uid
+    # The container wrote into the claim's shared directory on the host, and nowhere else.
+    assert (claim_dir / "shared" / "written").read_text() == "x\n"
+    assert (root / "data" / "node-state" / f"{c.uid}.demand").read_text() == "d\n"
+    assert not (root / "data" / "node-state" / "other.demand").exists()
+    assert "CUDA_DEVICE_MEMORY_LIMIT_0" in (claim_dir / "limits").read_text()
     assert kubelet.unprepare([c]) == {c.uid: ""}
 
 
@@ -249,15 +272,10 @@ def test_containers_see_and_share_the_claims_quota(
     assert _value(podman.run(id_a, "alloc", str(2 * GiB)), "alloc") == CUDA_ERROR_OUT_OF_MEMORY
 
     # Container 1 of claim a holds 700 MiB ...
-    claim_dir = root / "data" / "claims" / a.uid
+    claim_dir = root / "data" / "claims" / a.uid / "shared"  # /run/vgpu-sharing
     holder = podman.start(id_a, "hold", str(700 * MiB), "/run/vgpu-sharing")
     try:
-        deadline = time.monotonic() + 60
-        while not (claim_dir / "held").exists():
-            if holder.poll() is not None:
-                raise AssertionError(f"holder exited {holder.returncode}: {holder.stderr.read()}")  # type: ignore[union-attr]
-            assert time.monotonic() < deadline, "holder never allocated"
-            time.sleep(0.1)
+        wait_held(holder, claim_dir)
         # ... so container 2 of the same claim cannot get another 700 MiB (one quota) ...
         assert (
             _value(podman.run(id_a, "alloc", str(700 * MiB)), "alloc") == CUDA_ERROR_OUT_OF_MEMORY
@@ -287,3 +305,52 @@ def test_unprepared_claim_is_unknown_to_podman(
                        capture_output=True, text=True, timeout=120)  # fmt: skip
     assert p.returncode != 0
     assert "unresolvable CDI devices" in p.stderr or cdi_id in p.stderr, p.stderr
+
+
+# Every environment override a tenant could try against the plugin's limits (issue 8).
+HOSTILE_ENV = (
+    "export CUDA_DISABLE_CONTROL=1 CUDA_DEVICE_SM_LIMIT_0=0 CUDA_DEVICE_SM_LIMIT=0 "
+    "VGPU_COMPUTE_POLICY=off GPU_CORE_UTILIZATION_POLICY=disable "
+    "CUDA_DEVICE_MEMORY_SHARED_CACHE=/tmp/elsewhere CUDA_DEVICE_MEMORY_LIMIT={limit}; "
+)
+
+
+@pytest.mark.parametrize("memory_override", ["unset", "huge"])
+def test_environment_overrides_do_not_lift_the_claims_quota(
+    world: tuple[FakeApiServer, KubeletStandin, Path, Podman], memory_override: str
+) -> None:
+    """A container given the claim's CDI device sets CUDA_DISABLE_CONTROL=1, unsets (or raises)
+    CUDA_DEVICE_MEMORY_LIMIT_0, sets CUDA_DEVICE_SM_LIMIT_0=0, VGPU_COMPUTE_POLICY=off and points
+    CUDA_DEVICE_MEMORY_SHARED_CACHE elsewhere: it still gets the claim's quota, shared with the
+    claim's other containers through the plugin's accounting file."""
+    if why := _missing_cuda():
+        pytest.skip(why)
+    server, kubelet, root, podman = world
+    c = claim_id(server.put(allocated_claim("c", results=[result("gpu", "gpu-0", memory="1Gi",
+                                                                 cores="30")])))  # fmt: skip
+    [cdi_id] = kubelet.prepare([c])[c.uid].devices[0].cdi_device_ids
+    if memory_override == "unset":
+        hostile = HOSTILE_ENV.format(limit="") + "unset CUDA_DEVICE_MEMORY_LIMIT_0; "
+    else:
+        hostile = HOSTILE_ENV.format(limit="1Ti") + "export CUDA_DEVICE_MEMORY_LIMIT_0=1Ti; "
+    script = hostile + 'exec /bin/e2e_claim_quota "$@"'
+
+    def run(*args: str) -> str:
+        return podman.run(cdi_id, "-c", script, "sh", *args, program="/bin/sh")
+
+    assert _value(run("info"), "total") == GiB
+    assert _value(run("alloc", str(2 * GiB)), "alloc") == CUDA_ERROR_OUT_OF_MEMORY
+    # A hostile container holds 700 MiB: a well-behaved one of the same claim sees it (the
+    # accounting file is the claim's, whatever CUDA_DEVICE_MEMORY_SHARED_CACHE says).
+    shared = root / "data" / "claims" / c.uid / "shared"
+    holder = podman.start(cdi_id, "-c", script, "sh", "hold", str(700 * MiB), "/run/vgpu-sharing",
+                          program="/bin/sh")  # fmt: skip
+    try:
+        wait_held(holder, shared)
+        assert (
+            _value(podman.run(cdi_id, "alloc", str(700 * MiB)), "alloc") == CUDA_ERROR_OUT_OF_MEMORY
+        )
+    finally:
+        (shared / "release").touch()
+        holder.wait(60)
+    assert kubelet.unprepare([c]) == {c.uid: ""}

@@ -3,18 +3,27 @@
 from __future__ import annotations
 
 import filecmp
+import importlib
 import queue
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 
+from driver.kubelet import MAX_HEALTH_STREAMS
 from driver.proto.generate import PROTOS, generate
-from tests.driver.kubelet_standin import DRIVER, KubeletStandin
+from tests.driver.kubelet_standin import (
+    DRIVER,
+    KubeletStandin,
+    allocated_claim,
+    claim_id,
+    result,
+)
 from tests.driver.plugin_process import InProcessPlugin
 from tests.fakes.apiserver import FakeApiServer
 
@@ -176,3 +185,54 @@ def test_socket_path_too_long_is_a_clear_error(server: FakeApiServer) -> None:
             plugin.driver.start()
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_open_health_streams_do_not_starve_prepare(root: Path, server: FakeApiServer) -> None:
+    """Sixteen (here twenty) open health streams once took every worker of the DRA server, and
+    prepare timed out. Streams beyond the bound are refused; prepare is still answered."""
+    plugin = InProcessPlugin(root, server.api_client())
+    plugin.driver.start()
+    kubelet = KubeletStandin(plugin.registration_socket, timeout=10)
+    kubelet.register()
+    assert kubelet.info is not None
+    channel = grpc.insecure_channel(f"unix://{kubelet.info.endpoint}")
+    pb = importlib.import_module("driver.proto.health_v1alpha1_pb2")
+    stub = importlib.import_module("driver.proto.health_v1alpha1_pb2_grpc").DRAResourceHealthStub(
+        channel
+    )
+    streams = [
+        stub.NodeWatchResources(pb.NodeWatchResourcesRequest(), timeout=30) for _ in range(20)
+    ]
+    try:
+        opened = refused = 0
+        for s in streams:
+            try:
+                next(s)
+                opened += 1
+            except grpc.RpcError as e:
+                assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e
+                assert "health streams already open" in (e.details() or "")
+                refused += 1
+        assert (opened, refused) == (MAX_HEALTH_STREAMS, 20 - MAX_HEALTH_STREAMS)
+        c = claim_id(server.put(allocated_claim("c1", results=[result("gpu", "gpu-0")])))
+        assert kubelet.prepare([c])[c.uid].error == ""
+        assert kubelet.unprepare([c]) == {c.uid: ""}
+        # A closed stream frees its slot for the next one.
+        streams[0].cancel()
+        deadline = time.monotonic() + 10
+        while True:
+            again = stub.NodeWatchResources(pb.NodeWatchResourcesRequest(), timeout=30)
+            try:
+                next(again)
+                break
+            except grpc.RpcError as e:
+                assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                assert time.monotonic() < deadline, "a cancelled stream kept its slot"
+                time.sleep(0.2)
+        streams.append(again)
+    finally:
+        for s in streams:
+            s.cancel()
+        channel.close()
+        kubelet.close()
+        plugin.driver.stop()

@@ -278,6 +278,25 @@ def test_nvml_failure_at_start_is_a_clear_error(
     assert any("NVML: cannot list GPUs" in r.getMessage() for r in caplog.records)
 
 
+def test_corrupt_checkpoint_is_one_log_line_not_a_traceback(
+    server: FakeApiServer, short_tmp: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """docs/driver-kubelet.md promises one line naming the file and the fault."""
+    (short_tmp / "data").mkdir()
+    checkpoint = short_tmp / "data" / "checkpoint.json"
+    checkpoint.write_text('{"version": 1, "checksum": "sha256:0", "claims": {}}')
+    run = start(settings(server, short_tmp, "--sharing-mode", "sharing"), FakeNvml([gpu(0)]))
+    run.thread.join(20)
+    assert run.result == [EXIT_STARTUP]
+    [record] = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert record.exc_info is None  # no traceback
+    assert record.getMessage() == (
+        f"checkpoint {checkpoint} is corrupt: checksum sha256:0 does not match the content "
+        f"(sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a); move it "
+        "aside to start without the claims it records"
+    )
+
+
 def test_bad_flag_exits_2_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--node-name", "n", "--partitions", "zero"]) == EXIT_USAGE
     err = capsys.readouterr().err

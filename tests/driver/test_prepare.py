@@ -16,6 +16,7 @@ import pytest
 
 from cdi.schema import validate
 from sharing import region
+from sharing.limitsfile import parse_limits_file
 from tests.driver.kubelet_standin import (
     DRIVER,
     KIND,
@@ -105,22 +106,48 @@ def test_prepare_sharing_v1_writes_valid_spec_with_limits(world: World) -> None:
     assert env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] == "/run/vgpu-sharing/accounting"
     assert env["VGPU_COMPUTE_POLICY"] == "hard"
     assert env["VGPU_PRIORITY"] == "1"  # the shim's "normal"
-    assert env["VGPU_NODE_STATE_DIR"] == "/var/run/vgpu/node-state"
+    assert env["VGPU_NODE_STATE_DIR"] == "/run/vgpu-node"
+    assert env["VGPU_DEMAND_FILE"] == "/run/vgpu-demand"
+    data = world.root / "data"
+    claim_dir = data / "claims" / c.uid
+    demand = data / "node-state" / f"{c.uid}.demand"
     mounts = {m["containerPath"]: m for m in spec["devices"][0]["containerEdits"]["mounts"]}
-    lib = mounts["/usr/local/lib/vgpu-sharing/libvgpu.so"]
-    assert lib["hostPath"] == str(world.root / "data" / "lib" / "libvgpu.so")
-    assert "ro" in lib["options"]
-    assert mounts["/etc/ld.so.preload"]["hostPath"] == str(world.root / "data/lib/ld.so.preload")
-    claim_dir = world.root / "data" / "claims" / c.uid
-    assert mounts["/run/vgpu-sharing"]["hostPath"] == str(claim_dir)
-    assert stat.S_IMODE(claim_dir.stat().st_mode) == 0o1777  # non-root container users write
-    snap = region.read(claim_dir / "accounting")  # pre-created, empty
-    assert snap.devices[0].used == 0 and snap.processes == ()
-    assert stat.S_IMODE((claim_dir / "accounting").stat().st_mode) == 0o666
-    node_state = mounts["/var/run/vgpu/node-state"]
-    assert node_state["hostPath"] == str(world.root / "data" / "node-state")
-    assert "rw" in node_state["options"]
-    assert stat.S_IMODE(Path(node_state["hostPath"]).stat().st_mode) == 0o1777
+    expected = {
+        "/usr/local/lib/vgpu-sharing/libvgpu.so": (data / "lib" / "libvgpu.so", "ro"),
+        "/usr/local/lib/vgpu-sharing/limits": (claim_dir / "limits", "ro"),
+        "/etc/ld.so.preload": (data / "lib" / "ld.so.preload", "ro"),
+        "/run/vgpu-sharing": (claim_dir / "shared", "rw"),
+        "/run/vgpu-node": (data / "node-state", "ro"),
+        "/run/vgpu-demand": (demand, "rw"),
+    }
+    assert {k: (Path(m["hostPath"]), m["options"][0]) for k, m in mounts.items()} == expected
+    assert all({"nosuid", "nodev", "bind"} <= set(m["options"]) for m in mounts.values())
+    # Modes: DATA is the plugin's; the claim directory and the limits are root's, read-only to
+    # others; only shared/ and the claim's own demand file are writable by container users.
+
+    def mode(p: Path) -> int:
+        return stat.S_IMODE(p.lstat().st_mode)
+
+    assert mode(data) == 0o700
+    assert mode(claim_dir) == 0o755
+    assert mode(claim_dir / "limits") == 0o444
+    assert mode(claim_dir / "shared") == 0o1777
+    assert mode(data / "node-state") == 0o755
+    assert mode(demand) == 0o666 and demand.stat().st_size == 0
+    assert sorted(p.name for p in claim_dir.iterdir()) == ["limits", "shared"]
+    limits = parse_limits_file((claim_dir / "limits").read_text())
+    assert limits == {
+        "CUDA_DEVICE_MEMORY_LIMIT_0": str(4 * GiB),
+        "CUDA_DEVICE_SM_LIMIT_0": "30",
+        "VGPU_COMPUTE_POLICY": "hard",
+        "CUDA_TASK_PRIORITY": "1",
+        "CUDA_DEVICE_MEMORY_SHARED_CACHE": "/run/vgpu-sharing/accounting",
+        "VGPU_NODE_STATE_DIR": "/run/vgpu-node",
+        "VGPU_DEMAND_FILE": "/run/vgpu-demand",
+    }
+    accounting = claim_dir / "shared" / "accounting"
+    region.read(accounting)  # pre-created, valid
+    assert mode(accounting) == 0o666
     # No /dev/nvidia* on this host: no device nodes in the spec.
     assert "deviceNodes" not in spec["devices"][0]["containerEdits"]
 
@@ -308,8 +335,11 @@ def test_one_claim_one_quota_two_claims_two(world: World) -> None:
     out = world.kubelet.prepare([a, b])
     ids_a = out[a.uid].devices[0].cdi_device_ids
     assert ids_a != out[b.uid].devices[0].cdi_device_ids
-    dir_a = world.spec_of(a.uid)["devices"][0]["containerEdits"]["mounts"][2]["hostPath"]
-    dir_b = world.spec_of(b.uid)["devices"][0]["containerEdits"]["mounts"][2]["hostPath"]
+    dir_a, dir_b = (
+        {m["containerPath"]: m["hostPath"] for m in world.spec_of(x.uid)["devices"][0][
+            "containerEdits"]["mounts"]}["/run/vgpu-sharing"]
+        for x in (a, b)
+    )  # fmt: skip
     assert dir_a != dir_b
     # Two containers of one pod referencing claim a get the same CDI device, hence one directory.
     assert world.kubelet.prepare([a])[a.uid].devices[0].cdi_device_ids == ids_a

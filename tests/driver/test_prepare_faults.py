@@ -34,12 +34,16 @@ def env() -> Iterator[tuple[Path, FakeApiServer]]:
 
 
 def artefacts(root: Path) -> tuple[list[str], list[str]]:
+    """(CDI spec names, claim UIDs with files); a claim's files are all there or none is."""
     cdi = root / "cdi"
     claims = root / "data" / "claims"
-    return (
-        sorted(p.name for p in cdi.iterdir()) if cdi.exists() else [],
-        sorted(p.name for p in claims.iterdir()) if claims.exists() else [],
-    )
+    node_state = root / "data" / "node-state"
+    dirs = sorted(p.name for p in claims.iterdir()) if claims.exists() else []
+    demands = sorted(p.name[: -len(".demand")] for p in node_state.glob("*.demand"))
+    assert demands == dirs, f"demand files {demands} != claim dirs {dirs}"
+    for uid in dirs:
+        assert sorted(p.name for p in (claims / uid).iterdir()) == ["limits", "shared"], uid
+    return (sorted(p.name for p in cdi.iterdir()) if cdi.exists() else [], dirs)
 
 
 def registered(root: Path) -> KubeletStandin:
@@ -92,25 +96,31 @@ def test_crash_during_prepare(env: tuple[Path, FakeApiServer], step: str) -> Non
         plugin.stop()
 
 
-@pytest.mark.parametrize("step", ["unprepare-cdi", "unprepare-dir"])
+def crash_in_unprepare(root: Path, server: FakeApiServer, step: str, prepared: list[ClaimId],
+                       unprepared: ClaimId) -> PluginProcess:  # fmt: skip
+    """Prepare `prepared`, then unprepare `unprepared` in a plugin that SIGKILLs itself at
+    `step`. Returns the (dead) plugin, to be started again."""
+    plugin = PluginProcess(root, server.url, fake_gpus())
+    plugin.start()
+    kubelet = registered(root)
+    assert all(r.error == "" for r in kubelet.prepare(prepared).values())
+    kubelet.close()
+    plugin.stop()
+    plugin.start(crash_at=step)
+    kubelet = registered(root)
+    with pytest.raises(grpc.RpcError):
+        kubelet.unprepare([unprepared])
+    kubelet.close()
+    assert plugin.wait_exit() == -signal.SIGKILL
+    return plugin
+
+
+@pytest.mark.parametrize("step", ["unprepare-started", "unprepare-cdi", "unprepare-dir"])
 def test_crash_during_unprepare(env: tuple[Path, FakeApiServer], step: str) -> None:
     root, server = env
     c = claim_id(server.put(allocated_claim("c1", results=[result("gpu", "gpu-0", memory="2Gi")])))
     keep = claim_id(server.put(allocated_claim("c2", results=[result("gpu", "gpu-1")])))
-    plugin = PluginProcess(root, server.url, fake_gpus())
-    plugin.start()
-    kubelet = registered(root)
-    assert all(r.error == "" for r in kubelet.prepare([c, keep]).values())
-    kubelet.close()
-    plugin.stop()
-
-    plugin.start(crash_at=step)
-    kubelet = registered(root)
-    with pytest.raises(grpc.RpcError):
-        kubelet.unprepare([c])
-    kubelet.close()
-    assert plugin.wait_exit() == -signal.SIGKILL
-
+    plugin = crash_in_unprepare(root, server, step, prepared=[c, keep], unprepared=c)
     plugin.start()
     try:
         kubelet = registered(root)
@@ -118,6 +128,31 @@ def test_crash_during_unprepare(env: tuple[Path, FakeApiServer], step: str) -> N
         assert artefacts(root) == ([spec_name(keep)], [keep.uid])
         # The other claim survived the crash and restart intact.
         assert kubelet.prepare([keep])[keep.uid].devices[0].cdi_device_ids == [f"{KIND}={keep.uid}"]
+        kubelet.close()
+    finally:
+        plugin.stop()
+
+
+@pytest.mark.parametrize("step", ["unprepare-started", "unprepare-cdi", "unprepare-dir"])
+def test_prepare_after_a_crashed_unprepare_answers_with_a_spec_that_exists(
+    env: tuple[Path, FakeApiServer], step: str
+) -> None:
+    """A SIGKILL during unprepare once left the claim PrepareCompleted with its CDI spec gone;
+    the next prepare answered success with a CDI id whose spec did not exist. The unprepare is
+    now recorded (UnprepareStarted) and finished at the restart; the prepare starts afresh."""
+    root, server = env
+    c = claim_id(server.put(allocated_claim("c1", results=[result("gpu", "gpu-0", memory="2Gi")])))
+    plugin = crash_in_unprepare(root, server, step, prepared=[c], unprepared=c)
+    plugin.start()
+    try:
+        assert artefacts(root) == ([], [])  # the unprepare was finished at startup
+        kubelet = registered(root)
+        out = kubelet.prepare([c])
+        assert out[c.uid].error == ""
+        [cdi_id] = out[c.uid].devices[0].cdi_device_ids
+        assert cdi_id == f"{KIND}={c.uid}"
+        assert (root / "cdi" / spec_name(c)).is_file()  # the answer names a spec that exists
+        assert artefacts(root) == ([spec_name(c)], [c.uid])
         kubelet.close()
     finally:
         plugin.stop()

@@ -1,0 +1,96 @@
+"""The limits file (sharing/limitsfile.py): what the plugin renders parses back, and every bad
+file is refused with one line naming the line, the key and what is allowed."""
+
+from __future__ import annotations
+
+import pytest
+
+from sharing.limitsfile import LimitsFileError, parse_limits_file, render_limits_file
+
+GiB = 1024**3
+
+
+def render(**kw: object) -> str:
+    args: dict[str, object] = dict(
+        memory_limits=[4 * GiB, GiB],
+        sm_limits=[30, 100],
+        policy="elastic",
+        priority=-5,
+        shared_cache="/run/vgpu-sharing/accounting",
+        node_state_dir="/run/vgpu-node",
+        demand_file="/run/vgpu-demand",
+    )
+    args.update(kw)
+    return render_limits_file(**args)  # type: ignore[arg-type]
+
+
+def test_render_parses_back() -> None:
+    text = render(context_reserve=300 * 1024**2)
+    assert text.startswith("#") and text.endswith("\n")
+    assert parse_limits_file(text) == {
+        "CUDA_DEVICE_MEMORY_LIMIT_0": str(4 * GiB),
+        "CUDA_DEVICE_MEMORY_LIMIT_1": str(GiB),
+        "CUDA_DEVICE_SM_LIMIT_0": "30",
+        "CUDA_DEVICE_SM_LIMIT_1": "100",
+        "VGPU_COMPUTE_POLICY": "elastic",
+        "CUDA_TASK_PRIORITY": "-5",
+        "VGPU_CONTEXT_RESERVE": str(300 * 1024**2),
+        "CUDA_DEVICE_MEMORY_SHARED_CACHE": "/run/vgpu-sharing/accounting",
+        "VGPU_NODE_STATE_DIR": "/run/vgpu-node",
+        "VGPU_DEMAND_FILE": "/run/vgpu-demand",
+    }
+
+
+def test_comments_and_blank_lines_are_ignored() -> None:
+    text = "\n# a comment\n" + render() + "\n\n# end\n"
+    assert parse_limits_file(text)["VGPU_COMPUTE_POLICY"] == "elastic"
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        (dict(sm_limits=[0, 100]), r"CUDA_DEVICE_SM_LIMIT_0\): '0' is not a percentage; allowed: 1\.\.100"),
+        (dict(sm_limits=[101, 100]), r"'101' is not a percentage"),
+        (dict(policy="off "), r"'off ' unknown; allowed: hard, elastic, off"),
+        (dict(priority=101), r"'101' is not a priority; allowed: -100\.\.100"),
+        (dict(memory_limits=[-1, 1]), r"'-1' is not a byte count"),
+        (dict(memory_limits=[2**64, 1]), r"is not a byte count"),
+        (dict(shared_cache="relative"), r"is not an absolute path"),
+        (dict(sm_limits=[30]), r"2 memory limits but 1 SM limits"),
+        (dict(memory_limits=[1] * 17, sm_limits=[1] * 17), r"device index 16 out of range; allowed: 0\.\.15"),
+    ],
+)  # fmt: skip
+def test_render_refuses_what_the_shim_would(kw: dict[str, object], message: str) -> None:
+    with pytest.raises(LimitsFileError, match=message) as e:
+        render(**kw)
+    assert "\n" not in str(e.value)
+
+
+BASE = (
+    "CUDA_DEVICE_MEMORY_LIMIT_0=1024\nCUDA_DEVICE_SM_LIMIT_0=50\nVGPU_COMPUTE_POLICY=hard\n"
+    "CUDA_TASK_PRIORITY=1\nCUDA_DEVICE_MEMORY_SHARED_CACHE=/run/vgpu-sharing/accounting\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (BASE + "CUDA_DISABLE_CONTROL=1\n", r"line 6 \(CUDA_DISABLE_CONTROL\): key 'CUDA_DISABLE_CONTROL' unknown; allowed:"),
+        (BASE + "CUDA_DEVICE_SM_LIMIT_0=60\n", r"line 6: CUDA_DEVICE_SM_LIMIT_0 appears twice"),
+        (BASE + "just words\n", r"line 6: 'just words' is not KEY=VALUE"),
+        (BASE + "CUDA_DEVICE_MEMORY_LIMIT_16=1\n", r"device index 16 out of range"),
+        (BASE + "VGPU_CONTEXT_RESERVE=1Gi\n", r"'1Gi' is not a byte count"),
+        (BASE + "CUDA_TASK_PRIORITY =1\n", r"key 'CUDA_TASK_PRIORITY ' unknown"),
+        (BASE.replace("=1024", "="), r"'' is not a byte count"),
+        (BASE.replace("=50", "="), r"'' is not a percentage"),
+        (BASE.replace("VGPU_COMPUTE_POLICY=hard\n", ""), r"VGPU_COMPUTE_POLICY missing"),
+        (BASE + "CUDA_DEVICE_MEMORY_LIMIT_2=1\n", r"indices \[0, 2\] are not 0\.\.n-1"),
+        (BASE + "CUDA_DEVICE_MEMORY_LIMIT_1=1\n", r"SM_LIMIT_<i> indices \[0\] differ"),
+        (BASE + "VGPU_DEMAND_FILE=/x\x1b[2J\n", r"non-printable"),
+        (BASE + "#" * 70000, r"larger than 65536 bytes"),
+    ],
+)  # fmt: skip
+def test_parse_refuses_bad_files(text: str, message: str) -> None:
+    with pytest.raises(LimitsFileError, match=message) as e:
+        parse_limits_file(text)
+    assert "\n" not in str(e.value)
