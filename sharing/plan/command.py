@@ -34,9 +34,11 @@ def register(sub: Any) -> None:
         "--slices",
         required=True,
         type=Path,
+        action="append",
         metavar="PATH",
         help="ResourceSlices (and DeviceClasses): a YAML/JSON file or a directory of them, "
-        "e.g. from `kubectl get resourceslices -o yaml` or `vgpu-kubelet-plugin --dry-run`",
+        "e.g. from `kubectl get resourceslices -o yaml` or `vgpu-kubelet-plugin --dry-run`; "
+        "may be given more than once",
     )
     p.add_argument(
         "--workloads",
@@ -52,7 +54,7 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     evaluator = SelectorEvaluator()
     try:
-        inventory, classes = load_slices(args.slices)
+        inventory, classes = load_slices(*args.slices)
         workloads, more = load_workloads(args.workloads)
         classes.update(more)
         claims = prepare(workloads, classes, evaluator, args.workloads)

@@ -127,12 +127,13 @@ def _join(prefix: str, field: str) -> str:
     return f"{prefix}.{field}" if prefix else field
 
 
-def load_slices(path: Path) -> tuple[Inventory, dict[str, DeviceClass]]:
+def load_slices(*paths: Path) -> tuple[Inventory, dict[str, DeviceClass]]:
     """Devices by node (node names sorted; pools by driver and name; slices by name; devices
     as listed) and the DeviceClasses found beside them."""
     raw: list[tuple[_Ctx, str, dict[str, Any]]] = []
     classes: dict[str, DeviceClass] = {}
-    for file in _files(path):
+    files = [f for path in paths for f in _files(path)]
+    for file in files:
         ctx = _Ctx(file)
         for prefix, obj in _documents(file):
             obj = ctx.mapping(obj, prefix or "(document)")
