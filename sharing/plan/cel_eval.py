@@ -292,6 +292,9 @@ _TOKEN = re.compile(r'"((?:[^"\\]|\\.)*)"|\'((?:[^\'\\]|\\.)*)\'|([A-Za-z_][A-Za
 _WHOLE_MAP = re.compile(
     r"""(attributes|capacity)\s*(\[\s*("[^"]*"|'[^']*')\s*\]\s*(?![\s.\[]*[.\[])|(?!\s*\[))"""
 )
+# An index that is not a plain string literal (`["uu" + "id"]`, `[device.driver]`) may name
+# anything: key on the whole device.
+_COMPUTED_INDEX = re.compile(r"""\[(?!\s*("[^"]*"|'[^']*')\s*\])""")
 _MACROS = {"all", "exists", "exists_one", "map", "filter", "size"}
 
 
@@ -341,7 +344,11 @@ class SelectorEvaluator:
         tokens: set[str] = set()
         for m in _TOKEN.finditer(expression):
             tokens.add(m.group(1) or m.group(2) or m.group(3) or "")
-        whole = bool(_WHOLE_MAP.search(expression)) or bool(tokens & _MACROS)
+        whole = (
+            bool(_WHOLE_MAP.search(expression))
+            or bool(_COMPUTED_INDEX.search(expression))
+            or bool(tokens & _MACROS)
+        )
         sel = Selector(expression, program, None if whole else frozenset(tokens))
         self._compiled[expression] = sel
         return sel

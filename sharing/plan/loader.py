@@ -71,6 +71,20 @@ class _Ctx:
             raise self.fail(path, f"must be a non-empty string, not {_kind(value)}")
         return value
 
+    def items(self, value: Any, path: str, what: str) -> list[Any]:
+        """A list that must not be empty."""
+        out = self.seq(value, path)
+        if not out:
+            raise self.fail(path, f"must list at least one {what}")
+        return out
+
+    def unique_name(self, obj: dict[str, Any], path: str, seen: set[str], what: str) -> str:
+        name = self.string(obj.get("name"), f"{path}.name")
+        if name in seen:
+            raise self.fail(f"{path}.name", f"{name!r} is used by an earlier {what}")
+        seen.add(name)
+        return name
+
     def integer(self, value: Any, path: str, lo: int) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or value < lo:
             raise self.fail(path, f"must be an integer >= {lo}, not {value!r}")
@@ -322,16 +336,11 @@ def parse_claim_spec(ctx: _Ctx, path: str, raw: Any) -> ClaimSpec:
     devices = ctx.mapping(spec.get("devices"), f"{path}.devices")
     requests: list[Request] = []
     seen: set[str] = set()
-    reqs = ctx.seq(devices.get("requests"), f"{path}.devices.requests")
-    if not reqs:
-        raise ctx.fail(f"{path}.devices.requests", "must name at least one request")
+    reqs = ctx.items(devices.get("requests"), f"{path}.devices.requests", "request")
     for i, raw_req in enumerate(reqs):
         rp = f"{path}.devices.requests[{i}]"
         r = ctx.mapping(raw_req, rp)
-        name = ctx.string(r.get("name"), f"{rp}.name")
-        if name in seen:
-            raise ctx.fail(f"{rp}.name", f"{name!r} is used by an earlier request")
-        seen.add(name)
+        name = ctx.unique_name(r, rp, seen, "request")
         if (r.get("exactly") is None) == (r.get("firstAvailable") is None):
             raise ctx.fail(rp, "must have exactly one of exactly, firstAvailable")
         if r.get("exactly") is not None:
@@ -339,17 +348,16 @@ def parse_claim_spec(ctx: _Ctx, path: str, raw: Any) -> ClaimSpec:
                 _device_request(ctx, f"{rp}.exactly", r["exactly"], name),
             )
         else:
-            subs = ctx.seq(r["firstAvailable"], f"{rp}.firstAvailable")
-            if not subs:
-                raise ctx.fail(f"{rp}.firstAvailable", "must list at least one subrequest")
+            subs = ctx.items(r["firstAvailable"], f"{rp}.firstAvailable", "subrequest")
+            sub_names: set[str] = set()
             alts = tuple(
                 _device_request(
                     ctx,
                     f"{rp}.firstAvailable[{j}]",
-                    s,
-                    f"{name}/{ctx.string(ctx.mapping(s, f'{rp}.firstAvailable[{j}]').get('name'), f'{rp}.firstAvailable[{j}].name')}",
+                    sub,
+                    f"{name}/{ctx.unique_name(ctx.mapping(sub, f'{rp}.firstAvailable[{j}]'), f'{rp}.firstAvailable[{j}]', sub_names, 'subrequest')}",
                 )
-                for j, s in enumerate(subs)
+                for j, sub in enumerate(subs)
             )
         requests.append(Request(name, alts))
     constraints: list[Constraint] = []
@@ -383,16 +391,10 @@ def load_workloads(file: Path) -> tuple[list[Workload], dict[str, DeviceClass]]:
     top = ctx.mapping(docs[0][1], "(document)")
     workloads: list[Workload] = []
     names: set[str] = set()
-    items = ctx.seq(top.get("workloads"), "workloads")
-    if not items:
-        raise ctx.fail("workloads", "must list at least one workload")
-    for i, raw in enumerate(items):
+    for i, raw in enumerate(ctx.items(top.get("workloads"), "workloads", "workload")):
         wp = f"workloads[{i}]"
         w = ctx.mapping(raw, wp)
-        name = ctx.string(w.get("name"), f"{wp}.name")
-        if name in names:
-            raise ctx.fail(f"{wp}.name", f"{name!r} is used by an earlier workload")
-        names.add(name)
+        name = ctx.unique_name(w, wp, names, "workload")
         replicas = ctx.integer(w.get("replicas", 1), f"{wp}.replicas", 0)
         workloads.append(
             Workload(name, replicas, parse_claim_spec(ctx, f"{wp}.spec", w.get("spec")))

@@ -91,6 +91,9 @@ def test_identical_devices_cost_one_evaluation_unless_the_expression_reads_what_
     any_one = ev2.compile(f'device.attributes["{DRIVER}"].exists(k, k == "uuid")')
     assert [ev2.matches(any_one, d) for d in devices] == [True] * 5
     assert ev2.evaluations == 5
+    # So does a computed key: "uu" + "id" names uuid without mentioning it.
+    computed = ev2.compile(f'device.attributes["{DRIVER}"]["uu" + "id"] == "GPU-3"')
+    assert [ev2.matches(computed, d) for d in devices] == [False, False, False, True, False]
 
 
 def test_quantity_functions_have_kubernetes_semantics() -> None:
