@@ -22,7 +22,15 @@ from itertools import count
 
 from sharing.plan.capacity import Fit, demand
 from sharing.plan.cel_eval import Selector, SelectorEvaluator
-from sharing.plan.model import AttrValue, Constraint, Device, DeviceRequest, qualify
+from sharing.plan.model import (
+    AttrValue,
+    Constraint,
+    Device,
+    DeviceRequest,
+    Taint,
+    Toleration,
+    qualify,
+)
 
 SEARCH_BUDGET = 200_000  # device additions tried for one claim on one node before giving up
 
@@ -77,6 +85,16 @@ class Usage:
                     used[q] = used.get(q, Decimal(0)) + amount
             else:
                 self.taken[d.index] = True
+
+
+def untolerated(device: Device, tolerations: tuple[Toleration, ...]) -> Taint | None:
+    """The first taint that keeps new allocations off the device for this request."""
+    for t in device.taints:
+        if t.effect in ("NoSchedule", "NoExecute") and not any(
+            tol.tolerates(t) for tol in tolerations
+        ):
+            return t
+    return None
 
 
 def applies(constraint: Constraint, alt: Alternative) -> bool:
@@ -154,10 +172,17 @@ class Allocator:
         return result
 
     def demand(self, alt: Alternative, device: Device) -> Fit:
+        """What one allocation consumes, or why the device refuses the request (a taint the
+        request does not tolerate, a capacity policy)."""
         key = (alt.uid, device.index)
         got = self._demand.get(key)
         if got is None:
-            got = self._demand[key] = demand(alt.request.capacity, device)
+            taint = untolerated(device, alt.request.tolerations)
+            if taint is not None:
+                got = Fit({}, f"taint {taint.key}={taint.value}:{taint.effect} not tolerated")
+            else:
+                got = demand(alt.request.capacity, device)
+            self._demand[key] = got
         return got
 
     def has_room(self, fit: Fit, device: Device, allocating: dict[int, dict[str, Decimal]]) -> bool:

@@ -27,6 +27,8 @@ from sharing.plan.model import (
     Inventory,
     Request,
     RequestPolicy,
+    Taint,
+    Toleration,
     ValidRange,
     Workload,
     qualify,
@@ -255,7 +257,18 @@ def parse_device(ctx: _Ctx, path: str, raw: Any, node: str, driver: str, pool: s
     allow = d.get("allowMultipleAllocations", False)
     if not isinstance(allow, bool):
         raise ctx.fail(f"{path}.allowMultipleAllocations", f"{allow!r} is not a boolean")
-    return Device(node, driver, pool, name, attrs, caps, allow)
+    taints = []
+    for i, raw_t in enumerate(ctx.seq(d.get("taints"), f"{path}.taints")):
+        tp = f"{path}.taints[{i}]"
+        t = ctx.mapping(raw_t, tp)
+        taints.append(
+            Taint(
+                ctx.string(t.get("key"), f"{tp}.key"),
+                str(t.get("value") or ""),
+                ctx.string(t.get("effect"), f"{tp}.effect"),
+            )
+        )
+    return Device(node, driver, pool, name, attrs, caps, allow, taints=tuple(taints))
 
 
 def _policy(ctx: _Ctx, path: str, raw: Any) -> RequestPolicy:
@@ -321,6 +334,18 @@ def _device_request(ctx: _Ctx, path: str, raw: Any, name: str) -> DeviceRequest:
         capacity.get("requests") or {}, f"{path}.capacity.requests"
     ).items():
         caps.append((str(key), ctx.quantity(value, f"{path}.capacity.requests.{key}")))
+    tolerations = []
+    for i, raw_t in enumerate(ctx.seq(r.get("tolerations"), f"{path}.tolerations")):
+        tp = f"{path}.tolerations[{i}]"
+        t = ctx.mapping(raw_t, tp)
+        op = t.get("operator", "Equal")
+        if op not in ("Equal", "Exists"):
+            raise ctx.fail(f"{tp}.operator", f"{op!r} is not allowed; allowed: Equal, Exists")
+        tolerations.append(
+            Toleration(
+                str(t.get("key") or ""), op, str(t.get("value") or ""), str(t.get("effect") or "")
+            )
+        )
     return DeviceRequest(
         name=name,
         device_class=ctx.string(r.get("deviceClassName"), f"{path}.deviceClassName"),
@@ -328,6 +353,7 @@ def _device_request(ctx: _Ctx, path: str, raw: Any, name: str) -> DeviceRequest:
         mode=cast(Any, mode),
         count=count,
         capacity=tuple(caps),
+        tolerations=tuple(tolerations),
     )
 
 

@@ -41,6 +41,28 @@ class Capacity:
     policy: RequestPolicy | None
 
 
+@dataclass(frozen=True)
+class Taint:
+    key: str
+    value: str
+    effect: str  # NoSchedule, NoExecute (both keep new allocations off), None, ...
+
+
+@dataclass(frozen=True)
+class Toleration:
+    key: str
+    operator: Literal["Equal", "Exists"]
+    value: str
+    effect: str  # "" tolerates every effect
+
+    def tolerates(self, taint: Taint) -> bool:
+        if self.effect and self.effect != taint.effect:
+            return False
+        if self.operator == "Exists":
+            return not self.key or self.key == taint.key
+        return self.key == taint.key and self.value == taint.value
+
+
 @dataclass
 class Device:
     """One device of a ResourceSlice, on one node. `index` is its place in the node's order."""
@@ -53,6 +75,7 @@ class Device:
     capacity: dict[str, Capacity]  # qualified name -> capacity
     allow_multiple: bool
     index: int = 0
+    taints: tuple[Taint, ...] = ()
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -78,6 +101,7 @@ class DeviceRequest:
     mode: Literal["ExactCount", "All"]
     count: int
     capacity: tuple[tuple[str, Decimal], ...]  # requested amounts, names as written
+    tolerations: tuple[Toleration, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -241,3 +241,27 @@ def test_an_incomplete_pool_is_left_out_with_a_warning(
     captured = capsys.readouterr()
     assert "pool node-a of driver vgpu.sharing.dev: 1 of 2 ResourceSlices" in captured.err
     assert "node-a" not in captured.out
+
+
+def test_a_tainted_device_needs_a_toleration(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tainted = gpu("gpu-0")
+    tainted["taints"] = [{"key": "maintenance", "value": "true", "effect": "NoSchedule"}]
+    informational = gpu("gpu-1")
+    informational["taints"] = [{"key": "note", "effect": "None"}]
+    tolerant = request("gpu", capacity={"memory": "40Gi"})
+    tolerant["exactly"]["tolerations"] = [{"key": "maintenance", "operator": "Exists"}]
+    code, doc = run_plan(
+        tmp_path,
+        [resource_slice("node-a", [tainted, informational])],
+        [
+            workload("plain", 2, [request("gpu", capacity={"memory": "40Gi"})]),
+            workload("tolerant", 1, [tolerant]),
+        ],
+        capsys,
+    )
+    assert code == 1
+    assert [(p[0], p[3]) for p in placements(doc)] == [("plain", "gpu-1"), ("tolerant", "gpu-0")]
+    reason = doc["unplaced"][0]["reason"]
+    assert "1 device(s): taint maintenance=true:NoSchedule not tolerated" in reason
