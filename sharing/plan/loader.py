@@ -195,6 +195,12 @@ def _inventory(raw: list[tuple[_Ctx, str, dict[str, Any]]]) -> Inventory:
             parse_device(ctx, f"{sp}.devices[{i}]", d, node, driver, pool_name)
             for i, d in enumerate(ctx.seq(spec.get("devices"), f"{sp}.devices"))
         ]
+        raw_devices = ctx.seq(spec.get("devices"), f"{sp}.devices")
+        if any(isinstance(d, dict) and d.get("consumesCounters") for d in raw_devices):
+            inv.warnings.append(
+                f"{ctx.file}: {sp}: slice {name} has devices with consumesCounters "
+                "(partitionable devices): their shared counters are not checked"
+            )
         pools.setdefault((driver, pool_name), {}).setdefault(generation, []).append(
             (name, node, devices)
         )
