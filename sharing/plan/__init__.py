@@ -3,6 +3,7 @@
 Modules, one job each:
   quantity   Kubernetes quantities as exact Decimals, and their canonical text
   model      the domain model (devices, device classes, claim specs, workloads)
+  yamlread   YAML/JSON documents from libyaml's events (PyYAML's meaning, faster)
   loader     reading and validating the YAML/JSON inputs (errors name the file and field path)
   cel_eval   DeviceClass / request selectors through a real CEL library (celpy) with the
              Kubernetes extension functions (quantity, semver) and a per-device result cache

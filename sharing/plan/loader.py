@@ -34,8 +34,8 @@ from sharing.plan.model import (
     qualify,
 )
 from sharing.plan.quantity import QuantityError, parse
+from sharing.plan.yamlread import load_all
 
-_Loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _SUFFIXES = (".yaml", ".yml", ".json")
 _ATTR_KINDS: tuple[AttrKind, ...] = ("int", "bool", "string", "version")
 
@@ -113,7 +113,7 @@ def _documents(file: Path) -> Iterator[tuple[str, Any]]:
     except (OSError, UnicodeDecodeError) as e:
         raise InputError(file, "", f"cannot read: {e}") from None
     try:
-        docs = list(yaml.load_all(text, Loader=_Loader))
+        docs = load_all(text)
     except yaml.YAMLError as e:
         first = str(e).replace("\n", " ")
         raise InputError(file, "", f"not YAML or JSON: {first}") from None

@@ -7,6 +7,7 @@ keeps "1.5Gi", "500m" and "100" exact, as the apiserver's arbitrary-precision ty
 from __future__ import annotations
 
 from decimal import Decimal
+from functools import lru_cache
 
 from kubernetes.utils.quantity import parse_quantity
 
@@ -24,17 +25,25 @@ class QuantityError(ValueError):
     """Text that is not a Kubernetes quantity. str() is one line."""
 
 
-def parse(value: object) -> Decimal:
-    """A quantity from YAML/JSON: a string like "4Gi" or "500m", or a plain number."""
-    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        raise QuantityError(f"{value!r} is not a quantity (e.g. 4Gi, 100, 500m)")
+def _parse(value: str | int | float) -> Decimal:
     try:
         q = parse_quantity(value)  # type: ignore[no-untyped-call]
     except ValueError:
         raise QuantityError(f"{value!r} is not a quantity (e.g. 4Gi, 100, 500m)") from None
-    if not isinstance(q, Decimal):  # pragma: no cover - parse_quantity returns Decimals
-        q = Decimal(q)
-    return q
+    return q if isinstance(q, Decimal) else Decimal(q)
+
+
+# Slices repeat the same few quantities thousands of times.
+_parse_text = lru_cache(maxsize=4096)(_parse)
+
+
+def parse(value: object) -> Decimal:
+    """A quantity from YAML/JSON: a string like "4Gi" or "500m", or a plain number."""
+    if isinstance(value, str):
+        return _parse_text(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise QuantityError(f"{value!r} is not a quantity (e.g. 4Gi, 100, 500m)")
+    return _parse(value)
 
 
 def format_quantity(q: Decimal) -> str:
