@@ -15,6 +15,7 @@ only, no CEL).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import tempfile
@@ -166,6 +167,7 @@ def workloads(claims: int, baseline: bool) -> list[Workload]:
 def run(path: Path, claims: int, baseline: bool) -> tuple[Plan, float, float, int]:
     t0 = time.perf_counter()
     inv, _ = load_slices(path)
+    gc.freeze()  # as `vgpu plan` does once its inputs are read
     t1 = time.perf_counter()
     ev = SelectorEvaluator()
     ws = workloads(claims, baseline)
