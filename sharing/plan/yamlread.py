@@ -9,6 +9,7 @@ handle itself (anchors, aliases, explicit tags, merge keys, timestamps...).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -103,6 +104,12 @@ def _from_events(text: str) -> list[Any]:
 
 def load_all(text: str) -> list[Any]:
     """Every document of the text, as yaml.safe_load_all gives them. Raises yaml.YAMLError."""
+    if text.lstrip()[:1] in ("{", "["):
+        # JSON (`kubectl get -o json`) is YAML too, and json reads it ten times faster.
+        try:
+            return [json.loads(text)]
+        except ValueError:
+            pass  # flow-style YAML, or not valid JSON: YAML says which
     try:
         return _from_events(text)
     except _Fallback:

@@ -19,6 +19,8 @@ CASES = [
     "s: |\n  text\n  more\n",
     "!!str 5",
     "value: '100'\nother: 100\nq: 1e3\nneg: -7\n",
+    "{a: 1, b: [x, y]}",  # flow-style YAML that is not JSON
+    '[{"name": "gpu-0", "allowMultipleAllocations": true}]',
 ]
 
 
