@@ -46,6 +46,7 @@ def parse(value: object) -> Decimal:
     return _parse(value)
 
 
+@lru_cache(maxsize=4096)  # a plan prints the same few amounts thousands of times
 def format_quantity(q: Decimal) -> str:
     """Short canonical text: 4294967296 -> "4Gi", 100 -> "100", 0.5 -> "500m"."""
     if q == q.to_integral_value():
