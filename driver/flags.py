@@ -43,6 +43,7 @@ class Settings:
     data_dir: Path
     sharing_mode: SharingMode
     log_level: str
+    dry_run: bool = False  # print the ResourceSlices and exit (no API server, no sockets)
 
     @property
     def plugin_dir(self) -> Path:
@@ -117,6 +118,14 @@ _FLAGS: tuple[_Flag, ...] = (
         "auto",
     ),
     _Flag("log-level", "LOG_LEVEL", "debug, info, warning or error", "info"),
+    _Flag(
+        "dry-run",
+        "DRY_RUN",
+        "print this node's ResourceSlices (YAML, as kubectl prints them) from NVML and exit; "
+        "no API server needed (input for `vgpu plan`)",
+        "false",
+        is_bool=True,
+    ),
 )
 
 _T = TypeVar("_T")
@@ -247,6 +256,7 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Settings
             SharingMode, get("sharing-mode", lambda n, t: _choice(n, t, SHARING_MODES))
         ),
         log_level=log_level,
+        dry_run=get("dry-run", _parse_bool),
     )
 
 

@@ -24,6 +24,7 @@ from typing import cast
 from driver.checkpoint import CheckpointError
 from driver.discovery import Discovery, Inventory, NvmlBackend, PynvmlBackend, Rediscovery
 from driver.driver import Driver
+from driver.dryrun import dry_run
 from driver.flags import Settings, SettingsError, parse
 from driver.health import HealthBroadcaster
 from driver.healthz import HealthServer, Status, socket_serves_grpc
@@ -314,6 +315,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    if settings.dry_run:
+        return dry_run(settings, PynvmlBackend())
     plugin = Plugin(settings)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

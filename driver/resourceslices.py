@@ -202,6 +202,65 @@ def consumable_capacity_dropped(
     return False
 
 
+# --- slice objects ---------------------------------------------------------------------------------
+
+
+def slice_name(node_name: str, driver_name: str, k: int) -> str:
+    """The name of the k-th ResourceSlice of a node's pool."""
+    name = f"{node_name}-{driver_name}-{k}"
+    if len(name) <= MAX_NAME_LENGTH:
+        return name
+    # Long node names: keep the name unique and within the limit with a digest.
+    digest = hashlib.sha256(node_name.encode()).hexdigest()[:10]
+    return f"{node_name[: MAX_NAME_LENGTH - 80]}-{digest}-{driver_name}-{k}"
+
+
+def slice_body(
+    name: str,
+    driver_name: str,
+    node_name: str,
+    devices: list[dict[str, Any]],
+    generation: int,
+    slice_count: int,
+    owner: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """One ResourceSlice of the node's pool (pool name = node name) as a JSON object."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name, "ownerReferences": owner} if owner else {"name": name},
+        "spec": {
+            "driver": driver_name,
+            "nodeName": node_name,
+            "pool": {
+                "name": node_name,
+                "generation": generation,
+                "resourceSliceCount": slice_count,
+            },
+            "devices": devices,
+        },
+    }
+
+
+def pool_slices(
+    inv: Inventory, mode: Mode, partitions: int, driver_name: str, node_name: str, generation: int
+) -> list[dict[str, Any]]:
+    """Every ResourceSlice of the node's pool for this inventory, without owner references."""
+    chunks = chunk(build_devices(inv.gpus, mode, partitions))
+    return [
+        slice_body(
+            slice_name(node_name, driver_name, k),
+            driver_name,
+            node_name,
+            devs,
+            generation,
+            len(chunks),
+            [],
+        )
+        for k, devs in enumerate(chunks)
+    ]
+
+
 # --- the publisher ---------------------------------------------------------------------------------
 
 
@@ -258,12 +317,7 @@ class SlicePublisher:
         self._mode = mode
 
     def _slice_name(self, k: int) -> str:
-        name = f"{self.node_name}-{self.driver_name}-{k}"
-        if len(name) <= MAX_NAME_LENGTH:
-            return name
-        # Long node names: keep the name unique and within the limit with a digest.
-        digest = hashlib.sha256(self.node_name.encode()).hexdigest()[:10]
-        return f"{self.node_name[: MAX_NAME_LENGTH - 80]}-{digest}-{self.driver_name}-{k}"
+        return slice_name(self.node_name, self.driver_name, k)
 
     def _owner(self) -> list[dict[str, Any]]:
         """The Node as owner. Read at every write (writes are rare): a Node deleted and
@@ -415,21 +469,9 @@ class SlicePublisher:
         owner = self._owner()
         written: dict[str, _Written] = {}
         for name, devs in zip(names, chunks, strict=True):
-            body: dict[str, Any] = {
-                "apiVersion": "resource.k8s.io/v1",
-                "kind": "ResourceSlice",
-                "metadata": {"name": name, "ownerReferences": owner} if owner else {"name": name},
-                "spec": {
-                    "driver": self.driver_name,
-                    "nodeName": self.node_name,
-                    "pool": {
-                        "name": self.node_name,
-                        "generation": generation,
-                        "resourceSliceCount": len(chunks),
-                    },
-                    "devices": devs,
-                },
-            }
+            body = slice_body(
+                name, self.driver_name, self.node_name, devs, generation, len(chunks), owner
+            )
             if name in existing:
                 body["metadata"]["resourceVersion"] = existing[name]["metadata"]["resourceVersion"]
                 resp = self.kube.replace_slice(name, body)

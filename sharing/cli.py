@@ -8,9 +8,10 @@ import sys
 from collections.abc import Sequence
 
 from sharing import __version__, demo, info, run
+from sharing.plan import command as plan
 
 # Subcommand modules: each has register(subparsers) which sets `func` on its parser.
-_SUBCOMMANDS = (info, run, demo)
+_SUBCOMMANDS = (info, run, demo, plan)
 
 
 def build_parser() -> argparse.ArgumentParser:

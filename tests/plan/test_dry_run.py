@@ -1,0 +1,157 @@
+"""`vgpu-kubelet-plugin --dry-run` on the simulated GPU, its slices fed to `vgpu plan`.
+
+Both console scripts run as real processes: the plugin loads the simulator's
+libnvidia-ml.so.1 through LD_LIBRARY_PATH, as on a node, and talks to no API server."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from sharing.paths import ArtefactMissingError, sim_lib_dir
+from tests.plan.build import CLASS, request, workload
+
+BIN = Path(sys.executable).parent
+
+
+def _sim_device(i: int, memory: str, name: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "uuid": f"GPU-d7700000-0000-0000-0000-00000000000{i}",
+        "memory": memory,
+        "sm_count": 108,
+        "pci_bus_id": f"00000000:{0x40 + i:02X}:00.0",
+        "numa_node": 0,
+        "compute_capability": "8.0",
+        "healthy": True,
+        "minor": i,
+    }
+
+
+@pytest.fixture
+def sim_env(tmp_path: Path) -> dict[str, str]:
+    try:
+        lib = sim_lib_dir()
+    except ArtefactMissingError as e:
+        pytest.skip(f"simulated NVML not built: {e}")
+    config = tmp_path / "simgpu.json"
+    config.write_text(
+        json.dumps(
+            {
+                "devices": [
+                    _sim_device(0, "40Gi", "NVIDIA A100-SXM4-40GB"),
+                    _sim_device(1, "40Gi", "NVIDIA A100-SXM4-40GB"),
+                ],
+                "driver_version": "550.54.15",
+                "cuda_version": "12.4",
+            }
+        )
+    )
+    state = tmp_path / "simgpu-state"
+    state.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "KUBECONFIG")}
+    env.update(LD_LIBRARY_PATH=str(lib), SIMGPU_CONFIG=str(config), SIMGPU_STATE=str(state))
+    return env
+
+
+def dry_run(env: dict[str, str], node: str, *flags: str) -> str:
+    r = subprocess.run(
+        [str(BIN / "vgpu-kubelet-plugin"), "--dry-run", "--node-name", node, *flags],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def plan(slices: Path, workloads: Path) -> tuple[int, dict[str, Any], str]:
+    r = subprocess.run(
+        [
+            str(BIN / "vgpu"),
+            "plan",
+            "--slices",
+            str(slices),
+            "--workloads",
+            str(workloads),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return r.returncode, json.loads(r.stdout) if r.stdout else {}, r.stderr
+
+
+def test_dry_run_prints_the_slices_the_plugin_would_publish(sim_env: dict[str, str]) -> None:
+    doc = yaml.safe_load(dry_run(sim_env, "gpu-node-7"))
+    assert doc["kind"] == "List"
+    [s] = doc["items"]
+    assert s["kind"] == "ResourceSlice" and s["apiVersion"] == "resource.k8s.io/v1"
+    assert s["spec"]["nodeName"] == "gpu-node-7"
+    assert s["spec"]["pool"] == {"name": "gpu-node-7", "generation": 1, "resourceSliceCount": 1}
+    devs = s["spec"]["devices"]
+    assert [d["name"] for d in devs] == ["gpu-0", "gpu-1"]
+    assert devs[0]["allowMultipleAllocations"] is True
+    assert devs[0]["capacity"]["memory"]["value"] == "40Gi"
+    assert devs[0]["attributes"]["productName"] == {"string": "NVIDIA A100-SXM4-40GB"}
+
+
+def test_dry_run_without_nvml_fails_with_one_message(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "LD_LIBRARY_PATH")}
+    r = subprocess.run(
+        [str(BIN / "vgpu-kubelet-plugin"), "--dry-run", "--node-name", "n"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if r.returncode == 0:
+        pytest.skip("this machine has a real NVML")
+    assert r.returncode == 1
+    assert "NVML: cannot list GPUs" in r.stderr
+    assert r.stdout == ""
+
+
+def test_plan_on_two_dry_run_nodes_sharing_and_partition(
+    sim_env: dict[str, str], tmp_path: Path
+) -> None:
+    slices = tmp_path / "slices"
+    slices.mkdir()
+    (slices / "a-sharing.yaml").write_text(dry_run(sim_env, "node-a"))
+    (slices / "b-partition.yaml").write_text(
+        dry_run(sim_env, "node-b", "--sharing-mode", "partition", "--partitions", "4")
+    )
+    (slices / "class.yaml").write_text(yaml.safe_dump(CLASS))
+    workloads = tmp_path / "w.yaml"
+    # node-a: 2 x 40Gi shared GPUs, memory rounded up to 256Mi steps: 9000Mi -> 9216Mi (36
+    # steps), 4 per GPU (36864Mi; a fifth needs 46080Mi > 40960Mi), so 8 on node-a.
+    # node-b: 2 GPUs x 4 partitions of 10Gi/25 cores: 8 more, each partition taken whole.
+    workloads.write_text(
+        yaml.safe_dump(
+            {
+                "workloads": [
+                    workload("infer", 17, [request(capacity={"memory": "9000Mi", "cores": "20"})])
+                ]
+            }
+        )
+    )
+    code, doc, err = plan(slices, workloads)
+    assert code == 1, err
+    where = [(p["node"], p["device"], p["consumed"]["memory"]) for p in doc["placed"]]
+    assert where[:8] == [("node-a", "gpu-0", "9Gi")] * 4 + [("node-a", "gpu-1", "9Gi")] * 4
+    assert where[8:] == [
+        ("node-b", f"gpu-{g}-slice-{k}", "10Gi") for g in range(2) for k in range(4)
+    ]
+    assert [u["replica"] for u in doc["unplaced"]] == [16]
+    free = {(d["node"], d["device"]): d["free"] for d in doc["devices"]}
+    assert free[("node-a", "gpu-0")] == {"cores": "20", "memory": "4Gi"}
+    assert free[("node-b", "gpu-1-slice-3")] == {"cores": "0", "memory": "0"}

@@ -1,0 +1,136 @@
+"""Bad input: exit 2 and one line naming the file and the field; accepted input forms."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from sharing.cli import main
+from tests.plan.build import CLASS, gpu, request, resource_slice, workload, write_inputs
+
+GOOD = [resource_slice("node-a", [gpu("gpu-0")])]
+
+
+def _err(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    return err.strip()
+
+
+def _plan(s: Path, w: Path) -> list[str]:
+    return ["plan", "--slices", str(s), "--workloads", str(w)]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "field", "what"),
+    [
+        (
+            lambda w: w[0]["spec"]["devices"]["requests"][0]["exactly"].update(
+                capacity={"requests": {"memory": "lots"}}
+            ),
+            "workloads[0].spec.devices.requests[0].exactly.capacity.requests.memory",
+            "is not a quantity",
+        ),
+        (
+            lambda w: w[0]["spec"]["devices"]["requests"][0]["exactly"].update(
+                deviceClassName="nope"
+            ),
+            "workloads[0].spec.devices.requests[0].exactly.deviceClassName",
+            "DeviceClass 'nope' not found",
+        ),
+        (lambda w: w[0].update(replicas=-1), "workloads[0].replicas", "must be an integer >= 0"),
+        (
+            lambda w: w[0]["spec"]["devices"]["requests"][0]["exactly"].update(
+                allocationMode="Some"
+            ),
+            "workloads[0].spec.devices.requests[0].exactly.allocationMode",
+            "allowed: ExactCount, All",
+        ),
+        (
+            lambda w: w[0]["spec"]["devices"].update(constraints=[{"matchAttribute": "pcieRoot"}]),
+            "workloads[0].spec.devices.constraints[0].matchAttribute",
+            "must be fully qualified",
+        ),
+        (
+            lambda w: w[0]["spec"]["devices"].update(
+                constraints=[{"requests": ["x"], "matchAttribute": "a/b"}]
+            ),
+            "workloads[0].spec.devices.constraints[0].requests",
+            "'x' is not a request",
+        ),
+        (lambda w: w.append(dict(w[0])), "workloads[1].name", "used by an earlier workload"),
+    ],
+)
+def test_bad_workloads_name_file_and_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], mutate: Any, field: str, what: str
+) -> None:
+    ws = [workload("w", 1, [request(capacity={"memory": "1Gi"})])]
+    mutate(ws)
+    s, w = write_inputs(tmp_path, GOOD, ws)
+    err = _err(capsys, _plan(s, w))
+    assert err.startswith(f"vgpu plan: {w}: {field}: "), err
+    assert what in err
+
+
+def test_bad_slice_names_file_and_field(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    dev = gpu("gpu-0", memory_policy={"validRange": {"max": "4Gi"}})
+    s, w = write_inputs(
+        tmp_path, [resource_slice("node-a", [dev])], [workload("w", 1, [request()])]
+    )
+    err = _err(capsys, _plan(s, w))
+    assert err == (
+        f"vgpu plan: {s}: items[1].spec.devices[0].capacity.memory.requestPolicy.validRange.min: is required"
+    )
+
+
+def test_not_yaml_and_missing_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    s, w = write_inputs(tmp_path, GOOD, [workload("w", 1, [request()])])
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("workloads: [\n")
+    assert "not YAML or JSON" in _err(capsys, _plan(s, bad))
+    assert "no such file or directory" in _err(capsys, _plan(tmp_path / "none", w))
+    other = tmp_path / "pod.yaml"
+    other.write_text(yaml.safe_dump({"kind": "Pod"}))
+    assert _err(capsys, _plan(other, w)) == (
+        f"vgpu plan: {other}: kind: 'Pod' is not allowed; allowed: ResourceSlice, DeviceClass"
+    )
+
+
+def test_json_and_directory_inputs_and_classes_in_the_workloads_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    d = tmp_path / "slices"
+    d.mkdir()
+    (d / "one.json").write_text(json.dumps(GOOD[0]))
+    (d / "two.yaml").write_text(yaml.safe_dump_all([resource_slice("node-b", [gpu("gpu-0")])]))
+    (d / "notes.txt").write_text("ignored")
+    w = tmp_path / "w.json"
+    w.write_text(
+        json.dumps({"workloads": [workload("w", 2, [request()])], "deviceClasses": [CLASS]})
+    )
+    assert main(_plan(d, w)) == 0
+    out = capsys.readouterr().out
+    assert "node-a  gpu-0   gpu      cores=100 memory=40Gi" in out
+    assert "node-b  gpu-0   gpu      cores=100 memory=40Gi" in out
+
+
+def test_exit_codes_of_the_console_script(tmp_path: Path) -> None:
+    s, w = write_inputs(tmp_path, GOOD, [workload("w", 1, [request()])])
+    vgpu = str(Path(sys.executable).parent / "vgpu")
+    ok = subprocess.run([vgpu, *_plan(s, w)], capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0, ok.stderr
+    s2, w2 = write_inputs(tmp_path, GOOD, [workload("w", 2, [request()])])
+    short = subprocess.run([vgpu, *_plan(s2, w2)], capture_output=True, text=True, timeout=60)
+    assert short.returncode == 1
+    assert "NOT PLACED (1 replicas)" in short.stdout
+    bad = subprocess.run(
+        [vgpu, *_plan(s2, tmp_path / "missing.yaml")], capture_output=True, text=True, timeout=60
+    )
+    assert bad.returncode == 2
