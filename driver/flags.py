@@ -43,6 +43,7 @@ class Settings:
     data_dir: Path
     sharing_mode: SharingMode
     log_level: str
+    policy: Path | None = None  # the admin sharing policy file; None: the built-in default
 
     @property
     def plugin_dir(self) -> Path:
@@ -117,6 +118,13 @@ _FLAGS: tuple[_Flag, ...] = (
         "auto",
     ),
     _Flag("log-level", "LOG_LEVEL", "debug, info, warning or error", "info"),
+    _Flag(
+        "policy",
+        "POLICY",
+        "admin sharing policy file (YAML, docs/policy.md), re-read when it changes; "
+        "the built-in default when absent",
+        None,
+    ),
 )
 
 _T = TypeVar("_T")
@@ -231,6 +239,7 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Settings
     healthcheck = get("healthcheck-port", lambda n, t: _parse_int(n, t, -1, 65535))
     log_level = get("log-level", lambda n, t: _choice(n, t, ("debug", "info", "warning", "error")))
     kubeconfig = raw["kubeconfig"]
+    policy = raw["policy"]
     return Settings(
         node_name=_dns_subdomain("node-name", node, 253),
         kubeconfig=Path(kubeconfig) if kubeconfig else None,
@@ -247,6 +256,7 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Settings
             SharingMode, get("sharing-mode", lambda n, t: _choice(n, t, SHARING_MODES))
         ),
         log_level=log_level,
+        policy=_abs_path("policy", policy) if policy else None,
     )
 
 

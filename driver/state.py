@@ -39,7 +39,7 @@ from driver.checkpoint import (
     ClaimEntry,
     PreparedDevice,
 )
-from driver.claims import ClaimError, ClaimPlan, ClaimRef, plan_claim, read_claim
+from driver.claims import ClaimError, ClaimPlan, ClaimRef, RulesFor, plan_claim, read_claim
 from sharing import region
 from sharing.gpus import GpuInfo
 
@@ -113,6 +113,7 @@ class DeviceState:
         checkpoint_path: Path,
         paths: HostPaths,
         read: ClaimReader,
+        rules_for: RulesFor | None = None,
     ) -> None:
         self.driver_name = driver_name
         self.node_name = node_name
@@ -124,6 +125,7 @@ class DeviceState:
         self.checkpoint = Checkpoint(checkpoint_path)
         self.paths = paths
         self._read = read
+        self.rules_for = rules_for  # the admin policy per GPU (None: built-in)
         self._lock = threading.Lock()
 
     def set_gpus(self, gpus: Sequence[GpuInfo]) -> None:
@@ -230,6 +232,7 @@ class DeviceState:
             gpus=self.gpus,
             mode=self.mode,
             partitions=self.partitions,
+            rules_for=self.rules_for,
         )
         spec_path = self.writer.path_for(self.kind, ref.uid)
         claim_dir = self.paths.claims_dir / ref.uid
