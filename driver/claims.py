@@ -227,6 +227,14 @@ def plan_claim(
         _check_policy_override(configs, rules, where)
         admin = VgpuConfig(compute_policy=rules.compute_policy)
         config = EffectiveConfig.of([admin, *(c for _, c in configs)])
+        if config.exclusive and mode == "sharing":
+            if cores != 100:
+                raise ClaimError(
+                    f"{where}: a whole-GPU claim (VgpuConfig exclusive, the "
+                    f"vgpu-whole.sharing.dev class) holds {cores}% of the cores, so others could "
+                    'share the GPU; allowed: request capacity cores: "100"'
+                )
+            memory = gpu.memory_total
         if config.memory_limit_override is not None:
             if config.memory_limit_override > memory:
                 raise ClaimError(

@@ -212,3 +212,14 @@ def test_prepare_partition_limits_follow_the_policy() -> None:
     beyond = dict(result, device="gpu-1-slice-2")  # the A100 has 2 partitions by policy
     with pytest.raises(ClaimError, match=r"with k in 0\.\.1"):
         plan(claim([beyond], []), POLICY, mode="partition")
+
+
+def test_whole_gpu_claim_needs_all_cores_and_gets_the_whole_gpu() -> None:
+    whole = vgpu_config("FromClass", exclusive=True)
+    allocated = dict(SHARE, consumedCapacity={"memory": "4Gi", "cores": "100", "sharers": "1"})
+    [limit] = plan(claim([allocated], [whole]), POLICY).gpu_limits()
+    assert (limit.memory_limit, limit.sm_limit) == (80 * GiB, 100)
+    with pytest.raises(
+        ClaimError, match=r'holds 10% of the cores.*allowed: request capacity cores: "100"'
+    ):
+        plan(claim([SHARE], [whole]), POLICY)
