@@ -44,6 +44,9 @@ class Settings:
     sharing_mode: SharingMode
     log_level: str
     policy: Path | None = None  # the admin sharing policy file; None: the built-in default
+    driver_root: Path = Path("/")  # the NVIDIA driver's root as the host sees it
+    driver_root_mount: Path = Path("/")  # ... and as this process sees it
+    cdi_spec_dirs: tuple[Path, ...] = (Path("/etc/cdi"), Path("/var/run/cdi"))
 
     @property
     def plugin_dir(self) -> Path:
@@ -124,6 +127,25 @@ _FLAGS: tuple[_Flag, ...] = (
         "admin sharing policy file (YAML, docs/policy.md), re-read when it changes; "
         "the built-in default when absent",
         None,
+    ),
+    _Flag(
+        "driver-root",
+        "DRIVER_ROOT",
+        "the NVIDIA driver's root on the host: / or /run/nvidia/driver (GPU Operator)",
+        "/",
+    ),
+    _Flag(
+        "driver-root-mount",
+        "DRIVER_ROOT_MOUNT",
+        "where the plugin sees the driver root (a read-only mount of it); default: the "
+        "driver root itself",
+        None,
+    ),
+    _Flag(
+        "cdi-spec-dirs",
+        "CDI_SPEC_DIRS",
+        "comma-separated directories searched for the NVIDIA Container Toolkit's CDI spec",
+        "/etc/cdi,/var/run/cdi",
     ),
 )
 
@@ -240,6 +262,7 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Settings
     log_level = get("log-level", lambda n, t: _choice(n, t, ("debug", "info", "warning", "error")))
     kubeconfig = raw["kubeconfig"]
     policy = raw["policy"]
+    driver_root = get("driver-root", _abs_path)
     return Settings(
         node_name=_dns_subdomain("node-name", node, 253),
         kubeconfig=Path(kubeconfig) if kubeconfig else None,
@@ -257,6 +280,17 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Settings
         ),
         log_level=log_level,
         policy=_abs_path("policy", policy) if policy else None,
+        driver_root=driver_root,
+        driver_root_mount=(
+            _abs_path("driver-root-mount", raw["driver-root-mount"] or "")
+            if raw["driver-root-mount"]
+            else driver_root
+        ),
+        cdi_spec_dirs=tuple(
+            _abs_path("cdi-spec-dirs", d.strip())
+            for d in get("cdi-spec-dirs", lambda n, t: t).split(",")
+            if d.strip()
+        ),
     )
 
 

@@ -26,6 +26,7 @@ from driver.driver import Driver
 from driver.flags import Settings, SettingsError, parse
 from driver.health import HealthBroadcaster
 from driver.healthz import HealthServer, Status, socket_serves_grpc
+from driver.injection import DriverInjector, DriverRoot, load_driver_nvml
 from driver.kube import Kube, KubeConfigError, make_api_client
 from driver.policy import PolicyView, PolicyWatcher, initial_policy
 from driver.resourceslices import (
@@ -231,6 +232,7 @@ class Plugin:
             self.healthz.start()
         try:
             api_client = make_api_client(s.kubeconfig)
+            load_driver_nvml(DriverRoot(s.driver_root, s.driver_root_mount))
             try:
                 gpus = self.backend.list_gpus()
             except Exception as e:
@@ -264,7 +266,16 @@ class Plugin:
                 self._remember_mode(mode)
             health = HealthBroadcaster()
             self.driver = Driver(
-                s, api_client, gpus, mode, s.partitions, health, rules_for=self.policy.rules
+                s,
+                api_client,
+                gpus,
+                mode,
+                s.partitions,
+                health,
+                rules_for=self.policy.rules,
+                injector=DriverInjector(
+                    DriverRoot(s.driver_root, s.driver_root_mount), s.cdi_spec_dirs
+                ),
             )
             self.driver.start()
         except (KubeConfigError, StartupError) as e:
