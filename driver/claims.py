@@ -308,6 +308,11 @@ def _limits(
             f"{where}: no GPU with index {m.group(1)} on this node "
             f"(indices: {', '.join(str(i) for i in sorted(by_index)) or 'none'})"
         )
+    if gpu.mig_enabled:
+        raise ClaimError(
+            f"{where}: GPU {gpu.index} ({gpu.uuid}) has MIG mode enabled; MIG is not supported "
+            "yet (the plugin no longer offers this GPU)"
+        )
     if mode == "partition":
         rules = rules_for(gpu)
         if not 0 <= int(m.group(2)) < rules.partitions:
