@@ -84,7 +84,9 @@ class PolicyWatcher:
         self.on_change = on_change
         self.interval = interval
         self.stop_event = threading.Event()
-        self._seen = _digest(path)  # the start-up policy was loaded from these bytes
+        # Unknown at first: the file may have changed since the start-up policy was read; the
+        # first check compares what it parses with the policy in force.
+        self._seen: bytes | None = None
         self._missing_logged = False
 
     def check(self) -> bool:
@@ -105,6 +107,8 @@ class PolicyWatcher:
             policy = initial_policy(self.path, self.partitions)
         except PolicyError as e:
             log.error("policy not applied, keeping the last good one: %s", e)
+            return False
+        if policy == self.view.policy:
             return False
         self.view.set_policy(policy)
         log.info(

@@ -294,3 +294,44 @@ def test_readme_mentions_every_manifest_and_overlay() -> None:
     for overlay in OVERLAYS[1:]:
         assert f"kubectl apply -k deploy/{overlay}" in readme
     assert re.search(r"kubectl delete -k", readme)
+
+
+# --- the examples' workload ------------------------------------------------------------------------
+
+
+def _example_scripts() -> list[Any]:
+    out = []
+    for where, doc in examples():
+        if doc["kind"] == "Pod":
+            for c in doc["spec"]["containers"]:
+                out.append(pytest.param(c, id=f"{where}-{c['name']}"))
+    return out
+
+
+@pytest.mark.parametrize("container", _example_scripts())
+def test_example_workload_prints_the_memory_it_sees(
+    container: dict[str, Any], tmp_path: Path
+) -> None:
+    """The example pods' CUDA program, run on the simulated GPU under the shim with a 3Gi limit
+    as a claim's CDI spec sets it, prints that limit as the memory it sees."""
+    from sharing.paths import ArtefactMissingError, shim_library, sim_lib_dir
+
+    try:
+        shim, sim = shim_library(), sim_lib_dir()
+    except ArtefactMissingError as e:
+        pytest.skip(str(e))
+    assert container["command"] == ["python3", "-c"]
+    script = container["args"][0].replace("time.sleep(3600)", "pass")
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "LD_LIBRARY_PATH": str(sim),  # on a node: the driver's libcuda.so.1, injected by CDI
+        "LD_PRELOAD": str(shim),  # on a node: /etc/ld.so.preload, mounted by CDI
+        "CUDA_DEVICE_MEMORY_LIMIT_0": str(3 * 1024**3),
+        "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(tmp_path / "accounting"),
+        "SIMGPU_STATE": str(tmp_path),
+    }
+    r = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("GPU 0: 3.00 GiB visible, "), r.stdout
