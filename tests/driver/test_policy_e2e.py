@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.driver.kubelet_standin import KubeletStandin
+from tests.driver.kubelet_standin import KubeletStandin, allocated_claim, claim_id, result
 from tests.driver.test_main_e2e import (
     DRIVER,
     PLUGIN,
@@ -177,6 +177,49 @@ def test_health_is_up_before_the_api_server_and_readiness_means_published(
             "slicesPublished": True,
         }
         kubelet.close()
+    finally:
+        code = p.terminate()
+    assert code == 0, p.output()
+
+
+def test_prepare_through_the_plugin_refuses_a_forbidden_compute_policy(
+    sim_ready: None,  # noqa: F811
+    server: FakeApiServer,  # noqa: F811
+    root: Path,  # noqa: F811
+) -> None:
+    """The policy reaches the kubelet side of the running plugin: with allowPolicyOverride
+    false, a claim choosing elastic fails prepare (its error, for the pod's events); a claim
+    that does not choose runs with the admin's default."""
+    write_config(root / "simgpu.json", [device(0)])
+    (root / "policy.yaml").write_text(policy(computePolicy="elastic", allowPolicyOverride=False))
+    p = PluginProcess(server, root, "--policy", str(root / "policy.yaml"))
+    try:
+        wait_names(server, p, ["gpu-0"])
+        kubelet = KubeletStandin(root / "reg" / f"{DRIVER}-reg.sock")
+        kubelet.register()
+        share = result("gpu", "gpu-0") | {"consumedCapacity": {"memory": "4Gi", "cores": "20"}}
+        choosing = {
+            "source": "FromClaim",
+            "requests": ["gpu"],
+            "opaque": {
+                "driver": DRIVER,
+                "parameters": {
+                    "apiVersion": "vgpu.sharing.dev/v1alpha1",
+                    "kind": "VgpuConfig",
+                    "computePolicy": "hard",
+                },
+            },
+        }
+        bad = server.put(allocated_claim("bad", results=[share], configs=[choosing]))
+        good = server.put(allocated_claim("good", results=[share]))
+        out = kubelet.prepare([claim_id(bad), claim_id(good)])
+        kubelet.close()
+        assert "computePolicy 'hard' is forbidden by the node's sharing policy" in (
+            out[bad["metadata"]["uid"]].error
+        )
+        assert out[good["metadata"]["uid"]].error == ""
+        spec = (root / "cdi" / f"k8s.{DRIVER}-claim_{good['metadata']['uid']}.json").read_text()
+        assert "VGPU_COMPUTE_POLICY=elastic" in spec
     finally:
         code = p.terminate()
     assert code == 0, p.output()
