@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -23,10 +23,12 @@ from kubernetes import client as k8s
 
 from driver.vgpuconfig import ConfigError, EffectiveConfig, VgpuConfig, decode
 from sharing.gpus import GpuInfo
+from sharing.policy import BUILTIN, Rules
 from sharing.quantity import QuantityError, format_bytes, parse_bytes
 
 MEMORY_CAPACITY = "memory"
 CORES_CAPACITY = "cores"  # percent of the GPU's SMs
+RulesFor = Callable[[GpuInfo], Rules]  # the admin policy's rules of one GPU
 _SHARING_NAME = re.compile(r"^gpu-(\d+)$")
 _PARTITION_NAME = re.compile(r"^gpu-(\d+)-slice-(\d+)$")
 
@@ -174,8 +176,16 @@ def plan_claim(
     gpus: Sequence[GpuInfo],
     mode: str,
     partitions: int,
+    rules_for: RulesFor | None = None,
 ) -> ClaimPlan:
-    """Check the claim is ours to prepare here and compute its limits; ClaimError if not."""
+    """Check the claim is ours to prepare here and compute its limits; ClaimError if not.
+
+    rules_for gives the admin policy's rules of a GPU (partition size, the default compute
+    policy, whether a claim may choose another); default: the built-in policy with `partitions`.
+    """
+    if rules_for is None:
+        builtin = replace(BUILTIN, partitions=partitions)
+        rules_for = lambda _gpu: builtin  # noqa: E731
     meta = claim.get("metadata") or {}
     uid = meta.get("uid")
     if uid != ref.uid:
@@ -210,10 +220,21 @@ def plan_claim(
         pool = str(r.get("pool"))
         if pool != node_name:  # our pool is named after its node (driver/resourceslices.py)
             raise ClaimError(f"{where}: pool {pool} is not this node's pool {node_name}")
-        gpu, memory, cores = _limits(r, name, where, by_index, mode, partitions)
+        gpu, memory, cores = _limits(r, name, where, by_index, mode, rules_for)
         request = str(r.get("request"))
         configs = _configs_for(allocation, driver_name, request)
-        config = EffectiveConfig.of(c for _, c in configs)
+        rules = rules_for(gpu)
+        _check_policy_override(configs, rules, where)
+        admin = VgpuConfig(compute_policy=rules.compute_policy)
+        config = EffectiveConfig.of([admin, *(c for _, c in configs)])
+        if config.exclusive and mode == "sharing":
+            if cores != 100:
+                raise ClaimError(
+                    f"{where}: a whole-GPU claim (VgpuConfig exclusive, the "
+                    f"vgpu-whole.sharing.dev class) holds {cores}% of the cores, so others could "
+                    'share the GPU; allowed: request capacity cores: "100"'
+                )
+            memory = gpu.memory_total
         if config.memory_limit_override is not None:
             if config.memory_limit_override > memory:
                 raise ClaimError(
@@ -244,20 +265,36 @@ def plan_claim(
     return ClaimPlan(ref=ref, devices=tuple(devices), config=devices[0].config)
 
 
+def _check_policy_override(
+    configs: Sequence[tuple[str, VgpuConfig]], rules: Rules, where: str
+) -> None:
+    """A claim's own config may choose another compute policy only where the admin allows.
+    Class configs are the admin's (DeviceClasses are cluster-scoped), so they always may."""
+    if rules.allow_policy_override:
+        return
+    for source, c in configs:
+        if "FromClaim" in source and c.compute_policy not in (None, rules.compute_policy):
+            raise ClaimError(
+                f"{where}: {source}: VgpuConfig computePolicy {c.compute_policy!r} is forbidden "
+                f"by the node's sharing policy (allowPolicyOverride: false); allowed: "
+                f"{rules.compute_policy!r} or leave computePolicy out"
+            )
+
+
 def _limits(
     result: dict[str, Any],
     name: str,
     where: str,
     by_index: dict[int, GpuInfo],
     mode: str,
-    partitions: int,
+    rules_for: RulesFor,
 ) -> tuple[GpuInfo, int, int]:
     if mode == "partition":
         m = _PARTITION_NAME.match(name)
-        if not m or not 0 <= int(m.group(2)) < partitions:
+        if not m:
             raise ClaimError(
                 f"{where}: not a device of this node in partition mode; allowed: "
-                f"gpu-<index>-slice-<k> with k in 0..{partitions - 1}"
+                "gpu-<index>-slice-<k>"
             )
     else:
         m = _SHARING_NAME.match(name)
@@ -271,8 +308,19 @@ def _limits(
             f"{where}: no GPU with index {m.group(1)} on this node "
             f"(indices: {', '.join(str(i) for i in sorted(by_index)) or 'none'})"
         )
+    if gpu.mig_enabled:
+        raise ClaimError(
+            f"{where}: GPU {gpu.index} ({gpu.uuid}) has MIG mode enabled; MIG is not supported "
+            "yet (the plugin no longer offers this GPU)"
+        )
     if mode == "partition":
-        return gpu, gpu.memory_total // partitions, max(1, 100 // partitions)
+        rules = rules_for(gpu)
+        if not 0 <= int(m.group(2)) < rules.partitions:
+            raise ClaimError(
+                f"{where}: not a device of this node in partition mode; allowed: "
+                f"gpu-<index>-slice-<k> with k in 0..{rules.partitions - 1}"
+            )
+        return gpu, rules.partition_memory(gpu.memory_total), rules.partition_cores()
     consumed = result.get("consumedCapacity") or {}
     memory = gpu.memory_total
     if MEMORY_CAPACITY in consumed:
@@ -285,6 +333,8 @@ def _limits(
                 f"{where}: consumed memory {format_bytes(memory)} is outside 1 B.."
                 f"{format_bytes(gpu.memory_total)} (the GPU's memory)"
             )
+    if MEMORY_CAPACITY not in consumed:  # no consumable capacity: the whole shareable memory
+        memory = rules_for(gpu).shareable_memory(gpu.memory_total) or gpu.memory_total
     cores = 100
     if CORES_CAPACITY in consumed:
         cores = _parse_cores(consumed[CORES_CAPACITY], where)

@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 # cleanup, 68 video processor exception, 109 context switch timeout.
 APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 
+MIG_REASON = "MIG mode enabled (not supported yet)"
 _PCI_ROOT = re.compile(r"^pci[0-9a-f]{4}:[0-9a-f]{2}$")
 _BUS_ID = re.compile(r"^(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.([0-7])$")
 
@@ -179,6 +180,7 @@ class Discovery:
         self.backend = backend
         self.sysfs_root = sysfs_root
         self._fallback_logged = False
+        self._mig_logged: set[str] = set()
 
     def pcie_root(self, gpu: GpuInfo) -> str | None:
         """The PCIe root complex ('pci0000:00') the GPU hangs off, for resource.kubernetes.io/pcieRoot.
@@ -219,13 +221,29 @@ class Discovery:
         return fallback
 
     def inventory(self, gpus: Sequence[GpuInfo], unhealthy: dict[str, str]) -> Inventory:
+        """A MIG-enabled GPU is left out of the offer like an unhealthy one: its memory and SMs
+        belong to MIG instances, which the shim cannot share (MIG is not supported yet)."""
+        excluded = dict(unhealthy)
+        for g in gpus:
+            if g.mig_enabled:
+                excluded.setdefault(g.uuid, MIG_REASON)
+                if g.uuid not in self._mig_logged:
+                    self._mig_logged.add(g.uuid)
+                    log.warning(
+                        "GPU %d (%s): MIG mode is enabled; not offered (MIG is not supported "
+                        "yet: disable MIG with nvidia-smi -i %d -mig 0, or leave the GPU to "
+                        "NVIDIA's MIG-aware plugins)",
+                        g.index,
+                        g.uuid,
+                        g.index,
+                    )
         return Inventory(
             tuple(
                 DiscoveredGpu(
                     info=g,
                     pcie_root=self.pcie_root(g),
-                    healthy=g.uuid not in unhealthy,
-                    reason=unhealthy.get(g.uuid, ""),
+                    healthy=g.uuid not in excluded,
+                    reason=excluded.get(g.uuid, ""),
                 )
                 for g in sorted(gpus, key=lambda g: g.index)
             )

@@ -38,7 +38,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from cdi.writer import atomic_write
+from driver.claims import RulesFor
 from driver.health import HealthBroadcaster
+from driver.injection import DriverInjector
 from driver.kubelet import KubeletPlugin, PluginSockets
 from driver.state import CONTAINER_LIB, DeviceState, HostPaths
 from sharing.gpus import GpuInfo
@@ -111,10 +113,14 @@ class Driver:
         dev_root: Path = Path("/dev"),
         node_state_dir: Path | None = None,
         registration_backoff: tuple[float, float] = (1.0, 60.0),
+        rules_for: RulesFor | None = None,
+        injector: DriverInjector | None = None,
     ) -> None:
         """shim_source (default sharing.paths.shim_library()), dev_root (where /dev/nvidia* are
         looked for) and node_state_dir (host directory of the compute controller's node-wide files,
-        default <data dir>/node-state) exist for tests; main.py leaves them alone."""
+        default <data dir>/node-state) exist for tests; main.py leaves them alone. rules_for: the
+        admin sharing policy's rules per GPU (driver/policy.py; None: the built-in policy); injector:
+        the driver's files for CDI-only runtimes (driver/injection.py; None: not injected)."""
         if mode not in MODES:
             raise ValueError(f"mode {mode!r} unknown; allowed: {', '.join(MODES)}")
         if partitions < 1:
@@ -143,6 +149,8 @@ class Driver:
             checkpoint_path=data_dir / "checkpoint.json",
             paths=self.paths,
             read=DeviceState.api_reader(api_client),
+            rules_for=rules_for,
+            injector=injector,
         )
         self.plugin = KubeletPlugin(
             driver_name=settings.driver_name,

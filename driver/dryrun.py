@@ -19,7 +19,7 @@ import yaml
 
 from driver.discovery import Discovery, NvmlBackend
 from driver.flags import Settings
-from driver.resourceslices import Mode, describe_error, pool_slices
+from driver.resourceslices import Mode, RulesFor, describe_error, pool_slices
 
 log = logging.getLogger(__name__)
 
@@ -28,10 +28,12 @@ def dry_run(
     settings: Settings,
     backend: NvmlBackend,
     *,
+    rules_for: RulesFor | None = None,
     sysfs_root: Path = Path("/sys"),
     out: TextIO = sys.stdout,
 ) -> int:
-    """Print the slices; 0 on success, 1 when NVML cannot list the GPUs."""
+    """Print the slices (as the admin policy `rules_for` shapes them; default: the built-in
+    policy); 0 on success, 1 when NVML cannot list the GPUs."""
     try:
         gpus = backend.list_gpus()
     except Exception as e:
@@ -45,7 +47,13 @@ def dry_run(
         log.info("--dry-run: no API server to ask; printing sharing-mode slices")
     inv = Discovery(backend, sysfs_root=sysfs_root).inventory(gpus, {})
     slices = pool_slices(
-        inv, mode, settings.partitions, settings.driver_name, settings.node_name, generation=1
+        inv,
+        mode,
+        settings.partitions,
+        settings.driver_name,
+        settings.node_name,
+        generation=1,
+        rules_for=rules_for,
     )
     doc = {"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": ""}, "items": slices}
     out.write(yaml.safe_dump(doc, sort_keys=False, default_flow_style=False))

@@ -44,6 +44,10 @@ class Settings:
     sharing_mode: SharingMode
     log_level: str
     dry_run: bool = False  # print the ResourceSlices and exit (no API server, no sockets)
+    policy: Path | None = None  # the admin sharing policy file; None: the built-in default
+    driver_root: Path = Path("/")  # the NVIDIA driver's root as the host sees it
+    driver_root_mount: Path = Path("/")  # ... and as this process sees it
+    cdi_spec_dirs: tuple[Path, ...] = (Path("/etc/cdi"), Path("/var/run/cdi"))
 
     @property
     def plugin_dir(self) -> Path:
@@ -125,6 +129,32 @@ _FLAGS: tuple[_Flag, ...] = (
         "no API server needed (input for `vgpu plan`)",
         "false",
         is_bool=True,
+    ),
+    _Flag(
+        "policy",
+        "POLICY",
+        "admin sharing policy file (YAML, docs/policy.md), re-read when it changes; "
+        "the built-in default when absent",
+        None,
+    ),
+    _Flag(
+        "driver-root",
+        "DRIVER_ROOT",
+        "the NVIDIA driver's root on the host: / or /run/nvidia/driver (GPU Operator)",
+        "/",
+    ),
+    _Flag(
+        "driver-root-mount",
+        "DRIVER_ROOT_MOUNT",
+        "where the plugin sees the driver root (a read-only mount of it); default: the "
+        "driver root itself",
+        None,
+    ),
+    _Flag(
+        "cdi-spec-dirs",
+        "CDI_SPEC_DIRS",
+        "comma-separated directories searched for the NVIDIA Container Toolkit's CDI spec",
+        "/etc/cdi,/var/run/cdi",
     ),
 )
 
@@ -240,6 +270,8 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Settings
     healthcheck = get("healthcheck-port", lambda n, t: _parse_int(n, t, -1, 65535))
     log_level = get("log-level", lambda n, t: _choice(n, t, ("debug", "info", "warning", "error")))
     kubeconfig = raw["kubeconfig"]
+    policy = raw["policy"]
+    driver_root = get("driver-root", _abs_path)
     return Settings(
         node_name=_dns_subdomain("node-name", node, 253),
         kubeconfig=Path(kubeconfig) if kubeconfig else None,
@@ -257,6 +289,18 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Settings
         ),
         log_level=log_level,
         dry_run=get("dry-run", _parse_bool),
+        policy=_abs_path("policy", policy) if policy else None,
+        driver_root=driver_root,
+        driver_root_mount=(
+            _abs_path("driver-root-mount", raw["driver-root-mount"] or "")
+            if raw["driver-root-mount"]
+            else driver_root
+        ),
+        cdi_spec_dirs=tuple(
+            _abs_path("cdi-spec-dirs", d.strip())
+            for d in get("cdi-spec-dirs", lambda n, t: t).split(",")
+            if d.strip()
+        ),
     )
 
 

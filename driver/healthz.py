@@ -1,7 +1,9 @@
-"""HTTP /healthz for the kubelet's liveness probe (`--healthcheck-port`).
+"""HTTP /healthz (liveness) and /readyz (readiness) for the kubelet's probes
+(`--healthcheck-port`).
 
-200 when both gRPC sockets (registration and DRA) accept a gRPC connection and the kubelet has
-not rejected the registration; 503 otherwise. The JSON body says which part is failing and
+/healthz: 200 while starting (waiting for NVML or the API server) and, once serving, when both
+gRPC sockets (registration and DRA) accept a gRPC connection; 503 otherwise. /readyz: 200 once
+registered with the kubelet and the node's ResourceSlices are published. The JSON body says which part is failing and
 also carries what does not affect liveness (API server reachability, publishing mode): an API
 server outage must not get the plugin restarted, its sockets keep serving prepared claims.
 """
@@ -45,16 +47,24 @@ def socket_serves_grpc(path: Path, timeout: float = 1.0) -> bool:
 class HealthServer:
     """Serves GET /healthz from a thread; check() decides the answer per request."""
 
-    def __init__(self, port: int, check: Callable[[], Status], host: str = "") -> None:
+    def __init__(
+        self,
+        port: int,
+        check: Callable[[], Status],
+        host: str = "",
+        ready: Callable[[], Status] | None = None,
+    ) -> None:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                if self.path.split("?")[0] != "/healthz":
-                    self._send(404, {"error": f"not found: {self.path}; try /healthz"})
+                path = self.path.split("?")[0]
+                probe = {"/healthz": outer.check, "/readyz": outer.ready}.get(path)
+                if probe is None:
+                    self._send(404, {"error": f"not found: {self.path}; try /healthz, /readyz"})
                     return
                 try:
-                    status = outer.check()
+                    status = probe()
                 except Exception as e:  # a failing check is a failing probe, not a crash
                     log.exception("health check failed")
                     status = Status(False, {"error": str(e)})
@@ -72,6 +82,7 @@ class HealthServer:
                 log.debug("healthz: " + format, *args)
 
         self.check = check
+        self.ready = ready or check
         self._httpd = ThreadingHTTPServer((host, port), Handler)
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(

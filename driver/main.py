@@ -6,7 +6,7 @@ ResourceSlice publish loop and rediscovery loop, which feeds health/presence cha
 the slices and the health stream. SIGTERM/SIGINT shut down cleanly (exit 0).
 
 Exit codes: 0 clean shutdown; 1 startup failure (NVML, Kubernetes configuration, sockets);
-2 bad flags; 3 the API server's consumable-capacity support changed under a running plugin in
+2 bad flags or an invalid --policy file; 3 the API server's consumable-capacity support changed under a running plugin in
 auto mode (restart to republish in the new mode; the DaemonSet does that).
 """
 
@@ -28,7 +28,9 @@ from driver.dryrun import dry_run
 from driver.flags import Settings, SettingsError, parse
 from driver.health import HealthBroadcaster
 from driver.healthz import HealthServer, Status, socket_serves_grpc
+from driver.injection import DriverInjector, DriverRoot, load_driver_nvml
 from driver.kube import Kube, KubeConfigError, make_api_client
+from driver.policy import PolicyView, PolicyWatcher, initial_policy
 from driver.resourceslices import (
     Backoff,
     Mode,
@@ -37,6 +39,7 @@ from driver.resourceslices import (
     describe_error,
     health_map,
 )
+from sharing.policy import PolicyError, SharingPolicy
 
 log = logging.getLogger("driver.main")
 
@@ -64,8 +67,10 @@ class Plugin:
         resync: float = 30.0,
         reprobe: float = 300.0,
         sysfs_root: Path = Path("/sys"),
+        policy: SharingPolicy | None = None,
     ) -> None:
         self.settings = settings
+        self.policy = PolicyView(policy or initial_policy(None, settings.partitions))
         self.backend: NvmlBackend = backend or PynvmlBackend()
         self.backoff = backoff or Backoff()
         self.resync = resync
@@ -77,6 +82,7 @@ class Plugin:
         self.driver: Driver | None = None
         self.loop: PublishLoop | None = None
         self.healthz: HealthServer | None = None
+        self._inventory: Inventory | None = None
 
     # -- mode --
 
@@ -149,6 +155,7 @@ class Plugin:
         driver, loop, mode = self.driver, self.loop, self.mode
         if driver is None or loop is None or mode is None:
             return
+        self._inventory = inv
         # The Driver must know a GPU before a claim on it can be prepared: hand it every change
         # of the set before the slices offer it.
         known = {(g.uuid, g.index) for g in driver.gpus}
@@ -164,14 +171,26 @@ class Plugin:
                     )
             driver.update_gpus([g.info for g in inv.gpus])
         loop.submit(inv)
-        driver.health.publish(health_map(inv, mode, self.settings.partitions))
+        driver.health.publish(health_map(inv, mode, self.settings.partitions, self.policy.rules))
+
+    def _on_policy(self, policy: SharingPolicy) -> None:
+        """A new admin policy: republish now (partition counts may change device names)."""
+        inv, loop, driver, mode = self._inventory, self.loop, self.driver, self.mode
+        if loop is not None:
+            loop.republish()
+        if inv is not None and driver is not None and mode is not None:
+            driver.health.publish(
+                health_map(inv, mode, self.settings.partitions, self.policy.rules)
+            )
 
     # -- liveness --
 
     def _health_status(self) -> Status:
         driver, loop = self.driver, self.loop
         if driver is None:
-            return Status(False, {"grpc": False, "reason": "starting"})
+            # Alive while waiting for the API server or NVML at start-up: a restart would not
+            # make a slow API server faster (readiness says the plugin is not serving yet).
+            return Status(True, {"grpc": False, "reason": "starting"})
         sockets = driver.plugin.sockets
         reg_ok = socket_serves_grpc(sockets.registration)
         dra_ok = socket_serves_grpc(sockets.dra)
@@ -186,6 +205,16 @@ class Plugin:
             },
         )
 
+    def _ready_status(self) -> Status:
+        """Ready: registered with the kubelet and this node's slices published."""
+        driver, loop = self.driver, self.loop
+        registered = driver is not None and driver.plugin.registered.is_set()
+        published = loop is not None and loop.published_once
+        return Status(
+            registered and published,
+            {"registered": registered, "slicesPublished": published, "mode": self.mode},
+        )
+
     # -- lifecycle --
 
     def stop(self) -> None:
@@ -193,8 +222,19 @@ class Plugin:
 
     def run(self) -> int:
         s = self.settings
+        if s.healthcheck_port is not None:
+            # Up before the first API call: a slow API server must not fail the probes.
+            try:
+                self.healthz = HealthServer(
+                    s.healthcheck_port, self._health_status, ready=self._ready_status
+                )
+            except OSError as e:
+                log.error("--healthcheck-port %d: cannot listen: %s", s.healthcheck_port, e)
+                return EXIT_STARTUP
+            self.healthz.start()
         try:
             api_client = make_api_client(s.kubeconfig)
+            load_driver_nvml(DriverRoot(s.driver_root, s.driver_root_mount))
             try:
                 gpus = self.backend.list_gpus()
             except Exception as e:
@@ -215,31 +255,40 @@ class Plugin:
                 requested_mode=s.sharing_mode,
                 partitions=s.partitions,
                 reprobe_interval=self.reprobe,
+                rules_for=self.policy.rules,
+                on_node_labels=self.policy.set_node_labels,
             )
             mode = self._initial_mode(publisher)
             if mode is None:  # stopped while waiting for the API server
+                self._stop_health()
                 return self.exit_code
             self.mode = mode
             publisher.use_mode(mode)
             if s.sharing_mode == "auto":
                 self._remember_mode(mode)
             health = HealthBroadcaster()
-            self.driver = Driver(s, api_client, gpus, mode, s.partitions, health)
+            self.driver = Driver(
+                s,
+                api_client,
+                gpus,
+                mode,
+                s.partitions,
+                health,
+                rules_for=self.policy.rules,
+                injector=DriverInjector(
+                    DriverRoot(s.driver_root, s.driver_root_mount), s.cdi_spec_dirs
+                ),
+            )
             self.driver.start()
-            if s.healthcheck_port is not None:
-                try:
-                    self.healthz = HealthServer(s.healthcheck_port, self._health_status)
-                except OSError as e:
-                    raise StartupError(
-                        f"--healthcheck-port {s.healthcheck_port}: cannot listen: {e}"
-                    ) from e
         except (KubeConfigError, StartupError, CheckpointError) as e:  # one line each
             log.error("%s", e)
             self._stop_driver()
+            self._stop_health()
             return EXIT_STARTUP
         except Exception as e:
             log.exception("node %s: startup failed: %s", s.node_name, describe_error(e))
             self._stop_driver()
+            self._stop_health()
             return EXIT_STARTUP
 
         self.loop = PublishLoop(
@@ -251,9 +300,11 @@ class Plugin:
             self._on_inventory,
         )
         threads = [threading.Thread(target=rediscovery.run, name="rediscovery", daemon=True)]
+        watcher = None
+        if s.policy is not None:
+            watcher = PolicyWatcher(s.policy, self.policy, s.partitions, self._on_policy)
+            threads.append(threading.Thread(target=watcher.run, name="policy", daemon=True))
         try:
-            if self.healthz is not None:
-                self.healthz.start()
             self.loop.start()
             for t in threads:
                 t.start()
@@ -262,6 +313,8 @@ class Plugin:
         finally:
             log.info("node %s: shutting down", s.node_name)
             rediscovery.stop_event.set()
+            if watcher is not None:
+                watcher.stop()
             for t in threads:
                 t.join(5)
             self.loop.stop()
@@ -269,9 +322,13 @@ class Plugin:
                 self._cleanup(publisher)
             self.driver.stop()
             self.driver.health.close()
-            if self.healthz is not None:
-                self.healthz.stop()
+            self._stop_health()
         return self.exit_code
+
+    def _stop_health(self) -> None:
+        if self.healthz is not None:
+            self.healthz.stop()
+            self.healthz = None
 
     def _stop_driver(self) -> None:
         if self.driver is not None:
@@ -310,14 +367,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SettingsError as e:
         print(f"vgpu-kubelet-plugin: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    try:
+        policy = initial_policy(settings.policy, settings.partitions)
+    except PolicyError as e:
+        print(f"vgpu-kubelet-plugin: error: --policy: {e}", file=sys.stderr)
+        return EXIT_USAGE
     logging.basicConfig(
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
     if settings.dry_run:
-        return dry_run(settings, PynvmlBackend())
-    plugin = Plugin(settings)
+        return dry_run(settings, PynvmlBackend(), rules_for=PolicyView(policy).rules)
+    log.info("sharing policy: %s", policy.source)
+    plugin = Plugin(settings, policy=policy)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         log.info("received %s", signal.Signals(signum).name)

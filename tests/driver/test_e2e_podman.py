@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -354,3 +355,94 @@ def test_environment_overrides_do_not_lift_the_claims_quota(
         (shared / "release").touch()
         holder.wait(60)
     assert kubelet.unprepare([c]) == {c.uid: ""}
+
+
+def _sim_driver_version(env: dict[str, str]) -> str:
+    probe = "import pynvml; pynvml.nvmlInit(); print(pynvml.nvmlSystemGetDriverVersion())"
+    env = dict(env, LD_LIBRARY_PATH=str(sim_lib_dir()))
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True,
+                         check=True, timeout=60).stdout  # fmt: skip
+    return out.strip()
+
+
+def _fake_driver_root(root: Path, version: str) -> Path:
+    """A driver root holding the simulator's libraries as the NVIDIA installer lays a driver out:
+    lib*.so.<version> files with soname links, and an nvidia-smi."""
+    lib = root / "usr" / "lib" / "x86_64-linux-gnu"
+    lib.mkdir(parents=True)
+    for soname in ("libcuda.so.1", "libnvidia-ml.so.1"):
+        real = soname.replace(".so.1", f".so.{version}")
+        shutil.copy2(sim_lib_dir() / soname, lib / real)
+        (lib / soname).symlink_to(real)
+    (root / "usr" / "bin").mkdir(parents=True)
+    smi = root / "usr" / "bin" / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho nvidia-smi stand-in\n")
+    smi.chmod(0o755)
+    return root
+
+
+def test_driver_libraries_injected_without_the_nvidia_runtime(rootfs: Path) -> None:
+    """CDI alone (no NVIDIA runtime hook, no LD_LIBRARY_PATH): the plugin mounts the driver's
+    libcuda.so.1 (the simulator's, standing in) found under the driver root, and the shim in the
+    container enforces the claim's quota with it. With the NVIDIA Container Toolkit's CDI spec
+    present, the claim answers with the toolkit's device instead."""
+    if why := _missing_cuda():
+        pytest.skip(why)
+    root = Path(tempfile.mkdtemp(prefix="vgi", dir="/tmp"))
+    sim_state = root / "simgpu-state"
+    sim_state.mkdir()
+    sim_env = dict(os.environ, SIMGPU_STATE=str(sim_state))
+    sim_env.pop("SIMGPU_CONFIG", None)
+    version = _sim_driver_version(sim_env)
+    driver_root = _fake_driver_root(root / "driver", version)
+    try:
+        with FakeApiServer() as server:
+            plugin = PluginProcess(root, server.url, simulator_env=sim_env,
+                                   extra_args=("--driver-root", str(driver_root)))  # fmt: skip
+            plugin.start()
+            kubelet = KubeletStandin(root / "registry" / f"{DRIVER}-reg.sock")
+            kubelet.register()
+            try:
+                c = claim_id(server.put(allocated_claim("c", results=[
+                    result("gpu", "gpu-0", memory="1Gi")])))  # fmt: skip
+                [cdi_id] = kubelet.prepare([c])[c.uid].devices[0].cdi_device_ids
+                podman = [
+                    "podman", "--runtime", RUNC, "--cgroup-manager=cgroupfs", "run", "--rm",
+                    "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024",
+                    "--network", "none", "--device", cdi_id,
+                    "-v", f"{sim_state}:{sim_state}", "-e", f"SIMGPU_STATE={sim_state}",
+                    "--rootfs", str(rootfs),
+                ]  # fmt: skip
+                script = 'mkdir -p /var/run/cdi && mount --bind "$0" /var/run/cdi && exec "$@"'
+                ns = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script,
+                      str(root / "cdi")]  # fmt: skip
+                shell = ('echo "ld=${LD_LIBRARY_PATH:-unset} nvd=$NVIDIA_VISIBLE_DEVICES"; '
+                         "/usr/bin/nvidia-smi; exec /bin/e2e_claim_quota info")  # fmt: skip
+                p = subprocess.run([*ns, *podman, "/bin/sh", "-c", shell], capture_output=True,
+                                   text=True, timeout=120)  # fmt: skip
+                assert p.returncode == 0, p.stderr[-2000:]
+                assert "ld=unset nvd=void" in p.stdout
+                assert "nvidia-smi stand-in" in p.stdout
+                assert _value(p.stdout, "total") == GiB  # libcuda.so.1 loaded, quota enforced
+
+                # The toolkit's spec for this GPU on the node: its device id is returned instead.
+                uuid = json.loads((root / "cdi" / f"k8s.{DRIVER}-claim_{c.uid}.json").read_text())[
+                    "devices"][0]["containerEdits"]["env"]  # fmt: skip
+                gpu_uuid = dict(e.split("=", 1) for e in uuid)["CUDA_VISIBLE_DEVICES"]
+                (root / "cdi-static").mkdir()
+                (root / "cdi-static" / "nvidia.json").write_text(json.dumps({
+                    "cdiVersion": "0.5.0", "kind": "nvidia.com/gpu",
+                    "devices": [{"name": gpu_uuid, "containerEdits": {}}]}))  # fmt: skip
+                d = claim_id(server.put(allocated_claim("d", results=[
+                    result("gpu", "gpu-0", memory="1Gi")])))  # fmt: skip
+                ids = kubelet.prepare([d])[d.uid].devices[0].cdi_device_ids
+                assert list(ids) == [f"k8s.{DRIVER}/claim={d.uid}", f"nvidia.com/gpu={gpu_uuid}"]
+                spec = json.loads((root / "cdi" / f"k8s.{DRIVER}-claim_{d.uid}.json").read_text())
+                env = dict(e.split("=", 1) for e in spec["devices"][0]["containerEdits"]["env"])
+                assert env["NVIDIA_VISIBLE_DEVICES"] == gpu_uuid  # not ours to inject: no void
+                assert kubelet.unprepare([c, d]) == {c.uid: "", d.uid: ""}
+            finally:
+                kubelet.close()
+                plugin.stop()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

@@ -3,7 +3,7 @@
 
 Checks the published slices (both modes, >128 devices), health changes through the simulator's
 config, a prepare through the real DRA socket (the kubelet stand-in), /healthz, SIGTERM with a
-clean exit, --cleanup, and that the plugin's API calls stay within deploy/rbac.yaml.
+clean exit, --cleanup, and that the plugin's API calls stay within deploy/base/rbac.yaml.
 """
 
 from __future__ import annotations
@@ -193,7 +193,7 @@ def resource_of(r: RecordedRequest) -> tuple[str, str]:
 
 
 def assert_within_rbac(server: FakeApiServer) -> None:
-    docs = list(yaml.safe_load_all((REPO / "deploy" / "rbac.yaml").read_text()))
+    docs = list(yaml.safe_load_all((REPO / "deploy" / "base" / "rbac.yaml").read_text()))
     [role] = [d for d in docs if d["kind"] == "ClusterRole"]
     allowed = {
         (g, res, v)
@@ -204,7 +204,7 @@ def assert_within_rbac(server: FakeApiServer) -> None:
     }
     used = {(*resource_of(r), rbac_verb(r)) for r in server.requests}
     assert used, "the plugin made no API calls"
-    assert used <= allowed, f"calls outside deploy/rbac.yaml: {sorted(used - allowed)}"
+    assert used <= allowed, f"calls outside deploy/base/rbac.yaml: {sorted(used - allowed)}"
 
 
 def test_sharing_mode_end_to_end(sim_ready: None, server: FakeApiServer, root: Path) -> None:

@@ -153,5 +153,9 @@ def test_plan_on_two_dry_run_nodes_sharing_and_partition(
     ]
     assert [u["replica"] for u in doc["unplaced"]] == [16]
     free = {(d["node"], d["device"]): d["free"] for d in doc["devices"]}
-    assert free[("node-a", "gpu-0")] == {"cores": "20", "memory": "4Gi"}
+    assert free[("node-a", "gpu-0")] == {
+        "cores": "20",
+        "memory": "4Gi",
+        "sharers": "12",
+    }  # 16 sharers (policy default)
     assert free[("node-b", "gpu-1-slice-3")] == {"cores": "0", "memory": "0"}

@@ -17,7 +17,7 @@ ARGS = [
     "--slices",
     str(EXAMPLE / "slices"),
     "--slices",
-    str(REPO / "deploy" / "deviceclass.yaml"),
+    str(REPO / "deploy" / "base" / "deviceclasses.yaml"),
     "--workloads",
     str(EXAMPLE / "workloads.yaml"),
 ]

@@ -1,0 +1,314 @@
+"""The admin's sharing policy, `vgpu.sharing.dev/v1alpha1 SharingPolicy` (docs/policy.md).
+
+    apiVersion: vgpu.sharing.dev/v1alpha1
+    kind: SharingPolicy
+    default:
+      reservedMemory: 2Gi
+      memory: {min: 1Gi, step: 256Mi, default: 4Gi}
+      cores: {min: 5, step: 5, default: 10}
+      maxSharers: 8
+      computePolicy: hard
+      allowPolicyOverride: true
+      partitions: 4
+    overrides:
+    - match: {modelName: "NVIDIA A100*"}
+      reservedMemory: 4Gi
+
+Every field is optional; what the file leaves out comes from the built-in default (BUILTIN).
+An override applies to a GPU when every key of its `match` matches (`modelName`: a shell glob
+on the NVML name; `nodeLabels`: each key has that value on the Node); the first match wins and
+its fields replace the default's (inside `memory`/`cores`, field by field).
+
+Loading is strict: unknown fields and bad values raise PolicyError, whose str() is one line
+naming the field path (`overrides[0].memory.step`) and what is allowed. Both the plugin
+(driver/) and the CLI can use this module; it imports nothing of `driver`.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sharing.quantity import ACCEPTED_FORMS, QuantityError, parse_bytes, to_kubernetes
+
+API_VERSION = "vgpu.sharing.dev/v1alpha1"
+KIND = "SharingPolicy"
+COMPUTE_POLICIES = ("hard", "elastic")
+MAX_PARTITIONS = 64
+MAX_SHARERS = 1024
+CORES_TOTAL = 100  # percent of the GPU's SMs
+
+_TOP_FIELDS = ("apiVersion", "kind", "default", "overrides")
+_RULE_FIELDS = (
+    "reservedMemory",
+    "memory",
+    "cores",
+    "maxSharers",
+    "computePolicy",
+    "allowPolicyOverride",
+    "partitions",
+)
+_RANGE_FIELDS = ("min", "step", "default")
+_MATCH_FIELDS = ("modelName", "nodeLabels")
+
+
+class PolicyError(ValueError):
+    """A policy that is not valid. str() is one line: the field path, the value, what is allowed."""
+
+
+@dataclass(frozen=True)
+class Range:
+    """A request policy: requests are rounded up to min + k*step; `default` is what a request
+    that names no amount gets (None: the whole capacity)."""
+
+    min: int
+    step: int
+    default: int | None = None
+
+    def bounds(self, capacity: int) -> tuple[int, int, int] | None:
+        """(min, max, default) for a capacity of this size, max and default rounded down onto
+        the step grid; None when not even min + step fits (the capacity gets no policy)."""
+        if capacity < self.min + self.step:
+            return None
+        top = self.min + (capacity - self.min) // self.step * self.step
+        default = top if self.default is None else min(self.default, top)
+        return self.min, top, default
+
+
+@dataclass(frozen=True)
+class Rules:
+    """The resolved policy of one GPU."""
+
+    reserved_memory: int = 0  # bytes held back from the memory capacity
+    memory: Range = Range(min=256 * 1024**2, step=256 * 1024**2, default=None)
+    cores: Range = Range(min=1, step=1, default=None)
+    max_sharers: int = 16
+    compute_policy: str = "hard"
+    allow_policy_override: bool = True
+    partitions: int = 4
+
+    def shareable_memory(self, total: int) -> int:
+        """The GPU's memory minus the reservation (never below zero)."""
+        return max(0, total - self.reserved_memory)
+
+    def partition_memory(self, total: int) -> int:
+        return self.shareable_memory(total) // self.partitions
+
+    def partition_cores(self) -> int:
+        return max(1, CORES_TOTAL // self.partitions)
+
+
+BUILTIN = Rules()
+
+
+@dataclass(frozen=True)
+class Match:
+    model_name: str | None = None  # shell glob on the NVML name
+    node_labels: Mapping[str, str] = field(default_factory=dict)
+
+    def matches(self, model_name: str, node_labels: Mapping[str, str]) -> bool:
+        if self.model_name is not None and not fnmatch.fnmatchcase(model_name, self.model_name):
+            return False
+        return all(node_labels.get(k) == v for k, v in self.node_labels.items())
+
+
+@dataclass(frozen=True)
+class Override:
+    match: Match
+    rules: Rules  # the default with this override's fields applied
+
+
+@dataclass(frozen=True)
+class SharingPolicy:
+    default: Rules = BUILTIN
+    overrides: tuple[Override, ...] = ()
+    source: str = "built-in default"  # where it came from, for log lines
+
+    def for_gpu(self, model_name: str, node_labels: Mapping[str, str]) -> Rules:
+        """The rules of a GPU with this NVML name on a node with these labels."""
+        for o in self.overrides:
+            if o.match.matches(model_name, node_labels):
+                return o.rules
+        return self.default
+
+    def with_partitions(self, partitions: int) -> SharingPolicy:
+        """The built-in default with another partition count (the --partitions flag)."""
+        return replace(self, default=replace(self.default, partitions=partitions))
+
+
+# --- loading ---------------------------------------------------------------------------------------
+
+
+def _fail(path: str, message: str) -> PolicyError:
+    return PolicyError(f"{path}: {message}")
+
+
+def _object(value: Any, path: str, allowed: tuple[str, ...]) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise _fail(path, f"must be a mapping with fields {', '.join(allowed)}")
+    for key in value:
+        if key not in allowed:
+            raise _fail(f"{path}.{key}", f"unknown field; allowed: {', '.join(allowed)}")
+    return value
+
+
+def _memory(value: Any, path: str, allow_zero: bool = False) -> int:
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise _fail(path, f"{value!r} is not a memory size; allowed: {ACCEPTED_FORMS}")
+    try:
+        n = parse_bytes(str(value), path)
+    except QuantityError as e:
+        raise PolicyError(str(e)) from None
+    if n == 0 and not allow_zero:
+        raise _fail(path, "must be more than 0 bytes")
+    return n
+
+
+def _int(value: Any, path: str, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise _fail(path, f"{value!r} invalid; allowed: an integer {lo}..{hi}")
+    return value
+
+
+def _cores(value: Any, path: str) -> int:
+    # "25" as a string is what a quantity-minded admin may write; accept it.
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    return _int(value, path, 1, CORES_TOTAL)
+
+
+def _range(value: Any, path: str, base: Range, memory: bool) -> Range:
+    raw = _object(value, path, _RANGE_FIELDS)
+
+    def get(name: str, current: int | None) -> int | None:
+        if name not in raw:
+            return current
+        where = f"{path}.{name}"
+        return _memory(raw[name], where) if memory else _cores(raw[name], where)
+
+    lo = get("min", base.min)
+    step = get("step", base.step)
+    assert lo is not None and step is not None
+    return Range(min=lo, step=step, default=get("default", base.default))
+
+
+def _check_range(r: Range, path: str, memory: bool) -> None:
+    show = to_kubernetes if memory else (lambda n: f"{n}%")
+    if r.default is not None:
+        if r.default < r.min:
+            raise _fail(
+                f"{path}.default", f"{show(r.default)} is below min {show(r.min)}; allowed: >= min"
+            )
+        if (r.default - r.min) % r.step:
+            raise _fail(
+                f"{path}.default",
+                f"{show(r.default)} is not min + a multiple of step ({show(r.min)} + "
+                f"k*{show(r.step)}); Kubernetes requires it",
+            )
+    if not memory and r.min + r.step > CORES_TOTAL:
+        raise _fail(
+            f"{path}.step",
+            f"min + step is {r.min + r.step}%; allowed: at most {CORES_TOTAL}% (one step must fit)",
+        )
+
+
+def _rules(raw: Any, path: str, base: Rules) -> tuple[Rules, dict[str, Any]]:
+    """base with the rule fields of raw applied; also returns the fields that are not rules."""
+    if not isinstance(raw, dict):
+        raise _fail(path, f"must be a mapping with fields {', '.join(_RULE_FIELDS)}")
+    r = base
+    if "reservedMemory" in raw:
+        r = replace(
+            r, reserved_memory=_memory(raw["reservedMemory"], f"{path}.reservedMemory", True)
+        )
+    if "memory" in raw:
+        r = replace(r, memory=_range(raw["memory"], f"{path}.memory", r.memory, True))
+    if "cores" in raw:
+        r = replace(r, cores=_range(raw["cores"], f"{path}.cores", r.cores, False))
+    if "maxSharers" in raw:
+        r = replace(r, max_sharers=_int(raw["maxSharers"], f"{path}.maxSharers", 1, MAX_SHARERS))
+    if "computePolicy" in raw:
+        policy = raw["computePolicy"]
+        if policy not in COMPUTE_POLICIES:
+            raise _fail(
+                f"{path}.computePolicy",
+                f"{policy!r} invalid; allowed: {', '.join(COMPUTE_POLICIES)}",
+            )
+        r = replace(r, compute_policy=policy)
+    if "allowPolicyOverride" in raw:
+        allow = raw["allowPolicyOverride"]
+        if not isinstance(allow, bool):
+            raise _fail(f"{path}.allowPolicyOverride", f"{allow!r} invalid; allowed: true, false")
+        r = replace(r, allow_policy_override=allow)
+    if "partitions" in raw:
+        r = replace(r, partitions=_int(raw["partitions"], f"{path}.partitions", 1, MAX_PARTITIONS))
+    _check_range(r.memory, f"{path}.memory", True)
+    _check_range(r.cores, f"{path}.cores", False)
+    rest = {k: v for k, v in raw.items() if k not in _RULE_FIELDS}
+    return r, rest
+
+
+def _match(raw: Any, path: str) -> Match:
+    m = _object(raw, path, _MATCH_FIELDS)
+    if not m:
+        raise _fail(path, f"empty; allowed: {', '.join(_MATCH_FIELDS)} (an empty match is default)")
+    model = m.get("modelName")
+    if model is not None and (not isinstance(model, str) or not model):
+        raise _fail(f"{path}.modelName", f"{model!r} invalid; allowed: a non-empty glob string")
+    labels = m.get("nodeLabels", {})
+    if not isinstance(labels, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
+    ):
+        raise _fail(
+            f"{path}.nodeLabels", "invalid; allowed: a mapping of label key to string value"
+        )
+    return Match(model_name=model, node_labels=dict(labels))
+
+
+def from_document(doc: Any, base: Rules = BUILTIN, source: str = "policy") -> SharingPolicy:
+    """A SharingPolicy from a parsed YAML/JSON document, or PolicyError."""
+    top = _object(doc, "policy", _TOP_FIELDS)
+    if top.get("apiVersion") != API_VERSION:
+        raise _fail("apiVersion", f"{top.get('apiVersion')!r} unsupported; allowed: {API_VERSION}")
+    if top.get("kind") != KIND:
+        raise _fail("kind", f"{top.get('kind')!r} unsupported; allowed: {KIND}")
+    default = base
+    if top.get("default") is not None:
+        _object(top["default"], "default", _RULE_FIELDS)
+        default, _ = _rules(top["default"], "default", base)
+    raw_overrides = top.get("overrides") or []
+    if not isinstance(raw_overrides, list):
+        raise _fail("overrides", "must be a list of {match: ..., <fields of default>}")
+    overrides = []
+    for i, raw in enumerate(raw_overrides):
+        path = f"overrides[{i}]"
+        _object(raw, path, ("match", *_RULE_FIELDS))
+        if "match" not in raw:
+            raise _fail(f"{path}.match", "required; allowed: modelName and/or nodeLabels")
+        rules, _ = _rules(raw, path, default)
+        overrides.append(Override(match=_match(raw["match"], f"{path}.match"), rules=rules))
+    return SharingPolicy(default=default, overrides=tuple(overrides), source=source)
+
+
+def load(path: Path, base: Rules = BUILTIN) -> SharingPolicy:
+    """Read and validate a policy file (YAML or JSON). PolicyError names the file."""
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise PolicyError(f"{path}: cannot read: {e.strerror or e}") from None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or "not YAML"
+        raise PolicyError(f"{path}: not valid YAML{where}: {problem}") from None
+    try:
+        return from_document(doc, base, source=str(path))
+    except PolicyError as e:
+        raise PolicyError(f"{path}: {e}") from None

@@ -1,0 +1,225 @@
+"""The admin sharing policy in the published ResourceSlices (against the fake API server, which
+validates every write with kubernetes-validate and the server's request-policy rules) and in
+prepare (a claim choosing a compute policy the admin forbids)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from driver.claims import ClaimError, ClaimRef, plan_claim
+from driver.kube import Kube
+from driver.policy import PolicyView
+from driver.resourceslices import SlicePublisher
+from sharing.gpus import GpuInfo
+from sharing.policy import SharingPolicy, from_document
+from tests.driver.test_resourceslices import DRIVER, NODE, gpu, inventory
+from tests.fakes.apiserver import FakeApiServer, parse_quantity
+
+GiB = 1024**3
+MiB = 1024**2
+
+POLICY: dict[str, Any] = {
+    "apiVersion": "vgpu.sharing.dev/v1alpha1",
+    "kind": "SharingPolicy",
+    "default": {
+        "reservedMemory": "2Gi",
+        "memory": {"min": "1Gi", "step": "256Mi", "default": "4Gi"},
+        "cores": {"min": 5, "step": 5, "default": 10},
+        "maxSharers": 8,
+        "computePolicy": "hard",
+        "allowPolicyOverride": False,
+        "partitions": 4,
+    },
+    "overrides": [
+        {"match": {"modelName": "NVIDIA A100*"}, "reservedMemory": "4Gi", "partitions": 2},
+        {"match": {"nodeLabels": {"vgpu.sharing.dev/pool": "dense"}}, "maxSharers": 32},
+    ],
+}
+
+
+def a100(index: int) -> GpuInfo:
+    return replace(gpu(index, memory=40 * GiB), name="NVIDIA A100-SXM4-40GB")
+
+
+@pytest.fixture
+def server() -> Iterator[FakeApiServer]:
+    with FakeApiServer() as s:
+        s.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+        yield s
+
+
+def publisher(server: FakeApiServer, view: PolicyView, mode: str) -> SlicePublisher:
+    return SlicePublisher(
+        Kube(server.api_client()),
+        driver_name=DRIVER,
+        node_name=NODE,
+        requested_mode=mode,
+        partitions=4,
+        rules_for=view.rules,
+        on_node_labels=view.set_node_labels,
+    )
+
+
+def devices(server: FakeApiServer) -> dict[str, dict[str, Any]]:
+    return {
+        d["name"]: d
+        for s in server.objects("ResourceSlice")
+        for d in s["spec"].get("devices") or []
+    }
+
+
+def test_sharing_slices_follow_the_policy(server: FakeApiServer) -> None:
+    view = PolicyView(from_document(POLICY))
+    p = publisher(server, view, "sharing")
+    assert p.publish(inventory([gpu(0, memory=80 * GiB), a100(1)]))
+    devs = devices(server)
+    h100 = devs["gpu-0"]["capacity"]
+    # 80Gi - 2Gi reserved; max on the 1Gi + k*256Mi grid; the admin's default.
+    assert parse_quantity(h100["memory"]["value"]) == 78 * GiB
+    assert h100["memory"]["requestPolicy"] == {
+        "default": "4Gi",
+        "validRange": {"min": "1Gi", "max": "78Gi", "step": "256Mi"},
+    }
+    assert h100["cores"] == {
+        "value": "100",
+        "requestPolicy": {"default": "10", "validRange": {"min": "5", "max": "100", "step": "5"}},
+    }
+    assert h100["sharers"] == {
+        "value": "8",
+        "requestPolicy": {"default": "1", "validValues": ["1"]},
+    }
+    # The A100 override: 4Gi reserved, everything else from the default.
+    a = devs["gpu-1"]["capacity"]
+    assert parse_quantity(a["memory"]["value"]) == 36 * GiB
+    assert a["memory"]["requestPolicy"]["validRange"]["max"] == "36Gi"
+    assert a["sharers"]["value"] == "8"
+
+
+def test_node_label_override_and_a_policy_change_republish(server: FakeApiServer) -> None:
+    view = PolicyView(from_document(POLICY))
+    p = publisher(server, view, "sharing")
+    assert p.publish(inventory([gpu(0)]))
+    assert devices(server)["gpu-0"]["capacity"]["sharers"]["value"] == "8"
+    # The admin labels the node: the next publish reads the labels and the override applies.
+    node = server.get("Node", None, NODE)
+    assert node is not None
+    node["metadata"]["labels"] = {"vgpu.sharing.dev/pool": "dense"}
+    server.put(node)
+    assert p.publish(inventory([gpu(0)]))
+    assert devices(server)["gpu-0"]["capacity"]["sharers"]["value"] == "32"
+    # A new policy (as the watcher sets it) changes what the same inventory publishes as.
+    view.set_policy(SharingPolicy())
+    assert p.publish(inventory([gpu(0)]))
+    cap = devices(server)["gpu-0"]["capacity"]
+    assert cap["sharers"]["value"] == "16"
+    assert cap["cores"]["requestPolicy"]["default"] == "100"
+
+
+def test_partition_slices_follow_the_policy(server: FakeApiServer) -> None:
+    view = PolicyView(from_document(POLICY))
+    p = publisher(server, view, "partition")
+    assert p.publish(inventory([gpu(0, memory=80 * GiB), a100(1)]))
+    devs = devices(server)
+    assert sorted(devs) == [
+        "gpu-0-slice-0",
+        "gpu-0-slice-1",
+        "gpu-0-slice-2",
+        "gpu-0-slice-3",
+        "gpu-1-slice-0",
+        "gpu-1-slice-1",
+    ]
+    assert parse_quantity(devs["gpu-0-slice-0"]["capacity"]["memory"]["value"]) == 78 * GiB // 4
+    assert devs["gpu-0-slice-0"]["capacity"]["cores"] == {"value": "25"}
+    assert parse_quantity(devs["gpu-1-slice-1"]["capacity"]["memory"]["value"]) == 18 * GiB
+    assert devs["gpu-1-slice-1"]["capacity"]["cores"] == {"value": "50"}
+    assert devs["gpu-1-slice-1"]["attributes"]["partitionCount"] == {"int": 2}
+
+
+def claim(results: list[dict[str, Any]], configs: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "metadata": {"uid": "uid-1", "name": "c", "namespace": "default"},
+        "status": {
+            "allocation": {"devices": {"results": results, "config": configs}},
+        },
+    }
+
+
+def vgpu_config(source: str, **fields: Any) -> dict[str, Any]:
+    return {
+        "source": source,
+        "opaque": {
+            "driver": DRIVER,
+            "parameters": {"apiVersion": "vgpu.sharing.dev/v1alpha1", "kind": "VgpuConfig"}
+            | fields,
+        },
+    }
+
+
+def plan(doc: dict[str, Any], policy: dict[str, Any], mode: str = "sharing") -> Any:
+    view = PolicyView(from_document(policy))
+    return plan_claim(
+        doc,
+        ClaimRef("default", "c", "uid-1"),
+        driver_name=DRIVER,
+        node_name=NODE,
+        gpus=[gpu(0, memory=80 * GiB), a100(1)],
+        mode=mode,
+        partitions=4,
+        rules_for=view.rules,
+    )
+
+
+SHARE = {
+    "request": "gpu",
+    "driver": DRIVER,
+    "pool": NODE,
+    "device": "gpu-0",
+    "consumedCapacity": {"memory": "4Gi", "cores": "10", "sharers": "1"},
+}
+
+
+def test_prepare_refuses_a_compute_policy_the_admin_forbids() -> None:
+    with pytest.raises(ClaimError) as e:
+        plan(claim([SHARE], [vgpu_config("FromClaim", computePolicy="elastic")]), POLICY)
+    assert str(e.value) == (
+        "device gpu-0: config[0] (FromClaim): VgpuConfig computePolicy 'elastic' is forbidden "
+        "by the node's sharing policy (allowPolicyOverride: false); allowed: 'hard' or leave "
+        "computePolicy out"
+    )
+    # Naming the admin's own policy is fine; so is a DeviceClass (admin) config choosing.
+    ok = plan(claim([SHARE], [vgpu_config("FromClaim", computePolicy="hard")]), POLICY)
+    assert ok.config.compute_policy == "hard"
+    by_class = plan(claim([SHARE], [vgpu_config("FromClass", computePolicy="elastic")]), POLICY)
+    assert by_class.config.compute_policy == "elastic"
+
+
+def test_prepare_uses_the_admin_default_and_allows_overrides_when_permitted() -> None:
+    elastic = {**POLICY, "default": {**POLICY["default"], "computePolicy": "elastic"}}
+    assert plan(claim([SHARE], []), elastic).config.compute_policy == "elastic"
+    permissive = {**POLICY, "default": {**POLICY["default"], "allowPolicyOverride": True}}
+    chosen = plan(claim([SHARE], [vgpu_config("FromClaim", computePolicy="off")]), permissive)
+    assert chosen.config.compute_policy == "off"
+
+
+def test_prepare_partition_limits_follow_the_policy() -> None:
+    result = {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": "gpu-1-slice-1"}
+    [limit] = plan(claim([result], []), POLICY, mode="partition").gpu_limits()
+    assert (limit.memory_limit, limit.sm_limit) == (18 * GiB, 50)
+    beyond = dict(result, device="gpu-1-slice-2")  # the A100 has 2 partitions by policy
+    with pytest.raises(ClaimError, match=r"with k in 0\.\.1"):
+        plan(claim([beyond], []), POLICY, mode="partition")
+
+
+def test_whole_gpu_claim_needs_all_cores_and_gets_the_whole_gpu() -> None:
+    whole = vgpu_config("FromClass", exclusive=True)
+    allocated = dict(SHARE, consumedCapacity={"memory": "4Gi", "cores": "100", "sharers": "1"})
+    [limit] = plan(claim([allocated], [whole]), POLICY).gpu_limits()
+    assert (limit.memory_limit, limit.sm_limit) == (80 * GiB, 100)
+    with pytest.raises(
+        ClaimError, match=r'holds 10% of the cores.*allowed: request capacity cores: "100"'
+    ):
+        plan(claim([SHARE], [whole]), POLICY)

@@ -1,0 +1,184 @@
+"""The admin sharing policy file (sharing/policy.py): the issue's example, defaults, matching,
+and one-line errors that name the field path and what is allowed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from sharing.policy import BUILTIN, PolicyError, Range, SharingPolicy, from_document, load
+
+GiB = 1024**3
+MiB = 1024**2
+REPO = Path(__file__).resolve().parents[1]
+
+EXAMPLE = """\
+apiVersion: vgpu.sharing.dev/v1alpha1
+kind: SharingPolicy
+default:
+  reservedMemory: 2Gi          # held back from every GPU's memory capacity (driver, contexts)
+  memory: {min: 1Gi, step: 256Mi, default: 4Gi}   # requestPolicy of the memory capacity
+  cores: {min: 5, step: 5, default: 10}           # requestPolicy of the cores capacity (percent)
+  maxSharers: 8                # published as capacity "sharers"; every allocation consumes exactly 1
+  computePolicy: hard          # hard | elastic: the default for claims that do not choose
+  allowPolicyOverride: true    # may a claim's VgpuConfig choose another compute policy
+  partitions: 4                # partition mode
+overrides:                     # first match wins; any field of default may be set
+- match: {modelName: "NVIDIA A100*"}        # glob on the NVML name, or nodeLabels: {key: value}
+  reservedMemory: 4Gi
+"""
+
+
+def doc(**default: Any) -> dict[str, Any]:
+    return {"apiVersion": "vgpu.sharing.dev/v1alpha1", "kind": "SharingPolicy", "default": default}
+
+
+def test_the_issue_example_loads(tmp_path: Path) -> None:
+    f = tmp_path / "policy.yaml"
+    f.write_text(EXAMPLE)
+    p = load(f)
+    d = p.default
+    assert d.reserved_memory == 2 * GiB
+    assert d.memory == Range(min=GiB, step=256 * MiB, default=4 * GiB)
+    assert d.cores == Range(min=5, step=5, default=10)
+    assert (d.max_sharers, d.compute_policy, d.allow_policy_override, d.partitions) == (
+        8,
+        "hard",
+        True,
+        4,
+    )
+    a100 = p.for_gpu("NVIDIA A100-SXM4-40GB", {})
+    assert a100.reserved_memory == 4 * GiB
+    assert a100.memory == d.memory  # an override changes only what it names
+    assert p.for_gpu("NVIDIA H100 80GB HBM3", {}) == d
+
+
+def test_shipped_configmap_policy_is_valid() -> None:
+    """The policy the deploy tree ships in its ConfigMap loads without error."""
+    path = REPO / "deploy" / "base" / "policy.yaml"
+    if not path.exists():
+        pytest.skip("deploy/base/policy.yaml not present on this branch yet")
+    [cm] = [d for d in yaml.safe_load_all(path.read_text()) if d and d["kind"] == "ConfigMap"]
+    from_document(yaml.safe_load(cm["data"]["policy.yaml"]))
+
+
+def test_no_file_means_the_builtin_default() -> None:
+    assert SharingPolicy().for_gpu("anything", {}) is BUILTIN
+    assert BUILTIN.reserved_memory == 0
+    assert BUILTIN.memory == Range(min=256 * MiB, step=256 * MiB, default=None)
+    assert BUILTIN.cores == Range(min=1, step=1, default=None)
+    assert BUILTIN.max_sharers == 16 and BUILTIN.compute_policy == "hard"
+    # An empty default keeps everything built in.
+    assert from_document(doc()).default == BUILTIN
+
+
+def test_overrides_first_match_wins_and_node_labels() -> None:
+    p = from_document(
+        doc(maxSharers=4)
+        | {
+            "overrides": [
+                {"match": {"nodeLabels": {"pool": "inference"}}, "maxSharers": 32},
+                {"match": {"modelName": "*H100*"}, "maxSharers": 2, "partitions": 7},
+            ]
+        }
+    )
+    assert p.for_gpu("NVIDIA H100", {"pool": "inference"}).max_sharers == 32
+    h100 = p.for_gpu("NVIDIA H100", {"pool": "training"})
+    assert (h100.max_sharers, h100.partitions) == (2, 7)
+    assert p.for_gpu("NVIDIA L4", {}).max_sharers == 4
+    # Globs are case-sensitive, as NVML names are exact.
+    assert p.for_gpu("nvidia h100", {}).max_sharers == 4
+
+
+def test_range_bounds_round_onto_the_step_grid() -> None:
+    r = Range(min=GiB, step=256 * MiB, default=4 * GiB)
+    assert r.bounds(10 * GiB + 100) == (GiB, 10 * GiB, 4 * GiB)
+    assert r.bounds(3 * GiB) == (GiB, 3 * GiB, 3 * GiB)  # default capped at max
+    assert r.bounds(GiB + 255 * MiB) is None  # not even min + step fits
+    assert Range(min=1, step=1).bounds(100) == (1, 100, 100)
+    assert Range(min=5, step=10).bounds(100) == (5, 95, 95)
+
+
+def test_reserved_memory_and_partitions() -> None:
+    p = from_document(doc(reservedMemory="2Gi", partitions=3)).default
+    assert p.shareable_memory(80 * GiB) == 78 * GiB
+    assert p.partition_memory(80 * GiB) == 26 * GiB
+    assert p.partition_cores() == 33
+    assert p.shareable_memory(GiB) == 0
+
+
+@pytest.mark.parametrize(
+    ("document", "message"),
+    [
+        ([], "policy: must be a mapping"),
+        (
+            {"kind": "SharingPolicy"},
+            "apiVersion: None unsupported; allowed: vgpu.sharing.dev/v1alpha1",
+        ),
+        (doc() | {"kind": "Policy"}, "kind: 'Policy' unsupported; allowed: SharingPolicy"),
+        (doc() | {"extra": 1}, "policy.extra: unknown field; allowed: apiVersion, kind"),
+        (doc(reservedMemory="2 GB"), "default.reservedMemory: '2 GB' is not a memory size"),
+        (doc(reservedMemory=True), "default.reservedMemory: True is not a memory size"),
+        (doc(memory={"min": "0"}), "default.memory.min: must be more than 0 bytes"),
+        (
+            doc(memory={"max": "8Gi"}),
+            "default.memory.max: unknown field; allowed: min, step, default",
+        ),
+        (
+            doc(memory={"min": "1Gi", "step": "1Gi", "default": "1536Mi"}),
+            "default.memory.default: 1536Mi is not min + a multiple of step (1Gi + k*1Gi)",
+        ),
+        (
+            doc(memory={"min": "1Gi", "default": "512Mi"}),
+            "default.memory.default: 512Mi is below min 1Gi",
+        ),
+        (doc(cores={"min": 0}), "default.cores.min: 0 invalid; allowed: an integer 1..100"),
+        (doc(cores={"min": 60, "step": 50}), "default.cores.step: min + step is 110%"),
+        (doc(cores={"step": 2.5}), "default.cores.step: 2.5 invalid; allowed: an integer 1..100"),
+        (doc(maxSharers=0), "default.maxSharers: 0 invalid; allowed: an integer 1..1024"),
+        (doc(computePolicy="off"), "default.computePolicy: 'off' invalid; allowed: hard, elastic"),
+        (
+            doc(allowPolicyOverride="yes"),
+            "default.allowPolicyOverride: 'yes' invalid; allowed: true, false",
+        ),
+        (doc(partitions=65), "default.partitions: 65 invalid; allowed: an integer 1..64"),
+        (doc(sharers=3), "default.sharers: unknown field; allowed: reservedMemory, memory"),
+        (doc() | {"overrides": {"a": 1}}, "overrides: must be a list"),
+        (doc() | {"overrides": [{"maxSharers": 2}]}, "overrides[0].match: required"),
+        (
+            doc() | {"overrides": [{"match": {"gpu": "x"}}]},
+            "overrides[0].match.gpu: unknown field; allowed: modelName, nodeLabels",
+        ),
+        (doc() | {"overrides": [{"match": {}}]}, "overrides[0].match: empty"),
+        (
+            doc() | {"overrides": [{"match": {"nodeLabels": {"a": 1}}}]},
+            "overrides[0].match.nodeLabels: invalid; allowed: a mapping",
+        ),
+        (
+            doc()
+            | {"overrides": [{"match": {"modelName": "*"}, "cores": {"default": 7, "step": 5}}]},
+            "overrides[0].cores.default: 7% is not min + a multiple of step",
+        ),
+    ],
+)
+def test_errors_name_the_field_and_what_is_allowed(document: Any, message: str) -> None:
+    with pytest.raises(PolicyError) as e:
+        from_document(document)
+    text = str(e.value)
+    assert "\n" not in text
+    assert text.startswith(message), text
+
+
+def test_file_errors_name_the_file(tmp_path: Path) -> None:
+    f = tmp_path / "p.yaml"
+    with pytest.raises(PolicyError, match=r"p.yaml: cannot read"):
+        load(f)
+    f.write_text("default: [unclosed\n")
+    with pytest.raises(PolicyError, match=r"p.yaml: not valid YAML at line 2"):
+        load(f)
+    f.write_text(yaml.safe_dump(doc(maxSharers=-1)))
+    with pytest.raises(PolicyError, match=r"p.yaml: default.maxSharers: -1 invalid"):
+        load(f)
