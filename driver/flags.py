@@ -43,6 +43,8 @@ class Settings:
     data_dir: Path
     sharing_mode: SharingMode
     log_level: str
+    metrics_address: tuple[str, int] | None = None  # None: no metrics endpoint
+    watchdog_enforce: str = "none"  # none | kill (sharing/watchdog.py)
 
     @property
     def plugin_dir(self) -> Path:
@@ -117,6 +119,20 @@ _FLAGS: tuple[_Flag, ...] = (
         "auto",
     ),
     _Flag("log-level", "LOG_LEVEL", "debug, info, warning or error", "info"),
+    _Flag(
+        "metrics-address",
+        "METRICS_ADDRESS",
+        "HOST:PORT to serve Prometheus metrics and run the quota watchdog on (docs/metrics.md; "
+        "a HOST alone means port 9402; empty: disabled)",
+        "",
+    ),
+    _Flag(
+        "watchdog-enforce",
+        "WATCHDOG_ENFORCE",
+        "none (count, log and post an Event for a quota violation) or kill (also stop the "
+        "offending processes)",
+        "none",
+    ),
 )
 
 _T = TypeVar("_T")
@@ -247,7 +263,25 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Settings
             SharingMode, get("sharing-mode", lambda n, t: _choice(n, t, SHARING_MODES))
         ),
         log_level=log_level,
+        metrics_address=_metrics_address(raw["metrics-address"] or ""),
+        watchdog_enforce=get("watchdog-enforce", lambda n, t: _choice(n, t, ("none", "kill"))),
     )
+
+
+def _metrics_address(text: str) -> tuple[str, int] | None:
+    """ "" -> None; "HOST" -> (HOST, 9402); "HOST:PORT", ":PORT", "[v6]:PORT"."""
+    if not text:
+        return None
+    host, sep, port = text.rpartition(":")
+    if not sep or (host and not host.endswith("]") and ":" in host):
+        host, port = text, "9402"
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise SettingsError(
+            f"--metrics-address: {text!r} invalid; allowed: HOST:PORT, :PORT or HOST "
+            "(port 0..65535, default 9402)"
+        )
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    return host or "0.0.0.0", int(port)
 
 
 def _abs_path(flag: str, text: str) -> Path:

@@ -23,6 +23,7 @@ from typing import cast
 
 from driver.discovery import Discovery, Inventory, NvmlBackend, PynvmlBackend, Rediscovery
 from driver.driver import Driver
+from driver.events import EventPoster
 from driver.flags import Settings, SettingsError, parse
 from driver.health import HealthBroadcaster
 from driver.healthz import HealthServer, Status, socket_serves_grpc
@@ -35,6 +36,7 @@ from driver.resourceslices import (
     describe_error,
     health_map,
 )
+from sharing.exporter import Exporter, ExporterConfig
 
 log = logging.getLogger("driver.main")
 
@@ -75,6 +77,7 @@ class Plugin:
         self.driver: Driver | None = None
         self.loop: PublishLoop | None = None
         self.healthz: HealthServer | None = None
+        self.metrics: Exporter | None = None
 
     # -- mode --
 
@@ -224,6 +227,8 @@ class Plugin:
             health = HealthBroadcaster()
             self.driver = Driver(s, api_client, gpus, mode, s.partitions, health)
             self.driver.start()
+            if s.metrics_address is not None:
+                self._start_metrics(api_client)
             if s.healthcheck_port is not None:
                 try:
                     self.healthz = HealthServer(s.healthcheck_port, self._health_status)
@@ -269,9 +274,31 @@ class Plugin:
             self.driver.health.close()
             if self.healthz is not None:
                 self.healthz.stop()
+            if self.metrics is not None:
+                self.metrics.stop()
         return self.exit_code
 
+    def _start_metrics(self, api_client: object) -> None:
+        """`vgpu exporter` + watchdog inside the plugin (--metrics-address)."""
+        s = self.settings
+        assert s.metrics_address is not None
+        config = ExporterConfig(
+            data_dir=s.data_dir, hostname=s.node_name, enforce=s.watchdog_enforce
+        )
+        events = EventPoster(api_client, s.driver_name, s.node_name)
+        self.metrics = Exporter(config, events=events)
+        host, port = s.metrics_address
+        try:
+            bound = self.metrics.start(host, port)
+        except OSError as e:
+            self.metrics = None
+            raise StartupError(f"--metrics-address {host}:{port}: cannot listen: {e}") from e
+        log.info("node %s: serving metrics on http://%s:%d/metrics", s.node_name, *bound)
+
     def _stop_driver(self) -> None:
+        if self.metrics is not None:
+            self.metrics.stop()
+            self.metrics = None
         if self.driver is not None:
             self.driver.stop()
             self.driver.health.close()

@@ -7,10 +7,10 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from sharing import __version__, demo, info, run
+from sharing import __version__, demo, exporter, info, run
 
 # Subcommand modules: each has register(subparsers) which sets `func` on its parser.
-_SUBCOMMANDS = (info, run, demo)
+_SUBCOMMANDS = (info, run, demo, exporter)
 
 
 def build_parser() -> argparse.ArgumentParser:
