@@ -3,6 +3,7 @@ tenants running under the shim on the simulated GPU."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -10,8 +11,11 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from sharing import region
 
 MiB = 1 << 20
 _SERVING = re.compile(r"serving (http://\S+)/metrics")
@@ -98,3 +102,35 @@ def wait_for(pred: object, timeout: float = 20.0, step: float = 0.2) -> None:
             return
         time.sleep(step)
     raise AssertionError("condition not met in time")
+
+
+def add_claim(
+    data_dir: Path, uid: str, name: str, uuid: str, memory: int, sm: int, ns: str = "team"
+) -> Path:
+    """What the plugin leaves for a prepared claim: checkpoint entry, CDI spec, accounting file."""
+    d = data_dir / "claims" / uid
+    d.mkdir(parents=True)
+    region.create(d / "accounting", {0: memory})
+    spec = data_dir / "cdi" / f"{uid}.json"
+    spec.parent.mkdir(exist_ok=True)
+    env = [f"CUDA_VISIBLE_DEVICES={uuid}", f"CUDA_DEVICE_MEMORY_LIMIT_0={memory}",
+           f"CUDA_DEVICE_SM_LIMIT_0={sm}"]  # fmt: skip
+    spec.write_text(json.dumps({"devices": [{"name": uid, "containerEdits": {"env": env}}]}))
+    ck = data_dir / "checkpoint.json"
+    doc: dict[str, Any] = (
+        json.loads(ck.read_text()) if ck.exists() else {"version": 1, "claims": {}}
+    )
+    doc["claims"][uid] = {"uid": uid, "namespace": ns, "name": name, "state": "PrepareCompleted",
+                          "cdi_spec": str(spec), "claim_dir": str(d)}  # fmt: skip
+    ck.write_text(json.dumps(doc))
+    return d
+
+
+def sim_gpu_uuid(env: dict[str, str], index: int = 0) -> str:
+    """The simulated GPU's UUID, as `vgpu info --sim` reports it."""
+    r = subprocess.run(
+        [sys.executable, "-m", "sharing.cli", "info", "--sim", "--json"],
+        env=env, capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    uuid: str = json.loads(r.stdout)["gpus"][index]["uuid"]
+    return uuid

@@ -3,13 +3,11 @@ claims that come and go in the plugin's data directory, and NVML that hangs."""
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -18,7 +16,7 @@ from sharing.exporter import Exporter, ExporterConfig, ListenError, parse_listen
 from sharing.metrics import SLICE_LABELS
 from sharing.nvml_reader import GpuProcess, GpuReading, NvmlReading
 from sharing.paths import shim_library
-from tests.obs.helpers import ExporterProcess, MiB, only, scrape, start_tenant, value
+from tests.obs.helpers import ExporterProcess, MiB, add_claim, only, scrape, start_tenant, value
 from tests.shim.conftest import Held
 
 GiB = 1 << 30
@@ -147,28 +145,6 @@ def _gpus(procs: tuple[GpuProcess, ...] = ()) -> NvmlReading:
     r = NvmlReading(taken=time.monotonic(), gpus=tuple(g))
     r.by_uuid.update({x.uuid: x for x in g})
     return r
-
-
-def add_claim(
-    data_dir: Path, uid: str, name: str, uuid: str, memory: int, sm: int, ns: str = "team"
-) -> Path:
-    """What the plugin leaves for a prepared claim: checkpoint entry, CDI spec, accounting file."""
-    d = data_dir / "claims" / uid
-    d.mkdir(parents=True)
-    region.create(d / "accounting", {0: memory})
-    spec = data_dir / "cdi" / f"{uid}.json"
-    spec.parent.mkdir(exist_ok=True)
-    env = [f"CUDA_VISIBLE_DEVICES={uuid}", f"CUDA_DEVICE_MEMORY_LIMIT_0={memory}",
-           f"CUDA_DEVICE_SM_LIMIT_0={sm}"]  # fmt: skip
-    spec.write_text(json.dumps({"devices": [{"name": uid, "containerEdits": {"env": env}}]}))
-    ck = data_dir / "checkpoint.json"
-    doc: dict[str, Any] = (
-        json.loads(ck.read_text()) if ck.exists() else {"version": 1, "claims": {}}
-    )
-    doc["claims"][uid] = {"uid": uid, "namespace": ns, "name": name, "state": "PrepareCompleted",
-                          "cdi_spec": str(spec), "claim_dir": str(d)}  # fmt: skip
-    ck.write_text(json.dumps(doc))
-    return d
 
 
 @pytest.fixture
