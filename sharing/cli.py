@@ -7,10 +7,10 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from sharing import __version__, demo, exporter, info, run
+from sharing import __version__, demo, exporter, info, run, top
 
 # Subcommand modules: each has register(subparsers) which sets `func` on its parser.
-_SUBCOMMANDS = (info, run, demo, exporter)
+_SUBCOMMANDS = (info, run, demo, exporter, top)
 
 
 def build_parser() -> argparse.ArgumentParser:
