@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from rich import box
@@ -23,7 +24,6 @@ from sharing.exporter import add_discovery_flags
 from sharing.gpus import use_simulator
 from sharing.nodeview import NodeView, ViewBuilder
 from sharing.nvml_reader import NvmlPoller
-from sharing.quantity import format_bytes
 from sharing.slices import SliceFinder
 
 
@@ -78,17 +78,24 @@ def _pct(r: float | None) -> str:
 
 
 def _bytes(n: int) -> str:
-    return format_bytes(n) if n else "0"
+    """Compact binary units for narrow terminals: 512K, 100M, 4.0G."""
+    for unit, shift in (("T", 40), ("G", 30), ("M", 20), ("K", 10)):
+        if n >= 1 << shift:
+            v = n / (1 << shift)
+            return f"{v:.1f}{unit}" if v < 10 else f"{v:.0f}{unit}"
+    return str(n)
 
 
 def render(view: NodeView) -> Group:
     t = Table(
-        title="vgpu top  (held: time launches waited for the compute cap)",
+        title="vgpu top  (got: achieved compute share; held: time launches waited for the cap)",
         title_justify="left",
         box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
     )
-    t.add_column("GPU / slice", no_wrap=True, overflow="ellipsis", min_width=12)
-    for col in ("quota", "used", "peak", "cap", "achieved", "held", "launches", "denied", "procs"):
+    t.add_column("GPU / slice", no_wrap=True, overflow="ellipsis", min_width=12, max_width=32)
+    for col in ("quota", "used", "peak", "cap", "got", "held", "launches", "denied", "procs"):
         t.add_column(col, justify="right", no_wrap=True)
     for d in view.devices:
         g = d.gpu
@@ -109,7 +116,8 @@ def render(view: NodeView) -> Group:
         )
         for s in d.slices:
             sl = s.slice
-            label = f"{sl.namespace}/{sl.claim}" if sl.namespace else sl.claim
+            # a --region slice is named by its file: its name is enough on screen
+            label = f"{sl.namespace}/{sl.claim}" if sl.namespace else Path(sl.claim).name
             c = s.counters
             t.add_row(
                 f"  {label}",
