@@ -14,15 +14,17 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
 from sharing.gpus import use_simulator
-from sharing.metrics import VgpuCollector
+from sharing.metrics import CONTENT_TYPE, VgpuCollector, render_text
 from sharing.nodeview import ViewBuilder, ViolationCounts
 from sharing.nvml_reader import DEFAULT_INTERVAL, DEFAULT_STALE_AFTER, NvmlPoller, NvmlReading
 from sharing.quantity import parse_bytes
@@ -106,13 +108,24 @@ class Exporter:
     def _on_reading(self, reading: NvmlReading) -> None:
         self.watchdog.check(self._wd_view.build(rates=False), reading)
 
+    def render(self) -> bytes:
+        """One scrape's exposition (what GET /metrics answers)."""
+        started = time.perf_counter()
+        return render_text(self.view.build(), self.hostname, started)
+
     def start(self, host: str, port: int) -> tuple[str, int]:
         self.poller.start()
+        server_class = _Server6 if ":" in host else _Server
         try:
-            self._server, self._thread = start_http_server(port, host, self.registry)
+            self._server = server_class((host, port), _Handler)
         except OSError:
             self.poller.stop()
             raise
+        self._server.exporter = self
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="metrics-http", daemon=True
+        )
+        self._thread.start()
         bound = self._server.server_address
         return str(bound[0]), int(bound[1])
 
@@ -122,6 +135,43 @@ class Exporter:
             self._server.server_close()
             self._server = None
         self.poller.stop()
+        self.view.close()
+        self._wd_view.close()
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    exporter: Exporter
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        if path == "/metrics":
+            try:
+                body, ctype, code = self.server.exporter.render(), CONTENT_TYPE, 200
+            except Exception as e:  # a bug must answer 500, not kill the connection silently
+                log.exception("scrape failed")
+                body, ctype, code = f"scrape failed: {e}\n".encode(), "text/plain", 500
+        elif path == "/":
+            body = b'<html><body><a href="/metrics">vgpu-sharing metrics</a></body></html>\n'
+            ctype, code = "text/html", 200
+        else:
+            body, ctype, code = b"not found: try /metrics\n", "text/plain", 404
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # one line per scrape would drown the log
 
 
 def register(sub: Any) -> None:

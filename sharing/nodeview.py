@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sharing import region
-from sharing.counters import DeviceCounters, SliceCounters, read_counters
+from sharing.counters import CounterReader, DeviceCounters, SliceCounters
 from sharing.nvml_reader import GpuReading, NvmlReading
 from sharing.slices import Slice, SliceFinder, slice_limits
 
@@ -130,12 +130,21 @@ class ViewBuilder:
         self.rates = RateTracker()
         self._lock = threading.Lock()  # SliceFinder is not thread-safe
         self._logged: set[str] = set()  # errors already logged (one line each, once)
+        self._reader = CounterReader()  # guarded by _lock
+
+    def close(self) -> None:
+        """Unmap every accounting file kept open."""
+        with self._lock:
+            self._reader.close()
 
     def build(self, rates: bool = True) -> NodeView:
         """The node now. rates=False: compute_used_ratio 0, and no sample taken for it."""
+        with self._lock:  # one build at a time: the finder and the reader are not thread-safe
+            return self._build(rates)
+
+    def _build(self, rates: bool) -> NodeView:
         nv: NvmlReading = self.latest()
-        with self._lock:
-            slices = self.finder.find()
+        slices = self.finder.find()
         errors: list[str] = [nv.error] if nv.error else []
         gpus: dict[str, GpuReading] = {g.uuid: g for g in nv.gpus}
         by_index = {g.index: g for g in nv.gpus}
@@ -145,7 +154,7 @@ class ViewBuilder:
         for s in slices:
             ndev = len(s.gpu_uuids) or max(1, _devices_in_use(s, by_index))
             try:
-                c = read_counters(s.region_path, ndev)
+                c = self._reader.read(s.region_path, ndev, s.region_id)
             except region.RegionError as e:
                 errors.append(str(e))
                 continue
@@ -179,11 +188,11 @@ class ViewBuilder:
                 )
         if rates:
             self.rates.forget_except(set(all_counters))
-        with self._lock:
-            for line in errors:
-                if line not in self._logged:
-                    log.warning("%s", line)
-            self._logged = set(errors)
+        self._reader.forget_except({s.region_path for s in slices})
+        for line in errors:
+            if line not in self._logged:
+                log.warning("%s", line)
+        self._logged = set(errors)
         devices = tuple(
             DeviceView(
                 gpu=g,

@@ -21,7 +21,7 @@ import json
 import logging
 import os
 import stat
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +52,7 @@ class Slice:
     region_path: str
     gpu_uuids: tuple[str, ...]  # physical GPU of slice device i; () = device i is NVML index i
     env: Mapping[str, str]  # the limits the plugin gave the containers (CDI env), if known
+    region_id: tuple[int, int] | None = None  # (st_dev, st_ino) of region_path when found
 
 
 @dataclass(frozen=True)
@@ -124,17 +125,10 @@ class _MtimeCache:
             self._value[path] = _load_json(path) if stat.S_ISREG(st.st_mode) else None
         return self._value[path]
 
-    def forget_except(self, keep: Iterable[str]) -> None:
-        keep = set(keep)
-        for p in list(self._key):
-            if p not in keep:
-                del self._key[p]
-                self._value.pop(p, None)
-
 
 def _load_json(path: str) -> Any:
     try:
-        with open(path, "rb") as f:
+        with open(path, "rb") as f:  # plugin-owned files (checkpoint, CDI specs)
             return json.loads(f.read())
     except (OSError, ValueError) as e:
         log.warning("%s: unreadable (%s); its claims are shown without names", path, e)
@@ -164,6 +158,8 @@ class SliceFinder:
         self.regions = tuple(regions)
         self.pods = pods
         self._json = _MtimeCache()
+        self._ckpt: Any = None
+        self._meta: dict[str, tuple[str, str, dict[str, str]]] = {}
 
     def find(self) -> list[Slice]:
         out = [region_slice(p) for p in self.regions]
@@ -172,30 +168,28 @@ class SliceFinder:
         return out
 
     def _claims(self, data_dir: Path) -> list[Slice]:
-        claims_dir = data_dir / "claims"
+        claims_dir = os.path.join(data_dir, "claims")
         try:
-            uids = sorted(e.name for e in os.scandir(claims_dir) if e.is_dir(follow_symlinks=False))
+            with os.scandir(claims_dir) as it:
+                uids = sorted(e.name for e in it if e.is_dir(follow_symlinks=False))
         except OSError:
             return []
-        ckpt = self._json.get(str(data_dir / CHECKPOINT_FILE))
-        entries = ckpt.get("claims", {}) if isinstance(ckpt, dict) else {}
-        seen = [str(data_dir / CHECKPOINT_FILE)]
+        ckpt = self._json.get(os.path.join(data_dir, CHECKPOINT_FILE))
+        if ckpt is not self._ckpt:  # the checkpoint changed (every prepare and unprepare does)
+            self._ckpt, self._meta = ckpt, {}
         out = []
         for uid in uids:
-            acct = claims_dir / uid / ACCOUNTING_FILE
+            acct = f"{claims_dir}/{uid}/{ACCOUNTING_FILE}"
             try:
-                if not stat.S_ISREG(os.stat(acct, follow_symlinks=False).st_mode):
-                    continue
+                st = os.stat(acct, follow_symlinks=False)
             except OSError:
                 continue  # being prepared, or being removed
-            e = entries.get(uid) if isinstance(entries, dict) else None
-            e = e if isinstance(e, dict) else {}
-            env: dict[str, str] = {}
-            spec = e.get("cdi_spec")
-            if isinstance(spec, str):
-                seen.append(spec)
-                env = _cdi_env(self._json.get(spec))
-            ns, name = str(e.get("namespace", "")), str(e.get("name", ""))
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            meta = self._meta.get(uid)
+            if meta is None:
+                meta = self._meta[uid] = _claim_meta(ckpt, uid)
+            ns, name, env = meta
             uuids = env.get("CUDA_VISIBLE_DEVICES", "")
             out.append(
                 Slice(
@@ -204,10 +198,21 @@ class SliceFinder:
                     namespace=ns,
                     claim=name,
                     pod=self.pods(ns, name, uid) if self.pods and name else "",
-                    region_path=str(acct),
+                    region_path=acct,
                     gpu_uuids=tuple(u for u in uuids.split(",") if u),
                     env=env,
+                    region_id=(st.st_dev, st.st_ino),
                 )
             )
-        self._json.forget_except(seen)
         return out
+
+
+def _claim_meta(ckpt: Any, uid: str) -> tuple[str, str, dict[str, str]]:
+    """(namespace, name, CDI env) of a claim from the checkpoint and its CDI spec. The spec is
+    written once at prepare: it is read again only when the checkpoint changes."""
+    entries = ckpt.get("claims", {}) if isinstance(ckpt, dict) else {}
+    e = entries.get(uid) if isinstance(entries, dict) else None
+    e = e if isinstance(e, dict) else {}
+    spec = e.get("cdi_spec")
+    env = _cdi_env(_load_json(spec)) if isinstance(spec, str) else {}
+    return str(e.get("namespace", "")), str(e.get("name", "")), env
