@@ -32,9 +32,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import psutil  # noqa: E402
+from sharing._region_cffi import ffi, lib  # noqa: E402
 
 from sharing import region  # noqa: E402
-from sharing._region_cffi import ffi, lib  # noqa: E402
 from sharing.paths import sim_lib_dir  # noqa: E402
 
 DEVICES = 8
@@ -97,7 +97,9 @@ def make_data_dir(root: Path, uuids: list[str]) -> Path:
             spec = data / "cdi" / f"{uid}.json"
             env = [f"CUDA_VISIBLE_DEVICES={uuid}", f"CUDA_DEVICE_MEMORY_LIMIT_0={limit}",
                    "CUDA_DEVICE_SM_LIMIT_0=10"]  # fmt: skip
-            spec.write_text(json.dumps({"devices": [{"name": uid, "containerEdits": {"env": env}}]}))
+            spec.write_text(
+                json.dumps({"devices": [{"name": uid, "containerEdits": {"env": env}}]})
+            )
             claims[uid] = {"uid": uid, "namespace": f"ns-{s % 8}", "name": f"claim-{n}",
                            "state": "PrepareCompleted", "cdi_spec": str(spec),
                            "claim_dir": str(cdir)}  # fmt: skip
@@ -127,8 +129,10 @@ class Exporter:
             body = r.read().decode()
         return (time.perf_counter() - t) * 1000, body
 
-    def rss_mib(self) -> float:
-        return psutil.Process(self.proc.pid).memory_info().rss / (1 << 20)
+    def memory_mib(self) -> tuple[float, float]:
+        """(RSS, USS): USS leaves out the shared file pages of the mapped accounting files."""
+        m = psutil.Process(self.proc.pid).memory_full_info()
+        return m.rss / (1 << 20), m.uss / (1 << 20)
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -166,7 +170,7 @@ def run(scrapes: int) -> dict[str, Any]:
                 et.append(empty.scrape()[0])
             series = sum(1 for line in body.splitlines() if line and not line.startswith("#"))
             slices = len(set(re.findall(r'claim_uid="([^"]+)"', body)))
-            res = {
+            res: dict[str, Any] = {
                 "devices": DEVICES,
                 "slices": slices,
                 "series": series,
@@ -175,7 +179,8 @@ def run(scrapes: int) -> dict[str, Any]:
                 "full_ms": {"p50": statistics.median(ft), "p99": pct(ft, 0.99), "max": max(ft)},
                 "empty_ms": {"p50": statistics.median(et), "p99": pct(et, 0.99), "max": max(et)},
                 "inner_ms": {"p50": statistics.median(inner), "p99": pct(inner, 0.99)},
-                "rss_mib": {"full": full.rss_mib(), "empty": empty.rss_mib()},
+                "rss_mib": {"full": full.memory_mib()[0], "empty": empty.memory_mib()[0]},
+                "uss_mib": {"full": full.memory_mib()[1], "empty": empty.memory_mib()[1]},
                 "setup_s": setup_s,
             }
         finally:
@@ -183,7 +188,9 @@ def run(scrapes: int) -> dict[str, Any]:
             empty.stop()
     res["ratio_p50"] = res["full_ms"]["p50"] / res["empty_ms"]["p50"]
     res["ratio_p99"] = res["full_ms"]["p99"] / res["empty_ms"]["p99"]
-    res["ok"] = res["full_ms"]["p99"] < TARGET_P99_MS and res["slices"] == DEVICES * SLICES_PER_DEVICE
+    res["ok"] = (
+        res["full_ms"]["p99"] < TARGET_P99_MS and res["slices"] == DEVICES * SLICES_PER_DEVICE
+    )
     return res
 
 
@@ -198,7 +205,9 @@ def report(r: dict[str, Any]) -> str:
         f"  ratio full/empty: p50 x{r['ratio_p50']:.1f}, p99 x{r['ratio_p99']:.1f}",
         f"  exporter's own read of the node (vgpu_exporter_scrape_duration_seconds): "
         f"p50 {i['p50']:.2f} ms, p99 {i['p99']:.2f} ms",
-        f"  exporter RSS: full {r['rss_mib']['full']:.1f} MiB, empty {r['rss_mib']['empty']:.1f} MiB",
+        f"  exporter memory: full RSS {r['rss_mib']['full']:.1f} MiB (USS {r['uss_mib']['full']:.1f}),"
+        f" empty RSS {r['rss_mib']['empty']:.1f} MiB (USS {r['uss_mib']['empty']:.1f})",
+        f"  load average at the end: {os.getloadavg()[0]:.1f} (2 cores)",
     ]
     return "\n".join(lines)
 
@@ -208,7 +217,9 @@ def update_md(text: str) -> None:
     doc = md.read_text()
     block = f"{MD_BEGIN}\n```\n{text}\n```\n{MD_END}"
     if MD_BEGIN in doc:
-        doc = re.sub(re.escape(MD_BEGIN) + ".*?" + re.escape(MD_END), lambda _: block, doc, flags=re.S)
+        doc = re.sub(
+            re.escape(MD_BEGIN) + ".*?" + re.escape(MD_END), lambda _: block, doc, flags=re.S
+        )
     else:
         doc += (
             "\n## Exporter (bench_exporter.py)\n\n"
