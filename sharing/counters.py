@@ -40,6 +40,7 @@ class SliceCounters:
     st_ino: int
     devices: tuple[DeviceCounters, ...]
     live_pids: tuple[int, ...]  # pids (in their own PID namespace) of live slot holders
+    live_charged: tuple[tuple[int, ...], ...] = ()  # bytes each of them charged, per device
 
 
 def open_nofollow(path: str) -> int:
@@ -89,15 +90,17 @@ class _Mapped:
         hwm = min(int(r.slots_hwm), region.MAX_PROCS)
         live_used = [0] * n
         pids = []
+        charged = []
         procs = r.procs
         for i in range(hwm):
             s = procs[i]
             if s.state != lib.VGPU_SLOT_LIVE or not region._slot_alive(self.fd, i):
                 continue
             pids.append(int(s.pid))
-            used = s.used
+            used = tuple(int(u) for u in s.used[0:n])
+            charged.append(used)
             for d in range(n):
-                live_used[d] += int(used[d])
+                live_used[d] += used[d]
         devices = []
         accounts, compute = r.devices, r.compute
         for d in range(n):
@@ -117,7 +120,9 @@ class _Mapped:
                     wait_ns=int(c.wait_ns),
                 )
             )
-        return SliceCounters(path, self.ident[0], self.ident[1], tuple(devices), tuple(pids))
+        return SliceCounters(
+            path, self.ident[0], self.ident[1], tuple(devices), tuple(pids), tuple(charged)
+        )
 
 
 class CounterReader:

@@ -15,9 +15,11 @@ outside, after every NVML pass:
 - A violation counts vgpu_slice_quota_violations_total once per episode (a slice that stays
   over quota is one violation until it is back under), logs one line, posts a Kubernetes Event
   on the claim (in the plugin), and with enforce="kill" stops the offending processes: SIGTERM,
-  then SIGKILL after kill_grace seconds. Offenders: the slice's processes on that device the
-  shim does not know (no live slot of the accounting file has their PID); if there are none,
-  the slice's biggest processes there until the rest fit.
+  then SIGKILL after kill_grace seconds. Offenders: the slice's processes on that device that
+  hold more than the shim charged them plus the margin (a process the shim never saw, or one
+  that reached the driver around it: its slot in the accounting file, found by its PID in its
+  own namespace, says what the shim charged); if there are none, the slice's biggest processes
+  there until the rest fit.
 """
 
 from __future__ import annotations
@@ -198,12 +200,16 @@ class Watchdog:
     ) -> list[int]:
         sl = s.slice
         self.violations.add_slice(sl.key, s.device)
-        known = set(view.counters[sl.key].live_pids)
-        bypass = [p for p, a in procs if a.ns_pid not in known]
+        c = view.counters[sl.key]
+        charged = {
+            pid: used[s.device] for pid, used in zip(c.live_pids, c.live_charged, strict=True)
+        }
+        # a process holds more than the shim charged it (nothing, if the shim never saw it)
+        bypass = [p for p, a in procs if p.used_bytes > charged.get(a.ns_pid, 0) + self.margin]
         who = (sl.claim_uid and f"claim {sl.namespace}/{sl.claim} ({sl.claim_uid})") or sl.claim
         msg = (
             f"{who} holds {total} bytes on GPU {uuid} by NVML's count, over its quota "
-            f"{s.memory_limit} + margin {self.margin}; processes without the shim: "
+            f"{s.memory_limit} + margin {self.margin}; holding more than the shim charged: "
             f"{', '.join(_describe(p.pid) for p in bypass) or 'none'}"
         )
         log.warning("watchdog: quota violation: %s", msg)

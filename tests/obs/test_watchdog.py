@@ -1,9 +1,11 @@
-"""The watchdog catches processes the shim cannot see: real programs that allocate on the
-simulated GPU without loading the shim, attributed from outside (/proc/<pid>/environ + root)."""
+"""The watchdog catches processes the shim cannot see: a real program that loads libcuda with
+dlmopen() into a new link-map namespace (where the preloaded shim cannot interpose) and a GPU
+process of no slice, attributed from outside (/proc/<pid>/environ + /proc/<pid>/root)."""
 
 from __future__ import annotations
 
 import signal
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -12,6 +14,16 @@ from sharing import region
 from sharing.paths import shim_library
 from tests.obs.helpers import ExporterProcess, MiB, only, scrape
 from tests.shim.conftest import Held
+
+
+def start_bypass(program: Path, env: dict[str, str], nbytes: int) -> subprocess.Popen[str]:
+    """tests/c/bypass_dlmopen.c holding nbytes; returns once it holds them."""
+    p = subprocess.Popen([str(program), str(nbytes)], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)  # fmt: skip
+    assert p.stdout is not None
+    line = p.stdout.readline()
+    assert line.strip() == "held rc=0", (line, p.stderr.read() if p.stderr else "")
+    return p
 
 
 def _violations(url: str, claim: str) -> float:
@@ -47,21 +59,20 @@ def test_a_process_bypassing_the_shim_is_caught_and_stopped(
         time.sleep(2.5)  # two NVML passes
         assert _violations(exp.url, str(acct)) == 0
         ok.release()
-        # the slice's environment, but no shim: the simulator grants all of it
-        bypass = Held(ops, dict(sim_env, CUDA_DEVICE_MEMORY_SHARED_CACHE=str(acct)),
-                      "init", "ctx", f"alloc:{512 * MiB}")  # fmt: skip
-        assert bypass.results[-1]["rc"] == "0"
+        # the slice's environment and the shim preloaded, but libcuda loaded with dlmopen into
+        # a new link-map namespace, out of the shim's reach: the driver grants all 512 MiB
+        bypass = start_bypass(build_c("bypass_dlmopen.c"), inside, 512 * MiB)
         assert _wait(lambda: _violations(exp.url, str(acct)) == 1)
-        # --enforce kill: SIGTERM (shim_ops does not catch it)
-        assert bypass.proc.wait(20) == -signal.SIGTERM
+        # --enforce kill: SIGTERM (the program does not catch it)
+        assert bypass.wait(20) == -signal.SIGTERM
         time.sleep(2.5)
         assert _violations(exp.url, str(acct)) == 1  # one episode, counted once
     finally:
         log = exp.stop()
     lines = [line for line in log.splitlines() if "quota violation" in line]
     assert len(lines) == 1, log
-    assert f"pid {bypass.proc.pid}" in lines[0] and "over its quota" in lines[0]
-    assert f"stopping pids [{bypass.proc.pid}]" in log
+    assert f"pid {bypass.pid}" in lines[0] and "over its quota" in lines[0]
+    assert f"stopping pids [{bypass.pid}]" in log
 
 
 def test_a_gpu_process_of_no_slice_on_a_shared_gpu(
