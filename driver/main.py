@@ -21,6 +21,7 @@ from pathlib import Path
 from types import FrameType
 from typing import cast
 
+from driver.claim_pods import ClaimPods
 from driver.discovery import Discovery, Inventory, NvmlBackend, PynvmlBackend, Rediscovery
 from driver.driver import Driver
 from driver.events import EventPoster
@@ -286,7 +287,7 @@ class Plugin:
             data_dir=s.data_dir, hostname=s.node_name, enforce=s.watchdog_enforce
         )
         events = EventPoster(api_client, s.driver_name, s.node_name)
-        self.metrics = Exporter(config, events=events)
+        self.metrics = Exporter(config, events=events, pods=ClaimPods(api_client))
         host, port = s.metrics_address
         try:
             bound = self.metrics.start(host, port)

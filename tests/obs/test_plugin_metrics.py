@@ -50,12 +50,22 @@ def test_plugin_serves_claims_and_reports_a_bypass(
         kubelet = KubeletStandin(root / "reg" / f"{DRIVER}-reg.sock")
         kubelet.register()
         share = {"consumedCapacity": {"memory": "1Gi", "cores": "30"}}
-        claim = server.put(
-            allocated_claim("share", namespace="team-a", results=[result("gpu", "gpu-1") | share])
-        )
+        doc = allocated_claim("share", namespace="team-a", results=[result("gpu", "gpu-1") | share])
+        doc["status"]["reservedFor"] = [
+            {"resource": "pods", "name": "trainer-0", "uid": "6f1c0e5e-0000-4000-8000-000000000001"}
+        ]
+        claim = server.put(doc)
         uid = claim["metadata"]["uid"]
         assert kubelet.prepare([claim_id(claim)])[uid].error == ""
-        s = scrape(url)
+        # the pod comes from the claim's status.reservedFor, read in the background
+        deadline = time.monotonic() + 10
+        while True:
+            s = scrape(url)
+            pods = {x.labels["pod"] for x in only(s, "vgpu_slice_memory_limit_bytes")}
+            if pods == {"trainer-0"} or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert pods == {"trainer-0"}
         [limit] = only(s, "vgpu_slice_memory_limit_bytes", claim_uid=uid)
         assert limit.value == GiB
         assert limit.labels["namespace"] == "team-a" and limit.labels["claim"] == "share"
