@@ -78,6 +78,72 @@ def _variable(name: str, label: str, query: str) -> gd.QueryVariable:
 GPU = "{{Hostname}} GPU {{gpu}}"
 SL = "{{namespace}}/{{claim}} GPU {{gpu}}"
 
+# (title, unit, PromQL, legend, description)
+STATS: tuple[tuple[str, str, str, str, str], ...] = (
+    ("GPUs healthy", "none", f"sum(vgpu_device_healthy{{{NODE}}})", "healthy",
+     "GPUs whose last NVML reading succeeded and is fresh."),
+    ("Slices", "none", f"sum(vgpu_device_slices{{{NODE}}})", "slices",
+     "Slices (claim x GPU) on the selected nodes."),
+    ("Memory promised", "percentunit",
+     f"sum(vgpu_device_memory_allocated_bytes{{{NODE}}}) / "
+     f"sum(vgpu_device_memory_total_bytes{{{NODE}}})",
+     "allocated", "Sum of slice memory quotas over the GPUs' memory."),
+    ("Violations (1h)", "none", f"sum(increase(vgpu_slice_quota_violations_total{{{NODE}}}[1h]))",
+     "violations", "Watchdog findings: slices over quota by NVML's count, GPU processes of no slice."),
+)  # fmt: skip
+
+# (title, unit, [(PromQL, legend)], description)
+Panels = tuple[tuple[str, str, list[tuple[str, str]], str], ...]
+GPU_PANELS: Panels = (
+    ("GPU memory: total, promised to slices, used", "bytes", [
+        (f"vgpu_device_memory_total_bytes{{{NODE}}}", f"{GPU} total"),
+        (f"vgpu_device_memory_allocated_bytes{{{NODE}}}", f"{GPU} quotas"),
+        (f"vgpu_device_memory_used_bytes{{{NODE}}}", f"{GPU} used (NVML)"),
+    ], "Device memory NVML reports, the sum of the slices' quotas, and what is in use."),
+    ("GPU compute: caps promised vs utilisation", "percentunit", [
+        (f"vgpu_device_cores_allocated_ratio{{{NODE}}}", f"{GPU} caps"),
+        (f"vgpu_device_utilization_ratio{{{NODE}}}", f"{GPU} busy (NVML)"),
+    ], "Sum of the slices' compute caps, and the device's NVML utilisation."),
+)  # fmt: skip
+SLICE_PANELS: Panels = (
+    ("Slice memory: quota vs used", "bytes", [
+        (f"vgpu_slice_memory_limit_bytes{{{SLICE}}}", f"{SL} quota"),
+        (f"vgpu_slice_memory_used_bytes{{{SLICE}}}", f"{SL} used"),
+        (f"vgpu_slice_memory_peak_bytes{{{SLICE}}}", f"{SL} peak"),
+    ], "Each slice's memory quota, what its processes hold (as the shim charged it), and its peak."),
+    ("Slice memory use over quota", "percentunit", [
+        (f"vgpu_slice:memory_used_over_limit:ratio{{{SLICE}}}", SL),
+    ], "Recording rule vgpu_slice:memory_used_over_limit:ratio; alert VgpuSliceNearMemoryQuota at 90 %."),
+    ("Slice compute: cap vs achieved", "percentunit", [
+        (f"vgpu_slice_compute_limit_ratio{{{SLICE}}}", f"{SL} cap"),
+        (f"vgpu_slice_compute_used_ratio{{{SLICE}}}", f"{SL} achieved"),
+    ], "Compute cap and the share of device time charged to the slice over the last scrape interval."),
+    ("Throttling: fraction of time held back", "percentunit", [
+        (f"clamp_max(rate(vgpu_slice_throttled_seconds_total{{{SLICE}}}[{RATE}]), 1)", SL),
+    ], "Time the slice's launches waited for budget, per second. Alert VgpuSliceThrottled above 50 % for 10m."),
+    ("Launches charged", "ops", [
+        (f"rate(vgpu_slice_launches_total{{{SLICE}}}[{RATE}])", SL),
+    ], "Kernel launches per second admitted by the compute gate (capped slices)."),
+    ("Allocation denials", "short", [
+        (f"rate(vgpu_slice_alloc_denied_total{{{SLICE}}}[{RATE}])", f"{SL} denials/s"),
+        (f"rate(vgpu_slice_alloc_denied_bytes_total{{{SLICE}}}[{RATE}])", f"{SL} bytes/s"),
+    ], "Allocations refused because the slice's quota was reached, and the bytes they asked for."),
+    ("Quota violations (watchdog)", "short", [
+        (f"increase(vgpu_slice_quota_violations_total{{{NODE}}}[{RATE}])",
+         "{{namespace}}/{{claim}} on {{Hostname}} GPU {{gpu}}"),
+    ], "Slices over quota + margin by NVML's count; empty namespace/claim: a GPU process of no slice."),
+    ("Processes per slice", "none", [
+        (f"vgpu_slice_processes{{{SLICE}}}", SL),
+    ], "Live processes of the slice the shim is loaded into."),
+)  # fmt: skip
+EXPORTER_PANELS: Panels = (
+    ("Scrape health", "none", [('up{job=~"vgpu.*"}', "{{instance}} up")],
+     "1 while Prometheus scrapes the exporter. Alert VgpuExporterDown after 5m at 0."),
+    ("Scrape duration", "s",
+     [('vgpu_exporter_scrape_duration_seconds{job=~"vgpu.*"}', "{{instance}}")],
+     "Time the exporter took to read the node for a scrape."),
+)  # fmt: skip
+
 
 def build() -> gd.Dashboard:
     d = (
@@ -111,175 +177,17 @@ def build() -> gd.Dashboard:
         )
     )
     d = d.with_row(gd.Row("GPUs"))
-    d = d.with_panel(
-        _stat(
-            "GPUs healthy",
-            "none",
-            f"sum(vgpu_device_healthy{{{NODE}}})",
-            "healthy",
-            "GPUs whose last NVML reading succeeded and is fresh.",
-        )
-    )
-    d = d.with_panel(
-        _stat(
-            "Slices",
-            "none",
-            f"sum(vgpu_device_slices{{{NODE}}})",
-            "slices",
-            "Slices (claim x GPU) on the selected nodes.",
-        )
-    )
-    d = d.with_panel(
-        _stat(
-            "Memory promised",
-            "percentunit",
-            f"sum(vgpu_device_memory_allocated_bytes{{{NODE}}}) / "
-            f"sum(vgpu_device_memory_total_bytes{{{NODE}}})",
-            "allocated",
-            "Sum of slice memory quotas over the GPUs' memory.",
-        )
-    )
-    d = d.with_panel(
-        _stat(
-            "Violations (1h)",
-            "none",
-            f"sum(increase(vgpu_slice_quota_violations_total{{{NODE}}}[1h]))",
-            "violations",
-            "Watchdog findings: slices over quota by NVML's count, GPU processes of no slice.",
-        )
-    )
-    d = d.with_panel(
-        _series(
-            "GPU memory: total, promised to slices, used",
-            "bytes",
-            [
-                (f"vgpu_device_memory_total_bytes{{{NODE}}}", f"{GPU} total"),
-                (f"vgpu_device_memory_allocated_bytes{{{NODE}}}", f"{GPU} quotas"),
-                (f"vgpu_device_memory_used_bytes{{{NODE}}}", f"{GPU} used (NVML)"),
-            ],
-            "Device memory NVML reports, the sum of the slices' quotas, and what is in use.",
-        )
-    )
-    d = d.with_panel(
-        _series(
-            "GPU compute: caps promised vs utilisation",
-            "percentunit",
-            [
-                (f"vgpu_device_cores_allocated_ratio{{{NODE}}}", f"{GPU} caps"),
-                (f"vgpu_device_utilization_ratio{{{NODE}}}", f"{GPU} busy (NVML)"),
-            ],
-            "Sum of the slices' compute caps, and the device's NVML utilisation.",
-        )
-    )
-    d = d.with_row(gd.Row("Slices"))
-    d = d.with_panel(
-        _series(
-            "Slice memory: quota vs used",
-            "bytes",
-            [
-                (f"vgpu_slice_memory_limit_bytes{{{SLICE}}}", f"{SL} quota"),
-                (f"vgpu_slice_memory_used_bytes{{{SLICE}}}", f"{SL} used"),
-                (f"vgpu_slice_memory_peak_bytes{{{SLICE}}}", f"{SL} peak"),
-            ],
-            "Each slice's memory quota, what its processes hold (as the shim charged it), and its peak.",
-        )
-    )
-    d = d.with_panel(
-        _series(
-            "Slice memory use over quota",
-            "percentunit",
-            [
-                (f"vgpu_slice:memory_used_over_limit:ratio{{{SLICE}}}", SL),
-            ],
-            "Recording rule vgpu_slice:memory_used_over_limit:ratio; alert VgpuSliceNearMemoryQuota at 90 %.",
-        )
-    )
-    d = d.with_panel(
-        _series(
-            "Slice compute: cap vs achieved",
-            "percentunit",
-            [
-                (f"vgpu_slice_compute_limit_ratio{{{SLICE}}}", f"{SL} cap"),
-                (f"vgpu_slice_compute_used_ratio{{{SLICE}}}", f"{SL} achieved"),
-            ],
-            "Compute cap and the share of device time charged to the slice over the last scrape interval.",
-        )
-    )
-    d = d.with_panel(
-        _series(
-            "Throttling: fraction of time held back",
-            "percentunit",
-            [
-                (f"clamp_max(rate(vgpu_slice_throttled_seconds_total{{{SLICE}}}[{RATE}]), 1)", SL),
-            ],
-            "Time the slice's launches waited for budget, per second. Alert VgpuSliceThrottled above 50 % for 10m.",
-        )
-    )
-    d = d.with_panel(
-        _series(
-            "Launches charged",
-            "ops",
-            [
-                (f"rate(vgpu_slice_launches_total{{{SLICE}}}[{RATE}])", SL),
-            ],
-            "Kernel launches per second admitted by the compute gate (capped slices).",
-        )
-    )
-    d = d.with_panel(
-        _series(
-            "Allocation denials",
-            "short",
-            [
-                (f"rate(vgpu_slice_alloc_denied_total{{{SLICE}}}[{RATE}])", f"{SL} denials/s"),
-                (f"rate(vgpu_slice_alloc_denied_bytes_total{{{SLICE}}}[{RATE}])", f"{SL} bytes/s"),
-            ],
-            "Allocations refused because the slice's quota was reached, and the bytes they asked for.",
-        )
-    )
-    d = d.with_panel(
-        _series(
-            "Quota violations (watchdog)",
-            "short",
-            [
-                (
-                    f"increase(vgpu_slice_quota_violations_total{{{NODE}}}[{RATE}])",
-                    "{{namespace}}/{{claim}} on {{Hostname}} GPU {{gpu}}",
-                ),
-            ],
-            "Slices over quota + margin by NVML's count; empty namespace/claim: a GPU process of no slice.",
-        )
-    )
-    d = d.with_panel(
-        _series(
-            "Processes per slice",
-            "none",
-            [
-                (f"vgpu_slice_processes{{{SLICE}}}", SL),
-            ],
-            "Live processes of the slice the shim is loaded into.",
-        )
-    )
-    d = d.with_row(gd.Row("Exporter"))
-    d = d.with_panel(
-        _series(
-            "Scrape health",
-            "none",
-            [
-                ('up{job=~"vgpu.*"}', "{{instance}} up"),
-            ],
-            "1 while Prometheus scrapes the exporter. Alert VgpuExporterDown after 5m at 0.",
-        )
-    )
-    d = d.with_panel(
-        _series(
-            "Scrape duration",
-            "s",
-            [
-                ('vgpu_exporter_scrape_duration_seconds{job=~"vgpu.*"}', "{{instance}}"),
-            ],
-            "Time the exporter took to read the node for a scrape.",
-        )
-    )
+    for title, unit, expr, legend, doc in STATS:
+        d = d.with_panel(_stat(title, unit, expr, legend, doc))
+    for row, panels in (
+        ("GPUs", GPU_PANELS),
+        ("Slices", SLICE_PANELS),
+        ("Exporter", EXPORTER_PANELS),
+    ):
+        if row != "GPUs":
+            d = d.with_row(gd.Row(row))
+        for title, unit, targets, doc in panels:
+            d = d.with_panel(_series(title, unit, targets, doc))
     return d
 
 
