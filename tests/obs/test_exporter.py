@@ -234,3 +234,38 @@ def test_a_hung_nvml_never_holds_a_scrape(tmp_path: Path) -> None:
     finally:
         hang.set()
         exp.stop()
+
+
+def test_defaults_agree_with_the_plugin() -> None:
+    """sharing cannot import driver: the exporter's copies of the plugin's defaults must match."""
+    from driver.flags import parse
+    from driver.state import ACCOUNTING_FILE
+    from sharing import slices
+
+    assert parse(["--node-name", "n"], env={}).data_dir == slices.DEFAULT_DATA_DIR
+    assert slices.ACCOUNTING_FILE == ACCOUNTING_FILE
+    assert parse(["--node-name", "n", "--metrics-address", "0.0.0.0"], env={}).metrics_address == (
+        "0.0.0.0",
+        9402,
+    )
+
+
+def test_plugin_metrics_flags() -> None:
+    from driver.flags import SettingsError, parse
+
+    def addr(text: str) -> tuple[str, int] | None:
+        return parse(["--node-name", "n", "--metrics-address", text], env={}).metrics_address
+
+    assert parse(["--node-name", "n"], env={}).metrics_address is None  # off by default
+    assert addr(":9402") == ("0.0.0.0", 9402)
+    assert addr("[::1]:9000") == ("::1", 9000)
+    assert addr("::1") == ("::1", 9402)
+    env = {"METRICS_ADDRESS": "127.0.0.1:1", "WATCHDOG_ENFORCE": "kill"}
+    s = parse(["--node-name", "n"], env=env)
+    assert s.metrics_address == ("127.0.0.1", 1) and s.watchdog_enforce == "kill"
+    for bad, msg in (("h:99999", "--metrics-address"), ("h:x1", "--metrics-address")):
+        with pytest.raises(SettingsError, match=msg) as e:
+            addr(bad)
+        assert "\n" not in str(e.value)
+    with pytest.raises(SettingsError, match="--watchdog-enforce"):
+        parse(["--node-name", "n", "--watchdog-enforce", "maybe"], env={})
