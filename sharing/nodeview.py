@@ -19,7 +19,6 @@ from sharing.slices import Slice, SliceFinder, slice_limits
 log = logging.getLogger(__name__)
 
 RATE_MIN_WINDOW = 1.0  # seconds: compute_used_ratio is measured over at least this
-RATE_HISTORY = 120.0  # seconds of samples kept per slice device
 
 
 @dataclass(frozen=True)
@@ -68,15 +67,15 @@ class RateTracker:
         with self._lock:
             h = self._hist.setdefault(key, deque())
             base = None
-            for t, c in reversed(h):
-                if now_ns - t >= RATE_MIN_WINDOW * 1e9:
-                    base = (t, c)
+            for i in range(len(h) - 1, -1, -1):
+                if now_ns - h[i][0] >= RATE_MIN_WINDOW * 1e9:
+                    base = h[i]
+                    for _ in range(i):  # older samples are never a base again
+                        h.popleft()
                     break
             if base is None and h:
                 base = h[0]
             h.append((now_ns, charged_ns))
-            while len(h) > 2 and now_ns - h[1][0] > RATE_HISTORY * 1e9:
-                h.popleft()
         if base is None or now_ns <= base[0]:
             return 0.0
         return max(0.0, (charged_ns - base[1]) / (now_ns - base[0]))
