@@ -48,6 +48,8 @@ class Settings:
     driver_root: Path = Path("/")  # the NVIDIA driver's root as the host sees it
     driver_root_mount: Path = Path("/")  # ... and as this process sees it
     cdi_spec_dirs: tuple[Path, ...] = (Path("/etc/cdi"), Path("/var/run/cdi"))
+    metrics_address: tuple[str, int] | None = None  # None: no metrics endpoint
+    watchdog_enforce: str = "none"  # none | kill (sharing/watchdog.py)
 
     @property
     def plugin_dir(self) -> Path:
@@ -155,6 +157,20 @@ _FLAGS: tuple[_Flag, ...] = (
         "CDI_SPEC_DIRS",
         "comma-separated directories searched for the NVIDIA Container Toolkit's CDI spec",
         "/etc/cdi,/var/run/cdi",
+    ),
+    _Flag(
+        "metrics-address",
+        "METRICS_ADDRESS",
+        "HOST:PORT to serve Prometheus metrics and run the quota watchdog on (docs/metrics.md; "
+        "a HOST alone means port 9402; empty: disabled)",
+        "",
+    ),
+    _Flag(
+        "watchdog-enforce",
+        "WATCHDOG_ENFORCE",
+        "none (count, log and post an Event for a quota violation) or kill (also stop the "
+        "offending processes)",
+        "none",
     ),
 )
 
@@ -301,7 +317,25 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Settings
             for d in get("cdi-spec-dirs", lambda n, t: t).split(",")
             if d.strip()
         ),
+        metrics_address=_metrics_address(raw["metrics-address"] or ""),
+        watchdog_enforce=get("watchdog-enforce", lambda n, t: _choice(n, t, ("none", "kill"))),
     )
+
+
+def _metrics_address(text: str) -> tuple[str, int] | None:
+    """ "" -> None; "HOST" -> (HOST, 9402); "HOST:PORT", ":PORT", "[v6]:PORT"."""
+    if not text:
+        return None
+    host, sep, port = text.rpartition(":")
+    if not sep or (host and not host.endswith("]") and ":" in host):
+        host, port = text, "9402"
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise SettingsError(
+            f"--metrics-address: {text!r} invalid; allowed: HOST:PORT, :PORT or HOST "
+            "(port 0..65535, default 9402)"
+        )
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    return host or "0.0.0.0", int(port)
 
 
 def _abs_path(flag: str, text: str) -> Path:

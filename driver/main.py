@@ -22,9 +22,11 @@ from types import FrameType
 from typing import cast
 
 from driver.checkpoint import CheckpointError
+from driver.claim_pods import ClaimPods
 from driver.discovery import Discovery, Inventory, NvmlBackend, PynvmlBackend, Rediscovery
 from driver.driver import Driver
 from driver.dryrun import dry_run
+from driver.events import EventPoster
 from driver.flags import Settings, SettingsError, parse
 from driver.health import HealthBroadcaster
 from driver.healthz import HealthServer, Status, socket_serves_grpc
@@ -39,6 +41,7 @@ from driver.resourceslices import (
     describe_error,
     health_map,
 )
+from sharing.exporter import Exporter, ExporterConfig
 from sharing.policy import PolicyError, SharingPolicy
 
 log = logging.getLogger("driver.main")
@@ -83,6 +86,7 @@ class Plugin:
         self.loop: PublishLoop | None = None
         self.healthz: HealthServer | None = None
         self._inventory: Inventory | None = None
+        self.metrics: Exporter | None = None
 
     # -- mode --
 
@@ -280,6 +284,8 @@ class Plugin:
                 ),
             )
             self.driver.start()
+            if s.metrics_address is not None:
+                self._start_metrics(api_client)
         except (KubeConfigError, StartupError, CheckpointError) as e:  # one line each
             log.error("%s", e)
             self._stop_driver()
@@ -323,6 +329,8 @@ class Plugin:
             self.driver.stop()
             self.driver.health.close()
             self._stop_health()
+            if self.metrics is not None:
+                self.metrics.stop()
         return self.exit_code
 
     def _stop_health(self) -> None:
@@ -330,7 +338,27 @@ class Plugin:
             self.healthz.stop()
             self.healthz = None
 
+    def _start_metrics(self, api_client: object) -> None:
+        """`vgpu exporter` + watchdog inside the plugin (--metrics-address)."""
+        s = self.settings
+        assert s.metrics_address is not None
+        config = ExporterConfig(
+            data_dir=s.data_dir, hostname=s.node_name, enforce=s.watchdog_enforce
+        )
+        events = EventPoster(api_client, s.driver_name, s.node_name)
+        self.metrics = Exporter(config, events=events, pods=ClaimPods(api_client))
+        host, port = s.metrics_address
+        try:
+            bound = self.metrics.start(host, port)
+        except OSError as e:
+            self.metrics = None
+            raise StartupError(f"--metrics-address {host}:{port}: cannot listen: {e}") from e
+        log.info("node %s: serving metrics on http://%s:%d/metrics", s.node_name, *bound)
+
     def _stop_driver(self) -> None:
+        if self.metrics is not None:
+            self.metrics.stop()
+            self.metrics = None
         if self.driver is not None:
             self.driver.stop()
             self.driver.health.close()

@@ -7,11 +7,11 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from sharing import __version__, demo, info, run
+from sharing import __version__, demo, exporter, info, run, top
 from sharing.plan import command as plan
 
 # Subcommand modules: each has register(subparsers) which sets `func` on its parser.
-_SUBCOMMANDS = (info, run, demo, plan)
+_SUBCOMMANDS = (info, run, demo, exporter, top, plan)
 
 
 def build_parser() -> argparse.ArgumentParser:

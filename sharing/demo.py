@@ -4,7 +4,9 @@ Everything is real except the GPU: each tenant is a separate process started thr
 (libvgpu.so preloaded, limits set) running an ordinary CUDA client (sharing/demo_workload.py) on
 the simulated driver. The memory results are what the processes see (cuMemGetInfo, refused
 allocations); the compute shares are each tenant's completed kernels (1 ms of device time each in
-the simulator's kernel model) over its wall time; the live line is the device's NVML utilisation.
+the simulator's kernel model) over its wall time, checked from both sides: above its cap is a
+failure, and so is far below it (a tenant starved, or no compute phase at all). While it runs the
+demo serves the exporter (its URL is printed) and shows the live `vgpu top` view.
 """
 
 from __future__ import annotations
@@ -21,15 +23,25 @@ from pathlib import Path
 from typing import Any
 
 import pynvml
+from rich.console import Console
+from rich.live import Live
 
+from sharing import region
+from sharing.counters import read_counters
+from sharing.exporter import DEFAULT_PORT, Exporter, ExporterConfig, ListenError, parse_listen
 from sharing.gpus import use_simulator
 from sharing.quantity import format_bytes, parse_bytes
+from sharing.top import render
 
 KERNEL_US = 1000  # sim_1000us: one wave of the kernel is 1 ms of device time
 
 
 # How far a measured compute share may exceed its cap before the demo calls it a failure.
 CAP_TOLERANCE_POINTS = 3.0
+# How far below its cap a tenant that launched back to back for the whole phase may fall:
+# max(points, fraction of the cap). Below that it did not get its share.
+SHARE_SHORTFALL_POINTS = 5.0
+SHARE_SHORTFALL_FRACTION = 0.25
 
 
 class DemoError(RuntimeError):
@@ -44,11 +56,27 @@ class Tenant:
     proc: subprocess.Popen[str] | None = None
     events: dict[str, dict[str, Any]] = field(default_factory=dict)
     stderr: str = ""
+    achieved: float = 0.0  # percent, from its completed kernels
+    charged: float = 0.0  # percent, device time the compute gate charged (the exporter's view)
+    memory_seen: int = 0  # the GPU's total memory as the tenant saw it
+    granted: int = 0  # 1 GiB chunks it got
+    refused: bool = False  # the next one was refused
+
+    def region(self, workdir: Path) -> Path:
+        return workdir / f"{self.name}.region"
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("demo", help="two tenants share one simulated GPU under hard limits")
     p.add_argument("--seconds", type=float, default=6.0, help="length of the compute phase")
+    p.add_argument("--json", action="store_true", help="print only a JSON summary")
+    p.add_argument(
+        "--listen",
+        default=f"127.0.0.1:{DEFAULT_PORT}",
+        metavar="HOST:PORT",
+        help=f"where to serve the exporter while the demo runs (default 127.0.0.1:{DEFAULT_PORT}; "
+        "another free port if that one is taken)",
+    )
     p.set_defaults(func=run)
 
 
@@ -57,7 +85,7 @@ def _start(tenant: Tenant, workdir: Path, workload: list[str]) -> None:
     cmd = [
         sys.executable, "-m", "sharing.cli", "run", "--sim",
         "--memory", str(tenant.memory), "--compute", str(tenant.compute),
-        "--region", str(workdir / f"{tenant.name}.region"),
+        "--region", str(tenant.region(workdir)),
         "--", sys.executable, "-m", "sharing.demo_workload", *workload,
     ]  # fmt: skip
     tenant.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -76,6 +104,14 @@ def _collect(tenant: Tenant) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.seconds < 0:
+        print(f"vgpu demo: --seconds {args.seconds:g}: must be 0 or more", file=sys.stderr)
+        return 2
+    try:
+        listen = parse_listen(args.listen)
+    except ListenError as e:
+        print(f"vgpu demo: --listen {e}", file=sys.stderr)
+        return 2
     tenants = [
         Tenant("team-a", parse_bytes("4Gi"), 30),
         Tenant("team-b", parse_bytes("8Gi"), 60),
@@ -85,13 +121,36 @@ def run(args: argparse.Namespace) -> int:
         sim_state = workdir / "simgpu"
         sim_state.mkdir()
         try:
-            return _demo(tenants, workdir, sim_state, args.seconds)
+            return _demo(tenants, workdir, sim_state, args.seconds, listen, args.json)
         except DemoError as e:
             print(f"vgpu demo: {e}", file=sys.stderr)
             return 1
 
 
-def _demo(tenants: list[Tenant], workdir: Path, sim_state: Path, seconds: float) -> int:
+def _serve(tenants: list[Tenant], workdir: Path, listen: tuple[str, int]) -> tuple[Exporter, str]:
+    """The exporter over the tenants' accounting files; another port if the asked one is taken."""
+    for t in tenants:  # `vgpu run --region` writes each one's limits beside it (FILE.limits)
+        region.create(t.region(workdir))
+    config = ExporterConfig(
+        data_dir=None, regions=tuple(str(t.region(workdir)) for t in tenants), hostname="vgpu-demo"
+    )
+    exporter = Exporter(config)
+    try:
+        host, port = exporter.start(*listen)
+    except OSError:
+        exporter = Exporter(config)
+        host, port = exporter.start(listen[0], 0)
+    return exporter, f"http://{host}:{port}/metrics"
+
+
+def _demo(
+    tenants: list[Tenant],
+    workdir: Path,
+    sim_state: Path,
+    seconds: float,
+    listen: tuple[str, int],
+    as_json: bool,
+) -> int:
     # The tenants (our children) and this process see one simulated node.
     os.environ["SIMGPU_STATE"] = str(sim_state)
     use_simulator()
@@ -99,13 +158,32 @@ def _demo(tenants: list[Tenant], workdir: Path, sim_state: Path, seconds: float)
     h = pynvml.nvmlDeviceGetHandleByIndex(0)
     name = pynvml.nvmlDeviceGetName(h)
     total = int(pynvml.nvmlDeviceGetMemoryInfo(h).total)
-    print(f"vgpu demo: {len(tenants)} tenants share one simulated {name} ({format_bytes(total)})\n")
-    print(f"  {'tenant':<8} {'memory quota':<13} compute cap")
-    for t in tenants:
-        print(f"  {t.name:<8} {format_bytes(t.memory):<13} {t.compute}%")
+    pynvml.nvmlShutdown()
+    exporter, url = _serve(tenants, workdir, listen)
+    say = (lambda *a, **k: None) if as_json else print
+    try:
+        say(f"vgpu demo: {len(tenants)} tenants share one simulated {name} ({format_bytes(total)})")
+        say(f"metrics: {url} (vgpu exporter, while the demo runs)\n")
+        say(f"  {'tenant':<8} {'memory quota':<13} compute cap")
+        for t in tenants:
+            say(f"  {t.name:<8} {format_bytes(t.memory):<13} {t.compute}%")
+        failures = _memory_phase(tenants, workdir, say)
+        failures += _compute_phase(tenants, workdir, seconds, exporter, say, as_json)
+    finally:
+        exporter.stop()
+    ok = not failures
+    if as_json:
+        print(json.dumps(_summary(tenants, name, total, url, seconds, failures), indent=2))
+    elif failures:
+        print("\nLIMITS NOT HELD: " + "; ".join(failures))
+    else:
+        print("\nEach tenant saw only its own slice, stayed within its caps and got its share.")
+    return 0 if ok else 1
 
+
+def _memory_phase(tenants: list[Tenant], workdir: Path, say: Any) -> list[str]:
     failures: list[str] = []
-    print("\n[1/2] Memory: each tenant allocates 1 GiB chunks until it is refused")
+    say("\n[1/2] Memory: each tenant allocates 1 GiB chunks until it is refused")
     for t in tenants:
         _start(t, workdir, ["--seconds", "0"])
     for t in tenants:
@@ -113,38 +191,91 @@ def _demo(tenants: list[Tenant], workdir: Path, sim_state: Path, seconds: float)
         seen = t.events["meminfo"]["total"]
         got = t.events["alloc"]["granted"]
         denied = t.events["alloc"]["denied"]
+        t.memory_seen, t.granted, t.refused = seen, got, bool(denied)
         refused = "the next was refused" if denied else "none was refused"
-        print(f"  {t.name} sees a {format_bytes(seen)} GPU; got {got} x 1 GiB, {refused}")
+        say(f"  {t.name} sees a {format_bytes(seen)} GPU; got {got} x 1 GiB, {refused}")
         for line in t.stderr.splitlines():
-            print(f"    {t.name} stderr: {line}")
+            say(f"    {t.name} stderr: {line}")
         if seen != t.memory or got * (1 << 30) > t.memory or not denied:
             failures.append(
                 f"{t.name}: saw {format_bytes(seen)} and got {got} GiB, quota {format_bytes(t.memory)}"
             )
+    return failures
 
-    print(f"\n[2/2] Compute: both launch 1 ms kernels back to back for {seconds:.0f} s")
+
+def _charged_ns(t: Tenant, workdir: Path) -> int:
+    return read_counters(str(t.region(workdir)), 1).devices[0].charged_ns
+
+
+def _compute_phase(
+    tenants: list[Tenant],
+    workdir: Path,
+    seconds: float,
+    exporter: Exporter,
+    say: Any,
+    as_json: bool,
+) -> list[str]:
+    say(f"\n[2/2] Compute: both launch 1 ms kernels back to back for {seconds:g} s")
+    before = {t.name: _charged_ns(t, workdir) for t in tenants}
     for t in tenants:
         _start(t, workdir, ["--max-chunks", "0", "--seconds", str(seconds)])
-    start = time.monotonic()
-    while any(t.proc is not None and t.proc.poll() is None for t in tenants):
-        time.sleep(1.0)
-        elapsed = time.monotonic() - start
-        if elapsed <= seconds + 0.5:
-            busy = int(pynvml.nvmlDeviceGetUtilizationRates(h).gpu)
-            print(f"  t={elapsed:4.1f}s  device busy {busy:3d}%", flush=True)
+
+    def running() -> bool:
+        return any(t.proc is not None and t.proc.poll() is None for t in tenants)
+
+    if as_json:
+        while running():
+            time.sleep(0.2)
+    else:
+        console = Console()
+        with Live(render(exporter.view.build()), console=console, auto_refresh=False) as live:
+            while running():
+                time.sleep(1.0)
+                live.update(render(exporter.view.build()), refresh=True)
     for t in tenants:
         _collect(t)
-    print(f"\n  {'tenant':<8} {'cap':>4} {'measured':>9}")
+    failures: list[str] = []
+    say(f"\n  {'tenant':<8} {'cap':>4} {'achieved':>9} {'charged':>8}")
     for t in tenants:
         done = t.events["done"]
         # Device time the tenant's completed kernels took, over its wall time.
-        share = 100.0 * done["launches"] * KERNEL_US / 1e6 / done["seconds"]
-        print(f"  {t.name:<8} {t.compute:>3}% {share:>8.1f}%")
-        if share > t.compute + CAP_TOLERANCE_POINTS:
-            failures.append(f"{t.name}: used {share:.1f}% with a {t.compute}% cap")
-    pynvml.nvmlShutdown()
-    if failures:
-        print("\nLIMITS NOT HELD: " + "; ".join(failures))
-        return 1
-    print("\nEach tenant saw only its own slice and stayed within its caps.")
-    return 0
+        t.achieved = (
+            100.0 * done["launches"] * KERNEL_US / 1e6 / done["seconds"] if done["seconds"] else 0.0
+        )
+        charged_s = (_charged_ns(t, workdir) - before[t.name]) / 1e9
+        t.charged = 100.0 * charged_s / done["seconds"] if done["seconds"] else 0.0
+        say(f"  {t.name:<8} {t.compute:>3}% {t.achieved:>8.1f}% {t.charged:>7.1f}%")
+        low = t.compute - max(SHARE_SHORTFALL_POINTS, SHARE_SHORTFALL_FRACTION * t.compute)
+        if t.achieved > t.compute + CAP_TOLERANCE_POINTS:
+            failures.append(f"{t.name}: used {t.achieved:.1f}% with a {t.compute}% cap")
+        elif t.achieved < low:
+            failures.append(
+                f"{t.name}: got only {t.achieved:.1f}% with a {t.compute}% cap (at least "
+                f"{low:.1f}% expected)"
+            )
+    return failures
+
+
+def _summary(
+    tenants: list[Tenant], name: str, total: int, url: str, seconds: float, failures: list[str]
+) -> dict[str, Any]:
+    return {
+        "ok": not failures,
+        "failures": failures,
+        "metrics_url": url,
+        "device": {"name": name, "memory_total_bytes": total},
+        "compute_seconds": seconds,
+        "tenants": [
+            {
+                "name": t.name,
+                "memory_limit_bytes": t.memory,
+                "memory_seen_bytes": t.memory_seen,
+                "granted_gib_chunks": t.granted,
+                "next_allocation_refused": t.refused,
+                "compute_cap_percent": t.compute,
+                "achieved_percent": round(t.achieved, 2),
+                "charged_percent": round(t.charged, 2),
+            }
+            for t in tenants
+        ],
+    }

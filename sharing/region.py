@@ -2,7 +2,8 @@
 
 The layout is shim/include/vgpu/region.h, seen through cffi (sharing._region_cffi); the protocol
 is described there. This module opens a region read-only and takes consistent-enough snapshots
-(the counters are 64-bit words written under the shim's lock; a snapshot reads them without it),
+(the counters are aligned 64-bit words the shim stores atomically; a snapshot reads them without
+the lock, so it never blocks the shim and never sees a torn word),
 tells live processes from dead ones the way the shim does (the slot's byte lock), and can
 create a region atomically (for the DRA driver, or `vgpu run`).
 
@@ -49,6 +50,18 @@ class DeviceUsage:
     used: int  # bytes charged by live and not-yet-reclaimed processes
     peak: int
     denials: int
+    denied_bytes: int = 0  # bytes asked for by the refused allocations (layout 4)
+
+
+@dataclass(frozen=True)
+class ComputeUsage:
+    """One device's compute-gate counters (struct vgpu_compute_state), all cumulative."""
+
+    index: int
+    launches: int  # launches admitted through the gate (charged)
+    charged_ns: int  # device time charged (estimates at admission + measured corrections)
+    throttled: int  # launches that had to wait for budget
+    wait_ns: int  # total time launches were held back by the gate
 
 
 @dataclass(frozen=True)
@@ -67,6 +80,7 @@ class RegionSnapshot:
     processes: tuple[ProcessUsage, ...]  # slots in use (live or dead-unreclaimed)
     lock_recoveries: int
     reclaimed_slots: int
+    compute: tuple[ComputeUsage, ...] = ()
 
     def used_by_live(self, device: int) -> int:
         """Bytes on `device` held by live processes (what `used` becomes once dead slots are reclaimed)."""
@@ -79,6 +93,22 @@ def _slot_alive(fd: int, slot: int) -> bool:
     res = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, req)
     l_type = struct.unpack(_FLOCK, res)[0]
     return bool(l_type != fcntl.F_UNLCK)
+
+
+_HEADER = struct.Struct("<II")  # magic, layout_version: the start of every layout
+
+
+def _check_header_version(path: str, fd: int, size: int) -> None:
+    """A file of another layout has another size: name its version rather than its size."""
+    head = os.pread(fd, _HEADER.size, 0)
+    if len(head) < _HEADER.size:
+        return
+    magic, version = _HEADER.unpack(head)
+    if magic == MAGIC and version != LAYOUT_VERSION:
+        raise RegionError(
+            f"{path}: layout version {version}, this reader knows {LAYOUT_VERSION} "
+            "(written by another vgpu-sharing version; recreate the slice)"
+        )
 
 
 def _validate(path: str, buf: Any, size: int) -> Any:
@@ -164,6 +194,7 @@ def read(path: str | os.PathLike[str]) -> RegionSnapshot:
     try:
         size = _check_file(p, fd, False).st_size
         if size != FILE_SIZE:
+            _check_header_version(p, fd, size)
             _validate(p, b"", size)
         with mmap.mmap(fd, FILE_SIZE, mmap.MAP_SHARED, mmap.PROT_READ) as m:
             r = _validate(p, m, size)
@@ -173,9 +204,11 @@ def read(path: str | os.PathLike[str]) -> RegionSnapshot:
                     used=int(r.devices[d].used),
                     peak=int(r.devices[d].peak),
                     denials=int(r.devices[d].denials),
+                    denied_bytes=int(r.devices[d].denied_bytes),
                 )
                 for d in range(MAX_DEVICES)
             )
+            compute = tuple(_compute_usage(d, r.compute[d]) for d in range(MAX_DEVICES))
             procs = tuple(
                 ProcessUsage(
                     slot=i,
@@ -193,11 +226,22 @@ def read(path: str | os.PathLike[str]) -> RegionSnapshot:
                 processes=procs,
                 lock_recoveries=int(r.lock_recoveries),
                 reclaimed_slots=int(r.reclaimed_slots),
+                compute=compute,
             )
             del r  # release the buffer export before the mmap closes
             return snap
     finally:
         os.close(fd)
+
+
+def _compute_usage(index: int, st: Any) -> ComputeUsage:
+    return ComputeUsage(
+        index=index,
+        launches=int(st.launches),
+        charged_ns=max(0, int(st.charged_ns)),  # corrections may briefly undershoot
+        throttled=int(st.throttled),
+        wait_ns=int(st.wait_ns),
+    )
 
 
 def _fill(fd: int) -> None:

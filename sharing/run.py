@@ -13,12 +13,15 @@ value, which is reported before the command starts.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from sharing import region
 from sharing.compute_run import COMPUTE
+from sharing.limitsfile import LimitsFileError, parse_limits_file
 from sharing.paths import shim_library, sim_lib_dir
 from sharing.quantity import QuantityError, parse_bytes
 
@@ -143,7 +146,8 @@ def prepare_region(args: argparse.Namespace, env: dict[str, str]) -> int | None:
         try:
             region.create(path)
             region.read(path)
-        except (region.RegionError, OSError) as e:
+            write_region_limits(path, env)
+        except (region.RegionError, LimitsFileError, OSError) as e:
             raise RunConfigError(f"--region: {e}") from e
         env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = path
         return None
@@ -154,6 +158,50 @@ def prepare_region(args: argparse.Namespace, env: dict[str, str]) -> int | None:
     os.set_inheritable(fd, True)
     env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = f"/proc/{os.getpid()}/fd/{fd}"
     return fd
+
+
+def write_region_limits(path: str, env: Mapping[str, str]) -> None:
+    """FILE.limits beside a --region FILE: the limits this run gives CMD, in the limits-file
+    format, for observers (`vgpu top`, the exporter; the accounting file holds usage only). The
+    shim does not read it: CMD's environment carries the limits. Written atomically, never
+    through a link, in the region's checked directory."""
+    indexed = [
+        int(k.rsplit("_", 1)[1])
+        for k in env
+        if k.startswith(("CUDA_DEVICE_MEMORY_LIMIT_", "CUDA_DEVICE_SM_LIMIT_"))
+        and k.rsplit("_", 1)[1].isdigit()
+    ]
+    lines = ["# written by vgpu run: the limits of the processes sharing this accounting file"]
+    for i in range(max(indexed, default=0) + 1):
+        memory = env.get(f"CUDA_DEVICE_MEMORY_LIMIT_{i}", env.get("CUDA_DEVICE_MEMORY_LIMIT", "0"))
+        with contextlib.suppress(QuantityError):  # else refused below, as a reader would
+            memory = str(parse_bytes(memory, f"CUDA_DEVICE_MEMORY_LIMIT_{i}"))
+        sm = env.get(f"CUDA_DEVICE_SM_LIMIT_{i}", env.get("CUDA_DEVICE_SM_LIMIT", "100"))
+        pct = sm.strip().rstrip("%")
+        lines += [
+            f"CUDA_DEVICE_MEMORY_LIMIT_{i}={memory}",
+            f"CUDA_DEVICE_SM_LIMIT_{i}={'100' if pct in ('', '0') else pct}",
+        ]
+    priority = env.get("VGPU_PRIORITY") or env.get("CUDA_TASK_PRIORITY") or "1"
+    lines += [
+        f"VGPU_COMPUTE_POLICY={env.get('VGPU_COMPUTE_POLICY') or 'hard'}",
+        f"CUDA_TASK_PRIORITY={priority}",
+        f"CUDA_DEVICE_MEMORY_SHARED_CACHE={path}",
+    ]
+    text = "\n".join(lines) + "\n"
+    parse_limits_file(text)  # never write what a reader would refuse
+    dfd, name, _ = region.open_dir(path + ".limits")
+    try:
+        tmp = f".{name[:200]}.tmp.{os.getpid()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o644, dir_fd=dfd)  # fmt: skip
+        try:
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
+        os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+    finally:
+        os.close(dfd)
 
 
 def run(args: argparse.Namespace) -> int:

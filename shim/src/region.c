@@ -122,7 +122,7 @@ static void release_slot_locked(int i) {
     struct vgpu_proc_slot *s = &R->procs[i];
     for (int d = 0; d < VGPU_MAX_DEVICES; d++) {
         uint64_t u = s->used[d];
-        R->devices[d].used = R->devices[d].used >= u ? R->devices[d].used - u : 0;
+        __atomic_store_n(&R->devices[d].used, R->devices[d].used >= u ? R->devices[d].used - u : 0, __ATOMIC_RELAXED);
         s->used[d] = 0;
     }
     s->state = VGPU_SLOT_FREE;
@@ -139,7 +139,7 @@ static void recover_locked(void) {
         uint64_t sum = 0;
         for (int i = 0; i < VGPU_MAX_PROCS; i++)
             if (R->procs[i].state == VGPU_SLOT_LIVE) sum += R->procs[i].used[d];
-        R->devices[d].used = sum;
+        __atomic_store_n(&R->devices[d].used, sum, __ATOMIC_RELAXED);
     }
     R->lock_recoveries++;
 }
@@ -514,13 +514,15 @@ int vgpu_region_charge(int dev, uint64_t bytes, uint64_t limit, uint64_t *used_o
                 vgpu_region_reclaim_dead();
                 continue;
             }
-            a->denials++;
+            /* atomic: observers read these without the lock (region.h) */
+            __atomic_fetch_add(&a->denials, 1, __ATOMIC_RELAXED);
+            __atomic_fetch_add(&a->denied_bytes, bytes, __ATOMIC_RELAXED);
             vgpu_region_unlock();
             return -1;
         }
-        a->used = used + bytes;
+        __atomic_store_n(&a->used, used + bytes, __ATOMIC_RELAXED);
         R->procs[my_slot].used[dev] += bytes;
-        if (a->used > a->peak) a->peak = a->used;
+        if (used + bytes > a->peak) __atomic_store_n(&a->peak, used + bytes, __ATOMIC_RELAXED);
         vgpu_region_unlock();
         return 0;
     }
@@ -533,7 +535,7 @@ void vgpu_region_uncharge(int dev, uint64_t bytes) {
     /* clamp: never wrap (a fork child's frees of the parent's memory are not ours to return) */
     uint64_t b = bytes <= *mine ? bytes : *mine;
     *mine -= b;
-    a->used = a->used >= b ? a->used - b : 0;
+    __atomic_store_n(&a->used, a->used >= b ? a->used - b : 0, __ATOMIC_RELAXED);
     vgpu_region_unlock();
 }
 

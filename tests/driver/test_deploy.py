@@ -142,6 +142,7 @@ def test_rbac_grants_exactly_the_plugin_verbs() -> None:
         ("resource.k8s.io", "resourceslices"): {"get", "list", "create", "update", "delete"},
         ("resource.k8s.io", "resourceclaims"): {"get"},
         ("", "nodes"): {"get"},
+        ("", "events"): {"create"},
     }
     [binding] = of_kind("base", "ClusterRoleBinding")
     [sa] = of_kind("base", "ServiceAccount")

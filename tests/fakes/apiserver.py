@@ -79,6 +79,7 @@ class ResourceType:
 RESOURCES: tuple[ResourceType, ...] = (
     ResourceType("", "v1", "nodes", "Node", namespaced=False, has_status=True),
     ResourceType("", "v1", "namespaces", "Namespace", namespaced=False, has_status=True),
+    ResourceType("", "v1", "events", "Event", namespaced=True, has_status=False),
     ResourceType(
         "",
         "v1",

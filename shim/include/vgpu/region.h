@@ -23,6 +23,10 @@
  *  - Slots are claimed lowest-free-first, so slots_hwm stays near the number of processes and a
  *    dead-slot scan looks at few slots.
  *  - Invariant (under the lock): devices[d].used == sum over LIVE slots of procs[i].used[d].
+ *  - Readers that do not take the lock (the exporter, `vgpu top`) read devices[] words as they
+ *    are: every write to devices[].used/peak/denials/denied_bytes is a single __atomic store of
+ *    a naturally aligned 64-bit word, so a reader never sees a torn value (it may see `used`
+ *    and `peak` of slightly different instants). Readers never take the lock.
  */
 #ifndef VGPU_REGION_H
 #define VGPU_REGION_H
@@ -33,7 +37,7 @@
 
 /* CFFI-BEGIN */
 #define VGPU_REGION_MAGIC 0x55504756 /* "VGPU" little-endian */
-#define VGPU_REGION_LAYOUT_VERSION 4
+#define VGPU_REGION_LAYOUT_VERSION 4 /* 4: usage only (no limit), devices[].denied_bytes */
 #define VGPU_MAX_DEVICES 16
 #define VGPU_MAX_PROCS 1024
 #define VGPU_LOCK_WORDS 8 /* 64 bytes reserved for the pthread_mutex_t (40 on x86-64 glibc) */
@@ -56,7 +60,8 @@ struct vgpu_device_account {
     uint64_t used;    /* bytes charged by all live slots */
     uint64_t peak;    /* highest `used` seen (diagnostics) */
     uint64_t denials; /* allocations refused over quota */
-    uint64_t reserved0;
+    /* Counters for observers (exporter, `vgpu top`), layout 4. */
+    uint64_t denied_bytes; /* bytes asked for by the refused allocations */
 };
 
 struct vgpu_proc_slot {

@@ -1,0 +1,268 @@
+"""`vgpu exporter`: Prometheus metrics of this node's GPUs and slices (docs/metrics.md).
+
+The same Exporter serves `vgpu-kubelet-plugin --metrics-address`. Pieces: SliceFinder (which
+slices exist: the plugin's data dir, --region files), NvmlPoller (NVML in a background thread:
+a scrape never waits on NVML), ViewBuilder (the node now), VgpuCollector (the metric families),
+and the watchdog (sharing/watchdog.py) fed by every NVML pass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from sharing.gpus import use_simulator
+from sharing.metrics import CONTENT_TYPE, VgpuCollector, render_text
+from sharing.nodeview import ViewBuilder, ViolationCounts
+from sharing.nvml_reader import DEFAULT_INTERVAL, DEFAULT_STALE_AFTER, NvmlPoller, NvmlReading
+from sharing.quantity import parse_bytes
+from sharing.slices import DEFAULT_DATA_DIR, PodLookup, SliceFinder
+from sharing.watchdog import DEFAULT_MARGIN, ENFORCE_MODES, EventSink, Watchdog
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PORT = 9402  # dcgm-exporter has 9400
+
+
+class ListenError(ValueError):
+    """A bad HOST:PORT. str() is one line."""
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """ "HOST:PORT", "[v6]:PORT" or ":PORT" (all interfaces)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ListenError(
+            f"{text!r}: expected HOST:PORT with a port 0..65535 (e.g. :{DEFAULT_PORT})"
+        )
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    return host or "0.0.0.0", int(port)
+
+
+@dataclass(frozen=True)
+class ExporterConfig:
+    data_dir: Path | None = DEFAULT_DATA_DIR
+    regions: tuple[str, ...] = ()
+    hostname: str = ""
+    nvml_interval: float = DEFAULT_INTERVAL
+    nvml_stale_after: float = DEFAULT_STALE_AFTER
+    enforce: str = "none"
+    margin: int = DEFAULT_MARGIN
+    kill_grace: float = 5.0
+
+
+class Exporter:
+    """Slices + NVML + watchdog + HTTP endpoint. start() returns the bound (host, port)."""
+
+    def __init__(
+        self,
+        config: ExporterConfig,
+        *,
+        nvml_reader: Callable[[], NvmlReading] | None = None,
+        events: EventSink | None = None,
+        pods: PodLookup | None = None,
+    ) -> None:
+        self.config = config
+        self.hostname = config.hostname or socket.gethostname()
+        self.violations = ViolationCounts()
+        kw: dict[str, Any] = {
+            "interval": config.nvml_interval,
+            "stale_after": config.nvml_stale_after,
+            "on_reading": self._on_reading,
+        }
+        if nvml_reader is not None:
+            kw["reader"] = nvml_reader
+        self.poller = NvmlPoller(**kw)
+        self.view = ViewBuilder(
+            SliceFinder(config.data_dir, config.regions, pods), self.poller.latest, self.violations
+        )
+        # the watchdog's own builder: its samples must not shorten the scrapes' rate windows
+        self._wd_view = ViewBuilder(
+            SliceFinder(config.data_dir, config.regions, pods), self.poller.latest, self.violations
+        )
+        self.watchdog = Watchdog(
+            self.violations,
+            enforce=config.enforce,
+            margin=config.margin,
+            kill_grace=config.kill_grace,
+            events=events,
+        )
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.collector = VgpuCollector(self.view.build, self.hostname)
+        self.registry.register(self.collector)
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+
+    def _on_reading(self, reading: NvmlReading) -> None:
+        self.watchdog.check(self._wd_view.build(rates=False), reading)
+
+    def render(self) -> bytes:
+        """One scrape's exposition (what GET /metrics answers)."""
+        started = time.perf_counter()
+        return render_text(self.view.build(), self.hostname, started)
+
+    def start(self, host: str, port: int) -> tuple[str, int]:
+        self.poller.start()
+        server_class = _Server6 if ":" in host else _Server
+        try:
+            self._server = server_class((host, port), _Handler)
+        except OSError:
+            self.poller.stop()
+            raise
+        self._server.exporter = self
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="metrics-http", daemon=True
+        )
+        self._thread.start()
+        bound = self._server.server_address
+        return str(bound[0]), int(bound[1])
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        self.poller.stop()
+        self.view.close()
+        self._wd_view.close()
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    exporter: Exporter
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        if path == "/metrics":
+            try:
+                body, ctype, code = self.server.exporter.render(), CONTENT_TYPE, 200
+            except Exception as e:  # a bug must answer 500, not kill the connection silently
+                log.exception("scrape failed")
+                body, ctype, code = f"scrape failed: {e}\n".encode(), "text/plain", 500
+        elif path == "/":
+            body = b'<html><body><a href="/metrics">vgpu-sharing metrics</a></body></html>\n'
+            ctype, code = "text/html", 200
+        else:
+            body, ctype, code = b"not found: try /metrics\n", "text/plain", 404
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # one line per scrape would drown the log
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "exporter",
+        help="serve Prometheus metrics of this node's GPUs and slices",
+        description="Serve Prometheus metrics of this node's GPUs and slices (docs/metrics.md).",
+    )
+    add_discovery_flags(p)
+    p.add_argument(
+        "--listen",
+        default=f":{DEFAULT_PORT}",
+        metavar="HOST:PORT",
+        help=f"address to serve /metrics on (default :{DEFAULT_PORT}, all interfaces)",
+    )
+    p.add_argument("--hostname", default="", help="the Hostname label (default: this host's name)")
+    p.add_argument(
+        "--enforce",
+        choices=ENFORCE_MODES,
+        default="none",
+        help="watchdog: none (count and log violations) or kill (also SIGTERM, then SIGKILL, "
+        "the offending processes)",
+    )
+    p.add_argument(
+        "--watchdog-margin",
+        default=str(DEFAULT_MARGIN),
+        metavar="BYTES",
+        help="how far over its quota NVML may see a slice before it is a violation "
+        f"(default {DEFAULT_MARGIN >> 20}Mi)",
+    )
+    p.set_defaults(func=run)
+
+
+def add_discovery_flags(p: argparse.ArgumentParser) -> None:
+    """The flags `vgpu exporter` and `vgpu top` find slices with."""
+    p.add_argument(
+        "--data-dir",
+        type=Path,
+        default=DEFAULT_DATA_DIR,
+        help=f"the DRA plugin's data directory (default {DEFAULT_DATA_DIR}); its claims/ are "
+        "the slices",
+    )
+    p.add_argument(
+        "--region",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="also show the slice of this accounting file (as given to `vgpu run --region`); "
+        "repeatable",
+    )
+    p.add_argument("--sim", action="store_true", help="read the simulated GPU's NVML")
+
+
+def config_from_args(args: argparse.Namespace) -> ExporterConfig:
+    margin = parse_bytes(str(getattr(args, "watchdog_margin", DEFAULT_MARGIN)))
+    return ExporterConfig(
+        data_dir=args.data_dir,
+        regions=tuple(args.region),
+        hostname=getattr(args, "hostname", ""),
+        enforce=getattr(args, "enforce", "none"),
+        margin=margin,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        host, port = parse_listen(args.listen)
+        config = config_from_args(args)
+    except ValueError as e:
+        print(f"vgpu exporter: {e}", file=sys.stderr)
+        return 2
+    if args.sim:
+        use_simulator()
+    exporter = Exporter(config)
+    try:
+        host, port = exporter.start(host, port)
+    except OSError as e:
+        print(f"vgpu exporter: cannot listen on {args.listen}: {e.strerror}", file=sys.stderr)
+        return 1
+    shown = f"[{host}]" if ":" in host else host
+    log.info("serving http://%s:%d/metrics (slices from %s)", shown, port, _sources(config))
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.wait(1.0):
+        pass
+    exporter.stop()
+    return 0
+
+
+def _sources(config: ExporterConfig) -> str:
+    parts = [f"{config.data_dir}/claims"] if config.data_dir else []
+    parts += config.regions
+    return ", ".join(parts) or "nowhere"

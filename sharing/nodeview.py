@@ -1,0 +1,212 @@
+"""What the node's GPUs and slices look like now: the one model behind the exporter's metrics,
+`vgpu top` and the watchdog. Built from the slices' accounting files (read at every call) and
+the newest NVML reading (made by the poller thread, never waited for)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from sharing import region
+from sharing.counters import CounterReader, DeviceCounters, SliceCounters
+from sharing.nvml_reader import GpuReading, NvmlReading
+from sharing.slices import Slice, SliceFinder, slice_limits
+
+log = logging.getLogger(__name__)
+
+RATE_MIN_WINDOW = 1.0  # seconds: compute_used_ratio is measured over at least this
+
+
+@dataclass(frozen=True)
+class SliceDeviceView:
+    slice: Slice
+    device: int  # index inside the slice
+    counters: DeviceCounters
+    memory_limit: int
+    compute_limit_ratio: float
+    compute_used_ratio: float
+    processes: int  # live processes of the slice (all its devices)
+    violations: int  # watchdog findings so far
+
+
+@dataclass(frozen=True)
+class DeviceView:
+    gpu: GpuReading
+    slices: tuple[SliceDeviceView, ...]
+    unattributed_violations: int  # watchdog: GPU processes of no slice on this shared GPU
+
+    @property
+    def memory_allocated(self) -> int:
+        return sum(s.memory_limit for s in self.slices)
+
+    @property
+    def cores_allocated_ratio(self) -> float:
+        return sum(s.compute_limit_ratio for s in self.slices)
+
+
+@dataclass(frozen=True)
+class NodeView:
+    devices: tuple[DeviceView, ...]
+    errors: tuple[str, ...]  # one line per slice that could not be read, NVML trouble
+    counters: dict[str, SliceCounters]  # by slice key: for the watchdog
+
+
+class RateTracker:
+    """Achieved compute share from charged device time: d(charged_ns) / d(wall ns) against the
+    newest sample at least RATE_MIN_WINDOW old (with one scraper: exactly its last interval)."""
+
+    def __init__(self) -> None:
+        self._hist: dict[tuple[str, int], deque[tuple[int, int]]] = {}
+        self._lock = threading.Lock()
+
+    def ratio(self, key: tuple[str, int], charged_ns: int, now_ns: int) -> float:
+        with self._lock:
+            h = self._hist.setdefault(key, deque())
+            base = None
+            for i in range(len(h) - 1, -1, -1):
+                if now_ns - h[i][0] >= RATE_MIN_WINDOW * 1e9:
+                    base = h[i]
+                    for _ in range(i):  # older samples are never a base again
+                        h.popleft()
+                    break
+            if base is None and h:
+                base = h[0]
+            h.append((now_ns, charged_ns))
+        if base is None or now_ns <= base[0]:
+            return 0.0
+        return max(0.0, (charged_ns - base[1]) / (now_ns - base[0]))
+
+    def forget_except(self, keys: set[str]) -> None:
+        with self._lock:
+            for k in [k for k in self._hist if k[0] not in keys]:
+                del self._hist[k]
+
+
+class ViolationCounts:
+    """The watchdog's findings, read by the view (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._slice: dict[tuple[str, int], int] = {}
+        self._unattributed: dict[str, int] = {}  # by GPU UUID
+
+    def add_slice(self, key: str, device: int) -> None:
+        with self._lock:
+            self._slice[(key, device)] = self._slice.get((key, device), 0) + 1
+
+    def add_unattributed(self, uuid: str) -> None:
+        with self._lock:
+            self._unattributed[uuid] = self._unattributed.get(uuid, 0) + 1
+
+    def slice(self, key: str, device: int) -> int:
+        with self._lock:
+            return self._slice.get((key, device), 0)
+
+    def unattributed(self, uuid: str) -> int:
+        with self._lock:
+            return self._unattributed.get(uuid, 0)
+
+
+def _placeholder_gpu(uuid: str, index: int) -> GpuReading:
+    """A slice's GPU NVML does not (or not yet) report."""
+    return GpuReading(index=index, uuid=uuid, name="", pci_bus_id="", healthy=False)
+
+
+class ViewBuilder:
+    def __init__(
+        self,
+        finder: SliceFinder,
+        latest: Any,  # Callable[[], NvmlReading]
+        violations: ViolationCounts | None = None,
+    ) -> None:
+        self.finder = finder
+        self.latest = latest
+        self.violations = violations or ViolationCounts()
+        self.rates = RateTracker()
+        self._lock = threading.Lock()  # SliceFinder is not thread-safe
+        self._logged: set[str] = set()  # errors already logged (one line each, once)
+        self._reader = CounterReader()  # guarded by _lock
+
+    def close(self) -> None:
+        """Unmap every accounting file kept open."""
+        with self._lock:
+            self._reader.close()
+
+    def build(self, rates: bool = True) -> NodeView:
+        """The node now. rates=False: compute_used_ratio 0, and no sample taken for it."""
+        with self._lock:  # one build at a time: the finder and the reader are not thread-safe
+            return self._build(rates)
+
+    def _build(self, rates: bool) -> NodeView:
+        nv: NvmlReading = self.latest()
+        slices = self.finder.find()
+        errors: list[str] = [nv.error] if nv.error else []
+        gpus: dict[str, GpuReading] = {g.uuid: g for g in nv.gpus}
+        by_index = {g.index: g for g in nv.gpus}
+        per_gpu: dict[str, list[SliceDeviceView]] = {u: [] for u in gpus}
+        all_counters: dict[str, SliceCounters] = {}
+        now = time.monotonic_ns()
+        for s in slices:
+            ndev = len(s.gpu_uuids) or max(1, _devices_in_use(s, by_index))
+            try:
+                c = self._reader.read(s.region_path, ndev, s.region_id)
+            except region.RegionError as e:
+                errors.append(str(e))
+                continue
+            all_counters[s.key] = c
+            for dc in c.devices:
+                if not s.gpu_uuids and dc.index > 0 and not _active(dc):
+                    continue  # a --region slice shows the devices it used
+                if s.gpu_uuids:
+                    uuid = s.gpu_uuids[dc.index]
+                elif dc.index in by_index:
+                    uuid = by_index[dc.index].uuid
+                else:
+                    uuid = f"device-{dc.index}"
+                if uuid not in gpus:
+                    gpus[uuid] = _placeholder_gpu(uuid, dc.index if not s.gpu_uuids else -1)
+                    per_gpu[uuid] = []
+                lim = slice_limits(s, c, dc.index)
+                per_gpu[uuid].append(
+                    SliceDeviceView(
+                        slice=s,
+                        device=dc.index,
+                        counters=dc,
+                        memory_limit=lim.memory_bytes,
+                        compute_limit_ratio=lim.compute_ratio,
+                        compute_used_ratio=self.rates.ratio((s.key, dc.index), dc.charged_ns, now)
+                        if rates
+                        else 0.0,
+                        processes=len(c.live_pids),
+                        violations=self.violations.slice(s.key, dc.index),
+                    )
+                )
+        if rates:
+            self.rates.forget_except(set(all_counters))
+        self._reader.forget_except({s.region_path for s in slices})
+        for line in errors:
+            if line not in self._logged:
+                log.warning("%s", line)
+        self._logged = set(errors)
+        devices = tuple(
+            DeviceView(
+                gpu=g,
+                slices=tuple(per_gpu[u]),
+                unattributed_violations=self.violations.unattributed(u),
+            )
+            for u, g in sorted(gpus.items(), key=lambda kv: (kv[1].index < 0, kv[1].index, kv[0]))
+        )
+        return NodeView(devices=devices, errors=tuple(errors), counters=all_counters)
+
+
+def _devices_in_use(s: Slice, by_index: dict[int, GpuReading]) -> int:
+    """A --region slice does not say how many devices it spans: every device NVML reports."""
+    return len(by_index)
+
+
+def _active(dc: DeviceCounters) -> bool:
+    return bool(dc.used or dc.peak or dc.denials or dc.launches)

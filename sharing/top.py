@@ -1,0 +1,166 @@
+"""`vgpu top`: a live view of this node's GPUs and slices, refreshed every second (rich).
+
+The same pieces as the exporter (slice discovery, NVML poller, ViewBuilder), no HTTP. The
+achieved compute share is measured between two looks, so `--once` and `--json` look twice,
+`--interval` apart (default 1 s), before they print.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rich import box
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from sharing.exporter import add_discovery_flags
+from sharing.gpus import use_simulator
+from sharing.nodeview import NodeView, ViewBuilder
+from sharing.nvml_reader import NvmlPoller
+from sharing.slices import SliceFinder
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "top",
+        help="live view of this node's GPUs and slices",
+        description="Live view of this node's GPUs and slices: memory quota/used/peak, compute "
+        "cap/achieved, throttling, denials, processes. Ctrl-C quits.",
+    )
+    add_discovery_flags(p)
+    p.add_argument("--once", action="store_true", help="print one snapshot and exit")
+    p.add_argument("--json", action="store_true", help="print one snapshot as JSON and exit")
+    p.add_argument(
+        "--interval", type=float, default=1.0, help="seconds between refreshes (default 1)"
+    )
+    p.set_defaults(func=run)
+
+
+def to_json(view: NodeView) -> dict[str, Any]:
+    """The --json document (schema in docs/metrics.md and the README)."""
+    return {
+        "devices": [
+            {
+                "uuid": d.gpu.uuid,
+                "name": d.gpu.name,
+                "memory_total_bytes": d.gpu.memory_total,
+                "memory_used_bytes": d.gpu.memory_used,
+                "utilization_ratio": d.gpu.utilization,
+                "slices": [
+                    {
+                        "claim_uid": s.slice.claim_uid,
+                        "namespace": s.slice.namespace,
+                        "claim": s.slice.claim,
+                        "memory_limit_bytes": s.memory_limit,
+                        "memory_used_bytes": s.counters.used,
+                        "compute_limit_ratio": s.compute_limit_ratio,
+                        "compute_used_ratio": round(s.compute_used_ratio, 4),
+                        "alloc_denied_total": s.counters.denials,
+                        "processes": s.processes,
+                    }
+                    for s in d.slices
+                ],
+            }
+            for d in view.devices
+        ]
+    }
+
+
+def _pct(r: float | None) -> str:
+    return "-" if r is None else f"{100 * r:.0f}%"
+
+
+def _bytes(n: int) -> str:
+    """Compact binary units for narrow terminals: 512K, 100M, 4.0G."""
+    for unit, shift in (("T", 40), ("G", 30), ("M", 20), ("K", 10)):
+        if n >= 1 << shift:
+            v = n / (1 << shift)
+            return f"{v:.1f}{unit}" if v < 10 else f"{v:.0f}{unit}"
+    return str(n)
+
+
+def render(view: NodeView) -> Group:
+    t = Table(
+        title="vgpu top  (got: achieved compute share; held: time launches waited for the cap)",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+    )
+    t.add_column("GPU / slice", no_wrap=True, overflow="ellipsis", min_width=12, max_width=32)
+    for col in ("quota", "used", "peak", "cap", "got", "held", "launches", "denied", "procs"):
+        t.add_column(col, justify="right", no_wrap=True)
+    for d in view.devices:
+        g = d.gpu
+        name = f"GPU {g.index} {g.name}".strip() if g.index >= 0 else g.uuid
+        name = name.replace("NVIDIA ", "")
+        state = "" if g.healthy else " [red](no NVML)[/red]"
+        t.add_row(
+            f"[bold]{name}[/bold]{state}",
+            _bytes(g.memory_total),
+            _bytes(g.memory_used),
+            "",
+            f"{100 * d.cores_allocated_ratio:.0f}%",
+            f"{_pct(g.utilization)}",
+            "",
+            "",
+            "",
+            str(sum(s.processes for s in d.slices)),
+        )
+        for s in d.slices:
+            sl = s.slice
+            # a --region slice is named by its file: its name is enough on screen
+            label = f"{sl.namespace}/{sl.claim}" if sl.namespace else Path(sl.claim).name
+            c = s.counters
+            t.add_row(
+                f"  {label}",
+                _bytes(s.memory_limit),
+                _bytes(c.used),
+                _bytes(c.peak),
+                _pct(s.compute_limit_ratio) if s.compute_limit_ratio else "none",
+                _pct(s.compute_used_ratio),
+                f"{c.wait_ns / 1e9:.1f}s",
+                str(c.launches),
+                str(c.denials),
+                str(s.processes),
+            )
+    if not view.devices:
+        t.add_row("no GPUs or slices found", *[""] * 9)
+    notes = [Text(e, style="yellow") for e in view.errors if e != "no NVML reading yet"]
+    return Group(t, *notes)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.interval <= 0:
+        print("vgpu top: --interval must be a positive number of seconds", file=sys.stderr)
+        return 2
+    if args.sim:
+        use_simulator()
+    poller = NvmlPoller(interval=min(args.interval, 1.0))
+    poller.start()
+    view = ViewBuilder(SliceFinder(args.data_dir, args.region), poller.latest)
+    try:
+        if args.once or args.json:
+            view.build()  # first look: the achieved share is measured from here
+            time.sleep(args.interval)
+            snap = view.build()
+            if args.json:
+                print(json.dumps(to_json(snap), indent=2))
+            else:
+                Console().print(render(snap))
+            return 0
+        with Live(render(view.build()), auto_refresh=False, screen=False) as live:
+            while True:
+                time.sleep(args.interval)
+                live.update(render(view.build()), refresh=True)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        poller.stop()

@@ -1,0 +1,226 @@
+"""The watchdog: NVML's per-process memory (the ground truth) against the slices' quotas.
+
+The shim enforces quotas from inside the processes; a process that does not load it (a static
+binary, a cleared LD_PRELOAD, a direct ioctl user) is invisible to it. The watchdog looks from
+outside, after every NVML pass:
+
+- Attribution: a GPU process belongs to the slice whose accounting file it names, as the
+  process's own mount namespace sees it: CUDA_DEVICE_MEMORY_SHARED_CACHE from
+  /proc/<pid>/environ, resolved under /proc/<pid>/root, compared by (st_dev, st_ino) with the
+  claim's file. This needs no cooperation from the process and holds across containers (the
+  exporter must see the host's PIDs: the plugin's DaemonSet runs with hostPID).
+- A slice is in violation on a device when NVML's memory of its processes there exceeds its
+  quota plus the margin (default 128 MiB: NVML counts per-process driver memory the shim does
+  not charge). A GPU process of no slice on a device that has slices is a violation too.
+- A violation counts vgpu_slice_quota_violations_total once per episode (a slice that stays
+  over quota is one violation until it is back under), logs one line, posts a Kubernetes Event
+  on the claim (in the plugin), and with enforce="kill" stops the offending processes: SIGTERM,
+  then SIGKILL after kill_grace seconds. Offenders: the slice's processes on that device that
+  hold more than the shim charged them plus the margin (a process the shim never saw, or one
+  that reached the driver around it: its slot in the accounting file, found by its PID in its
+  own namespace, says what the shim charged); if there are none, the slice's biggest processes
+  there until the rest fit.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import psutil
+
+from sharing.nodeview import NodeView, SliceDeviceView, ViolationCounts
+from sharing.nvml_reader import GpuProcess, NvmlReading
+from sharing.slices import Slice
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MARGIN = 128 << 20
+ENFORCE_MODES = ("none", "kill")
+REGION_ENV = b"CUDA_DEVICE_MEMORY_SHARED_CACHE="
+
+# (the claim's slice, or None for a process of no slice; reason; message)
+EventSink = Callable[[Slice | None, str, str], None]
+
+
+@dataclass(frozen=True)
+class Attribution:
+    file_id: tuple[int, int] | None  # (st_dev, st_ino) of the accounting file it names
+    ns_pid: int  # its PID in its own namespace (what the shim records in its slot)
+    why: str  # when file_id is None: why it could not be attributed
+
+
+def attribute(pid: int, proc_root: str = "/proc") -> Attribution:
+    """Which accounting file the process names, as its own mount namespace sees it."""
+    ns_pid = pid
+    try:
+        with open(f"{proc_root}/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"NSpid:"):
+                    ns_pid = int(line.split()[-1])
+    except (OSError, ValueError):
+        pass
+    try:
+        with open(f"{proc_root}/{pid}/environ", "rb") as f:
+            env = f.read()
+    except OSError as e:
+        return Attribution(None, ns_pid, f"cannot read its environment ({e.strerror})")
+    path = None
+    for item in env.split(b"\0"):
+        if item.startswith(REGION_ENV):
+            path = item[len(REGION_ENV) :]
+    if not path or not path.startswith(b"/"):
+        return Attribution(None, ns_pid, "names no accounting file")
+    try:
+        st = os.lstat(f"{proc_root}/{pid}/root".encode() + path)
+    except OSError as e:
+        return Attribution(None, ns_pid, f"its accounting file is unreachable ({e.strerror})")
+    return Attribution((st.st_dev, st.st_ino), ns_pid, "")
+
+
+def _describe(pid: int) -> str:
+    try:
+        p = psutil.Process(pid)
+        return f"pid {pid} ({p.name()}, user {p.username()})"
+    except (psutil.Error, KeyError):
+        return f"pid {pid}"
+
+
+def _identity(pid: int) -> tuple[int, float]:
+    try:
+        return pid, psutil.Process(pid).create_time()
+    except psutil.Error:
+        return pid, 0.0
+
+
+def _stop(pids: list[int], grace: float) -> None:
+    procs = []
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            p.terminate()
+            procs.append(p)
+        except psutil.Error:
+            continue
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    for p in alive:
+        try:
+            log.warning("watchdog: pid %d ignored SIGTERM for %gs; sending SIGKILL", p.pid, grace)
+            p.kill()
+        except psutil.Error:
+            pass
+
+
+class Watchdog:
+    def __init__(
+        self,
+        violations: ViolationCounts,
+        *,
+        enforce: str = "none",
+        margin: int = DEFAULT_MARGIN,
+        kill_grace: float = 5.0,
+        events: EventSink | None = None,
+        proc_root: str = "/proc",
+    ) -> None:
+        if enforce not in ENFORCE_MODES:
+            raise ValueError(f"enforce {enforce!r} unknown; allowed: {', '.join(ENFORCE_MODES)}")
+        self.violations = violations
+        self.enforce = enforce
+        self.margin = margin
+        self.kill_grace = kill_grace
+        self.events = events
+        self.proc_root = proc_root
+        self._over: set[tuple[str, int]] = set()  # (slice key, device): episodes in progress
+        self._strays: set[tuple[int, float]] = set()  # unattributed processes already counted
+        self._self = os.getpid()
+
+    def check(self, view: NodeView, reading: NvmlReading) -> None:
+        files = {(c.st_dev, c.st_ino): key for key, c in view.counters.items()}
+        devices = {d.gpu.uuid: d for d in view.devices}
+        over_now: set[tuple[str, int]] = set()
+        strays_now: set[tuple[int, float]] = set()
+        to_stop: list[int] = []
+        for gpu in reading.gpus:
+            dv = devices.get(gpu.uuid)
+            if dv is None or not gpu.processes:
+                continue
+            on_dev = {s.slice.key: s for s in dv.slices}
+            mine: dict[str, list[tuple[GpuProcess, Attribution]]] = {}
+            for p in gpu.processes:
+                if p.pid == self._self:
+                    continue
+                a = attribute(p.pid, self.proc_root)
+                key = files.get(a.file_id) if a.file_id else None
+                if key is not None and key in on_dev:
+                    mine.setdefault(key, []).append((p, a))
+                elif dv.slices:
+                    ident = _identity(p.pid)
+                    strays_now.add(ident)
+                    if ident not in self._strays:
+                        why = a.why or "its slice has no share of this GPU"
+                        self._stray(gpu.uuid, p, why)
+                        to_stop.append(p.pid)
+            for key, procs in mine.items():
+                s = on_dev[key]
+                total = sum(p.used_bytes for p, _ in procs)
+                if s.memory_limit <= 0 or total <= s.memory_limit + self.margin:
+                    continue
+                over_now.add((key, s.device))
+                if (key, s.device) not in self._over:
+                    to_stop += self._over_quota(gpu.uuid, s, procs, total, view)
+        self._over = over_now
+        self._strays = strays_now
+        if to_stop and self.enforce == "kill":
+            log.warning("watchdog: stopping pids %s (SIGTERM, SIGKILL after %gs)",
+                        to_stop, self.kill_grace)  # fmt: skip
+            threading.Thread(
+                target=_stop, args=(to_stop, self.kill_grace), name="watchdog-kill", daemon=True
+            ).start()
+
+    def _stray(self, uuid: str, p: GpuProcess, why: str) -> None:
+        self.violations.add_unattributed(uuid)
+        msg = (
+            f"{_describe(p.pid)} holds {p.used_bytes} bytes on shared GPU {uuid} "
+            f"but belongs to no slice: {why}"
+        )
+        log.warning("watchdog: quota violation: %s", msg)
+        if self.events is not None:
+            self.events(None, "UnattributedGPUProcess", msg)
+
+    def _over_quota(
+        self,
+        uuid: str,
+        s: SliceDeviceView,
+        procs: list[tuple[GpuProcess, Attribution]],
+        total: int,
+        view: NodeView,
+    ) -> list[int]:
+        sl = s.slice
+        self.violations.add_slice(sl.key, s.device)
+        c = view.counters[sl.key]
+        charged = {
+            pid: used[s.device] for pid, used in zip(c.live_pids, c.live_charged, strict=True)
+        }
+        # a process holds more than the shim charged it (nothing, if the shim never saw it)
+        bypass = [p for p, a in procs if p.used_bytes > charged.get(a.ns_pid, 0) + self.margin]
+        who = (sl.claim_uid and f"claim {sl.namespace}/{sl.claim} ({sl.claim_uid})") or sl.claim
+        msg = (
+            f"{who} holds {total} bytes on GPU {uuid} by NVML's count, over its quota "
+            f"{s.memory_limit} + margin {self.margin}; holding more than the shim charged: "
+            f"{', '.join(_describe(p.pid) for p in bypass) or 'none'}"
+        )
+        log.warning("watchdog: quota violation: %s", msg)
+        if self.events is not None:
+            self.events(sl, "QuotaExceeded", msg)
+        if bypass:
+            return [p.pid for p in bypass]
+        out, rest = [], total
+        for p, _ in sorted(procs, key=lambda pa: -pa[0].used_bytes):
+            if rest <= s.memory_limit + self.margin:
+                break
+            out.append(p.pid)
+            rest -= p.used_bytes
+        return out

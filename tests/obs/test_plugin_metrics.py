@@ -1,0 +1,107 @@
+"""`vgpu-kubelet-plugin --metrics-address`: the exporter and the watchdog inside the plugin,
+as a real process on the simulated GPU against the fake API server. A prepared claim appears
+as a slice with its namespace and name; a process that bypasses the shim with the claim's
+environment is counted, gets an Event on the claim, and is stopped (--watchdog-enforce kill)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from sharing.paths import sim_lib_dir
+from tests.driver.kubelet_standin import KubeletStandin, allocated_claim, claim_id, result
+from tests.driver.test_main_e2e import (
+    DRIVER,
+    PluginProcess,
+    assert_within_rbac,
+    device,
+    root,
+    server,
+    sim_ready,
+    wait_names,
+    write_config,
+)
+from tests.fakes.apiserver import FakeApiServer, free_port
+from tests.obs.helpers import only, scrape, value
+from tests.shim.conftest import Held
+
+__all__ = ["root", "server", "sim_ready"]  # fixtures used by name
+GiB = 1 << 30
+pytestmark = pytest.mark.slow
+
+
+def test_plugin_serves_claims_and_reports_a_bypass(
+    sim_ready: None, server: FakeApiServer, root: Path, build_c: Callable[..., Path]
+) -> None:
+    ops = build_c("shim_ops.c")
+    write_config(root / "simgpu.json", [device(0), device(1)])
+    mport = free_port()
+    url = f"http://127.0.0.1:{mport}"
+    p = PluginProcess(
+        server, root, "--metrics-address", f"127.0.0.1:{mport}", "--watchdog-enforce", "kill"
+    )
+    try:
+        wait_names(server, p, ["gpu-0", "gpu-1"])
+        kubelet = KubeletStandin(root / "reg" / f"{DRIVER}-reg.sock")
+        kubelet.register()
+        share = {"consumedCapacity": {"memory": "1Gi", "cores": "30"}}
+        doc = allocated_claim("share", namespace="team-a", results=[result("gpu", "gpu-1") | share])
+        doc["status"]["reservedFor"] = [
+            {"resource": "pods", "name": "trainer-0", "uid": "6f1c0e5e-0000-4000-8000-000000000001"}
+        ]
+        claim = server.put(doc)
+        uid = claim["metadata"]["uid"]
+        assert kubelet.prepare([claim_id(claim)])[uid].error == ""
+        # the pod comes from the claim's status.reservedFor, read in the background
+        deadline = time.monotonic() + 10
+        while True:
+            s = scrape(url)
+            pods = {x.labels["pod"] for x in only(s, "vgpu_slice_memory_limit_bytes")}
+            if pods == {"trainer-0"} or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert pods == {"trainer-0"}
+        [limit] = only(s, "vgpu_slice_memory_limit_bytes", claim_uid=uid)
+        assert limit.value == GiB
+        assert limit.labels["namespace"] == "team-a" and limit.labels["claim"] == "share"
+        assert limit.labels["UUID"] == device(1)["uuid"] and limit.labels["gpu"] == "1"
+        assert limit.labels["Hostname"] == "node-a"
+        assert value(s, "vgpu_slice_compute_limit_ratio", claim_uid=uid) == pytest.approx(0.3)
+        assert value(s, "vgpu_device_slices", gpu="1") == 1
+
+        # A container process of the claim that does not load the shim: the claim's env (the
+        # accounting file, as the host sees it here), GPU 1, 2 GiB straight from the driver.
+        env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+        env.update(
+            LD_LIBRARY_PATH=str(sim_lib_dir()),
+            SIMGPU_CONFIG=str(root / "simgpu.json"),
+            SIMGPU_STATE=str(root / "simgpu-state"),
+            CUDA_DEVICE_MEMORY_SHARED_CACHE=str(
+                root / "data" / "claims" / uid / "shared" / "accounting"
+            ),
+        )
+        bypass = Held(ops, env, "init", "ctx:1", f"alloc:{2 * GiB}")
+        assert bypass.proc.wait(30) == -signal.SIGTERM
+        s = scrape(url)
+        assert value(s, "vgpu_slice_quota_violations_total", claim_uid=uid) == 1
+        deadline = time.monotonic() + 10
+        while not server.objects("Event") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        [ev] = server.objects("Event")
+        assert ev["metadata"]["namespace"] == "team-a"
+        assert ev["involvedObject"]["kind"] == "ResourceClaim"
+        assert ev["involvedObject"]["uid"] == uid and ev["reason"] == "QuotaExceeded"
+        assert f"pid {bypass.proc.pid}" in ev["message"]
+
+        assert kubelet.unprepare([claim_id(claim)])[uid] == ""
+        assert only(scrape(url), "vgpu_slice_memory_limit_bytes", claim_uid=uid) == []
+        kubelet.close()
+    finally:
+        code = p.terminate()
+    assert code == 0, p.output()
+    assert_within_rbac(server)

@@ -1,0 +1,138 @@
+"""`vgpu top`: --json (the exact schema) with tenants under the shim on the simulator, and the
+live view in a real terminal (tmux) refreshing as slices and memory change."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sharing.paths import shim_library
+from tests.obs.helpers import MiB, add_claim, sim_gpu_uuid, start_tenant
+from tests.shim.conftest import Held
+
+GiB = 1 << 30
+DEVICE_KEYS = {"uuid", "name", "memory_total_bytes", "memory_used_bytes", "utilization_ratio",
+               "slices"}  # fmt: skip
+SLICE_KEYS = {"claim_uid", "namespace", "claim", "memory_limit_bytes", "memory_used_bytes",
+              "compute_limit_ratio", "compute_used_ratio", "alloc_denied_total", "processes"}  # fmt: skip
+
+
+def _top_json(env: dict[str, str], data: Path) -> dict[str, Any]:
+    r = subprocess.run(
+        [sys.executable, "-m", "sharing.cli", "top", "--sim", "--data-dir", str(data), "--json"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    doc: dict[str, Any] = json.loads(r.stdout)
+    return doc
+
+
+def test_json_snapshot(
+    sim_env: dict[str, str], tmp_path: Path, build_c: Callable[..., Path]
+) -> None:
+    data = tmp_path / "data"
+    gpu = sim_gpu_uuid(sim_env)
+    a = add_claim(data, "uid-a", "train", gpu, GiB, 30, ns="team-a") / "accounting"
+    add_claim(data, "uid-b", "infer", gpu, 2 * GiB, 50, ns="team-b")
+    tenant = start_tenant(
+        sim_env, a, "1Gi", 30, "--chunk-mib", "256", "--max-chunks", "8", "--seconds", "6"
+    )
+    inside = dict(sim_env, LD_PRELOAD=str(shim_library()), CUDA_DEVICE_MEMORY_SHARED_CACHE=str(a))
+    try:
+        time.sleep(2.0)  # the tenant is past its allocations and launching
+        held = Held(build_c("shim_ops.c"), inside, "init", "ctx", f"alloc:{100 * MiB}")
+        try:
+            doc = _top_json(sim_env, data)
+        finally:
+            held.release()
+    finally:
+        _, err = tenant.communicate(timeout=60)
+        assert tenant.returncode == 0, err
+    assert set(doc) == {"devices"}
+    [dev] = doc["devices"]
+    assert set(dev) == DEVICE_KEYS and dev["uuid"] == gpu
+    assert dev["memory_total_bytes"] > 0
+    by_claim = {s["claim"]: s for s in dev["slices"]}
+    assert set(by_claim) == {"train", "infer"}
+    for s in by_claim.values():
+        assert set(s) == SLICE_KEYS
+    train = by_claim["train"]
+    assert train["claim_uid"] == "uid-a" and train["namespace"] == "team-a"
+    assert train["memory_limit_bytes"] == GiB and train["compute_limit_ratio"] == 0.3
+    assert train["memory_used_bytes"] == 100 * MiB
+    assert train["alloc_denied_total"] == 1
+    assert train["processes"] == 2  # the tenant and the held allocation
+    assert 0 < train["compute_used_ratio"] < 0.6
+    assert by_claim["infer"]["processes"] == 0 and by_claim["infer"]["compute_used_ratio"] == 0
+
+
+def _tmux() -> str:
+    tool = shutil.which("tmux")
+    if tool is None:
+        pytest.skip("tmux is missing (Debian package tmux; scripts/setup installs it)")
+    return tool
+
+
+def test_live_view_in_a_terminal(
+    sim_env: dict[str, str], tmp_path: Path, build_c: Callable[..., Path]
+) -> None:
+    tmux = _tmux()
+    data = tmp_path / "data"
+    gpu = sim_gpu_uuid(sim_env)
+    a = add_claim(data, "uid-a", "train", gpu, GiB, 30, ns="team-a") / "accounting"
+    sock = f"vgpu-top-{uuid.uuid4().hex[:8]}"
+    cmd = f"{sys.executable} -m sharing.cli top --sim --data-dir {data}"
+    env = dict(sim_env, TERM="xterm-256color")
+    subprocess.run([tmux, "-L", sock, "new-session", "-d", "-s", "top", "-x", "150", "-y", "30",
+                    cmd], env=env, check=True)  # fmt: skip
+
+    def screen() -> str:
+        r = subprocess.run([tmux, "-L", sock, "capture-pane", "-p", "-t", "top"],
+                           capture_output=True, text=True, check=True)  # fmt: skip
+        return r.stdout
+
+    def shows(text: str, timeout: float = 20.0) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            s = screen()
+            if text in s:
+                return s
+            time.sleep(0.3)
+        raise AssertionError(f"{text!r} never appeared; screen:\n{screen()}")
+
+    try:
+        first = shows("team-a/train")
+        assert "quota" in first and "got" in first and "H100" in first
+        # a new claim and an allocation appear without a restart
+        add_claim(data, "uid-b", "infer", gpu, 2 * GiB, 50, ns="team-b")
+        shows("team-b/infer")
+        inside = dict(sim_env, LD_PRELOAD=str(shim_library()),
+                      CUDA_DEVICE_MEMORY_SHARED_CACHE=str(a))  # fmt: skip
+        held = Held(build_c("shim_ops.c"), inside, "init", "ctx", f"alloc:{100 * MiB}")
+        try:
+            s = shows(" 100M ")
+            [row] = [line for line in s.splitlines() if "team-a/train" in line]
+            assert "100M" in row and "1.0G" in row and "30%" in row
+        finally:
+            held.release()
+        subprocess.run([tmux, "-L", sock, "send-keys", "-t", "top", "C-c"], check=True)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            r = subprocess.run([tmux, "-L", sock, "has-session", "-t", "top"],
+                               capture_output=True)  # fmt: skip
+            if r.returncode != 0:
+                break  # vgpu top exited on Ctrl-C and took the session with it
+            time.sleep(0.2)
+        else:
+            raise AssertionError(f"vgpu top did not exit on Ctrl-C:\n{screen()}")
+    finally:
+        subprocess.run([tmux, "-L", sock, "kill-server"], capture_output=True)

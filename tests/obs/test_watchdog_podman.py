@@ -1,0 +1,89 @@
+"""The watchdog end to end with podman + runc: the plugin prepares a claim, podman starts a
+container from its CDI spec (the shim preloaded through /etc/ld.so.preload), and inside it a real
+program bypasses the shim (tests/c/bypass_copy.c: a renamed copy of libcuda loaded, a driver
+instance the shim never hooked) and takes more than the claim's quota. `vgpu exporter --enforce kill` on the
+host attributes the container's process to the claim through /proc/<pid>/root and its
+environment, counts the violation on the claim's series and stops the process.
+
+The container shares the host's PID namespace (--pid host): the simulated driver records the
+PIDs its callers see, while a real driver reports host PIDs to NVML; with --pid host both agree.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sharing.paths import sim_lib_dir
+from tests.driver.kubelet_standin import KubeletStandin, allocated_claim, claim_id, result
+from tests.driver.test_e2e_podman import Podman, _missing_cuda, rootfs, world
+from tests.fakes.apiserver import FakeApiServer
+from tests.obs.helpers import ExporterProcess, only, scrape
+from tests.support.cbuild import compile_program
+
+__all__ = ["rootfs", "world"]  # fixtures used by name
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
+GiB = 1 << 30
+
+
+@pytest.fixture
+def bypass_in_rootfs(rootfs: Path, tmp_path: Path) -> Iterator[str]:
+    program = compile_program(REPO / "tests" / "c" / "bypass_copy.c", tmp_path)
+    dest = rootfs / "bin" / "bypass_copy"
+    shutil.copy2(program, dest)
+    # a new link-map namespace looks the loader up by name in the default directories
+    loader = Path("/lib64/ld-linux-x86-64.so.2").resolve()
+    extra = rootfs / "lib" / "x86_64-linux-gnu" / "ld-linux-x86-64.so.2"
+    added = loader.exists() and not extra.exists()
+    if added:
+        extra.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(loader, extra)
+    yield "/bin/bypass_copy"
+    dest.unlink()
+    if added:
+        extra.unlink()
+
+
+def test_container_bypassing_the_shim_is_caught_and_stopped(
+    world: tuple[FakeApiServer, KubeletStandin, Path, Podman], bypass_in_rootfs: str
+) -> None:
+    if why := _missing_cuda():
+        pytest.skip(why)
+    server, kubelet, root, podman = world
+    c = claim_id(server.put(allocated_claim("escapee", namespace="team-x",
+                                            results=[result("gpu", "gpu-0", memory="1Gi")])))  # fmt: skip
+    [cdi_id] = kubelet.prepare([c])[c.uid].devices[0].cdi_device_ids
+    env = dict(os.environ, SIMGPU_STATE=str(podman.sim_state), LD_LIBRARY_PATH=str(sim_lib_dir()))
+    env.pop("SIMGPU_CONFIG", None)
+    exp = ExporterProcess(["--sim", "--data-dir", str(root / "data"), "--enforce", "kill"], env)
+    try:
+        cmd = podman.command(cdi_id, str(2 * GiB), program=bypass_in_rootfs)
+        i = cmd.index("run")
+        cmd[i + 1 : i + 1] = ["--pid", "host"]
+        box = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert box.stdout is not None
+        line = box.stdout.readline()
+        assert line.strip() == "held rc=0", (line, box.stderr.read() if box.stderr else "")
+        deadline = time.monotonic() + 30
+        found: list[float] = []
+        while time.monotonic() < deadline:
+            found = [s.value for s in only(scrape(exp.url), "vgpu_slice_quota_violations_total",
+                                           claim_uid=c.uid, namespace="team-x", claim="escapee")]  # fmt: skip
+            if found == [1.0]:
+                break
+            time.sleep(0.3)
+        assert found == [1.0], found
+        box.wait(30)  # SIGTERM from the watchdog ends the program, and the container with it
+        assert box.returncode != 0
+    finally:
+        log = exp.stop()
+    assert "claim team-x/escapee" in log and "over its quota" in log, log
+    assert "stopping pids" in log
+    assert kubelet.unprepare([c]) == {c.uid: ""}
