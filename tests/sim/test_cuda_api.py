@@ -29,3 +29,14 @@ def test_whole_80gib_device_on_a_small_machine(sim_tool: Path, sim_env: dict[str
     assert r.returncode == 0
     r = subprocess.run([str(sim_tool), "alloc", str((80 << 30) + 1)], env=sim_env, timeout=60)
     assert r.returncode == 2  # out of memory
+
+
+def test_client_api_surface(build_c: Callable[..., Path], sim_env: dict[str, str]) -> None:
+    """What numba-cuda, cuda.core and CuPy-style clients call: kernel/function attributes,
+    occupancy, pinned/mapped/registered host memory, stream priorities and host callbacks, module
+    globals from PTX, 2D/3D copies, the linker, context limits, sim_<N>us in every C++ mangling;
+    and the list of what is not modelled with its error (tests/c/sim_client_api.c)."""
+    exe = build_c("sim_client_api.c")
+    r = subprocess.run([str(exe)], env=sim_env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.strip().endswith("OK")

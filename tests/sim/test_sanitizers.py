@@ -28,7 +28,8 @@ def sanitized(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     libs = build_with_gcc(out, SANITIZER_FLAGS)
     libdir = libs["libcuda.so.1"].parent
     progs = {}
-    for name, extra in (("sim_api", ["-ldl"]), ("sim_tool", []), ("sim_threads", [])):
+    programs = (("sim_api", ["-ldl"]), ("sim_client_api", []), ("sim_tool", []), ("sim_threads", []))
+    for name, extra in programs:
         exe = out / name
         subprocess.run(
             [
@@ -64,6 +65,18 @@ def test_api_surface_is_sanitizer_clean(
     env = _env(sim_env, sanitized["libdir"], leaks=True)
     r = subprocess.run(
         [str(sanitized["sim_api"])], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 0, r.stdout + r.stderr[-6000:]
+    assert r.stdout.strip().endswith("OK")
+    assert "Sanitizer" not in r.stderr and "runtime error" not in r.stderr, r.stderr[-6000:]
+
+
+def test_client_api_surface_is_sanitizer_clean(
+    sanitized: dict[str, Path], sim_env: dict[str, str]
+) -> None:
+    env = _env(sim_env, sanitized["libdir"], leaks=True)
+    r = subprocess.run(
+        [str(sanitized["sim_client_api"])], env=env, capture_output=True, text=True, timeout=300
     )
     assert r.returncode == 0, r.stdout + r.stderr[-6000:]
     assert r.stdout.strip().endswith("OK")

@@ -69,6 +69,20 @@ int sim_alloc_find(uintptr_t p, sim_alloc *out)
     return 0;
 }
 
+int sim_alloc_overlaps(uintptr_t b, size_t n)
+{
+    size_t i = upper(b + n - 1); /* the last entry starting at or before the range's end */
+    return i > 0 && tab[i - 1].base + (tab[i - 1].size ? tab[i - 1].size : 1) > b;
+}
+
+int sim_range_meets_allocation(uintptr_t b, size_t n)
+{
+    pthread_mutex_lock(&G.lock);
+    int r = sim_alloc_overlaps(b, n);
+    pthread_mutex_unlock(&G.lock);
+    return r;
+}
+
 int sim_alloc_remove(uintptr_t base, sim_alloc *out)
 {
     size_t i = upper(base);
@@ -115,7 +129,7 @@ void sim_backing_free(void *p, size_t size, int mmapped)
 }
 
 /* Allocate, charge and record. G.lock is taken here. */
-static CUresult alloc_device(CUdeviceptr *out, size_t size, int kind, int low32)
+static CUresult alloc_device(CUdeviceptr *out, size_t size, int kind, int low32, unsigned host_flags)
 {
     struct CUctx_st *c;
     CUresult rc = sim_get_ctx(&c);
@@ -133,23 +147,29 @@ static CUresult alloc_device(CUdeviceptr *out, size_t size, int kind, int low32)
     }
     int mm = 0;
     void *p = backing_alloc(size, &mm, low32);
-    sim_alloc a = { .base = (uintptr_t)p, .size = size, .charged = charge, .dev = c->dev, .kind = kind, .mmapped = mm, .ctx = c };
+    sim_alloc a = { .base = (uintptr_t)p, .size = size, .charged = charge, .dev = c->dev, .kind = kind, .mmapped = mm, .ctx = c,
+                    .host_flags = host_flags };
     if (!p || sim_alloc_insert(&a) != 0) {
         sim_backing_free(p, size, mm);
         sim_mem_uncharge(G.slot, sim_phys(c->dev), charge);
         pthread_mutex_unlock(&G.lock);
-        return kind == ALLOC_HOST ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_OUT_OF_MEMORY;
+        return CUDA_ERROR_OUT_OF_MEMORY;
     }
     pthread_mutex_unlock(&G.lock);
     *out = (CUdeviceptr)(uintptr_t)p;
     return CUDA_SUCCESS;
 }
 
+CUresult sim_alloc_memory(CUdeviceptr *out, size_t size, int kind, unsigned host_flags)
+{
+    return alloc_device(out, size, kind, 0, host_flags);
+}
+
 SIM_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
     if (!dptr)
         return CUDA_ERROR_INVALID_VALUE;
-    return alloc_device(dptr, bytesize, ALLOC_DEVICE, 0);
+    return alloc_device(dptr, bytesize, ALLOC_DEVICE, 0, 0);
 }
 
 SIM_EXPORT CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize)
@@ -157,7 +177,7 @@ SIM_EXPORT CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize)
     if (!dptr)
         return CUDA_ERROR_INVALID_VALUE;
     CUdeviceptr p;
-    CUresult rc = alloc_device(&p, bytesize, ALLOC_DEVICE, 1);
+    CUresult rc = alloc_device(&p, bytesize, ALLOC_DEVICE, 1, 0);
     if (rc == CUDA_SUCCESS)
         *dptr = (CUdeviceptr_v1)p;
     return rc;
@@ -167,7 +187,7 @@ SIM_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsign
 {
     if (!dptr || (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST))
         return CUDA_ERROR_INVALID_VALUE;
-    return alloc_device(dptr, bytesize, ALLOC_MANAGED, 0);
+    return alloc_device(dptr, bytesize, ALLOC_MANAGED, 0, 0);
 }
 
 static CUresult alloc_pitch(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height, unsigned elem, int low32)
@@ -181,7 +201,7 @@ static CUresult alloc_pitch(CUdeviceptr *dptr, size_t *pitch, size_t width, size
     size_t p = sim_align_up(width, SIM_PITCH_ALIGN);
     if (height > (1ull << 52) / p)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult rc = alloc_device(dptr, p * height, ALLOC_DEVICE, low32);
+    CUresult rc = alloc_device(dptr, p * height, ALLOC_DEVICE, low32, 0);
     if (rc == CUDA_SUCCESS)
         *pitch = p;
     return rc;
@@ -208,9 +228,12 @@ SIM_EXPORT CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pPitch, 
 
 static void release_locked(const sim_alloc *a)
 {
-    sim_backing_free((void *)a->base, a->size, a->mmapped);
+    if (a->kind != ALLOC_HOST_REGISTERED) /* the application's own memory */
+        sim_backing_free((void *)a->base, a->size, a->mmapped);
     sim_mem_uncharge(G.slot, sim_phys(a->dev), a->charged);
 }
+
+void sim_alloc_release_locked(const sim_alloc *a) { release_locked(a); }
 
 SIM_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
@@ -243,7 +266,8 @@ CUresult sim_free_ctx_allocations(struct CUctx_st *ctx)
     size_t w = 0;
     for (size_t r = 0; r < ntab; r++) {
         sim_alloc *a = &tab[r];
-        if (a->ctx == ctx && (a->kind == ALLOC_DEVICE || a->kind == ALLOC_MANAGED || a->kind == ALLOC_HOST))
+        if (a->ctx == ctx && (a->kind == ALLOC_DEVICE || a->kind == ALLOC_MANAGED || a->kind == ALLOC_HOST ||
+                              a->kind == ALLOC_HOST_REGISTERED || a->kind == ALLOC_MODULE))
             release_locked(a);
         else
             tab[w++] = *a;
@@ -285,7 +309,7 @@ SIM_EXPORT CUresult cuMemAllocHost_v2(void **pp, size_t bytesize)
     if (!pp)
         return CUDA_ERROR_INVALID_VALUE;
     CUdeviceptr p;
-    CUresult rc = alloc_device(&p, bytesize, ALLOC_HOST, 0);
+    CUresult rc = alloc_device(&p, bytesize, ALLOC_HOST, 0, 0);
     if (rc == CUDA_SUCCESS)
         *pp = (void *)(uintptr_t)p;
     return rc;
@@ -334,7 +358,7 @@ SIM_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, C
     pthread_mutex_lock(&G.lock);
     int found = sim_alloc_find((uintptr_t)dptr, &a) == 0;
     pthread_mutex_unlock(&G.lock);
-    if (!found || a.kind == ALLOC_HOST)
+    if (!found || a.kind == ALLOC_HOST || a.kind == ALLOC_HOST_REGISTERED)
         return CUDA_ERROR_NOT_FOUND;
     if (pbase)
         *pbase = (CUdeviceptr)a.base;
@@ -377,7 +401,7 @@ SIM_EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attrib
         *(CUcontext *)data = a.ctx;
         return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
-        *(unsigned int *)data = a.kind == ALLOC_HOST ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
+        *(unsigned int *)data = a.kind == ALLOC_HOST || a.kind == ALLOC_HOST_REGISTERED ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
         return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
         *(CUdeviceptr *)data = ptr;
