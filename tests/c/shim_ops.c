@@ -8,6 +8,7 @@
  *   array:W:H | array3d:W:H:D | mipmap:W:H:LEVELS | ctxcreate[:ORD] | fill:N (allocate N-byte
  *   chunks until refused: count=...) | free | freeall | freeasync (top async object, no sync) | swap
  *   freesync (cuMemFree_v2 of the top object, e.g. a stream-ordered one) | mapunmap:N (top handle)
+ *   threshold:V             the default pool's release threshold (V bytes, or "max" = UINT64_MAX)
  *   dlsym:NAME:N            dlopen("libcuda.so.1") + dlsym(NAME), call it as an allocation of N
  *   procaddr:BASE:VER:FL:N:SYM  cuGetProcAddress_v2(BASE, VER, FL), call it as SYM allocating N
  *   dlsym_is:NAME           same=1 if dlsym(libcuda, NAME) == dlsym(RTLD_DEFAULT, NAME), real=1 if
@@ -299,6 +300,13 @@ int main(int argc, char **argv) {
             if (rc == CUDA_SUCCESS) rc = cuMemMap(va, size, 0, (CUmemGenericAllocationHandle)stack[top - 1].h, 0);
             if (rc == CUDA_SUCCESS) rc = cuMemUnmap(va, size);
             if (va) cuMemAddressFree(va, size);
+        } else if (!strcmp(op, "threshold")) {
+            CUmemoryPool pool = NULL;
+            CUdevice d;
+            cuCtxGetDevice(&d);
+            cuuint64_t v = !strcmp(f[1], "max") ? UINT64_MAX : (cuuint64_t)num(f[1]);
+            rc = cuDeviceGetDefaultMemPool(&pool, d);
+            if (rc == CUDA_SUCCESS) rc = cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &v);
         } else if (!strcmp(op, "swap")) { /* swap the top two objects (free a pool before its block) */
             if (top >= 2) {
                 struct obj t = stack[top - 1];

@@ -141,6 +141,24 @@ def test_pool_cached_memory_is_charged_until_released(
         held.release()
 
 
+@pytest.mark.parametrize("threshold", ["max", "0"])
+def test_pool_reuses_its_own_freed_block_in_a_full_slice(
+    shim_ops: Path, shim_env: dict[str, str], tmp_path: Path, threshold: str
+) -> None:
+    """The default pool (release threshold UINT64_MAX, as cuda.core sets it, or 0) fills a 1 GiB
+    slice with 8 x 128 MiB; one is freed (no synchronisation: the pool keeps the block); a new
+    128 MiB allocation is served from that block, as without the shim. A ninth is refused."""
+    env, reg = slice_env(shim_env, tmp_path, "1Gi")
+    ops = ["init", "ctx", f"threshold:{threshold}", *[f"async:{128 * MiB}"] * 8, "freeasync"]
+    held = Held(shim_ops, env, *ops, f"async:{128 * MiB}", f"async:{128 * MiB}")
+    try:
+        rcs = [r["rc"] for r in held.results]
+        assert rcs == ["0"] * 13 + ["2"], held.results
+        assert region.read(reg).devices[0].used == device_used(shim_ops, env) == 1 << 30
+    finally:
+        held.release()
+
+
 def test_null_output_pointers_go_to_the_driver(
     shim_ops: Path, shim_env: dict[str, str], tmp_path: Path
 ) -> None:
