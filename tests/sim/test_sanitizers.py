@@ -28,7 +28,12 @@ def sanitized(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     libs = build_with_gcc(out, SANITIZER_FLAGS)
     libdir = libs["libcuda.so.1"].parent
     progs = {}
-    programs = (("sim_api", ["-ldl"]), ("sim_client_api", []), ("sim_tool", []), ("sim_threads", []))
+    programs: tuple[tuple[str, list[str]], ...] = (
+        ("sim_api", ["-ldl"]),
+        ("sim_client_api", []),
+        ("sim_tool", []),
+        ("sim_threads", []),
+    )
     for name, extra in programs:
         exe = out / name
         subprocess.run(
