@@ -84,6 +84,7 @@ int main(void)
         { "_ZN6cudapy8__main__9sim_300usB2v1B3cxxEPf", "300" },
         { "_ZN2ns5inner9sim_700usEv", "700" },
         { "_ZNK3Foo9sim_400usEv", "400" },
+        { "_Z9sim_300usIfEvPT_", "300" }, /* a template instance (NVRTC's lowered name) */
         { "_ZN3Foo4barzEv", "10" },
         { "_Z3foov", "10" },
     };
