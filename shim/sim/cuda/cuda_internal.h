@@ -53,7 +53,7 @@ enum {
 };
 
 #define SIM_ALLOC_ALIGN 512ull          /* cuMemAlloc & co charge sizes rounded up to this */
-#define SIM_VMM_GRANULARITY (2ull << 20) /* cuMemCreate / cuMemAddressReserve granularity */
+#define SIM_VMM_GRANULARITY (G.alloc_gran) /* cuMemCreate / cuMemAddressReserve granularity (the page size) */
 #define SIM_ARRAY_GRANULE (2ull << 20)  /* arrays are charged in whole 2 MiB granules */
 #define SIM_PITCH_ALIGN 512ull          /* cuMemAllocPitch / array row pitch alignment */
 #define SIM_PACE 1024                   /* at most this many launches in flight per stream */
@@ -195,6 +195,7 @@ typedef struct {
     int slot;                        /* node state slot, -1 until the first context */
     _Atomic uint32_t gen;            /* bumped in a forked child: parent handles become invalid */
     uint64_t ctx_mem;                /* SIMGPU_CONTEXT_MEMORY */
+    uint64_t alloc_gran;             /* SIMGPU_ALLOC_GRANULARITY: device memory page size */
     uint64_t queue_ahead_ns;         /* SIMGPU_QUEUE_AHEAD_US */
     uint64_t ctx_serial;
     int live_contexts;
@@ -246,6 +247,7 @@ typedef struct {
     struct CUctx_st *ctx;
     struct CUmemPoolHandle_st *pool;
     unsigned host_flags;             /* cuMemHostAlloc / cuMemHostRegister flags */
+    int small;                       /* sub-allocated from shared pages (charged bytes: its share) */
 } sim_alloc;
 int sim_alloc_insert(const sim_alloc *a);           /* G.lock held */
 int sim_alloc_remove(uintptr_t base, sim_alloc *out); /* exact base; G.lock held */
@@ -253,6 +255,7 @@ int sim_alloc_find(uintptr_t p, sim_alloc *out);    /* containing p; G.lock held
 int sim_alloc_overlaps(uintptr_t b, size_t n);      /* any entry meets [b, b+n); G.lock held */
 int sim_range_meets_allocation(uintptr_t b, size_t n); /* the same, taking G.lock */
 void *sim_backing_alloc(size_t size, int *mmapped);
+uint64_t sim_alloc_granularity_knob(void);          /* SIMGPU_ALLOC_GRANULARITY, checked */
 /* Allocate (and charge, unless host memory) in the current context; G.lock is taken inside. */
 CUresult sim_alloc_memory(CUdeviceptr *out, size_t size, int kind, unsigned host_flags);
 /* Release one allocation's backing and charge (registered host memory: only the record). */

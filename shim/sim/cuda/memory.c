@@ -7,9 +7,13 @@
  * a sorted table (base -> size, charge, kind, context) used to validate the pointers of copies,
  * frees and queries: a bad device pointer is an error code, never a crash.
  *
- * Charging: cuMemAlloc, cuMemAllocPitch and cuMemAllocManaged charge the size rounded up to
- * SIM_ALLOC_ALIGN (512 B) to the device pool shared by all processes; OOM when the pool cannot
- * hold it. (Managed memory is charged at allocation, as if resident on the device.) Host memory
+ * Charging, as NVIDIA's driver takes device memory (SIMGPU_ALLOC_GRANULARITY, the page size G,
+ * default 2 MiB): an allocation of at least G/2 gets pages of its own (its size rounded up to G);
+ * a smaller one is sub-allocated, in SIM_ALLOC_ALIGN (512 B) units, from pages the process shares
+ * between its small allocations on that device: the process is charged whole pages for them
+ * (ceil(sum of the small allocations / G) pages; a page returns when the sum falls below it).
+ * With G = 512 every allocation is charged its size rounded up to 512 B. The device pool is
+ * shared by all processes; OOM when it cannot hold the pages. (Managed memory is charged at allocation, as if resident on the device.) Host memory
  * (cuMemAllocHost) is not charged. The legacy 32-bit entry points (cuMemAlloc, cuMemAllocPitch,
  * cuMemGetAddressRange, ...) get addresses below 4 GiB (MAP_32BIT) so they fit CUdeviceptr_v1.
  */
@@ -24,6 +28,33 @@
 
 static sim_alloc *tab;
 static size_t ntab, captab;
+static uint64_t small_live[SIM_MAX_DEVICES]; /* sub-allocated bytes per device (G.lock) */
+
+uint64_t sim_alloc_granularity_knob(void)
+{
+    uint64_t g = sim_env_u64("SIMGPU_ALLOC_GRANULARITY", 2ull << 20);
+    if (g < SIM_ALLOC_ALIGN || g > (1ull << 30) || (g & (g - 1))) {
+        sim_log("environment SIMGPU_ALLOC_GRANULARITY=%llu: allowed: a power of two from 512 to 1Gi; using 2Mi",
+                (unsigned long long)g);
+        g = 2ull << 20;
+    }
+    return g;
+}
+
+static int is_small(uint64_t size) { return G.alloc_gran > SIM_ALLOC_ALIGN && size < G.alloc_gran / 2; }
+
+static uint64_t pages(uint64_t bytes) { return (bytes + G.alloc_gran - 1) / G.alloc_gran; }
+
+/* Device bytes a new allocation of `size` adds (G.lock held; `*unit`: its share if small). */
+static uint64_t charge_for(int dev, uint64_t size, uint64_t *unit)
+{
+    if (!is_small(size)) {
+        *unit = 0;
+        return sim_align_up(size, G.alloc_gran > SIM_ALLOC_ALIGN ? G.alloc_gran : SIM_ALLOC_ALIGN);
+    }
+    *unit = sim_align_up(size, SIM_ALLOC_ALIGN);
+    return (pages(small_live[dev] + *unit) - pages(small_live[dev])) * G.alloc_gran;
+}
 
 /* index of the first entry with base > p */
 static size_t upper(uintptr_t p)
@@ -139,18 +170,22 @@ static CUresult alloc_device(CUdeviceptr *out, size_t size, int kind, int low32,
         return CUDA_ERROR_INVALID_VALUE;
     if (size > (1ull << 52))
         return CUDA_ERROR_OUT_OF_MEMORY;
-    uint64_t charge = kind == ALLOC_HOST ? 0 : sim_align_up(size, SIM_ALLOC_ALIGN);
     pthread_mutex_lock(&G.lock);
+    uint64_t unit = 0, charge = kind == ALLOC_HOST ? 0 : charge_for(c->dev, size, &unit);
     if (charge && sim_mem_charge(G.slot, sim_phys(c->dev), charge, G.cfg->dev[c->dev].memory) != 0) {
         pthread_mutex_unlock(&G.lock);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
+    if (unit)
+        small_live[c->dev] += unit;
     int mm = 0;
     void *p = backing_alloc(size, &mm, low32);
-    sim_alloc a = { .base = (uintptr_t)p, .size = size, .charged = charge, .dev = c->dev, .kind = kind, .mmapped = mm, .ctx = c,
-                    .host_flags = host_flags };
+    sim_alloc a = { .base = (uintptr_t)p, .size = size, .charged = unit ? unit : charge, .dev = c->dev, .kind = kind, .mmapped = mm, .ctx = c,
+                    .host_flags = host_flags, .small = unit != 0 };
     if (!p || sim_alloc_insert(&a) != 0) {
         sim_backing_free(p, size, mm);
+        if (unit)
+            small_live[c->dev] -= unit;
         sim_mem_uncharge(G.slot, sim_phys(c->dev), charge);
         pthread_mutex_unlock(&G.lock);
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -230,7 +265,13 @@ static void release_locked(const sim_alloc *a)
 {
     if (a->kind != ALLOC_HOST_REGISTERED) /* the application's own memory */
         sim_backing_free((void *)a->base, a->size, a->mmapped);
-    sim_mem_uncharge(G.slot, sim_phys(a->dev), a->charged);
+    uint64_t charged = a->charged;
+    if (a->small) { /* whole shared pages come back once the small allocations no longer fill them */
+        uint64_t before = pages(small_live[a->dev]);
+        small_live[a->dev] -= a->charged < small_live[a->dev] ? a->charged : small_live[a->dev];
+        charged = (before - pages(small_live[a->dev])) * G.alloc_gran;
+    }
+    sim_mem_uncharge(G.slot, sim_phys(a->dev), charged);
 }
 
 void sim_alloc_release_locked(const sim_alloc *a) { release_locked(a); }
