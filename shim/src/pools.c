@@ -10,7 +10,10 @@
  *   - a free settles the pool's charge (a pool that released memory at once returns it);
  *   - a refusal, cuMemGetInfo and cuMemPoolTrimTo settle every pool of the device first, and a
  *     refusal also trims them, so memory a pool merely caches never causes an OOM (the
- *     spurious OOM of high-water-mark accounting) and never lets the slice exceed its quota.
+ *     spurious OOM of high-water-mark accounting) and never lets the slice exceed its quota;
+ *   - the allocating pool itself (whose lock the refusal path cannot take) first serves the
+ *     request from its own freed blocks when it holds enough (kept only if its reservation did
+ *     not grow past the quota), else is trimmed before the request is refused.
  * Between a synchronisation that releases pool memory and the next settle, the charge is higher
  * than the device's use: conservative, and corrected before any refusal.
  */
@@ -97,19 +100,63 @@ typedef CUresult (*alloc_async_fn)(CUdeviceptr *, size_t, CUstream);
 typedef CUresult (*alloc_pool_fn)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
 typedef CUresult (*free_async_fn)(CUdeviceptr, CUstream);
 
+/* Bytes the pool holds freed (reserved but not in use): what it can serve without reserving more. */
+static uint64_t pool_cached(struct pool_acct *a) {
+    cuuint64_t r = 0, u = 0;
+    pool_attr_fn f = get_attr();
+    if (f == NULL || f(a->pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &r) != CUDA_SUCCESS ||
+        f(a->pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &u) != CUDA_SUCCESS || u > r)
+        return 0;
+    return r - u;
+}
+
+/* a->mu held. The slice is full, yet this pool holds freed blocks (its release threshold keeps
+ * them, e.g. UINT64_MAX as cuda.core sets it): the driver serves the request from them without
+ * reserving more, so the slice's use does not change. Allocate, and keep the allocation only if
+ * the pool's reservation did not grow past what the quota allows. 1 if *dptr is allocated. */
+static int alloc_from_cache(struct pool_acct *a, CUdeviceptr *dptr, size_t bytesize, alloc_async_fn fa,
+                            alloc_pool_fn fp, CUstream s) {
+    if (pool_cached(a) < vgpu_mem_round(bytesize)) return 0;
+    if ((fa ? fa(dptr, bytesize, s) : fp(dptr, bytesize, a->pool, s)) != CUDA_SUCCESS) return 0;
+    cuuint64_t r = 0;
+    pool_attr_fn f = get_attr();
+    uint64_t used;
+    if (f && f(a->pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &r) == CUDA_SUCCESS &&
+        (r <= a->charged || vgpu_region_charge(a->dev, r - a->charged, vgpu_region_limit(a->dev), &used) == 0)) {
+        if (r > a->charged) a->charged = r;
+        return 1;
+    }
+    real_cuMemFreeAsync(*dptr, s); /* it took new memory the quota cannot hold */
+    return 0;
+}
+
 static CUresult charged_alloc(struct pool_acct *a, CUdeviceptr *dptr, size_t bytesize, alloc_async_fn fa,
                               alloc_pool_fn fp, CUstream s) {
     pthread_mutex_lock(&a->mu);
     settle_locked(a); /* a synchronisation may have released cached blocks */
-    uint64_t want = vgpu_mem_round(bytesize);
-    CUresult rc = vgpu_mem_reserve(a->dev, want);
+    uint64_t want = vgpu_mem_round(bytesize), used;
+    CUresult rc = CUDA_SUCCESS;
+    int allocated = 0;
+    if (vgpu_region_charge(a->dev, want, vgpu_region_limit(a->dev), &used) != 0) {
+        /* Refused as it stands. The refusal path (vgpu_mem_reserve) settles and trims the other
+         * pools but cannot touch this one, whose lock we hold: reuse its freed blocks, or trim
+         * it, here. */
+        allocated = alloc_from_cache(a, dptr, bytesize, fa, fp, s);
+        if (!allocated) {
+            if (real_cuMemPoolTrimTo) real_cuMemPoolTrimTo(a->pool, 0);
+            settle_locked(a);
+            rc = vgpu_mem_reserve(a->dev, want);
+        }
+    }
     if (rc != CUDA_SUCCESS) {
         pthread_mutex_unlock(&a->mu);
         return rc;
     }
-    a->charged += want;
-    rc = fa ? fa(dptr, bytesize, s) : fp(dptr, bytesize, a->pool, s);
-    if (rc == CUDA_SUCCESS) {
+    if (!allocated) {
+        a->charged += want;
+        rc = fa ? fa(dptr, bytesize, s) : fp(dptr, bytesize, a->pool, s);
+    }
+    if (rc == CUDA_SUCCESS && !allocated) {
         cuuint64_t r = 0;
         pool_attr_fn f = get_attr();
         if (f && f(a->pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &r) == CUDA_SUCCESS && r > a->charged) {
@@ -122,12 +169,12 @@ static CUresult charged_alloc(struct pool_acct *a, CUdeviceptr *dptr, size_t byt
                 rc = CUDA_ERROR_OUT_OF_MEMORY;
             }
         }
-        if (rc == CUDA_SUCCESS && vgpu_track_add_aux(VGPU_TRACK_ASYNC, *dptr, a->dev, want, (uint64_t)(uintptr_t)a) != 0) {
-            real_cuMemFreeAsync(*dptr, s);
-            rc = CUDA_ERROR_OUT_OF_MEMORY;
-        }
-        if (rc == CUDA_SUCCESS) a->live += want;
     }
+    if (rc == CUDA_SUCCESS && vgpu_track_add_aux(VGPU_TRACK_ASYNC, *dptr, a->dev, want, (uint64_t)(uintptr_t)a) != 0) {
+        real_cuMemFreeAsync(*dptr, s);
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (rc == CUDA_SUCCESS) a->live += want;
     settle_locked(a); /* reused cache: less than provisionally charged; failure: back to before */
     pthread_mutex_unlock(&a->mu);
     return rc;

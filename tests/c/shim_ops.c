@@ -8,11 +8,14 @@
  *   array:W:H | array3d:W:H:D | mipmap:W:H:LEVELS | ctxcreate[:ORD] | fill:N (allocate N-byte
  *   chunks until refused: count=...) | free | freeall | freeasync (top async object, no sync) | swap
  *   freesync (cuMemFree_v2 of the top object, e.g. a stream-ordered one) | mapunmap:N (top handle)
+ *   threshold:V             the default pool's release threshold (V bytes, or "max" = UINT64_MAX)
  *   dlsym:NAME:N            dlopen("libcuda.so.1") + dlsym(NAME), call it as an allocation of N
  *   procaddr:BASE:VER:FL:N:SYM  cuGetProcAddress_v2(BASE, VER, FL), call it as SYM allocating N
  *   dlsym_is:NAME           same=1 if dlsym(libcuda, NAME) == dlsym(RTLD_DEFAULT, NAME), real=1 if
  *                           it is libcuda's own definition
- *   procaddr_is:BASE:VER:FL:SYM   the same for cuGetProcAddress_v2's answer against symbol SYM
+ *   procaddr_is:BASE:VER:FL:SYM   the same for cuGetProcAddress_v2's answer against symbol SYM,
+ *                           judged on the function an internal entry point jumps to; internal=1
+ *                           if the answer was such an entry point (the driver's, passed through)
  *   stress:THREADS:ITERS:MAX      random cuMemAlloc_v2/cuMemFree_v2 of 1..MAX bytes per thread
  *                                 (ok=.. oom=.. other=..)
  */
@@ -24,6 +27,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "entry_target.h"
 #include "vgpu/cuda_api.h"
 
 enum { K_PTR, K_PTR1, K_HANDLE, K_ASYNC, K_ARRAY, K_MIPMAP, K_CTX, K_POOL };
@@ -299,6 +303,13 @@ int main(int argc, char **argv) {
             if (rc == CUDA_SUCCESS) rc = cuMemMap(va, size, 0, (CUmemGenericAllocationHandle)stack[top - 1].h, 0);
             if (rc == CUDA_SUCCESS) rc = cuMemUnmap(va, size);
             if (va) cuMemAddressFree(va, size);
+        } else if (!strcmp(op, "threshold")) {
+            CUmemoryPool pool = NULL;
+            CUdevice d;
+            cuCtxGetDevice(&d);
+            cuuint64_t v = !strcmp(f[1], "max") ? UINT64_MAX : (cuuint64_t)num(f[1]);
+            rc = cuDeviceGetDefaultMemPool(&pool, d);
+            if (rc == CUDA_SUCCESS) rc = cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &v);
         } else if (!strcmp(op, "swap")) { /* swap the top two objects (free a pool before its block) */
             if (top >= 2) {
                 struct obj t = stack[top - 1];
@@ -329,9 +340,10 @@ int main(int argc, char **argv) {
                 if (rc == CUDA_SUCCESS) rc = call_alloc(nf > 5 ? f[5] : f[1], fn, num(f[4]));
             } else {
                 Dl_info info;
-                int real = fn && dladdr(fn, &info) && info.dli_fname && strstr(info.dli_fname, "libcuda.so");
-                snprintf(extra, sizeof extra, "same=%d real=%d status=%d", fn != NULL && fn == dlsym(RTLD_DEFAULT, f[4]),
-                         real, (int)st);
+                void *t = entry_target(fn);
+                int real = t && dladdr(t, &info) && info.dli_fname && strstr(info.dli_fname, "libcuda.so");
+                snprintf(extra, sizeof extra, "same=%d real=%d status=%d internal=%d", t != NULL && t == dlsym(RTLD_DEFAULT, f[4]),
+                         real, (int)st, t != fn);
             }
         } else if (!strcmp(op, "stress")) {
             int nt = atoi(f[1]);

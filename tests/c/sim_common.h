@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "entry_target.h"
 #include "vgpu/cuda_api.h"
 
 #define CHECK(call)                                                                           \

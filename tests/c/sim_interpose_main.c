@@ -26,7 +26,7 @@ int main(void)
     void *fn = NULL;
     CHECK(cuGetProcAddress_v2("cuMemFree", &fn, 12000, 0, NULL));
     void *sim = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-    EXPECT(sim && fn == dlsym(sim, "cuMemFree_v2") && fn != dlsym(RTLD_DEFAULT, "cuMemFree_v2"));
+    EXPECT(sim && entry_target(fn) == dlsym(sim, "cuMemFree_v2") && fn != dlsym(RTLD_DEFAULT, "cuMemFree_v2"));
     CHECK(((CUresult(*)(CUdeviceptr *, size_t))dlsym(sim, "cuMemAlloc_v2"))(&p, 64));
     CHECK(((CUresult(*)(CUdeviceptr))fn)(p));
     EXPECT(*allocs == 1 && *frees == 1);

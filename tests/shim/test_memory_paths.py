@@ -73,6 +73,7 @@ def test_refused_at_the_quota(
 def test_exact_boundary_linear(shim_ops: Path, shim_env: dict[str, str], tmp_path: Path) -> None:
     quota = 64 * MiB
     env, _ = slice_env(shim_env, tmp_path, "64Mi")
+    env["SIMGPU_ALLOC_GRANULARITY"] = "512"  # a driver taking every allocation in 512 B granules
     res = run_ops(
         shim_ops, env, "init", "ctx", f"alloc:{quota - 512}", "alloc:513", "alloc:1", "alloc:1", "info",
         "freeall", "info",
@@ -81,6 +82,36 @@ def test_exact_boundary_linear(shim_ops: Path, shim_env: dict[str, str], tmp_pat
     assert [r["rc"] for r in res[2:6]] == ["0", "2", "0", "2"]
     assert res[6]["free"] == "0" and res[6]["total"] == str(quota)
     assert res[8]["free"] == str(quota)
+
+
+@pytest.mark.parametrize("page", [64 << 10, 2 * MiB], ids=["64KiB", "2MiB"])
+def test_exact_boundary_in_pages(
+    shim_ops: Path, shim_env: dict[str, str], tmp_path: Path, page: int
+) -> None:
+    """A driver that takes whole pages (NVIDIA's 2 MiB; 64 KiB) and sub-allocates small
+    allocations from shared pages: the shim learns the page from the driver and charges what it
+    takes, so the slice fills exactly to the quota, and the driver's own count (ground truth,
+    as NVML shows it per process) never passes it."""
+    quota = 64 * MiB
+    env, reg = slice_env(shim_env, tmp_path, "64Mi")
+    env["SIMGPU_ALLOC_GRANULARITY"] = str(page)
+    held = Held(
+        shim_ops, env, "init", "ctx", f"alloc:{quota - page - 1}",  # its own pages: quota - page
+        f"alloc:{page + 1}",  # two pages of its own: one too many
+        "alloc:1", "alloc:4096",  # small: one shared page (the last one) holds both
+        f"alloc:{page // 2}",  # a page of its own (>= page/2): refused
+        f"alloc:{page // 2 - 1}",  # small, and still fits the shared page: nothing more taken
+        f"alloc:{page // 2 - 1}",  # small, but the shared page is full: a new page, refused
+        "info",
+    )  # fmt: skip
+    try:
+        rcs = [r["rc"] for r in held.results[2:9]]
+        assert rcs == ["0", "2", "0", "0", "2", "0", "2"], held.results
+        assert held.results[9]["free"] == "0"
+        assert region.read(reg).devices[0].used == device_used(shim_ops, env) == quota
+    finally:
+        held.release()
+    assert device_used(shim_ops, env) == 0
 
 
 def test_denial_message_once_per_process(
@@ -137,6 +168,24 @@ def test_pool_cached_memory_is_charged_until_released(
     try:
         assert held.results[-1]["rc"] == "0"
         assert region.read(reg).devices[0].used == device_used(shim_ops, env) == 40 * MiB
+    finally:
+        held.release()
+
+
+@pytest.mark.parametrize("threshold", ["max", "0"])
+def test_pool_reuses_its_own_freed_block_in_a_full_slice(
+    shim_ops: Path, shim_env: dict[str, str], tmp_path: Path, threshold: str
+) -> None:
+    """The default pool (release threshold UINT64_MAX, as cuda.core sets it, or 0) fills a 1 GiB
+    slice with 8 x 128 MiB; one is freed (no synchronisation: the pool keeps the block); a new
+    128 MiB allocation is served from that block, as without the shim. A ninth is refused."""
+    env, reg = slice_env(shim_env, tmp_path, "1Gi")
+    ops = ["init", "ctx", f"threshold:{threshold}", *[f"async:{128 * MiB}"] * 8, "freeasync"]
+    held = Held(shim_ops, env, *ops, f"async:{128 * MiB}", f"async:{128 * MiB}")
+    try:
+        rcs = [r["rc"] for r in held.results]
+        assert rcs == ["0"] * 13 + ["2"], held.results
+        assert region.read(reg).devices[0].used == device_used(shim_ops, env) == 1 << 30
     finally:
         held.release()
 

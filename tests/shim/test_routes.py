@@ -65,7 +65,9 @@ def test_cugetprocaddress_answers_the_exact_version(
     shim_ops: Path, shim_env: dict[str, str]
 ) -> None:
     """Every row of the ABI table, with and without the per-thread flag: the answer is the
-    exported symbol of that row (our hook if hooked, the driver's otherwise)."""
+    exported symbol of that row (our hook if hooked, the driver's otherwise). The simulated
+    driver answers with internal entry points, as NVIDIA's does: a hooked symbol is found by
+    name (the shim's fallback), an unhooked one is the driver's internal entry point."""
     env = dict(shim_env, CUDA_DEVICE_MEMORY_LIMIT="1Gi")
     hooked = hooked_cuda_symbols()
     cases: list[tuple[str, int, int, str]] = []
@@ -77,8 +79,8 @@ def test_cugetprocaddress_answers_the_exact_version(
     ]
     bad = []
     for (base, ver, flags, sym), r in zip(cases, res, strict=True):
-        want = ("0", "1", "0") if sym in hooked else ("0", "1", "1")
-        if (r["rc"], r["same"], r["real"]) != want:
+        want = ("0", "1", "0", "0") if sym in hooked else ("0", "1", "1", "1")
+        if (r["rc"], r["same"], r["real"], r["internal"]) != want:
             bad.append((base, ver, flags, sym, r))
     assert bad == []
 
@@ -119,4 +121,5 @@ def test_unhooked_calls_pass_through(shim_ops: Path, shim_env: dict[str, str]) -
     res = run_ops(
         shim_ops, env, "init", "ctx", "procaddr_is:cuMemcpyHtoD:7000:2:cuMemcpyHtoD_v2_ptds"
     )
-    assert (res[2]["same"], res[2]["real"]) == ("1", "1")
+    # the driver's own internal entry point, passed through untouched
+    assert (res[2]["same"], res[2]["real"], res[2]["internal"]) == ("1", "1", "1")

@@ -1,7 +1,7 @@
 """shim/include/vgpu/nvml_api.h agrees with NVIDIA's nvml.h.
 
-Two proofs, both against the nvml.h of the nvidia-nvml-dev wheel (pip-downloaded once per session;
-skipped with the reason when the wheel cannot be had, e.g. offline):
+Two proofs, both against the nvml.h of the pinned nvidia-nvml-dev wheel (a test dependency in
+pyproject's test extras, so this check never skips):
   1. every prototype of ours compiles after NVIDIA's declarations of the same names (a conflicting
      signature is a compile error), the legacy names with NVML_NO_UNVERSIONED_FUNC_DEFS;
   2. the struct layouts and constants we define (sizes, field offsets, enum values, version macros)
@@ -11,49 +11,19 @@ skipped with the reason when the wheel cannot be had, e.g. offline):
 from __future__ import annotations
 
 import subprocess
-import sys
-import zipfile
 from pathlib import Path
 
 import pytest
+
+from tests.support.nvidia_headers import nvml_include
 
 REPO = Path(__file__).resolve().parents[2]
 INCLUDE = REPO / "shim" / "include"
 
 
 @pytest.fixture(scope="session")
-def real_nvml_include(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("nvml-dev")
-    try:
-        r = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "-q",
-                "--no-deps",
-                "nvidia-nvml-dev",
-                "-d",
-                str(d),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
-    except (subprocess.TimeoutExpired, OSError) as e:
-        pytest.skip(f"cannot download nvidia-nvml-dev for the real nvml.h: {e}")
-    wheels = list(d.glob("*.whl"))
-    if r.returncode != 0 or not wheels:
-        pytest.skip(
-            f"cannot download nvidia-nvml-dev for the real nvml.h: {r.stderr.strip()[-300:]}"
-        )
-    with zipfile.ZipFile(wheels[0]) as z:
-        z.extractall(d / "x")
-    headers = list((d / "x").rglob("nvml.h"))
-    if not headers:
-        pytest.skip("the nvidia-nvml-dev wheel holds no nvml.h")
-    return headers[0].parent
+def real_nvml_include() -> Path:
+    return nvml_include()
 
 
 def _compile(src: str, tmp: Path, *flags: str, run: bool = False) -> str:

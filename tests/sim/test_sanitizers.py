@@ -19,6 +19,14 @@ from shim.build import INCLUDE_DIR, LIBRARIES, SANITIZER_FLAGS, build_with_gcc, 
 from tests.sim.simhelp import Client, run_python, tool_info
 from tests.support.cbuild import C_PROGRAMS, CFLAGS, INCLUDE
 
+
+@pytest.fixture
+def sim_env(sim_env: dict[str, str]) -> dict[str, str]:
+    """The byte counts of these tests are exact for a driver taking 512 B granules (the page
+    model of the default, 2 MiB pages, is tested in test_pages.py)."""
+    return dict(sim_env, SIMGPU_ALLOC_GRANULARITY="512")
+
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -28,7 +36,13 @@ def sanitized(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     libs = build_with_gcc(out, SANITIZER_FLAGS)
     libdir = libs["libcuda.so.1"].parent
     progs = {}
-    for name, extra in (("sim_api", ["-ldl"]), ("sim_tool", []), ("sim_threads", [])):
+    programs: tuple[tuple[str, list[str]], ...] = (
+        ("sim_api", ["-ldl"]),
+        ("sim_client_api", []),
+        ("sim_tool", []),
+        ("sim_threads", []),
+    )
+    for name, extra in programs:
         exe = out / name
         subprocess.run(
             [
@@ -64,6 +78,18 @@ def test_api_surface_is_sanitizer_clean(
     env = _env(sim_env, sanitized["libdir"], leaks=True)
     r = subprocess.run(
         [str(sanitized["sim_api"])], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 0, r.stdout + r.stderr[-6000:]
+    assert r.stdout.strip().endswith("OK")
+    assert "Sanitizer" not in r.stderr and "runtime error" not in r.stderr, r.stderr[-6000:]
+
+
+def test_client_api_surface_is_sanitizer_clean(
+    sanitized: dict[str, Path], sim_env: dict[str, str]
+) -> None:
+    env = _env(sim_env, sanitized["libdir"], leaks=True)
+    r = subprocess.run(
+        [str(sanitized["sim_client_api"])], env=env, capture_output=True, text=True, timeout=300
     )
     assert r.returncode == 0, r.stdout + r.stderr[-6000:]
     assert r.stdout.strip().endswith("OK")

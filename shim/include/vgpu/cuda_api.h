@@ -1,7 +1,7 @@
 /*
  * The CUDA driver API as far as vgpu-sharing uses it: types, constants and prototypes with the
  * exact names, versions and signatures of NVIDIA's cuda.h, so the project builds without a CUDA
- * toolkit. tests/test_cuda_header.py proves each prototype against a real cuda.h where one exists
+ * toolkit. tests/test_cuda_header.py proves each prototype against NVIDIA's cuda.h (CUDA 12 and 13, pinned wheels)
  * (compiled with -DVGPU_CHECK_AGAINST_CUDA_H after #include <cuda.h>, which then supplies the types).
  *
  * Versioned names are declared explicitly (cuMemAlloc_v2, cuLaunchKernel_ptsz): a binary calls the
@@ -86,6 +86,7 @@ typedef enum cudaError_enum {
     CUDA_ERROR_UNMAP_FAILED = 206,
     CUDA_ERROR_ALREADY_MAPPED = 208,
     CUDA_ERROR_NOT_MAPPED = 211,
+    CUDA_ERROR_UNSUPPORTED_LIMIT = 215,
     CUDA_ERROR_INVALID_SOURCE = 300,
     CUDA_ERROR_FILE_NOT_FOUND = 301,
     CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND = 302,
@@ -97,6 +98,8 @@ typedef enum cudaError_enum {
     CUDA_ERROR_NOT_READY = 600,
     CUDA_ERROR_ILLEGAL_ADDRESS = 700,
     CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES = 701,
+    CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 712,
+    CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED = 713,
     CUDA_ERROR_LAUNCH_FAILED = 719,
     CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE = 720,
     CUDA_ERROR_NOT_PERMITTED = 800,
@@ -120,6 +123,7 @@ typedef enum CUdevice_attribute_enum {
     CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY = 9,
     CU_DEVICE_ATTRIBUTE_WARP_SIZE = 10,
     CU_DEVICE_ATTRIBUTE_CLOCK_RATE = 13,
+    CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT = 14,
     CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16,
     CU_DEVICE_ATTRIBUTE_INTEGRATED = 18,
     CU_DEVICE_ATTRIBUTE_PCI_BUS_ID = 33,
@@ -332,13 +336,6 @@ typedef enum CUdriverProcAddressQueryResult_enum {
     CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT = 2
 } CUdriverProcAddressQueryResult;
 
-typedef enum CUmemorytype_enum {
-    CU_MEMORYTYPE_HOST = 0x01,
-    CU_MEMORYTYPE_DEVICE = 0x02,
-    CU_MEMORYTYPE_ARRAY = 0x03,
-    CU_MEMORYTYPE_UNIFIED = 0x04
-} CUmemorytype;
-
 typedef enum CUpointer_attribute_enum {
     CU_POINTER_ATTRIBUTE_CONTEXT = 1,
     CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2,
@@ -362,6 +359,139 @@ typedef struct CUDA_ARRAY3D_DESCRIPTOR_v1_st {
     unsigned int NumChannels;
     unsigned int Flags;
 } CUDA_ARRAY3D_DESCRIPTOR_v1;
+
+/* Kernel attributes, occupancy, host memory, stream callbacks, linker, IPC, 2D/3D copies: the
+ * surface real clients (numba-cuda, cuda.core, CuPy-style programs) call in ordinary use. */
+typedef enum CUfunction_attribute_enum {
+    CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 0,
+    CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES = 1,
+    CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES = 2,
+    CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES = 3,
+    CU_FUNC_ATTRIBUTE_NUM_REGS = 4,
+    CU_FUNC_ATTRIBUTE_PTX_VERSION = 5,
+    CU_FUNC_ATTRIBUTE_BINARY_VERSION = 6,
+    CU_FUNC_ATTRIBUTE_CACHE_MODE_CA = 7,
+    CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8,
+    CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT = 9,
+    CU_FUNC_ATTRIBUTE_CLUSTER_SIZE_MUST_BE_SET = 10,
+    CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH = 11,
+    CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT = 12,
+    CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH = 13,
+    CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14,
+    CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE = 15,
+    CU_FUNC_ATTRIBUTE_MAX
+} CUfunction_attribute;
+
+typedef enum CUfunc_cache_enum {
+    CU_FUNC_CACHE_PREFER_NONE = 0x00,
+    CU_FUNC_CACHE_PREFER_SHARED = 0x01,
+    CU_FUNC_CACHE_PREFER_L1 = 0x02,
+    CU_FUNC_CACHE_PREFER_EQUAL = 0x03
+} CUfunc_cache;
+
+typedef enum CUlimit_enum {
+    CU_LIMIT_STACK_SIZE = 0x00,
+    CU_LIMIT_PRINTF_FIFO_SIZE = 0x01,
+    CU_LIMIT_MALLOC_HEAP_SIZE = 0x02,
+    CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH = 0x03,
+    CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT = 0x04,
+    CU_LIMIT_MAX_L2_FETCH_GRANULARITY = 0x05,
+    CU_LIMIT_PERSISTING_L2_CACHE_SIZE = 0x06,
+    CU_LIMIT_SHMEM_SIZE = 0x07,
+    CU_LIMIT_CIG_ENABLED = 0x08,
+    CU_LIMIT_CIG_SHMEM_FALLBACK_ENABLED = 0x09,
+    CU_LIMIT_MAX
+} CUlimit;
+
+typedef enum CUjitInputType_enum {
+    CU_JIT_INPUT_CUBIN = 0,
+    CU_JIT_INPUT_PTX = 1,
+    CU_JIT_INPUT_FATBINARY = 2,
+    CU_JIT_INPUT_OBJECT = 3,
+    CU_JIT_INPUT_LIBRARY = 4,
+    CU_JIT_INPUT_NVVM = 5,
+    CU_JIT_NUM_INPUT_TYPES = 6
+} CUjitInputType;
+typedef struct CUlinkState_st *CUlinkState;
+
+typedef size_t (*CUoccupancyB2DSize)(int blockSize);
+typedef void (*CUstreamCallback)(CUstream hStream, CUresult status, void *userData);
+typedef void (*CUhostFn)(void *userData);
+
+#define CU_MEMHOSTALLOC_PORTABLE 0x01
+#define CU_MEMHOSTALLOC_DEVICEMAP 0x02
+#define CU_MEMHOSTALLOC_WRITECOMBINED 0x04
+#define CU_MEMHOSTREGISTER_PORTABLE 0x01
+#define CU_MEMHOSTREGISTER_DEVICEMAP 0x02
+#define CU_MEMHOSTREGISTER_IOMEMORY 0x04
+#define CU_MEMHOSTREGISTER_READ_ONLY 0x08
+#define CU_STREAM_CALLBACK_FLAGS_DEFAULT 0 /* (not a cuda.h name: the only allowed flags value is 0) */
+
+#define CU_IPC_HANDLE_SIZE 64
+typedef struct CUipcMemHandle_st {
+    char reserved[CU_IPC_HANDLE_SIZE];
+} CUipcMemHandle_v1;
+typedef CUipcMemHandle_v1 CUipcMemHandle;
+typedef struct CUipcEventHandle_st {
+    char reserved[CU_IPC_HANDLE_SIZE];
+} CUipcEventHandle_v1;
+typedef CUipcEventHandle_v1 CUipcEventHandle;
+
+typedef enum CUmemorytype_enum {
+    CU_MEMORYTYPE_HOST = 0x01,
+    CU_MEMORYTYPE_DEVICE = 0x02,
+    CU_MEMORYTYPE_ARRAY = 0x03,
+    CU_MEMORYTYPE_UNIFIED = 0x04
+} CUmemorytype;
+
+typedef struct CUDA_MEMCPY2D_st {
+    size_t srcXInBytes;
+    size_t srcY;
+    CUmemorytype srcMemoryType;
+    const void *srcHost;
+    CUdeviceptr srcDevice;
+    CUarray srcArray;
+    size_t srcPitch;
+    size_t dstXInBytes;
+    size_t dstY;
+    CUmemorytype dstMemoryType;
+    void *dstHost;
+    CUdeviceptr dstDevice;
+    CUarray dstArray;
+    size_t dstPitch;
+    size_t WidthInBytes;
+    size_t Height;
+} CUDA_MEMCPY2D_v2;
+typedef CUDA_MEMCPY2D_v2 CUDA_MEMCPY2D;
+
+typedef struct CUDA_MEMCPY3D_st {
+    size_t srcXInBytes;
+    size_t srcY;
+    size_t srcZ;
+    size_t srcLOD;
+    CUmemorytype srcMemoryType;
+    const void *srcHost;
+    CUdeviceptr srcDevice;
+    CUarray srcArray;
+    void *reserved0;
+    size_t srcPitch;
+    size_t srcHeight;
+    size_t dstXInBytes;
+    size_t dstY;
+    size_t dstZ;
+    size_t dstLOD;
+    CUmemorytype dstMemoryType;
+    void *dstHost;
+    CUdeviceptr dstDevice;
+    CUarray dstArray;
+    void *reserved1;
+    size_t dstPitch;
+    size_t dstHeight;
+    size_t WidthInBytes;
+    size_t Height;
+    size_t Depth;
+} CUDA_MEMCPY3D_v2;
+typedef CUDA_MEMCPY3D_v2 CUDA_MEMCPY3D;
 
 #endif /* VGPU_CHECK_AGAINST_CUDA_H */
 
@@ -502,6 +632,66 @@ VGPU_CUDA_API CUresult cuMemsetD32Async_ptsz(CUdeviceptr dstDevice, unsigned int
 VGPU_CUDA_API CUresult cuStreamQuery_ptsz(CUstream hStream);
 VGPU_CUDA_API CUresult cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsigned int Flags);
 VGPU_CUDA_API CUresult cuStreamIsCapturing_ptsz(CUstream hStream, CUstreamCaptureStatus *captureStatus);
+
+/* Added for real clients (numba-cuda, cuda.core): attributes, occupancy, host memory, stream
+ * priorities and callbacks, module globals, 2D/3D copies, the linker, IPC, context limits. */
+VGPU_CUDA_API CUresult cuFuncGetAttribute(int *pi, CUfunction_attribute attrib, CUfunction hfunc);
+VGPU_CUDA_API CUresult cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attrib, int value);
+VGPU_CUDA_API CUresult cuFuncSetCacheConfig(CUfunction hfunc, CUfunc_cache config);
+VGPU_CUDA_API CUresult cuFuncGetModule(CUmodule *hmod, CUfunction hfunc);
+VGPU_CUDA_API CUresult cuFuncGetName(const char **name, CUfunction hfunc);
+VGPU_CUDA_API CUresult cuKernelGetAttribute(int *pi, CUfunction_attribute attrib, CUkernel kernel, CUdevice dev);
+VGPU_CUDA_API CUresult cuKernelSetAttribute(CUfunction_attribute attrib, int val, CUkernel kernel, CUdevice dev);
+VGPU_CUDA_API CUresult cuKernelSetCacheConfig(CUkernel kernel, CUfunc_cache config, CUdevice dev);
+VGPU_CUDA_API CUresult cuKernelGetName(const char **name, CUkernel hfunc);
+VGPU_CUDA_API CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *numBlocks, CUfunction func, int blockSize, size_t dynamicSMemSize);
+VGPU_CUDA_API CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *numBlocks, CUfunction func, int blockSize, size_t dynamicSMemSize, unsigned int flags);
+VGPU_CUDA_API CUresult cuOccupancyMaxPotentialBlockSize(int *minGridSize, int *blockSize, CUfunction func, CUoccupancyB2DSize blockSizeToDynamicSMemSize, size_t dynamicSMemSize, int blockSizeLimit);
+VGPU_CUDA_API CUresult cuOccupancyMaxPotentialBlockSizeWithFlags(int *minGridSize, int *blockSize, CUfunction func, CUoccupancyB2DSize blockSizeToDynamicSMemSize, size_t dynamicSMemSize, int blockSizeLimit, unsigned int flags);
+VGPU_CUDA_API CUresult cuOccupancyAvailableDynamicSMemPerBlock(size_t *dynamicSmemSize, CUfunction func, int numBlocks, int blockSize);
+VGPU_CUDA_API CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags);
+VGPU_CUDA_API CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flags);
+VGPU_CUDA_API CUresult cuMemHostUnregister(void *p);
+VGPU_CUDA_API CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p, unsigned int Flags);
+VGPU_CUDA_API CUresult cuMemHostGetFlags(unsigned int *pFlags, void *p);
+VGPU_CUDA_API CUresult cuCtxGetStreamPriorityRange(int *leastPriority, int *greatestPriority);
+VGPU_CUDA_API CUresult cuCtxGetLimit(size_t *pvalue, CUlimit limit);
+VGPU_CUDA_API CUresult cuCtxSetLimit(CUlimit limit, size_t value);
+VGPU_CUDA_API CUresult cuCtxGetCacheConfig(CUfunc_cache *pconfig);
+VGPU_CUDA_API CUresult cuCtxSetCacheConfig(CUfunc_cache config);
+VGPU_CUDA_API CUresult cuCtxGetFlags(unsigned int *flags);
+VGPU_CUDA_API CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *version);
+VGPU_CUDA_API CUresult cuStreamGetPriority(CUstream hStream, int *priority);
+VGPU_CUDA_API CUresult cuStreamGetPriority_ptsz(CUstream hStream, int *priority);
+VGPU_CUDA_API CUresult cuStreamGetFlags(CUstream hStream, unsigned int *flags);
+VGPU_CUDA_API CUresult cuStreamGetFlags_ptsz(CUstream hStream, unsigned int *flags);
+VGPU_CUDA_API CUresult cuStreamGetCtx(CUstream hStream, CUcontext *pctx);
+VGPU_CUDA_API CUresult cuStreamGetCtx_ptsz(CUstream hStream, CUcontext *pctx);
+VGPU_CUDA_API CUresult cuStreamAddCallback(CUstream hStream, CUstreamCallback callback, void *userData, unsigned int flags);
+VGPU_CUDA_API CUresult cuStreamAddCallback_ptsz(CUstream hStream, CUstreamCallback callback, void *userData, unsigned int flags);
+VGPU_CUDA_API CUresult cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *userData);
+VGPU_CUDA_API CUresult cuLaunchHostFunc_ptsz(CUstream hStream, CUhostFn fn, void *userData);
+VGPU_CUDA_API CUresult cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, CUmodule hmod, const char *name);
+VGPU_CUDA_API CUresult cuMemcpy2D_v2(const CUDA_MEMCPY2D *pCopy);
+VGPU_CUDA_API CUresult cuMemcpy2DUnaligned_v2(const CUDA_MEMCPY2D *pCopy);
+VGPU_CUDA_API CUresult cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D *pCopy, CUstream hStream);
+VGPU_CUDA_API CUresult cuMemcpy3D_v2(const CUDA_MEMCPY3D *pCopy);
+VGPU_CUDA_API CUresult cuMemcpy3DAsync_v2(const CUDA_MEMCPY3D *pCopy, CUstream hStream);
+VGPU_CUDA_API CUresult cuMemcpy2D_v2_ptds(const CUDA_MEMCPY2D *pCopy);
+VGPU_CUDA_API CUresult cuMemcpy2DUnaligned_v2_ptds(const CUDA_MEMCPY2D *pCopy);
+VGPU_CUDA_API CUresult cuMemcpy2DAsync_v2_ptsz(const CUDA_MEMCPY2D *pCopy, CUstream hStream);
+VGPU_CUDA_API CUresult cuMemcpy3D_v2_ptds(const CUDA_MEMCPY3D *pCopy);
+VGPU_CUDA_API CUresult cuMemcpy3DAsync_v2_ptsz(const CUDA_MEMCPY3D *pCopy, CUstream hStream);
+VGPU_CUDA_API CUresult cuLinkCreate_v2(unsigned int numOptions, CUjit_option *options, void **optionValues, CUlinkState *stateOut);
+VGPU_CUDA_API CUresult cuLinkAddData_v2(CUlinkState state, CUjitInputType type, void *data, size_t size, const char *name, unsigned int numOptions, CUjit_option *options, void **optionValues);
+VGPU_CUDA_API CUresult cuLinkAddFile_v2(CUlinkState state, CUjitInputType type, const char *path, unsigned int numOptions, CUjit_option *options, void **optionValues);
+VGPU_CUDA_API CUresult cuLinkComplete(CUlinkState state, void **cubinOut, size_t *sizeOut);
+VGPU_CUDA_API CUresult cuLinkDestroy(CUlinkState state);
+VGPU_CUDA_API CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr);
+VGPU_CUDA_API CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags);
+VGPU_CUDA_API CUresult cuIpcCloseMemHandle(CUdeviceptr dptr);
+VGPU_CUDA_API CUresult cuIpcGetEventHandle(CUipcEventHandle *pHandle, CUevent event);
+VGPU_CUDA_API CUresult cuIpcOpenEventHandle(CUevent *phEvent, CUipcEventHandle handle);
 
 /* ---- legacy ABI names: still exported by libcuda.so.1 for binaries built against old headers.
  * A new cuda.h #defines these names to their successors, so they can only be checked against it

@@ -53,7 +53,7 @@ enum {
 };
 
 #define SIM_ALLOC_ALIGN 512ull          /* cuMemAlloc & co charge sizes rounded up to this */
-#define SIM_VMM_GRANULARITY (2ull << 20) /* cuMemCreate / cuMemAddressReserve granularity */
+#define SIM_VMM_GRANULARITY (G.alloc_gran) /* cuMemCreate / cuMemAddressReserve granularity (the page size) */
 #define SIM_ARRAY_GRANULE (2ull << 20)  /* arrays are charged in whole 2 MiB granules */
 #define SIM_PITCH_ALIGN 512ull          /* cuMemAllocPitch / array row pitch alignment */
 #define SIM_PACE 1024                   /* at most this many launches in flight per stream */
@@ -81,6 +81,9 @@ struct CUctx_st {
     _Atomic uint64_t tail_all;       /* end of all work queued in the context */
     _Atomic uint64_t tail_blocking;  /* end of the work of the legacy and the blocking streams */
     struct CUctx_st *next_free;
+    size_t limits[CU_LIMIT_MAX];     /* cuCtxSetLimit values (ctxinfo.c) */
+    unsigned char limit_set[CU_LIMIT_MAX];
+    int cache_config;                /* cuCtxSetCacheConfig */
 };
 
 struct CUgraph_st;
@@ -116,6 +119,10 @@ struct CUfunc_st {
     uint64_t us_per_wave;
     char *name;
     struct CUfunc_st *next;
+    struct CUmod_st *mod;            /* NULL for a library kernel */
+    int max_dyn_smem;                /* CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES */
+    int carveout;                    /* CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT */
+    int cache_config;                /* CUfunc_cache */
 };
 
 struct CUkern_st {
@@ -123,9 +130,18 @@ struct CUkern_st {
     struct CUkern_st *next;
 };
 
+struct CUmod_global {
+    char *name;
+    CUdeviceptr ptr;
+    size_t size;
+};
+
 struct CUmod_st {
     uint32_t magic, gen;
     struct CUfunc_st *funcs;
+    struct CUctx_st *ctx;
+    struct CUmod_global *globals;    /* from the image's PTX .global declarations */
+    size_t nglobals;
 };
 
 struct CUlib_st {
@@ -179,6 +195,7 @@ typedef struct {
     int slot;                        /* node state slot, -1 until the first context */
     _Atomic uint32_t gen;            /* bumped in a forked child: parent handles become invalid */
     uint64_t ctx_mem;                /* SIMGPU_CONTEXT_MEMORY */
+    uint64_t alloc_gran;             /* SIMGPU_ALLOC_GRANULARITY: device memory page size */
     uint64_t queue_ahead_ns;         /* SIMGPU_QUEUE_AHEAD_US */
     uint64_t ctx_serial;
     int live_contexts;
@@ -218,7 +235,7 @@ void sim_stream_fork_parent(void);
 void sim_stream_fork_child(void);
 
 /* memory.c: the allocation table */
-enum { ALLOC_DEVICE = 1, ALLOC_MANAGED, ALLOC_HOST, ALLOC_POOL, ALLOC_VMM_MAP };
+enum { ALLOC_DEVICE = 1, ALLOC_MANAGED, ALLOC_HOST, ALLOC_POOL, ALLOC_VMM_MAP, ALLOC_HOST_REGISTERED, ALLOC_MODULE };
 typedef struct {
     uintptr_t base;
     size_t size;                     /* usable bytes */
@@ -229,11 +246,20 @@ typedef struct {
     int accessible;                  /* VMM maps: cuMemSetAccess done */
     struct CUctx_st *ctx;
     struct CUmemPoolHandle_st *pool;
+    unsigned host_flags;             /* cuMemHostAlloc / cuMemHostRegister flags */
+    int small;                       /* sub-allocated from shared pages (charged bytes: its share) */
 } sim_alloc;
 int sim_alloc_insert(const sim_alloc *a);           /* G.lock held */
 int sim_alloc_remove(uintptr_t base, sim_alloc *out); /* exact base; G.lock held */
 int sim_alloc_find(uintptr_t p, sim_alloc *out);    /* containing p; G.lock held */
+int sim_alloc_overlaps(uintptr_t b, size_t n);      /* any entry meets [b, b+n); G.lock held */
+int sim_range_meets_allocation(uintptr_t b, size_t n); /* the same, taking G.lock */
 void *sim_backing_alloc(size_t size, int *mmapped);
+uint64_t sim_alloc_granularity_knob(void);          /* SIMGPU_ALLOC_GRANULARITY, checked */
+/* Allocate (and charge, unless host memory) in the current context; G.lock is taken inside. */
+CUresult sim_alloc_memory(CUdeviceptr *out, size_t size, int kind, unsigned host_flags);
+/* Release one allocation's backing and charge (registered host memory: only the record). */
+void sim_alloc_release_locked(const sim_alloc *a);
 void sim_backing_free(void *p, size_t size, int mmapped);
 /* Is [p, p+n) inside one allocation the device may access (device, managed, pool, mapped VMM)? */
 CUresult sim_check_device_range(CUdeviceptr p, size_t n);
@@ -250,6 +276,9 @@ CUresult sim_memset_exec(CUdeviceptr dst, unsigned value, size_t n, int elem);
 
 /* module.c */
 struct CUfunc_st *sim_func_resolve(CUfunction f);   /* a function or a kernel; NULL if invalid */
+/* Scan a PTX image (text) for .global variables; each is allocated (charged) in the module's
+ * context. Returns CUDA_SUCCESS for images without any (cubins, fatbins). */
+CUresult sim_module_globals(struct CUmod_st *m, const void *image);
 
 /* launch.c */
 uint64_t sim_kernel_ns(const struct CUfunc_st *f, uint64_t blocks, int dev);

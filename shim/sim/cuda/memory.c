@@ -7,9 +7,13 @@
  * a sorted table (base -> size, charge, kind, context) used to validate the pointers of copies,
  * frees and queries: a bad device pointer is an error code, never a crash.
  *
- * Charging: cuMemAlloc, cuMemAllocPitch and cuMemAllocManaged charge the size rounded up to
- * SIM_ALLOC_ALIGN (512 B) to the device pool shared by all processes; OOM when the pool cannot
- * hold it. (Managed memory is charged at allocation, as if resident on the device.) Host memory
+ * Charging, as NVIDIA's driver takes device memory (SIMGPU_ALLOC_GRANULARITY, the page size G,
+ * default 2 MiB): an allocation of at least G/2 gets pages of its own (its size rounded up to G);
+ * a smaller one is sub-allocated, in SIM_ALLOC_ALIGN (512 B) units, from pages the process shares
+ * between its small allocations on that device: the process is charged whole pages for them
+ * (ceil(sum of the small allocations / G) pages; a page returns when the sum falls below it).
+ * With G = 512 every allocation is charged its size rounded up to 512 B. The device pool is
+ * shared by all processes; OOM when it cannot hold the pages. (Managed memory is charged at allocation, as if resident on the device.) Host memory
  * (cuMemAllocHost) is not charged. The legacy 32-bit entry points (cuMemAlloc, cuMemAllocPitch,
  * cuMemGetAddressRange, ...) get addresses below 4 GiB (MAP_32BIT) so they fit CUdeviceptr_v1.
  */
@@ -24,6 +28,33 @@
 
 static sim_alloc *tab;
 static size_t ntab, captab;
+static uint64_t small_live[SIM_MAX_DEVICES]; /* sub-allocated bytes per device (G.lock) */
+
+uint64_t sim_alloc_granularity_knob(void)
+{
+    uint64_t g = sim_env_u64("SIMGPU_ALLOC_GRANULARITY", 2ull << 20);
+    if (g < SIM_ALLOC_ALIGN || g > (1ull << 30) || (g & (g - 1))) {
+        sim_log("environment SIMGPU_ALLOC_GRANULARITY=%llu: allowed: a power of two from 512 to 1Gi; using 2Mi",
+                (unsigned long long)g);
+        g = 2ull << 20;
+    }
+    return g;
+}
+
+static int is_small(uint64_t size) { return G.alloc_gran > SIM_ALLOC_ALIGN && size < G.alloc_gran / 2; }
+
+static uint64_t pages(uint64_t bytes) { return (bytes + G.alloc_gran - 1) / G.alloc_gran; }
+
+/* Device bytes a new allocation of `size` adds (G.lock held; `*unit`: its share if small). */
+static uint64_t charge_for(int dev, uint64_t size, uint64_t *unit)
+{
+    if (!is_small(size)) {
+        *unit = 0;
+        return sim_align_up(size, G.alloc_gran > SIM_ALLOC_ALIGN ? G.alloc_gran : SIM_ALLOC_ALIGN);
+    }
+    *unit = sim_align_up(size, SIM_ALLOC_ALIGN);
+    return (pages(small_live[dev] + *unit) - pages(small_live[dev])) * G.alloc_gran;
+}
 
 /* index of the first entry with base > p */
 static size_t upper(uintptr_t p)
@@ -67,6 +98,20 @@ int sim_alloc_find(uintptr_t p, sim_alloc *out)
     if (out)
         *out = *a;
     return 0;
+}
+
+int sim_alloc_overlaps(uintptr_t b, size_t n)
+{
+    size_t i = upper(b + n - 1); /* the last entry starting at or before the range's end */
+    return i > 0 && tab[i - 1].base + (tab[i - 1].size ? tab[i - 1].size : 1) > b;
+}
+
+int sim_range_meets_allocation(uintptr_t b, size_t n)
+{
+    pthread_mutex_lock(&G.lock);
+    int r = sim_alloc_overlaps(b, n);
+    pthread_mutex_unlock(&G.lock);
+    return r;
 }
 
 int sim_alloc_remove(uintptr_t base, sim_alloc *out)
@@ -115,7 +160,7 @@ void sim_backing_free(void *p, size_t size, int mmapped)
 }
 
 /* Allocate, charge and record. G.lock is taken here. */
-static CUresult alloc_device(CUdeviceptr *out, size_t size, int kind, int low32)
+static CUresult alloc_device(CUdeviceptr *out, size_t size, int kind, int low32, unsigned host_flags)
 {
     struct CUctx_st *c;
     CUresult rc = sim_get_ctx(&c);
@@ -125,31 +170,41 @@ static CUresult alloc_device(CUdeviceptr *out, size_t size, int kind, int low32)
         return CUDA_ERROR_INVALID_VALUE;
     if (size > (1ull << 52))
         return CUDA_ERROR_OUT_OF_MEMORY;
-    uint64_t charge = kind == ALLOC_HOST ? 0 : sim_align_up(size, SIM_ALLOC_ALIGN);
     pthread_mutex_lock(&G.lock);
+    uint64_t unit = 0, charge = kind == ALLOC_HOST ? 0 : charge_for(c->dev, size, &unit);
     if (charge && sim_mem_charge(G.slot, sim_phys(c->dev), charge, G.cfg->dev[c->dev].memory) != 0) {
         pthread_mutex_unlock(&G.lock);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
+    if (unit)
+        small_live[c->dev] += unit;
     int mm = 0;
     void *p = backing_alloc(size, &mm, low32);
-    sim_alloc a = { .base = (uintptr_t)p, .size = size, .charged = charge, .dev = c->dev, .kind = kind, .mmapped = mm, .ctx = c };
+    sim_alloc a = { .base = (uintptr_t)p, .size = size, .charged = unit ? unit : charge, .dev = c->dev, .kind = kind, .mmapped = mm, .ctx = c,
+                    .host_flags = host_flags, .small = unit != 0 };
     if (!p || sim_alloc_insert(&a) != 0) {
         sim_backing_free(p, size, mm);
+        if (unit)
+            small_live[c->dev] -= unit;
         sim_mem_uncharge(G.slot, sim_phys(c->dev), charge);
         pthread_mutex_unlock(&G.lock);
-        return kind == ALLOC_HOST ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_OUT_OF_MEMORY;
+        return CUDA_ERROR_OUT_OF_MEMORY;
     }
     pthread_mutex_unlock(&G.lock);
     *out = (CUdeviceptr)(uintptr_t)p;
     return CUDA_SUCCESS;
 }
 
+CUresult sim_alloc_memory(CUdeviceptr *out, size_t size, int kind, unsigned host_flags)
+{
+    return alloc_device(out, size, kind, 0, host_flags);
+}
+
 SIM_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
     if (!dptr)
         return CUDA_ERROR_INVALID_VALUE;
-    return alloc_device(dptr, bytesize, ALLOC_DEVICE, 0);
+    return alloc_device(dptr, bytesize, ALLOC_DEVICE, 0, 0);
 }
 
 SIM_EXPORT CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize)
@@ -157,7 +212,7 @@ SIM_EXPORT CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize)
     if (!dptr)
         return CUDA_ERROR_INVALID_VALUE;
     CUdeviceptr p;
-    CUresult rc = alloc_device(&p, bytesize, ALLOC_DEVICE, 1);
+    CUresult rc = alloc_device(&p, bytesize, ALLOC_DEVICE, 1, 0);
     if (rc == CUDA_SUCCESS)
         *dptr = (CUdeviceptr_v1)p;
     return rc;
@@ -167,7 +222,7 @@ SIM_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsign
 {
     if (!dptr || (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST))
         return CUDA_ERROR_INVALID_VALUE;
-    return alloc_device(dptr, bytesize, ALLOC_MANAGED, 0);
+    return alloc_device(dptr, bytesize, ALLOC_MANAGED, 0, 0);
 }
 
 static CUresult alloc_pitch(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height, unsigned elem, int low32)
@@ -181,7 +236,7 @@ static CUresult alloc_pitch(CUdeviceptr *dptr, size_t *pitch, size_t width, size
     size_t p = sim_align_up(width, SIM_PITCH_ALIGN);
     if (height > (1ull << 52) / p)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult rc = alloc_device(dptr, p * height, ALLOC_DEVICE, low32);
+    CUresult rc = alloc_device(dptr, p * height, ALLOC_DEVICE, low32, 0);
     if (rc == CUDA_SUCCESS)
         *pitch = p;
     return rc;
@@ -208,9 +263,18 @@ SIM_EXPORT CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pPitch, 
 
 static void release_locked(const sim_alloc *a)
 {
-    sim_backing_free((void *)a->base, a->size, a->mmapped);
-    sim_mem_uncharge(G.slot, sim_phys(a->dev), a->charged);
+    if (a->kind != ALLOC_HOST_REGISTERED) /* the application's own memory */
+        sim_backing_free((void *)a->base, a->size, a->mmapped);
+    uint64_t charged = a->charged;
+    if (a->small) { /* whole shared pages come back once the small allocations no longer fill them */
+        uint64_t before = pages(small_live[a->dev]);
+        small_live[a->dev] -= a->charged < small_live[a->dev] ? a->charged : small_live[a->dev];
+        charged = (before - pages(small_live[a->dev])) * G.alloc_gran;
+    }
+    sim_mem_uncharge(G.slot, sim_phys(a->dev), charged);
 }
+
+void sim_alloc_release_locked(const sim_alloc *a) { release_locked(a); }
 
 SIM_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
@@ -243,7 +307,8 @@ CUresult sim_free_ctx_allocations(struct CUctx_st *ctx)
     size_t w = 0;
     for (size_t r = 0; r < ntab; r++) {
         sim_alloc *a = &tab[r];
-        if (a->ctx == ctx && (a->kind == ALLOC_DEVICE || a->kind == ALLOC_MANAGED || a->kind == ALLOC_HOST))
+        if (a->ctx == ctx && (a->kind == ALLOC_DEVICE || a->kind == ALLOC_MANAGED || a->kind == ALLOC_HOST ||
+                              a->kind == ALLOC_HOST_REGISTERED || a->kind == ALLOC_MODULE))
             release_locked(a);
         else
             tab[w++] = *a;
@@ -285,7 +350,7 @@ SIM_EXPORT CUresult cuMemAllocHost_v2(void **pp, size_t bytesize)
     if (!pp)
         return CUDA_ERROR_INVALID_VALUE;
     CUdeviceptr p;
-    CUresult rc = alloc_device(&p, bytesize, ALLOC_HOST, 0);
+    CUresult rc = alloc_device(&p, bytesize, ALLOC_HOST, 0, 0);
     if (rc == CUDA_SUCCESS)
         *pp = (void *)(uintptr_t)p;
     return rc;
@@ -334,7 +399,7 @@ SIM_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, C
     pthread_mutex_lock(&G.lock);
     int found = sim_alloc_find((uintptr_t)dptr, &a) == 0;
     pthread_mutex_unlock(&G.lock);
-    if (!found || a.kind == ALLOC_HOST)
+    if (!found || a.kind == ALLOC_HOST || a.kind == ALLOC_HOST_REGISTERED)
         return CUDA_ERROR_NOT_FOUND;
     if (pbase)
         *pbase = (CUdeviceptr)a.base;
@@ -377,7 +442,7 @@ SIM_EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attrib
         *(CUcontext *)data = a.ctx;
         return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
-        *(unsigned int *)data = a.kind == ALLOC_HOST ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
+        *(unsigned int *)data = a.kind == ALLOC_HOST || a.kind == ALLOC_HOST_REGISTERED ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
         return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
         *(CUdeviceptr *)data = ptr;

@@ -15,32 +15,71 @@
 
 #define DEFAULT_US_PER_WAVE 10
 
-static uint64_t parse_sim_us(const char *name)
+#define NO_MATCH UINT64_MAX
+
+/* N if id[0..len) is "sim_<N>us", else NO_MATCH. */
+static uint64_t sim_us_of(const char *id, size_t len)
 {
-    const char *id = name;
-    size_t len = strlen(name);
-    if (len > 2 && name[0] == '_' && name[1] == 'Z' && name[2] >= '1' && name[2] <= '9') {
-        /* Itanium mangling of a plain function: _Z<length><identifier><parameters> */
-        size_t l = 0;
-        const char *p = name + 2;
-        while (*p >= '0' && *p <= '9' && l < 100000)
-            l = l * 10 + (size_t)(*p++ - '0');
-        if (l <= strlen(p)) {
-            id = p;
-            len = l;
-        }
-    }
     if (len < 7 || strncmp(id, "sim_", 4) != 0 || id[len - 2] != 'u' || id[len - 1] != 's')
-        return DEFAULT_US_PER_WAVE;
+        return NO_MATCH;
     uint64_t us = 0;
     for (size_t i = 4; i < len - 2; i++) {
         if (id[i] < '0' || id[i] > '9')
-            return DEFAULT_US_PER_WAVE;
+            return NO_MATCH;
         if (us > 1000000000ull)
             return 1000000000ull;
         us = us * 10 + (uint64_t)(id[i] - '0');
     }
     return us;
+}
+
+static const char *read_len(const char *p, size_t *out)
+{
+    size_t l = 0;
+    if (*p < '1' || *p > '9')
+        return NULL;
+    while (*p >= '0' && *p <= '9' && l < 100000)
+        l = l * 10 + (size_t)(*p++ - '0');
+    *out = l;
+    return p;
+}
+
+/* The kernel's modelled duration per wave. The name is sim_<N>us itself or, in an Itanium C++
+ * mangling, any <length><identifier> component of it: a plain name (_Z9sim_500usPf) or a nested
+ * one (_ZN8__main__10sim_2000usB2v1E..., numba; _ZN2ns10sim_100usEv), ABI tags (B<len><tag>),
+ * CV qualifiers and std:: (St) skipped. Anything else: DEFAULT_US_PER_WAVE. */
+static uint64_t parse_sim_us(const char *name)
+{
+    size_t len = strlen(name);
+    uint64_t us = sim_us_of(name, len);
+    if (us != NO_MATCH)
+        return us;
+    if (len < 3 || name[0] != '_' || name[1] != 'Z')
+        return DEFAULT_US_PER_WAVE;
+    const char *p = name + 2;
+    if (*p == 'N') {
+        p++;
+        while (*p == 'K' || *p == 'V' || *p == 'r')
+            p++;
+    }
+    if (p[0] == 'S' && p[1] == 't')
+        p += 2;
+    for (int guard = 0; guard < 64; guard++) {
+        size_t l;
+        const char *id = read_len(p, &l);
+        if (!id || l > strlen(id))
+            break;
+        if ((us = sim_us_of(id, l)) != NO_MATCH)
+            return us;
+        p = id + l;
+        while (*p == 'B') { /* ABI tag: B<len><tag> */
+            const char *t = read_len(p + 1, &l);
+            if (!t || l > strlen(t))
+                return DEFAULT_US_PER_WAVE;
+            p = t + l;
+        }
+    }
+    return DEFAULT_US_PER_WAVE;
 }
 
 struct CUfunc_st *sim_func_resolve(CUfunction f)
@@ -50,7 +89,20 @@ struct CUfunc_st *sim_func_resolve(CUfunction f)
     return f;
 }
 
-static CUresult module_new(CUmodule *module)
+static void module_free_globals_locked(struct CUmod_st *m)
+{
+    for (size_t i = 0; i < m->nglobals; i++) {
+        sim_alloc a;
+        if (sim_alloc_remove((uintptr_t)m->globals[i].ptr, &a) == 0)
+            sim_alloc_release_locked(&a);
+        free(m->globals[i].name);
+    }
+    free(m->globals);
+    m->globals = NULL;
+    m->nglobals = 0;
+}
+
+static CUresult module_new(CUmodule *module, const void *image)
 {
     struct CUctx_st *c;
     CUresult rc = sim_get_ctx(&c);
@@ -60,6 +112,14 @@ static CUresult module_new(CUmodule *module)
     if (!m)
         return CUDA_ERROR_OUT_OF_MEMORY;
     m->gen = sim_gen();
+    m->ctx = c;
+    if (image && (rc = sim_module_globals(m, image)) != CUDA_SUCCESS) {
+        pthread_mutex_lock(&G.lock);
+        module_free_globals_locked(m);
+        pthread_mutex_unlock(&G.lock);
+        free(m);
+        return rc;
+    }
     m->magic = MAGIC_MOD;
     *module = m;
     return CUDA_SUCCESS;
@@ -69,14 +129,14 @@ SIM_EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image)
 {
     if (!module || !image)
         return CUDA_ERROR_INVALID_VALUE;
-    return module_new(module);
+    return module_new(module, image);
 }
 
 SIM_EXPORT CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int numOptions, CUjit_option *options, void **optionValues)
 {
     if (!module || !image || (numOptions && (!options || !optionValues)))
         return CUDA_ERROR_INVALID_VALUE;
-    return module_new(module);
+    return module_new(module, image);
 }
 
 SIM_EXPORT CUresult cuModuleLoad(CUmodule *module, const char *fname)
@@ -90,7 +150,7 @@ SIM_EXPORT CUresult cuModuleLoad(CUmodule *module, const char *fname)
     if (!f)
         return CUDA_ERROR_FILE_NOT_FOUND;
     fclose(f);
-    return module_new(module);
+    return module_new(module, NULL);
 }
 
 SIM_EXPORT CUresult cuModuleUnload(CUmodule hmod)
@@ -106,6 +166,7 @@ SIM_EXPORT CUresult cuModuleUnload(CUmodule hmod)
     for (struct CUfunc_st *f = hmod->funcs; f; f = f->next)
         f->magic = MAGIC_DEAD;
     hmod->magic = MAGIC_DEAD;
+    module_free_globals_locked(hmod);
     pthread_mutex_unlock(&G.lock);
     return CUDA_SUCCESS;
 }
@@ -114,6 +175,8 @@ static void func_init(struct CUfunc_st *f, char *name, uint32_t magic)
 {
     f->name = name;
     f->us_per_wave = parse_sim_us(name);
+    f->max_dyn_smem = 49152; /* the default dynamic shared memory limit (48 KiB) */
+    f->carveout = -1;
     f->magic = magic;
 }
 
@@ -143,6 +206,7 @@ SIM_EXPORT CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const 
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
         func_init(f, n, MAGIC_FUNC);
+        f->mod = hmod;
         f->next = hmod->funcs;
         hmod->funcs = f;
     }
@@ -233,4 +297,31 @@ SIM_EXPORT CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel)
         return CUDA_ERROR_INVALID_HANDLE;
     *pFunc = &kernel->fn;
     return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, CUmodule hmod, const char *name)
+{
+    if (!name)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = sim_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    pthread_mutex_lock(&G.lock);
+    if (!SIM_VALID(hmod, MAGIC_MOD)) {
+        pthread_mutex_unlock(&G.lock);
+        return CUDA_ERROR_INVALID_HANDLE;
+    }
+    rc = CUDA_ERROR_NOT_FOUND;
+    for (size_t i = 0; i < hmod->nglobals; i++) {
+        if (strcmp(hmod->globals[i].name, name) == 0) {
+            if (dptr)
+                *dptr = hmod->globals[i].ptr;
+            if (bytes)
+                *bytes = hmod->globals[i].size;
+            rc = CUDA_SUCCESS;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&G.lock);
+    return rc;
 }

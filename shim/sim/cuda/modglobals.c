@@ -1,0 +1,149 @@
+/*
+ * Module globals (__device__ and __constant__ variables). The simulator runs no device code but a
+ * module's variables are device memory the real driver allocates at load, charged to the device
+ * and reachable through cuModuleGetGlobal. A PTX image (text: NVRTC's and numba's output) declares
+ * them as `[.visible|.weak] .global|.const [.align N] .<type> name[dims] [= init];`; each is
+ * allocated (zeroed, charged like cuMemAlloc) in the module's context and freed at unload. Binary
+ * images (ELF cubins, fatbins) are not parsed: they load with no globals (a documented limit).
+ */
+#include "cuda_internal.h"
+
+#include <ctype.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_GLOBALS 4096
+
+static size_t type_size(const char *t, size_t n)
+{
+    /* .b8 .u16 .s32 .f64 .pred ... : the digits are the bit width */
+    if (n >= 2 && (t[0] == 'b' || t[0] == 'u' || t[0] == 's' || t[0] == 'f')) {
+        size_t bits = 0;
+        for (size_t i = 1; i < n; i++) {
+            if (!isdigit((unsigned char)t[i]))
+                return 0;
+            bits = bits * 10 + (size_t)(t[i] - '0');
+        }
+        return bits == 8 || bits == 16 || bits == 32 || bits == 64 ? bits / 8 : 0;
+    }
+    return 0;
+}
+
+static const char *skip_ws(const char *p)
+{
+    while (*p == ' ' || *p == '\t')
+        p++;
+    return p;
+}
+
+/* Parse one declaration line starting at a `.global`/`.const` directive. 0 if not a variable. */
+static int parse_decl(const char *p, char *name, size_t namecap, size_t *size)
+{
+    size_t elem = 0;
+    for (;;) {
+        p = skip_ws(p);
+        if (*p != '.')
+            break;
+        const char *w = ++p;
+        while (isalnum((unsigned char)*p) || *p == '_')
+            p++;
+        size_t n = (size_t)(p - w);
+        if (n == 5 && strncmp(w, "align", 5) == 0) {
+            p = skip_ws(p);
+            while (isdigit((unsigned char)*p))
+                p++;
+            continue;
+        }
+        size_t ts = type_size(w, n);
+        if (ts)
+            elem = ts;
+    }
+    if (!elem)
+        return 0;
+    const char *id = p;
+    while (isalnum((unsigned char)*p) || *p == '_' || *p == '$')
+        p++;
+    size_t idn = (size_t)(p - id);
+    if (idn == 0 || idn >= namecap)
+        return 0;
+    memcpy(name, id, idn);
+    name[idn] = 0;
+    size_t total = elem;
+    while (*p == '[') {
+        p++;
+        size_t d = 0;
+        if (*p == ']')
+            d = 1; /* size from the initializer: not counted, at least one element */
+        while (isdigit((unsigned char)*p)) {
+            if (d > (1ull << 40))
+                return 0;
+            d = d * 10 + (size_t)(*p++ - '0');
+        }
+        if (*p++ != ']' || d == 0 || total > (1ull << 40) / d)
+            return 0;
+        total *= d;
+    }
+    *size = total;
+    return 1;
+}
+
+static int is_ptx(const unsigned char *img)
+{
+    /* byte by byte: a short NUL-terminated image must not be read past its end */
+    if ((img[0] == 0x7f && img[1] == 'E' && img[2] == 'L' && img[3] == 'F') ||
+        (img[0] == 0x50 && img[1] == 0xed && img[2] == 0x55 && img[3] == 0xba))
+        return 0;
+    /* PTX is NUL-terminated text with a .version directive near the top */
+    for (size_t i = 0; i < 65536 && img[i]; i++)
+        if (img[i] == '.' && strncmp((const char *)img + i, ".version", 8) == 0)
+            return 1;
+    return 0;
+}
+
+static CUresult add_global(struct CUmod_st *m, const char *name, size_t size)
+{
+    if (m->nglobals >= MAX_GLOBALS)
+        return CUDA_ERROR_INVALID_IMAGE;
+    CUdeviceptr ptr;
+    CUresult rc = sim_alloc_memory(&ptr, size, ALLOC_MODULE, 0);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    memset((void *)(uintptr_t)ptr, 0, size);
+    struct CUmod_global *g = realloc(m->globals, (m->nglobals + 1) * sizeof *g);
+    if (g)
+        m->globals = g;
+    char *n = g ? strdup(name) : NULL;
+    if (!n) {
+        pthread_mutex_lock(&G.lock);
+        sim_alloc a;
+        if (sim_alloc_remove((uintptr_t)ptr, &a) == 0)
+            sim_alloc_release_locked(&a);
+        pthread_mutex_unlock(&G.lock);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    m->globals[m->nglobals++] = (struct CUmod_global){ .name = n, .ptr = ptr, .size = size };
+    return CUDA_SUCCESS;
+}
+
+CUresult sim_module_globals(struct CUmod_st *m, const void *image)
+{
+    const unsigned char *img = image;
+    if (!is_ptx(img))
+        return CUDA_SUCCESS;
+    for (const char *line = (const char *)img; line && *line;) {
+        const char *end = strchr(line, '\n');
+        const char *p = line; /* module-scope declarations start the line (function bodies are indented) */
+        while (strncmp(p, ".visible", 8) == 0 || strncmp(p, ".weak", 5) == 0)
+            p = skip_ws(p + (p[1] == 'v' ? 8 : 5));
+        size_t dir = strncmp(p, ".global", 7) == 0 ? 7 : strncmp(p, ".const", 6) == 0 ? 6 : 0;
+        char name[256];
+        size_t size;
+        if (dir && (p[dir] == ' ' || p[dir] == '\t') && parse_decl(p + dir, name, sizeof name, &size)) {
+            CUresult rc = add_global(m, name, size);
+            if (rc != CUDA_SUCCESS)
+                return rc;
+        }
+        line = end ? end + 1 : NULL;
+    }
+    return CUDA_SUCCESS;
+}

@@ -1,0 +1,102 @@
+"""An ordinary cuda.core program (run by tests/clients/test_cuda_core.py on the simulated GPU).
+
+cuda_core_client.py basic      NVRTC-compiled program (PTX and cubin), streams, events, launch,
+                               device / pinned / legacy pinned memory resources
+cuda_core_client.py pool N     the default memory pool (release threshold UINT64_MAX, as
+                               cuda.core sets it): N buffers of 128 MiB, free one, allocate one
+cuda_core_client.py quota N    128 MiB buffers until out of memory; N = the quota
+"""
+
+from __future__ import annotations
+
+import sys
+
+from cuda.core import (
+    Device,
+    DeviceMemoryResource,
+    LaunchConfig,
+    LegacyPinnedMemoryResource,
+    Program,
+    ProgramOptions,
+    launch,
+)
+
+SOURCE = r"""
+__device__ unsigned int hits;
+extern "C" __global__ void sim_1000us(float *a, size_t n) {
+    size_t i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) { a[i] *= 2.0f; atomicAdd(&hits, 1u); }
+}
+template <typename T> __global__ void sim_300us(T *a) { a[threadIdx.x] = T(); }
+template __global__ void sim_300us<float>(float *);
+"""
+
+MiB = 1 << 20
+
+
+def basic() -> None:
+    dev = Device()
+    dev.set_current()
+    stream = dev.create_stream()
+    arch = "".join(str(v) for v in dev.compute_capability)
+    opts = ProgramOptions(std="c++17", arch=f"sm_{arch}")
+    for target in ("ptx", "cubin"):
+        prog = Program(SOURCE, code_type="c++", options=opts)  # one compilation per program
+        mod = prog.compile(target, name_expressions=("sim_300us<float>",))
+        k = mod.get_kernel("sim_1000us")
+        t = mod.get_kernel("sim_300us<float>")  # a mangled template instance
+        buf = dev.memory_resource.allocate(4 * 132 * 128, stream=stream)
+        cfg = LaunchConfig(grid=132, block=128)
+        e0 = stream.record(options={"timing_enabled": True})
+        launch(stream, cfg, k, buf, 132 * 128)
+        e1 = stream.record(options={"timing_enabled": True})
+        launch(stream, cfg, t, buf)
+        e2 = stream.record(options={"timing_enabled": True})
+        e2.sync()
+        k_ms, t_ms = e1 - e0, e2 - e1
+        assert 0.95 < k_ms < 1.3 and 0.28 < t_ms < 0.45, (target, k_ms, t_ms)
+        assert k.attributes.max_threads_per_block == 1024
+        buf.close(stream)
+        print(f"{target} ok kernel_ms={k_ms:.3f} template_ms={t_ms:.3f}")
+    pinned = LegacyPinnedMemoryResource().allocate(4 * MiB)
+    pinned.close()
+    prio = dev.create_stream(options={"priority": -1})
+    prio.sync()
+    stream.sync()
+    print("basic ok")
+
+
+def pool(n: int) -> None:
+    dev = Device()
+    dev.set_current()
+    stream = dev.create_stream()
+    mr = DeviceMemoryResource(dev.device_id)  # the default pool, release threshold UINT64_MAX
+    bufs = [mr.allocate(128 * MiB, stream=stream) for _ in range(n)]
+    bufs.pop().close(stream)
+    bufs.append(mr.allocate(128 * MiB, stream=stream))  # reuses the pool's freed block
+    stream.sync()
+    print(f"pool ok {len(bufs)} buffers")
+
+
+def quota(limit: int) -> None:
+    dev = Device()
+    dev.set_current()
+    stream = dev.create_stream()
+    mr = dev.memory_resource
+    held: list[object] = []
+    try:
+        while len(held) * 128 * MiB <= 2 * limit + (1 << 30):
+            held.append(mr.allocate(128 * MiB, stream=stream))
+        print("quota not enforced")
+        sys.exit(3)
+    except Exception as e:  # cuda.core raises CUDAError with the driver's error name
+        assert "CUDA_ERROR_OUT_OF_MEMORY" in str(e), e
+        print(f"oom after {len(held)} buffers")
+
+
+if __name__ == "__main__":
+    {
+        "basic": lambda: basic(),
+        "pool": lambda: pool(int(sys.argv[2])),
+        "quota": lambda: quota(int(sys.argv[2])),
+    }[sys.argv[1]]()

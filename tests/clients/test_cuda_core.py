@@ -1,0 +1,25 @@
+"""cuda.core (with NVRTC from the nvidia-cuda-nvrtc-cu12 wheel) on the simulated GPU: programs
+compiled to PTX and to cubin load as modules and launch, streams and events time them, memory
+resources allocate; under `vgpu run` the quota holds and the default pool reuses its freed blocks
+(programs/cuda_core_client.py)."""
+
+from __future__ import annotations
+
+from tests.clients.conftest import Client
+
+
+def test_nvrtc_programs_streams_and_memory_resources(client: Client) -> None:
+    out = client.run("cuda_core_client.py", "basic")
+    assert "ptx ok" in out and "cubin ok" in out and "basic ok" in out
+
+
+def test_default_pool_reuses_freed_block_in_a_full_slice(client: Client) -> None:
+    # 8 x 128 MiB fill the 1 GiB slice; one is freed into the pool (release threshold UINT64_MAX,
+    # as cuda.core sets it) and the next 128 MiB allocation is served from it.
+    out = client.run("cuda_core_client.py", "pool", "8", vgpu=["--memory", "1Gi"])
+    assert "pool ok 8 buffers" in out
+
+
+def test_buffers_up_to_and_past_the_quota(client: Client) -> None:
+    out = client.run("cuda_core_client.py", "quota", str(1 << 30), vgpu=["--memory", "1Gi"])
+    assert "oom after 8 buffers" in out, out

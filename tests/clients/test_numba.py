@@ -1,0 +1,28 @@
+"""numba-cuda (with NVIDIA's cuda-bindings 12.x) on the simulated GPU: @cuda.jit kernels, forall,
+pinned and mapped arrays, device arrays up to and past a `vgpu run --memory` quota, and a compute
+cap held for its kernel launches (programs/numba_client.py)."""
+
+from __future__ import annotations
+
+import re
+
+from tests.clients.conftest import Client
+
+
+def test_jit_kernels_forall_pinned_and_mapped_arrays(client: Client) -> None:
+    out = client.run("numba_client.py", "basic")
+    assert "basic ok" in out
+
+
+def test_device_arrays_up_to_and_past_the_quota(client: Client) -> None:
+    out = client.run("numba_client.py", "quota", str(1 << 30), vgpu=["--memory", "1Gi"])
+    # 64 MiB arrays: exactly 16 fit in 1 GiB; the 17th is a clean CUDA_ERROR_OUT_OF_MEMORY
+    assert "oom after 16 arrays" in out, out
+    assert f"allocated={1 << 30}" in out
+
+
+def test_compute_cap_holds_for_jit_kernels(client: Client) -> None:
+    out = client.run("numba_client.py", "compute", "3", vgpu=["--compute", "30"])
+    m = re.search(r"share=([\d.]+)", out)
+    assert m, out
+    assert 22 < float(m.group(1)) < 38, out
