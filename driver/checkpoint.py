@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from cdi.writer import atomic_write
+from driver import hostfs
 
 VERSION = 1
 PREPARE_STARTED = "PrepareStarted"
@@ -119,10 +120,12 @@ class Checkpoint:
     def load(self) -> None:
         """Read the file (absent = no claims). CheckpointError when it is corrupt."""
         try:
-            raw = self.path.read_bytes()
+            raw = hostfs.read_file(self.path)  # a link in its place is an error, not followed
         except FileNotFoundError:
             self._claims, self._docs = {}, {}
             return
+        except OSError as e:
+            raise CheckpointError(f"checkpoint {self.path} cannot be read: {e}") from e
         try:
             doc = json.loads(raw)
         except ValueError as e:

@@ -31,13 +31,13 @@ and CDI specs in settings.cdi_root: k8s.<driver>-claim_<uid>.json.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 from pathlib import Path
 from typing import Any, Protocol
 
 from cdi.writer import atomic_write
+from driver import hostfs
 from driver.claims import RulesFor
 from driver.health import HealthBroadcaster
 from driver.injection import DriverInjector
@@ -85,18 +85,23 @@ def install_shim(source: Path, lib_dir: Path) -> Path:
     lib_dir.mkdir(parents=True, exist_ok=True)
     target = lib_dir / "libvgpu.so"
     data = source.read_bytes()
-    try:
-        current = target.read_bytes()
-    except FileNotFoundError:
-        current = b""
-    if hashlib.sha256(current).digest() != hashlib.sha256(data).digest():
+    if _current(target) != data:
         atomic_write(target, data, mode=0o755)
         log.info("installed shim %s -> %s", source, target)
     preload = lib_dir / "ld.so.preload"
     text = f"{CONTAINER_LIB}\n".encode()
-    if not preload.exists() or preload.read_bytes() != text:
+    if _current(preload) != text:
         atomic_write(preload, text, mode=0o644)
     return target
+
+
+def _current(path: Path) -> bytes | None:
+    """What an installed file holds; None when absent or not a regular file (a link is never
+    followed: the rewrite replaces it)."""
+    try:
+        return hostfs.read_file(path)
+    except OSError:
+        return None
 
 
 class Driver:

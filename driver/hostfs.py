@@ -115,6 +115,14 @@ def make_dir(dir_fd: int, name: str, mode: int) -> bool:
     return True
 
 
+def read_file(path: Path) -> bytes:
+    """The content of the regular file `path`, opened without following a link at its last
+    component (ELOOP for a link). FileNotFoundError when absent."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
+
+
 def is_regular(dir_fd: int, name: str) -> bool:
     """Whether `name` in `dir_fd` is a regular file (a link to one is not)."""
     try:

@@ -21,6 +21,8 @@ from pathlib import Path
 from types import FrameType
 from typing import cast
 
+from cdi.writer import atomic_write
+from driver import hostfs
 from driver.checkpoint import CheckpointError
 from driver.claim_pods import ClaimPods
 from driver.discovery import Discovery, Inventory, NvmlBackend, PynvmlBackend, Rediscovery
@@ -95,7 +97,7 @@ class Plugin:
 
     def _remembered_mode(self) -> Mode | None:
         try:
-            text = self._mode_file().read_text().strip()
+            text = hostfs.read_file(self._mode_file()).decode(errors="replace").strip()
         except OSError:
             return None
         return cast(Mode, text) if text in ("sharing", "partition") else None
@@ -103,7 +105,7 @@ class Plugin:
     def _remember_mode(self, mode: Mode) -> None:
         try:
             self.settings.data_dir.mkdir(parents=True, exist_ok=True)
-            self._mode_file().write_text(mode + "\n")
+            atomic_write(self._mode_file(), f"{mode}\n".encode())  # never through a link
         except OSError as e:
             log.warning("cannot record the publishing mode in %s: %s", self._mode_file(), e)
 

@@ -24,6 +24,7 @@ from driver.checkpoint import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
     UNPREPARE_STARTED,
+    CheckpointError,
     ClaimEntry,
     _checksum,
 )
@@ -365,3 +366,34 @@ def test_hostfs_refuses_paths_outside_the_root(tmp_path: Path) -> None:
     assert (tmp_path / "outside").read_text() == "x"
     assert hostfs.remove(root / "a", root) and not (root / "a").exists()
     assert hostfs.remove(root / "up", root) and (tmp_path / "outside").exists()
+
+
+def test_links_in_place_of_the_plugins_own_files_are_not_followed(world: World) -> None:
+    """The shim copy and the preload file are rewritten over a link; a checkpoint that is a link
+    stops the start (one line) instead of being read through it or replaced."""
+    v = victims(world.root)
+    before = snapshot(v)
+    lib = world.root / "data" / "lib"
+    for name in ("libvgpu.so", "ld.so.preload"):
+        (lib / name).unlink()
+        (lib / name).symlink_to(v / "passwd")
+    restart(world)
+    assert snapshot(v) == before
+    assert stat.S_ISREG((lib / "ld.so.preload").lstat().st_mode)
+    assert (lib / "ld.so.preload").read_text() == "/usr/local/lib/vgpu-sharing/libvgpu.so\n"
+    assert stat.S_ISREG((lib / "libvgpu.so").lstat().st_mode)
+    world.kubelet.close()
+    world.plugin.driver.stop()
+    cp = world.root / "data" / "checkpoint.json"
+    cp.unlink(missing_ok=True)
+    cp.symlink_to(v / "passwd")
+    again = InProcessPlugin(world.root, world.server.api_client())
+    with pytest.raises(CheckpointError, match=r"checkpoint .* cannot be read: .*symbolic link"):
+        again.driver.start()
+    again.driver.stop()
+    assert snapshot(v) == before
+    cp.unlink()
+    world.plugin = InProcessPlugin(world.root, world.server.api_client())
+    world.plugin.driver.start()
+    world.kubelet = KubeletStandin(world.plugin.registration_socket)
+    world.kubelet.register()
