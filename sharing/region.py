@@ -247,9 +247,7 @@ def _compute_usage(index: int, st: Any) -> ComputeUsage:
 def _fill(fd: int) -> None:
     os.ftruncate(fd, FILE_SIZE)
     with mmap.mmap(fd, FILE_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE) as m:
-        r = ffi.cast("struct vgpu_region *", ffi.from_buffer(m))
-        if lib.vgpu_region_init_lock(r) != 0:
-            raise RegionError("cannot initialise the region's lock")
+        r = ffi.cast("struct vgpu_region *", ffi.from_buffer(m))  # zeros: the lock word is free
         r.header.created_unix_ns = time.time_ns()
         r.header.max_devices = MAX_DEVICES
         r.header.max_procs = MAX_PROCS

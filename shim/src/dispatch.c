@@ -71,10 +71,22 @@ static pthread_once_t cuda_once = PTHREAD_ONCE_INIT, nvml_once = PTHREAD_ONCE_IN
 static int cuda_ok, nvml_ok;
 static void *cuda_handle, *nvml_handle;
 
+/* The thread inside resolve_lib of each library: a driver library's constructor that looks one
+ * of its names up must not wait for the resolution it runs in (pthread_once would never return). */
+static _Atomic int resolving[2];
+static pthread_t resolving_thread[2];
+
+static int resolving_here(int lib) {
+    return atomic_load_explicit(&resolving[lib], memory_order_acquire) && pthread_equal(resolving_thread[lib], pthread_self());
+}
+
 static void resolve_lib(int lib, const char *soname, int *ok) {
+    resolving_thread[lib] = pthread_self();
+    atomic_store_explicit(&resolving[lib], 1, memory_order_release);
     /* RTLD_LOCAL: do not add the driver to the global scope ahead of anything; by name, so an
      * application that already loaded it (even by absolute path) shares this one instance */
     void *h = dlopen(soname, RTLD_NOW | RTLD_LOCAL);
+    atomic_store_explicit(&resolving[lib], 0, memory_order_release);
     if (h == NULL) return;
     if (lib == VGPU_LIB_CUDA) cuda_handle = h;
     else nvml_handle = h;
@@ -143,6 +155,7 @@ EARLY_SAFE __attribute__((optimize("optimize-sibling-calls"))) VGPU_EXPORT void 
 
 /* Control is on and `e`'s library resolved: the wrapper may be handed out. */
 static int hooks_apply(const struct entry *e) {
+    if (resolving_here(e->lib)) return 0;
     if (e->lib == VGPU_LIB_CUDA ? vgpu_resolve_cuda() : vgpu_resolve_nvml()) return 0;
     (void)vgpu_init(); /* CUDA_DISABLE_CONTROL=true: the driver's own pointers (pure passthrough) */
     return !vgpu_config()->disabled;

@@ -3,8 +3,9 @@
  *
  * Crash-safety without startup serialisation:
  *  - creation is build-in-temp-file + link(): no process sees a half-built file, nobody waits;
- *  - charges are made under a robust process-shared mutex whose critical sections make no system
- *    calls; a holder killed inside leaves EOWNERDEAD, and the next locker recomputes the totals;
+ *  - charges are made under a lock word whose critical sections make no system calls; a holder
+ *    killed inside, garbage in the word or a hung holder make the next locker take it over (at
+ *    the latest after 2 s) and recompute the totals (see "the lock" below);
  *  - slot ownership is an fcntl OFD byte lock held for the process lifetime: the kernel drops it
  *    at death, in every PID namespace, so a slot whose byte can be locked is a dead process's.
  */
@@ -12,6 +13,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,8 +43,6 @@ static int region_broken;           /* fork child could not reopen: fail closed 
 static pthread_mutex_t slot_mu = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic uint64_t last_scan_ns;
 
-static pthread_mutex_t *region_mutex(struct vgpu_region *r) { return (pthread_mutex_t *)(void *)r->lock; }
-
 static uint64_t now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC_COARSE, &ts); /* a few ms of resolution is plenty for a 100 ms throttle */
@@ -53,16 +53,10 @@ struct vgpu_region *vgpu_region(void) { return R; }
 
 /* ---- creation ---- */
 
-/* r is freshly ftruncate()d, so all zeros: only the non-zero fields are written (touching the
- * whole 150 KiB would fault every page in, for nothing, in every racing creator). */
+/* r is freshly ftruncate()d, so all zeros (the lock word too: free): only the non-zero fields
+ * are written (touching the whole 150 KiB would fault every page in, for nothing, in every racing
+ * creator). */
 static int init_contents(struct vgpu_region *r) {
-    pthread_mutexattr_t a;
-    if (pthread_mutexattr_init(&a) != 0) return -1;
-    int rc = pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
-    if (rc == 0) rc = pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
-    if (rc == 0) rc = pthread_mutex_init(region_mutex(r), &a);
-    pthread_mutexattr_destroy(&a);
-    if (rc != 0) return -1;
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     r->header.created_unix_ns = (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
@@ -144,138 +138,96 @@ static void recover_locked(void) {
     R->lock_recoveries++;
 }
 
-/* ---- the lock: bounded waits, and a rebuild when the lock word is not a usable mutex ----
+/* ---- the lock ----
  *
- * Any process of the slice can write the file, so the mutex may hold garbage (or a state no
- * live holder will ever release). No wait is unbounded: a locker that cannot get the mutex
- * within LOCK_TIMEOUT rebuilds it (a fresh robust mutex, taken) and recomputes the totals from
- * the live slots, as after EOWNERDEAD. Rebuilders take turns on an OFD byte lock of the file
- * (REBUILD_BYTE, after the slots' bytes; dropped by the kernel if the holder dies) and on
- * rebuild_mu among our own threads (byte locks belong to the open file description, shared by
- * our threads). A holder descheduled for longer than LOCK_TIMEOUT is taken for garbage: its
- * critical section may then overlap the rebuilder's; the next recovery recomputes the totals. */
-#define LOCK_TIMEOUT_NS 2000000000LL    /* a critical section takes microseconds */
-#define RETRY_TIMEOUT_NS 250000000LL    /* after waiting for the rebuild turn: it may be healthy again */
-#define REBUILD_BYTE (VGPU_SLOT_LOCK_BASE + VGPU_MAX_PROCS)
-static pthread_mutex_t rebuild_mu = PTHREAD_MUTEX_INITIALIZER;
+ * Any process of the slice can write the file, so the lock must survive garbage as well as a
+ * holder's death, and never wait without bound. It is one 32-bit word (the first of `lock`:
+ * creators initialise a pthread mutex there, which leaves it 0): 0 is free, otherwise the
+ * holder's token: its slot index + 1 in the low TOKEN_SLOT_BITS (TOKEN_UNKNOWN while a process
+ * has no slot), a per-acquisition sequence number above (so that no two acquisitions, even by
+ * threads of one process, have the same token). Taken by compare-and-swap from 0, released by
+ * compare-and-swap of the holder's own token back to 0; nothing in the word is ever followed or
+ * trusted beyond a number. Our own threads take turns on local_mu first (a private mutex, out of
+ * the tenant's reach), so at most one of them is ever at the word. A waiter takes the lock over,
+ * by compare-and-swap of the token it saw (so exactly one waiter does), and recomputes the
+ * totals from the live slots (recover_locked):
+ *   - when the token names another process's slot whose byte lock nobody holds (its holder
+ *     died: what EOWNERDEAD was for a robust mutex), or our own slot (none of our threads holds
+ *     it: a dead former owner of the slot, or garbage);
+ *   - when the word is not a token at all (garbage);
+ *   - after LOCK_TIMEOUT_NS (a live holder takes microseconds; a holder descheduled for longer
+ *     is taken for hung: its critical section may then overlap the next holder's, and the next
+ *     recovery recomputes the totals).
+ * The last two are logged (one line each). Waiters spin, then yield, then sleep 100 us. */
+#define LOCK_TIMEOUT_NS 2000000000ULL
+#define TOKEN_SLOT_BITS 11
+#define TOKEN_SLOT_MASK ((1u << TOKEN_SLOT_BITS) - 1)
+#define TOKEN_UNKNOWN ((uint32_t)VGPU_MAX_PROCS + 1)
+_Static_assert(VGPU_MAX_PROCS + 1 <= TOKEN_SLOT_MASK, "slot tokens do not fit");
+static int pending_slot = -1;         /* the slot being claimed, whose token the claim locks with */
+static pthread_mutex_t local_mu = PTHREAD_MUTEX_INITIALIZER;
+static uint32_t held_token;           /* the token we hold the word with (under local_mu) */
+static uint32_t token_seq;            /* under local_mu */
 
-static int init_robust_mutex(pthread_mutex_t *m) {
-    pthread_mutexattr_t a;
-    if (pthread_mutexattr_init(&a) != 0) return -1;
-    int rc = pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
-    if (rc == 0) rc = pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
-    if (rc == 0) rc = pthread_mutex_init(m, &a);
-    pthread_mutexattr_destroy(&a);
-    return rc == 0 ? 0 : -1;
+static _Atomic uint32_t *lock_word(void) { return (_Atomic uint32_t *)(void *)R->lock; }
+
+static uint32_t new_token(void) {
+    int s = my_slot >= 0 ? my_slot : pending_slot;
+    uint32_t slot = s >= 0 ? (uint32_t)s + 1 : TOKEN_UNKNOWN;
+    return slot | (++token_seq << TOKEN_SLOT_BITS);
 }
 
-#if defined(__GLIBC__) && defined(__PTHREAD_MUTEX_HAVE_PREV)
-/* glibc's mutex: the C library trusts its fields (the kind selects the code path, some of which
- * assert; unlock follows the robust-list pointers). A kind other than the one we create is
- * garbage: rebuild without calling into it. The holder keeps a copy of the fields the unlock
- * trusts and puts them back before unlocking (someone may have written over them meanwhile). */
-#define GLIBC_MUTEX 1
-static int expected_kind = -1;
-static struct {
-    int owner, kind;
-    __pthread_list_t list;
-} held_fields;
+enum holder { HOLDER_ALIVE, HOLDER_DEAD, HOLDER_GARBAGE };
 
-static int mutex_plausible(pthread_mutex_t *m) {
-    int k = __atomic_load_n(&expected_kind, __ATOMIC_RELAXED);
-    if (k < 0) {
-        pthread_mutex_t t;
-        if (init_robust_mutex(&t) != 0) return 1;
-        k = t.__data.__kind;
-        pthread_mutex_destroy(&t);
-        __atomic_store_n(&expected_kind, k, __ATOMIC_RELAXED);
-    }
-    return __atomic_load_n(&m->__data.__kind, __ATOMIC_RELAXED) == k;
-}
-
-static void keep_fields(pthread_mutex_t *m) {
-    held_fields.owner = m->__data.__owner;
-    held_fields.kind = m->__data.__kind;
-    held_fields.list = m->__data.__list;
-}
-
-static void restore_fields(pthread_mutex_t *m) {
-    m->__data.__owner = held_fields.owner;
-    m->__data.__kind = held_fields.kind;
-    m->__data.__list = held_fields.list;
-}
-#else
-static int mutex_plausible(pthread_mutex_t *m) { return (void)m, 1; }
-static void keep_fields(pthread_mutex_t *m) { (void)m; }
-static void restore_fields(pthread_mutex_t *m) { (void)m; }
-#endif
-
-static int timed_lock(pthread_mutex_t *m, long long timeout_ns) {
-    if (!mutex_plausible(m)) return EINVAL;
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    long long ns = ts.tv_nsec + timeout_ns;
-    ts.tv_sec += (time_t)(ns / 1000000000LL);
-    ts.tv_nsec = (long)(ns % 1000000000LL);
-    int rc = pthread_mutex_timedlock(m, &ts);
-    if (rc == EOWNERDEAD) {
-        recover_locked();
-        pthread_mutex_consistent(m);
-        rc = 0;
-    }
-    if (rc == 0) keep_fields(m);
-    return rc;
-}
-
-/* Our turn to rebuild, among processes (the byte lock) and our threads (rebuild_mu, held by the
- * caller); bounded too, so that a process sitting on the byte cannot hang the others. */
-static int take_rebuild_byte(void) {
-    for (long long waited = 0; waited < LOCK_TIMEOUT_NS; waited += 1000000) {
-        if (byte_lock(region_fd, REBUILD_BYTE, F_WRLCK) == 0) return 0;
-        if (errno != EAGAIN && errno != EACCES) return -1;
-        nanosleep(&(struct timespec){0, 1000000}, NULL);
-    }
-    errno = ETIMEDOUT;
-    return -1;
-}
-
-static int rebuild_and_lock(int why) {
-    pthread_mutex_t *m = region_mutex(R);
-    pthread_mutex_lock(&rebuild_mu);
-    int rc = take_rebuild_byte() == 0 ? 0 : errno;
-    if (rc == 0) {
-        /* someone may have rebuilt it while we waited for our turn */
-        if (timed_lock(m, RETRY_TIMEOUT_NS) != 0) {
-            /* a locker still inside the C library's lock call may take the fresh mutex first:
-             * it leaves it within a critical section's time */
-            if (init_robust_mutex(m) != 0 ||
-                (pthread_mutex_trylock(m) != 0 && timed_lock(m, RETRY_TIMEOUT_NS) != 0)) {
-                rc = ENOTRECOVERABLE;
-            } else {
-                keep_fields(m);
-                recover_locked();
-                vgpu_log(VGPU_LOG_WARN, "accounting lock was unusable (%s): rebuilt it, and the totals from the live slots",
-                         strerror(why));
-            }
-        }
-        byte_lock(region_fd, REBUILD_BYTE, F_UNLCK);
-    }
-    pthread_mutex_unlock(&rebuild_mu);
-    if (rc != 0) vgpu_log(VGPU_LOG_ERROR, "accounting lock unusable (%s)", strerror(rc));
-    return rc == 0 ? 0 : -1;
+static enum holder holder_state(uint32_t t, uint32_t mine) {
+    uint32_t slot = t & TOKEN_SLOT_MASK;
+    if (slot == TOKEN_UNKNOWN) return HOLDER_ALIVE; /* cannot tell: the timeout decides */
+    if (slot == 0 || slot > VGPU_MAX_PROCS) return HOLDER_GARBAGE;
+    if (slot == (mine & TOKEN_SLOT_MASK)) return HOLDER_DEAD; /* our slot, and we wait: not ours */
+    /* F_OFD_GETLK: a live owner's lock on that slot's byte conflicts with ours (not our slot) */
+    struct flock fl;
+    memset(&fl, 0, sizeof fl);
+    fl.l_type = F_WRLCK;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = VGPU_SLOT_LOCK_BASE + (off_t)slot - 1;
+    fl.l_len = 1;
+    if (fcntl(region_fd, F_OFD_GETLK, &fl) != 0) return HOLDER_ALIVE;
+    return fl.l_type == F_UNLCK ? HOLDER_DEAD : HOLDER_ALIVE;
 }
 
 int vgpu_region_lock(void) {
-    int rc = timed_lock(region_mutex(R), LOCK_TIMEOUT_NS);
-    return rc == 0 ? 0 : rebuild_and_lock(rc);
+    pthread_mutex_lock(&local_mu);
+    _Atomic uint32_t *w = lock_word();
+    uint32_t mine = new_token();
+    held_token = mine;
+    uint64_t start = 0;
+    for (unsigned round = 0;; round++) {
+        uint32_t seen = 0;
+        if (atomic_compare_exchange_weak_explicit(w, &seen, mine, memory_order_acquire, memory_order_relaxed))
+            return 0;
+        if (round < 64) continue; /* held for a few instructions: spin */
+        uint64_t now = now_ns();
+        if (start == 0) start = now;
+        enum holder h = round % 16 == 0 ? holder_state(seen, mine) : HOLDER_ALIVE;
+        int timed_out = now - start > LOCK_TIMEOUT_NS;
+        if ((h != HOLDER_ALIVE || timed_out) &&
+            atomic_compare_exchange_strong_explicit(w, &seen, mine, memory_order_acquire, memory_order_relaxed)) {
+            recover_locked();
+            if (h != HOLDER_DEAD)
+                vgpu_log(VGPU_LOG_WARN, "accounting lock %s (word %#x): taken over, totals recomputed from the live slots",
+                         h == HOLDER_GARBAGE ? "held garbage" : "held for more than 2 s", seen);
+            return 0;
+        }
+        if (round < 256) sched_yield();
+        else nanosleep(&(struct timespec){0, 100000}, NULL);
+    }
 }
 
 void vgpu_region_unlock(void) {
-    pthread_mutex_t *m = region_mutex(R);
-    restore_fields(m);
-    /* still refused (the lock word itself was overwritten): the next locker times out and
-     * rebuilds it */
-    pthread_mutex_unlock(m);
+    uint32_t mine = held_token;
+    /* fails only if the word was taken over or overwritten meanwhile: it is no longer ours */
+    atomic_compare_exchange_strong_explicit(lock_word(), &mine, 0, memory_order_release, memory_order_relaxed);
+    pthread_mutex_unlock(&local_mu);
 }
 
 /* slot_mu held. 0 claimed; -1 every slot is taken by a live process; -2 byte locks do not work
@@ -294,6 +246,7 @@ static int claim_slot_locked_local(void) {
         }
     }
     if (got < 0) return -1;
+    pending_slot = got; /* the claim locks with the token of the slot it holds the byte of */
     if (vgpu_region_lock() != 0) {
         byte_lock(region_fd, got, F_UNLCK);
         return -1;
@@ -310,6 +263,7 @@ static int claim_slot_locked_local(void) {
     if ((uint32_t)got >= R->slots_hwm) __atomic_store_n(&R->slots_hwm, (uint32_t)got + 1, __ATOMIC_RELEASE);
     vgpu_region_unlock();
     my_slot = got;
+    pending_slot = -1;
     return 0;
 }
 
@@ -553,7 +507,7 @@ void vgpu_region_atfork_child(void) {
     my_slot = -1;
     if (fd < 0) region_broken = 1;
     pthread_mutex_init(&slot_mu, NULL);
-    pthread_mutex_init(&rebuild_mu, NULL);
+    pthread_mutex_init(&local_mu, NULL); /* held by another thread of the parent at fork */
 }
 
 /* Normal exit: give the slot back now rather than at the next scan (the driver frees the

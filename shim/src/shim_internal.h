@@ -148,7 +148,8 @@ struct vgpu_region *vgpu_region(void);  /* NULL when no region is in use */
 /* Open (or create) the region: path, or a private memfd when path is NULL. Returns CUDA_SUCCESS
  * or an error after printing one line. */
 CUresult vgpu_region_open(const char *path);
-/* 0 locked; -1 the lock is unusable (ENOTRECOVERABLE: reported, fail the call). */
+/* 0 locked (never fails: a dead, hung or garbage holder is taken over within 2 s; callers keep
+ * their check of the result). */
 int vgpu_region_lock(void);
 void vgpu_region_unlock(void);
 /* Reserve bytes on device index dev against limit (0 = none). Returns 0, or -1 if over quota

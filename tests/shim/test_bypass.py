@@ -15,7 +15,7 @@ import pytest
 from sharing.paths import shim_library, sim_lib_dir
 from tests.shim.conftest import kv
 from tests.shim.test_routes import hooked_cuda_symbols
-from tests.support.cbuild import compile_shared_library
+from tests.support.cbuild import C_PROGRAMS, CFLAGS, compile_shared_library
 
 GiB = 1 << 30
 QUOTA = 1 * GiB
@@ -190,3 +190,26 @@ def test_dlvsym_finds_no_unversioned_driver_function(
     for any version asked: not a route to the driver (docs/shim.md, threat model)."""
     res, out = run(bypass_main, str(hostile), quota_env(shim_env), f"alloc:{OVER}:vsym:{version}")
     assert res[0]["rc"] == "-1", out
+
+
+def test_a_driver_constructor_looking_up_its_names_does_not_deadlock(
+    shim_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The shim loads the driver inside its one-time resolution; a driver whose constructor
+    looks its own names up (RTLD_NEXT, RTLD_DEFAULT) reaches the shim's dlsym from inside that
+    resolution, on the same thread: answered at once (hung forever on 5375d13)."""
+    src = C_PROGRAMS / "driver_ctor_lookup.c"
+    drv = tmp_path / "libcuda.so.1"
+    main = tmp_path / "main"
+    base = ["gcc", *CFLAGS, "-o"]
+    subprocess.run(
+        [*base, str(drv), "-fPIC", "-shared", "-Wl,-soname,libcuda.so.1", str(src), "-ldl"],
+        check=True,
+    )
+    subprocess.run([*base, str(main), "-DMAIN", str(src), "-ldl"], check=True)
+    env = dict(quota_env(shim_env), LD_LIBRARY_PATH=str(tmp_path))
+    r = subprocess.run(
+        [str(main)], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    # nothing follows the driver for RTLD_NEXT; RTLD_DEFAULT finds the shim's wrapper
+    assert (r.returncode, r.stdout.strip()) == (0, "rc=0 next=0 default=1"), r.stdout + r.stderr

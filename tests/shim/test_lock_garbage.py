@@ -1,10 +1,11 @@
 """A process of the slice that writes garbage into the accounting file's lock (issue 8) must not
-hang the others: every locker waits a bounded time, then rebuilds the mutex and the totals from
-the live slots (one log line). Real processes: the shim's region code in the harness, and CUDA
+hang the others: every locker waits a bounded time, then takes the lock over and recomputes the
+totals from the live slots (one log line). Real processes: the shim's region code in the harness, and CUDA
 programs under the preloaded shim, allocate while the test scribbles over the lock."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import struct
 import subprocess
@@ -21,11 +22,37 @@ LOCK_OFFSET: int = ffi.offsetof("struct vgpu_region", "lock")
 LOCK_SIZE: int = 8 * lib.VGPU_LOCK_WORDS
 
 
-def garbage_patterns(current: bytes) -> list[bytes]:
-    """Random bytes, all ones, and the worst for a waiter: the mutex intact but its lock word
-    naming an owner that does not exist (no thread will ever release or die holding it)."""
-    fake_owner = struct.pack("<I", 0x3FFFFFFE) + current[4:]
-    return [fake_owner, os.urandom(LOCK_SIZE), b"\xff" * LOCK_SIZE, fake_owner]
+HUNG_SLOT = 1000  # a slot the test keeps alive (holds its byte lock): its "holder" never returns
+DEAD_SLOT = 900  # a slot nobody holds: its holder died
+
+
+def token(slot: int, seq: int) -> bytes:
+    """A lock word as a holder of `slot` writes it (shim/src/region.c: slot + 1, sequence)."""
+    return struct.pack("<I", (slot + 1) | (seq << 11)) + os.urandom(LOCK_SIZE - 4)
+
+
+def garbage_patterns() -> list[bytes]:
+    """A live process that took the lock and stopped (the worst for a waiter: only the timeout
+    tells), a dead holder, random bytes, all ones."""
+    return [
+        token(HUNG_SLOT, 7),
+        os.urandom(LOCK_SIZE),
+        token(DEAD_SLOT, 9),
+        b"\xff" * LOCK_SIZE,
+        token(HUNG_SLOT, 11),
+    ]
+
+
+def hold_hung_slot(path: Path) -> int:
+    """Keep HUNG_SLOT's byte locked as its owner would (an open-file-description lock: unlike a
+    POSIX lock, it survives our closing other descriptors of the file): the slot looks alive.
+    Returns the descriptor; closing it drops the lock."""
+    fd = os.open(path, os.O_RDWR)
+    flock = struct.pack(
+        "hhxxxxqqixxxx", fcntl.F_WRLCK, os.SEEK_SET, lib.VGPU_SLOT_LOCK_BASE + HUNG_SLOT, 1, 0
+    )
+    fcntl.fcntl(fd, fcntl.F_OFD_SETLK, flock)
+    return fd
 
 
 def scribble(path: Path, pattern: bytes) -> None:
@@ -90,14 +117,15 @@ def test_garbage_in_the_lock_word_does_not_hang_the_slice(
     harness = [str(shim_harness), "stress", str(path), "0", str(limit), "2", "20000"]
     cuda = [str(shim_ops), "init", "ctx", f"stress:2:5000:{16 * MiB}"]
     workers = Workers([(harness, None), (harness, None), (cuda, env), (cuda, env)])
-    workers.run_for(0.5)
-    with path.open("rb") as f:
-        f.seek(LOCK_OFFSET)
-        current = f.read(LOCK_SIZE)
-    for pattern in garbage_patterns(current):
-        scribble(path, pattern)
-        workers.run_for(1.0)
-    workers.finish(timeout=60)
+    hung = hold_hung_slot(path)
+    try:
+        workers.run_for(0.5)
+        for pattern in garbage_patterns():
+            scribble(path, pattern)
+            workers.run_for(1.0)
+        workers.finish(timeout=60)
+    finally:
+        os.close(hung)
     for i, out, err, rc in workers.finished:
         assert rc == 0, (out, err)
         if i < 2:
@@ -108,10 +136,11 @@ def test_garbage_in_the_lock_word_does_not_hang_the_slice(
             assert int(stress["ok"]) > 0 and stress["other"] == "0", (out, err)
     assert {i for i, *_ in workers.finished} == {0, 1, 2, 3}
     logs = "".join(err for _, _, err, _ in workers.finished)
-    assert "vgpu: accounting lock was unusable" in logs, logs
+    assert "vgpu: accounting lock held for more than 2 s" in logs, logs
+    assert "vgpu: accounting lock held garbage" in logs, logs
     # the books balance: everything was returned, and the lock works again for a newcomer
-    # (the last scribble may still be there: the newcomer rebuilds it)
-    scribble(path, garbage_patterns(current)[0])
+    # (a dead holder's word left there: the newcomer takes it over)
+    scribble(path, token(DEAD_SLOT, 13))
     used = subprocess.run(
         [str(shim_harness), "used", str(path), "0"],
         capture_output=True, text=True, timeout=60, check=True,

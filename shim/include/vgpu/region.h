@@ -12,9 +12,13 @@
  * Protocol (shim/src/region.c implements it; sharing/region.py reads it):
  *  - The file is created complete: built in a temporary file in the same directory, then
  *    link()ed into place. Nobody ever sees a half-initialised file; nobody waits to create it.
- *  - `lock` holds a process-shared, robust pthread mutex. It guards every write to
+ *  - The first 32-bit word of `lock` is the lock (creators may initialise a pthread mutex
+ *    there: all that matters is that the word starts at 0). It guards every write to
  *    devices[].used and procs[].used[]/state; the critical sections make no system calls.
- *    A holder that dies leaves EOWNERDEAD to the next locker, which recomputes
+ *    0 = free, else the holder's token: slot index + 1 in the low 11 bits (VGPU_MAX_PROCS + 1:
+ *    no slot yet), a sequence number above. Taken and released by compare-and-swap. A waiter
+ *    takes it over (compare-and-swap of the token it saw) when the token's slot byte is not
+ *    locked (holder dead), when the word is not a token, or after 2 s; it then recomputes
  *    devices[d].used as the sum of procs[].used[d] over VGPU_SLOT_LIVE slots.
  *  - Slot i is owned by whoever holds an fcntl open-file-description write lock on the one
  *    byte at file offset VGPU_SLOT_LOCK_BASE + i (held for the owner's lifetime; the kernel
@@ -40,7 +44,7 @@
 #define VGPU_REGION_LAYOUT_VERSION 4 /* 4: usage only (no limit), devices[].denied_bytes */
 #define VGPU_MAX_DEVICES 16
 #define VGPU_MAX_PROCS 1024
-#define VGPU_LOCK_WORDS 8 /* 64 bytes reserved for the pthread_mutex_t (40 on x86-64 glibc) */
+#define VGPU_LOCK_WORDS 8 /* 64 bytes: the lock word (first 32 bits) and room (it once held a pthread mutex) */
 #define VGPU_SLOT_LOCK_BASE 0 /* slot i's liveness lock is on file byte VGPU_SLOT_LOCK_BASE + i */
 #define VGPU_SLOT_FREE 0
 #define VGPU_SLOT_LIVE 1
@@ -73,8 +77,8 @@ struct vgpu_proc_slot {
 
 struct vgpu_region {
     struct vgpu_region_header header;
-    uint64_t lock[VGPU_LOCK_WORDS]; /* pthread_mutex_t: PTHREAD_PROCESS_SHARED, PTHREAD_MUTEX_ROBUST */
-    uint64_t lock_recoveries;       /* EOWNERDEAD recoveries (a holder died in a critical section) */
+    uint64_t lock[VGPU_LOCK_WORDS]; /* the lock word (first 32 bits), see the protocol above */
+    uint64_t lock_recoveries;       /* take-overs: a dead, hung or garbage holder (totals recomputed) */
     uint64_t reclaimed_slots;       /* dead processes whose charges were returned */
     uint32_t slots_hwm;             /* slots [0, slots_hwm) have ever been claimed: scans stop there */
     uint32_t reserved0;
