@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from functools import total_ordering
 from typing import Any
 
@@ -366,7 +366,7 @@ class SelectorEvaluator:
         result: bool | str
         try:
             value = selector.program.evaluate(act)
-        except (CELEvalError, InvalidOperation, ValueError, TypeError) as e:
+        except Exception as e:  # any failure of one device's evaluation is that device's error
             result = _runtime_error(e)
         else:
             if isinstance(value, CELEvalError):
@@ -380,6 +380,9 @@ class SelectorEvaluator:
 
 
 def _runtime_error(e: BaseException) -> str:
-    parts = [str(a) for a in e.args[:1]] or [type(e).__name__]
-    text = parts[0].splitlines()[0] if parts[0] else type(e).__name__
-    return f"CEL runtime error: {text}"
+    """One line. celpy's errors carry (message, exception type, the exception's args)."""
+    args = e.args
+    text = str(args[0]) if args else type(e).__name__
+    if len(args) >= 3 and isinstance(args[2], tuple) and args[2]:
+        text = f"{text}: {args[2][0]}"
+    return f"CEL runtime error: {text.splitlines()[0] if text else type(e).__name__}"

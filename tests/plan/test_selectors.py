@@ -131,3 +131,15 @@ def test_a_selector_that_does_not_compile_is_bad_input(
         f"vgpu plan: {w}: workloads[0].spec.devices.requests[0].exactly.selectors[0].cel.expression: CEL expression does not compile"
     )
     assert "\n" not in err
+
+
+def test_runtime_errors_say_what_went_wrong() -> None:
+    ev = SelectorEvaluator()
+    d = _device("GPU-0", 1)
+    assert ev.matches(ev.compile('quantity("abc") == quantity("1")'), d) == (
+        "CEL runtime error: return error for overflow: 'abc' is not a quantity (e.g. 4Gi, 100, 500m)"
+    )
+    assert ev.matches(ev.compile("1/0 == 1"), d) == (
+        "CEL runtime error: modulus or divide by zero: integer division or modulo by zero"
+    )
+    assert ev.matches(ev.compile('"a"'), d) == "the expression gave StringType, not a bool"
