@@ -19,7 +19,7 @@ from pathlib import Path
 from sharing.plan.allocator import Allocator, Alternative, Placement, PreparedClaim, Usage
 from sharing.plan.cel_eval import CelError, SelectorEvaluator
 from sharing.plan.loader import InputError
-from sharing.plan.model import Device, DeviceClass, Inventory, Workload
+from sharing.plan.model import Allocated, Device, DeviceClass, Inventory, Workload, qualify
 from sharing.plan.quantity import format_quantity
 
 
@@ -104,6 +104,7 @@ def plan(
     alloc = Allocator(evaluator, usage)
     nodes = list(inventory.nodes.items())
     result = Plan(warnings=list(inventory.warnings))
+    result.warnings += apply_allocated(inventory.allocated, all_devices, usage)
     for w, claim in zip(workloads, claims, strict=True):
         cursor = 0
         reason: str | None = None
@@ -130,6 +131,28 @@ def plan(
         )
     result.devices = [(d, usage.free(d)) for d in all_devices]
     return result
+
+
+def apply_allocated(
+    allocated: Sequence[Allocated], devices: Sequence[Device], usage: Usage
+) -> list[str]:
+    """Start from existing claims' allocations; warnings for devices the slices lack."""
+    by_key = {d.key: d for d in devices}
+    warnings = []
+    for a in allocated:
+        d = by_key.get((a.driver, a.pool, a.device))
+        if d is None:
+            warnings.append(
+                f"claim {a.claim}: allocated device {a.driver}/{a.pool}/{a.device} is not in "
+                "the slices; left out"
+            )
+            continue
+        if d.allow_multiple and a.consumed is not None:
+            consumed = {qualify(k, d.driver): v for k, v in a.consumed.items()}
+            usage.commit([Placement("", d, {q: v for q, v in consumed.items() if q in d.capacity})])
+        else:
+            usage.taken[d.index] = True
+    return warnings
 
 
 def diagnose(

@@ -99,7 +99,8 @@ def test_not_yaml_and_missing_files(tmp_path: Path, capsys: pytest.CaptureFixtur
     other = tmp_path / "pod.yaml"
     other.write_text(yaml.safe_dump({"kind": "Pod"}))
     assert _err(capsys, _plan(other, w)) == (
-        f"vgpu plan: {other}: kind: 'Pod' is not allowed; allowed: ResourceSlice, DeviceClass"
+        f"vgpu plan: {other}: kind: 'Pod' is not allowed; allowed: ResourceSlice, DeviceClass, "
+        "ResourceClaim"
     )
 
 
