@@ -70,7 +70,8 @@ def prepare(
                     raise InputError(
                         file,
                         f"{where}.deviceClassName",
-                        f"DeviceClass {dr.device_class!r} not found (known: {known})",
+                        f"DeviceClass {dr.device_class!r} not found (known: {known}); give "
+                        "DeviceClasses with --slices or under deviceClasses: in this file",
                     )
                 try:
                     class_sel = tuple(evaluator.compile(e) for e in dc.selectors)
@@ -239,7 +240,7 @@ def _explain(
     if top > 0:
         return f"request {name}: needs {need} devices, at most {top} usable on one node"
     if not reasons:
-        return f"request {name}: no devices"
+        return f"request {name}: the slices hold no devices"
     detail = ", ".join(f"{n} device(s): {r}" for r, n in reasons.most_common(3))
     if max_free:
         left = ", ".join(
