@@ -162,21 +162,21 @@ def diagnose(
     """Why the claim fits on no node: the first request no device can serve, with why the
     devices refused it; else the device count, the constraints, or the combination."""
     usage = alloc.usage
-    per_request: list[tuple[str, int]] = []  # (request, most usable devices on one node)
     for alts in claim.requests:
         why: list[str] = []
-        best = 0
         for alt in alts:
             reasons: Counter[str] = Counter()
             max_free: dict[str, Decimal] = {}
-            top = 0
+            top = 0  # most usable devices on one node
+            whole_nodes = 0  # nodes where every matching device is usable (for All)
             for _, devices in nodes:
-                usable = 0
+                usable = matched = 0
                 for d in devices:
                     sel = alt_reason_selectable(alloc, alt, d)
                     if sel is not None:
                         reasons[sel] += 1
                         continue
+                    matched += 1
                     fit = alloc.demand(alt, d)
                     if fit.reason is not None:
                         reasons[fit.reason] += 1
@@ -197,15 +197,19 @@ def diagnose(
                         continue
                     usable += 1
                 top = max(top, usable)
-            best = max(best, top)
-            need = 1 if alt.request.mode == "All" else alt.request.count
-            if top >= need:
+                whole_nodes += matched > 0 and usable == matched
+            if alt.request.mode == "All":
+                if whole_nodes:
+                    why = []
+                    break
+                why.append(_explain(alt, reasons, max_free, 0, 1, all_mode=True))
+            elif top >= alt.request.count:
                 why = []
                 break
-            why.append(_explain(alt, reasons, max_free, top, need))
+            else:
+                why.append(_explain(alt, reasons, max_free, top, alt.request.count))
         if why:
             return "; ".join(why)
-        per_request.append((alts[0].base, best))
     if claim.constraints:
         parts = []
         for c in claim.constraints:
@@ -234,9 +238,21 @@ def alt_reason_selectable(alloc: Allocator, alt: Alternative, d: Device) -> str 
 
 
 def _explain(
-    alt: Alternative, reasons: Counter[str], max_free: dict[str, Decimal], top: int, need: int
+    alt: Alternative,
+    reasons: Counter[str],
+    max_free: dict[str, Decimal],
+    top: int,
+    need: int,
+    *,
+    all_mode: bool = False,
 ) -> str:
     name = alt.request.name
+    if all_mode and reasons:
+        detail = ", ".join(f"{n} device(s): {r}" for r, n in reasons.most_common(3))
+        return (
+            f"request {name}: allocationMode All needs every matching device of a node, and "
+            f"no node has them all free ({detail})"
+        )
     if top > 0:
         return f"request {name}: needs {need} devices, at most {top} usable on one node"
     if not reasons:

@@ -333,3 +333,23 @@ def test_existing_claims_allocations_are_planned_around(
         "claim team/gone: allocated device vgpu.sharing.dev/node-a/gpu-9 is not in the slices"
         in captured.err
     )
+
+
+def test_all_mode_fails_when_one_matching_device_is_full(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, doc = run_plan(
+        tmp_path,
+        [resource_slice("node-a", [gpu("gpu-0"), gpu("gpu-1")])],
+        [
+            workload("filler", 1, [request(capacity={"memory": "40Gi", "cores": "1"})]),
+            workload("all", 1, [request(mode="All", capacity={"memory": "1Gi", "cores": "1"})]),
+        ],
+        capsys,
+    )
+    assert code == 1
+    assert [p[0] for p in placements(doc)] == ["filler"]
+    assert doc["unplaced"][0]["reason"] == (
+        "request gpu: allocationMode All needs every matching device of a node, and no node "
+        "has them all free (1 device(s): not enough memory left (needs 1Gi))"
+    )
