@@ -44,6 +44,7 @@ class Plan:
     unplaced: list[Unplaced] = field(default_factory=list)
     devices: list[tuple[Device, dict[str, Decimal]]] = field(default_factory=list)  # free
     warnings: list[str] = field(default_factory=list)
+    workloads: list[tuple[str, int]] = field(default_factory=list)  # (name, replicas) in order
 
 
 def prepare(
@@ -104,7 +105,9 @@ def plan(
     usage = Usage(all_devices)
     alloc = Allocator(evaluator, usage)
     nodes = list(inventory.nodes.items())
-    result = Plan(warnings=list(inventory.warnings))
+    result = Plan(
+        warnings=list(inventory.warnings), workloads=[(w.name, w.replicas) for w in workloads]
+    )
     result.warnings += apply_allocated(inventory.allocated, all_devices, usage)
     for w, claim in zip(workloads, claims, strict=True):
         cursor = 0
