@@ -11,7 +11,7 @@ same as trying every node from the first, only faster).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -21,6 +21,8 @@ from sharing.plan.cel_eval import CelError, SelectorEvaluator
 from sharing.plan.loader import InputError
 from sharing.plan.model import Allocated, Device, DeviceClass, Inventory, Workload, qualify
 from sharing.plan.quantity import format_quantity
+
+PROGRESS_EVERY = 1000  # replicas between progress reports
 
 
 @dataclass(frozen=True)
@@ -100,8 +102,12 @@ def plan(
     workloads: Sequence[Workload],
     claims: Sequence[PreparedClaim],
     evaluator: SelectorEvaluator,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Plan:
+    """The plan; `progress(done, total)` is called every PROGRESS_EVERY replicas and at the end."""
     all_devices = [d for devs in inventory.nodes.values() for d in devs]
+    total = sum(w.replicas for w in workloads)
+    done = 0
     usage = Usage(all_devices)
     alloc = Allocator(evaluator, usage)
     nodes = list(inventory.nodes.items())
@@ -113,6 +119,9 @@ def plan(
         cursor = 0
         reason: str | None = None
         for replica in range(w.replicas):
+            done += 1
+            if progress is not None and done % PROGRESS_EVERY == 0:
+                progress(done, total)
             placed = None
             while cursor < len(nodes):
                 node, devices = nodes[cursor]
@@ -134,6 +143,8 @@ def plan(
             "combinations); that claim was treated as not fitting there"
         )
     result.devices = [(d, usage.free(d)) for d in all_devices]
+    if progress is not None:
+        progress(total, total)
     return result
 
 

@@ -353,3 +353,26 @@ def test_all_mode_fails_when_one_matching_device_is_full(
         "request gpu: allocationMode All needs every matching device of a node, and no node "
         "has them all free (1 device(s): not enough memory left (needs 1Gi))"
     )
+
+
+def test_progress_is_reported_every_thousand_replicas_and_at_the_end(tmp_path: Path) -> None:
+    from sharing.plan.cel_eval import SelectorEvaluator
+    from sharing.plan.loader import load_slices, load_workloads
+    from sharing.plan.planner import plan, prepare
+    from tests.plan.build import write_inputs
+
+    s, w = write_inputs(
+        tmp_path,
+        [resource_slice("node-a", [gpu("gpu-0")])],
+        [workload("w", 2500, [request(capacity={"memory": "256Mi", "cores": "1"})])],
+    )
+    inv, classes = load_slices(s)
+    workloads, _ = load_workloads(w)
+    ev = SelectorEvaluator()
+    seen: list[tuple[int, int]] = []
+    result = plan(
+        inv, workloads, prepare(workloads, classes, ev, w), ev, lambda d, t: seen.append((d, t))
+    )
+    assert seen == [(1000, 2500), (2000, 2500), (2500, 2500)]
+    # 100 cores, one each: 100 placed (memory: 160 x 256Mi would fit).
+    assert len(result.placed) == 100 and len(result.unplaced) == 2400
