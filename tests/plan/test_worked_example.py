@@ -11,16 +11,8 @@ import pytest
 from sharing.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
-EXAMPLE = REPO / "deploy" / "examples" / "plan"
-ARGS = [
-    "plan",
-    "--slices",
-    str(EXAMPLE / "slices"),
-    "--slices",
-    str(REPO / "deploy" / "deviceclass.yaml"),
-    "--workloads",
-    str(EXAMPLE / "workloads.yaml"),
-]
+EXAMPLE = REPO / "docs" / "examples" / "plan"
+ARGS = ["plan", "--slices", str(EXAMPLE / "slices"), "--workloads", str(EXAMPLE / "workloads.yaml")]
 
 
 def _doc_block(marker: str, fence: str) -> str:
@@ -45,6 +37,21 @@ def test_json_excerpt_is_part_of_the_real_output(capsys: pytest.CaptureFixture[s
             assert item in got[key], (key, item)
 
 
+def test_example_device_classes_are_the_deployed_ones() -> None:
+    """The example carries the DeviceClasses deploy/ installs (wherever they live there)."""
+    import yaml
+
+    deployed = {
+        d["metadata"]["name"]: d["spec"]["selectors"]
+        for path in (REPO / "deploy").rglob("*.yaml")
+        for d in yaml.safe_load_all(path.read_text())
+        if isinstance(d, dict) and d.get("kind") == "DeviceClass"
+    }
+    example = yaml.safe_load((EXAMPLE / "workloads.yaml").read_text())["deviceClasses"]
+    assert deployed, "no DeviceClass under deploy/"
+    assert {c["metadata"]["name"]: c["spec"]["selectors"] for c in example} == deployed
+
+
 GiB = 1024**3
 # node -> (mode, [(product, GiB, compute capability)]), as the example files were made.
 EXAMPLE_NODES: dict[str, tuple[str, list[tuple[str, int, str]]]] = {
@@ -56,7 +63,7 @@ DESCRIPTION = {"node-a": "two A100 40GB", "node-b": "one H100 80GB", "node-c": "
 
 
 def example_slices(node: str) -> str:
-    """The text of deploy/examples/plan/slices/<node>.yaml, from the plugin's slice code."""
+    """The text of docs/examples/plan/slices/<node>.yaml, from the plugin's slice code."""
     import yaml
 
     from driver.discovery import DiscoveredGpu, Inventory
