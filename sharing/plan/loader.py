@@ -349,7 +349,7 @@ def parse_device_class(ctx: _Ctx, prefix: str, obj: dict[str, Any]) -> DeviceCla
     name = ctx.string(meta.get("name"), _join(prefix, "metadata.name"))
     spec = ctx.mapping(obj.get("spec") or {}, _join(prefix, "spec"))
     sp = _join(prefix, "spec.selectors")
-    return DeviceClass(name, _selectors(ctx, sp, spec.get("selectors")))
+    return DeviceClass(name, _selectors(ctx, sp, spec.get("selectors")), str(ctx.file), sp)
 
 
 def _selectors(ctx: _Ctx, path: str, raw: Any) -> tuple[str, ...]:

@@ -89,6 +89,8 @@ class Device:
 class DeviceClass:
     name: str
     selectors: tuple[str, ...]
+    file: str = ""  # where it was read, for error messages
+    path: str = ""  # field path of its selectors there
 
 
 @dataclass(frozen=True)

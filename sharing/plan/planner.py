@@ -17,7 +17,7 @@ from decimal import Decimal
 from pathlib import Path
 
 from sharing.plan.allocator import Allocator, Alternative, Placement, PreparedClaim, Usage
-from sharing.plan.cel_eval import CelError, SelectorEvaluator
+from sharing.plan.cel_eval import CelError, Selector, SelectorEvaluator
 from sharing.plan.loader import InputError
 from sharing.plan.model import Allocated, Device, DeviceClass, Inventory, Workload, qualify
 from sharing.plan.quantity import format_quantity
@@ -76,25 +76,25 @@ def prepare(
                         f"DeviceClass {dr.device_class!r} not found (known: {known}); give "
                         "DeviceClasses with --slices or under deviceClasses: in this file",
                     )
-                try:
-                    class_sel = tuple(evaluator.compile(e) for e in dc.selectors)
-                except CelError as e:
-                    raise InputError(
-                        file, f"DeviceClass {dc.name}: spec.selectors", str(e)
-                    ) from None
-                sels = []
-                for si, expr in enumerate(dr.selectors):
-                    try:
-                        sels.append(evaluator.compile(expr))
-                    except CelError as e:
-                        raise InputError(
-                            file, f"{where}.selectors[{si}].cel.expression", str(e)
-                        ) from None
+                class_sel = _compile(evaluator, dc.selectors, dc.file or file, dc.path)
+                sels = _compile(evaluator, dr.selectors, file, f"{where}.selectors")
                 base, _, sub = dr.name.partition("/")
-                alts.append(Alternative(dr, base, sub or None, dc.name, class_sel, tuple(sels)))
+                alts.append(Alternative(dr, base, sub or None, dc.name, class_sel, sels))
             reqs.append(tuple(alts))
         out.append(PreparedClaim(tuple(reqs), w.spec.constraints))
     return out
+
+
+def _compile(
+    evaluator: SelectorEvaluator, expressions: tuple[str, ...], file: Path | str, path: str
+) -> tuple[Selector, ...]:
+    out = []
+    for i, expr in enumerate(expressions):
+        try:
+            out.append(evaluator.compile(expr))
+        except CelError as e:
+            raise InputError(file, f"{path}[{i}].cel.expression", str(e)) from None
+    return tuple(out)
 
 
 def plan(

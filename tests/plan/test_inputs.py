@@ -135,3 +135,16 @@ def test_exit_codes_of_the_console_script(tmp_path: Path) -> None:
         [vgpu, *_plan(s2, tmp_path / "missing.yaml")], capture_output=True, text=True, timeout=60
     )
     assert bad.returncode == 2
+
+
+def test_a_bad_class_selector_names_the_file_of_the_class(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad_class = {**CLASS, "spec": {"selectors": [{"cel": {"expression": "device.driver =="}}]}}
+    s, w = write_inputs(tmp_path, GOOD, [workload("w", 1, [request()])])
+    classes = tmp_path / "classes.yaml"
+    classes.write_text(yaml.safe_dump(bad_class))
+    err = _err(
+        capsys, ["plan", "--slices", str(s), "--slices", str(classes), "--workloads", str(w)]
+    )
+    assert err.startswith(f"vgpu plan: {classes}: spec.selectors[0].cel.expression: CEL expression")
