@@ -250,6 +250,16 @@ def _split(qualified: str) -> tuple[str, str]:
     return domain, name
 
 
+class _DomainMap(celtypes.MapType):
+    """`device.attributes` / `device.capacity`: a domain the device lacks reads as an empty
+    map, as in Kubernetes (`"x" in device.attributes["other.io"]` is false, not an error)."""
+
+    def __getitem__(self, key: Any) -> Any:
+        if key not in self:
+            return celtypes.MapType({})
+        return super().__getitem__(key)
+
+
 def device_activation(device: Device) -> dict[str, Any]:
     """The `device` variable as the Kubernetes CEL environment defines it."""
     attrs: dict[str, dict[str, Any]] = {}
@@ -262,7 +272,7 @@ def device_activation(device: Device) -> dict[str, Any]:
         caps.setdefault(domain, {})[name] = Quantity(cap.value)
 
     def cel_map(d: dict[str, dict[str, Any]]) -> celtypes.MapType:
-        return celtypes.MapType(
+        return _DomainMap(
             {
                 celtypes.StringType(dom): celtypes.MapType(
                     {celtypes.StringType(k): v for k, v in inner.items()}

@@ -143,3 +143,14 @@ def test_runtime_errors_say_what_went_wrong() -> None:
         "CEL runtime error: modulus or divide by zero: integer division or modulo by zero"
     )
     assert ev.matches(ev.compile('"a"'), d) == "the expression gave StringType, not a bool"
+
+
+def test_a_domain_the_device_lacks_reads_as_an_empty_map() -> None:
+    """As in Kubernetes: guards with `in` / has() work on other drivers' domains."""
+    ev = SelectorEvaluator()
+    d = _device("GPU-0", 1)
+    assert ev.matches(ev.compile('"x" in device.attributes["other.io"]'), d) is False
+    assert ev.matches(ev.compile('has(device.attributes["other.io"].x)'), d) is False
+    assert ev.matches(ev.compile('size(device.capacity["other.io"]) == 0'), d) is True
+    err = ev.matches(ev.compile('device.attributes["other.io"].x == 1'), d)
+    assert isinstance(err, str) and "no such member" in err
