@@ -214,7 +214,46 @@ def _version_part(name: str) -> Any:
     return get
 
 
+def _string(name: str, fn: Any) -> Any:
+    """A method of Kubernetes' CEL strings library (cel-go ext.Strings) on a string target."""
+
+    def method(target: Any, *args: Any) -> Any:
+        if not isinstance(target, str):
+            raise TypeError(f"{name}() needs a string")
+        return fn(str(target), *args)
+
+    return method
+
+
+def _split_text(text: str, sep: Any, limit: Any = -1) -> celtypes.ListType:
+    n = int(limit)
+    if n == 0:
+        return celtypes.ListType([])
+    parts = text.split(str(sep)) if n < 0 else text.split(str(sep), n - 1)
+    return celtypes.ListType([celtypes.StringType(p) for p in parts])
+
+
+def _join(items: Any, sep: Any = "") -> celtypes.StringType:
+    if not isinstance(items, list):
+        raise TypeError("join() needs a list of strings")
+    return celtypes.StringType(str(sep).join(str(i) for i in items))
+
+
+STRING_FUNCTIONS: dict[str, Any] = {
+    "lowerAscii": _string("lowerAscii", lambda t: celtypes.StringType(t.lower())),
+    "upperAscii": _string("upperAscii", lambda t: celtypes.StringType(t.upper())),
+    "trim": _string("trim", lambda t: celtypes.StringType(t.strip())),
+    "indexOf": _string("indexOf", lambda t, x: celtypes.IntType(t.find(str(x)))),
+    "lastIndexOf": _string("lastIndexOf", lambda t, x: celtypes.IntType(t.rfind(str(x)))),
+    "replace": _string(
+        "replace", lambda t, a, b, n=-1: celtypes.StringType(t.replace(str(a), str(b), int(n)))
+    ),
+    "split": _string("split", _split_text),
+    "join": _join,
+}
+
 FUNCTIONS: dict[str, Any] = {
+    **STRING_FUNCTIONS,
     "quantity": _quantity,
     "isQuantity": _is_quantity,
     "semver": _semver,
@@ -389,10 +428,15 @@ class SelectorEvaluator:
         return result
 
 
+_ACTIVATION = re.compile(r" \(in (activation|container) .*", re.S)
+
+
 def _runtime_error(e: BaseException) -> str:
-    """One line. celpy's errors carry (message, exception type, the exception's args)."""
+    """One line. celpy's errors carry (message, exception type, the exception's args); its
+    messages can quote the whole activation, which is cut off."""
     args = e.args
     text = str(args[0]) if args else type(e).__name__
     if len(args) >= 3 and isinstance(args[2], tuple) and args[2]:
         text = f"{text}: {args[2][0]}"
+    text = _ACTIVATION.sub("", text)
     return f"CEL runtime error: {text.splitlines()[0] if text else type(e).__name__}"
