@@ -37,9 +37,9 @@ def register(sub: Any) -> None:
         type=Path,
         action="append",
         metavar="PATH",
-        help="ResourceSlices (and DeviceClasses): a YAML/JSON file or a directory of them, "
-        "e.g. from `kubectl get resourceslices -o yaml` or `vgpu-kubelet-plugin --dry-run`; "
-        "may be given more than once",
+        help="ResourceSlices, DeviceClasses and ResourceClaims (current allocations): a "
+        "YAML/JSON file or a directory of them, e.g. from `kubectl get resourceslices -o yaml` "
+        "or `vgpu-kubelet-plugin --dry-run`; may be given more than once",
     )
     p.add_argument(
         "--workloads",
