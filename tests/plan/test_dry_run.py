@@ -152,7 +152,11 @@ def test_plan_on_two_dry_run_nodes_sharing_and_partition(
         ("node-b", f"gpu-{g}-slice-{k}", "10Gi") for g in range(2) for k in range(4)
     ]
     assert [u["replica"] for u in doc["unplaced"]] == [16]
-    free = {(d["node"], d["device"]): d["free"] for d in doc["devices"]}
+    # Memory and cores only: the admin policy (issue 11) adds a `sharers` capacity.
+    free = {
+        (d["node"], d["device"]): {k: d["free"][k] for k in ("cores", "memory")}
+        for d in doc["devices"]
+    }
     assert free[("node-a", "gpu-0")] == {"cores": "20", "memory": "4Gi"}
     assert free[("node-b", "gpu-1-slice-3")] == {"cores": "0", "memory": "0"}
 
