@@ -148,3 +148,18 @@ def test_a_bad_class_selector_names_the_file_of_the_class(
         capsys, ["plan", "--slices", str(s), "--slices", str(classes), "--workloads", str(w)]
     )
     assert err.startswith(f"vgpu plan: {classes}: spec.selectors[0].cel.expression: CEL expression")
+
+
+def test_json_output_has_exactly_the_documented_keys(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    s, w = write_inputs(tmp_path, GOOD, [workload("w", 2, [request()])])
+    assert main([*_plan(s, w), "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert set(doc) == {"placed", "unplaced", "devices"}
+    assert [set(p) for p in doc["placed"]] == [
+        {"workload", "replica", "node", "device", "consumed"}
+    ]
+    assert [set(u) for u in doc["unplaced"]] == [{"workload", "replica", "reason"}]
+    assert [set(d) for d in doc["devices"]] == [{"node", "device", "free"}]
+    assert doc["placed"][0]["replica"] == 0 and doc["unplaced"][0]["replica"] == 1
