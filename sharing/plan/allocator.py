@@ -213,9 +213,8 @@ class Allocator:
             if budget[0] < 0:
                 self.budget_exhausted = True
                 return None
-            if not d.allow_multiple and (usage.taken[d.index] or d.index in taking):
-                return None
-            if d.allow_multiple and usage.taken[d.index]:
+            # Held whole: by an earlier claim, an existing allocation, or this claim.
+            if usage.taken[d.index] or d.index in taking:
                 return None
             fit = self.demand(alt, d)
             if fit.reason is not None:

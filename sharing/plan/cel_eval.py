@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from functools import total_ordering
 from typing import Any
 
@@ -214,7 +214,46 @@ def _version_part(name: str) -> Any:
     return get
 
 
+def _string(name: str, fn: Any) -> Any:
+    """A method of Kubernetes' CEL strings library (cel-go ext.Strings) on a string target."""
+
+    def method(target: Any, *args: Any) -> Any:
+        if not isinstance(target, str):
+            raise TypeError(f"{name}() needs a string")
+        return fn(str(target), *args)
+
+    return method
+
+
+def _split_text(text: str, sep: Any, limit: Any = -1) -> celtypes.ListType:
+    n = int(limit)
+    if n == 0:
+        return celtypes.ListType([])
+    parts = text.split(str(sep)) if n < 0 else text.split(str(sep), n - 1)
+    return celtypes.ListType([celtypes.StringType(p) for p in parts])
+
+
+def _join(items: Any, sep: Any = "") -> celtypes.StringType:
+    if not isinstance(items, list):
+        raise TypeError("join() needs a list of strings")
+    return celtypes.StringType(str(sep).join(str(i) for i in items))
+
+
+STRING_FUNCTIONS: dict[str, Any] = {
+    "lowerAscii": _string("lowerAscii", lambda t: celtypes.StringType(t.lower())),
+    "upperAscii": _string("upperAscii", lambda t: celtypes.StringType(t.upper())),
+    "trim": _string("trim", lambda t: celtypes.StringType(t.strip())),
+    "indexOf": _string("indexOf", lambda t, x: celtypes.IntType(t.find(str(x)))),
+    "lastIndexOf": _string("lastIndexOf", lambda t, x: celtypes.IntType(t.rfind(str(x)))),
+    "replace": _string(
+        "replace", lambda t, a, b, n=-1: celtypes.StringType(t.replace(str(a), str(b), int(n)))
+    ),
+    "split": _string("split", _split_text),
+    "join": _join,
+}
+
 FUNCTIONS: dict[str, Any] = {
+    **STRING_FUNCTIONS,
     "quantity": _quantity,
     "isQuantity": _is_quantity,
     "semver": _semver,
@@ -250,6 +289,16 @@ def _split(qualified: str) -> tuple[str, str]:
     return domain, name
 
 
+class _DomainMap(celtypes.MapType):
+    """`device.attributes` / `device.capacity`: a domain the device lacks reads as an empty
+    map, as in Kubernetes (`"x" in device.attributes["other.io"]` is false, not an error)."""
+
+    def __getitem__(self, key: Any) -> Any:
+        if key not in self:
+            return celtypes.MapType({})
+        return super().__getitem__(key)
+
+
 def device_activation(device: Device) -> dict[str, Any]:
     """The `device` variable as the Kubernetes CEL environment defines it."""
     attrs: dict[str, dict[str, Any]] = {}
@@ -262,7 +311,7 @@ def device_activation(device: Device) -> dict[str, Any]:
         caps.setdefault(domain, {})[name] = Quantity(cap.value)
 
     def cel_map(d: dict[str, dict[str, Any]]) -> celtypes.MapType:
-        return celtypes.MapType(
+        return _DomainMap(
             {
                 celtypes.StringType(dom): celtypes.MapType(
                     {celtypes.StringType(k): v for k, v in inner.items()}
@@ -366,7 +415,7 @@ class SelectorEvaluator:
         result: bool | str
         try:
             value = selector.program.evaluate(act)
-        except (CELEvalError, InvalidOperation, ValueError, TypeError) as e:
+        except Exception as e:  # any failure of one device's evaluation is that device's error
             result = _runtime_error(e)
         else:
             if isinstance(value, CELEvalError):
@@ -379,7 +428,15 @@ class SelectorEvaluator:
         return result
 
 
+_ACTIVATION = re.compile(r" \(in (activation|container) .*", re.S)
+
+
 def _runtime_error(e: BaseException) -> str:
-    parts = [str(a) for a in e.args[:1]] or [type(e).__name__]
-    text = parts[0].splitlines()[0] if parts[0] else type(e).__name__
-    return f"CEL runtime error: {text}"
+    """One line. celpy's errors carry (message, exception type, the exception's args); its
+    messages can quote the whole activation, which is cut off."""
+    args = e.args
+    text = str(args[0]) if args else type(e).__name__
+    if len(args) >= 3 and isinstance(args[2], tuple) and args[2]:
+        text = f"{text}: {args[2][0]}"
+    text = _ACTIVATION.sub("", text)
+    return f"CEL runtime error: {text.splitlines()[0] if text else type(e).__name__}"

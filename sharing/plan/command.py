@@ -15,7 +15,7 @@ from typing import Any
 
 from sharing.plan.cel_eval import SelectorEvaluator
 from sharing.plan.loader import InputError, load_slices, load_workloads
-from sharing.plan.planner import plan, prepare
+from sharing.plan.planner import PROGRESS_EVERY, plan, prepare
 from sharing.plan.report import to_json, to_text
 
 EXIT_FITS = 0
@@ -37,9 +37,9 @@ def register(sub: Any) -> None:
         type=Path,
         action="append",
         metavar="PATH",
-        help="ResourceSlices (and DeviceClasses): a YAML/JSON file or a directory of them, "
-        "e.g. from `kubectl get resourceslices -o yaml` or `vgpu-kubelet-plugin --dry-run`; "
-        "may be given more than once",
+        help="ResourceSlices, DeviceClasses and ResourceClaims (current allocations): a "
+        "YAML/JSON file or a directory of them, e.g. from `kubectl get resourceslices -o yaml` "
+        "or `vgpu-kubelet-plugin --dry-run`; may be given more than once",
     )
     p.add_argument(
         "--workloads",
@@ -50,6 +50,14 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
+
+
+def _show_progress(done: int, total: int) -> None:
+    """One updating line on a terminal for long plans (nothing for short ones)."""
+    if total < 5 * PROGRESS_EVERY:
+        return
+    end = "\n" if done == total else ""
+    print(f"\rvgpu plan: {done}/{total} replicas planned", end=end, file=sys.stderr, flush=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -65,7 +73,9 @@ def run(args: argparse.Namespace) -> int:
     # The inputs live until exit: keep the collector from rescanning them while planning
     # allocates (halves the plan time on large clusters).
     gc.freeze()
-    result = plan(inventory, workloads, claims, evaluator)
+    result = plan(
+        inventory, workloads, claims, evaluator, _show_progress if sys.stderr.isatty() else None
+    )
     for w in result.warnings:
         print(f"vgpu plan: warning: {w}", file=sys.stderr)
     if args.json:

@@ -1,7 +1,7 @@
 """Reading the inputs of `vgpu plan`; every problem is an InputError naming file and field.
 
 Slices: a file or a directory (its *.yaml, *.yml, *.json files, recursively, in name order)
-of ResourceSlices and DeviceClasses: single objects, `kind: List` / `...List` objects with
+of ResourceSlices, DeviceClasses and ResourceClaims (whose allocations the plan starts from): single objects, `kind: List` / `...List` objects with
 `items` (as `kubectl get -o yaml` prints them), several YAML documents, or JSON.
 Workloads: `{workloads: [{name, replicas, spec: <ResourceClaimSpec>}], deviceClasses: [...]}`.
 """
@@ -16,6 +16,7 @@ from typing import Any, cast
 import yaml
 
 from sharing.plan.model import (
+    Allocated,
     AttrKind,
     AttrValue,
     Capacity,
@@ -148,6 +149,7 @@ def load_slices(*paths: Path) -> tuple[Inventory, dict[str, DeviceClass]]:
     as listed) and the DeviceClasses found beside them."""
     raw: list[tuple[_Ctx, str, dict[str, Any]]] = []
     classes: dict[str, DeviceClass] = {}
+    allocated: list[Allocated] = []
     files = [f for path in paths for f in _files(path)]
     for file in files:
         ctx = _Ctx(file)
@@ -159,12 +161,47 @@ def load_slices(*paths: Path) -> tuple[Inventory, dict[str, DeviceClass]]:
                 classes[dc.name] = dc
             elif kind == "ResourceSlice":
                 raw.append((ctx, prefix, obj))
+            elif kind == "ResourceClaim":
+                allocated.extend(parse_allocation(ctx, prefix, obj))
             else:
                 raise ctx.fail(
                     _join(prefix, "kind"),
-                    f"{kind!r} is not allowed; allowed: ResourceSlice, DeviceClass",
+                    f"{kind!r} is not allowed; allowed: ResourceSlice, DeviceClass, ResourceClaim",
                 )
-    return _inventory(raw), classes
+    inv = _inventory(raw)
+    inv.allocated = allocated
+    return inv, classes
+
+
+def parse_allocation(ctx: _Ctx, prefix: str, obj: dict[str, Any]) -> list[Allocated]:
+    """The devices an existing claim holds (none when it is not allocated yet)."""
+    meta = obj.get("metadata") or {}
+    name = f"{meta.get('namespace') or 'default'}/{meta.get('name') or '?'}"
+    allocation = (obj.get("status") or {}).get("allocation")
+    if not allocation:
+        return []
+    rp = _join(prefix, "status.allocation.devices.results")
+    results = ctx.seq(((allocation.get("devices") or {}).get("results")), rp)
+    out = []
+    for i, raw in enumerate(results):
+        r = ctx.mapping(raw, f"{rp}[{i}]")
+        consumed = None
+        if r.get("consumedCapacity") is not None:
+            cp = f"{rp}[{i}].consumedCapacity"
+            consumed = {
+                str(k): ctx.quantity(v, f"{cp}.{k}")
+                for k, v in ctx.mapping(r["consumedCapacity"], cp).items()
+            }
+        out.append(
+            Allocated(
+                name,
+                ctx.string(r.get("driver"), f"{rp}[{i}].driver"),
+                ctx.string(r.get("pool"), f"{rp}[{i}].pool"),
+                ctx.string(r.get("device"), f"{rp}[{i}].device"),
+                consumed,
+            )
+        )
+    return out
 
 
 def _inventory(raw: list[tuple[_Ctx, str, dict[str, Any]]]) -> Inventory:
@@ -312,7 +349,7 @@ def parse_device_class(ctx: _Ctx, prefix: str, obj: dict[str, Any]) -> DeviceCla
     name = ctx.string(meta.get("name"), _join(prefix, "metadata.name"))
     spec = ctx.mapping(obj.get("spec") or {}, _join(prefix, "spec"))
     sp = _join(prefix, "spec.selectors")
-    return DeviceClass(name, _selectors(ctx, sp, spec.get("selectors")))
+    return DeviceClass(name, _selectors(ctx, sp, spec.get("selectors")), str(ctx.file), sp)
 
 
 def _selectors(ctx: _Ctx, path: str, raw: Any) -> tuple[str, ...]:

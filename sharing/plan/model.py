@@ -89,6 +89,8 @@ class Device:
 class DeviceClass:
     name: str
     selectors: tuple[str, ...]
+    file: str = ""  # where it was read, for error messages
+    path: str = ""  # field path of its selectors there
 
 
 @dataclass(frozen=True)
@@ -130,9 +132,22 @@ class Workload:
     spec: ClaimSpec
 
 
+@dataclass(frozen=True)
+class Allocated:
+    """One device of an existing ResourceClaim's allocation (status.allocation.devices)."""
+
+    claim: str  # namespace/name, for messages
+    driver: str
+    pool: str
+    device: str
+    consumed: dict[str, Decimal] | None  # consumedCapacity by name; None: taken whole
+
+
 @dataclass
 class Inventory:
-    """Every usable device, grouped by node in planning order, plus what was left out."""
+    """Every usable device, grouped by node in planning order, plus what was left out, and
+    the allocations of existing claims to start from."""
 
     nodes: dict[str, list[Device]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    allocated: list[Allocated] = field(default_factory=list)

@@ -11,16 +11,18 @@ same as trying every node from the first, only faster).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 
 from sharing.plan.allocator import Allocator, Alternative, Placement, PreparedClaim, Usage
-from sharing.plan.cel_eval import CelError, SelectorEvaluator
+from sharing.plan.cel_eval import CelError, Selector, SelectorEvaluator
 from sharing.plan.loader import InputError
-from sharing.plan.model import Device, DeviceClass, Inventory, Workload
+from sharing.plan.model import Allocated, Device, DeviceClass, Inventory, Workload, qualify
 from sharing.plan.quantity import format_quantity
+
+PROGRESS_EVERY = 1000  # replicas between progress reports
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,7 @@ class Plan:
     unplaced: list[Unplaced] = field(default_factory=list)
     devices: list[tuple[Device, dict[str, Decimal]]] = field(default_factory=list)  # free
     warnings: list[str] = field(default_factory=list)
+    workloads: list[tuple[str, int]] = field(default_factory=list)  # (name, replicas) in order
 
 
 def prepare(
@@ -70,27 +73,28 @@ def prepare(
                     raise InputError(
                         file,
                         f"{where}.deviceClassName",
-                        f"DeviceClass {dr.device_class!r} not found (known: {known})",
+                        f"DeviceClass {dr.device_class!r} not found (known: {known}); give "
+                        "DeviceClasses with --slices or under deviceClasses: in this file",
                     )
-                try:
-                    class_sel = tuple(evaluator.compile(e) for e in dc.selectors)
-                except CelError as e:
-                    raise InputError(
-                        file, f"DeviceClass {dc.name}: spec.selectors", str(e)
-                    ) from None
-                sels = []
-                for si, expr in enumerate(dr.selectors):
-                    try:
-                        sels.append(evaluator.compile(expr))
-                    except CelError as e:
-                        raise InputError(
-                            file, f"{where}.selectors[{si}].cel.expression", str(e)
-                        ) from None
+                class_sel = _compile(evaluator, dc.selectors, dc.file or file, dc.path)
+                sels = _compile(evaluator, dr.selectors, file, f"{where}.selectors")
                 base, _, sub = dr.name.partition("/")
-                alts.append(Alternative(dr, base, sub or None, dc.name, class_sel, tuple(sels)))
+                alts.append(Alternative(dr, base, sub or None, dc.name, class_sel, sels))
             reqs.append(tuple(alts))
         out.append(PreparedClaim(tuple(reqs), w.spec.constraints))
     return out
+
+
+def _compile(
+    evaluator: SelectorEvaluator, expressions: tuple[str, ...], file: Path | str, path: str
+) -> tuple[Selector, ...]:
+    out = []
+    for i, expr in enumerate(expressions):
+        try:
+            out.append(evaluator.compile(expr))
+        except CelError as e:
+            raise InputError(file, f"{path}[{i}].cel.expression", str(e)) from None
+    return tuple(out)
 
 
 def plan(
@@ -98,16 +102,26 @@ def plan(
     workloads: Sequence[Workload],
     claims: Sequence[PreparedClaim],
     evaluator: SelectorEvaluator,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Plan:
+    """The plan; `progress(done, total)` is called every PROGRESS_EVERY replicas and at the end."""
     all_devices = [d for devs in inventory.nodes.values() for d in devs]
+    total = sum(w.replicas for w in workloads)
+    done = 0
     usage = Usage(all_devices)
     alloc = Allocator(evaluator, usage)
     nodes = list(inventory.nodes.items())
-    result = Plan(warnings=list(inventory.warnings))
+    result = Plan(
+        warnings=list(inventory.warnings), workloads=[(w.name, w.replicas) for w in workloads]
+    )
+    result.warnings += apply_allocated(inventory.allocated, all_devices, usage)
     for w, claim in zip(workloads, claims, strict=True):
         cursor = 0
         reason: str | None = None
         for replica in range(w.replicas):
+            done += 1
+            if progress is not None and done % PROGRESS_EVERY == 0:
+                progress(done, total)
             placed = None
             while cursor < len(nodes):
                 node, devices = nodes[cursor]
@@ -129,7 +143,31 @@ def plan(
             "combinations); that claim was treated as not fitting there"
         )
     result.devices = [(d, usage.free(d)) for d in all_devices]
+    if progress is not None:
+        progress(total, total)
     return result
+
+
+def apply_allocated(
+    allocated: Sequence[Allocated], devices: Sequence[Device], usage: Usage
+) -> list[str]:
+    """Start from existing claims' allocations; warnings for devices the slices lack."""
+    by_key = {d.key: d for d in devices}
+    warnings = []
+    for a in allocated:
+        d = by_key.get((a.driver, a.pool, a.device))
+        if d is None:
+            warnings.append(
+                f"claim {a.claim}: allocated device {a.driver}/{a.pool}/{a.device} is not in "
+                "the slices; left out"
+            )
+            continue
+        if d.allow_multiple and a.consumed is not None:
+            consumed = {qualify(k, d.driver): v for k, v in a.consumed.items()}
+            usage.commit([Placement("", d, {q: v for q, v in consumed.items() if q in d.capacity})])
+        else:
+            usage.taken[d.index] = True
+    return warnings
 
 
 def diagnose(
@@ -138,21 +176,21 @@ def diagnose(
     """Why the claim fits on no node: the first request no device can serve, with why the
     devices refused it; else the device count, the constraints, or the combination."""
     usage = alloc.usage
-    per_request: list[tuple[str, int]] = []  # (request, most usable devices on one node)
     for alts in claim.requests:
         why: list[str] = []
-        best = 0
         for alt in alts:
             reasons: Counter[str] = Counter()
             max_free: dict[str, Decimal] = {}
-            top = 0
+            top = 0  # most usable devices on one node
+            whole_nodes = 0  # nodes where every matching device is usable (for All)
             for _, devices in nodes:
-                usable = 0
+                usable = matched = 0
                 for d in devices:
                     sel = alt_reason_selectable(alloc, alt, d)
                     if sel is not None:
                         reasons[sel] += 1
                         continue
+                    matched += 1
                     fit = alloc.demand(alt, d)
                     if fit.reason is not None:
                         reasons[fit.reason] += 1
@@ -173,15 +211,19 @@ def diagnose(
                         continue
                     usable += 1
                 top = max(top, usable)
-            best = max(best, top)
-            need = 1 if alt.request.mode == "All" else alt.request.count
-            if top >= need:
+                whole_nodes += matched > 0 and usable == matched
+            if alt.request.mode == "All":
+                if whole_nodes:
+                    why = []
+                    break
+                why.append(_explain(alt, reasons, max_free, 0, 1, all_mode=True))
+            elif top >= alt.request.count:
                 why = []
                 break
-            why.append(_explain(alt, reasons, max_free, top, need))
+            else:
+                why.append(_explain(alt, reasons, max_free, top, alt.request.count))
         if why:
             return "; ".join(why)
-        per_request.append((alts[0].base, best))
     if claim.constraints:
         parts = []
         for c in claim.constraints:
@@ -210,13 +252,25 @@ def alt_reason_selectable(alloc: Allocator, alt: Alternative, d: Device) -> str 
 
 
 def _explain(
-    alt: Alternative, reasons: Counter[str], max_free: dict[str, Decimal], top: int, need: int
+    alt: Alternative,
+    reasons: Counter[str],
+    max_free: dict[str, Decimal],
+    top: int,
+    need: int,
+    *,
+    all_mode: bool = False,
 ) -> str:
     name = alt.request.name
+    if all_mode and reasons:
+        detail = ", ".join(f"{n} device(s): {r}" for r, n in reasons.most_common(3))
+        return (
+            f"request {name}: allocationMode All needs every matching device of a node, and "
+            f"no node has them all free ({detail})"
+        )
     if top > 0:
         return f"request {name}: needs {need} devices, at most {top} usable on one node"
     if not reasons:
-        return f"request {name}: no devices"
+        return f"request {name}: the slices hold no devices"
     detail = ", ".join(f"{n} device(s): {r}" for r, n in reasons.most_common(3))
     if max_free:
         left = ", ".join(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from decimal import Decimal
 from typing import Any
 
@@ -83,4 +84,11 @@ def to_text(plan: Plan) -> str:
             ["NODE", "DEVICE", "FREE"],
             [[d.node, d.name, _kv(_amounts(d.capacity, free))] for d, free in plan.devices],
         )
+    out.append("")
+    out.append("SUMMARY")
+    placed = Counter(p.workload for p in plan.placed)
+    out += _table(
+        ["WORKLOAD", "REPLICAS", "PLACED", "NOT PLACED"],
+        [[name, str(n), str(placed[name]), str(n - placed[name])] for name, n in plan.workloads],
+    )
     return "\n".join(out) + "\n"

@@ -3,6 +3,7 @@ partition-mode slices and pool completeness."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -265,3 +266,113 @@ def test_a_tainted_device_needs_a_toleration(
     assert [(p[0], p[3]) for p in placements(doc)] == [("plain", "gpu-1"), ("tolerant", "gpu-0")]
     reason = doc["unplaced"][0]["reason"]
     assert "1 device(s): taint maintenance=true:NoSchedule not tolerated" in reason
+
+
+def test_existing_claims_allocations_are_planned_around(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """ResourceClaims given with --slices (kubectl get resourceclaims -A -o yaml) hold their
+    devices: consumedCapacity on shared devices, the whole device otherwise."""
+    import yaml
+
+    from sharing.cli import main
+    from tests.plan.build import write_inputs
+
+    def claim(name: str, results: list[dict[str, Any]] | None) -> dict[str, Any]:
+        status = {"allocation": {"devices": {"results": results}}} if results else {}
+        return {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": "team"},
+            "spec": {"devices": {"requests": []}},
+            "status": status,
+        }
+
+    def result(device: str, consumed: dict[str, str] | None = None) -> dict[str, Any]:
+        r: dict[str, Any] = {
+            "request": "gpu",
+            "driver": "vgpu.sharing.dev",
+            "pool": "node-a",
+            "device": device,
+        }
+        if consumed:
+            r["consumedCapacity"] = consumed
+        return r
+
+    s, w = write_inputs(
+        tmp_path,
+        [resource_slice("node-a", [gpu("gpu-0"), gpu_unshared(gpu("gpu-1"))])],
+        [workload("w", 2, [request(capacity={"memory": "8Gi", "cores": "10"})])],
+    )
+    claims = tmp_path / "claims.yaml"
+    claims.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "List",
+                "items": [
+                    claim("shared", [result("gpu-0", {"memory": "30Gi", "cores": "50"})]),
+                    claim("whole", [result("gpu-1")]),
+                    claim("pending", None),
+                    claim("gone", [result("gpu-9")]),
+                ],
+            }
+        )
+    )
+    code = main(
+        ["plan", "--slices", str(s), "--slices", str(claims), "--workloads", str(w), "--json"]
+    )
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)
+    # gpu-0 has 10Gi left: one replica; gpu-1 is held whole by team/whole.
+    assert code == 1
+    assert [(p[3], p[4]) for p in placements(doc)] == [("gpu-0", {"cores": "10", "memory": "8Gi"})]
+    assert free(doc)[("node-a", "gpu-0")] == {"cores": "40", "memory": "2Gi"}
+    assert free(doc)[("node-a", "gpu-1")] == {"cores": "0", "memory": "0"}
+    assert (
+        "claim team/gone: allocated device vgpu.sharing.dev/node-a/gpu-9 is not in the slices"
+        in captured.err
+    )
+
+
+def test_all_mode_fails_when_one_matching_device_is_full(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, doc = run_plan(
+        tmp_path,
+        [resource_slice("node-a", [gpu("gpu-0"), gpu("gpu-1")])],
+        [
+            workload("filler", 1, [request(capacity={"memory": "40Gi", "cores": "1"})]),
+            workload("all", 1, [request(mode="All", capacity={"memory": "1Gi", "cores": "1"})]),
+        ],
+        capsys,
+    )
+    assert code == 1
+    assert [p[0] for p in placements(doc)] == ["filler"]
+    assert doc["unplaced"][0]["reason"] == (
+        "request gpu: allocationMode All needs every matching device of a node, and no node "
+        "has them all free (1 device(s): not enough memory left (needs 1Gi))"
+    )
+
+
+def test_progress_is_reported_every_thousand_replicas_and_at_the_end(tmp_path: Path) -> None:
+    from sharing.plan.cel_eval import SelectorEvaluator
+    from sharing.plan.loader import load_slices, load_workloads
+    from sharing.plan.planner import plan, prepare
+    from tests.plan.build import write_inputs
+
+    s, w = write_inputs(
+        tmp_path,
+        [resource_slice("node-a", [gpu("gpu-0")])],
+        [workload("w", 2500, [request(capacity={"memory": "256Mi", "cores": "1"})])],
+    )
+    inv, classes = load_slices(s)
+    workloads, _ = load_workloads(w)
+    ev = SelectorEvaluator()
+    seen: list[tuple[int, int]] = []
+    result = plan(
+        inv, workloads, prepare(workloads, classes, ev, w), ev, lambda d, t: seen.append((d, t))
+    )
+    assert seen == [(1000, 2500), (2000, 2500), (2500, 2500)]
+    # 100 cores, one each: 100 placed (memory: 160 x 256Mi would fit).
+    assert len(result.placed) == 100 and len(result.unplaced) == 2400

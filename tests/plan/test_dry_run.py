@@ -159,3 +159,13 @@ def test_plan_on_two_dry_run_nodes_sharing_and_partition(
         "sharers": "12",
     }  # 16 sharers (policy default)
     assert free[("node-b", "gpu-1-slice-3")] == {"cores": "0", "memory": "0"}
+
+
+def test_dry_run_flag_and_its_environment_twin() -> None:
+    from driver.flags import SettingsError, parse
+
+    assert parse(["--node-name", "n"], env={}).dry_run is False
+    assert parse(["--node-name", "n", "--dry-run"], env={}).dry_run is True
+    assert parse(["--node-name", "n"], env={"DRY_RUN": "true"}).dry_run is True
+    with pytest.raises(SettingsError, match="--dry-run: 'maybe' is not a boolean"):
+        parse(["--node-name", "n", "--dry-run=maybe"], env={})

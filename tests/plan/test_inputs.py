@@ -99,7 +99,8 @@ def test_not_yaml_and_missing_files(tmp_path: Path, capsys: pytest.CaptureFixtur
     other = tmp_path / "pod.yaml"
     other.write_text(yaml.safe_dump({"kind": "Pod"}))
     assert _err(capsys, _plan(other, w)) == (
-        f"vgpu plan: {other}: kind: 'Pod' is not allowed; allowed: ResourceSlice, DeviceClass"
+        f"vgpu plan: {other}: kind: 'Pod' is not allowed; allowed: ResourceSlice, DeviceClass, "
+        "ResourceClaim"
     )
 
 
@@ -134,3 +135,31 @@ def test_exit_codes_of_the_console_script(tmp_path: Path) -> None:
         [vgpu, *_plan(s2, tmp_path / "missing.yaml")], capture_output=True, text=True, timeout=60
     )
     assert bad.returncode == 2
+
+
+def test_a_bad_class_selector_names_the_file_of_the_class(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad_class = {**CLASS, "spec": {"selectors": [{"cel": {"expression": "device.driver =="}}]}}
+    s, w = write_inputs(tmp_path, GOOD, [workload("w", 1, [request()])])
+    classes = tmp_path / "classes.yaml"
+    classes.write_text(yaml.safe_dump(bad_class))
+    err = _err(
+        capsys, ["plan", "--slices", str(s), "--slices", str(classes), "--workloads", str(w)]
+    )
+    assert err.startswith(f"vgpu plan: {classes}: spec.selectors[0].cel.expression: CEL expression")
+
+
+def test_json_output_has_exactly_the_documented_keys(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    s, w = write_inputs(tmp_path, GOOD, [workload("w", 2, [request()])])
+    assert main([*_plan(s, w), "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert set(doc) == {"placed", "unplaced", "devices"}
+    assert [set(p) for p in doc["placed"]] == [
+        {"workload", "replica", "node", "device", "consumed"}
+    ]
+    assert [set(u) for u in doc["unplaced"]] == [{"workload", "replica", "reason"}]
+    assert [set(d) for d in doc["devices"]] == [{"node", "device", "free"}]
+    assert doc["placed"][0]["replica"] == 0 and doc["unplaced"][0]["replica"] == 1
