@@ -27,7 +27,7 @@ from tests.driver.test_main_e2e import (
     write_config,
 )
 from tests.fakes.apiserver import FakeApiServer, free_port
-from tests.obs.helpers import only, scrape, value
+from tests.obs.helpers import only, scrape, scrape_until, value
 from tests.shim.conftest import Held
 
 __all__ = ["root", "server", "sim_ready"]  # fixtures used by name
@@ -85,7 +85,8 @@ def test_plugin_serves_claims_and_reports_a_bypass(
         )
         bypass = Held(ops, env, "init", "ctx:1", f"alloc:{2 * GiB}")
         assert bypass.proc.wait(30) == -signal.SIGTERM
-        s = scrape(url)
+        s = scrape_until(url, lambda s: value(s, "vgpu_slice_quota_violations_total",
+                                              claim_uid=uid) == 1)  # fmt: skip
         assert value(s, "vgpu_slice_quota_violations_total", claim_uid=uid) == 1
         deadline = time.monotonic() + 10
         while not server.objects("Event") and time.monotonic() < deadline:
@@ -97,7 +98,8 @@ def test_plugin_serves_claims_and_reports_a_bypass(
         assert f"pid {bypass.proc.pid}" in ev["message"]
 
         assert kubelet.unprepare([claim_id(claim)])[uid] == ""
-        assert only(scrape(url), "vgpu_slice_memory_limit_bytes", claim_uid=uid) == []
+        s = scrape_until(url, lambda s: not only(s, "vgpu_slice_memory_limit_bytes", claim_uid=uid))
+        assert only(s, "vgpu_slice_memory_limit_bytes", claim_uid=uid) == []
         kubelet.close()
     finally:
         code = p.terminate()
