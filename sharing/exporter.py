@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry
 
 from sharing.gpus import use_simulator
 from sharing.metrics import CONTENT_TYPE, VgpuCollector, render_text
-from sharing.nodeview import ViewBuilder, ViolationCounts
+from sharing.nodeview import NodeView, ViewBuilder, ViolationCounts
 from sharing.nvml_reader import DEFAULT_INTERVAL, DEFAULT_STALE_AFTER, NvmlPoller, NvmlReading
 from sharing.quantity import parse_bytes
 from sharing.slices import DEFAULT_DATA_DIR, PodLookup, SliceFinder
@@ -34,6 +34,8 @@ from sharing.watchdog import DEFAULT_MARGIN, ENFORCE_MODES, EventSink, Watchdog
 log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 9402  # dcgm-exporter has 9400
+DEFAULT_CACHE_SECONDS = 1.0  # a served exposition is at most about this old
+ACTIVE_WINDOW = 300.0  # seconds after the last scrape the cache is kept warm
 
 
 class ListenError(ValueError):
@@ -61,6 +63,7 @@ class ExporterConfig:
     enforce: str = "none"
     margin: int = DEFAULT_MARGIN
     kill_grace: float = 5.0
+    cache_seconds: float = DEFAULT_CACHE_SECONDS  # 0: read the node at every scrape
 
 
 class Exporter:
@@ -104,14 +107,55 @@ class Exporter:
         self.registry.register(self.collector)
         self._server: Any = None
         self._thread: threading.Thread | None = None
+        self._cache: tuple[float, bytes, NodeView] | None = None  # (taken, text, view)
+        self._cache_lock = threading.Lock()
+        self._last_scrape = -1e18
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._warm: threading.Thread | None = None
 
     def _on_reading(self, reading: NvmlReading) -> None:
         self.watchdog.check(self._wd_view.build(rates=False), reading)
 
+    def _refresh(self) -> tuple[float, bytes, NodeView]:
+        started, taken = time.perf_counter(), time.monotonic()
+        view = self.view.build(commit=False)
+        entry = (taken, render_text(view, self.hostname, started), view)
+        with self._cache_lock:
+            self._cache = entry
+        return entry
+
     def render(self) -> bytes:
-        """One scrape's exposition (what GET /metrics answers)."""
-        started = time.perf_counter()
-        return render_text(self.view.build(), self.hostname, started)
+        """One scrape's exposition (what GET /metrics answers).
+
+        With cache_seconds > 0 it comes from the cache a background thread refreshes while the
+        exporter is being scraped (so a scrape costs a copy, not a read of every slice); it is
+        read here only when the cache is older than cache_seconds (the first scrape after a
+        quiet spell). The view a scrape is served becomes the base of the next compute shares,
+        so vgpu_slice_compute_used_ratio covers the interval between scrapes.
+        """
+        now = time.monotonic()
+        self._last_scrape = now
+        with self._cache_lock:
+            entry = self._cache
+        if entry is None or now - entry[0] > self.config.cache_seconds:
+            entry = self._refresh()
+        self.view.commit(entry[2])
+        self._wake.set()
+        return entry[1]
+
+    def _keep_warm(self) -> None:
+        period = self.config.cache_seconds * 0.8  # + one read of the node: stays under the bound
+        while not self._stopping.is_set():
+            if time.monotonic() - self._last_scrape > ACTIVE_WINDOW:
+                self._wake.clear()
+                self._wake.wait()  # nobody scrapes: no work until somebody does
+                continue
+            try:
+                self._refresh()
+            except Exception:
+                log.exception("refreshing the metrics failed")
+            self._stopping.wait(period)
 
     def start(self, host: str, port: int) -> tuple[str, int]:
         self.poller.start()
@@ -126,10 +170,17 @@ class Exporter:
             target=self._server.serve_forever, name="metrics-http", daemon=True
         )
         self._thread.start()
+        if self.config.cache_seconds > 0:
+            self._warm = threading.Thread(target=self._keep_warm, name="metrics-cache", daemon=True)
+            self._warm.start()
         bound = self._server.server_address
         return str(bound[0]), int(bound[1])
 
     def stop(self) -> None:
+        self._stopping.set()
+        self._wake.set()
+        if self._warm is not None:
+            self._warm.join(10)
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -189,6 +240,14 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--hostname", default="", help="the Hostname label (default: this host's name)")
     p.add_argument(
+        "--cache",
+        type=float,
+        default=DEFAULT_CACHE_SECONDS,
+        metavar="SECONDS",
+        help="serve an exposition at most about this old, refreshed in the background while "
+        f"the exporter is scraped (default {DEFAULT_CACHE_SECONDS:g}; 0: read at every scrape)",
+    )
+    p.add_argument(
         "--enforce",
         choices=ENFORCE_MODES,
         default="none",
@@ -233,7 +292,14 @@ def config_from_args(args: argparse.Namespace) -> ExporterConfig:
         hostname=getattr(args, "hostname", ""),
         enforce=getattr(args, "enforce", "none"),
         margin=margin,
+        cache_seconds=_cache_seconds(getattr(args, "cache", DEFAULT_CACHE_SECONDS)),
     )
+
+
+def _cache_seconds(v: float) -> float:
+    if not 0 <= v <= 60:
+        raise ValueError(f"--cache {v:g}: allowed 0 (no cache) to 60 seconds")
+    return v
 
 
 def run(args: argparse.Namespace) -> int:

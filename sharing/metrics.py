@@ -78,7 +78,7 @@ _VIOLATIONS_HELP = (
     "empty slice labels) a GPU process of no slice on a shared device."
 )
 _BUILD_INFO_HELP = "Version of the exporter and the accounting-file layout it reads (always 1)."
-_DURATION_HELP = "Time this exporter took to read the node for this scrape."
+_DURATION_HELP = "Time this exporter took to read the node for the exposition served."
 
 
 def _family(

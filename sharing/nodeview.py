@@ -8,7 +8,7 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sharing import region
@@ -53,6 +53,8 @@ class NodeView:
     devices: tuple[DeviceView, ...]
     errors: tuple[str, ...]  # one line per slice that could not be read, NVML trouble
     counters: dict[str, SliceCounters]  # by slice key: for the watchdog
+    # (slice key, device) -> (now_ns, charged_ns) this view's shares were measured at
+    samples: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
 
 
 class RateTracker:
@@ -64,21 +66,30 @@ class RateTracker:
         self._lock = threading.Lock()
 
     def ratio(self, key: tuple[str, int], charged_ns: int, now_ns: int) -> float:
+        """The share since the base sample (add() records samples)."""
         with self._lock:
-            h = self._hist.setdefault(key, deque())
+            h = self._hist.get(key)
             base = None
-            for i in range(len(h) - 1, -1, -1):
-                if now_ns - h[i][0] >= RATE_MIN_WINDOW * 1e9:
-                    base = h[i]
-                    for _ in range(i):  # older samples are never a base again
-                        h.popleft()
-                    break
-            if base is None and h:
-                base = h[0]
-            h.append((now_ns, charged_ns))
+            if h:
+                for i in range(len(h) - 1, -1, -1):
+                    if now_ns - h[i][0] >= RATE_MIN_WINDOW * 1e9:
+                        base = h[i]
+                        for _ in range(i):  # older samples are never a base again
+                            h.popleft()
+                        break
+                if base is None:
+                    base = h[0]
         if base is None or now_ns <= base[0]:
             return 0.0
         return max(0.0, (charged_ns - base[1]) / (now_ns - base[0]))
+
+    def add(self, samples: dict[tuple[str, int], tuple[int, int]]) -> None:
+        """Record (now_ns, charged_ns) samples: the bases of later ratios."""
+        with self._lock:
+            for key, sample in samples.items():
+                h = self._hist.setdefault(key, deque())
+                if not h or sample[0] > h[-1][0]:
+                    h.append(sample)
 
     def forget_except(self, keys: set[str]) -> None:
         with self._lock:
@@ -136,10 +147,18 @@ class ViewBuilder:
         with self._lock:
             self._reader.close()
 
-    def build(self, rates: bool = True) -> NodeView:
-        """The node now. rates=False: compute_used_ratio 0, and no sample taken for it."""
+    def build(self, rates: bool = True, commit: bool = True) -> NodeView:
+        """The node now. rates=False: compute_used_ratio 0. commit=False: this view's samples
+        do not become the base of later shares until commit(view) (the exporter commits a view
+        when a scrape is served, so the share covers the scrape interval)."""
         with self._lock:  # one build at a time: the finder and the reader are not thread-safe
-            return self._build(rates)
+            view = self._build(rates)
+        if rates and commit:
+            self.commit(view)
+        return view
+
+    def commit(self, view: NodeView) -> None:
+        self.rates.add(view.samples)
 
     def _build(self, rates: bool) -> NodeView:
         nv: NvmlReading = self.latest()
@@ -149,6 +168,7 @@ class ViewBuilder:
         by_index = {g.index: g for g in nv.gpus}
         per_gpu: dict[str, list[SliceDeviceView]] = {u: [] for u in gpus}
         all_counters: dict[str, SliceCounters] = {}
+        samples: dict[tuple[str, int], tuple[int, int]] = {}
         now = time.monotonic_ns()
         for s in slices:
             ndev = len(s.gpu_uuids) or max(1, _devices_in_use(s, by_index))
@@ -185,6 +205,7 @@ class ViewBuilder:
                         violations=self.violations.slice(s.key, dc.index),
                     )
                 )
+                samples[(s.key, dc.index)] = (now, dc.charged_ns)
         if rates:
             self.rates.forget_except(set(all_counters))
         self._reader.forget_except({s.region_path for s in slices})
@@ -200,7 +221,9 @@ class ViewBuilder:
             )
             for u, g in sorted(gpus.items(), key=lambda kv: (kv[1].index < 0, kv[1].index, kv[0]))
         )
-        return NodeView(devices=devices, errors=tuple(errors), counters=all_counters)
+        return NodeView(
+            devices=devices, errors=tuple(errors), counters=all_counters, samples=samples
+        )
 
 
 def _devices_in_use(s: Slice, by_index: dict[int, GpuReading]) -> int:

@@ -51,6 +51,7 @@ class Attribution:
     file_id: tuple[int, int] | None  # (st_dev, st_ino) of the accounting file it names
     ns_pid: int  # its PID in its own namespace (what the shim records in its slot)
     why: str  # when file_id is None: why it could not be attributed
+    visible: bool = True  # False: we cannot look at the process (other PID namespace, no root)
 
 
 def attribute(pid: int, proc_root: str = "/proc") -> Attribution:
@@ -66,6 +67,9 @@ def attribute(pid: int, proc_root: str = "/proc") -> Attribution:
     try:
         with open(f"{proc_root}/{pid}/environ", "rb") as f:
             env = f.read()
+    except (FileNotFoundError, PermissionError) as e:
+        # not a violation: the watchdog is blind here (no hostPID, or not root)
+        return Attribution(None, ns_pid, f"cannot read its environment ({e.strerror})", False)
     except OSError as e:
         return Attribution(None, ns_pid, f"cannot read its environment ({e.strerror})")
     path = None
@@ -136,6 +140,7 @@ class Watchdog:
         self._over: set[tuple[str, int]] = set()  # (slice key, device): episodes in progress
         self._strays: set[tuple[int, float]] = set()  # unattributed processes already counted
         self._self = os.getpid()
+        self._warned_blind = False
 
     def check(self, view: NodeView, reading: NvmlReading) -> None:
         files = {(c.st_dev, c.st_ino): key for key, c in view.counters.items()}
@@ -153,6 +158,9 @@ class Watchdog:
                 if p.pid == self._self:
                     continue
                 a = attribute(p.pid, self.proc_root)
+                if not a.visible:
+                    self._blind(p.pid, a.why)
+                    continue
                 key = files.get(a.file_id) if a.file_id else None
                 if key is not None and key in on_dev:
                     mine.setdefault(key, []).append((p, a))
@@ -179,6 +187,18 @@ class Watchdog:
             threading.Thread(
                 target=_stop, args=(to_stop, self.kill_grace), name="watchdog-kill", daemon=True
             ).start()
+
+    def _blind(self, pid: int, why: str) -> None:
+        """A GPU process we cannot inspect is never called a violation (a watchdog without
+        hostPID or root would otherwise flag, and with --enforce kill stop, every process)."""
+        if not self._warned_blind:
+            self._warned_blind = True
+            log.warning(
+                "watchdog: cannot inspect GPU process pid %d: %s; processes it cannot see are "
+                "not checked (run with the host's PID namespace, as root)",
+                pid,
+                why,
+            )
 
     def _stray(self, uuid: str, p: GpuProcess, why: str) -> None:
         self.violations.add_unattributed(uuid)

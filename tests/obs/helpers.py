@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,13 +98,16 @@ def start_tenant(
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def wait_for(pred: object, timeout: float = 20.0, step: float = 0.2) -> None:
+def scrape_until(
+    url: str, ok: Callable[[list[Sample]], bool], timeout: float = 15.0
+) -> list[Sample]:
+    """Scrape until ok(samples) (the exporter serves an exposition up to --cache seconds old)."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if callable(pred) and pred():
-            return
-        time.sleep(step)
-    raise AssertionError("condition not met in time")
+    while True:
+        s = scrape(url)
+        if ok(s) or time.monotonic() > deadline:
+            return s
+        time.sleep(0.2)
 
 
 def add_claim(

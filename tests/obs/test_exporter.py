@@ -23,6 +23,7 @@ from tests.obs.helpers import (
     only,
     region_with_limits,
     scrape,
+    scrape_until,
     start_tenant,
     value,
 )
@@ -92,7 +93,8 @@ def test_two_tenants_on_the_simulator(
                         CUDA_DEVICE_MEMORY_SHARED_CACHE=str(a))  # fmt: skip
         held = Held(build_c("shim_ops.c"), shim_env, "init", "ctx", f"alloc:{100 * MiB}")
         try:
-            s = scrape(exp.url)
+            s = scrape_until(exp.url, lambda s: bool(only(s, "vgpu_slice_processes", claim=str(a))
+                                                     and value(s, "vgpu_slice_processes", claim=str(a)) == 1))  # fmt: skip
         finally:
             held.release()
     finally:
@@ -160,7 +162,8 @@ def _gpus(procs: tuple[GpuProcess, ...] = ()) -> NvmlReading:
 def served(tmp_path: Path) -> Iterator[tuple[Exporter, str, Path]]:
     data = tmp_path / "data"
     data.mkdir()
-    exp = Exporter(ExporterConfig(data_dir=data, hostname="node-a"), nvml_reader=_gpus)
+    cfg = ExporterConfig(data_dir=data, hostname="node-a", cache_seconds=0)  # read at every scrape
+    exp = Exporter(cfg, nvml_reader=_gpus)
     host, port = exp.start("127.0.0.1", 0)
     try:
         yield exp, f"http://{host}:{port}", data
@@ -278,3 +281,22 @@ def test_plugin_metrics_flags() -> None:
         assert "\n" not in str(e.value)
     with pytest.raises(SettingsError, match="--watchdog-enforce"):
         parse(["--node-name", "n", "--watchdog-enforce", "maybe"], env={})
+
+
+def test_cache_is_refreshed_while_scraped(tmp_path: Path) -> None:
+    """--cache 1 (the default): the first scrape reads the node; while it is scraped the
+    exposition is refreshed in the background, so a new claim shows within about a second."""
+    data = tmp_path / "data"
+    data.mkdir()
+    exp = Exporter(ExporterConfig(data_dir=data, cache_seconds=1.0), nvml_reader=_gpus)
+    host, port = exp.start("127.0.0.1", 0)
+    try:
+        url = f"http://{host}:{port}"
+        assert only(scrape(url), "vgpu_slice_memory_limit_bytes") == []
+        add_claim(data, "uid-1", "train", UUID0, GiB, 25)
+        t0 = time.monotonic()
+        s = scrape_until(url, lambda s: bool(only(s, "vgpu_slice_memory_limit_bytes")), 10)
+        assert only(s, "vgpu_slice_memory_limit_bytes")
+        assert time.monotonic() - t0 < 3.0  # served within the cache's age bound (+ slack)
+    finally:
+        exp.stop()

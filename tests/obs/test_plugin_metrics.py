@@ -27,7 +27,7 @@ from tests.driver.test_main_e2e import (
     write_config,
 )
 from tests.fakes.apiserver import FakeApiServer, free_port
-from tests.obs.helpers import only, scrape, value
+from tests.obs.helpers import only, scrape, scrape_until, value
 from tests.shim.conftest import Held
 
 __all__ = ["root", "server", "sim_ready"]  # fixtures used by name
@@ -87,19 +87,33 @@ def test_plugin_serves_claims_and_reports_a_bypass(
         )
         bypass = Held(ops, env, "init", "ctx:1", f"alloc:{2 * GiB}")
         assert bypass.proc.wait(30) == -signal.SIGTERM
-        s = scrape(url)
+        s = scrape_until(url, lambda s: value(s, "vgpu_slice_quota_violations_total",
+                                              claim_uid=uid) == 1)  # fmt: skip
         assert value(s, "vgpu_slice_quota_violations_total", claim_uid=uid) == 1
         deadline = time.monotonic() + 10
         while not server.objects("Event") and time.monotonic() < deadline:
             time.sleep(0.1)
-        [ev] = server.objects("Event")
+        [ev] = [e for e in server.objects("Event") if e["reason"] == "QuotaExceeded"]
         assert ev["metadata"]["namespace"] == "team-a"
         assert ev["involvedObject"]["kind"] == "ResourceClaim"
-        assert ev["involvedObject"]["uid"] == uid and ev["reason"] == "QuotaExceeded"
+        assert ev["involvedObject"]["uid"] == uid
         assert f"pid {bypass.proc.pid}" in ev["message"]
 
+        # a GPU process of no claim on the shared GPU: an Event on the Node, and stopped
+        stray_env = {k: v for k, v in env.items() if k != "CUDA_DEVICE_MEMORY_SHARED_CACHE"}
+        stray = Held(ops, stray_env, "init", "ctx:1", f"alloc:{64 << 20}")
+        assert stray.proc.wait(30) == -signal.SIGTERM
+        deadline = time.monotonic() + 10
+        while len(server.objects("Event")) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        [node_ev] = [e for e in server.objects("Event") if e["reason"] == "UnattributedGPUProcess"]
+        assert node_ev["involvedObject"]["kind"] == "Node"
+        assert node_ev["involvedObject"]["name"] == "node-a"
+        assert f"pid {stray.proc.pid}" in node_ev["message"]
+
         assert kubelet.unprepare([claim_id(claim)])[uid] == ""
-        assert only(scrape(url), "vgpu_slice_memory_limit_bytes", claim_uid=uid) == []
+        s = scrape_until(url, lambda s: not only(s, "vgpu_slice_memory_limit_bytes", claim_uid=uid))
+        assert only(s, "vgpu_slice_memory_limit_bytes", claim_uid=uid) == []
         kubelet.close()
     finally:
         code = p.terminate()

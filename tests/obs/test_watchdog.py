@@ -10,7 +10,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
+from sharing.counters import read_counters
+from sharing.nodeview import DeviceView, NodeView, SliceDeviceView, ViolationCounts
+from sharing.nvml_reader import GpuProcess, GpuReading, NvmlReading
 from sharing.paths import shim_library
+from sharing.slices import region_slice
+from sharing.watchdog import Watchdog
 from tests.obs.helpers import ExporterProcess, MiB, only, region_with_limits, scrape
 from tests.shim.conftest import Held
 
@@ -94,3 +101,27 @@ def test_a_gpu_process_of_no_slice_on_a_shared_gpu(
     finally:
         log = exp.stop()
     assert f"pid {stray.proc.pid}" in log and "belongs to no slice" in log, log
+
+
+def test_processes_it_cannot_see_are_never_violations(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Without the host's PID namespace NVML's PIDs are not in our /proc: no false alarm, no kill."""
+    acct = tmp_path / "slice.region"
+    region_with_limits(acct, 1 << 30)
+    counters = read_counters(str(acct), 1)
+    sl = region_slice(str(acct))
+    gpu = GpuReading(0, "GPU-x", "m", "p", True, 80 << 30, 8 << 30, 0.5,
+                     (GpuProcess(4242, 4 << 30), GpuProcess(4243, 1 << 30)))  # fmt: skip
+    sv = SliceDeviceView(sl, 0, counters.devices[0], 1 << 30, 0.0, 0.0, 0, 0)
+    view = NodeView((DeviceView(gpu, (sv,), 0),), (), {sl.key: counters})
+    empty_proc = tmp_path / "proc"
+    empty_proc.mkdir()
+    counts = ViolationCounts()
+    wd = Watchdog(counts, enforce="kill", proc_root=str(empty_proc))
+    with caplog.at_level("WARNING"):
+        wd.check(view, NvmlReading(taken=0.0, gpus=(gpu,)))
+        wd.check(view, NvmlReading(taken=1.0, gpus=(gpu,)))
+    assert counts.unattributed("GPU-x") == 0 and counts.slice(sl.key, 0) == 0
+    blind = [r for r in caplog.records if "cannot inspect GPU process" in r.getMessage()]
+    assert len(blind) == 1  # said once
