@@ -192,12 +192,23 @@ def build_devices(
         if not g.healthy:
             continue
         rules = rules_of(g.info)
+        if too_small(g.info, mode, rules):
+            continue
         devices.extend(
             [sharing_device(g, rules)]
             if mode == "sharing"
             else partition_devices(g, rules.partitions, rules)
         )
     return devices
+
+
+def too_small(info: GpuInfo, mode: Mode, rules: Rules) -> bool:
+    """True when the policy leaves the GPU nothing to offer: its memory after reservedMemory is
+    below one memory step above the minimum (sharing) or zero per partition (partition)."""
+    shareable = rules.shareable_memory(info.memory_total)
+    if mode == "sharing":
+        return rules.memory.bounds(shareable) is None
+    return rules.partition_memory(info.memory_total) == 0
 
 
 def health_map(
@@ -346,6 +357,7 @@ class SlicePublisher:
         self.generation = 0
         self._written: dict[str, _Written] = {}
         self._dropped_warned = False
+        self._small_warned: set[tuple[Any, ...]] = set()
 
     @property
     def mode(self) -> Mode | None:
@@ -497,6 +509,7 @@ class SlicePublisher:
 
     def _publish(self, inv: Inventory, mode: Mode) -> bool:
         node = self._read_node() if self.rules_for is not None else None
+        self._warn_too_small(inv, mode)
         devices = build_devices(inv.gpus, mode, self.partitions, self.rules_for)
         chunks = chunk(devices)
         names = [self._slice_name(k) for k in range(len(chunks))]
@@ -563,6 +576,27 @@ class SlicePublisher:
             generation,
         )
         return True
+
+    def _warn_too_small(self, inv: Inventory, mode: Mode) -> None:
+        rules_of = self.rules_for or _builtin(self.partitions)
+        for g in inv.gpus:
+            rules = rules_of(g.info)
+            key = (g.info.uuid, rules.reserved_memory, rules.memory, rules.partitions)
+            if too_small(g.info, mode, rules) and key not in self._small_warned:
+                self._small_warned.add(key)
+                log.warning(
+                    "node %s: GPU %d (%s): %d bytes of memory minus the policy's reservedMemory "
+                    "%d leaves nothing to offer (memory min %d + step %d, or %d partitions); "
+                    "not published",
+                    self.node_name,
+                    g.index,
+                    g.info.uuid,
+                    g.info.memory_total,
+                    rules.reserved_memory,
+                    rules.memory.min,
+                    rules.memory.step,
+                    rules.partitions,
+                )
 
     def cleanup(self) -> int:
         """Delete every slice of this node's pool; the number deleted."""

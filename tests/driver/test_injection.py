@@ -165,3 +165,41 @@ def test_apply_overrides_env_and_adds_without_duplicates() -> None:
     assert [m.container_path for m in out.mounts] == ["/a", "/b"]
     assert [n.path for n in out.device_nodes] == ["/dev/nvidiactl", "/dev/nvidia-uvm"]
     assert apply(edits, Injection()) is edits
+
+
+def test_the_plugin_loads_nvml_from_the_driver_root_mount(tmp_path: Path) -> None:
+    """As in the DaemonSet: no NVML on the process's library path, the driver root mounted at
+    DRIVER_ROOT_MOUNT; pynvml then works with the driver root's libnvidia-ml.so.1 (here the
+    simulator's, laid out as an installed driver)."""
+    import subprocess
+    import sys
+
+    from sharing.paths import ArtefactMissingError, sim_lib_dir
+
+    try:
+        sim = sim_lib_dir()
+    except ArtefactMissingError as e:
+        pytest.skip(str(e))
+    lib = tmp_path / ARCH
+    lib.mkdir(parents=True)
+    (lib / "libnvidia-ml.so.570.172.08").write_bytes((sim / "libnvidia-ml.so.1").read_bytes())
+    (lib / "libnvidia-ml.so.1").symlink_to("libnvidia-ml.so.570.172.08")
+    code = (
+        "import sys; from pathlib import Path; import pynvml;"
+        "from driver.injection import DriverRoot, load_driver_nvml;"
+        "print(load_driver_nvml(DriverRoot(Path('/'), Path(sys.argv[1]))));"
+        "pynvml.nvmlInit(); print(pynvml.nvmlDeviceGetCount())"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "LD_PRELOAD")}
+    env["SIMGPU_STATE"] = str(tmp_path)
+    r = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], env=env, capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr
+    loaded, count = r.stdout.split()
+    assert loaded == str(lib / "libnvidia-ml.so.1") and int(count) >= 1
+    # Without the driver root there is no NVML here at all: the load is what made it work.
+    bare = subprocess.run(
+        [sys.executable, "-c", "import pynvml; pynvml.nvmlInit()"], env=env, capture_output=True
+    )
+    assert bare.returncode != 0

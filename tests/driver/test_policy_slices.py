@@ -223,3 +223,16 @@ def test_whole_gpu_claim_needs_all_cores_and_gets_the_whole_gpu() -> None:
         ClaimError, match=r'holds 10% of the cores.*allowed: request capacity cores: "100"'
     ):
         plan(claim([SHARE], [whole]), POLICY)
+
+
+def test_a_gpu_the_reservation_leaves_nothing_of_is_not_published(
+    server: FakeApiServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    small = replace(gpu(1, memory=3 * GiB), name="NVIDIA T400")
+    doc = {**POLICY, "overrides": [{"match": {"modelName": "*T400*"}, "reservedMemory": "2Gi"}]}
+    view = PolicyView(from_document(doc))
+    p = publisher(server, view, "sharing")
+    assert p.publish(inventory([gpu(0), small]))
+    p.publish(inventory([gpu(0), small]))
+    assert sorted(devices(server)) == ["gpu-0"]  # 1Gi left: below min 1Gi + step 256Mi
+    assert caplog.text.count("leaves nothing to offer") == 1
