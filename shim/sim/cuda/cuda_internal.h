@@ -196,6 +196,7 @@ typedef struct {
     _Atomic uint32_t gen;            /* bumped in a forked child: parent handles become invalid */
     uint64_t ctx_mem;                /* SIMGPU_CONTEXT_MEMORY */
     uint64_t alloc_gran;             /* SIMGPU_ALLOC_GRANULARITY: device memory page size */
+    uint64_t launch_cost_ns;         /* SIMGPU_LAUNCH_COST_NS: host CPU time of a launch */
     uint64_t queue_ahead_ns;         /* SIMGPU_QUEUE_AHEAD_US */
     uint64_t ctx_serial;
     int live_contexts;

@@ -189,6 +189,8 @@ SIM_EXPORT CUresult cuInit(unsigned int Flags)
     if (rc == CUDA_SUCCESS) {
         G.ctx_mem = sim_env_u64("SIMGPU_CONTEXT_MEMORY", 0);
         G.alloc_gran = sim_alloc_granularity_knob();
+        uint64_t cost = sim_env_u64("SIMGPU_LAUNCH_COST_NS", 3000);
+        G.launch_cost_ns = cost > 1000000u ? 1000000u : cost; /* at most 1 ms */
         uint64_t ahead_us = sim_env_u64("SIMGPU_QUEUE_AHEAD_US", 20000);
         G.queue_ahead_ns = (ahead_us > 10000000u ? 10000000u : ahead_us) * 1000ull; /* at most 10 s */
         atomic_store_explicit(&G.initialized, 1, memory_order_release);

@@ -7,6 +7,10 @@
  *
  * All launches on a device, from every process and context, run one after another on one
  * timeline (time-slicing, as a GPU without MPS); see stream.c for placement and pacing.
+ *
+ * A launch also costs the calling thread host CPU time, as the real driver's does (writing the
+ * pushbuffer): SIMGPU_LAUNCH_COST_NS (default 3000 ns) of busy time, spent reading the vDSO clock
+ * (no system call), so an interposer's overhead per launch is compared with a realistic launch.
  */
 #include "cuda_internal.h"
 
@@ -56,7 +60,10 @@ static CUresult launch(CUfunction fn, unsigned gx, unsigned gy, unsigned gz, uns
         sim_capture_add(s, &node);
         return CUDA_SUCCESS;
     }
+    uint64_t t0 = G.launch_cost_ns ? sim_now_ns() : 0;
     sim_stream_enqueue(s, node.dur_ns);
+    while (G.launch_cost_ns && sim_now_ns() - t0 < G.launch_cost_ns) {
+    }
     return CUDA_SUCCESS;
 }
 
