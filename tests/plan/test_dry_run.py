@@ -169,3 +169,52 @@ def test_dry_run_flag_and_its_environment_twin() -> None:
     assert parse(["--node-name", "n"], env={"DRY_RUN": "true"}).dry_run is True
     with pytest.raises(SettingsError, match="--dry-run: 'maybe' is not a boolean"):
         parse(["--node-name", "n", "--dry-run=maybe"], env={})
+
+
+def test_dry_run_publishes_what_the_admin_policy_says(
+    sim_env: dict[str, str], tmp_path: Path
+) -> None:
+    """`--dry-run --policy FILE`: the slices an admin plans with are the ones the policy shapes
+    (reserved memory held back, its request policies, its sharers), and `vgpu plan` follows."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        "apiVersion: vgpu.sharing.dev/v1alpha1\n"
+        "kind: SharingPolicy\n"
+        "default:\n"
+        "  reservedMemory: 8Gi\n"
+        "  memory: {min: 2Gi, step: 2Gi, default: 4Gi}\n"
+        "  cores: {min: 10, step: 10, default: 20}\n"
+        "  maxSharers: 3\n"
+    )
+    doc = yaml.safe_load(
+        dry_run(sim_env, "node-p", "--sharing-mode", "sharing", "--policy", str(policy))
+    )
+    dev = doc["items"][0]["spec"]["devices"][0]
+    mem, cores, sharers = (dev["capacity"][k] for k in ("memory", "cores", "sharers"))
+    assert mem["value"] == "32Gi"  # 40Gi less the 8Gi held back
+    assert mem["requestPolicy"] == {
+        "default": "4Gi",
+        "validRange": {"min": "2Gi", "max": "32Gi", "step": "2Gi"},
+    }
+    assert cores["requestPolicy"]["default"] == "20"
+    assert sharers["value"] == "3"
+    slices = tmp_path / "slices.yaml"
+    slices.write_text(yaml.safe_dump(doc))
+    workloads = tmp_path / "workloads.yaml"
+    workloads.write_text(
+        yaml.safe_dump({"workloads": [workload("small", 8, [request()])], "deviceClasses": [CLASS]})
+    )
+    code, out, err = plan(slices, workloads)
+    # Each GPU takes three (its sharers) of the default 4Gi/20-core shares: 6 of 8 fit.
+    assert code == 1, err
+    assert len(out["placed"]) == 6 and [u["replica"] for u in out["unplaced"]] == [6, 7]
+    assert out["placed"][0]["consumed"] == {"cores": "20", "memory": "4Gi", "sharers": "1"}
+    # A bad policy file: exit 2, one line naming the field.
+    policy.write_text(
+        "apiVersion: vgpu.sharing.dev/v1alpha1\nkind: SharingPolicy\ndefault: {maxSharers: 0}\n"
+    )
+    r = subprocess.run(
+        [str(BIN / "vgpu-kubelet-plugin"), "--dry-run", "--node-name", "n", "--policy", str(policy)],
+        env=sim_env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 2 and "maxSharers" in r.stderr and r.stderr.count("\n") == 1, r.stderr
