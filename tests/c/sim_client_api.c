@@ -19,6 +19,9 @@ static const char ptx[] =
     ".visible .entry _Z9sim_500usPf(\n\t.param .u64 p\n)\n{\n\t.reg .b32 r<2>;\n\t.shared .align 4 .b8 s[64];\n\tret;\n}\n";
 
 static int host_calls;
+/* handles of dead contexts stay reachable (the simulator keeps their structures, never frees) */
+static CUstream volatile dead_streams[2];
+static CUevent volatile dead_events[2];
 static void CUDA_CB_host(void *u) { host_calls += *(int *)u; }
 static void stream_cb(CUstream s, CUresult st, void *u)
 {
@@ -314,6 +317,45 @@ int main(void)
     CHECK(cuMemFree_v2(d));
     CHECK(cuMemFree_v2(pitched));
     CHECK(cuModuleUnload(m));
+
+    /* ---- handles die with their context: an explicit context destroyed ... */
+    CUcontext own;
+    CHECK(cuCtxCreate_v2(&own, 0, 0));
+    CUstream os_;
+    CUevent oe;
+    CUmodule om;
+    CUfunction of;
+    CHECK(cuStreamCreate(&os_, 0));
+    CHECK(cuEventCreate(&oe, 0));
+    dead_streams[0] = os_;
+    dead_events[0] = oe;
+    CHECK(cuModuleLoadData(&om, ptx));
+    CHECK(cuModuleGetFunction(&of, om, "_Z9sim_500usPf"));
+    CHECK(cuCtxDestroy_v2(own));
+    CHECK(cuCtxSetCurrent(ctx));
+    EXPECT_RC(cuStreamSynchronize(os_), CUDA_ERROR_INVALID_HANDLE);
+    EXPECT_RC(cuEventRecord(oe, NULL), CUDA_ERROR_INVALID_HANDLE);
+    EXPECT_RC(cuModuleGetFunction(&of, om, "x"), CUDA_ERROR_INVALID_HANDLE);
+    EXPECT_RC(cuModuleGetGlobal_v2(&g, &gsz, om, "counter"), CUDA_ERROR_INVALID_HANDLE);
+    EXPECT_RC(cuLaunchKernel(of, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL), CUDA_ERROR_INVALID_HANDLE);
+    EXPECT_RC(cuStreamDestroy_v2(os_), CUDA_ERROR_INVALID_HANDLE);
+    /* ... and the primary context reset: its handles die, a new activation starts clean */
+    CHECK(cuStreamCreate(&os_, 0));
+    CHECK(cuEventCreate(&oe, 0));
+    dead_streams[1] = os_;
+    dead_events[1] = oe;
+    CHECK(cuModuleLoadData(&om, ptx));
+    CHECK(cuModuleGetFunction(&of, om, "_Z9sim_500usPf"));
+    CHECK(cuDevicePrimaryCtxReset_v2(0));
+    CHECK(cuDevicePrimaryCtxRetain(&ctx, 0));
+    CHECK(cuCtxSetCurrent(ctx));
+    EXPECT_RC(cuStreamQuery(os_), CUDA_ERROR_INVALID_HANDLE);
+    EXPECT_RC(cuEventQuery(oe), CUDA_ERROR_INVALID_HANDLE);
+    EXPECT_RC(cuModuleGetFunction(&of, om, "_Z9sim_500usPf"), CUDA_ERROR_INVALID_HANDLE);
+    EXPECT_RC(cuLaunchKernel(of, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL), CUDA_ERROR_INVALID_HANDLE);
+    CHECK(cuMemGetInfo_v2(&free1, &total));
+    EXPECT(free1 == total); /* the reset freed everything, module globals included */
+    CHECK(cuDevicePrimaryCtxRelease_v2(0));
     printf("OK\n");
     return 0;
 }

@@ -82,6 +82,7 @@ static CUresult ctx_activate_locked(struct CUctx_st *c, int dev, unsigned flags)
 /* Tear down a context's resources (after its work finished). G.lock held. */
 static void ctx_deactivate_locked(struct CUctx_st *c)
 {
+    c->serial = ++G.ctx_serial; /* its streams, events and modules die with it */
     sim_free_ctx_allocations(c);
     sim_mem_uncharge(G.slot, sim_phys(c->dev), c->charged);
     c->charged = 0;

@@ -114,47 +114,31 @@ SIM_EXPORT CUresult cuCtxGetStreamPriorityRange(int *leastPriority, int *greates
     return CUDA_SUCCESS;
 }
 
-static CUresult stream_get_priority(CUstream h, int *priority, int ptds)
+enum { GET_PRIORITY, GET_FLAGS, GET_CTX };
+
+static CUresult stream_get(CUstream h, int ptds, int what, void *out)
 {
-    if (!priority)
+    if (!out)
         return CUDA_ERROR_INVALID_VALUE;
     struct CUstream_st *s;
     CUresult rc = sim_resolve_stream(h, ptds, &s);
-    if (rc == CUDA_SUCCESS)
-        *priority = s->priority;
-    return rc;
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (what == GET_PRIORITY)
+        *(int *)out = s->priority;
+    else if (what == GET_FLAGS)
+        *(unsigned *)out = s->flags;
+    else
+        *(CUcontext *)out = s->ctx;
+    return CUDA_SUCCESS;
 }
 
-SIM_EXPORT CUresult cuStreamGetPriority(CUstream hStream, int *priority) { return stream_get_priority(hStream, priority, 0); }
-SIM_EXPORT CUresult cuStreamGetPriority_ptsz(CUstream hStream, int *priority) { return stream_get_priority(hStream, priority, 1); }
-
-static CUresult stream_get_flags(CUstream h, unsigned *flags, int ptds)
-{
-    if (!flags)
-        return CUDA_ERROR_INVALID_VALUE;
-    struct CUstream_st *s;
-    CUresult rc = sim_resolve_stream(h, ptds, &s);
-    if (rc == CUDA_SUCCESS)
-        *flags = s->flags;
-    return rc;
-}
-
-SIM_EXPORT CUresult cuStreamGetFlags(CUstream hStream, unsigned int *flags) { return stream_get_flags(hStream, flags, 0); }
-SIM_EXPORT CUresult cuStreamGetFlags_ptsz(CUstream hStream, unsigned int *flags) { return stream_get_flags(hStream, flags, 1); }
-
-static CUresult stream_get_ctx(CUstream h, CUcontext *pctx, int ptds)
-{
-    if (!pctx)
-        return CUDA_ERROR_INVALID_VALUE;
-    struct CUstream_st *s;
-    CUresult rc = sim_resolve_stream(h, ptds, &s);
-    if (rc == CUDA_SUCCESS)
-        *pctx = s->ctx;
-    return rc;
-}
-
-SIM_EXPORT CUresult cuStreamGetCtx(CUstream hStream, CUcontext *pctx) { return stream_get_ctx(hStream, pctx, 0); }
-SIM_EXPORT CUresult cuStreamGetCtx_ptsz(CUstream hStream, CUcontext *pctx) { return stream_get_ctx(hStream, pctx, 1); }
+SIM_EXPORT CUresult cuStreamGetPriority(CUstream hStream, int *priority) { return stream_get(hStream, 0, GET_PRIORITY, priority); }
+SIM_EXPORT CUresult cuStreamGetPriority_ptsz(CUstream hStream, int *priority) { return stream_get(hStream, 1, GET_PRIORITY, priority); }
+SIM_EXPORT CUresult cuStreamGetFlags(CUstream hStream, unsigned int *flags) { return stream_get(hStream, 0, GET_FLAGS, flags); }
+SIM_EXPORT CUresult cuStreamGetFlags_ptsz(CUstream hStream, unsigned int *flags) { return stream_get(hStream, 1, GET_FLAGS, flags); }
+SIM_EXPORT CUresult cuStreamGetCtx(CUstream hStream, CUcontext *pctx) { return stream_get(hStream, 0, GET_CTX, pctx); }
+SIM_EXPORT CUresult cuStreamGetCtx_ptsz(CUstream hStream, CUcontext *pctx) { return stream_get(hStream, 1, GET_CTX, pctx); }
 
 /* Host work in stream order: the simulator waits (sleeps) until the stream's queued work would be
  * done, then runs the function on the calling thread; later work on the stream is queued after it

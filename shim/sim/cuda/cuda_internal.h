@@ -91,6 +91,7 @@ struct CUgraph_st;
 struct CUstream_st {
     uint32_t magic, gen;
     struct CUctx_st *ctx;
+    uint64_t ctx_serial;             /* the context's serial at creation: dies with it */
     unsigned flags;
     int kind;                        /* STREAM_USER, STREAM_LEGACY, STREAM_PER_THREAD */
     int priority;
@@ -109,6 +110,8 @@ enum { STREAM_USER = 0, STREAM_LEGACY = 1, STREAM_PER_THREAD = 2 };
 
 struct CUevent_st {
     uint32_t magic, gen;
+    struct CUctx_st *ctx;
+    uint64_t ctx_serial;             /* dies with its context */
     unsigned flags;
     _Atomic uint64_t t;              /* CLOCK_MONOTONIC ns at which the recorded work completes */
     _Atomic int recorded;
@@ -140,6 +143,7 @@ struct CUmod_st {
     uint32_t magic, gen;
     struct CUfunc_st *funcs;
     struct CUctx_st *ctx;
+    uint64_t ctx_serial;             /* dies with its context */
     struct CUmod_global *globals;    /* from the image's PTX .global declarations */
     size_t nglobals;
 };
@@ -210,6 +214,10 @@ extern sim_globals G;
 static inline int sim_phys(int dev) { return G.cfg->phys[dev]; }
 static inline uint32_t sim_gen(void) { return atomic_load_explicit(&G.gen, memory_order_relaxed); }
 #define SIM_VALID(obj, mg) ((obj) != NULL && (obj)->magic == (mg) && (obj)->gen == sim_gen())
+/* A handle of a context lives only as long as that context: destroyed, or a primary context
+ * reset (re-activated with a new serial), its streams, events and modules are invalid. */
+#define SIM_OWNED_VALID(obj, mg) \
+    (SIM_VALID(obj, mg) && SIM_VALID((obj)->ctx, MAGIC_CTX) && (obj)->ctx->serial == (obj)->ctx_serial)
 
 CUresult sim_check_init(void);               /* CUDA_ERROR_NOT_INITIALIZED before cuInit */
 CUresult sim_check_device(CUdevice dev);     /* also checks init */

@@ -86,6 +86,8 @@ struct CUfunc_st *sim_func_resolve(CUfunction f)
 {
     if (!f || (f->magic != MAGIC_FUNC && f->magic != MAGIC_KERNEL))
         return NULL;
+    if (f->mod && !SIM_OWNED_VALID(f->mod, MAGIC_MOD)) /* its module's context is gone */
+        return NULL;
     return f;
 }
 
@@ -113,6 +115,7 @@ static CUresult module_new(CUmodule *module, const void *image)
         return CUDA_ERROR_OUT_OF_MEMORY;
     m->gen = sim_gen();
     m->ctx = c;
+    m->ctx_serial = c->serial;
     if (image && (rc = sim_module_globals(m, image)) != CUDA_SUCCESS) {
         pthread_mutex_lock(&G.lock);
         module_free_globals_locked(m);
@@ -159,7 +162,7 @@ SIM_EXPORT CUresult cuModuleUnload(CUmodule hmod)
     if (rc != CUDA_SUCCESS)
         return rc;
     pthread_mutex_lock(&G.lock);
-    if (!SIM_VALID(hmod, MAGIC_MOD)) {
+    if (!SIM_OWNED_VALID(hmod, MAGIC_MOD)) {
         pthread_mutex_unlock(&G.lock);
         return CUDA_ERROR_INVALID_HANDLE;
     }
@@ -188,7 +191,7 @@ SIM_EXPORT CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const 
     if (rc != CUDA_SUCCESS)
         return rc;
     pthread_mutex_lock(&G.lock);
-    if (!SIM_VALID(hmod, MAGIC_MOD)) {
+    if (!SIM_OWNED_VALID(hmod, MAGIC_MOD)) {
         pthread_mutex_unlock(&G.lock);
         return CUDA_ERROR_INVALID_HANDLE;
     }
@@ -307,7 +310,7 @@ SIM_EXPORT CUresult cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, CUmod
     if (rc != CUDA_SUCCESS)
         return rc;
     pthread_mutex_lock(&G.lock);
-    if (!SIM_VALID(hmod, MAGIC_MOD)) {
+    if (!SIM_OWNED_VALID(hmod, MAGIC_MOD)) {
         pthread_mutex_unlock(&G.lock);
         return CUDA_ERROR_INVALID_HANDLE;
     }

@@ -40,6 +40,7 @@ struct CUstream_st *sim_stream_new(struct CUctx_st *ctx, int kind, unsigned flag
     memset(s, 0, sizeof *s);
     pthread_mutex_init(&s->mu, NULL);
     s->ctx = ctx;
+    s->ctx_serial = ctx->serial;
     s->kind = kind;
     s->flags = flags;
     s->priority = priority;
@@ -119,7 +120,7 @@ CUresult sim_resolve_stream(CUstream h, int ptds, struct CUstream_st **out)
         *out = s;
         return CUDA_SUCCESS;
     }
-    if (!SIM_VALID(h, MAGIC_STREAM) || !SIM_VALID(h->ctx, MAGIC_CTX))
+    if (!SIM_OWNED_VALID(h, MAGIC_STREAM))
         return CUDA_ERROR_INVALID_HANDLE;
     *out = h;
     return CUDA_SUCCESS;
@@ -241,7 +242,7 @@ SIM_EXPORT CUresult cuStreamDestroy_v2(CUstream hStream)
     CUresult rc = sim_check_init();
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (!SIM_VALID(hStream, MAGIC_STREAM) || hStream->kind != STREAM_USER)
+    if (!SIM_OWNED_VALID(hStream, MAGIC_STREAM) || hStream->kind != STREAM_USER)
         return CUDA_ERROR_INVALID_HANDLE;
     /* Work still queued completes on its own (its end times live in the context's tails). */
     sim_stream_release(hStream);
@@ -280,7 +281,7 @@ static CUresult stream_wait_event(CUstream h, CUevent e, unsigned flags, int ptd
     CUresult rc = sim_resolve_stream(h, ptds, &s);
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (!SIM_VALID(e, MAGIC_EVENT))
+    if (!SIM_OWNED_VALID(e, MAGIC_EVENT))
         return CUDA_ERROR_INVALID_HANDLE;
     if (flags > 1) /* CU_EVENT_WAIT_DEFAULT, CU_EVENT_WAIT_EXTERNAL */
         return CUDA_ERROR_INVALID_VALUE;
@@ -324,6 +325,8 @@ SIM_EXPORT CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
         e = &l->ev;
     }
     e->flags = Flags;
+    e->ctx = c;
+    e->ctx_serial = c->serial;
     atomic_store(&e->t, 0);
     atomic_store(&e->recorded, 0);
     e->gen = sim_gen();
@@ -337,7 +340,7 @@ SIM_EXPORT CUresult cuEventDestroy_v2(CUevent hEvent)
     CUresult rc = sim_check_init();
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (!SIM_VALID(hEvent, MAGIC_EVENT))
+    if (!SIM_OWNED_VALID(hEvent, MAGIC_EVENT))
         return CUDA_ERROR_INVALID_HANDLE;
     hEvent->magic = MAGIC_DEAD;
     pthread_mutex_lock(&ev_mu);
@@ -355,7 +358,7 @@ static CUresult event_record(CUevent e, CUstream h, int ptds)
     CUresult rc = sim_resolve_stream(h, ptds, &s);
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (!SIM_VALID(e, MAGIC_EVENT))
+    if (!SIM_OWNED_VALID(e, MAGIC_EVENT))
         return CUDA_ERROR_INVALID_HANDLE;
     if (s->capturing)
         return CUDA_SUCCESS; /* event nodes are not modelled in graphs */
@@ -372,7 +375,7 @@ SIM_EXPORT CUresult cuEventSynchronize(CUevent hEvent)
     CUresult rc = sim_check_init();
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (!SIM_VALID(hEvent, MAGIC_EVENT))
+    if (!SIM_OWNED_VALID(hEvent, MAGIC_EVENT))
         return CUDA_ERROR_INVALID_HANDLE;
     if (atomic_load(&hEvent->recorded))
         sim_sleep_until_ns(atomic_load(&hEvent->t));
@@ -385,7 +388,7 @@ SIM_EXPORT CUresult cuEventQuery(CUevent hEvent)
     CUresult rc = sim_check_init();
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (!SIM_VALID(hEvent, MAGIC_EVENT))
+    if (!SIM_OWNED_VALID(hEvent, MAGIC_EVENT))
         return CUDA_ERROR_INVALID_HANDLE;
     if (atomic_load(&hEvent->recorded) && atomic_load(&hEvent->t) > sim_now_ns())
         return CUDA_ERROR_NOT_READY;
@@ -399,7 +402,7 @@ SIM_EXPORT CUresult cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, 
     CUresult rc = sim_check_init();
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (!SIM_VALID(hStart, MAGIC_EVENT) || !SIM_VALID(hEnd, MAGIC_EVENT))
+    if (!SIM_OWNED_VALID(hStart, MAGIC_EVENT) || !SIM_OWNED_VALID(hEnd, MAGIC_EVENT))
         return CUDA_ERROR_INVALID_HANDLE;
     if ((hStart->flags | hEnd->flags) & CU_EVENT_DISABLE_TIMING)
         return CUDA_ERROR_INVALID_HANDLE;
