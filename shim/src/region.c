@@ -310,6 +310,11 @@ static int claim_slot_locked_local(void) {
     if ((uint32_t)got >= R->slots_hwm) __atomic_store_n(&R->slots_hwm, (uint32_t)got + 1, __ATOMIC_RELEASE);
     vgpu_region_unlock();
     my_slot = got;
+    /* No dead-slot scan at this process's first allocations: with N processes of a slice
+     * starting at once each scan is N byte-lock calls, on an inode whose lock list is N long.
+     * A refusal still scans first, so a dead process's memory is back for the allocation that
+     * needs it; the periodic scan resumes 100 ms after start. */
+    last_scan_ns = now_ns();
     return 0;
 }
 
