@@ -30,7 +30,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.bench_shim_memory import pct, variant_envs  # noqa: E402
+from bench_shim_memory import pct, variant_envs  # noqa: E402  (this directory: run as a script)
+
 from tests.support.cbuild import compile_program  # noqa: E402
 
 VARIANTS = {"baseline": "baseline", "shim": "shim, 64 GiB quota"}
