@@ -3,7 +3,8 @@ allocation (cuInit, primary context, first cuMemAlloc_v2; benchmarks/c/startup_c
 program with the shim (64 GiB quota, shared accounting file that exists, as in a slice) against
 without, measured in one run:
 
-    .venv/bin/python benchmarks/bench_startup.py [--single 200] [--rounds 8] [--procs 64] [--json]
+    .venv/bin/python benchmarks/bench_startup.py [--single 200] [--rounds 8] [--procs 64]
+        [--shim OTHER/libvgpu.so] [--json]
 
   - one process at a time: median over --single alternating runs of each variant;
   - --procs processes started at once (each with its own context), --rounds alternating rounds:
@@ -37,8 +38,11 @@ from tests.support.cbuild import compile_program  # noqa: E402
 VARIANTS = {"baseline": "baseline", "shim": "shim, 64 GiB quota"}
 
 
-def spawn_at_once(prog: Path, env: dict[str, str], procs: int) -> list[float]:
-    """Start `procs` processes back to back; each one's exec-to-first-allocation time (ms)."""
+def spawn_at_once(
+    prog: Path, env: dict[str, str], procs: int, cpu: list[float] | None = None
+) -> list[float]:
+    """Start `procs` processes back to back; each one's exec-to-first-allocation time (ms).
+    Appends each one's CPU time (user + system, whole process, ms) to `cpu`."""
     r, w = os.pipe()
     pids = []
     try:
@@ -58,7 +62,9 @@ def spawn_at_once(prog: Path, env: dict[str, str], procs: int) -> list[float]:
     with os.fdopen(r) as f:
         out = f.read()
     for pid in pids:
-        _, status = os.waitpid(pid, 0)
+        _, status, usage = os.wait4(pid, 0)
+        if cpu is not None:
+            cpu.append((usage.ru_utime + usage.ru_stime) * 1e3)
         if os.waitstatus_to_exitcode(status) != 0:
             raise RuntimeError(f"startup_child failed (status {status}); output: {out!r}")
     times = [int(m) / 1e6 for m in re.findall(r"ns=(\d+)", out)]
@@ -84,6 +90,9 @@ def main() -> int:
     ap.add_argument("--single", type=int, default=200, help="one-process runs per variant")
     ap.add_argument("--rounds", type=int, default=8, help="rounds of --procs processes at once")
     ap.add_argument("--procs", type=int, default=64, help="processes started at once")
+    ap.add_argument(
+        "--shim", type=Path, help="another build of libvgpu.so to measure (e.g. an older commit's)"
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-startup-"))
@@ -91,12 +100,15 @@ def main() -> int:
         prog = compile_program(REPO / "benchmarks" / "c" / "startup_child.c", work, ["-O2"])
         all_envs = variant_envs(work)
         envs = {k: all_envs[v] for k, v in VARIANTS.items()}
+        if args.shim is not None:
+            envs["shim"]["LD_PRELOAD"] = str(args.shim.resolve())
         load_before = os.getloadavg()
         spawn_at_once(prog, envs["shim"], 1)  # the slice's accounting file exists, as in a pod
         single: dict[str, list[float]] = {k: [] for k in envs}
+        cpu: dict[str, list[float]] = {k: [] for k in envs}
         for _ in range(args.single):  # alternate, so drift hits both alike
             for k, env in envs.items():
-                single[k] += spawn_at_once(prog, env, 1)
+                single[k] += spawn_at_once(prog, env, 1, cpu[k])
         many: dict[str, list[float]] = {k: [] for k in envs}
         for _ in range(args.rounds):
             for k, env in envs.items():
@@ -114,6 +126,7 @@ def main() -> int:
         "one_process_ms_median": one,
         "one_process_added_ms": one["shim"] - one["baseline"],
         "one_process_ratio": one["shim"] / one["baseline"],
+        "cpu_ms_mean": {k: statistics.fmean(v) for k, v in cpu.items()},
         "at_once": args.procs,
         "at_once_ms_p50": {k: pct(v, 50) for k, v in many.items()},
         "at_once_ms_p99": {k: pct(v, 99) for k, v in many.items()},
@@ -132,6 +145,14 @@ def main() -> int:
         f"exec to first allocation, one process: {one['baseline']:.2f} -> {one['shim']:.2f} ms "
         f"(median of {args.single}), +{report['one_process_added_ms']:.2f} ms, "
         f"x{report['one_process_ratio']:.3f}"
+    )
+    c = report["cpu_ms_mean"]
+    assert isinstance(c, dict)
+    print(
+        f"CPU time of one process (user + system, mean of {args.single}): "
+        f"{c['baseline']:.3f} -> {c['shim']:.3f} ms (+{c['shim'] - c['baseline']:.3f} ms; "
+        f"{args.procs} at once on {os.cpu_count()} CPUs queue about "
+        f"{args.procs / 2 / (os.cpu_count() or 1):.0f} of these ahead of the median process)"
     )
     p50, p99 = report["at_once_ms_p50"], report["at_once_ms_p99"]
     assert isinstance(p50, dict) and isinstance(p99, dict)
