@@ -72,6 +72,34 @@ def spawn_at_once(
     return times
 
 
+def breakdown_envs(work: Path, envs: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+    """Where the shim's start-up goes, one step at a time: preloading any library, one that
+    needs libdl.so.2 and libpthread.so.0 as the shim does (glibc_compat.h), the shim with
+    control off (loaded, driver resolved), on with no limit, with a private accounting file,
+    with the slice's shared one."""
+    empty = work / "empty.c"
+    empty.write_text("int vgpu_bench_empty;\n")
+    libs = {}
+    for name, extra in (("empty", []), ("empty_dl", ["-l:libdl.so.2", "-l:libpthread.so.0"])):
+        libs[name] = work / f"lib{name}.so"
+        subprocess.run(
+            ["gcc", "-shared", "-fPIC", "-o", str(libs[name]), str(empty),
+             "-Wl,--no-as-needed", *extra],
+            check=True,
+        )  # fmt: skip
+    base, shim = envs["baseline"], envs["shim"]
+    plain = {k: v for k, v in shim.items() if not k.startswith("CUDA_DEVICE_MEMORY_")}
+    return {
+        "baseline": base,
+        "an empty library preloaded": dict(base, LD_PRELOAD=str(libs["empty"])),
+        "... needing libdl + libpthread": dict(base, LD_PRELOAD=str(libs["empty_dl"])),
+        "shim, CUDA_DISABLE_CONTROL=1": dict(plain, CUDA_DISABLE_CONTROL="1"),
+        "shim, no limit": plain,
+        "shim, quota, private file": dict(plain, CUDA_DEVICE_MEMORY_LIMIT="64Gi"),
+        "shim, quota, slice's file": shim,
+    }
+
+
 def instructions(prog: Path, env: dict[str, str], work: Path) -> int:
     """Instructions of one whole process, from the loader's first to exit."""
     out_file = work / f"cg.{len(list(work.glob('cg.*')))}"
@@ -93,6 +121,9 @@ def main() -> int:
     ap.add_argument(
         "--shim", type=Path, help="another build of libvgpu.so to measure (e.g. an older commit's)"
     )
+    ap.add_argument(
+        "--breakdown", type=int, default=300, help="runs per step of the CPU breakdown (0: skip)"
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-startup-"))
@@ -113,6 +144,11 @@ def main() -> int:
         for _ in range(args.rounds):
             for k, env in envs.items():
                 many[k] += spawn_at_once(prog, env, args.procs)
+        steps = breakdown_envs(work, envs) if args.breakdown else {}
+        step_cpu: dict[str, list[float]] = {k: [] for k in steps}
+        for _ in range(args.breakdown):
+            for k, env in steps.items():
+                spawn_at_once(prog, env, 1, step_cpu[k])
         load_after = os.getloadavg()
         ins = (
             {k: instructions(prog, env, work) for k, env in envs.items()}
@@ -133,6 +169,7 @@ def main() -> int:
         "at_once_added_ms_p50": pct(many["shim"], 50) - pct(many["baseline"], 50),
         "at_once_added_ms_p99": pct(many["shim"], 99) - pct(many["baseline"], 99),
         "at_once_ratio_p50": pct(many["shim"], 50) / pct(many["baseline"], 50),
+        "cpu_ms_breakdown": {k: statistics.fmean(v) for k, v in step_cpu.items()},
         "instructions": ins,
         "instructions_ratio": ins["shim"] / ins["baseline"] if ins else None,
         "loadavg_before_after": [round(load_before[0], 2), round(load_after[0], 2)],
@@ -162,6 +199,12 @@ def main() -> int:
         f"x{report['at_once_ratio_p50']:.3f}), p99 {p99['baseline']:.2f} -> {p99['shim']:.2f} ms "
         f"(+{report['at_once_added_ms_p99']:.2f} ms)"
     )
+    b = report["cpu_ms_breakdown"]
+    assert isinstance(b, dict)
+    if b:
+        print(f"CPU time per process, step by step (mean of {args.breakdown}):")
+        for k, v in b.items():
+            print(f"  {k:32s} {v:.3f} ms  +{v - b['baseline']:.3f}")
     if ins:
         print(
             f"instructions of one whole process: {ins['baseline']} -> {ins['shim']} "
