@@ -59,13 +59,16 @@ def aarch64_build(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return dict(libs, program=program)
 
 
-def _run(build: dict[str, Path], state: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def _run(
+    build: dict[str, Path], state: Path, *args: str, preload_first: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     qemu = _qemu()
     assert qemu is not None
+    preload = [str(p) for p in (preload_first, build["libvgpu.so"]) if p is not None]
     # -E sets the guest's environment: an LD_PRELOAD of the host would go to qemu itself
     guest_env = {
         "LD_LIBRARY_PATH": str(build["libcuda.so.1"].parent),
-        "LD_PRELOAD": str(build["libvgpu.so"]),
+        "LD_PRELOAD": ":".join(preload),
         "SIMGPU_STATE": str(state),
         "CUDA_DEVICE_MEMORY_LIMIT": "64Mi",
     }
@@ -100,3 +103,20 @@ def test_aarch64_quota_smoke_under_qemu(aarch64_build: dict[str, Path], tmp_path
     r = _run(aarch64_build, state, "alloc", str(128 << 20))
     assert (r.returncode, r.stdout.strip()) == (0, "alloc=2"), r.stderr  # CUDA_ERROR_OUT_OF_MEMORY
     assert "device 0: 128.0 MiB denied" in r.stderr
+
+
+def test_aarch64_no_real_dlsym_fails_closed(aarch64_build: dict[str, Path], tmp_path: Path) -> None:
+    """aarch64's dlsym versions (GLIBC_2.34, GLIBC_2.17): with a dlvsym that finds neither
+    (tests/c/no_dlvsym.c preloaded first) cuInit fails with one line, no crash."""
+    fake = tmp_path / "libnodlvsym.so"
+    subprocess.run(
+        [CROSS_GCC, *CFLAGS, "-shared", "-fPIC", "-o", str(fake), str(C_PROGRAMS / "no_dlvsym.c")],
+        check=True,
+    )
+    state = tmp_path / "simgpu-state"
+    state.mkdir(mode=0o700)
+    r = _run(aarch64_build, state, "info", preload_first=fake)
+    assert r.returncode == 2, r.stdout + r.stderr  # the program's "cuInit failed" exit, no signal
+    lines = [ln for ln in r.stderr.splitlines() if "cannot resolve the C library's dlsym" in ln]
+    assert len(lines) == 1, r.stderr
+    assert "GLIBC_2.34, GLIBC_2.17" in lines[0]
