@@ -48,7 +48,7 @@ class BuildWithSharedLibraries(build_ext):
                 [str(s) for s in lib.sources()],
                 output_dir=str(temp),
                 include_dirs=[str(INCLUDE_DIR)],
-                extra_postargs=list(CFLAGS),
+                extra_postargs=[*CFLAGS, *lib.cflags],
                 depends=[str(h) for h in lib.headers()],
             )
             compiler.link_shared_object(

@@ -41,30 +41,36 @@ def pct(values: list[float], p: float) -> float:
     return s[min(len(s) - 1, max(0, round(p / 100 * len(s)) - 1))]
 
 
+def variant_envs(work: Path) -> dict[str, dict[str, str]]:
+    """The environments compared (also benchmarks/bench_startup.py): the simulated GPU with its
+    state under `work`, without the shim, with it and nothing to enforce, and as in a slice."""
+    state = work / "state"
+    state.mkdir(exist_ok=True)
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("CUDA_", "LIBCUDA_", "VGPU_", "SIMGPU_"))
+    }
+    base.pop("LD_PRELOAD", None)
+    base["LD_LIBRARY_PATH"] = str(sim_lib_dir())
+    base["SIMGPU_STATE"] = str(state)
+    return {
+        "baseline": base,
+        "shim, no limit": dict(base, LD_PRELOAD=str(shim_library())),
+        "shim, 64 GiB quota": dict(
+            base,
+            LD_PRELOAD=str(shim_library()),
+            CUDA_DEVICE_MEMORY_LIMIT="64Gi",
+            CUDA_DEVICE_MEMORY_SHARED_CACHE=str(work / "slice.region"),
+        ),
+    }
+
+
 class Bench:
     def __init__(self, work: Path) -> None:
         self.work = work
         self.prog = compile_program(REPO / "benchmarks" / "c" / "shim_bench.c", work, ["-O2"])
-        state = work / "state"
-        state.mkdir()
-        base = {
-            k: v
-            for k, v in os.environ.items()
-            if not k.startswith(("CUDA_", "LIBCUDA_", "VGPU_", "SIMGPU_"))
-        }
-        base.pop("LD_PRELOAD", None)
-        base["LD_LIBRARY_PATH"] = str(sim_lib_dir())
-        base["SIMGPU_STATE"] = str(state)
-        self.envs = {
-            "baseline": base,
-            "shim, no limit": dict(base, LD_PRELOAD=str(shim_library())),
-            "shim, 64 GiB quota": dict(
-                base,
-                LD_PRELOAD=str(shim_library()),
-                CUDA_DEVICE_MEMORY_LIMIT="64Gi",
-                CUDA_DEVICE_MEMORY_SHARED_CACHE=str(work / "slice.region"),
-            ),
-        }
+        self.envs = variant_envs(work)
 
     def ns(self, mode: str, env: dict[str, str], n: int) -> float:
         out = subprocess.run(

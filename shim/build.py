@@ -45,6 +45,8 @@ class Library:
     source_dirs: tuple[str, ...]  # relative to shim/
     soname: str
     libs: tuple[str, ...]
+    cflags: tuple[str, ...] = ()  # this library's own, after CFLAGS
+    needed: tuple[str, ...] = ()  # sonames kept in DT_NEEDED even where nothing binds to them
 
     def sources(self) -> list[Path]:
         found: list[Path] = []
@@ -64,8 +66,19 @@ class Library:
 
 
 LIBRARIES: tuple[Library, ...] = (
-    # The interposer every process of a sharing container loads.
-    Library("libvgpu.so", "", ("src",), "libvgpu.so", ("dl", "pthread", "m")),
+    # The interposer every process of a sharing container loads. It binds to the oldest glibc
+    # symbol versions (src/glibc_compat.h, force-included) so it loads on glibc >= 2.17. Before
+    # 2.34 dl* and pthread_* lived in libdl.so.2 and libpthread.so.0, so both stay needed (on
+    # 2.34+ they are empty stubs and the symbols bind to libc.so.6's compatibility versions).
+    Library(
+        "libvgpu.so",
+        "",
+        ("src",),
+        "libvgpu.so",
+        ("m",),
+        cflags=("-include", str(SHIM_DIR / "src" / "glibc_compat.h")),
+        needed=("libdl.so.2", "libpthread.so.0"),
+    ),
     # The simulated NVIDIA driver: a stand-in for the real one, knows nothing of the shim.
     Library(
         "libcuda.so.1", "sim", ("sim/common", "sim/cuda"), "libcuda.so.1", ("pthread", "m", "rt")
@@ -81,7 +94,10 @@ LIBRARIES: tuple[Library, ...] = (
 
 
 def link_args(lib: Library) -> list[str]:
-    return [f"-Wl,-soname,{lib.soname}", "-Wl,--no-undefined", "-Wl,-z,now"]
+    needed = [f"-l:{n}" for n in lib.needed]
+    if needed:  # whatever the toolchain's --as-needed default
+        needed = ["-Wl,--push-state,--no-as-needed", *needed, "-Wl,--pop-state"]
+    return [f"-Wl,-soname,{lib.soname}", "-Wl,--no-undefined", "-Wl,-z,now", *needed]
 
 
 def build_with_gcc(
@@ -98,6 +114,7 @@ def build_with_gcc(
         cmd = [
             cc,
             *CFLAGS,
+            *lib.cflags,
             *extra_cflags,
             f"-I{INCLUDE_DIR}",
             "-shared",

@@ -81,7 +81,7 @@ static int dir_fd(void) {
             return -1;
         }
         struct stat st;
-        if (fstat(fd, &st) != 0 || st.st_uid != geteuid()) {
+        if (vgpu_fstat(fd, &st) != 0 || st.st_uid != geteuid()) {
             vgpu_log(VGPU_LOG_WARN, "compute cap: node state %s refused: it belongs to uid %u, not this user", g_dir,
                      (unsigned)st.st_uid);
             close(fd);
@@ -138,7 +138,7 @@ static struct vgpu_demand_file *map_own(int dev, uint64_t slice_id) {
     }
     struct stat st;
     /* Growing to the exact size by racing processes of the slice is harmless. */
-    if (fstat(fd, &st) != 0 || (st.st_size < (off_t)sizeof(struct vgpu_demand_file) &&
+    if (vgpu_fstat(fd, &st) != 0 || (st.st_size < (off_t)sizeof(struct vgpu_demand_file) &&
                                 ftruncate(fd, sizeof(struct vgpu_demand_file)) != 0)) {
         vgpu_log(VGPU_LOG_WARN, "compute cap: demand file %s: cannot size it: %s", shown, strerror(errno));
         close(fd);
@@ -211,7 +211,7 @@ static void scan(int dfd) {
         int fd = openat(dfd, de->d_name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
         if (fd < 0) continue;
         struct stat st;
-        int keep = fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+        int keep = vgpu_fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
         for (int k = 0; keep && k < VGPU_MAX_DEVICES; k++)
             if (g_own[k] && st.st_dev == g_own_dev[k] && st.st_ino == g_own_ino[k]) keep = 0; /* mine */
         if (keep && g_dir_shared && st.st_uid != geteuid() && st.st_uid != 0) keep = 0;

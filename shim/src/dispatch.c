@@ -55,13 +55,42 @@ static _Atomic(dlsym_fn) real_dlsym_ptr;
  * caller's address, so the real dlsym must see the application's return address, not ours). */
 #define EARLY_SAFE __attribute__((no_sanitize_address, no_sanitize("undefined")))
 
+/* dlsym's versions, newest first: libc.so.6's since glibc 2.34, before that libdl.so.2's at the
+ * architecture's first ABI (GLIBC_2.2.5 on x86-64, GLIBC_2.17 on aarch64: glibc_compat.h). The
+ * newer glibc keeps the old one too, so either finds it there. */
+static const char *const dlsym_versions[] = {
+    "GLIBC_2.34",
+#ifdef VGPU_GLIBC_BASE
+    VGPU_GLIBC_BASE,
+#endif
+};
+#define N_DLSYM_VERSIONS (sizeof dlsym_versions / sizeof dlsym_versions[0])
+
+/* Without the C library's dlsym the shim can neither find the driver nor answer the program's
+ * dlsym: every lookup answers NULL and cuInit fails (fail closed), with this one line. Written
+ * with the system call: this can run while a sanitizer runtime initialises. */
+EARLY_SAFE static void report_no_dlsym(void) {
+    static atomic_int reported;
+    if (atomic_exchange(&reported, 1)) return;
+    static const char msg[] = "vgpu: cannot resolve the C library's dlsym (dlvsym found none of its versions: GLIBC_2.34"
+#ifdef VGPU_GLIBC_BASE
+                              ", " VGPU_GLIBC_BASE
+#endif
+                              "): every dlsym answers NULL and CUDA calls fail\n";
+    long r = syscall(SYS_write, 2, msg, sizeof msg - 1);
+    (void)r;
+}
+
 EARLY_SAFE static dlsym_fn real_dlsym(void) {
     dlsym_fn f = atomic_load_explicit(&real_dlsym_ptr, memory_order_acquire);
     if (f) return f;
     /* dlvsym is not intercepted; RTLD_NEXT from here is the C library's dlsym. Idempotent, so a
      * race only resolves it twice. */
-    f = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
-    if (f == NULL) f = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+    for (size_t i = 0; f == NULL && i < N_DLSYM_VERSIONS; i++) f = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", dlsym_versions[i]);
+    if (f == NULL) {
+        report_no_dlsym();
+        return NULL;
+    }
     atomic_store_explicit(&real_dlsym_ptr, f, memory_order_release);
     return f;
 }
@@ -91,6 +120,7 @@ static void resolve_lib(int lib, const char *soname, int *ok) {
     if (lib == VGPU_LIB_CUDA) cuda_handle = h;
     else nvml_handle = h;
     dlsym_fn sym = real_dlsym();
+    if (sym == NULL) return; /* not ok: cuInit fails closed */
     for (size_t i = 0; i < N_ENTRIES; i++)
         if (entries[i].lib == lib) *entries[i].real = sym(h, entries[i].name);
     *ok = 1;
@@ -109,6 +139,7 @@ int vgpu_resolve_nvml(void) {
     return nvml_ok ? 0 : -1;
 }
 
+/* (resolve_lib succeeds only with the real dlsym: it is not NULL after these checks) */
 void *vgpu_cuda_sym(const char *name) {
     return vgpu_resolve_cuda() == 0 ? real_dlsym()(cuda_handle, name) : NULL;
 }
@@ -117,8 +148,11 @@ void *vgpu_nvml_sym(const char *name) {
     return vgpu_resolve_nvml() == 0 ? real_dlsym()(nvml_handle, name) : NULL;
 }
 
-/* The C library's definition of `name` (the next one after the shim). */
-void *vgpu_libc_sym(const char *name) { return real_dlsym()(RTLD_NEXT, name); }
+/* The C library's definition of `name` (the next one after the shim), NULL without a dlsym. */
+void *vgpu_libc_sym(const char *name) {
+    dlsym_fn real = real_dlsym();
+    return real != NULL ? real(RTLD_NEXT, name) : NULL;
+}
 
 static void *vgpu_map_dlsym(const char *name, void *r);
 
@@ -138,6 +172,7 @@ __attribute__((noinline)) static void *vgpu_next_hook(const char *name, const vo
 /* The tail call must not depend on the optimisation level the shim is built with. */
 EARLY_SAFE __attribute__((optimize("optimize-sibling-calls"))) VGPU_EXPORT void *dlsym(void *handle, const char *name) {
     dlsym_fn real = real_dlsym();
+    if (real == NULL) return NULL; /* reported once; nothing to pass through to */
     /* <dlfcn.h> declares name nonnull, but applications do pass NULL: launder the pointer so the
      * compiler keeps the check, and leave the NULL to the real dlsym */
     __asm__("" : "+r"(name));

@@ -264,6 +264,11 @@ static int claim_slot_locked_local(void) {
     vgpu_region_unlock();
     my_slot = got;
     pending_slot = -1;
+    /* No dead-slot scan at this process's first allocations: with N processes of a slice
+     * starting at once each scan is N byte-lock calls, on an inode whose lock list is N long.
+     * A refusal still scans first, so a dead process's memory is back for the allocation that
+     * needs it; the periodic scan resumes 100 ms after start. */
+    last_scan_ns = now_ns();
     return 0;
 }
 
@@ -311,7 +316,7 @@ static int reopen_same(int fd, const char *path) {
     int nfd = path ? open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC) : -1;
     if (nfd >= 0) {
         struct stat a, b;
-        if (fstat(fd, &a) == 0 && fstat(nfd, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino) return nfd;
+        if (vgpu_fstat(fd, &a) == 0 && vgpu_fstat(nfd, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino) return nfd;
         close(nfd); /* replaced meanwhile: go through /proc */
     }
     char p[64];
@@ -370,7 +375,7 @@ CUresult vgpu_region_open(const char *path) {
     int fd = -1;
     const char *shown = path ? path : "(private)";
     if (path == NULL) {
-        fd = memfd_create("vgpu-region", MFD_CLOEXEC);
+        fd = vgpu_memfd_create("vgpu-region", MFD_CLOEXEC);
         if (fd < 0) return open_fail(shown, "cannot create", errno);
         if (fill_fd(fd) != 0) {
             int e = errno;
@@ -383,7 +388,7 @@ CUresult vgpu_region_open(const char *path) {
         if (fd < 0) return err;
     }
     struct stat st;
-    if (fstat(fd, &st) != 0) {
+    if (vgpu_fstat(fd, &st) != 0) {
         int e = errno;
         close(fd);
         return open_fail(shown, "cannot stat", e);

@@ -20,7 +20,7 @@
 
 int vgpu_dir_check(int dfd, int *shared, char *why, size_t len) {
     struct stat st;
-    if (fstat(dfd, &st) != 0) {
+    if (vgpu_fstat(dfd, &st) != 0) {
         snprintf(why, len, "cannot stat its directory: %s", strerror(errno));
         return -1;
     }
@@ -76,7 +76,7 @@ int vgpu_dir_open(const char *path, char *base, size_t baselen, char *why, size_
 
 int vgpu_file_check(int fd, int dir_shared, char *why, size_t len) {
     struct stat st;
-    if (fstat(fd, &st) != 0) {
+    if (vgpu_fstat(fd, &st) != 0) {
         snprintf(why, len, "cannot stat: %s", strerror(errno));
         return -1;
     }

@@ -100,7 +100,7 @@ static int try_file(const char *path) {
         return -1;
     }
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > LIMITS_MAX_BYTES) {
+    if (vgpu_fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > LIMITS_MAX_BYTES) {
         close(fd);
         vgpu_config_error(path, "(limits file)", "not a regular file of at most 64 KiB",
                           "a regular file the plugin wrote, readable");

@@ -30,12 +30,23 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "vgpu/cuda_api.h"
 #include "vgpu/nvml_api.h"
 #include "vgpu/region.h"
 
 #define VGPU_EXPORT __attribute__((visibility("default")))
+
+/* fstat and memfd_create have no glibc symbol as old as the shim's bound (fstat@GLIBC_2.33,
+ * memfd_create@GLIBC_2.27; see glibc_compat.h): the system calls themselves, whose struct stat
+ * is glibc's on x86-64 and aarch64. */
+static inline int vgpu_fstat(int fd, struct stat *st) { return (int)syscall(SYS_fstat, fd, st); }
+static inline int vgpu_memfd_create(const char *name, unsigned int flags) {
+    return (int)syscall(SYS_memfd_create, name, flags);
+}
 
 /* ---- the hooked symbols (generated from hooks.def) ---- */
 #define VGPU_HOOK(lib, ret, name, params, args)                                                     \

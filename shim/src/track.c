@@ -25,15 +25,12 @@ static struct shard {
     struct node *buckets[BUCKETS_PER_SHARD];
     struct node *spare; /* freed nodes kept for reuse: no malloc/free per allocation */
     int nspare;
-} shards[SHARDS];
+} shards[SHARDS] = {[0 ... SHARDS - 1] = {.mu = PTHREAD_MUTEX_INITIALIZER}};
+/* Statically initialised, not by a loop at the first allocation: the table spans 33 pages that a
+ * loop would fault in (and glibc's initialiser is all zeros, so it stays in .bss): a process pays
+ * only for the shards it uses. */
 
 #define MAX_SPARE 64
-
-static pthread_once_t shards_once = PTHREAD_ONCE_INIT;
-
-static void shards_init(void) {
-    for (int i = 0; i < SHARDS; i++) pthread_mutex_init(&shards[i].mu, NULL);
-}
 
 static uint64_t mix(int kind, uint64_t key) {
     uint64_t h = key ^ ((uint64_t)kind << 56);
@@ -49,7 +46,6 @@ static struct node **bucket_of(struct shard *s, uint64_t h) { return &s->buckets
 int vgpu_track_add(int kind, uint64_t key, int dev, uint64_t bytes) { return vgpu_track_add_aux(kind, key, dev, bytes, 0); }
 
 int vgpu_track_add_aux(int kind, uint64_t key, int dev, uint64_t bytes, uint64_t aux) {
-    pthread_once(&shards_once, shards_init);
     uint64_t h = mix(kind, key);
     struct shard *s = shard_of(h);
     pthread_mutex_lock(&s->mu);
@@ -74,7 +70,6 @@ int vgpu_track_add_aux(int kind, uint64_t key, int dev, uint64_t bytes, uint64_t
 }
 
 static int lookup(int kind, uint64_t key, int *dev, uint64_t *bytes, uint64_t *aux, int remove) {
-    pthread_once(&shards_once, shards_init);
     uint64_t h = mix(kind, key);
     struct shard *s = shard_of(h);
     pthread_mutex_lock(&s->mu);

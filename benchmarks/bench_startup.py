@@ -1,0 +1,221 @@
+"""Start-up cost of the shim as a user feels it: whole-process time from exec to the first
+allocation (cuInit, primary context, first cuMemAlloc_v2; benchmarks/c/startup_child.c), the same
+program with the shim (64 GiB quota, shared accounting file that exists, as in a slice) against
+without, measured in one run:
+
+    .venv/bin/python benchmarks/bench_startup.py [--single 200] [--rounds 8] [--procs 64]
+        [--shim OTHER/libvgpu.so] [--json]
+
+  - one process at a time: median over --single alternating runs of each variant;
+  - --procs processes started at once (each with its own context), --rounds alternating rounds:
+    p50 / p99 over every process of every round;
+  - instructions of one whole process (valgrind --tool=callgrind, loader included), with and
+    without the shim: the figure that does not depend on the machine's load.
+The load average is printed with the numbers: wall time on a shared machine is noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench_shim_memory import pct, variant_envs  # noqa: E402  (this directory: run as a script)
+
+from tests.support.cbuild import compile_program  # noqa: E402
+
+VARIANTS = {"baseline": "baseline", "shim": "shim, 64 GiB quota"}
+
+
+def spawn_at_once(
+    prog: Path, env: dict[str, str], procs: int, cpu: list[float] | None = None
+) -> list[float]:
+    """Start `procs` processes back to back; each one's exec-to-first-allocation time (ms).
+    Appends each one's CPU time (user + system, whole process, ms) to `cpu`."""
+    r, w = os.pipe()
+    pids = []
+    try:
+        for _ in range(procs):
+            # posix_spawn (a vfork) so the launcher adds little between the timestamp and exec
+            t0 = time.monotonic_ns()
+            pids.append(
+                os.posix_spawn(
+                    str(prog),
+                    [str(prog), str(t0)],
+                    env,
+                    file_actions=[(os.POSIX_SPAWN_DUP2, w, 1), (os.POSIX_SPAWN_CLOSE, r)],
+                )
+            )
+    finally:
+        os.close(w)
+    with os.fdopen(r) as f:
+        out = f.read()
+    for pid in pids:
+        _, status, usage = os.wait4(pid, 0)
+        if cpu is not None:
+            cpu.append((usage.ru_utime + usage.ru_stime) * 1e3)
+        if os.waitstatus_to_exitcode(status) != 0:
+            raise RuntimeError(f"startup_child failed (status {status}); output: {out!r}")
+    times = [int(m) / 1e6 for m in re.findall(r"ns=(\d+)", out)]
+    assert len(times) == procs, out
+    return times
+
+
+def breakdown_envs(work: Path, envs: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+    """Where the shim's start-up goes, one step at a time: preloading any library, one that
+    needs libdl.so.2 and libpthread.so.0 as the shim does (glibc_compat.h), the shim with
+    control off (loaded, driver resolved), on with no limit, with a private accounting file,
+    with the slice's shared one."""
+    empty = work / "empty.c"
+    empty.write_text("int vgpu_bench_empty;\n")
+    libs = {}
+    for name, extra in (("empty", []), ("empty_dl", ["-l:libdl.so.2", "-l:libpthread.so.0"])):
+        libs[name] = work / f"lib{name}.so"
+        subprocess.run(
+            ["gcc", "-shared", "-fPIC", "-o", str(libs[name]), str(empty),
+             "-Wl,--no-as-needed", *extra],
+            check=True,
+        )  # fmt: skip
+    base, shim = envs["baseline"], envs["shim"]
+    plain = {k: v for k, v in shim.items() if not k.startswith("CUDA_DEVICE_MEMORY_")}
+    return {
+        "baseline": base,
+        "an empty library preloaded": dict(base, LD_PRELOAD=str(libs["empty"])),
+        "... needing libdl + libpthread": dict(base, LD_PRELOAD=str(libs["empty_dl"])),
+        "shim, CUDA_DISABLE_CONTROL=1": dict(plain, CUDA_DISABLE_CONTROL="1"),
+        "shim, no limit": plain,
+        "shim, quota, private file": dict(plain, CUDA_DEVICE_MEMORY_LIMIT="64Gi"),
+        "shim, quota, slice's file": shim,
+    }
+
+
+def instructions(prog: Path, env: dict[str, str], work: Path) -> int:
+    """Instructions of one whole process, from the loader's first to exit."""
+    out_file = work / f"cg.{len(list(work.glob('cg.*')))}"
+    subprocess.run(
+        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out_file}", str(prog),
+         str(time.monotonic_ns())],
+        env=env, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    m = re.search(r"^(?:summary|totals):\s+(\d+)", out_file.read_text(), re.M)
+    assert m, "no callgrind summary"
+    return int(m.group(1))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--single", type=int, default=200, help="one-process runs per variant")
+    ap.add_argument("--rounds", type=int, default=8, help="rounds of --procs processes at once")
+    ap.add_argument("--procs", type=int, default=64, help="processes started at once")
+    ap.add_argument(
+        "--shim", type=Path, help="another build of libvgpu.so to measure (e.g. an older commit's)"
+    )
+    ap.add_argument(
+        "--breakdown", type=int, default=300, help="runs per step of the CPU breakdown (0: skip)"
+    )
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bench-startup-"))
+    try:
+        prog = compile_program(REPO / "benchmarks" / "c" / "startup_child.c", work, ["-O2"])
+        all_envs = variant_envs(work)
+        envs = {k: all_envs[v] for k, v in VARIANTS.items()}
+        if args.shim is not None:
+            envs["shim"]["LD_PRELOAD"] = str(args.shim.resolve())
+        load_before = os.getloadavg()
+        spawn_at_once(prog, envs["shim"], 1)  # the slice's accounting file exists, as in a pod
+        single: dict[str, list[float]] = {k: [] for k in envs}
+        cpu: dict[str, list[float]] = {k: [] for k in envs}
+        for _ in range(args.single):  # alternate, so drift hits both alike
+            for k, env in envs.items():
+                single[k] += spawn_at_once(prog, env, 1, cpu[k])
+        many: dict[str, list[float]] = {k: [] for k in envs}
+        for _ in range(args.rounds):
+            for k, env in envs.items():
+                many[k] += spawn_at_once(prog, env, args.procs)
+        steps = breakdown_envs(work, envs) if args.breakdown else {}
+        step_cpu: dict[str, list[float]] = {k: [] for k in steps}
+        for _ in range(args.breakdown):
+            for k, env in steps.items():
+                spawn_at_once(prog, env, 1, step_cpu[k])
+        load_after = os.getloadavg()
+        ins = (
+            {k: instructions(prog, env, work) for k, env in envs.items()}
+            if shutil.which("valgrind")
+            else {}
+        )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    one = {k: statistics.median(v) for k, v in single.items()}
+    report: dict[str, object] = {
+        "one_process_ms_median": one,
+        "one_process_added_ms": one["shim"] - one["baseline"],
+        "one_process_ratio": one["shim"] / one["baseline"],
+        "cpu_ms_mean": {k: statistics.fmean(v) for k, v in cpu.items()},
+        "at_once": args.procs,
+        "at_once_ms_p50": {k: pct(v, 50) for k, v in many.items()},
+        "at_once_ms_p99": {k: pct(v, 99) for k, v in many.items()},
+        "at_once_added_ms_p50": pct(many["shim"], 50) - pct(many["baseline"], 50),
+        "at_once_added_ms_p99": pct(many["shim"], 99) - pct(many["baseline"], 99),
+        "at_once_ratio_p50": pct(many["shim"], 50) / pct(many["baseline"], 50),
+        "cpu_ms_breakdown": {k: statistics.fmean(v) for k, v in step_cpu.items()},
+        "instructions": ins,
+        "instructions_ratio": ins["shim"] / ins["baseline"] if ins else None,
+        "loadavg_before_after": [round(load_before[0], 2), round(load_after[0], 2)],
+        "cpus": os.cpu_count(),
+    }
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(
+        f"exec to first allocation, one process: {one['baseline']:.2f} -> {one['shim']:.2f} ms "
+        f"(median of {args.single}), +{report['one_process_added_ms']:.2f} ms, "
+        f"x{report['one_process_ratio']:.3f}"
+    )
+    c = report["cpu_ms_mean"]
+    assert isinstance(c, dict)
+    print(
+        f"CPU time of one process (user + system, mean of {args.single}): "
+        f"{c['baseline']:.3f} -> {c['shim']:.3f} ms (+{c['shim'] - c['baseline']:.3f} ms; "
+        f"{args.procs} at once on {os.cpu_count()} CPUs queue about "
+        f"{args.procs / 2 / (os.cpu_count() or 1):.0f} of these ahead of the median process)"
+    )
+    p50, p99 = report["at_once_ms_p50"], report["at_once_ms_p99"]
+    assert isinstance(p50, dict) and isinstance(p99, dict)
+    print(
+        f"{args.procs} at once ({args.rounds} rounds): p50 {p50['baseline']:.2f} -> "
+        f"{p50['shim']:.2f} ms (+{report['at_once_added_ms_p50']:.2f} ms, "
+        f"x{report['at_once_ratio_p50']:.3f}), p99 {p99['baseline']:.2f} -> {p99['shim']:.2f} ms "
+        f"(+{report['at_once_added_ms_p99']:.2f} ms)"
+    )
+    b = report["cpu_ms_breakdown"]
+    assert isinstance(b, dict)
+    if b:
+        print(f"CPU time per process, step by step (mean of {args.breakdown}):")
+        for k, v in b.items():
+            print(f"  {k:32s} {v:.3f} ms  +{v - b['baseline']:.3f}")
+    if ins:
+        print(
+            f"instructions of one whole process: {ins['baseline']} -> {ins['shim']} "
+            f"(+{ins['shim'] - ins['baseline']}, x{report['instructions_ratio']:.3f})"
+        )
+    print(
+        f"load average (1 min) before/after: {load_before[0]:.2f} / {load_after[0]:.2f} "
+        f"on {os.cpu_count()} CPUs"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+/*
+ * The oldest glibc symbol versions, so libvgpu.so loads into any glibc >= 2.17 image.
+ *
+ * The shim is mounted into containers it does not control: a symbol version their C library
+ * lacks stops every process of the container at load. Linking against a new glibc binds each
+ * call to that glibc's newest version (dlopen@GLIBC_2.34, fstat@GLIBC_2.33, ...), so this
+ * header, force-included into every file of the shim by the normal build (shim/build.py),
+ * binds the calls that moved to the version they had before: glibc keeps those as compatibility
+ * symbols, so the same reference works on old and new C libraries. Before 2.34 the dl* and
+ * pthread_* functions lived in libdl.so.2 and libpthread.so.0: the shim names both in
+ * DT_NEEDED (build.py), which on 2.34+ are empty stubs. Calls whose only version is newer than
+ * 2.17 are not made at all: fstat and memfd_create go through syscall() (vgpu_fstat,
+ * vgpu_memfd_create in shim_internal.h). tests/shim/test_glibc_bound.py reads the built
+ * library's version needs (objdump -T) and fails on anything newer than the bound.
+ *
+ * Includes nothing: it comes before each file's _GNU_SOURCE and headers.
+ */
+#ifndef VGPU_GLIBC_COMPAT_H
+#define VGPU_GLIBC_COMPAT_H
+
+#if defined(__x86_64__)
+#define VGPU_GLIBC_BASE "GLIBC_2.2.5" /* x86-64's first glibc ABI */
+#define VGPU_GLIBC_ROBUST "GLIBC_2.12" /* robust mutexes reached x86-64 in 2.12 */
+#elif defined(__aarch64__)
+#define VGPU_GLIBC_BASE "GLIBC_2.17" /* aarch64's first glibc ABI: everything is 2.17 there */
+#define VGPU_GLIBC_ROBUST "GLIBC_2.17"
+#endif
+
+#ifdef VGPU_GLIBC_BASE
+#define VGPU_SYMVER(sym, ver) __asm__(".symver " #sym "," #sym "@" ver);
+
+/* libdl before 2.34 (dlsym and dlmopen are the shim's own exports: their real ones come from
+ * dlvsym, dispatch.c) */
+VGPU_SYMVER(dlopen, VGPU_GLIBC_BASE)
+VGPU_SYMVER(dlclose, VGPU_GLIBC_BASE)
+VGPU_SYMVER(dladdr, VGPU_GLIBC_BASE)
+VGPU_SYMVER(dlvsym, VGPU_GLIBC_BASE)
+VGPU_SYMVER(dlerror, VGPU_GLIBC_BASE)
+/* libpthread before 2.34 (pthread_sigmask moved to libc in 2.32) */
+VGPU_SYMVER(pthread_create, VGPU_GLIBC_BASE)
+VGPU_SYMVER(pthread_once, VGPU_GLIBC_BASE)
+VGPU_SYMVER(pthread_attr_setstacksize, VGPU_GLIBC_BASE)
+VGPU_SYMVER(pthread_sigmask, VGPU_GLIBC_BASE)
+VGPU_SYMVER(pthread_mutex_trylock, VGPU_GLIBC_BASE)
+VGPU_SYMVER(pthread_mutex_timedlock, VGPU_GLIBC_BASE)
+VGPU_SYMVER(pthread_mutexattr_init, VGPU_GLIBC_BASE)
+VGPU_SYMVER(pthread_mutexattr_destroy, VGPU_GLIBC_BASE)
+VGPU_SYMVER(pthread_mutexattr_setpshared, VGPU_GLIBC_BASE)
+VGPU_SYMVER(pthread_mutex_consistent, VGPU_GLIBC_ROBUST)
+VGPU_SYMVER(pthread_mutexattr_setrobust, VGPU_GLIBC_ROBUST)
+#endif
+
+#endif
