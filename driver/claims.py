@@ -16,15 +16,15 @@ import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from kubernetes import client as k8s
 
+from driver import kubequantity
 from driver.vgpuconfig import ConfigError, EffectiveConfig, VgpuConfig, decode
 from sharing.gpus import GpuInfo
 from sharing.policy import BUILTIN, Rules
-from sharing.quantity import QuantityError, format_bytes, parse_bytes
+from sharing.quantity import format_bytes
 
 MEMORY_CAPACITY = "memory"
 CORES_CAPACITY = "cores"  # percent of the GPU's SMs
@@ -113,11 +113,10 @@ def read_claim(api_client: Any, ref: ClaimRef, timeout: float = 10.0) -> dict[st
 
 
 def _parse_cores(text: Any, where: str) -> int:
-    """A cores quantity ("50", "500m", 50) as whole percent, 1..100."""
-    s = str(text).strip()
+    """A cores quantity ("50", "30000m", 50) as whole percent, 1..100."""
     try:
-        value = Decimal(s[:-1]) / 1000 if s.endswith("m") else Decimal(s)
-    except InvalidOperation as e:
+        value = kubequantity.parse(text, f"{where}: cores")
+    except kubequantity.KubeQuantityError as e:
         raise ClaimError(f"{where}: cores {text!r} is not a number of percent") from e
     if value != value.to_integral_value() or not 1 <= value <= 100:
         raise ClaimError(f"{where}: cores {text!r} invalid; allowed: a whole percent 1..100")
@@ -325,8 +324,10 @@ def _limits(
     memory = gpu.memory_total
     if MEMORY_CAPACITY in consumed:
         try:
-            memory = parse_bytes(str(consumed[MEMORY_CAPACITY]), f"{where}: consumed memory")
-        except QuantityError as e:
+            memory = kubequantity.parse_bytes(
+                consumed[MEMORY_CAPACITY], f"{where}: consumed memory"
+            )
+        except kubequantity.KubeQuantityError as e:
             raise ClaimError(str(e)) from e
         if not 0 < memory <= gpu.memory_total:
             raise ClaimError(

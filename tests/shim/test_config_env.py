@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from sharing import region
+from sharing.quantity import ACCEPTED_FORMS
 from tests.shim.conftest import parse_ops
 
 MiB = 1 << 20
@@ -53,6 +54,13 @@ def test_malformed_values_fail_closed(
     assert res[1]["rc"] == "1" and res[2]["rc"] == "1"  # every hook fails closed, not unlimited
     assert len(lines) == 1, lines
     assert var in lines[0] and f'"{value}"' in lines[0] and "accepted" in lines[0]
+
+
+def test_memory_error_lists_the_forms_python_accepts(
+    shim_ops: Path, shim_env: dict[str, str]
+) -> None:
+    _, lines = run(shim_ops, dict(shim_env, CUDA_DEVICE_MEMORY_LIMIT="4GB"), "init")
+    assert len(lines) == 1 and lines[0].endswith(f"accepted: {ACCEPTED_FORMS}"), lines
 
 
 def test_no_limit_is_passthrough(
