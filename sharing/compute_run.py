@@ -1,6 +1,6 @@
 """`vgpu run` flags of the compute cap (docs/compute.md): an EnvContributor for sharing/run.py.
 
---compute PERCENT      cap of every device (CUDA_DEVICE_SM_LIMIT); 0 or >= 100 = no cap
+--compute PERCENT      cap of every device (CUDA_DEVICE_SM_LIMIT), 0-100; 0 or 100 = no cap
 --compute-<i> PERCENT  cap of device <i> as the command sees it (CUDA_DEVICE_SM_LIMIT_<i>)
 --policy hard|elastic|off   VGPU_COMPUTE_POLICY
 --priority N           VGPU_PRIORITY (-100..100, lower = higher priority; elastic idle time)
@@ -9,8 +9,8 @@
 from __future__ import annotations
 
 import argparse
-import math
 
+from sharing.percent import PercentError, parse_permille
 from sharing.region import MAX_DEVICES  # the devices the accounting file has room for
 
 POLICIES = ("hard", "elastic", "off")
@@ -21,7 +21,8 @@ class ComputeContributor:
         parser.add_argument(
             "--compute",
             metavar="PERCENT",
-            help="compute (SM time) cap of every device in percent, e.g. 30 (0 or >= 100: no cap)",
+            help="compute (SM time) cap of every device in percent, 0-100, e.g. 30 (0 or 100: no cap; "
+            "above 100 is refused)",
         )
         for i in range(MAX_DEVICES):
             parser.add_argument(
@@ -52,16 +53,11 @@ class ComputeContributor:
         def percent(flag: str, text: str | None) -> str | None:
             if text is None:
                 return None
-            t = text.strip().removesuffix("%")
             try:
-                v = float(t)
-            except ValueError:
-                v = math.nan
-            if not math.isfinite(v) or v < 0 or not t or not (t[0].isdigit()):
-                raise RunConfigError(
-                    f"{flag}: {text!r} is not a percentage (0-100, e.g. 30 or 12.5)"
-                )
-            return t
+                parse_permille(text, flag)
+            except PercentError as e:
+                raise RunConfigError(str(e)) from e
+            return text.strip()
 
         base = percent("--compute", args.compute)
         if base is not None:

@@ -45,14 +45,17 @@ class MemoryContributor:
         parser.add_argument(
             "--memory",
             metavar="QUANTITY",
-            help="device memory quota for every device (e.g. 4Gi, 512Mi, 4g, 1073741824)",
+            help="device memory quota for every device (e.g. 4Gi, 512Mi, 4g, 1073741824); "
+            "0 = no limit (as the shim's CUDA_DEVICE_MEMORY_LIMIT=0)",
         )
         for i in range(MAX_DEVICES):
             parser.add_argument(
                 f"--memory-{i}",
                 dest=f"memory_{i}",
                 metavar="QUANTITY",
-                help="quota for device <i> as the command sees it" if i == 0 else argparse.SUPPRESS,
+                help="quota for device <i> as the command sees it (0 = no limit on it)"
+                if i == 0
+                else argparse.SUPPRESS,
             )
 
     def limits(self, args: argparse.Namespace) -> dict[int, int]:
@@ -141,7 +144,9 @@ def prepare_region(args: argparse.Namespace, env: dict[str, str]) -> int | None:
     as /proc/<pid>/fd/<n> (pid is this process, which exec turns into CMD), so CMD's children
     share CMD's quota and compute budget.
     """
-    if args.region:
+    if args.region is not None:
+        if not args.region.strip():
+            raise RunConfigError("--region: empty; give the accounting file's path")
         path = os.path.abspath(args.region)
         try:
             region.create(path)

@@ -186,10 +186,12 @@ static void sleep_until(int64_t t)
 }
 
 /* ------------------------------------------------------------ configuration parsing */
-static const char cap_forms[] = "a percentage 0-100 (e.g. 30 or 12.5; 0 or >= 100 = no cap)";
+/* == sharing.percent.FORMS; the cases both sides accept: tests/shim/percent_cases.py */
+static const char cap_forms[] = "a percentage 0-100 (e.g. 30 or 12.5; 0 or 100 = no cap)";
 
 /* Percent -> permille: [0-9]+(.[0-9]+)? with an optional '%' and surrounding blanks (no hex, no
- * exponent, no sign: strtod's extra forms are refused). 0 ok (*out: 0 = no cap), -1 malformed. */
+ * exponent, no sign: strtod's extra forms are refused), at most 100: a typo such as 300 must not
+ * turn the cap off. 0 ok (*out: 0 = no cap), -1 malformed or above 100. */
 static int parse_percent(const char *v, uint32_t *out)
 {
     const char *p = v;
@@ -218,9 +220,9 @@ static int parse_percent(const char *v, uint32_t *out)
     memcpy(num, start, (size_t)(end - start));
     num[end - start] = '\0';
     double d = strtod(num, NULL);
-    if (!isfinite(d))
+    if (!isfinite(d) || d > 100.0)
         return -1;
-    if (d >= 100.0 || d == 0.0) {
+    if (d == 100.0 || d == 0.0) {
         *out = 0;
         return 0;
     }
