@@ -14,6 +14,7 @@ import pytest
 from sharing import region
 from sharing.quantity import ACCEPTED_FORMS
 from tests.shim.conftest import parse_ops
+from tests.support.staging import stage_shim_env
 
 MiB = 1 << 20
 
@@ -159,7 +160,7 @@ def test_region_without_permission_is_refused(shim_ops: Path, shim_env: dict[str
         reg = base / "slice.region"
         region.create(reg, mode=0o644)  # readable by all, writable by its owner only
         env = dict(
-            shim_env,
+            stage_shim_env(base, shim_env),  # the clone may be out of that user's reach
             CUDA_DEVICE_MEMORY_LIMIT="1Gi",
             CUDA_DEVICE_MEMORY_SHARED_CACHE=str(reg),
             SIMGPU_STATE=str(state),
