@@ -21,6 +21,7 @@ from pathlib import Path
 from types import FrameType
 from typing import cast
 
+from driver.backoff import Backoff
 from driver.checkpoint import CheckpointError
 from driver.claim_pods import ClaimPods
 from driver.discovery import Discovery, Inventory, NvmlBackend, PynvmlBackend, Rediscovery
@@ -34,7 +35,6 @@ from driver.injection import DriverInjector, DriverRoot, load_driver_nvml
 from driver.kube import Kube, KubeConfigError, make_api_client
 from driver.policy import PolicyView, PolicyWatcher, initial_policy
 from driver.resourceslices import (
-    Backoff,
     Mode,
     PublishLoop,
     SlicePublisher,

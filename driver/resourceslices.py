@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, cast
 
+from driver.backoff import Backoff
 from driver.discovery import DiscoveredGpu, Inventory, semver
 from driver.kube import ApiException, Kube
 from sharing.gpus import GpuInfo
@@ -575,19 +576,6 @@ class SlicePublisher:
 
 
 # --- retrying in the background --------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Backoff:
-    initial: float = 0.5
-    factor: float = 2.0
-    maximum: float = 30.0
-
-    def delays(self) -> Iterable[float]:
-        d = self.initial
-        while True:
-            yield d
-            d = min(self.maximum, d * self.factor)
 
 
 def describe_error(e: BaseException) -> str:
