@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cdi.writer import atomic_write
+from sharing.fsutil import atomic_write
 
 VERSION = 1
 PREPARE_STARTED = "PrepareStarted"

@@ -37,12 +37,12 @@ import os
 from pathlib import Path
 from typing import Any, Protocol
 
-from cdi.writer import atomic_write
 from driver.claims import RulesFor
 from driver.health import HealthBroadcaster
 from driver.injection import DriverInjector
 from driver.kubelet import KubeletPlugin, PluginSockets
 from driver.state import CONTAINER_LIB, DeviceState, HostPaths
+from sharing.fsutil import atomic_write
 from sharing.gpus import GpuInfo
 from sharing.paths import shim_library
 
