@@ -37,6 +37,7 @@ import os
 from pathlib import Path
 from typing import Any, Protocol
 
+from driver import devicenames
 from driver.claims import RulesFor
 from driver.health import HealthBroadcaster
 from driver.injection import DriverInjector
@@ -66,13 +67,6 @@ class SettingsLike(Protocol):
     def kubelet_registrar_directory_path(self) -> Path: ...
     @property
     def kubelet_plugins_directory_path(self) -> Path: ...
-
-
-def device_names(gpus: list[GpuInfo], mode: str, partitions: int) -> list[str]:
-    """The names this node's devices are published under (see driver/claims.py)."""
-    if mode == "partition":
-        return [f"gpu-{g.index}-slice-{k}" for g in gpus for k in range(partitions)]
-    return [f"gpu-{g.index}" for g in gpus]
 
 
 def install_shim(source: Path, lib_dir: Path) -> Path:
@@ -180,7 +174,11 @@ class Driver:
         self.state.recover()
         if not self.health.snapshot().devices:
             self.health.publish(
-                dict.fromkeys(device_names(self.gpus, self.mode, self.partitions), True)
+                {
+                    name: True
+                    for g in self.gpus
+                    for name in devicenames.names(g.index, self.mode, self.partitions)
+                }
             )
         self.plugin.start()
         log.info(

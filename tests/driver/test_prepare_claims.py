@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from driver import devicenames
 from driver.claims import ClaimError, ClaimRef, plan_claim
 from driver.vgpuconfig import ConfigError, EffectiveConfig, VgpuConfig, decode
 from tests.driver.kubelet_standin import DRIVER, allocated_claim, result, vgpu_config
@@ -155,3 +156,29 @@ def test_vgpuconfig_merge_field_by_field() -> None:
     later = VgpuConfig(priority=-5)
     assert EffectiveConfig.of([base, later]) == EffectiveConfig("off", -5, 1024)
     assert EffectiveConfig.of([]) == EffectiveConfig("hard", 1, None)
+
+
+@pytest.mark.parametrize("mode", ["sharing", "partition"])
+def test_published_device_names_read_back(mode: str) -> None:
+    """What the publishing side names a device is what the prepare side reads (one module)."""
+    for index in (0, 7, 12):
+        for k, name in enumerate(devicenames.names(index, mode, 3)):
+            parsed = devicenames.parse(name, mode)
+            assert parsed == devicenames.DeviceName(index, k if mode == "partition" else None)
+
+
+@pytest.mark.parametrize(
+    ("device", "mode", "message"),
+    [
+        ("gpu-0-slice-1", "sharing", "sharing mode; allowed: gpu-<index>"),
+        ("gpu-0", "partition", "partition mode; allowed: gpu-<index>-slice-<k>"),
+        ("gpu-01", "sharing", "sharing mode; allowed: gpu-<index>"),
+        ("gpu-0-slice-4", "partition", "with k in 0..3"),
+        ("gpu-9", "sharing", "no GPU with index 9 on this node"),
+    ],
+)
+def test_device_names_not_of_this_node_are_refused(device: str, mode: str, message: str) -> None:
+    claim = allocated_claim("c", results=[result("gpu", device, share=False)])
+    with pytest.raises(ClaimError) as e:
+        plan(claim, mode=mode)
+    assert message in str(e.value) and "\n" not in str(e.value)
