@@ -7,7 +7,7 @@ Construction (by driver/main.py):
     ...
     driver.stop()    # removes the sockets (prepared claims stay: they outlive the plugin)
 
-  settings    driver.flags.Settings (any object with the attributes of `SettingsLike`)
+  settings    driver.flags.Settings
   api_client  a kubernetes.client.ApiClient (ResourceClaims are read through it)
   gpus        list[sharing.gpus.GpuInfo], this node's GPUs
   mode        "sharing" (device gpu-<i>, limits from consumedCapacity) or
@@ -35,10 +35,11 @@ import hashlib
 import logging
 import os
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from driver import devicenames
 from driver.claims import RulesFor
+from driver.flags import Settings
 from driver.health import HealthBroadcaster
 from driver.injection import DriverInjector
 from driver.kubelet import KubeletPlugin, PluginSockets
@@ -50,23 +51,6 @@ from sharing.paths import shim_library
 log = logging.getLogger(__name__)
 
 MODES = ("sharing", "partition")
-
-
-class SettingsLike(Protocol):
-    """The attributes of driver.flags.Settings this class uses."""
-
-    @property
-    def node_name(self) -> str: ...
-    @property
-    def driver_name(self) -> str: ...
-    @property
-    def cdi_root(self) -> Path: ...
-    @property
-    def data_dir(self) -> Path: ...
-    @property
-    def kubelet_registrar_directory_path(self) -> Path: ...
-    @property
-    def kubelet_plugins_directory_path(self) -> Path: ...
 
 
 def install_shim(source: Path, lib_dir: Path) -> Path:
@@ -96,7 +80,7 @@ def install_shim(source: Path, lib_dir: Path) -> Path:
 class Driver:
     def __init__(
         self,
-        settings: SettingsLike,
+        settings: Settings,
         api_client: Any,
         gpus: list[GpuInfo],
         mode: str,
