@@ -6,6 +6,7 @@ is fed to cffi first, then region.h's.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from cffi import FFI
@@ -21,26 +22,12 @@ def _cffi_part(header: Path) -> str:
     return text[start:end]
 
 
-# C helpers compiled into the binding: the robust process-shared mutex can only be initialised
-# by pthreads itself (its bytes are the C library's business), so region.create() calls this.
+# The shim's own creation code (shim/src/region_init.c) compiled into the binding: one
+# implementation of a new file's contents (the robust process-shared mutex can only be
+# initialised by pthreads itself) for the shim and for sharing.region.create().
+_SHIM_SRC = _INCLUDE.parent / "src"
 _HELPERS_CDEF = """
-int vgpu_region_init_lock(struct vgpu_region *r);
-"""
-
-_HELPERS_SOURCE = r"""
-#include <pthread.h>
-#include "vgpu/region.h"
-
-static int vgpu_region_init_lock(struct vgpu_region *r) {
-    pthread_mutexattr_t a;
-    if (sizeof(pthread_mutex_t) > sizeof r->lock) return -1;
-    if (pthread_mutexattr_init(&a) != 0) return -1;
-    int rc = pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
-    if (rc == 0) rc = pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
-    if (rc == 0) rc = pthread_mutex_init((pthread_mutex_t *)(void *)r->lock, &a);
-    pthread_mutexattr_destroy(&a);
-    return rc == 0 ? 0 : -1;
-}
+int vgpu_region_init(struct vgpu_region *r);
 """
 
 
@@ -52,8 +39,9 @@ ffibuilder = FFI()
 ffibuilder.cdef(_cdef_text() + _HELPERS_CDEF)
 ffibuilder.set_source(
     "sharing._region_cffi",
-    _HELPERS_SOURCE,
-    include_dirs=[str(_INCLUDE)],
+    '#include "region_init.h"',
+    sources=[os.path.relpath(_SHIM_SRC / "region_init.c")],  # setuptools wants it relative
+    include_dirs=[str(_INCLUDE), str(_SHIM_SRC)],
     libraries=["pthread"],
 )
 

@@ -24,6 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "region_init.h"
 #include "shim_internal.h"
 
 _Static_assert(sizeof(pthread_mutex_t) <= sizeof(((struct vgpu_region *)0)->lock), "mutex does not fit");
@@ -53,35 +54,11 @@ struct vgpu_region *vgpu_region(void) { return R; }
 
 /* ---- creation ---- */
 
-/* r is freshly ftruncate()d, so all zeros: only the non-zero fields are written (touching the
- * whole 150 KiB would fault every page in, for nothing, in every racing creator). */
-static int init_contents(struct vgpu_region *r) {
-    pthread_mutexattr_t a;
-    if (pthread_mutexattr_init(&a) != 0) return -1;
-    int rc = pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
-    if (rc == 0) rc = pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
-    if (rc == 0) rc = pthread_mutex_init(region_mutex(r), &a);
-    pthread_mutexattr_destroy(&a);
-    if (rc != 0) return -1;
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    r->header.created_unix_ns = (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
-    r->header.max_devices = VGPU_MAX_DEVICES;
-    r->header.max_procs = VGPU_MAX_PROCS;
-    r->header.file_size = sizeof *r;
-    r->header.layout_version = VGPU_REGION_LAYOUT_VERSION;
-    /* magic last: a reader that sees the magic sees a complete file (it is also link()ed only
-     * when complete; this is belt and braces for the memfd case). */
-    atomic_thread_fence(memory_order_release);
-    r->header.magic = VGPU_REGION_MAGIC;
-    return 0;
-}
-
 static int fill_fd(int fd) {
     if (ftruncate(fd, (off_t)sizeof(struct vgpu_region)) != 0) return -1;
     void *m = mmap(NULL, sizeof(struct vgpu_region), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (m == MAP_FAILED) return -1;
-    int rc = init_contents(m);
+    int rc = vgpu_region_init(m);
     munmap(m, sizeof(struct vgpu_region));
     return rc;
 }
@@ -159,15 +136,6 @@ static void recover_locked(void) {
 #define REBUILD_BYTE (VGPU_SLOT_LOCK_BASE + VGPU_MAX_PROCS)
 static pthread_mutex_t rebuild_mu = PTHREAD_MUTEX_INITIALIZER;
 
-static int init_robust_mutex(pthread_mutex_t *m) {
-    pthread_mutexattr_t a;
-    if (pthread_mutexattr_init(&a) != 0) return -1;
-    int rc = pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
-    if (rc == 0) rc = pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
-    if (rc == 0) rc = pthread_mutex_init(m, &a);
-    pthread_mutexattr_destroy(&a);
-    return rc == 0 ? 0 : -1;
-}
 
 #if defined(__GLIBC__) && defined(__PTHREAD_MUTEX_HAVE_PREV)
 /* glibc's mutex: the C library trusts its fields (the kind selects the code path, some of which
@@ -185,7 +153,7 @@ static int mutex_plausible(pthread_mutex_t *m) {
     int k = __atomic_load_n(&expected_kind, __ATOMIC_RELAXED);
     if (k < 0) {
         pthread_mutex_t t;
-        if (init_robust_mutex(&t) != 0) return 1;
+        if (vgpu_region_init_mutex(&t) != 0) return 1;
         k = t.__data.__kind;
         pthread_mutex_destroy(&t);
         __atomic_store_n(&expected_kind, k, __ATOMIC_RELAXED);
@@ -248,7 +216,7 @@ static int rebuild_and_lock(int why) {
         if (timed_lock(m, RETRY_TIMEOUT_NS) != 0) {
             /* a locker still inside the C library's lock call may take the fresh mutex first:
              * it leaves it within a critical section's time */
-            if (init_robust_mutex(m) != 0 ||
+            if (vgpu_region_init_mutex(m) != 0 ||
                 (pthread_mutex_trylock(m) != 0 && timed_lock(m, RETRY_TIMEOUT_NS) != 0)) {
                 rc = ENOTRECOVERABLE;
             } else {
