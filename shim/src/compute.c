@@ -97,33 +97,21 @@ static struct {
 static pthread_once_t drv_once = PTHREAD_ONCE_INIT;
 static int drv_ok;
 
-/* The driver's own functions, through the driver's cuGetProcAddress (not dlsym: the shim's dlsym
- * map or another interposer must not hand us a wrapper), default (legacy-stream) versions. */
-static void *drv_sym(const char *name, int version)
-{
-    void *p = NULL;
-    if (real_cuGetProcAddress_v2) {
-        CUdriverProcAddressQueryResult st;
-        if (real_cuGetProcAddress_v2(name, &p, version, 0, &st) == CUDA_SUCCESS && p)
-            return p;
-    }
-    p = NULL;
-    if (real_cuGetProcAddress && real_cuGetProcAddress(name, &p, version, 0) == CUDA_SUCCESS && p)
-        return p;
-    return NULL;
-}
-
+/* The driver's own functions, resolved as every other part of the shim resolves them
+ * (vgpu_cuda_sym: dlsym on the driver's handle, so neither the shim's dlsym map nor another
+ * interposer hands us a wrapper), by their exported ABI-versioned names, default (legacy-stream)
+ * versions. */
 static void drv_resolve(void)
 {
-    drv.ctx_get_current = (pfn_ctx_get_current)drv_sym("cuCtxGetCurrent", 4000);
-    drv.ctx_get_device = (pfn_ctx_get_device)drv_sym("cuCtxGetDevice", 2000);
-    drv.event_create = (pfn_event_create)drv_sym("cuEventCreate", 2000);
-    drv.event_record = (pfn_event_record)drv_sym("cuEventRecord", 2000);
-    drv.event_destroy = (pfn_event_destroy)drv_sym("cuEventDestroy", 4000);
-    drv.event_query = (pfn_event_query)drv_sym("cuEventQuery", 2000);
-    drv.event_elapsed = (pfn_event_elapsed)drv_sym("cuEventElapsedTime", 2000);
-    drv.stream_is_capturing = (pfn_stream_is_capturing)drv_sym("cuStreamIsCapturing", 10000);
-    drv.device_get_uuid = (pfn_device_get_uuid)drv_sym("cuDeviceGetUuid", 11040);
+    drv.ctx_get_current = (pfn_ctx_get_current)vgpu_cuda_sym("cuCtxGetCurrent");
+    drv.ctx_get_device = (pfn_ctx_get_device)vgpu_cuda_sym("cuCtxGetDevice");
+    drv.event_create = (pfn_event_create)vgpu_cuda_sym("cuEventCreate");
+    drv.event_record = (pfn_event_record)vgpu_cuda_sym("cuEventRecord");
+    drv.event_destroy = (pfn_event_destroy)vgpu_cuda_sym("cuEventDestroy_v2");
+    drv.event_query = (pfn_event_query)vgpu_cuda_sym("cuEventQuery");
+    drv.event_elapsed = (pfn_event_elapsed)vgpu_cuda_sym("cuEventElapsedTime");
+    drv.stream_is_capturing = (pfn_stream_is_capturing)vgpu_cuda_sym("cuStreamIsCapturing");
+    drv.device_get_uuid = (pfn_device_get_uuid)vgpu_cuda_sym("cuDeviceGetUuid_v2");
     drv_ok = drv.ctx_get_current && drv.ctx_get_device && drv.event_create && drv.event_record &&
              drv.event_query && drv.event_elapsed;
     if (!drv_ok)
