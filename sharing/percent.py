@@ -1,5 +1,5 @@
 """Compute (SM) caps as the shim reads them (CUDA_DEVICE_SM_LIMIT[_i], the limits file, `vgpu
-run --compute`): one rule for every side, the same as shim/src/compute.c's parse_percent.
+run --compute`): one rule for every side, the same as shim/src/compute_config.c's parse_percent.
 
 Accepted: `[0-9]+(.[0-9]+)?` with an optional `%` and surrounding blanks, from 0 to 100.
 `0` and `100` mean "no cap" (0 as HAMi-core spells it); anything above 100, a sign, hex or an
