@@ -10,7 +10,7 @@ exactly from the simulator's kernel model: launches x kernel time / window. An i
 nvmlDeviceGetProcessUtilization, once a second over the same window; its mean is the "NVML" column
 (integer samples, so about +-0.5 points of resolution).
 
-Targets (issue 4): one process at caps 10/30/50/70/90 with sim_1000us: each within +-2 points,
+Targets: one process at caps 10/30/50/70/90 with sim_1000us: each within +-2 points,
 MAE <= 1.5; 50 us, 1 ms, 20 ms kernels and a graph of 10 kernels at 30%: +-2; two slices 30+60:
 +-3 each; 4 processes in one 40% slice: sum +-2; a two-device slice 20/70: +-2 each; elastic: a
 lone 30% slice > 90%, back to its cap within 100 ms of a second slice's start. Overhead: callgrind

@@ -1,8 +1,8 @@
-"""CDI (Container Device Interface) specs: a typed model, schema validation and atomic writes."""
+"""CDI (Container Device Interface) specs: a typed model, schema validation and spec files."""
 
 from cdi.schema import SchemaError, validate
 from cdi.spec import ContainerEdits, Device, DeviceNode, Hook, Mount, Spec, SpecError
-from cdi.writer import SpecWriter, atomic_write
+from cdi.writer import SpecWriter
 
 __all__ = [
     "ContainerEdits",
@@ -14,6 +14,5 @@ __all__ = [
     "Spec",
     "SpecError",
     "SpecWriter",
-    "atomic_write",
     "validate",
 ]

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cdi.writer import atomic_write
 from driver import hostfs
+from sharing.fsutil import atomic_write
 
 VERSION = 1
 PREPARE_STARTED = "PrepareStarted"

@@ -3,7 +3,7 @@
 The claim is read as raw JSON (`_preload_content=False`): the kubelet-side logic needs only a
 few fields, and raw JSON keeps unknown/new fields from breaking deserialisation.
 
-Device names (published by driver/resourceslices.py):
+Device names (driver/devicenames.py, published by driver/resourceslices.py):
   sharing mode    `gpu-<index>`              limits = the result's `consumedCapacity`
                                              (memory, cores), or the whole GPU when the
                                              allocation carries none (DRAConsumableCapacity off)
@@ -13,24 +13,21 @@ Device names (published by driver/resourceslices.py):
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from kubernetes import client as k8s
 
+from driver import devicenames, kubequantity
 from driver.vgpuconfig import ConfigError, EffectiveConfig, VgpuConfig, decode
 from sharing.gpus import GpuInfo
 from sharing.policy import BUILTIN, Rules
-from sharing.quantity import QuantityError, format_bytes, parse_bytes
+from sharing.quantity import format_bytes
 
 MEMORY_CAPACITY = "memory"
 CORES_CAPACITY = "cores"  # percent of the GPU's SMs
 RulesFor = Callable[[GpuInfo], Rules]  # the admin policy's rules of one GPU
-_SHARING_NAME = re.compile(r"^gpu-(\d+)$")
-_PARTITION_NAME = re.compile(r"^gpu-(\d+)-slice-(\d+)$")
 
 
 class ClaimError(Exception):
@@ -113,11 +110,10 @@ def read_claim(api_client: Any, ref: ClaimRef, timeout: float = 10.0) -> dict[st
 
 
 def _parse_cores(text: Any, where: str) -> int:
-    """A cores quantity ("50", "500m", 50) as whole percent, 1..100."""
-    s = str(text).strip()
+    """A cores quantity ("50", "30000m", 50) as whole percent, 1..100."""
     try:
-        value = Decimal(s[:-1]) / 1000 if s.endswith("m") else Decimal(s)
-    except InvalidOperation as e:
+        value = kubequantity.parse(text, f"{where}: cores")
+    except kubequantity.KubeQuantityError as e:
         raise ClaimError(f"{where}: cores {text!r} is not a number of percent") from e
     if value != value.to_integral_value() or not 1 <= value <= 100:
         raise ClaimError(f"{where}: cores {text!r} invalid; allowed: a whole percent 1..100")
@@ -289,23 +285,14 @@ def _limits(
     mode: str,
     rules_for: RulesFor,
 ) -> tuple[GpuInfo, int, int]:
-    if mode == "partition":
-        m = _PARTITION_NAME.match(name)
-        if not m:
-            raise ClaimError(
-                f"{where}: not a device of this node in partition mode; allowed: "
-                "gpu-<index>-slice-<k>"
-            )
-    else:
-        m = _SHARING_NAME.match(name)
-        if not m:
-            raise ClaimError(
-                f"{where}: not a device of this node in sharing mode; allowed: gpu-<index>"
-            )
-    gpu = by_index.get(int(m.group(1)))
+    parsed = devicenames.parse(name, mode)
+    if parsed is None:
+        form = devicenames.PARTITION_FORM if mode == "partition" else devicenames.SHARING_FORM
+        raise ClaimError(f"{where}: not a device of this node in {mode} mode; allowed: {form}")
+    gpu = by_index.get(parsed.gpu_index)
     if gpu is None:
         raise ClaimError(
-            f"{where}: no GPU with index {m.group(1)} on this node "
+            f"{where}: no GPU with index {parsed.gpu_index} on this node "
             f"(indices: {', '.join(str(i) for i in sorted(by_index)) or 'none'})"
         )
     if gpu.mig_enabled:
@@ -315,18 +302,20 @@ def _limits(
         )
     if mode == "partition":
         rules = rules_for(gpu)
-        if not 0 <= int(m.group(2)) < rules.partitions:
+        if parsed.partition is None or not parsed.partition < rules.partitions:
             raise ClaimError(
                 f"{where}: not a device of this node in partition mode; allowed: "
-                f"gpu-<index>-slice-<k> with k in 0..{rules.partitions - 1}"
+                f"{devicenames.PARTITION_FORM} with k in 0..{rules.partitions - 1}"
             )
         return gpu, rules.partition_memory(gpu.memory_total), rules.partition_cores()
     consumed = result.get("consumedCapacity") or {}
     memory = gpu.memory_total
     if MEMORY_CAPACITY in consumed:
         try:
-            memory = parse_bytes(str(consumed[MEMORY_CAPACITY]), f"{where}: consumed memory")
-        except QuantityError as e:
+            memory = kubequantity.parse_bytes(
+                consumed[MEMORY_CAPACITY], f"{where}: consumed memory"
+            )
+        except kubequantity.KubeQuantityError as e:
             raise ClaimError(str(e)) from e
         if not 0 < memory <= gpu.memory_total:
             raise ClaimError(

@@ -7,7 +7,7 @@ Construction (by driver/main.py):
     ...
     driver.stop()    # removes the sockets (prepared claims stay: they outlive the plugin)
 
-  settings    driver.flags.Settings (any object with the attributes of `SettingsLike`)
+  settings    driver.flags.Settings
   api_client  a kubernetes.client.ApiClient (ResourceClaims are read through it)
   gpus        list[sharing.gpus.GpuInfo], this node's GPUs
   mode        "sharing" (device gpu-<i>, limits from consumedCapacity) or
@@ -34,45 +34,22 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from cdi.writer import atomic_write
-from driver import hostfs
+from driver import devicenames, hostfs
 from driver.claims import RulesFor
+from driver.flags import Settings
 from driver.health import HealthBroadcaster
 from driver.injection import DriverInjector
 from driver.kubelet import KubeletPlugin, PluginSockets
 from driver.state import CONTAINER_LIB, DeviceState, HostPaths
+from sharing.fsutil import atomic_write
 from sharing.gpus import GpuInfo
 from sharing.paths import shim_library
 
 log = logging.getLogger(__name__)
 
 MODES = ("sharing", "partition")
-
-
-class SettingsLike(Protocol):
-    """The attributes of driver.flags.Settings this class uses."""
-
-    @property
-    def node_name(self) -> str: ...
-    @property
-    def driver_name(self) -> str: ...
-    @property
-    def cdi_root(self) -> Path: ...
-    @property
-    def data_dir(self) -> Path: ...
-    @property
-    def kubelet_registrar_directory_path(self) -> Path: ...
-    @property
-    def kubelet_plugins_directory_path(self) -> Path: ...
-
-
-def device_names(gpus: list[GpuInfo], mode: str, partitions: int) -> list[str]:
-    """The names this node's devices are published under (see driver/claims.py)."""
-    if mode == "partition":
-        return [f"gpu-{g.index}-slice-{k}" for g in gpus for k in range(partitions)]
-    return [f"gpu-{g.index}" for g in gpus]
 
 
 def install_shim(source: Path, lib_dir: Path) -> Path:
@@ -107,7 +84,7 @@ def _current(path: Path) -> bytes | None:
 class Driver:
     def __init__(
         self,
-        settings: SettingsLike,
+        settings: Settings,
         api_client: Any,
         gpus: list[GpuInfo],
         mode: str,
@@ -185,7 +162,11 @@ class Driver:
         self.state.recover()
         if not self.health.snapshot().devices:
             self.health.publish(
-                dict.fromkeys(device_names(self.gpus, self.mode, self.partitions), True)
+                {
+                    name: True
+                    for g in self.gpus
+                    for name in devicenames.names(g.index, self.mode, self.partitions)
+                }
             )
         self.plugin.start()
         log.info(

@@ -162,8 +162,8 @@ _FLAGS: tuple[_Flag, ...] = (
         "metrics-address",
         "METRICS_ADDRESS",
         "HOST:PORT to serve Prometheus metrics and run the quota watchdog on (docs/metrics.md; "
-        "a HOST alone means port 9402; empty: disabled)",
-        "",
+        "a HOST alone means port 9402); disabled when absent or empty",
+        None,
     ),
     _Flag(
         "watchdog-enforce",

@@ -26,6 +26,7 @@ from typing import Any
 
 import grpc
 
+from driver.backoff import Backoff
 from driver.claims import ClaimRef
 from driver.health import HealthBroadcaster
 from driver.state import PrepareResult
@@ -212,8 +213,8 @@ class KubeletPlugin:
         self._unprepare = unprepare
         self._health = health
         self._pool_name = pool_name
-        self._backoff_initial, self._backoff_max = retry_backoff
-        self._backoff = self._backoff_initial
+        self._backoff = Backoff(retry_backoff[0], 2.0, retry_backoff[1])
+        self._retry_delays = self._backoff.delays()
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._dra_server: grpc.Server | None = None
@@ -297,15 +298,14 @@ class KubeletPlugin:
     def on_registration_status(self, registered: bool, error: str) -> None:
         if registered:
             log.info("registered with the kubelet as DRA driver %s", self.driver_name)
-            self._backoff = self._backoff_initial
+            self._retry_delays = self._backoff.delays()
             self.registered.set()
             return
         self.registered.clear()
         with self._lock:
             if self._stopping.is_set() or self._retry_timer is not None:
                 return
-            delay = self._backoff
-            self._backoff = min(self._backoff * 2, self._backoff_max)
+            delay = next(self._retry_delays)
             log.error(
                 "kubelet rejected the registration of %s: %s; re-registering in %.1fs",
                 self.driver_name,

@@ -21,8 +21,8 @@ from pathlib import Path
 from types import FrameType
 from typing import cast
 
-from cdi.writer import atomic_write
 from driver import hostfs
+from driver.backoff import Backoff
 from driver.checkpoint import CheckpointError
 from driver.claim_pods import ClaimPods
 from driver.discovery import Discovery, Inventory, NvmlBackend, PynvmlBackend, Rediscovery
@@ -36,7 +36,6 @@ from driver.injection import DriverInjector, DriverRoot, load_driver_nvml
 from driver.kube import Kube, KubeConfigError, make_api_client
 from driver.policy import PolicyView, PolicyWatcher, initial_policy
 from driver.resourceslices import (
-    Backoff,
     Mode,
     PublishLoop,
     SlicePublisher,
@@ -44,6 +43,7 @@ from driver.resourceslices import (
     health_map,
 )
 from sharing.exporter import Exporter, ExporterConfig
+from sharing.fsutil import atomic_write
 from sharing.policy import PolicyError, SharingPolicy
 
 log = logging.getLogger("driver.main")

@@ -26,6 +26,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, cast
 
+from driver import devicenames
+from driver.backoff import Backoff
 from driver.discovery import DiscoveredGpu, Inventory, semver
 from driver.kube import ApiException, Kube
 from sharing.gpus import GpuInfo
@@ -124,7 +126,7 @@ def sharing_device(g: DiscoveredGpu, rules: Rules = BUILTIN) -> dict[str, Any]:
     if (policy := sharing_memory_policy(shareable, rules)) is not None:
         memory["requestPolicy"] = policy
     return {
-        "name": f"gpu-{g.index}",
+        "name": devicenames.sharing_name(g.index),
         "allowMultipleAllocations": True,
         "attributes": _attributes(g),
         "capacity": {
@@ -140,15 +142,6 @@ def sharing_device(g: DiscoveredGpu, rules: Rules = BUILTIN) -> dict[str, Any]:
     }
 
 
-def partition_memory(info: GpuInfo, partitions: int, rules: Rules | None = None) -> int:
-    """Memory of one partition; the kubelet side (driver/claims.py) computes the same."""
-    return (rules or replace(BUILTIN, partitions=partitions)).partition_memory(info.memory_total)
-
-
-def partition_cores(partitions: int) -> int:
-    return max(1, CORES_TOTAL // partitions)
-
-
 def partition_devices(
     g: DiscoveredGpu, partitions: int, rules: Rules | None = None
 ) -> list[dict[str, Any]]:
@@ -161,7 +154,7 @@ def partition_devices(
         attrs["partitionCount"] = {"int": n}
         devices.append(
             {
-                "name": f"gpu-{g.index}-slice-{k}",
+                "name": devicenames.partition_name(g.index, k),
                 "attributes": attrs,
                 "capacity": {
                     "memory": {"value": to_kubernetes(rules.partition_memory(g.info.memory_total))},
@@ -170,12 +163,6 @@ def partition_devices(
             }
         )
     return devices
-
-
-def device_names(index: int, mode: Mode, partitions: int) -> list[str]:
-    if mode == "sharing":
-        return [f"gpu-{index}"]
-    return [f"gpu-{index}-slice-{k}" for k in range(partitions)]
 
 
 def build_devices(
@@ -219,7 +206,7 @@ def health_map(
     return {
         name: g.healthy
         for g in inv.gpus
-        for name in device_names(g.index, mode, rules_of(g.info).partitions)
+        for name in devicenames.names(g.index, mode, rules_of(g.info).partitions)
     }
 
 
@@ -609,19 +596,6 @@ class SlicePublisher:
 
 
 # --- retrying in the background --------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Backoff:
-    initial: float = 0.5
-    factor: float = 2.0
-    maximum: float = 30.0
-
-    def delays(self) -> Iterable[float]:
-        d = self.initial
-        while True:
-            yield d
-            d = min(self.maximum, d * self.factor)
 
 
 def describe_error(e: BaseException) -> str:

@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from cdi.spec import ContainerEdits, Device, DeviceNode, Mount, Spec
-from cdi.writer import SpecWriter, atomic_write
+from cdi.writer import SpecWriter
 from driver import hostfs
 from driver.checkpoint import (
     PREPARE_COMPLETED,
@@ -65,6 +65,7 @@ from driver.claims import ClaimError, ClaimPlan, ClaimRef, RulesFor, plan_claim,
 from driver.injection import NO_INJECTION, DriverInjector, Injection
 from driver.injection import apply as apply_injection
 from sharing import region
+from sharing.fsutil import atomic_write
 from sharing.gpus import GpuInfo
 from sharing.limitsfile import render_limits_file
 

@@ -6,7 +6,7 @@ A DeviceClass or ResourceClaim carries it in `config[].opaque.parameters` for ou
     kind: VgpuConfig
     computePolicy: hard        # hard | elastic | off            (default hard)
     priority: 1                # integer -100..100, lower is served first (default 1)
-    memoryLimitOverride: 2Gi   # lowers the slice's memory limit; never above the allocation
+    memoryLimitOverride: 2Gi   # a Kubernetes quantity; lowers the slice's memory limit, never above the allocation
     exclusive: true            # a whole GPU (set by the vgpu-whole.sharing.dev DeviceClass)
 
 computePolicy: `hard` caps the slice's SM share at its limit always; `elastic` lets it use idle
@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sharing.quantity import ACCEPTED_FORMS, QuantityError, parse_bytes
+from driver import kubequantity
 
 API_VERSION = "vgpu.sharing.dev/v1alpha1"
 KIND = "VgpuConfig"
@@ -131,11 +131,11 @@ def decode(parameters: Any) -> VgpuConfig:
     if raw_mem is not None:
         if isinstance(raw_mem, bool) or not isinstance(raw_mem, str | int):
             raise ConfigError(
-                f"VgpuConfig: memoryLimitOverride {raw_mem!r} invalid; allowed: {ACCEPTED_FORMS}"
+                f"VgpuConfig: memoryLimitOverride {raw_mem!r} invalid; allowed: {kubequantity.FORMS}"
             )
         try:
-            memory = parse_bytes(str(raw_mem), "VgpuConfig: memoryLimitOverride")
-        except QuantityError as e:
+            memory = kubequantity.parse_bytes(raw_mem, "VgpuConfig: memoryLimitOverride")
+        except kubequantity.KubeQuantityError as e:
             raise ConfigError(str(e)) from e
         if memory <= 0:
             raise ConfigError("VgpuConfig: memoryLimitOverride must be more than 0 bytes")

@@ -6,6 +6,7 @@ is fed to cffi first, then region.h's.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from cffi import FFI
@@ -21,6 +22,14 @@ def _cffi_part(header: Path) -> str:
     return text[start:end]
 
 
+# The shim's own creation code (shim/src/region_init.c) compiled into the binding: one
+# implementation of a new file's contents for the shim and for sharing.region.create().
+_SHIM_SRC = _INCLUDE.parent / "src"
+_HELPERS_CDEF = """
+int vgpu_region_init(struct vgpu_region *r);
+"""
+
+
 def _cdef_text() -> str:
     return "\n".join(_cffi_part(h) for h in _HEADERS)
 
@@ -29,8 +38,9 @@ ffibuilder = FFI()
 ffibuilder.cdef(_cdef_text())
 ffibuilder.set_source(
     "sharing._region_cffi",
-    '#include "vgpu/region.h"',
-    include_dirs=[str(_INCLUDE)],
+    '#include "region_init.h"',
+    sources=[os.path.relpath(_SHIM_SRC / "region_init.c")],  # setuptools wants it relative
+    include_dirs=[str(_INCLUDE), str(_SHIM_SRC)],
 )
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
-"""`vgpu run` flags of the compute cap (docs/compute.md): an EnvContributor for sharing/run.py.
+"""`vgpu run` flags of the compute cap (docs/compute.md): an EnvContributor (sharing/run_flags.py)
+for sharing/run.py.
 
---compute PERCENT      cap of every device (CUDA_DEVICE_SM_LIMIT); 0 or >= 100 = no cap
+--compute PERCENT      cap of every device (CUDA_DEVICE_SM_LIMIT), 0-100; 0 or 100 = no cap
 --compute-<i> PERCENT  cap of device <i> as the command sees it (CUDA_DEVICE_SM_LIMIT_<i>)
 --policy hard|elastic|off   VGPU_COMPUTE_POLICY
 --priority N           VGPU_PRIORITY (-100..100, lower = higher priority; elastic idle time)
@@ -9,29 +10,22 @@
 from __future__ import annotations
 
 import argparse
-import math
 
-from sharing.region import MAX_DEVICES  # the devices the accounting file has room for
-
-POLICIES = ("hard", "elastic", "off")
+from sharing.limitsfile import POLICIES
+from sharing.percent import PercentError, parse_permille
+from sharing.run_flags import RunConfigError, add_per_device, per_device_env
 
 
 class ComputeContributor:
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument(
-            "--compute",
-            metavar="PERCENT",
-            help="compute (SM time) cap of every device in percent, e.g. 30 (0 or >= 100: no cap)",
+        add_per_device(
+            parser,
+            "compute",
+            "PERCENT",
+            "compute (SM time) cap of every device in percent, 0-100, e.g. 30 (0 or 100: no cap; "
+            "above 100 is refused)",
+            "compute cap of device <i> as the command sees it",
         )
-        for i in range(MAX_DEVICES):
-            parser.add_argument(
-                f"--compute-{i}",
-                dest=f"compute_{i}",
-                metavar="PERCENT",
-                help="compute cap of device <i> as the command sees it"
-                if i == 0
-                else argparse.SUPPRESS,
-            )
         parser.add_argument(
             "--policy",
             choices=POLICIES,
@@ -45,31 +39,7 @@ class ComputeContributor:
         )
 
     def env(self, args: argparse.Namespace) -> dict[str, str]:
-        from sharing.run import RunConfigError  # here: run.py imports this module
-
-        env: dict[str, str] = {}
-
-        def percent(flag: str, text: str | None) -> str | None:
-            if text is None:
-                return None
-            t = text.strip().removesuffix("%")
-            try:
-                v = float(t)
-            except ValueError:
-                v = math.nan
-            if not math.isfinite(v) or v < 0 or not t or not (t[0].isdigit()):
-                raise RunConfigError(
-                    f"{flag}: {text!r} is not a percentage (0-100, e.g. 30 or 12.5)"
-                )
-            return t
-
-        base = percent("--compute", args.compute)
-        if base is not None:
-            env["CUDA_DEVICE_SM_LIMIT"] = base
-        for i in range(MAX_DEVICES):
-            v = percent(f"--compute-{i}", getattr(args, f"compute_{i}"))
-            if v is not None:
-                env[f"CUDA_DEVICE_SM_LIMIT_{i}"] = v
+        env = per_device_env(args, "compute", "CUDA_DEVICE_SM_LIMIT", _percent)
         if args.policy:
             env["VGPU_COMPUTE_POLICY"] = args.policy
         if args.priority is not None:
@@ -83,6 +53,14 @@ class ComputeContributor:
                 )
             env["VGPU_PRIORITY"] = str(p)
         return env
+
+
+def _percent(flag: str, text: str) -> str:
+    try:
+        parse_permille(text, flag)
+    except PercentError as e:
+        raise RunConfigError(str(e)) from e
+    return text.strip()
 
 
 COMPUTE = ComputeContributor()

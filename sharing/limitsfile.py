@@ -11,7 +11,7 @@ quoting, no spaces around `=`. Keys are the env-contract names, values in the sy
 accepts from the environment:
 
     CUDA_DEVICE_MEMORY_LIMIT_<i>=<bytes>        each container device index i (0..15)
-    CUDA_DEVICE_SM_LIMIT_<i>=<percent>          above 0 up to 100 (100 = no cap on that device)
+    CUDA_DEVICE_SM_LIMIT_<i>=<percent>          0..100 (0 or 100 = no cap: sharing/percent.py)
     VGPU_COMPUTE_POLICY=hard|elastic|off
     CUDA_TASK_PRIORITY=<-100..100>
     VGPU_CONTEXT_RESERVE=<bytes>                (optional)
@@ -28,6 +28,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from sharing.percent import PercentError, parse_permille
+
 MAX_DEVICES = 16  # device indices 0..15, as the shim's tables
 POLICIES = ("hard", "elastic", "off")
 PRIORITY_RANGE = (-100, 100)
@@ -42,7 +44,6 @@ _REQUIRED = ("VGPU_COMPUTE_POLICY", "CUDA_TASK_PRIORITY", "CUDA_DEVICE_MEMORY_SH
 _INDEXED_RE = re.compile(r"(CUDA_DEVICE_MEMORY_LIMIT_|CUDA_DEVICE_SM_LIMIT_)(0|[1-9][0-9]?)")
 _BYTES_RE = re.compile(r"0|[1-9][0-9]{0,19}")
 _INT_RE = re.compile(r"-?(0|[1-9][0-9]{0,2})")
-_PERCENT_RE = re.compile(r"[0-9]{1,3}(\.[0-9]{1,3})?")  # the shim's forms (no sign, hex, exponent)
 
 
 class LimitsFileError(ValueError):
@@ -63,10 +64,11 @@ def _check_value(where: str, key: str, value: str) -> None:
             )
         if m.group(1) == MEMORY_KEY:
             _check_bytes(where, value)
-        elif not _PERCENT_RE.fullmatch(value) or not 0 < float(value) <= 100:
-            raise LimitsFileError(
-                f"{where}: {value!r} is not a percentage; allowed: above 0 up to 100 (e.g. 30, 12.5)"
-            )
+        else:
+            try:
+                parse_permille(value, where)
+            except PercentError as e:
+                raise LimitsFileError(str(e)) from e
     elif key == "VGPU_COMPUTE_POLICY":
         if value not in POLICIES:
             raise LimitsFileError(f"{where}: {value!r} unknown; allowed: {', '.join(POLICIES)}")

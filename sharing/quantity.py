@@ -1,13 +1,15 @@
-"""Memory quantities as people write them: Kubernetes quantities and the field's k/m/g suffixes.
+"""Memory quantities as people write them in the shim's environment and on the `vgpu` CLI.
 
-Accepted forms (the shim's C parser accepts exactly the same set; keep them in step):
+Accepted forms (the shim's C parser accepts exactly the same set: tests/shim/quantity_cases.py):
   plain bytes          "1073741824"
-  binary suffixes      "512Ki", "4Mi", "4Gi", "1Ti"      (powers of 1024)
-  decimal suffixes     "500k", "4M", "4G", "1T"          (Kubernetes: powers of 1000)
-  field suffixes       "4g", "512m", "64k" (lower case)  (HAMi-core: powers of 1024)
-Kubernetes' lower-case "m" means milli; for memory it is never meant, so "m" follows the field
-(mebibytes), as HAMi-core does. Fractions are allowed with a suffix ("1.5Gi") and must come out
-as whole bytes.
+  binary suffixes      "512Ki", "4Mi", "4Gi", "1Ti", "1Pi"   (powers of 1024)
+  decimal suffixes     "500K", "4M", "4G", "1T", "1P"        (upper case: powers of 1000)
+  field suffixes       "64k", "512m", "4g", "1t"             (lower case: HAMi-core, powers of 1024)
+Lower-case "m" is mebibytes here, as HAMi-core has it (never Kubernetes' milli). Fractions are
+allowed with a suffix ("1.5Gi") and must come out as whole bytes.
+
+Values that come from the Kubernetes API are Kubernetes quantities ("1500k" is 1500000 bytes
+there) and are parsed with Kubernetes' rules by the driver (driver/kubequantity.py), not here.
 """
 
 from __future__ import annotations
@@ -15,7 +17,10 @@ from __future__ import annotations
 import re
 from decimal import Decimal, InvalidOperation
 
-ACCEPTED_FORMS = "bytes (e.g. 1073741824), or a number with Ki/Mi/Gi/Ti, k/M/G/T or k/m/g suffix (e.g. 4Gi, 512m)"
+ACCEPTED_FORMS = (
+    "bytes (e.g. 1073741824), or a number with Ki/Mi/Gi/Ti/Pi (1024), K/M/G/T/P (1000) "
+    "or k/m/g/t (1024) suffix (e.g. 4Gi, 512m)"
+)
 
 _MULTIPLIERS: dict[str, int] = {
     "": 1,

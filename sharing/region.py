@@ -247,14 +247,11 @@ def _compute_usage(index: int, st: Any) -> ComputeUsage:
 def _fill(fd: int) -> None:
     os.ftruncate(fd, FILE_SIZE)
     with mmap.mmap(fd, FILE_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE) as m:
-        r = ffi.cast("struct vgpu_region *", ffi.from_buffer(m))  # zeros: the lock word is free
-        r.header.created_unix_ns = time.time_ns()
-        r.header.max_devices = MAX_DEVICES
-        r.header.max_procs = MAX_PROCS
-        r.header.file_size = FILE_SIZE
-        r.header.layout_version = LAYOUT_VERSION
-        r.header.magic = MAGIC  # last: a file with the magic is complete
+        r = ffi.cast("struct vgpu_region *", ffi.from_buffer(m))
+        rc = lib.vgpu_region_init(r)  # the shim's own code (shim/src/region_init.c)
         del r
+    if rc != 0:
+        raise RegionError("cannot initialise the region")
 
 
 def create(path: str | os.PathLike[str], mode: int | None = None) -> bool:

@@ -4,8 +4,8 @@
 
 The command replaces this process (exec), so its exit code, signals and pid are the command's.
 
-Extending (the compute cap adds --compute/--policy): write an `EnvContributor` (add_arguments +
-env) and append it to `CONTRIBUTORS` below. Each contributor adds its own flags and turns the
+Extending (sharing/compute_run.py adds --compute/--policy): write an `EnvContributor`
+(sharing/run_flags.py: add_arguments + env) and append it to `CONTRIBUTORS` below. Each contributor adds its own flags and turns the
 parsed arguments into environment variables; it raises `RunConfigError` (one line) for a bad
 value, which is reported before the command starts.
 """
@@ -17,81 +17,47 @@ import contextlib
 import os
 import sys
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any
 
 from sharing import region
 from sharing.compute_run import COMPUTE
 from sharing.limitsfile import LimitsFileError, parse_limits_file
 from sharing.paths import shim_library, sim_lib_dir
 from sharing.quantity import QuantityError, parse_bytes
+from sharing.run_flags import EnvContributor, RunConfigError, add_per_device, per_device_env
 
-MAX_DEVICES = region.MAX_DEVICES
-
-
-class RunConfigError(ValueError):
-    """A bad `vgpu run` argument. str() is one line."""
-
-
-class EnvContributor(Protocol):
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
-
-    def env(self, args: argparse.Namespace) -> dict[str, str]: ...
+__all__ = ["CONTRIBUTORS", "EnvContributor", "RunConfigError", "build_env", "register", "run"]
 
 
 class MemoryContributor:
     """--memory / --memory-<i>: CUDA_DEVICE_MEMORY_LIMIT[_i] in plain bytes."""
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument(
-            "--memory",
-            metavar="QUANTITY",
-            help="device memory quota for every device (e.g. 4Gi, 512Mi, 4g, 1073741824)",
+        add_per_device(
+            parser,
+            "memory",
+            "QUANTITY",
+            "device memory quota for every device (e.g. 4Gi, 512Mi, 4g, 1073741824); "
+            "0 = no limit (as the shim's CUDA_DEVICE_MEMORY_LIMIT=0)",
+            "quota for device <i> as the command sees it (0 = no limit on it)",
         )
-        for i in range(MAX_DEVICES):
-            parser.add_argument(
-                f"--memory-{i}",
-                dest=f"memory_{i}",
-                metavar="QUANTITY",
-                help="quota for device <i> as the command sees it" if i == 0 else argparse.SUPPRESS,
-            )
-
-    def limits(self, args: argparse.Namespace) -> dict[int, int]:
-        """Device index -> bytes (only devices with a limit); raises RunConfigError."""
-        base = _quantity("--memory", args.memory)
-        out: dict[int, int] = {}
-        for i in range(MAX_DEVICES):
-            v = _quantity(f"--memory-{i}", getattr(args, f"memory_{i}"))
-            eff = v if v is not None else base
-            if eff:
-                out[i] = eff
-        return out
 
     def env(self, args: argparse.Namespace) -> dict[str, str]:
-        env: dict[str, str] = {}
-        base = _quantity("--memory", args.memory)
-        if base is not None:
-            env["CUDA_DEVICE_MEMORY_LIMIT"] = str(base)
-        for i in range(MAX_DEVICES):
-            v = _quantity(f"--memory-{i}", getattr(args, f"memory_{i}"))
-            if v is not None:
-                env[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = str(v)
-        return env
+        return per_device_env(args, "memory", "CUDA_DEVICE_MEMORY_LIMIT", _bytes)
 
 
-def _quantity(flag: str, text: str | None) -> int | None:
-    if text is None:
-        return None
+def _bytes(flag: str, text: str) -> str:
     try:
         value = parse_bytes(text, what=flag)
     except QuantityError as e:
         raise RunConfigError(str(e)) from e
     if value >= 2**64:
         raise RunConfigError(f"{flag}: {text!r} is larger than 2^64 bytes")
-    return value
+    return str(value)
 
 
 MEMORY = MemoryContributor()
-# Every contributor of flags and environment; the compute cap appends its own here.
+# Every contributor of flags and environment.
 CONTRIBUTORS: list[EnvContributor] = [MEMORY, COMPUTE]
 
 
@@ -141,7 +107,9 @@ def prepare_region(args: argparse.Namespace, env: dict[str, str]) -> int | None:
     as /proc/<pid>/fd/<n> (pid is this process, which exec turns into CMD), so CMD's children
     share CMD's quota and compute budget.
     """
-    if args.region:
+    if args.region is not None:
+        if not args.region.strip():
+            raise RunConfigError("--region: empty; give the accounting file's path")
         path = os.path.abspath(args.region)
         try:
             region.create(path)

@@ -49,7 +49,7 @@ def test_comments_and_blank_lines_are_ignored() -> None:
 @pytest.mark.parametrize(
     ("kw", "message"),
     [
-        (dict(sm_limits=[0, 100]), r"CUDA_DEVICE_SM_LIMIT_0\): '0' is not a percentage; allowed: above 0 up to 100"),
+        (dict(sm_limits=[-1, 100]), r"CUDA_DEVICE_SM_LIMIT_0\): '-1' is not a percentage; accepted: a percentage 0-100"),
         (dict(sm_limits=[101, 100]), r"'101' is not a percentage"),
         (dict(policy="off "), r"'off ' unknown; allowed: hard, elastic, off"),
         (dict(priority=101), r"'101' is not a priority; allowed: -100\.\.100"),

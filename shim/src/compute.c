@@ -1,7 +1,8 @@
 /*
- * Compute (SM) cap: configuration, per-device state, the launch gate and the completion
- * measurements. The control law itself is in compute_controller.c; the hooks that call the gate
- * are in launch_hooks.c. Design and rationale: docs/compute.md.
+ * Compute (SM) cap: per-device state, the NVML outer loop, the launch gate and the completion
+ * measurements. The settings are read by compute_config.c, the control law is in
+ * compute_controller.c, the demand records in demand.c; the hooks that call the gate are in
+ * launch_hooks.c. Design and rationale: docs/compute.md.
  *
  * Per launch on a capped device:
  *   before:  read finished measurements (cuEventQuery, never blocking), look up the cost estimate
@@ -34,6 +35,7 @@
 #include <unistd.h>
 
 #include "compute.h"
+#include "compute_config.h"
 #include "compute_controller.h"
 #include "demand.h"
 #include "shim_internal.h"
@@ -65,13 +67,9 @@ _Static_assert(sizeof(struct vgpu_compute_state) == 512, "compute state size is 
 #define MEASURE_ALL_FIRST 32               /* measure every launch of a key until it has this many samples */
 #define MEASURE_EVERY 4                    /* then one launch in this many */
 
-/* ------------------------------------------------------------ configuration */
-static int g_enabled;                              /* some device has a cap and policy != off */
-int vgpu_compute_on;                               /* = g_enabled, for launch_hooks.c (compute.h) */
-static uint32_t g_cap[VGPU_MAX_DEVICES];           /* permille, 0 = none */
-static uint32_t g_policy = VGPU_COMPUTE_POLICY_HARD;
-static int32_t g_priority = 1;
-static int g_nvml_loop = 1; /* VGPU_COMPUTE_NVML */
+/* ------------------------------------------------------------ configuration (compute_config.c) */
+static struct vgpu_compute_config g_cfg = {.policy = VGPU_COMPUTE_POLICY_HARD, .priority = 1, .nvml_loop = 1};
+int vgpu_compute_on;                               /* = g_cfg.enabled, for launch_hooks.c (compute.h) */
 
 /* ------------------------------------------------------------ driver entry points we call */
 typedef CUresult (*pfn_ctx_get_current)(CUcontext *);
@@ -97,33 +95,21 @@ static struct {
 static pthread_once_t drv_once = PTHREAD_ONCE_INIT;
 static int drv_ok;
 
-/* The driver's own functions, through the driver's cuGetProcAddress (not dlsym: the shim's dlsym
- * map or another interposer must not hand us a wrapper), default (legacy-stream) versions. */
-static void *drv_sym(const char *name, int version)
-{
-    void *p = NULL;
-    if (real_cuGetProcAddress_v2) {
-        CUdriverProcAddressQueryResult st;
-        if (real_cuGetProcAddress_v2(name, &p, version, 0, &st) == CUDA_SUCCESS && p)
-            return p;
-    }
-    p = NULL;
-    if (real_cuGetProcAddress && real_cuGetProcAddress(name, &p, version, 0) == CUDA_SUCCESS && p)
-        return p;
-    return NULL;
-}
-
+/* The driver's own functions, resolved as every other part of the shim resolves them
+ * (vgpu_cuda_sym: dlsym on the driver's handle, so neither the shim's dlsym map nor another
+ * interposer hands us a wrapper), by their exported ABI-versioned names, default (legacy-stream)
+ * versions. */
 static void drv_resolve(void)
 {
-    drv.ctx_get_current = (pfn_ctx_get_current)drv_sym("cuCtxGetCurrent", 4000);
-    drv.ctx_get_device = (pfn_ctx_get_device)drv_sym("cuCtxGetDevice", 2000);
-    drv.event_create = (pfn_event_create)drv_sym("cuEventCreate", 2000);
-    drv.event_record = (pfn_event_record)drv_sym("cuEventRecord", 2000);
-    drv.event_destroy = (pfn_event_destroy)drv_sym("cuEventDestroy", 4000);
-    drv.event_query = (pfn_event_query)drv_sym("cuEventQuery", 2000);
-    drv.event_elapsed = (pfn_event_elapsed)drv_sym("cuEventElapsedTime", 2000);
-    drv.stream_is_capturing = (pfn_stream_is_capturing)drv_sym("cuStreamIsCapturing", 10000);
-    drv.device_get_uuid = (pfn_device_get_uuid)drv_sym("cuDeviceGetUuid", 11040);
+    drv.ctx_get_current = (pfn_ctx_get_current)vgpu_cuda_sym("cuCtxGetCurrent");
+    drv.ctx_get_device = (pfn_ctx_get_device)vgpu_cuda_sym("cuCtxGetDevice");
+    drv.event_create = (pfn_event_create)vgpu_cuda_sym("cuEventCreate");
+    drv.event_record = (pfn_event_record)vgpu_cuda_sym("cuEventRecord");
+    drv.event_destroy = (pfn_event_destroy)vgpu_cuda_sym("cuEventDestroy_v2");
+    drv.event_query = (pfn_event_query)vgpu_cuda_sym("cuEventQuery");
+    drv.event_elapsed = (pfn_event_elapsed)vgpu_cuda_sym("cuEventElapsedTime");
+    drv.stream_is_capturing = (pfn_stream_is_capturing)vgpu_cuda_sym("cuStreamIsCapturing");
+    drv.device_get_uuid = (pfn_device_get_uuid)vgpu_cuda_sym("cuDeviceGetUuid_v2");
     drv_ok = drv.ctx_get_current && drv.ctx_get_device && drv.event_create && drv.event_record &&
              drv.event_query && drv.event_elapsed;
     if (!drv_ok)
@@ -185,178 +171,6 @@ static void sleep_until(int64_t t)
         ;
 }
 
-/* ------------------------------------------------------------ configuration parsing */
-static const char cap_forms[] = "a percentage 0-100 (e.g. 30 or 12.5; 0 or >= 100 = no cap)";
-
-/* Percent -> permille: [0-9]+(.[0-9]+)? with an optional '%' and surrounding blanks (no hex, no
- * exponent, no sign: strtod's extra forms are refused). 0 ok (*out: 0 = no cap), -1 malformed. */
-static int parse_percent(const char *v, uint32_t *out)
-{
-    const char *p = v;
-    while (*p == ' ' || *p == '\t')
-        p++;
-    const char *start = p;
-    while (*p >= '0' && *p <= '9')
-        p++;
-    if (p == start)
-        return -1;
-    if (*p == '.') {
-        const char *frac = ++p;
-        while (*p >= '0' && *p <= '9')
-            p++;
-        if (p == frac)
-            return -1;
-    }
-    const char *end = p;
-    if (*p == '%')
-        p++;
-    while (*p == ' ' || *p == '\t')
-        p++;
-    if (*p || end - start > 32)
-        return -1;
-    char num[40];
-    memcpy(num, start, (size_t)(end - start));
-    num[end - start] = '\0';
-    double d = strtod(num, NULL);
-    if (!isfinite(d))
-        return -1;
-    if (d >= 100.0 || d == 0.0) {
-        *out = 0;
-        return 0;
-    }
-    long pm = lround(d * 10.0);
-    if (pm < 1)
-        pm = 1; /* 0.01% still means "capped", never "uncapped" */
-    if (pm > 999)
-        pm = 999;
-    *out = (uint32_t)pm;
-    return 0;
-}
-
-static int parse_cap_setting(const char *var, const char *v, uint64_t *out)
-{
-    uint32_t pm;
-    if (parse_percent(v, &pm)) {
-        vgpu_config_error(var, v, "not a percentage", cap_forms);
-        return -1;
-    }
-    *out = pm;
-    return 0;
-}
-
-static int parse_int(const char *v, long lo, long hi, long *out)
-{
-    char *end;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (errno || end == v)
-        return -1;
-    while (*end == ' ' || *end == '\t')
-        end++;
-    if (*end || x < lo || x > hi)
-        return -1;
-    *out = x;
-    return 0;
-}
-
-static int load_config(void)
-{
-    const char *v;
-    uint64_t caps[VGPU_MAX_DEVICES];
-    if (vgpu_indexed_settings("CUDA_DEVICE_SM_LIMIT", parse_cap_setting, caps, NULL))
-        return -1;
-    for (int i = 0; i < VGPU_MAX_DEVICES; i++)
-        g_cap[i] = (uint32_t)caps[i];
-
-    g_policy = VGPU_COMPUTE_POLICY_HARD;
-    if ((v = vgpu_setting("VGPU_COMPUTE_POLICY")) && *v) {
-        if (!strcasecmp(v, "hard"))
-            g_policy = VGPU_COMPUTE_POLICY_HARD;
-        else if (!strcasecmp(v, "elastic"))
-            g_policy = VGPU_COMPUTE_POLICY_ELASTIC;
-        else if (!strcasecmp(v, "off"))
-            g_policy = VGPU_COMPUTE_POLICY_OFF;
-        else {
-            vgpu_config_error("VGPU_COMPUTE_POLICY", v, "unknown policy", "hard, elastic or off");
-            return -1;
-        }
-    } else if ((v = vgpu_setting("GPU_CORE_UTILIZATION_POLICY")) && *v) {
-        if (!strcasecmp(v, "force"))
-            g_policy = VGPU_COMPUTE_POLICY_HARD;
-        else if (!strcasecmp(v, "default"))
-            g_policy = VGPU_COMPUTE_POLICY_ELASTIC;
-        else if (!strcasecmp(v, "disable"))
-            g_policy = VGPU_COMPUTE_POLICY_OFF;
-        else {
-            vgpu_config_error("GPU_CORE_UTILIZATION_POLICY", v, "unknown policy",
-                              "force (= hard), default (= elastic) or disable (= off)");
-            return -1;
-        }
-    }
-
-    g_priority = 1;
-    const char *pname = "VGPU_PRIORITY";
-    if (!((v = vgpu_setting(pname)) && *v)) {
-        pname = "CUDA_TASK_PRIORITY";
-        v = vgpu_setting(pname);
-    }
-    if (v && *v) {
-        long x;
-        if (parse_int(v, -100, 100, &x)) {
-            vgpu_config_error(pname, v, "not an integer in range",
-                              "an integer -100..100, lower = higher priority (0 high, 1 default)");
-            return -1;
-        }
-        g_priority = (int32_t)x;
-    }
-
-    /* Where elastic demand is exchanged. Under a limits file only the plugin's directory counts
-     * (no default: a slice that could choose a directory without neighbours would lend itself
-     * their share). */
-    char dir[512] = "";
-    int default_dir = 0;
-    if ((v = vgpu_setting("VGPU_NODE_STATE_DIR")) && *v) {
-        if (v[0] != '/' || strlen(v) >= sizeof dir - 64) {
-            vgpu_config_error("VGPU_NODE_STATE_DIR", v, "not an absolute path (or too long)",
-                              "an absolute directory path");
-            return -1;
-        }
-        snprintf(dir, sizeof dir, "%s", v);
-    } else if (!vgpu_settings_file()) {
-        const char *run = getenv("XDG_RUNTIME_DIR");
-        if (run && run[0] == '/' && strlen(run) < sizeof dir - 64)
-            snprintf(dir, sizeof dir, "%s/vgpu-node", run);
-        else
-            snprintf(dir, sizeof dir, "/tmp/vgpu-node-%u", (unsigned)geteuid());
-        default_dir = 1;
-    }
-    const char *own = vgpu_setting("VGPU_DEMAND_FILE");
-    if (own && *own && (own[0] != '/' || strlen(own) >= 500)) {
-        vgpu_config_error("VGPU_DEMAND_FILE", own, "not an absolute path (or too long)", "an absolute file path");
-        return -1;
-    }
-    vgpu_demand_configure(dir, own, default_dir);
-
-    g_nvml_loop = 1;
-    if ((v = vgpu_setting("VGPU_COMPUTE_NVML")) && *v) {
-        if (!strcmp(v, "1") || !strcasecmp(v, "true") || !strcasecmp(v, "on"))
-            g_nvml_loop = 1;
-        else if (!strcmp(v, "0") || !strcasecmp(v, "false") || !strcasecmp(v, "off"))
-            g_nvml_loop = 0;
-        else {
-            vgpu_config_error("VGPU_COMPUTE_NVML", v, "not a boolean", "1, true, on, 0, false or off");
-            return -1;
-        }
-    }
-
-    g_enabled = 0;
-    if (g_policy != VGPU_COMPUTE_POLICY_OFF)
-        for (int i = 0; i < VGPU_MAX_DEVICES; i++)
-            if (g_cap[i])
-                g_enabled = 1;
-    return 0;
-}
-
 static void atfork_child(void)
 {
     pthread_mutex_init(&g_mu, NULL);
@@ -370,26 +184,26 @@ static void atfork_child(void)
 
 int vgpu_compute_init(void)
 {
-    if (load_config())
+    if (vgpu_compute_config_load(&g_cfg))
         return 1;
-    vgpu_compute_on = g_enabled;
-    if (g_enabled) {
+    vgpu_compute_on = g_cfg.enabled;
+    if (g_cfg.enabled) {
         vgpu_require_region();
         pthread_atfork(NULL, NULL, atfork_child);
         vgpu_log(VGPU_LOG_INFO, "compute cap: policy %s, priority %d, node state %s",
-                 g_policy == VGPU_COMPUTE_POLICY_ELASTIC ? "elastic" : "hard", (int)g_priority, vgpu_demand_dir());
+                 g_cfg.policy == VGPU_COMPUTE_POLICY_ELASTIC ? "elastic" : "hard", (int)g_cfg.priority, vgpu_demand_dir());
     }
     return 0;
 }
 
 int vgpu_compute_enabled(void)
 {
-    return g_enabled;
+    return g_cfg.enabled;
 }
 
 uint32_t vgpu_compute_cap_permille(int dev)
 {
-    return dev >= 0 && dev < VGPU_MAX_DEVICES ? g_cap[dev] : 0;
+    return dev >= 0 && dev < VGPU_MAX_DEVICES ? g_cfg.cap[dev] : 0;
 }
 
 /* ------------------------------------------------------------ NVML outer loop
@@ -573,7 +387,7 @@ static void *nvml_thread(void *arg)
     for (;;) {
         sleep_until(now_ns() + NVML_PERIOD_NS / 4);
         for (int d = 0; d < VGPU_MAX_DEVICES; d++)
-            if (__atomic_load_n(&g_dev[d].attached, __ATOMIC_ACQUIRE) && g_cap[d])
+            if (__atomic_load_n(&g_dev[d].attached, __ATOMIC_ACQUIRE) && g_cfg.cap[d])
                 nvml_step(d);
     }
     return NULL;
@@ -582,7 +396,7 @@ static void *nvml_thread(void *arg)
 /* Under g_mu. */
 static void start_nvml_thread(void)
 {
-    if (!g_nvml_loop || __atomic_load_n(&g_nvml_thread, __ATOMIC_RELAXED))
+    if (!g_cfg.nvml_loop || __atomic_load_n(&g_nvml_thread, __ATOMIC_RELAXED))
         return;
     pthread_attr_t a;
     pthread_t t;
@@ -618,11 +432,11 @@ static void attach_device(int dev, CUdevice cudev)
     uint64_t id = random_id();
     if (!__atomic_compare_exchange_n(&st->slice_id, &zero, id, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
         id = zero;
-    __atomic_store_n(&st->effective_permille, g_cap[dev], __ATOMIC_RELAXED);
+    __atomic_store_n(&st->effective_permille, g_cfg.cap[dev], __ATOMIC_RELAXED);
     __atomic_store_n(&st->version, VGPU_COMPUTE_STATE_VERSION, __ATOMIC_RELEASE);
     __atomic_fetch_add(&st->attached, 1, __ATOMIC_RELAXED);
     cd->st = st;
-    cd->eff = g_cap[dev];
+    cd->eff = g_cfg.cap[dev];
     CUuuid u;
     if (drv.device_get_uuid && drv.device_get_uuid(&u, cudev) == CUDA_SUCCESS) {
         const unsigned char *b = (const unsigned char *)u.bytes;
@@ -630,10 +444,10 @@ static void attach_device(int dev, CUdevice cudev)
         snprintf(cd->uuid, sizeof cd->uuid,
                  "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2],
                  b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
-        cd->own = vgpu_demand_own(dev, cd->uuid_bytes, id, g_cap[dev], g_policy, g_priority);
+        cd->own = vgpu_demand_own(dev, cd->uuid_bytes, id, g_cfg.cap[dev], g_cfg.policy, g_cfg.priority);
     }
     cd->slice_id = id;
-    if (g_policy == VGPU_COMPUTE_POLICY_ELASTIC && !cd->own)
+    if (g_cfg.policy == VGPU_COMPUTE_POLICY_ELASTIC && !cd->own)
         vgpu_log(VGPU_LOG_WARN, "compute cap: elastic policy without node state (%s): device %d keeps its cap",
                  vgpu_demand_dir(), dev);
     __atomic_store_n(&cd->attached, 1, __ATOMIC_RELEASE);
@@ -688,7 +502,7 @@ static void drain_ctx(struct cctx *cx, int64_t now, int budget)
             int64_t delta = (int64_t)((double)est * cost_factor(cd->st) + 0.5) - (int64_t)s->charged;
             uint32_t pm = __atomic_load_n(&cd->eff, __ATOMIC_RELAXED);
             if (!pm)
-                pm = g_cap[cx->dev];
+                pm = g_cfg.cap[cx->dev];
             if (pm && pm < VC_PERMILLE_FULL)
                 vc_correct(&cd->st->tat_ns, now, delta, pm);
             __atomic_fetch_add(&cd->st->charged_ns, delta, __ATOMIC_RELAXED);
@@ -729,16 +543,16 @@ static void node_check(struct cdev *cd, int dev, int64_t now)
     if (n < 0)
         return; /* nothing to read now: keep the last decision */
     view[0] = *cd->own; /* a snapshot: only its settings matter, and they are this process's */
-    view[0].cap_permille = g_cap[dev] ? g_cap[dev] : VC_PERMILLE_FULL;
-    view[0].policy = g_policy;
-    view[0].priority = g_priority;
+    view[0].cap_permille = g_cfg.cap[dev] ? g_cfg.cap[dev] : VC_PERMILLE_FULL;
+    view[0].policy = g_cfg.policy;
+    view[0].priority = g_cfg.priority;
     view[0].want_until_ns = now + 1;
     view[0].slice_id = 1;
     for (int i = 1; i <= n; i++)
         view[i].slice_id = (uint64_t)i + 1; /* distinct from mine whatever the files say */
     uint32_t e = vc_elastic_permille(view, (size_t)n + 1, 0, now);
-    if (e < g_cap[dev])
-        e = g_cap[dev];
+    if (e < g_cfg.cap[dev])
+        e = g_cfg.cap[dev];
     uint32_t old = __atomic_exchange_n(&cd->eff, e, __ATOMIC_RELAXED);
     if (e != old) {
         /* Going back to (or towards) the cap: start from now, with neither the debt nor the
@@ -754,8 +568,8 @@ static void node_check(struct cdev *cd, int dev, int64_t now)
  * node_check once per NODE_CHECK_NS (the thread of the process that wins the CAS). */
 static uint32_t effective_cap(struct cdev *cd, int dev, int64_t now)
 {
-    if (!cd->own || g_policy != VGPU_COMPUTE_POLICY_ELASTIC)
-        return g_cap[dev];
+    if (!cd->own || g_cfg.policy != VGPU_COMPUTE_POLICY_ELASTIC)
+        return g_cfg.cap[dev];
     int64_t due = __atomic_load_n(&cd->next_node_check, __ATOMIC_RELAXED);
     if (now >= due && __atomic_compare_exchange_n(&cd->next_node_check, &due, now + NODE_CHECK_NS, 0,
                                                   __ATOMIC_RELAXED, __ATOMIC_RELAXED))
@@ -767,7 +581,7 @@ static uint32_t effective_cap(struct cdev *cd, int dev, int64_t now)
 void vgpu_compute_before(struct vgpu_launch *L, uintptr_t key, uint64_t grid, CUstream stream)
 {
     L->active = 0;
-    if (!g_enabled)
+    if (!g_cfg.enabled)
         return;
     pthread_once(&drv_once, drv_resolve);
     if (!drv.ctx_get_current || !drv.ctx_get_device)
@@ -777,7 +591,7 @@ void vgpu_compute_before(struct vgpu_launch *L, uintptr_t key, uint64_t grid, CU
     if (drv.ctx_get_current(&ctx) != CUDA_SUCCESS || !ctx || drv.ctx_get_device(&cudev) != CUDA_SUCCESS)
         return; /* the launch will fail in the driver; nothing to charge */
     int dev = vgpu_device_index(cudev);
-    if (dev < 0 || dev >= VGPU_MAX_DEVICES || !g_cap[dev])
+    if (dev < 0 || dev >= VGPU_MAX_DEVICES || !g_cfg.cap[dev])
         return;
     int may_measure = 1;
     if (drv.stream_is_capturing) {
@@ -798,7 +612,7 @@ void vgpu_compute_before(struct vgpu_launch *L, uintptr_t key, uint64_t grid, CU
         pthread_mutex_unlock(&g_mu);
     }
 
-    if (g_nvml_loop && !__atomic_load_n(&g_nvml_thread, __ATOMIC_RELAXED)) {
+    if (g_cfg.nvml_loop && !__atomic_load_n(&g_nvml_thread, __ATOMIC_RELAXED)) {
         /* Not started yet in this process (e.g. a fork child of a process that had it). */
         pthread_mutex_lock(&g_mu);
         start_nvml_thread();

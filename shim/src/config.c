@@ -12,7 +12,8 @@
 #include "shim_internal.h"
 
 const char vgpu_quantity_forms[] =
-    "bytes (e.g. 1073741824), or a number with Ki/Mi/Gi/Ti, k/M/G/T or k/m/g suffix (e.g. 4Gi, 512m)";
+    "bytes (e.g. 1073741824), or a number with Ki/Mi/Gi/Ti/Pi (1024), K/M/G/T/P (1000) "
+    "or k/m/g/t (1024) suffix (e.g. 4Gi, 512m)"; /* == sharing.quantity.ACCEPTED_FORMS */
 
 /* Python's str.strip() whitespace, restricted to ASCII (includes \x1c-\x1f like Python). */
 static int py_space(unsigned char c) { return c == ' ' || (c >= '\t' && c <= '\r') || (c >= 0x1c && c <= 0x1f); }

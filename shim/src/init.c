@@ -20,9 +20,6 @@ const struct vgpu_config *vgpu_config(void) { return &cfg; }
 
 void vgpu_require_region(void) { region_required = 1; }
 
-/* The compute cap's strong definition replaces this one (issue 4). */
-__attribute__((weak)) int vgpu_compute_init(void) { return 0; }
-
 static uint64_t clock_ns(clockid_t c) {
     struct timespec ts;
     clock_gettime(c, &ts);

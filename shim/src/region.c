@@ -26,6 +26,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "region_init.h"
 #include "shim_internal.h"
 
 _Static_assert(sizeof(pthread_mutex_t) <= sizeof(((struct vgpu_region *)0)->lock), "mutex does not fit");
@@ -53,29 +54,11 @@ struct vgpu_region *vgpu_region(void) { return R; }
 
 /* ---- creation ---- */
 
-/* r is freshly ftruncate()d, so all zeros (the lock word too: free): only the non-zero fields
- * are written (touching the whole 150 KiB would fault every page in, for nothing, in every racing
- * creator). */
-static int init_contents(struct vgpu_region *r) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    r->header.created_unix_ns = (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
-    r->header.max_devices = VGPU_MAX_DEVICES;
-    r->header.max_procs = VGPU_MAX_PROCS;
-    r->header.file_size = sizeof *r;
-    r->header.layout_version = VGPU_REGION_LAYOUT_VERSION;
-    /* magic last: a reader that sees the magic sees a complete file (it is also link()ed only
-     * when complete; this is belt and braces for the memfd case). */
-    atomic_thread_fence(memory_order_release);
-    r->header.magic = VGPU_REGION_MAGIC;
-    return 0;
-}
-
 static int fill_fd(int fd) {
     if (ftruncate(fd, (off_t)sizeof(struct vgpu_region)) != 0) return -1;
     void *m = mmap(NULL, sizeof(struct vgpu_region), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (m == MAP_FAILED) return -1;
-    int rc = init_contents(m);
+    int rc = vgpu_region_init(m);
     munmap(m, sizeof(struct vgpu_region));
     return rc;
 }

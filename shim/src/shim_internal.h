@@ -1,8 +1,8 @@
 /*
- * Internal API of libvgpu.so, shared by every file of the shim (memory: issue 3; compute cap: issue 4).
+ * Internal API of libvgpu.so, shared by every file of the shim (memory accounting, compute cap).
  *
- * What a hook file (e.g. the compute engineer's launch_hooks.c / compute*.c) can rely on:
- *  - Entries are added to hooks_compute.def in the format documented at the top of hooks.def.
+ * What a hook file (memory.c, launch_hooks.c, ...) can rely on:
+ *  - Entries are added to hooks.def in the format documented at its top.
  *    For each entry you define `ret hook_<symbol> params` (hidden; the default visibility of
  *    the shim is hidden). dispatch.c generates the exported wrapper, real_<symbol> (the
  *    driver's function, NULL if the driver lacks it), and both maps (dlsym, cuGetProcAddress).
@@ -10,7 +10,7 @@
  *    CUDA_SUCCESS or the error the process fails closed with (bad config, unusable region).
  *    Call it first in every hook; if it fails, return its value without calling the driver.
  *    vgpu_config()->disabled (CUDA_DISABLE_CONTROL=true) means pure passthrough: call real_<symbol>.
- *  - Your strong `int vgpu_compute_init(void)` replaces the weak default in init.c. It is called
+ *  - vgpu_compute_init() (compute.c) is called
  *    once from vgpu_init() after the config is parsed and the real symbols are resolved, before
  *    the region is opened, and never when control is disabled. Parse your env there (use
  *    vgpu_config_error() to report a bad value: it prints the one line); return 0 if ok,
@@ -141,7 +141,7 @@ const char *vgpu_open_error(int err);
 CUresult vgpu_init(void);
 /* Called by the compute cap's init when it needs the region without memory limits. */
 void vgpu_require_region(void);
-int vgpu_compute_init(void); /* weak default in init.c returns 0 */
+int vgpu_compute_init(void); /* compute.c: parses the compute cap's settings */
 
 /* ---- devices (devices.c) ---- */
 /* Build the CUdevice <-> app index map (once, after a successful real cuInit). */

@@ -2,6 +2,7 @@
  * Test harness linked with the shim's own sources (not preloaded): exercises the parts that need
  * no driver. Modes:
  *   parse STR...                 one line per STR: "OK <bytes>" or "ERR <why>"
+ *   cap                          the env's compute cap of device 0: "OK <permille, 0 = none>" or "ERR"
  *   config                       load the env config: "OK any_limit=<0|1> limit0=<n> ... " or exit 3
  *   stress PATH DEV LIMIT THREADS ITERS
  *                                random charge/uncharge on the region at PATH against LIMIT;
@@ -18,6 +19,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "compute.h"
 #include "shim_internal.h"
 
 /* The region alone, without vgpu_init (which needs a driver): limits are passed explicitly. */
@@ -67,6 +69,15 @@ int main(int argc, char **argv) {
             if (vgpu_parse_bytes(argv[i], &v, &why) == 0) printf("OK %llu\n", (unsigned long long)v);
             else printf("ERR %s\n", why);
         }
+        return 0;
+    }
+    if (!strcmp(argv[1], "cap")) { /* the compute cap of device 0 as the environment sets it */
+        struct vgpu_config c;
+        if (vgpu_config_load(&c) != 0 || vgpu_compute_init() != 0) {
+            printf("ERR\n");
+            return 0;
+        }
+        printf("OK %u\n", vgpu_compute_cap_permille(0));
         return 0;
     }
     if (!strcmp(argv[1], "config")) {

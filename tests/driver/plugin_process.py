@@ -18,13 +18,14 @@ import signal
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import kubernetes.client
 
+from driver import flags
 from driver.driver import Driver
+from driver.flags import Settings
 from driver.health import HealthBroadcaster
 from driver.injection import DriverInjector, DriverRoot
 from sharing.gpus import GpuInfo, list_gpus, use_simulator
@@ -33,24 +34,18 @@ DRIVER = "vgpu.sharing.dev"
 NODE = "node-a"
 
 
-@dataclass(frozen=True)
-class TestSettings:
-    node_name: str
-    driver_name: str
-    cdi_root: Path
-    data_dir: Path
-    kubelet_registrar_directory_path: Path
-    kubelet_plugins_directory_path: Path
-
-
-def settings_for(root: Path, driver_name: str = DRIVER, node: str = NODE) -> TestSettings:
-    return TestSettings(
-        node_name=node,
-        driver_name=driver_name,
-        cdi_root=root / "cdi",
-        data_dir=root / "data",
-        kubelet_registrar_directory_path=root / "registry",
-        kubelet_plugins_directory_path=root / "plugins",
+def settings_for(root: Path, driver_name: str = DRIVER, node: str = NODE) -> Settings:
+    """The plugin's settings as its flags give them, with every path under `root`."""
+    return flags.parse(
+        [
+            f"--node-name={node}",
+            f"--driver-name={driver_name}",
+            f"--cdi-root={root / 'cdi'}",
+            f"--data-dir={root / 'data'}",
+            f"--kubelet-registrar-directory-path={root / 'registry'}",
+            f"--kubelet-plugins-directory-path={root / 'plugins'}",
+        ],
+        env={},
     )
 
 

@@ -308,7 +308,7 @@ def test_unprepared_claim_is_unknown_to_podman(
     assert "unresolvable CDI devices" in p.stderr or cdi_id in p.stderr, p.stderr
 
 
-# Every environment override a tenant could try against the plugin's limits (issue 8).
+# Every environment override a tenant could try against the plugin's limits.
 HOSTILE_ENV = (
     "export CUDA_DISABLE_CONTROL=1 CUDA_DEVICE_SM_LIMIT_0=0 CUDA_DEVICE_SM_LIMIT=0 "
     "VGPU_COMPUTE_POLICY=off GPU_CORE_UTILIZATION_POLICY=disable "

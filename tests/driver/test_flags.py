@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -105,3 +109,45 @@ def test_usage_names_every_env_twin() -> None:
     text = usage()
     for env in ("NODE_NAME", "KUBECONFIG", "CDI_ROOT", "HEALTHCHECK_PORT", "SHARING_MODE"):
         assert env in text
+
+
+def _help_flags() -> dict[str, tuple[str, str | None]]:
+    """flag -> (env, default) as `vgpu-kubelet-plugin --help` prints them (unwrapped)."""
+    exe = Path(sys.executable).with_name("vgpu-kubelet-plugin")
+    out = subprocess.run(
+        [str(exe), "--help"], env=dict(os.environ, COLUMNS="2000"), capture_output=True,
+        text=True, check=True,
+    ).stdout  # fmt: skip
+    blocks: list[str] = []
+    for line in out.splitlines():
+        if line.startswith("  --"):
+            blocks.append(line)
+        elif blocks and line.startswith("      "):
+            blocks[-1] += " " + line.strip()
+    rows: dict[str, tuple[str, str | None]] = {}
+    for block in blocks:
+        m = re.match(r"^\s+--([a-z-]+)(?: \S+)?\s+(.*); env (\w+)$", block)
+        if m:
+            d = re.search(r"\(default ([^)]*)\)", m.group(2))
+            rows[m.group(1)] = (m.group(3), d.group(1) if d else None)
+    return rows
+
+
+def _doc_flags() -> dict[str, tuple[str, str | None]]:
+    """flag -> (env, default) from the flag table of docs/driver.md; a default in prose (e.g.
+    "(required)", "built-in default") is None, a literal (`30s`) is its text."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "driver.md").read_text()
+    rows: dict[str, tuple[str, str | None]] = {}
+    for line in text.splitlines():
+        m = re.match(r"^\| `--([a-z-]+)` \| `(\w+)` \| ([^|]*) \|", line)
+        if m:
+            d = re.match(r"`([^`]*)`", m.group(3).strip())
+            rows[m.group(1)] = (m.group(2), d.group(1) if d else None)
+    return rows
+
+
+def test_documented_flags_match_help() -> None:
+    """docs/driver.md lists every flag `--help` prints, with the same variable and default."""
+    help_rows, doc_rows = _help_flags(), _doc_flags()
+    assert len(help_rows) >= 20, help_rows
+    assert doc_rows == help_rows

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from driver.backoff import Backoff
 from driver.discovery import XidEvent
 from driver.flags import Settings, parse
 from driver.main import (
@@ -32,7 +33,6 @@ from driver.main import (
     Plugin,
     main,
 )
-from driver.resourceslices import Backoff
 from sharing.gpus import GpuInfo
 from tests.fakes.apiserver import FakeApiServer
 from tests.fakes.nvml import FakeNvml

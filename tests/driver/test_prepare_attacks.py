@@ -1,4 +1,4 @@
-"""The plugin against hostile input and planted links (issue 8), through the real gRPC sockets.
+"""The plugin against hostile input and planted links, through the real gRPC sockets.
 
 Each test performs one attack found in the review and checks that it now fails safely:
 claim UIDs that are not UIDs, checkpoints that name paths outside the plugin's directories, a

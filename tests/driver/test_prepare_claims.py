@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from driver import devicenames
 from driver.claims import ClaimError, ClaimRef, plan_claim
 from driver.vgpuconfig import ConfigError, EffectiveConfig, VgpuConfig, decode
 from tests.driver.kubelet_standin import DRIVER, allocated_claim, result, vgpu_config
@@ -51,7 +52,9 @@ def test_fractional_cores_rejected() -> None:
 @pytest.mark.parametrize(
     ("consumed", "message"),
     [
-        ({"memory": "lots"}, "consumed memory: 'lots' is not a memory size"),
+        ({"memory": "lots"}, "consumed memory: 'lots' is not a quantity"),
+        ({"memory": "4g"}, "consumed memory: '4g' is not a quantity"),  # the shim's g
+        ({"memory": "1500m"}, "consumed memory: '1500m' is not a whole number of bytes"),
         ({"memory": "81Gi"}, "outside 1 B..80.0 GiB"),
         ({"cores": "0"}, "cores '0' invalid"),
         ({"cores": "101"}, "cores '101' invalid"),
@@ -63,6 +66,33 @@ def test_bad_consumed_capacity(consumed: dict[str, str], message: str) -> None:
     r["consumedCapacity"] = consumed
     with pytest.raises(ClaimError, match=message.replace("(", r"\(").replace(".", r"\.")):
         plan(allocated_claim("c", results=[r]))
+
+
+# The canonical forms the API server emits, read with Kubernetes' rules (k, M, G are powers of
+# 1000; the shim's HAMi-style k = 1024 would read 33554432k as 32 GiB).
+KUBE_QUANTITIES = [
+    ("1500k", 1_500_000),
+    ("4G", 4_000_000_000),
+    ("1e9", 1_000_000_000),
+    ("4Gi", 4 * GiB),
+    ("33554432k", 33_554_432_000),
+]
+
+
+@pytest.mark.parametrize(("quantity", "expected"), KUBE_QUANTITIES)
+def test_consumed_memory_is_a_kubernetes_quantity(quantity: str, expected: int) -> None:
+    claim = allocated_claim("c", results=[result("gpu", "gpu-0", memory=quantity)])
+    assert plan(claim).gpu_limits()[0].memory_limit == expected
+
+
+@pytest.mark.parametrize(("quantity", "expected"), KUBE_QUANTITIES)
+def test_memory_limit_override_is_a_kubernetes_quantity(quantity: str, expected: int) -> None:
+    claim = allocated_claim(
+        "c",
+        results=[result("gpu", "gpu-0", memory="40Gi")],
+        configs=[vgpu_config("FromClaim", {"memoryLimitOverride": quantity})],
+    )
+    assert plan(claim).gpu_limits()[0].memory_limit == expected
 
 
 def test_hostname_expression_selector_and_no_selector() -> None:
@@ -109,7 +139,8 @@ def test_conflicting_policies_between_requests() -> None:
         ({"apiVersion": "vgpu.sharing.dev/v1alpha1", "kind": "VgpuConfig", "priority": True}, "priority True invalid"),
         ({"apiVersion": "vgpu.sharing.dev/v1alpha1", "kind": "VgpuConfig", "priority": 1.5}, "priority 1.5 invalid"),
         ({"apiVersion": "vgpu.sharing.dev/v1alpha1", "kind": "VgpuConfig", "memoryLimitOverride": "0"}, "more than 0 bytes"),
-        ({"apiVersion": "vgpu.sharing.dev/v1alpha1", "kind": "VgpuConfig", "memoryLimitOverride": "1.5x"}, "'1.5x' is not a memory size"),
+        ({"apiVersion": "vgpu.sharing.dev/v1alpha1", "kind": "VgpuConfig", "memoryLimitOverride": "1.5x"}, "'1.5x' is not a quantity"),
+        ({"apiVersion": "vgpu.sharing.dev/v1alpha1", "kind": "VgpuConfig", "memoryLimitOverride": "512m"}, "'512m' is not a whole number of bytes"),
         ({"apiVersion": "vgpu.sharing.dev/v1alpha1", "kind": "VgpuConfig", "memoryLimitOverride": [1]}, "memoryLimitOverride [1] invalid"),
     ],
 )  # fmt: skip
@@ -125,3 +156,29 @@ def test_vgpuconfig_merge_field_by_field() -> None:
     later = VgpuConfig(priority=-5)
     assert EffectiveConfig.of([base, later]) == EffectiveConfig("off", -5, 1024)
     assert EffectiveConfig.of([]) == EffectiveConfig("hard", 1, None)
+
+
+@pytest.mark.parametrize("mode", ["sharing", "partition"])
+def test_published_device_names_read_back(mode: str) -> None:
+    """What the publishing side names a device is what the prepare side reads (one module)."""
+    for index in (0, 7, 12):
+        for k, name in enumerate(devicenames.names(index, mode, 3)):
+            parsed = devicenames.parse(name, mode)
+            assert parsed == devicenames.DeviceName(index, k if mode == "partition" else None)
+
+
+@pytest.mark.parametrize(
+    ("device", "mode", "message"),
+    [
+        ("gpu-0-slice-1", "sharing", "sharing mode; allowed: gpu-<index>"),
+        ("gpu-0", "partition", "partition mode; allowed: gpu-<index>-slice-<k>"),
+        ("gpu-01", "sharing", "sharing mode; allowed: gpu-<index>"),
+        ("gpu-0-slice-4", "partition", "with k in 0..3"),
+        ("gpu-9", "sharing", "no GPU with index 9 on this node"),
+    ],
+)
+def test_device_names_not_of_this_node_are_refused(device: str, mode: str, message: str) -> None:
+    claim = allocated_claim("c", results=[result("gpu", device, share=False)])
+    with pytest.raises(ClaimError) as e:
+        plan(claim, mode=mode)
+    assert message in str(e.value) and "\n" not in str(e.value)

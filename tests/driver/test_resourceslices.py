@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
+from driver.backoff import Backoff
 from driver.discovery import Discovery, Inventory
 from driver.kube import Kube
 from driver.resourceslices import (
     MAX_DEVICES_PER_SLICE,
-    Backoff,
     PublishLoop,
     SlicePublisher,
     build_devices,

@@ -47,7 +47,7 @@ def gpu(
         cores["requestPolicy"] = cores_policy
     capacity: dict[str, Any] = {"memory": memory_cap, "cores": cores}
     if sharers is not None:
-        # What the admin policy (issue 11) publishes: each allocation consumes exactly one.
+        # What the admin policy publishes: each allocation consumes exactly one.
         capacity["sharers"] = {
             "value": str(sharers),
             "requestPolicy": {"default": "1", "validValues": ["1"]},

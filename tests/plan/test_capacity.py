@@ -133,7 +133,7 @@ def test_a_device_without_multiple_allocations_is_taken_whole(
 def test_sharers_capacity_of_the_admin_policy_limits_allocations_per_gpu(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The admin policy (issue 11) publishes maxSharers as capacity `sharers` with
+    """The admin policy publishes maxSharers as capacity `sharers` with
     requestPolicy {default: 1, validValues: [1]}: every allocation takes exactly one."""
     devs = [
         gpu("gpu-0", memory_policy=RANGE, cores_policy=CORES, sharers=3),

@@ -1,4 +1,4 @@
-"""Routes around the hooks, tried as a hostile library would (issue 8): a library loaded after the
+"""Routes around the hooks, tried as a hostile library would: a library loaded after the
 shim looks the driver's functions up by every dlsym handle it can think of (RTLD_NEXT behind the
 shim above all), or opens the driver in a new link-map namespace. Each must get the shim's hooks
 (an allocation past the quota is refused, the slice is what it reports) or be refused."""

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from sharing import region
+from sharing.quantity import ACCEPTED_FORMS
 from tests.shim.conftest import parse_ops
+from tests.support.staging import stage_shim_env
 
 MiB = 1 << 20
 
@@ -53,6 +55,13 @@ def test_malformed_values_fail_closed(
     assert res[1]["rc"] == "1" and res[2]["rc"] == "1"  # every hook fails closed, not unlimited
     assert len(lines) == 1, lines
     assert var in lines[0] and f'"{value}"' in lines[0] and "accepted" in lines[0]
+
+
+def test_memory_error_lists_the_forms_python_accepts(
+    shim_ops: Path, shim_env: dict[str, str]
+) -> None:
+    _, lines = run(shim_ops, dict(shim_env, CUDA_DEVICE_MEMORY_LIMIT="4GB"), "init")
+    assert len(lines) == 1 and lines[0].endswith(f"accepted: {ACCEPTED_FORMS}"), lines
 
 
 def test_no_limit_is_passthrough(
@@ -151,7 +160,7 @@ def test_region_without_permission_is_refused(shim_ops: Path, shim_env: dict[str
         reg = base / "slice.region"
         region.create(reg, mode=0o644)  # readable by all, writable by its owner only
         env = dict(
-            shim_env,
+            stage_shim_env(base, shim_env),  # the clone may be out of that user's reach
             CUDA_DEVICE_MEMORY_LIMIT="1Gi",
             CUDA_DEVICE_MEMORY_SHARED_CACHE=str(reg),
             SIMGPU_STATE=str(state),

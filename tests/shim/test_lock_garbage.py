@@ -1,4 +1,4 @@
-"""A process of the slice that writes garbage into the accounting file's lock (issue 8) must not
+"""A process of the slice that writes garbage into the accounting file's lock must not
 hang the others: every locker waits a bounded time, then takes the lock over and recomputes the
 totals from the live slots (one log line). Real processes: the shim's region code in the harness, and CUDA
 programs under the preloaded shim, allocate while the test scribbles over the lock."""

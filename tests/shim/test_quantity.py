@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from sharing import run
 from sharing.quantity import QuantityError, parse_bytes
 from tests.shim.quantity_cases import C_ONLY_REJECTED, CASES
 
@@ -37,6 +39,21 @@ def test_c_parser_agrees_with_the_table(shim_harness: Path) -> None:
     got = _c(shim_harness, texts)
     mismatches = [(t, e, g) for (t, e), g in zip(CASES, got, strict=True) if e != g]
     assert mismatches == []
+
+
+@pytest.mark.parametrize(("text", "expected"), CASES)
+def test_vgpu_run_memory_agrees_with_the_table(text: str, expected: int | None) -> None:
+    """`vgpu run --memory` takes what the shim takes and passes it on as bytes; 0 is the
+    shim's "no limit" and reaches it as 0."""
+    ap = argparse.ArgumentParser()
+    run.register(ap.add_subparsers())
+    args = ap.parse_args(["run", f"--memory={text}", "--", "true"])
+    try:
+        env = run.build_env(args, {})
+    except run.RunConfigError:
+        assert expected is None
+        return
+    assert env["CUDA_DEVICE_MEMORY_LIMIT"] == str(expected)
 
 
 def test_c_parser_refuses_beyond_64_bits(shim_harness: Path) -> None:

@@ -15,9 +15,7 @@ MiB = 1 << 20
 
 
 def hooked_cuda_symbols() -> set[str]:
-    text = (REPO / "shim" / "src" / "hooks.def").read_text() + (
-        REPO / "shim" / "src" / "hooks_compute.def"
-    ).read_text()
+    text = (REPO / "shim" / "src" / "hooks.def").read_text()
     return set(re.findall(r"^VGPU_HOOK\(CUDA,\s*\w+,\s*(\w+),", text, re.M))
 
 

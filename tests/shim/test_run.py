@@ -74,6 +74,14 @@ def test_corrupt_region_refused_before_cmd(tmp_path: Path) -> None:
     assert "size 4 bytes" in r.stderr
 
 
+@pytest.mark.parametrize("value", ["", "  "])
+def test_empty_region_refused_before_cmd(value: str, tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    r = vgpu_run(["--memory", "1Gi", "--region", value, "--", "touch", str(marker)])
+    assert r.returncode == 2 and not marker.exists()
+    assert r.stderr == "vgpu run: --region: empty; give the accounting file's path\n"
+
+
 def test_missing_command() -> None:
     assert vgpu_run(["--memory", "1Gi"]).returncode == 2
 
@@ -144,3 +152,6 @@ def test_help_lists_the_flags() -> None:
     r = subprocess.run([*VGPU, "run", "--help"], capture_output=True, text=True, check=True)
     for flag in ("--memory", "--memory-0", "--region", "--sim"):
         assert flag in r.stdout
+    # the spellings of "no limit" are in the help, not only in the shim's docs
+    text = " ".join(r.stdout.split())
+    assert "0 = no limit" in text and "0 or 100: no cap" in text

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +21,7 @@ import pytest
 from sharing._region_cffi import ffi
 
 from tests.shim_compute.conftest import Result, Workload
+from tests.support.staging import stage_region_binding
 
 NOBODY = 65534
 
@@ -70,14 +70,15 @@ def node(workload: Workload) -> Iterator[Path]:
     os.chown(d / "attacker.demand", NOBODY, NOBODY)
     yield d
     shutil.rmtree(d, ignore_errors=True)
+    shutil.rmtree(d.parent / f"{d.name}-py", ignore_errors=True)
 
 
-def as_nobody(*cmd: str, wait: bool = True) -> subprocess.Popen[str]:
-    repo = Path(__file__).resolve().parents[2]
-    env = {"PYTHONPATH": str(repo), "PATH": os.environ.get("PATH", "")}
+def as_nobody(
+    *cmd: str, wait: bool = True, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
     p = subprocess.Popen(
         ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", *cmd],
-        env=env,
+        env=env if env is not None else {"PATH": os.environ.get("PATH", "")},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -121,9 +122,10 @@ def test_a_tenant_cannot_cut_a_neighbours_share(workload: Workload, node: Path) 
 
     # What it writes in its own file: garbage, out-of-range claims, a want written once far
     # ahead. None of it is believed: the neighbour still gets the idle device.
+    python, py_env = stage_region_binding(node.parent / f"{node.name}-py")
     for mode in ("garbage", "out-of-range", "stale"):
-        liar = as_nobody(sys.executable, "-c", ATTACKER, str(node / "attacker.demand"), mode, uuid, "2.5",
-                         wait=False)  # fmt: skip
+        liar = as_nobody(*python, "-c", ATTACKER, str(node / "attacker.demand"), mode, uuid, "2.5",
+                         wait=False, env=py_env)  # fmt: skip
         time.sleep(0.2)
         r, st = victim(workload, node)
         liar.wait(timeout=30)
@@ -132,8 +134,8 @@ def test_a_tenant_cannot_cut_a_neighbours_share(workload: Workload, node: Path) 
 
     # A believable lie about its own demand, kept up: it may hold the neighbour to the
     # neighbour's own cap, never below it.
-    liar = as_nobody(sys.executable, "-c", ATTACKER, str(node / "attacker.demand"), "lie", uuid, "2.5",
-                     wait=False)  # fmt: skip
+    liar = as_nobody(*python, "-c", ATTACKER, str(node / "attacker.demand"), "lie", uuid, "2.5",
+                     wait=False, env=py_env)  # fmt: skip
     time.sleep(0.2)
     r, st = victim(workload, node)
     liar.wait(timeout=30)
