@@ -35,7 +35,7 @@ def _cdef_text() -> str:
 
 
 ffibuilder = FFI()
-ffibuilder.cdef(_cdef_text())
+ffibuilder.cdef(_cdef_text() + _HELPERS_CDEF)
 ffibuilder.set_source(
     "sharing._region_cffi",
     '#include "region_init.h"',
