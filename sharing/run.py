@@ -114,9 +114,17 @@ def prepare_region(args: argparse.Namespace, env: dict[str, str]) -> int | None:
         try:
             region.create(path)
             region.read(path)
+        except (region.RegionError, OSError) as e:
+            raise RunConfigError(f"--region: {e}") from e
+        try:
             write_region_limits(path, env)
         except (region.RegionError, LimitsFileError, OSError) as e:
-            raise RunConfigError(f"--region: {e}") from e
+            # Only observers read it (the shim takes the limits from CMD's environment): a file
+            # shared from a directory this user may not write still runs, limited as asked.
+            reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            print(f"vgpu run: --region: cannot write {path}.limits ({reason}); "
+                  "`vgpu top` and the exporter will show this slice without limits",
+                  file=sys.stderr)  # fmt: skip
         env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = path
         return None
     # Any limit (memory or a contributor's, e.g. a compute cap) makes CMD's processes one slice.
@@ -167,7 +175,11 @@ def write_region_limits(path: str, env: Mapping[str, str]) -> None:
             os.write(fd, text.encode())
         finally:
             os.close(fd)
-        os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        try:
+            os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except OSError:
+            os.unlink(tmp, dir_fd=dfd)
+            raise
     finally:
         os.close(dfd)
 

@@ -155,3 +155,31 @@ def test_help_lists_the_flags() -> None:
     # the spellings of "no limit" are in the help, not only in the shim's docs
     text = " ".join(r.stdout.split())
     assert "0 = no limit" in text and "0 or 100: no cap" in text
+
+
+def test_region_limits_beside_the_file_for_observers(
+    shim_ops: Path, sim_env: dict[str, str], tmp_path: Path
+) -> None:
+    """`vgpu run --region FILE` writes FILE.limits (the limits-file format) for `vgpu top` and the
+    exporter; in a directory the user may not write it warns in one line and CMD still runs
+    limited (the shim takes the limits from CMD's environment)."""
+    from sharing.limitsfile import parse_limits_file
+
+    env = {k: v for k, v in sim_env.items() if k != "LD_LIBRARY_PATH"}
+    reg = tmp_path / "a.region"
+    r = vgpu_run(["--sim", "--memory", "64Mi", "--compute", "30", "--region", str(reg), "--",
+                  str(shim_ops), "init"], env)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    limits = parse_limits_file((tmp_path / "a.region.limits").read_text())
+    assert limits["CUDA_DEVICE_MEMORY_LIMIT_0"] == str(64 * MiB)
+    assert limits["CUDA_DEVICE_SM_LIMIT_0"] == "30"
+    assert limits["CUDA_DEVICE_MEMORY_SHARED_CACHE"] == str(reg)
+    # FILE.limits cannot be written (here: a directory stands in its way): one warning line, no
+    # leftover temporary file, and CMD runs limited all the same.
+    blocked = tmp_path / "b.region"
+    (tmp_path / "b.region.limits").mkdir()
+    r = vgpu_run(["--sim", "--memory", "64Mi", "--region", str(blocked), "--", str(shim_ops),
+                  "init", "ctx", f"alloc:{128 * MiB}"], env)  # fmt: skip
+    assert r.returncode == 0 and parse_ops(r.stdout)[2]["rc"] == "2", r.stdout + r.stderr
+    assert r.stderr.count("cannot write") == 1, r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir() if ".tmp." in p.name) == []
