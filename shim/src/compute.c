@@ -1,8 +1,9 @@
 /*
- * Compute (SM) cap: per-device state, the NVML outer loop, the launch gate and the completion
- * measurements. The settings are read by compute_config.c, the control law is in
- * compute_controller.c, the demand records in demand.c; the hooks that call the gate are in
- * launch_hooks.c. Design and rationale: docs/compute.md.
+ * Compute (SM) cap: per-device state, the launch gate and the completion measurements. The
+ * settings are read by compute_config.c, the control law is in compute_controller.c, the demand
+ * records in demand.c, the NVML outer loop in compute_nvml.c (its interface with this file:
+ * compute_internal.h); the hooks that call the gate are in launch_hooks.c. Design and
+ * rationale: docs/compute.md.
  *
  * Per launch on a capped device:
  *   before:  read finished measurements (cuEventQuery, never blocking), look up the cost estimate
@@ -23,7 +24,6 @@
 #include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,6 +37,7 @@
 #include "compute.h"
 #include "compute_config.h"
 #include "compute_controller.h"
+#include "compute_internal.h"
 #include "demand.h"
 #include "shim_internal.h"
 
@@ -55,14 +56,6 @@ _Static_assert(sizeof(struct vgpu_compute_state) == 512, "compute state size is 
 #define POLL_NS (1000000LL)                /* sleep between completion polls (never spin) */
 #define MIN_SLEEP_NS (2000000LL)           /* a launch due sooner than this goes now: batches wake-ups */
 #define RING 256                           /* measured launches in flight per context */
-#define NVML_PERIOD_NS (1000000000LL)      /* NVML outer loop: one reading per second per slice */
-#define NVML_DEADBAND_PM 20                /* act on errors of 2 points (+0.5 per further process) or more,
-                                              seen in two readings in a row: smUtil is an integer percent
-                                              per process and one reading of an exact 30% reads 29..31 */
-#define NVML_GAIN 0.5                      /* fraction of the relative error corrected per reading */
-#define NVML_STEP_MAX 0.10                 /* at most 10% change of the factor per reading */
-#define NVML_FACTOR_MIN 0.75
-#define NVML_FACTOR_MAX 1.25
 #define MAX_CTX 32
 #define MEASURE_ALL_FIRST 32               /* measure every launch of a key until it has this many samples */
 #define MEASURE_EVERY 4                    /* then one launch in this many */
@@ -138,9 +131,6 @@ struct cctx {
 
 struct cdev {
     int attached;
-    char uuid[48];      /* "GPU-..." for NVML, "" when unknown */
-    nvmlDevice_t nvdev; /* NVML handle (helper thread only) */
-    int nvml_state;     /* 0 not tried, 1 usable, -1 off for this device (helper thread only) */
     struct vgpu_compute_state *st;
     struct vgpu_node_slot *own; /* this slice's demand record on the device (NULL: none) */
     uint8_t uuid_bytes[16];
@@ -155,21 +145,6 @@ static struct vc_estimator g_est;
 static struct cctx g_ctx[MAX_CTX];
 static struct cdev g_dev[VGPU_MAX_DEVICES];
 static struct vgpu_compute_state g_private[VGPU_MAX_DEVICES]; /* when no region is mapped */
-static int g_nvml_thread; /* the helper thread was started (under g_mu) */
-
-static int64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
-static void sleep_until(int64_t t)
-{
-    struct timespec ts = {.tv_sec = t / 1000000000LL, .tv_nsec = t % 1000000000LL};
-    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
-        ;
-}
 
 static void atfork_child(void)
 {
@@ -177,7 +152,7 @@ static void atfork_child(void)
     vgpu_demand_atfork_child();
     /* The parent's contexts (and so its events) are not usable here. */
     memset(g_ctx, 0, sizeof g_ctx);
-    g_nvml_thread = 0; /* threads do not survive fork: start it again when needed */
+    vgpu_compute_nvml_atfork_child();
     for (unsigned i = 0; i < VC_EST_SLOTS; i++)
         g_est.e[i].in_flight = 0;
 }
@@ -206,215 +181,10 @@ uint32_t vgpu_compute_cap_permille(int dev)
     return dev >= 0 && dev < VGPU_MAX_DEVICES ? g_cfg.cap[dev] : 0;
 }
 
-/* ------------------------------------------------------------ NVML outer loop
- * Events measure what the slice's kernels took *including* queueing behind other work; the
- * estimator filters that out, but a residual bias (kernels with large run-to-run variation, a
- * device saturated by its slices' caps) is invisible to it. The driver's per-process
- * utilisation is not: once per second one process of the slice (the one that wins the CAS on
- * nvml_next_ns) sums the smUtil of the slice's processes on the device and, if the slice was
- * held by its cap and the share is off by >= 2 points (+0.5 per further process: smUtil is an
- * integer percent per process) in two readings in a row on the same side, scales the cost estimates of the whole slice (nvml_factor_ppm) by half the relative
- * error, at most 10% per reading, within [0.75, 1.25]. It runs on a helper thread (started at the
- * first capped launch, sleeping between readings, all signals blocked) so that a slow NVML call
- * never delays a launch. PIDs are compared with the region's process slots: where NVML reports
- * PIDs of another namespace (a container without hostPID) our own PID is not found and the loop
- * turns itself off for that device. */
-typedef nvmlReturn_t (*pfn_nvml_init)(void);
-typedef nvmlReturn_t (*pfn_nvml_by_uuid)(const char *, nvmlDevice_t *);
-typedef nvmlReturn_t (*pfn_nvml_proc_util)(nvmlDevice_t, nvmlProcessUtilizationSample_t *, unsigned int *,
-                                           unsigned long long);
-static struct {
-    pfn_nvml_by_uuid by_uuid;
-    pfn_nvml_proc_util proc_util;
-    int ok;
-} nv;
-static pthread_once_t nv_once = PTHREAD_ONCE_INIT;
-
-static void nv_resolve(void)
-{
-    pfn_nvml_init init = (pfn_nvml_init)vgpu_nvml_sym("nvmlInit_v2");
-    nv.by_uuid = (pfn_nvml_by_uuid)vgpu_nvml_sym("nvmlDeviceGetHandleByUUID");
-    nv.proc_util = (pfn_nvml_proc_util)vgpu_nvml_sym("nvmlDeviceGetProcessUtilization");
-    nv.ok = init && nv.by_uuid && nv.proc_util && init() == NVML_SUCCESS;
-    if (!nv.ok)
-        vgpu_log(VGPU_LOG_INFO, "compute cap: NVML per-process utilisation unavailable; events only");
-}
-
-/* The NVML loop's correction of the slice's cost estimates. */
-static double stored_factor(const struct vgpu_compute_state *st)
-{
-    uint32_t f = __atomic_load_n(&st->nvml_factor_ppm, __ATOMIC_RELAXED);
-    return f ? (double)f / 1e6 : 1.0;
-}
-
-/* What a launch is charged per ns of estimated device time. */
-static double cost_factor(const struct vgpu_compute_state *st)
-{
-#ifdef VGPU_COMPUTE_TEST_BIAS
-    /* Test builds only (tests/shim_compute/test_nvml_loop.py): a deliberately wrong estimator,
-     * which the NVML loop must correct. Never defined in the product build. */
-    return stored_factor(st) * (VGPU_COMPUTE_TEST_BIAS);
-#else
-    return stored_factor(st);
-#endif
-}
-
-static uint64_t realtime_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_sec * 1000000ULL + (uint64_t)ts.tv_nsec / 1000;
-}
-
-#define NV_MAX_SAMPLES 512
-
-/* The slice's share of the device over the last period, permille; -1 when unknown. */
-static int nvml_slice_usage(struct cdev *cd, int dev, int *nprocs)
-{
-    *nprocs = 0;
-    if (cd->nvml_state == 0) {
-        cd->nvml_state = cd->uuid[0] && nv.by_uuid(cd->uuid, &cd->nvdev) == NVML_SUCCESS ? 1 : -1;
-        if (cd->nvml_state < 0)
-            vgpu_log(VGPU_LOG_INFO, "compute cap: device %d (%s) not found in NVML", dev, cd->uuid);
-    }
-    if (cd->nvml_state < 0)
-        return -1;
-    static nvmlProcessUtilizationSample_t smp[NV_MAX_SAMPLES]; /* helper thread only */
-    unsigned int n = NV_MAX_SAMPLES;
-    uint64_t since = realtime_us() - (uint64_t)(NVML_PERIOD_NS / 1000);
-    if (nv.proc_util(cd->nvdev, smp, &n, since) != NVML_SUCCESS || n > NV_MAX_SAMPLES)
-        return -1;
-    struct vgpu_region *r = vgpu_region();
-    unsigned self = (unsigned)getpid();
-    double total = 0;
-    int found_self = 0;
-    /* Per PID the mean of its samples (a real driver may return several per PID). */
-    for (unsigned i = 0; i < n; i++) {
-        unsigned pid = smp[i].pid;
-        int seen = 0;
-        for (unsigned j = 0; j < i && !seen; j++)
-            seen = smp[j].pid == pid;
-        if (seen)
-            continue;
-        int mine = pid == self;
-        if (!mine && r)
-            for (int k = 0; k < VGPU_MAX_PROCS && !mine; k++)
-                mine = __atomic_load_n(&r->procs[k].state, __ATOMIC_RELAXED) == VGPU_SLOT_LIVE &&
-                       (unsigned)__atomic_load_n(&r->procs[k].pid, __ATOMIC_RELAXED) == pid;
-        if (!mine)
-            continue;
-        found_self |= pid == self;
-        double sum = 0;
-        unsigned cnt = 0;
-        for (unsigned j = i; j < n; j++)
-            if (smp[j].pid == pid) {
-                sum += smp[j].smUtil;
-                cnt++;
-            }
-        total += sum / cnt;
-        (*nprocs)++;
-    }
-    if (!found_self) {
-        /* We launch on this device, so the driver must list us: its PIDs are not ours. */
-        vgpu_log(VGPU_LOG_INFO, "compute cap: NVML does not list this process (PID namespace?); "
-                                "device %d is controlled by events only", dev);
-        cd->nvml_state = -1;
-        return -1;
-    }
-    return (int)(total * 10.0 + 0.5);
-}
-
-static void nvml_step(int dev)
-{
-    struct cdev *cd = &g_dev[dev];
-    struct vgpu_compute_state *st = cd->st;
-    int64_t now = now_ns();
-    int64_t next = __atomic_load_n(&st->nvml_next_ns, __ATOMIC_ACQUIRE);
-    if (now < next)
-        return;
-    if (!__atomic_compare_exchange_n(&st->nvml_next_ns, &next, now + NVML_PERIOD_NS, 0, __ATOMIC_ACQ_REL,
-                                     __ATOMIC_RELAXED))
-        return; /* another process of the slice reads this period */
-    uint64_t la = __atomic_load_n(&st->launches, __ATOMIC_RELAXED);
-    uint64_t th = __atomic_load_n(&st->throttled, __ATOMIC_RELAXED);
-    uint64_t la0 = __atomic_exchange_n(&st->nvml_launches_snap, la, __ATOMIC_RELAXED);
-    uint64_t th0 = __atomic_exchange_n(&st->nvml_throttled_snap, th, __ATOMIC_RELAXED);
-    uint32_t eff = __atomic_load_n(&st->effective_permille, __ATOMIC_RELAXED);
-    if (cd->nvml_state < 0 || la0 == 0 || la < la0 + 20 || eff == 0 || eff >= VC_PERMILLE_FULL)
-        return; /* first reading, idle, or not capped */
-    /* Held by its cap during the period (slept repeatedly) and still behind its budget now:
-     * otherwise using less than the cap is the application's choice, not an error. */
-    uint64_t dth = th - th0, dla = la - la0;
-    if (dth < 3 || dth * 50 < dla || __atomic_load_n(&st->tat_ns, __ATOMIC_RELAXED) <= now)
-        return;
-    int nprocs;
-    int usage = nvml_slice_usage(cd, dev, &nprocs);
-    if (usage < 0)
-        return;
-    int prev = (int)__atomic_exchange_n(&st->nvml_usage_permille, (uint32_t)usage, __ATOMIC_RELAXED);
-    int err = usage - (int)eff, prev_err = prev ? prev - (int)eff : 0;
-    int deadband = NVML_DEADBAND_PM + 5 * (nprocs - 1); /* each process's smUtil is rounded */
-    if (err > -deadband && err < deadband)
-        return;
-    if ((err > 0) != (prev_err > 0) || (prev_err > -deadband && prev_err < deadband))
-        return; /* one reading is noise; two in a row on the same side are a bias */
-    double step = NVML_GAIN * (double)err / (double)eff;
-    if (step > NVML_STEP_MAX)
-        step = NVML_STEP_MAX;
-    if (step < -NVML_STEP_MAX)
-        step = -NVML_STEP_MAX;
-    double f = stored_factor(st) * (1.0 + step);
-    if (f < NVML_FACTOR_MIN)
-        f = NVML_FACTOR_MIN;
-    if (f > NVML_FACTOR_MAX)
-        f = NVML_FACTOR_MAX;
-    __atomic_store_n(&st->nvml_factor_ppm, (uint32_t)(f * 1e6 + 0.5), __ATOMIC_RELAXED);
-    /* The next reading must see a whole period under the new factor. */
-    __atomic_store_n(&st->nvml_next_ns, now + 2 * NVML_PERIOD_NS, __ATOMIC_RELEASE);
-    vgpu_log(VGPU_LOG_DEBUG, "compute cap: device %d NVML share %d.%d%% vs %u.%u%%: cost factor %.3f", dev,
-             usage / 10, usage % 10, eff / 10, eff % 10, f);
-}
-
-static void *nvml_thread(void *arg)
-{
-    (void)arg;
-    sigset_t all;
-    sigfillset(&all);
-    pthread_sigmask(SIG_BLOCK, &all, NULL); /* the application's signals are not for us */
-    pthread_once(&nv_once, nv_resolve);
-    if (!nv.ok)
-        return NULL;
-    for (;;) {
-        sleep_until(now_ns() + NVML_PERIOD_NS / 4);
-        for (int d = 0; d < VGPU_MAX_DEVICES; d++)
-            if (__atomic_load_n(&g_dev[d].attached, __ATOMIC_ACQUIRE) && g_cfg.cap[d])
-                nvml_step(d);
-    }
-    return NULL;
-}
-
-/* Under g_mu. */
-static void start_nvml_thread(void)
-{
-    if (!g_cfg.nvml_loop || __atomic_load_n(&g_nvml_thread, __ATOMIC_RELAXED))
-        return;
-    pthread_attr_t a;
-    pthread_t t;
-    if (pthread_attr_init(&a))
-        return;
-    pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
-    pthread_attr_setstacksize(&a, 256 * 1024);
-    /* Marked started even if creation fails: no retry on every launch. */
-    __atomic_store_n(&g_nvml_thread, 1, __ATOMIC_RELAXED);
-    if (pthread_create(&t, &a, nvml_thread, NULL) != 0)
-        vgpu_log(VGPU_LOG_INFO, "compute cap: no NVML helper thread; events only");
-    pthread_attr_destroy(&a);
-}
-
 /* ------------------------------------------------------------ attach a device */
 static uint64_t random_id(void)
 {
-    uint64_t x = (uint64_t)now_ns() ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)&x;
+    uint64_t x = (uint64_t)vgpu_compute_now_ns() ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)&x;
     x ^= x >> 33;
     x *= 0xff51afd7ed558ccdULL;
     x ^= x >> 33;
@@ -437,11 +207,12 @@ static void attach_device(int dev, CUdevice cudev)
     __atomic_fetch_add(&st->attached, 1, __ATOMIC_RELAXED);
     cd->st = st;
     cd->eff = g_cfg.cap[dev];
+    char uuid[48] = ""; /* "GPU-..." for NVML, "" when unknown */
     CUuuid u;
     if (drv.device_get_uuid && drv.device_get_uuid(&u, cudev) == CUDA_SUCCESS) {
         const unsigned char *b = (const unsigned char *)u.bytes;
         memcpy(cd->uuid_bytes, b, 16);
-        snprintf(cd->uuid, sizeof cd->uuid,
+        snprintf(uuid, sizeof uuid,
                  "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2],
                  b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
         cd->own = vgpu_demand_own(dev, cd->uuid_bytes, id, g_cfg.cap[dev], g_cfg.policy, g_cfg.priority);
@@ -450,8 +221,8 @@ static void attach_device(int dev, CUdevice cudev)
     if (g_cfg.policy == VGPU_COMPUTE_POLICY_ELASTIC && !cd->own)
         vgpu_log(VGPU_LOG_WARN, "compute cap: elastic policy without node state (%s): device %d keeps its cap",
                  vgpu_demand_dir(), dev);
+    vgpu_compute_nvml_attach(dev, uuid, st);
     __atomic_store_n(&cd->attached, 1, __ATOMIC_RELEASE);
-    start_nvml_thread();
 }
 
 /* ------------------------------------------------------------ contexts and measurements */
@@ -499,7 +270,7 @@ static void drain_ctx(struct cctx *cx, int64_t now, int budget)
         if (q == CUDA_SUCCESS && drv.event_elapsed(&ms, s->start, s->end) == CUDA_SUCCESS && ms >= 0 && cd->st) {
             uint64_t sample = (uint64_t)llroundf(ms * 1e6f);
             uint64_t est = vc_est_update(e, sample);
-            int64_t delta = (int64_t)((double)est * cost_factor(cd->st) + 0.5) - (int64_t)s->charged;
+            int64_t delta = (int64_t)((double)est * vgpu_compute_cost_factor(cd->st) + 0.5) - (int64_t)s->charged;
             uint32_t pm = __atomic_load_n(&cd->eff, __ATOMIC_RELAXED);
             if (!pm)
                 pm = g_cfg.cap[cx->dev];
@@ -612,14 +383,11 @@ void vgpu_compute_before(struct vgpu_launch *L, uintptr_t key, uint64_t grid, CU
         pthread_mutex_unlock(&g_mu);
     }
 
-    if (g_cfg.nvml_loop && !__atomic_load_n(&g_nvml_thread, __ATOMIC_RELAXED)) {
-        /* Not started yet in this process (e.g. a fork child of a process that had it). */
-        pthread_mutex_lock(&g_mu);
-        start_nvml_thread();
-        pthread_mutex_unlock(&g_mu);
-    }
+    /* Started at the first capped launch, and again in a fork child of a process that had it. */
+    if (g_cfg.nvml_loop && !vgpu_compute_nvml_started())
+        vgpu_compute_nvml_start();
 
-    int64_t now = now_ns();
+    int64_t now = vgpu_compute_now_ns();
     uint32_t eff = effective_cap(cd, dev, now);
     publish_want(cd, now + WANT_HOLD_NS);
 
@@ -637,7 +405,7 @@ void vgpu_compute_before(struct vgpu_launch *L, uintptr_t key, uint64_t grid, CU
         int unknown_busy = e->samples == 0 && e->in_flight > 0 && drv_ok;
         int queue_full = eff >= VC_PERMILLE_FULL && cx && cx->outstanding_ns > INFLIGHT_MAX_NS;
         if ((!unknown_busy && !queue_full) || now >= deadline) {
-            cost = (uint64_t)((double)vc_est_cost(e) * cost_factor(cd->st) + 0.5);
+            cost = (uint64_t)((double)vc_est_cost(e) * vgpu_compute_cost_factor(cd->st) + 0.5);
             /* Measure every launch while learning a key and while running uncapped (the queue
              * bound needs them), then one in MEASURE_EVERY: plenty of samples for the envelope,
              * a quarter of the event traffic. */
@@ -650,8 +418,8 @@ void vgpu_compute_before(struct vgpu_launch *L, uintptr_t key, uint64_t grid, CU
         pthread_mutex_unlock(&g_mu);
         if (queue_full && !unknown_busy && deadline > now + INFLIGHT_WAIT_MAX_NS)
             deadline = now + INFLIGHT_WAIT_MAX_NS;
-        sleep_until(now + POLL_NS);
-        now = now_ns();
+        vgpu_compute_sleep_until(now + POLL_NS);
+        now = vgpu_compute_now_ns();
         eff = effective_cap(cd, dev, now);
     }
     pthread_mutex_unlock(&g_mu);
@@ -665,7 +433,7 @@ void vgpu_compute_before(struct vgpu_launch *L, uintptr_t key, uint64_t grid, CU
         if (go > now + MIN_SLEEP_NS) {
             publish_want(cd, go + WANT_HOLD_NS);
             /* Sleep, holding nothing: the reservation is already ours. */
-            sleep_until(go);
+            vgpu_compute_sleep_until(go);
             slept = 1;
             __atomic_fetch_add(&cd->st->throttled, 1, __ATOMIC_RELAXED);
             __atomic_fetch_add(&cd->st->wait_ns, (uint64_t)(go - now), __ATOMIC_RELAXED);
@@ -679,7 +447,7 @@ void vgpu_compute_before(struct vgpu_launch *L, uintptr_t key, uint64_t grid, CU
     if (measure) {
         pthread_mutex_lock(&g_mu);
         if (slept)
-            drain_ctx(cx, now_ns(), 64);
+            drain_ctx(cx, vgpu_compute_now_ns(), 64);
         if (cx->tail - cx->head < RING) {
             L->slot = (int)(cx->tail % RING);
             cx->ring[L->slot].state = SLOT_RESERVED;
@@ -729,7 +497,7 @@ void vgpu_compute_after(struct vgpu_launch *L, CUresult launched)
     if (!L->active)
         return;
     struct cdev *cd = &g_dev[L->dev];
-    int64_t now = now_ns();
+    int64_t now = vgpu_compute_now_ns();
     int measured = 0;
     if (L->slot >= 0 && launched == CUDA_SUCCESS && !L->measure_failed)
         measured = drv.event_record(L->cx->ring[L->slot].end, L->stream) == CUDA_SUCCESS;

@@ -1,0 +1,264 @@
+/*
+ * Compute (SM) cap: the NVML outer loop. compute.c hands it each capped device at attach and
+ * reads back its correction of the cost estimates (compute_internal.h); design:
+ * docs/compute.md.
+ *
+ * Events measure what the slice's kernels took *including* queueing behind other work; the
+ * estimator filters that out, but a residual bias (kernels with large run-to-run variation, a
+ * device saturated by its slices' caps) is invisible to it. The driver's per-process
+ * utilisation is not: once per second one process of the slice (the one that wins the CAS on
+ * nvml_next_ns) sums the smUtil of the slice's processes on the device and, if the slice was
+ * held by its cap and the share is off by >= 2 points (+0.5 per further process: smUtil is an
+ * integer percent per process) in two readings in a row on the same side, scales the cost
+ * estimates of the whole slice (nvml_factor_ppm) by half the relative error, at most 10% per
+ * reading, within [0.75, 1.25]. It runs on a helper thread (started at the first capped launch,
+ * sleeping between readings, all signals blocked) so that a slow NVML call never delays a
+ * launch. PIDs are compared with the region's process slots: where NVML reports PIDs of another
+ * namespace (a container without hostPID) our own PID is not found and the loop turns itself
+ * off for that device.
+ */
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "compute_controller.h"
+#include "compute_internal.h"
+#include "shim_internal.h"
+
+/* ------------------------------------------------------------ tunables (docs/compute.md) */
+#define NVML_PERIOD_NS (1000000000LL)      /* one reading per second per slice */
+#define NVML_DEADBAND_PM 20                /* act on errors of 2 points (+0.5 per further process) or more,
+                                              seen in two readings in a row: smUtil is an integer percent
+                                              per process and one reading of an exact 30% reads 29..31 */
+#define NVML_GAIN 0.5                      /* fraction of the relative error corrected per reading */
+#define NVML_STEP_MAX 0.10                 /* at most 10% change of the factor per reading */
+#define NVML_FACTOR_MIN 0.75
+#define NVML_FACTOR_MAX 1.25
+
+/* ------------------------------------------------------------ per-device state */
+/* One per device index, written once by vgpu_compute_nvml_attach (attached last, with release
+ * order); nvdev and nvml_state belong to the helper thread. */
+struct nvml_dev {
+    int attached;
+    char uuid[48];      /* "GPU-..." for NVML, "" when unknown */
+    struct vgpu_compute_state *st;
+    nvmlDevice_t nvdev; /* NVML handle (helper thread only) */
+    int nvml_state;     /* 0 not tried, 1 usable, -1 off for this device (helper thread only) */
+};
+static struct nvml_dev g_nd[VGPU_MAX_DEVICES];
+static int g_started; /* this process tried to start the helper thread */
+
+void vgpu_compute_nvml_attach(int dev, const char *uuid, struct vgpu_compute_state *st)
+{
+    struct nvml_dev *nd = &g_nd[dev];
+    snprintf(nd->uuid, sizeof nd->uuid, "%s", uuid);
+    nd->st = st;
+    __atomic_store_n(&nd->attached, 1, __ATOMIC_RELEASE);
+}
+
+/* ------------------------------------------------------------ NVML */
+typedef nvmlReturn_t (*pfn_nvml_init)(void);
+typedef nvmlReturn_t (*pfn_nvml_by_uuid)(const char *, nvmlDevice_t *);
+typedef nvmlReturn_t (*pfn_nvml_proc_util)(nvmlDevice_t, nvmlProcessUtilizationSample_t *, unsigned int *,
+                                           unsigned long long);
+static struct {
+    pfn_nvml_by_uuid by_uuid;
+    pfn_nvml_proc_util proc_util;
+    int ok;
+} nv;
+static pthread_once_t nv_once = PTHREAD_ONCE_INIT;
+
+static void nv_resolve(void)
+{
+    pfn_nvml_init init = (pfn_nvml_init)vgpu_nvml_sym("nvmlInit_v2");
+    nv.by_uuid = (pfn_nvml_by_uuid)vgpu_nvml_sym("nvmlDeviceGetHandleByUUID");
+    nv.proc_util = (pfn_nvml_proc_util)vgpu_nvml_sym("nvmlDeviceGetProcessUtilization");
+    nv.ok = init && nv.by_uuid && nv.proc_util && init() == NVML_SUCCESS;
+    if (!nv.ok)
+        vgpu_log(VGPU_LOG_INFO, "compute cap: NVML per-process utilisation unavailable; events only");
+}
+
+/* The NVML loop's correction of the slice's cost estimates. */
+static double stored_factor(const struct vgpu_compute_state *st)
+{
+    uint32_t f = __atomic_load_n(&st->nvml_factor_ppm, __ATOMIC_RELAXED);
+    return f ? (double)f / 1e6 : 1.0;
+}
+
+double vgpu_compute_cost_factor(const struct vgpu_compute_state *st)
+{
+#ifdef VGPU_COMPUTE_TEST_BIAS
+    /* Test builds only (tests/shim_compute/test_nvml_loop.py): a deliberately wrong estimator,
+     * which the NVML loop must correct. Never defined in the product build. */
+    return stored_factor(st) * (VGPU_COMPUTE_TEST_BIAS);
+#else
+    return stored_factor(st);
+#endif
+}
+
+static uint64_t realtime_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000ULL + (uint64_t)ts.tv_nsec / 1000;
+}
+
+#define NV_MAX_SAMPLES 512
+
+/* The slice's share of the device over the last period, permille; -1 when unknown. */
+static int nvml_slice_usage(struct nvml_dev *cd, int dev, int *nprocs)
+{
+    *nprocs = 0;
+    if (cd->nvml_state == 0) {
+        cd->nvml_state = cd->uuid[0] && nv.by_uuid(cd->uuid, &cd->nvdev) == NVML_SUCCESS ? 1 : -1;
+        if (cd->nvml_state < 0)
+            vgpu_log(VGPU_LOG_INFO, "compute cap: device %d (%s) not found in NVML", dev, cd->uuid);
+    }
+    if (cd->nvml_state < 0)
+        return -1;
+    static nvmlProcessUtilizationSample_t smp[NV_MAX_SAMPLES]; /* helper thread only */
+    unsigned int n = NV_MAX_SAMPLES;
+    uint64_t since = realtime_us() - (uint64_t)(NVML_PERIOD_NS / 1000);
+    if (nv.proc_util(cd->nvdev, smp, &n, since) != NVML_SUCCESS || n > NV_MAX_SAMPLES)
+        return -1;
+    struct vgpu_region *r = vgpu_region();
+    unsigned self = (unsigned)getpid();
+    double total = 0;
+    int found_self = 0;
+    /* Per PID the mean of its samples (a real driver may return several per PID). */
+    for (unsigned i = 0; i < n; i++) {
+        unsigned pid = smp[i].pid;
+        int seen = 0;
+        for (unsigned j = 0; j < i && !seen; j++)
+            seen = smp[j].pid == pid;
+        if (seen)
+            continue;
+        int mine = pid == self;
+        if (!mine && r)
+            for (int k = 0; k < VGPU_MAX_PROCS && !mine; k++)
+                mine = __atomic_load_n(&r->procs[k].state, __ATOMIC_RELAXED) == VGPU_SLOT_LIVE &&
+                       (unsigned)__atomic_load_n(&r->procs[k].pid, __ATOMIC_RELAXED) == pid;
+        if (!mine)
+            continue;
+        found_self |= pid == self;
+        double sum = 0;
+        unsigned cnt = 0;
+        for (unsigned j = i; j < n; j++)
+            if (smp[j].pid == pid) {
+                sum += smp[j].smUtil;
+                cnt++;
+            }
+        total += sum / cnt;
+        (*nprocs)++;
+    }
+    if (!found_self) {
+        /* We launch on this device, so the driver must list us: its PIDs are not ours. */
+        vgpu_log(VGPU_LOG_INFO, "compute cap: NVML does not list this process (PID namespace?); "
+                                "device %d is controlled by events only", dev);
+        cd->nvml_state = -1;
+        return -1;
+    }
+    return (int)(total * 10.0 + 0.5);
+}
+
+static void nvml_step(int dev)
+{
+    struct nvml_dev *cd = &g_nd[dev];
+    struct vgpu_compute_state *st = cd->st;
+    int64_t now = vgpu_compute_now_ns();
+    int64_t next = __atomic_load_n(&st->nvml_next_ns, __ATOMIC_ACQUIRE);
+    if (now < next)
+        return;
+    if (!__atomic_compare_exchange_n(&st->nvml_next_ns, &next, now + NVML_PERIOD_NS, 0, __ATOMIC_ACQ_REL,
+                                     __ATOMIC_RELAXED))
+        return; /* another process of the slice reads this period */
+    uint64_t la = __atomic_load_n(&st->launches, __ATOMIC_RELAXED);
+    uint64_t th = __atomic_load_n(&st->throttled, __ATOMIC_RELAXED);
+    uint64_t la0 = __atomic_exchange_n(&st->nvml_launches_snap, la, __ATOMIC_RELAXED);
+    uint64_t th0 = __atomic_exchange_n(&st->nvml_throttled_snap, th, __ATOMIC_RELAXED);
+    uint32_t eff = __atomic_load_n(&st->effective_permille, __ATOMIC_RELAXED);
+    if (cd->nvml_state < 0 || la0 == 0 || la < la0 + 20 || eff == 0 || eff >= VC_PERMILLE_FULL)
+        return; /* first reading, idle, or not capped */
+    /* Held by its cap during the period (slept repeatedly) and still behind its budget now:
+     * otherwise using less than the cap is the application's choice, not an error. */
+    uint64_t dth = th - th0, dla = la - la0;
+    if (dth < 3 || dth * 50 < dla || __atomic_load_n(&st->tat_ns, __ATOMIC_RELAXED) <= now)
+        return;
+    int nprocs;
+    int usage = nvml_slice_usage(cd, dev, &nprocs);
+    if (usage < 0)
+        return;
+    int prev = (int)__atomic_exchange_n(&st->nvml_usage_permille, (uint32_t)usage, __ATOMIC_RELAXED);
+    int err = usage - (int)eff, prev_err = prev ? prev - (int)eff : 0;
+    int deadband = NVML_DEADBAND_PM + 5 * (nprocs - 1); /* each process's smUtil is rounded */
+    if (err > -deadband && err < deadband)
+        return;
+    if ((err > 0) != (prev_err > 0) || (prev_err > -deadband && prev_err < deadband))
+        return; /* one reading is noise; two in a row on the same side are a bias */
+    double step = NVML_GAIN * (double)err / (double)eff;
+    if (step > NVML_STEP_MAX)
+        step = NVML_STEP_MAX;
+    if (step < -NVML_STEP_MAX)
+        step = -NVML_STEP_MAX;
+    double f = stored_factor(st) * (1.0 + step);
+    if (f < NVML_FACTOR_MIN)
+        f = NVML_FACTOR_MIN;
+    if (f > NVML_FACTOR_MAX)
+        f = NVML_FACTOR_MAX;
+    __atomic_store_n(&st->nvml_factor_ppm, (uint32_t)(f * 1e6 + 0.5), __ATOMIC_RELAXED);
+    /* The next reading must see a whole period under the new factor. */
+    __atomic_store_n(&st->nvml_next_ns, now + 2 * NVML_PERIOD_NS, __ATOMIC_RELEASE);
+    vgpu_log(VGPU_LOG_DEBUG, "compute cap: device %d NVML share %d.%d%% vs %u.%u%%: cost factor %.3f", dev,
+             usage / 10, usage % 10, eff / 10, eff % 10, f);
+}
+
+static void *nvml_thread(void *arg)
+{
+    (void)arg;
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, NULL); /* the application's signals are not for us */
+    pthread_once(&nv_once, nv_resolve);
+    if (!nv.ok)
+        return NULL;
+    for (;;) {
+        vgpu_compute_sleep_until(vgpu_compute_now_ns() + NVML_PERIOD_NS / 4);
+        for (int d = 0; d < VGPU_MAX_DEVICES; d++)
+            if (__atomic_load_n(&g_nd[d].attached, __ATOMIC_ACQUIRE)) /* attached = capped (compute.c) */
+                nvml_step(d);
+    }
+    return NULL;
+}
+
+int vgpu_compute_nvml_started(void)
+{
+    return __atomic_load_n(&g_started, __ATOMIC_RELAXED);
+}
+
+void vgpu_compute_nvml_start(void)
+{
+    int no = 0;
+    /* Marked started even if creation fails: no retry on every launch. The exchange makes one
+     * thread the starter when several launch at once. */
+    if (!__atomic_compare_exchange_n(&g_started, &no, 1, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        return;
+    pthread_attr_t a;
+    pthread_t t;
+    if (pthread_attr_init(&a)) {
+        __atomic_store_n(&g_started, 0, __ATOMIC_RELAXED); /* try again at the next launch */
+        return;
+    }
+    pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+    pthread_attr_setstacksize(&a, 256 * 1024);
+    if (pthread_create(&t, &a, nvml_thread, NULL) != 0)
+        vgpu_log(VGPU_LOG_INFO, "compute cap: no NVML helper thread; events only");
+    pthread_attr_destroy(&a);
+}
+
+void vgpu_compute_nvml_atfork_child(void)
+{
+    g_started = 0; /* threads do not survive fork: start it again when needed */
+}
