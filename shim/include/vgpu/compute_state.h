@@ -43,7 +43,7 @@ struct vgpu_compute_state {
     uint64_t last_launch_ns;     /* CLOCK_MONOTONIC of the newest launch (heartbeat) */
     uint32_t effective_permille; /* cap currently applied (elastic may lift it; 1000 = uncapped) */
     uint32_t attached;           /* processes that attached to this device's cap (monotonic count) */
-    /* NVML outer loop (compute.c): a slow correction of the cost estimates from the driver's
+    /* NVML outer loop (compute_nvml.c): a slow correction of the cost estimates from the driver's
      * per-process utilisation, run by one process of the slice per period (CAS on nvml_next_ns). */
     uint32_t nvml_factor_ppm;     /* multiplier of estimated costs, 1000000 = 1.0 (0 = unset = 1.0) */
     uint32_t nvml_usage_permille; /* the slice's share on this device at the last NVML reading */
