@@ -11,6 +11,9 @@ adds for DRA:
   * the semver library: `semver("1.2.3")`, `isSemver()`, `major`, `minor`, `patch`,
     `compareTo`, `isLessThan`, `isGreaterThan` (version attributes are semver values).
 
+`evaluate()` runs one expression over arbitrary variables with the same functions, e.g. a
+ValidatingAdmissionPolicy's `object`, `oldObject`, `request` and `variables`.
+
 A selector's result depends only on the device, never on what is allocated, so results are
 cached. Many devices look the same to an expression (eight GPUs of one model differ only in
 uuid and index): the cache key is the part of the device the expression can read, found from
@@ -20,6 +23,7 @@ the names it mentions, so a thousand identical GPUs cost one evaluation.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from functools import total_ordering
@@ -27,6 +31,7 @@ from typing import Any
 
 import celpy
 from celpy import celtypes
+from celpy.adapter import json_to_cel
 from celpy.celparser import CELParseError
 from celpy.evaluation import CELEvalError
 
@@ -369,6 +374,16 @@ class Selector:
         )
 
 
+def _program(env: celpy.Environment, expression: str) -> Any:
+    """The runnable program with the Kubernetes functions; CelError (one line) if it does not
+    compile."""
+    try:
+        return env.program(env.compile(expression), functions=FUNCTIONS)
+    except CELParseError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else "syntax error"
+        raise CelError(f"CEL expression does not compile: {first}") from None
+
+
 class SelectorEvaluator:
     """Compiles each expression once and caches results per device (see the module doc)."""
 
@@ -384,12 +399,7 @@ class SelectorEvaluator:
         got = self._compiled.get(expression)
         if got is not None:
             return got
-        try:
-            ast = self._env.compile(expression)
-            program = self._env.program(ast, functions=FUNCTIONS)
-        except CELParseError as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else "syntax error"
-            raise CelError(f"CEL expression does not compile: {first}") from None
+        program = _program(self._env, expression)
         tokens: set[str] = set()
         for m in _TOKEN.finditer(expression):
             tokens.add(m.group(1) or m.group(2) or m.group(3) or "")
@@ -440,3 +450,28 @@ def _runtime_error(e: BaseException) -> str:
         text = f"{text}: {args[2][0]}"
     text = _ACTIVATION.sub("", text)
     return f"CEL runtime error: {text.splitlines()[0] if text else type(e).__name__}"
+
+
+def to_cel(value: Any) -> Any:
+    """Plain JSON-like data (dicts, lists, str, int, float, bool, None) as CEL values. CEL values
+    (an earlier evaluate() result, a quantity, a semver) are kept as they are."""
+    if isinstance(value, Quantity | Semver) or type(value).__module__ == celtypes.__name__:
+        return value
+    if isinstance(value, Mapping):
+        return celtypes.MapType({to_cel(k): to_cel(v) for k, v in value.items()})
+    if isinstance(value, list | tuple):
+        return celtypes.ListType([to_cel(v) for v in value])
+    return json_to_cel(value)
+
+
+def evaluate(expression: str, variables: Mapping[str, Any]) -> Any:
+    """The value of one expression with the given top-level variables (converted by to_cel).
+    CelError (one line) when it does not compile or fails at run time."""
+    program = _program(celpy.Environment(), expression)
+    try:
+        value = program.evaluate({k: to_cel(v) for k, v in variables.items()})
+    except CELEvalError as e:
+        raise CelError(_runtime_error(e)) from None
+    if isinstance(value, CELEvalError):
+        raise CelError(_runtime_error(value))
+    return value

@@ -18,8 +18,8 @@ import pytest
 import yaml
 
 from driver.flags import parse
+from sharing.plan.cel_eval import evaluate
 from sharing.policy import from_document
-from tests.support.k8s_cel import evaluate
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 OVERLAYS = ("base", "overlays/sharing", "overlays/partition")

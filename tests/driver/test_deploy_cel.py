@@ -6,6 +6,7 @@ valid amounts under the shipped policy and fit the published devices."""
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,9 @@ from typing import Any
 import pytest
 import yaml
 
+from sharing.plan.cel_eval import SelectorEvaluator
+from sharing.plan.loader import load_slices
+from sharing.plan.model import Device
 from sharing.policy import from_document
 from sharing.quantity import parse_bytes
 from tests.driver.test_deploy import DEPLOY, examples, of_kind
@@ -26,7 +30,7 @@ from tests.driver.test_main_e2e import (
     write_config,
 )
 from tests.fakes.apiserver import FakeApiServer, parse_quantity
-from tests.support.k8s_cel import compile_expression, selects
+from tests.plan.build import resource_slice
 
 pytestmark = pytest.mark.slow
 
@@ -78,7 +82,6 @@ def publish(root: Path, mode: str) -> dict[str, dict[str, Any]]:
 @pytest.fixture(scope="module")
 def published(sim_ready: None) -> Iterator[dict[str, dict[str, dict[str, Any]]]]:  # noqa: F811
     import shutil
-    import tempfile
 
     out = {}
     for mode in ("sharing", "partition"):
@@ -88,6 +91,28 @@ def published(sim_ready: None) -> Iterator[dict[str, dict[str, dict[str, Any]]]]
         finally:
             shutil.rmtree(d, ignore_errors=True)
     yield out
+
+
+EVALUATOR = SelectorEvaluator()  # `vgpu plan`'s CEL evaluator
+
+
+def as_device(driver: str, device: dict[str, Any]) -> Device:
+    """A published device as `vgpu plan` reads it (from a ResourceSlice of the given driver)."""
+    doc = resource_slice("node-a", [device])
+    doc["spec"]["driver"] = driver
+    with tempfile.TemporaryDirectory(prefix="vgpu-cel-") as d:
+        path = Path(d) / "slice.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        inventory, _ = load_slices(path)
+    [dev] = [d for devs in inventory.nodes.values() for d in devs]
+    return dev
+
+
+def selects(expressions: list[str], driver: str, device: dict[str, Any]) -> bool:
+    """True if every expression is true for the device (an evaluation error is not a match, as
+    the scheduler treats it for this device)."""
+    dev = as_device(driver, device)
+    return all(EVALUATOR.matches(EVALUATOR.compile(e), dev) is True for e in expressions)
 
 
 def class_expressions() -> dict[str, list[str]]:
@@ -120,7 +145,7 @@ def test_every_expression_compiles() -> None:
     exprs += [e for _, r in our_requests() for e in request_expressions(r)]
     assert len(exprs) > 12
     for e in exprs:
-        compile_expression(e)  # raises on a syntax error
+        EVALUATOR.compile(e)  # raises CelError on a syntax error
 
 
 def test_every_example_is_covered() -> None:

@@ -10,13 +10,11 @@ Usage::
         server.get("ResourceClaim", "default", "claim")  # a dict, or None
         path = server.kubeconfig_path(tmp_path)          # for subprocesses (KUBECONFIG=path)
 
-What it serves (resources in RESOURCES): get, list, watch (JSON lines), create, update (PUT),
-patch (JSON patch, JSON merge patch, strategic merge patch treated as merge patch: every list in
-the resource.k8s.io/v1 kinds served here is atomic, where both are the same), delete and
-deletecollection, with the status subresource where the real kind has one. List and watch
-honour fieldSelector (metadata.name, metadata.namespace and the kind's own fields, e.g.
-spec.nodeName and spec.driver for ResourceSlices; any other field is a 400 as on a real server)
-and labelSelector (=, ==, !=, in, notin, exists, !exists).
+What it serves (resources in RESOURCES) is what the plugin uses: get, list, create (with
+dryRun), update (PUT) and delete of single objects. List honours fieldSelector (metadata.name,
+metadata.namespace and the kind's own fields, e.g. spec.nodeName and spec.driver for
+ResourceSlices; any other field is a 400 as on a real server). Anything else (watch, patch,
+deletecollection, labelSelector, subresources) is refused with an error, never half-served.
 
 Strictness: every write (and put()) is validated against kubernetes-validate's strict schemas of
 every version in VALIDATE_VERSIONS, plus the semantic rules the real server enforces on
@@ -67,7 +65,6 @@ class ResourceType:
     plural: str
     kind: str
     namespaced: bool
-    has_status: bool
     # Field selectors the real server accepts beyond metadata.name/metadata.namespace.
     field_selectors: tuple[str, ...] = ()
 
@@ -77,16 +74,15 @@ class ResourceType:
 
 
 RESOURCES: tuple[ResourceType, ...] = (
-    ResourceType("", "v1", "nodes", "Node", namespaced=False, has_status=True),
-    ResourceType("", "v1", "namespaces", "Namespace", namespaced=False, has_status=True),
-    ResourceType("", "v1", "events", "Event", namespaced=True, has_status=False),
+    ResourceType("", "v1", "nodes", "Node", namespaced=False),
+    ResourceType("", "v1", "namespaces", "Namespace", namespaced=False),
+    ResourceType("", "v1", "events", "Event", namespaced=True),
     ResourceType(
         "",
         "v1",
         "pods",
         "Pod",
         namespaced=True,
-        has_status=True,
         field_selectors=("spec.nodeName", "status.phase"),
     ),
     ResourceType(
@@ -95,23 +91,17 @@ RESOURCES: tuple[ResourceType, ...] = (
         "resourceslices",
         "ResourceSlice",
         namespaced=False,
-        has_status=False,
         field_selectors=("spec.nodeName", "spec.driver"),
     ),
-    ResourceType(
-        "resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", namespaced=True, has_status=True
-    ),
+    ResourceType("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", namespaced=True),
     ResourceType(
         "resource.k8s.io",
         "v1",
         "resourceclaimtemplates",
         "ResourceClaimTemplate",
         namespaced=True,
-        has_status=False,
     ),
-    ResourceType(
-        "resource.k8s.io", "v1", "deviceclasses", "DeviceClass", namespaced=False, has_status=False
-    ),
+    ResourceType("resource.k8s.io", "v1", "deviceclasses", "DeviceClass", namespaced=False),
 )
 
 
@@ -377,86 +367,7 @@ def validate_resource_slice(obj: Mapping[str, Any]) -> list[tuple[str, str]]:
     return errs
 
 
-# --- patches and selectors -----------------------------------------------------------------------
-
-
-def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386 JSON merge patch."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    result = dict(target) if isinstance(target, dict) else {}
-    for k, v in patch.items():
-        if v is None:
-            result.pop(k, None)
-        else:
-            result[k] = merge_patch(result.get(k), v)
-    return result
-
-
-def _pointer(path: str) -> list[str]:
-    if path == "":
-        return []
-    if not path.startswith("/"):
-        raise ApiError(422, "Invalid", f"JSON patch path {path!r} must start with '/'")
-    return [p.replace("~1", "/").replace("~0", "~") for p in path[1:].split("/")]
-
-
-def json_patch(doc: Any, ops: Any) -> Any:
-    """RFC 6902 JSON patch: add, remove, replace, test, copy, move."""
-    if not isinstance(ops, list):
-        raise ApiError(400, "BadRequest", "a JSON patch must be a list of operations")
-    doc = copy.deepcopy(doc)
-
-    def parent(parts: list[str]) -> tuple[Any, str]:
-        cur = doc
-        for p in parts[:-1]:
-            cur = cur[int(p)] if isinstance(cur, list) else cur[p]
-        return cur, parts[-1]
-
-    def read(path: str) -> Any:
-        cur = doc
-        for p in _pointer(path):
-            cur = cur[int(p)] if isinstance(cur, list) else cur[p]
-        return cur
-
-    def add(path: str, value: Any) -> None:
-        nonlocal doc
-        parts = _pointer(path)
-        if not parts:
-            doc = value
-            return
-        par, last = parent(parts)
-        if isinstance(par, list):
-            par.insert(len(par) if last == "-" else int(last), value)
-        else:
-            par[last] = value
-
-    def remove(path: str) -> Any:
-        par, last = parent(_pointer(path))
-        return par.pop(int(last)) if isinstance(par, list) else par.pop(last)
-
-    try:
-        for op in ops:
-            kind, path = op["op"], op["path"]
-            if kind == "add":
-                add(path, copy.deepcopy(op["value"]))
-            elif kind == "remove":
-                remove(path)
-            elif kind == "replace":
-                remove(path)
-                add(path, copy.deepcopy(op["value"]))
-            elif kind == "test":
-                if read(path) != op["value"]:
-                    raise ApiError(422, "Invalid", f"JSON patch test failed at {path}")
-            elif kind == "copy":
-                add(path, copy.deepcopy(read(op["from"])))
-            elif kind == "move":
-                add(path, remove(op["from"]))
-            else:
-                raise ApiError(422, "Invalid", f"unknown JSON patch op {kind!r}")
-    except (KeyError, IndexError, ValueError, TypeError) as e:
-        raise ApiError(422, "Invalid", f"JSON patch cannot be applied: {e!r}") from e
-    return doc
+# --- field selectors -----------------------------------------------------------------------------
 
 
 def _field(obj: Mapping[str, Any], dotted: str) -> str:
@@ -486,62 +397,6 @@ def _parse_field_selector(rt: ResourceType, text: str) -> list[tuple[str, str, b
     return terms
 
 
-_LABEL_TERM = re.compile(
-    r"\s*(!?)([A-Za-z0-9_./-]+)\s*(?:(==|=|!=)\s*([A-Za-z0-9_.-]*)|\s+(in|notin)\s*\(([^)]*)\))?\s*"
-)
-
-
-def _split_label_selector(text: str) -> list[str]:
-    parts, depth, cur = [], 0, ""
-    for ch in text:
-        if ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-        if ch == "," and depth == 0:
-            parts.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    if cur.strip():
-        parts.append(cur)
-    return parts
-
-
-def _label_matcher(text: str) -> list[tuple[str, str, set[str]]]:
-    """[(key, op, values)] with op in eq, ne, in, notin, exists, notexists."""
-    terms: list[tuple[str, str, set[str]]] = []
-    for raw in _split_label_selector(text):
-        m = _LABEL_TERM.fullmatch(raw)
-        if not m:
-            raise ApiError(400, "BadRequest", f"unable to parse requirement: {raw.strip()!r}")
-        neg, key, eqop, eqval, setop, setvals = m.groups()
-        if eqop:
-            terms.append((key, "ne" if eqop == "!=" else "eq", {eqval}))
-        elif setop:
-            terms.append((key, setop, {v.strip() for v in setvals.split(",") if v.strip()}))
-        else:
-            terms.append((key, "notexists" if neg else "exists", set()))
-    return terms
-
-
-def _labels_match(labels: Mapping[str, str], terms: list[tuple[str, str, set[str]]]) -> bool:
-    for key, op, values in terms:
-        has = key in labels
-        val = labels.get(key)
-        ok = {
-            "eq": has and val in values,
-            "in": has and val in values,
-            "ne": not has or val not in values,
-            "notin": not has or val not in values,
-            "exists": has,
-            "notexists": not has,
-        }[op]
-        if not ok:
-            return False
-    return True
-
-
 # --- the server ---
 
 
@@ -554,17 +409,8 @@ class RecordedRequest:
 
 
 @dataclass
-class _Event:
-    rv: int
-    type: str
-    rt: ResourceType
-    obj: dict[str, Any]
-
-
-@dataclass
 class _Store:
     objects: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
-    events: list[_Event] = field(default_factory=list)
     rv: int = 0
 
 
@@ -602,7 +448,6 @@ class FakeApiServer:
         self._port = port
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
-        self._generation = 0  # bumped by down(): watches of an earlier incarnation end
         self._conns: set[socket.socket] = set()
         self._conns_lock = threading.Lock()
 
@@ -655,13 +500,10 @@ class FakeApiServer:
         self._thread.start()
 
     def down(self) -> None:
-        """Stop listening and end open watches; the store survives for up()."""
+        """Stop listening and cut open connections; the store survives for up()."""
         httpd, self._httpd = self._httpd, None
         if httpd is None:
             return
-        with self._cond:
-            self._generation += 1
-            self._cond.notify_all()
         httpd.shutdown()
         httpd.server_close()
         # Keep-alive connections would go on being served by their threads: cut them, as a dead
@@ -712,7 +554,7 @@ class FakeApiServer:
         ns = meta.get("namespace", "default") if rt.namespaced else ""
         with self._cond:
             old = self._store.objects.get((rt.plural, ns, meta.get("name", "")))
-            return self._write(rt, ns, copy.deepcopy(obj), old, keep_status=False)
+            return self._write(rt, ns, copy.deepcopy(obj), old)
 
     def get(self, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None:
         rt = self.resource_type(kind)
@@ -792,8 +634,6 @@ class FakeApiServer:
         obj: dict[str, Any],
         old: dict[str, Any] | None,
         *,
-        keep_status: bool,
-        status_only: bool = False,
         dry_run: bool = False,
     ) -> dict[str, Any]:
         obj.setdefault("apiVersion", rt.api_version)
@@ -825,18 +665,6 @@ class FakeApiServer:
         if err := _dns_subdomain_error(meta["name"]):
             raise _invalid(rt, meta["name"], [("metadata.name", err)])
         if old is not None:
-            if status_only:
-                new = copy.deepcopy(old)
-                new["status"] = obj.get("status")
-                if new["status"] is None:
-                    new.pop("status")
-                new["metadata"]["resourceVersion"] = meta.get("resourceVersion")
-                obj, meta = new, new["metadata"]
-            elif keep_status:
-                if "status" in old:
-                    obj["status"] = copy.deepcopy(old["status"])
-                else:
-                    obj.pop("status", None)
             rv = meta.get("resourceVersion")
             if rv and rv != old["metadata"]["resourceVersion"]:
                 raise ApiError(
@@ -854,8 +682,6 @@ class FakeApiServer:
                 generation += 1
             meta["generation"] = generation
         else:
-            if keep_status and rt.has_status:
-                obj.pop("status", None)  # create through the API resets status, as on a real server
             meta.setdefault("uid", str(uuid.uuid4()))
             meta["creationTimestamp"] = _now()
             meta["generation"] = 1
@@ -867,8 +693,6 @@ class FakeApiServer:
         self._store.rv += 1
         meta["resourceVersion"] = str(self._store.rv)
         self._store.objects[(rt.plural, ns, meta["name"])] = obj
-        kind = "ADDED" if old is None else "MODIFIED"
-        self._store.events.append(_Event(self._store.rv, kind, rt, copy.deepcopy(obj)))
         self._cond.notify_all()
         return copy.deepcopy(obj)
 
@@ -879,7 +703,6 @@ class FakeApiServer:
         self._store.rv += 1
         obj = copy.deepcopy(obj)
         obj["metadata"]["resourceVersion"] = str(self._store.rv)
-        self._store.events.append(_Event(self._store.rv, "DELETED", rt, copy.deepcopy(obj)))
         self._cond.notify_all()
         # The garbage collector's part: dependents of the deleted object go too (at once here).
         uid = obj["metadata"].get("uid")
@@ -895,22 +718,13 @@ class FakeApiServer:
         self, rt: ResourceType, ns: str | None, query: Mapping[str, list[str]]
     ) -> list[dict[str, Any]]:
         fields = _parse_field_selector(rt, query.get("fieldSelector", [""])[0])
-        labels = _label_matcher(query.get("labelSelector", [""])[0])
         return [
             copy.deepcopy(o)
             for (plural, ons, _), o in sorted(self._store.objects.items())
-            if plural == rt.plural and (ns is None or ons == ns) and _matches(o, fields, labels)
+            if plural == rt.plural
+            and (ns is None or ons == ns)
+            and all((_field(o, f) == v) == eq for f, v, eq in fields)
         ]
-
-
-def _matches(
-    obj: Mapping[str, Any],
-    fields: list[tuple[str, str, bool]],
-    labels: list[tuple[str, str, set[str]]],
-) -> bool:
-    if not all((_field(obj, f) == v) == eq for f, v, eq in fields):
-        return False
-    return _labels_match((obj.get("metadata") or {}).get("labels") or {}, labels)
 
 
 def _not_found(rt: ResourceType, name: str) -> ApiError:
@@ -925,7 +739,7 @@ def _not_found(rt: ResourceType, name: str) -> ApiError:
 
 _PATH = re.compile(
     r"^/(?:api/(?P<cv>v1)|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
-    r"(?:/namespaces/(?P<ns>[^/]+))?/(?P<plural>[^/]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>status))?/?$"
+    r"(?:/namespaces/(?P<ns>[^/]+))?/(?P<plural>[^/]+)(?:/(?P<name>[^/]+))?/?$"
 )
 
 
@@ -959,9 +773,6 @@ class _Handler(BaseHTTPRequestHandler):
     def do_PUT(self) -> None:
         self._dispatch("PUT")
 
-    def do_PATCH(self) -> None:
-        self._dispatch("PATCH")
-
     def do_DELETE(self) -> None:
         self._dispatch("DELETE")
 
@@ -987,7 +798,7 @@ class _Handler(BaseHTTPRequestHandler):
         ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip()
         self.api.requests.append(RecordedRequest(method, url.path, query, ctype))
         try:
-            body = self._body() if method in ("POST", "PUT", "PATCH", "DELETE") else None
+            body = self._body() if method in ("POST", "PUT", "DELETE") else None
             m = _PATH.match(url.path)
             if not m:
                 raise ApiError(
@@ -1015,11 +826,7 @@ class _Handler(BaseHTTPRequestHandler):
                 raise ApiError(
                     404, "NotFound", f"{rt.kind} is namespaced: use /namespaces/<ns>/{rt.plural}"
                 )
-            if m.group("sub") and not rt.has_status:
-                raise ApiError(404, "NotFound", f"{rt.kind} has no status subresource")
-            self._handle(
-                method, rt, m.group("ns"), m.group("name"), m.group("sub"), query, ctype, body
-            )
+            self._handle(method, rt, m.group("ns"), m.group("name"), query, body)
         except ApiError as e:
             self._send(e.code, e.status())
         except (BrokenPipeError, ConnectionResetError):
@@ -1031,18 +838,15 @@ class _Handler(BaseHTTPRequestHandler):
         rt: ResourceType,
         ns: str | None,
         name: str | None,
-        sub: str | None,
         query: Mapping[str, list[str]],
-        ctype: str,
         body: Any,
     ) -> None:
         api = self.api
         key_ns = ns or ""
-        dry_run = bool(query.get("dryRun"))
+        unsupported = sorted(set(query) & {"watch", "labelSelector"})
+        if unsupported:
+            raise ApiError(400, "BadRequest", f"this fake does not serve {', '.join(unsupported)}")
         if method == "GET" and name is None:
-            if query.get("watch", ["false"])[0] in ("true", "1"):
-                self._watch(rt, ns, query)
-                return
             with api._cond:
                 items = api._list(rt, ns, query)
                 rv = str(api._store.rv)
@@ -1060,6 +864,10 @@ class _Handler(BaseHTTPRequestHandler):
                 },
             )
             return
+        if name is None and method != "POST":
+            raise ApiError(405, "MethodNotAllowed", f"{method} needs an object name")
+        if name is not None and method == "POST":
+            raise ApiError(405, "MethodNotAllowed", "POST goes to the collection")
         if method == "GET":
             assert name is not None
             with api._cond:
@@ -1068,12 +876,17 @@ class _Handler(BaseHTTPRequestHandler):
                     raise _not_found(rt, name)
                 self._send(200, obj)
             return
-        if method == "POST":
-            if name is not None or sub is not None:
-                raise ApiError(405, "MethodNotAllowed", "POST goes to the collection")
-            if not isinstance(body, dict):
-                raise ApiError(400, "BadRequest", "the body must be a JSON object")
+        if method == "DELETE":
+            assert name is not None
             with api._cond:
+                obj = api._delete(rt, key_ns, name)
+            self._send(200, obj)
+            return
+        if not isinstance(body, dict):
+            raise ApiError(400, "BadRequest", "the body must be a JSON object")
+        dry_run = bool(query.get("dryRun"))
+        with api._cond:
+            if method == "POST":
                 meta = body.get("metadata") or {}
                 if meta.get("name") and (rt.plural, key_ns, meta["name"]) in api._store.objects:
                     what = f"{rt.plural}.{rt.group}" if rt.group else rt.plural
@@ -1083,119 +896,21 @@ class _Handler(BaseHTTPRequestHandler):
                         f'{what} "{meta["name"]}" already exists',
                         {"name": meta["name"], "group": rt.group, "kind": rt.plural},
                     )
-                obj = api._write(rt, key_ns, body, None, keep_status=True, dry_run=dry_run)
-            self._send(201, obj)
-            return
-        if method in ("PUT", "PATCH"):
-            if name is None:
-                raise ApiError(405, "MethodNotAllowed", f"{method} needs an object name")
-            with api._cond:
+                obj = api._write(rt, key_ns, body, None, dry_run=dry_run)
+                code = 201
+            else:  # PUT
+                assert name is not None
                 old = api._store.objects.get((rt.plural, key_ns, name))
                 if old is None:
                     raise _not_found(rt, name)
-                if method == "PUT":
-                    if not isinstance(body, dict):
-                        raise ApiError(400, "BadRequest", "the body must be a JSON object")
-                    new = body
-                elif ctype == "application/json-patch+json":
-                    new = json_patch(old, body)
-                elif ctype in (
-                    "application/merge-patch+json",
-                    "application/strategic-merge-patch+json",
-                ):
-                    new = merge_patch(old, body)
-                    # A patch carries the resourceVersion only to demand a precondition.
-                    if not ((body or {}).get("metadata") or {}).get("resourceVersion"):
-                        new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
-                else:
-                    raise ApiError(415, "UnsupportedMediaType", f"unsupported patch type {ctype!r}")
-                if (new.get("metadata") or {}).get("name", name) != name:
+                if (body.get("metadata") or {}).get("name", name) != name:
                     raise ApiError(
                         400, "BadRequest", "the name of the object does not match the URL"
                     )
-                new.setdefault("metadata", {})["name"] = name
-                obj = api._write(
-                    rt,
-                    key_ns,
-                    copy.deepcopy(new),
-                    old,
-                    keep_status=rt.has_status and sub is None,
-                    status_only=sub is not None,
-                    dry_run=dry_run,
-                )
-            self._send(200, obj)
-            return
-        if method == "DELETE":
-            with api._cond:
-                if name is None:
-                    for item in api._list(rt, ns, query):
-                        meta = item["metadata"]
-                        if not dry_run:
-                            api._delete(rt, meta.get("namespace", ""), meta["name"])
-                    self._send(
-                        200,
-                        {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"},
-                    )
-                    return
-                if dry_run:
-                    obj = api._store.objects.get((rt.plural, key_ns, name))
-                    if obj is None:
-                        raise _not_found(rt, name)
-                else:
-                    obj = api._delete(rt, key_ns, name)
-            self._send(200, obj)
-            return
-        raise ApiError(405, "MethodNotAllowed", f"{method} is not supported")
-
-    def _watch(self, rt: ResourceType, ns: str | None, query: Mapping[str, list[str]]) -> None:
-        api = self.api
-        fields = _parse_field_selector(rt, query.get("fieldSelector", [""])[0])
-        labels = _label_matcher(query.get("labelSelector", [""])[0])
-        timeout = float(query.get("timeoutSeconds", ["3600"])[0])
-        deadline = time.monotonic() + timeout
-        start_rv = query.get("resourceVersion", [""])[0]
-        with api._cond:
-            generation = api._generation
-            if start_rv in ("", "0"):
-                # Without a resourceVersion a watch starts with the current state as ADDED events.
-                pending: list[tuple[str, dict[str, Any]]] = [
-                    ("ADDED", o) for o in api._list(rt, ns, query)
-                ]
-                cursor = api._store.rv
-            else:
-                pending = []
-                cursor = int(start_rv)
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-        try:
-            while True:
-                for kind, obj in pending:
-                    line = json.dumps({"type": kind, "object": obj}).encode() + b"\n"
-                    self.wfile.write(f"{len(line):x}\r\n".encode() + line + b"\r\n")
-                self.wfile.flush()
-                pending = []
-                with api._cond:
-                    while True:
-                        if api._generation != generation or time.monotonic() >= deadline:
-                            self.wfile.write(b"0\r\n\r\n")
-                            self.close_connection = True
-                            return
-                        fresh = [e for e in api._store.events if e.rv > cursor]
-                        if fresh:
-                            break
-                        api._cond.wait(min(0.5, max(0.0, deadline - time.monotonic())))
-                    for e in fresh:
-                        cursor = e.rv
-                        if e.rt is not rt or (
-                            ns is not None and e.obj["metadata"].get("namespace") != ns
-                        ):
-                            continue
-                        if _matches(e.obj, fields, labels):
-                            pending.append((e.type, copy.deepcopy(e.obj)))
-        except (BrokenPipeError, ConnectionResetError):
-            return
+                body.setdefault("metadata", {})["name"] = name
+                obj = api._write(rt, key_ns, body, old, dry_run=dry_run)
+                code = 200
+        self._send(code, obj)
 
 
 def free_port() -> int:
