@@ -192,7 +192,8 @@ def test_open_health_streams_do_not_starve_prepare(root: Path, server: FakeApiSe
     prepare timed out. Streams beyond the bound are refused; prepare is still answered."""
     plugin = InProcessPlugin(root, server.api_client())
     plugin.driver.start()
-    kubelet = KubeletStandin(plugin.registration_socket, timeout=10)
+    # Starved, prepare never completes; 30 s keeps a loaded machine from passing for starved.
+    kubelet = KubeletStandin(plugin.registration_socket, timeout=30)
     kubelet.register()
     assert kubelet.info is not None
     channel = grpc.insecure_channel(f"unix://{kubelet.info.endpoint}")
