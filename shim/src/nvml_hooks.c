@@ -22,27 +22,51 @@ static int slice_of(nvmlDevice_t device, uint64_t drv_total, uint64_t *total, ui
     return 1;
 }
 
-nvmlReturn_t hook_nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
-    if (vgpu_resolve_nvml() != 0 || real_nvmlDeviceGetMemoryInfo == NULL) return NVML_ERROR_FUNCTION_NOT_FOUND;
-    nvmlReturn_t rc = real_nvmlDeviceGetMemoryInfo(device, memory);
+/* nvmlDeviceGetMemoryInfo and its _v2 differ only in the struct they fill (nvmlMemory_t,
+ * nvmlMemory_v2_t): one helper, and per version an adapter calling the real function (NOT_FOUND
+ * when the driver lacks it) and one writing the slice's view into that version's struct. */
+struct memory_abi {
+    nvmlReturn_t (*call)(nvmlDevice_t device, void *memory);
+    uint64_t (*total)(const void *memory);
+    void (*set)(void *memory, uint64_t total, uint64_t used, uint64_t free);
+};
+
+static nvmlReturn_t memory_info(const struct memory_abi *abi, nvmlDevice_t device, void *memory) {
+    if (vgpu_resolve_nvml() != 0) return NVML_ERROR_FUNCTION_NOT_FOUND;
+    nvmlReturn_t rc = abi->call(device, memory);
     uint64_t t, u, f;
-    if (rc == NVML_SUCCESS && memory != NULL && slice_of(device, memory->total, &t, &u, &f)) {
-        memory->total = t;
-        memory->used = u;
-        memory->free = f;
-    }
+    if (rc == NVML_SUCCESS && memory != NULL && slice_of(device, abi->total(memory), &t, &u, &f)) abi->set(memory, t, u, f);
     return rc;
 }
 
+static nvmlReturn_t call_v1(nvmlDevice_t device, void *memory) {
+    if (real_nvmlDeviceGetMemoryInfo == NULL) return NVML_ERROR_FUNCTION_NOT_FOUND;
+    return real_nvmlDeviceGetMemoryInfo(device, (nvmlMemory_t *)memory);
+}
+static nvmlReturn_t call_v2(nvmlDevice_t device, void *memory) {
+    if (real_nvmlDeviceGetMemoryInfo_v2 == NULL) return NVML_ERROR_FUNCTION_NOT_FOUND;
+    return real_nvmlDeviceGetMemoryInfo_v2(device, (nvmlMemory_v2_t *)memory);
+}
+static uint64_t total_v1(const void *memory) { return ((const nvmlMemory_t *)memory)->total; }
+static uint64_t total_v2(const void *memory) { return ((const nvmlMemory_v2_t *)memory)->total; }
+static void set_v1(void *memory, uint64_t total, uint64_t used, uint64_t free) {
+    nvmlMemory_t *m = memory;
+    m->total = total;
+    m->used = used;
+    m->free = free;
+}
+static void set_v2(void *memory, uint64_t total, uint64_t used, uint64_t free) {
+    nvmlMemory_v2_t *m = memory;
+    m->total = total;
+    m->reserved = 0; /* the driver's reservation is not the slice's */
+    m->used = used;
+    m->free = free;
+}
+static const struct memory_abi MEMORY_V1 = {call_v1, total_v1, set_v1}, MEMORY_V2 = {call_v2, total_v2, set_v2};
+
+nvmlReturn_t hook_nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
+    return memory_info(&MEMORY_V1, device, memory);
+}
 nvmlReturn_t hook_nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory) {
-    if (vgpu_resolve_nvml() != 0 || real_nvmlDeviceGetMemoryInfo_v2 == NULL) return NVML_ERROR_FUNCTION_NOT_FOUND;
-    nvmlReturn_t rc = real_nvmlDeviceGetMemoryInfo_v2(device, memory);
-    uint64_t t, u, f;
-    if (rc == NVML_SUCCESS && memory != NULL && slice_of(device, memory->total, &t, &u, &f)) {
-        memory->total = t;
-        memory->reserved = 0; /* the driver's reservation is not the slice's */
-        memory->used = u;
-        memory->free = f;
-    }
-    return rc;
+    return memory_info(&MEMORY_V2, device, memory);
 }
