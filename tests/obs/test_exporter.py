@@ -19,6 +19,7 @@ from sharing.paths import shim_library
 from tests.obs.helpers import (
     ExporterProcess,
     MiB,
+    Sample,
     add_claim,
     only,
     region_with_limits,
@@ -93,8 +94,14 @@ def test_two_tenants_on_the_simulator(
                         CUDA_DEVICE_MEMORY_SHARED_CACHE=str(a))  # fmt: skip
         held = Held(build_c("shim_ops.c"), shim_env, "init", "ctx", f"alloc:{100 * MiB}")
         try:
-            s = scrape_until(exp.url, lambda s: bool(only(s, "vgpu_slice_processes", claim=str(a))
-                                                     and value(s, "vgpu_slice_processes", claim=str(a)) == 1))  # fmt: skip
+            # The exposition may be a read taken between the process's start (its slot: one
+            # process) and its allocation: wait for one that has both.
+            def holding(s: list[Sample]) -> bool:
+                procs = only(s, "vgpu_slice_processes", claim=str(a))
+                used = only(s, "vgpu_slice_memory_used_bytes", claim=str(a))
+                return bool(procs and used) and procs[0].value == 1 and used[0].value == 100 * MiB
+
+            s = scrape_until(exp.url, holding)
         finally:
             held.release()
     finally:
