@@ -17,10 +17,12 @@ import contextlib
 import os
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from sharing import region
 from sharing.compute_run import COMPUTE
+from sharing.fsutil import atomic_write
 from sharing.limitsfile import LimitsFileError, parse_limits_file
 from sharing.paths import shim_library, sim_lib_dir
 from sharing.quantity import QuantityError, parse_bytes
@@ -140,7 +142,7 @@ def write_region_limits(path: str, env: Mapping[str, str]) -> None:
     """FILE.limits beside a --region FILE: the limits this run gives CMD, in the limits-file
     format, for observers (`vgpu top`, the exporter; the accounting file holds usage only). The
     shim does not read it: CMD's environment carries the limits. Written atomically, never
-    through a link, in the region's checked directory."""
+    through a link (sharing.fsutil.atomic_write), in the region's checked directory."""
     indexed = [
         int(k.rsplit("_", 1)[1])
         for k in env
@@ -166,22 +168,8 @@ def write_region_limits(path: str, env: Mapping[str, str]) -> None:
     ]
     text = "\n".join(lines) + "\n"
     parse_limits_file(text)  # never write what a reader would refuse
-    dfd, name, _ = region.open_dir(path + ".limits")
-    try:
-        tmp = f".{name[:200]}.tmp.{os.getpid()}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o644, dir_fd=dfd)  # fmt: skip
-        try:
-            os.write(fd, text.encode())
-        finally:
-            os.close(fd)
-        try:
-            os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-        except OSError:
-            os.unlink(tmp, dir_fd=dfd)
-            raise
-    finally:
-        os.close(dfd)
+    os.close(region.open_dir(path + ".limits")[0])  # the region's directory, checked as for it
+    atomic_write(Path(path + ".limits"), text.encode())
 
 
 def run(args: argparse.Namespace) -> int:
