@@ -218,8 +218,30 @@ class Plugin:
         published = loop is not None and loop.published_once
         return Status(
             registered and published,
-            {"registered": registered, "slicesPublished": published, "mode": self.mode},
+            {
+                "registered": registered,
+                "slicesPublished": published,
+                "mode": self.mode,
+                "claimsWithoutShim": self._claims_without_shim(),
+            },
         )
+
+    def _claims_without_shim(self) -> list[dict[str, object]] | None:
+        """The watchdog's last finding of claims' GPU processes running without the shim
+        (None: no watchdog, --metrics-address is off). Reported, not a readiness failure: a
+        tenant's image must not hold the plugin's DaemonSet rollout."""
+        if self.metrics is None:
+            return None
+        return [
+            {
+                "claim": f"{u.slice.namespace}/{u.slice.claim}",
+                "claimUID": u.slice.claim_uid,
+                "gpu": u.gpu_uuid,
+                "pid": u.pid,
+                "reason": u.why,
+            }
+            for u in self.metrics.watchdog.without_shim()
+        ]
 
     # -- lifecycle --
 

@@ -70,6 +70,9 @@ _SLICE: tuple[tuple[str, str, str, Callable[[SliceDeviceView], float]], ...] = (
      "counter", lambda s: s.counters.denied_bytes),
     ("vgpu_slice_processes", "Live processes of the slice (those the shim is loaded into).",
      "gauge", lambda s: s.processes),
+    ("vgpu_slice_processes_without_shim",
+     "GPU processes of the slice on the device that run without the shim (no limit applies to "
+     "them), as the watchdog's last pass saw them.", "gauge", lambda s: s.without_shim),
 )  # fmt: skip
 
 VIOLATIONS = "vgpu_slice_quota_violations"  # _total; the watchdog's findings

@@ -31,6 +31,7 @@ class SliceDeviceView:
     compute_used_ratio: float
     processes: int  # live processes of the slice (all its devices)
     violations: int  # watchdog findings so far
+    without_shim: int = 0  # watchdog: the slice's GPU processes there that run without the shim
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,7 @@ class ViolationCounts:
         self._lock = threading.Lock()
         self._slice: dict[tuple[str, int], int] = {}
         self._unattributed: dict[str, int] = {}  # by GPU UUID
+        self._without_shim: dict[tuple[str, int], int] = {}  # as of the last pass
 
     def add_slice(self, key: str, device: int) -> None:
         with self._lock:
@@ -112,6 +114,15 @@ class ViolationCounts:
     def add_unattributed(self, uuid: str) -> None:
         with self._lock:
             self._unattributed[uuid] = self._unattributed.get(uuid, 0) + 1
+
+    def set_without_shim(self, counts: dict[tuple[str, int], int]) -> None:
+        """Replace the counts of processes without the shim (the watchdog's last pass)."""
+        with self._lock:
+            self._without_shim = dict(counts)
+
+    def without_shim(self, key: str, device: int) -> int:
+        with self._lock:
+            return self._without_shim.get((key, device), 0)
 
     def slice(self, key: str, device: int) -> int:
         with self._lock:
@@ -203,6 +214,7 @@ class ViewBuilder:
                         else 0.0,
                         processes=len(c.live_pids),
                         violations=self.violations.slice(s.key, dc.index),
+                        without_shim=self.violations.without_shim(s.key, dc.index),
                     )
                 )
                 samples[(s.key, dc.index)] = (now, dc.charged_ns)

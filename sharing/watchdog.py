@@ -20,12 +20,20 @@ outside, after every NVML pass:
   that reached the driver around it: its slot in the accounting file, found by its PID in its
   own namespace, says what the shim charged); if there are none, the slice's biggest processes
   there until the rest fit.
+- A process of a slice that runs without the shim (its memory map holds no libvgpu: a musl or
+  static binary, a cleared LD_PRELOAD, a shim the loader refused) is reported even under its
+  quota, because nothing limits it: one log line and a ShimNotLoaded Event per process, the
+  gauge vgpu_slice_processes_without_shim, the plugin's /readyz body; with enforce="kill" it is
+  stopped like an offender. The map is definitive: the dynamic loader maps every preloaded
+  object before main, so a process that names the slice's file and has no libvgpu mapping
+  never had the shim.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import struct
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -85,6 +93,73 @@ def attribute(pid: int, proc_root: str = "/proc") -> Attribution:
     return Attribution((st.st_dev, st.st_ino), ns_pid, "")
 
 
+SHIM_NAME = b"/libvgpu"  # the shim's file name as mapped (CONTAINER_LIB, sharing/_lib)
+
+
+# ELF header layout per class: (e_phoff format and offset, e_phentsize offset, word format,
+# offsets of p_offset and p_filesz in a program header)
+_ELF = {1: ("I", 28, 42, "I", 4, 16), 2: ("Q", 32, 54, "Q", 8, 32)}
+PT_INTERP = 3
+
+
+def interpreter(pid: int, proc_root: str = "/proc") -> bytes | None:
+    """The program interpreter (PT_INTERP) of the process's executable; b"" for a static
+    binary; None if unreadable. Read from the ELF headers, not guessed from the memory map (a
+    musl loader is mapped under its libc's name)."""
+    try:
+        with open(f"{proc_root}/{pid}/exe", "rb") as f:
+            head = f.read(64)
+            if len(head) < 52 or head[:4] != b"\x7fELF" or head[4] not in _ELF:
+                return None
+            end = "<" if head[5] == 1 else ">"  # EI_DATA: 1 little-endian, 2 big-endian
+            off_fmt, phoff_at, ph_at, word, p_offset_at, p_filesz_at = _ELF[head[4]]
+            (phoff,) = struct.unpack_from(end + off_fmt, head, phoff_at)
+            phentsize, phnum = struct.unpack_from(end + "HH", head, ph_at)
+            if phentsize == 0:
+                return None
+            f.seek(phoff)
+            table = f.read(phentsize * min(phnum, 256))
+            for at in range(0, len(table) - phentsize + 1, phentsize):
+                if struct.unpack_from(end + "I", table, at)[0] != PT_INTERP:
+                    continue
+                (off,) = struct.unpack_from(end + word, table, at + p_offset_at)
+                (size,) = struct.unpack_from(end + word, table, at + p_filesz_at)
+                f.seek(off)
+                return f.read(min(size, 4096)).rstrip(b"\0")
+            return b""
+    except (OSError, struct.error):
+        return None
+
+
+def missing_shim(pid: int, proc_root: str = "/proc") -> str | None:
+    """None if the shim is mapped into the process (or we cannot tell); else why it is not."""
+    try:
+        with open(f"{proc_root}/{pid}/maps", "rb") as f:
+            maps = f.read()
+    except OSError:
+        return None  # gone, or not ours to read: attribute() already said whether we are blind
+    if any(SHIM_NAME in line for line in maps.splitlines() if b" /" in line):
+        return None
+    interp = interpreter(pid, proc_root)
+    if interp is not None and b"musl" in interp:
+        return "its C library is musl, whose loader never loads the shim (unsupported image)"
+    if interp == b"":
+        return "it is a static binary: no loader preloads the shim into it"
+    return "the shim is not loaded into it (LD_PRELOAD cleared, or the loader refused it)"
+
+
+@dataclass(frozen=True)
+class Unshimmed:
+    """A GPU process of a slice that runs without the shim, as the last pass saw it."""
+
+    slice: Slice
+    device: int
+    gpu_uuid: str
+    pid: int
+    used_bytes: int
+    why: str
+
+
 def _describe(pid: int) -> str:
     try:
         p = psutil.Process(pid)
@@ -98,6 +173,13 @@ def _identity(pid: int) -> tuple[int, float]:
         return pid, psutil.Process(pid).create_time()
     except psutil.Error:
         return pid, 0.0
+
+
+def _count_by_slice_device(found: list[Unshimmed]) -> dict[tuple[str, int], int]:
+    out: dict[tuple[str, int], int] = {}
+    for u in found:
+        out[(u.slice.key, u.device)] = out.get((u.slice.key, u.device), 0) + 1
+    return out
 
 
 def _stop(pids: list[int], grace: float) -> None:
@@ -139,6 +221,9 @@ class Watchdog:
         self.proc_root = proc_root
         self._over: set[tuple[str, int]] = set()  # (slice key, device): episodes in progress
         self._strays: set[tuple[int, float]] = set()  # unattributed processes already counted
+        self._unshimmed_seen: set[tuple[int, float]] = set()  # reported processes without shim
+        self._unshimmed: tuple[Unshimmed, ...] = ()
+        self._unshimmed_lock = threading.Lock()
         self._self = os.getpid()
         self._warned_blind = False
 
@@ -147,6 +232,8 @@ class Watchdog:
         devices = {d.gpu.uuid: d for d in view.devices}
         over_now: set[tuple[str, int]] = set()
         strays_now: set[tuple[int, float]] = set()
+        unshimmed: list[Unshimmed] = []
+        unshimmed_seen: set[tuple[int, float]] = set()
         to_stop: list[int] = []
         for gpu in reading.gpus:
             dv = devices.get(gpu.uuid)
@@ -173,6 +260,7 @@ class Watchdog:
                         to_stop.append(p.pid)
             for key, procs in mine.items():
                 s = on_dev[key]
+                to_stop += self._without_shim(gpu.uuid, s, procs, unshimmed, unshimmed_seen)
                 total = sum(p.used_bytes for p, _ in procs)
                 if s.memory_limit <= 0 or total <= s.memory_limit + self.margin:
                     continue
@@ -181,12 +269,56 @@ class Watchdog:
                     to_stop += self._over_quota(gpu.uuid, s, procs, total, view)
         self._over = over_now
         self._strays = strays_now
+        self._unshimmed_seen = unshimmed_seen
+        with self._unshimmed_lock:
+            self._unshimmed = tuple(unshimmed)
+        self.violations.set_without_shim(_count_by_slice_device(unshimmed))
+        to_stop = list(dict.fromkeys(to_stop))  # a process can be an offender twice over
         if to_stop and self.enforce == "kill":
             log.warning("watchdog: stopping pids %s (SIGTERM, SIGKILL after %gs)",
                         to_stop, self.kill_grace)  # fmt: skip
             threading.Thread(
                 target=_stop, args=(to_stop, self.kill_grace), name="watchdog-kill", daemon=True
             ).start()
+
+    def without_shim(self) -> tuple[Unshimmed, ...]:
+        """The slices' GPU processes that ran without the shim at the last pass."""
+        with self._unshimmed_lock:
+            return self._unshimmed
+
+    def _without_shim(
+        self,
+        uuid: str,
+        s: SliceDeviceView,
+        procs: list[tuple[GpuProcess, Attribution]],
+        found: list[Unshimmed],
+        seen: set[tuple[int, float]],
+    ) -> list[int]:
+        """Adds the slice's processes without the shim to found/seen; returns the new ones."""
+        new = []
+        for p, _ in procs:
+            missing = missing_shim(p.pid, self.proc_root)
+            if missing is None:
+                continue
+            u = Unshimmed(s.slice, s.device, uuid, p.pid, p.used_bytes, missing)
+            found.append(u)
+            ident = _identity(p.pid)
+            seen.add(ident)
+            if ident not in self._unshimmed_seen:
+                self._report_unshimmed(u)
+                new.append(p.pid)
+        return new
+
+    def _report_unshimmed(self, u: Unshimmed) -> None:
+        sl = u.slice
+        who = (sl.claim_uid and f"claim {sl.namespace}/{sl.claim} ({sl.claim_uid})") or sl.claim
+        msg = (
+            f"{who}: {_describe(u.pid)} uses GPU {u.gpu_uuid} ({u.used_bytes} bytes) without "
+            f"the sharing shim, so no quota or compute cap applies to it: {u.why}"
+        )
+        log.warning("watchdog: process without the shim: %s", msg)
+        if self.events is not None:
+            self.events(sl, "ShimNotLoaded", msg)
 
     def _blind(self, pid: int, why: str) -> None:
         """A GPU process we cannot inspect is never called a violation (a watchdog without

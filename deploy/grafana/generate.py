@@ -135,6 +135,9 @@ SLICE_PANELS: Panels = (
     ("Processes per slice", "none", [
         (f"vgpu_slice_processes{{{SLICE}}}", SL),
     ], "Live processes of the slice the shim is loaded into."),
+    ("Processes without the shim (watchdog)", "none", [
+        (f"vgpu_slice_processes_without_shim{{{SLICE}}}", SL),
+    ], "GPU processes of the slice that run without libvgpu: no limit applies. Alert VgpuShimNotLoaded."),
 )  # fmt: skip
 EXPORTER_PANELS: Panels = (
     ("Scrape health", "none", [('up{job=~"vgpu.*"}', "{{instance}} up")],

@@ -175,6 +175,7 @@ def test_health_is_up_before_the_api_server_and_readiness_means_published(
             "mode": "sharing",
             "registered": True,
             "slicesPublished": True,
+            "claimsWithoutShim": None,  # no --metrics-address: no watchdog
         }
         kubelet.close()
     finally:

@@ -42,6 +42,7 @@ SLICE_METRICS = (
     "vgpu_slice_alloc_denied_total",
     "vgpu_slice_alloc_denied_bytes_total",
     "vgpu_slice_processes",
+    "vgpu_slice_processes_without_shim",
     "vgpu_slice_quota_violations_total",
 )
 DEVICE_METRICS = (

@@ -10,10 +10,11 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from sharing.paths import sim_lib_dir
+from sharing.paths import shim_library, sim_lib_dir
 from tests.driver.kubelet_standin import KubeletStandin, allocated_claim, claim_id, result
 from tests.driver.test_main_e2e import (
     DRIVER,
@@ -26,6 +27,7 @@ from tests.driver.test_main_e2e import (
     wait_names,
     write_config,
 )
+from tests.driver.test_policy_e2e import probe
 from tests.fakes.apiserver import FakeApiServer, free_port
 from tests.obs.helpers import only, scrape, scrape_until, value
 from tests.shim.conftest import Held
@@ -33,6 +35,16 @@ from tests.shim.conftest import Held
 __all__ = ["root", "server", "sim_ready"]  # fixtures used by name
 GiB = 1 << 30
 pytestmark = pytest.mark.slow
+
+
+def wait_events(server: FakeApiServer, reason: str, timeout: float = 10.0) -> list[dict[str, Any]]:
+    """The Events with this reason, once there is at least one (Events are posted from threads)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [e for e in server.objects("Event") if e["reason"] == reason]
+        if found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)
 
 
 def test_plugin_serves_claims_and_reports_a_bypass(
@@ -90,23 +102,21 @@ def test_plugin_serves_claims_and_reports_a_bypass(
         s = scrape_until(url, lambda s: value(s, "vgpu_slice_quota_violations_total",
                                               claim_uid=uid) == 1)  # fmt: skip
         assert value(s, "vgpu_slice_quota_violations_total", claim_uid=uid) == 1
-        deadline = time.monotonic() + 10
-        while not server.objects("Event") and time.monotonic() < deadline:
-            time.sleep(0.1)
-        [ev] = [e for e in server.objects("Event") if e["reason"] == "QuotaExceeded"]
+        [ev] = wait_events(server, "QuotaExceeded")
         assert ev["metadata"]["namespace"] == "team-a"
         assert ev["involvedObject"]["kind"] == "ResourceClaim"
         assert ev["involvedObject"]["uid"] == uid
         assert f"pid {bypass.proc.pid}" in ev["message"]
+        # it did not load the shim at all: said too, on the claim
+        [noshim] = wait_events(server, "ShimNotLoaded")
+        assert noshim["involvedObject"]["uid"] == uid
+        assert f"pid {bypass.proc.pid}" in noshim["message"]
 
         # a GPU process of no claim on the shared GPU: an Event on the Node, and stopped
         stray_env = {k: v for k, v in env.items() if k != "CUDA_DEVICE_MEMORY_SHARED_CACHE"}
         stray = Held(ops, stray_env, "init", "ctx:1", f"alloc:{64 << 20}")
         assert stray.proc.wait(30) == -signal.SIGTERM
-        deadline = time.monotonic() + 10
-        while len(server.objects("Event")) < 2 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        [node_ev] = [e for e in server.objects("Event") if e["reason"] == "UnattributedGPUProcess"]
+        [node_ev] = wait_events(server, "UnattributedGPUProcess")
         assert node_ev["involvedObject"]["kind"] == "Node"
         assert node_ev["involvedObject"]["name"] == "node-a"
         assert f"pid {stray.proc.pid}" in node_ev["message"]
@@ -119,3 +129,72 @@ def test_plugin_serves_claims_and_reports_a_bypass(
         code = p.terminate()
     assert code == 0, p.output()
     assert_within_rbac(server)
+
+
+def test_a_claims_process_without_the_shim_is_reported_under_its_quota(
+    sim_ready: None, server: FakeApiServer, root: Path, build_c: Callable[..., Path]
+) -> None:
+    """Nothing limits a process that never loaded the shim (a musl image, a static binary, a
+    cleared LD_PRELOAD), even while it holds little: the watchdog says so before it grows, in
+    an Event on the claim, a gauge, and the plugin's /readyz body; enforce none: not stopped."""
+    ops = build_c("shim_ops.c")
+    write_config(root / "simgpu.json", [device(0)])
+    mport = free_port()
+    url = f"http://127.0.0.1:{mport}"
+    p = PluginProcess(server, root, "--metrics-address", f"127.0.0.1:{mport}")
+    try:
+        wait_names(server, p, ["gpu-0"])
+        kubelet = KubeletStandin(root / "reg" / f"{DRIVER}-reg.sock")
+        kubelet.register()
+        share = {"consumedCapacity": {"memory": "4Gi", "cores": "50"}}
+        doc = allocated_claim(
+            "notebook", namespace="team-b", results=[result("gpu", "gpu-0") | share]
+        )
+        claim = server.put(doc)
+        uid = claim["metadata"]["uid"]
+        assert kubelet.prepare([claim_id(claim)])[uid].error == ""
+        claim_dir = root / "data" / "claims" / uid
+        env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+        env.update(
+            LD_LIBRARY_PATH=str(sim_lib_dir()),
+            SIMGPU_CONFIG=str(root / "simgpu.json"),
+            SIMGPU_STATE=str(root / "simgpu-state"),
+            CUDA_DEVICE_MEMORY_SHARED_CACHE=str(claim_dir / "shared" / "accounting"),
+        )
+        # a process of the claim with the shim, as CDI runs it: not reported
+        shimmed = Held(ops, dict(env, LD_PRELOAD=str(shim_library()),
+                                 CUDA_DEVICE_MEMORY_LIMIT="4Gi"),
+                       "init", "ctx", f"alloc:{64 << 20}")  # fmt: skip
+        # and one without it, far under the quota (64 MiB of 4 GiB)
+        bare = Held(ops, env, "init", "ctx", f"alloc:{64 << 20}")
+        try:
+            s = scrape_until(url, lambda s: value(s, "vgpu_slice_processes_without_shim",
+                                                  claim_uid=uid) == 1)  # fmt: skip
+            assert value(s, "vgpu_slice_processes_without_shim", claim_uid=uid) == 1
+            assert value(s, "vgpu_slice_quota_violations_total", claim_uid=uid) == 0
+            [ev] = wait_events(server, "ShimNotLoaded")
+            assert ev["involvedObject"]["kind"] == "ResourceClaim"
+            assert ev["involvedObject"]["uid"] == uid
+            assert f"pid {bare.proc.pid}" in ev["message"]
+            assert "the shim is not loaded into it" in ev["message"], ev["message"]
+            body = probe(p.port, "/readyz")[1]
+            assert body["live"] is True  # reported, not a readiness failure
+            assert body["claimsWithoutShim"] == [
+                {"claim": "team-b/notebook", "claimUID": uid, "gpu": device(0)["uuid"],
+                 "pid": bare.proc.pid, "reason": ev["message"].rsplit(": ", 1)[1]}
+            ]  # fmt: skip
+            assert bare.proc.poll() is None  # enforce none: reported, not stopped
+        finally:
+            bare.release()
+            shimmed.release()
+        s = scrape_until(url, lambda s: value(s, "vgpu_slice_processes_without_shim",
+                                              claim_uid=uid) == 0)  # fmt: skip
+        assert value(s, "vgpu_slice_processes_without_shim", claim_uid=uid) == 0
+        assert probe(p.port, "/readyz")[1]["claimsWithoutShim"] == []
+        assert len(wait_events(server, "ShimNotLoaded")) == 1  # one Event per process
+        assert kubelet.unprepare([claim_id(claim)])[uid] == ""
+        kubelet.close()
+    finally:
+        code = p.terminate()
+    assert code == 0, p.output()
+    assert p.output().count("process without the shim") == 1, p.output()

@@ -4,6 +4,8 @@ no slice, attributed from outside (/proc/<pid>/environ + /proc/<pid>/root)."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import signal
 import subprocess
 import time
@@ -17,7 +19,7 @@ from sharing.nodeview import DeviceView, NodeView, SliceDeviceView, ViolationCou
 from sharing.nvml_reader import GpuProcess, GpuReading, NvmlReading
 from sharing.paths import shim_library
 from sharing.slices import region_slice
-from sharing.watchdog import Watchdog
+from sharing.watchdog import Watchdog, missing_shim
 from tests.obs.helpers import ExporterProcess, MiB, only, region_with_limits, scrape
 from tests.shim.conftest import Held
 
@@ -125,3 +127,83 @@ def test_processes_it_cannot_see_are_never_violations(
     assert counts.unattributed("GPU-x") == 0 and counts.slice(sl.key, 0) == 0
     blind = [r for r in caplog.records if "cannot inspect GPU process" in r.getMessage()]
     assert len(blind) == 1  # said once
+
+
+WAITER = "#include <stdio.h>\nint main(void) { char b[8]; puts(\"up\"); fflush(stdout);\n  return fgets(b, sizeof b, stdin) == NULL; }\n"  # fmt: skip
+
+
+def _waiter(cc: list[str], out: Path) -> Path:
+    src = out.with_suffix(".c")
+    src.write_text(WAITER)
+    subprocess.run([*cc, "-o", str(out), str(src)], check=True)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("kind", "cc", "preload", "expected"),
+    [
+        ("glibc", ["gcc"], True, None),
+        ("glibc", ["gcc"], False, "the shim is not loaded into it"),
+        ("static", ["gcc", "-static"], True, "static binary"),
+        ("musl", ["musl-gcc"], False, "musl"),
+    ],
+)
+def test_the_memory_map_says_whether_and_why_the_shim_is_missing(
+    tmp_path: Path, kind: str, cc: list[str], preload: bool, expected: str | None
+) -> None:
+    """Real programs: with the shim preloaded, without it, a static binary (the loader that
+    would preload it is absent) and a musl program (its loader never reads /etc/ld.so.preload;
+    with LD_PRELOAD it does not even start: the shim needs glibc's symbols)."""
+    if shutil.which(cc[0]) is None:
+        pytest.skip(f"{cc[0]} is missing (Debian package musl-tools; scripts/setup installs it)")
+    prog = _waiter(cc, tmp_path / f"waiter-{kind}")
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    if preload:
+        env["LD_PRELOAD"] = str(shim_library())
+    p = subprocess.Popen([str(prog)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert p.stdout is not None and p.stdout.readline() == "up\n"
+        why = missing_shim(p.pid)
+    finally:
+        p.communicate("x\n", timeout=10)
+    if expected is None:
+        assert why is None
+    else:
+        assert why is not None and expected in why, why
+
+
+def test_a_slice_process_without_the_shim_is_reported_and_stopped_under_quota(
+    sim_env: dict[str, str], tmp_path: Path, build_c: Callable[..., Path]
+) -> None:
+    """Far under its quota, a process that never loaded the shim is still unlimited: reported
+    once (log line, gauge) and, with --enforce kill, stopped; its shimmed neighbour is not."""
+    ops = build_c("shim_ops.c")
+    acct = tmp_path / "slice.region"
+    region_with_limits(acct, 1 << 30)
+    exp = ExporterProcess(
+        ["--sim", "--data-dir", str(tmp_path / "none"), "--region", str(acct),
+         "--enforce", "kill"],
+        sim_env,
+    )  # fmt: skip
+    slice_env = dict(sim_env, CUDA_DEVICE_MEMORY_SHARED_CACHE=str(acct))
+    try:
+        shimmed = Held(ops, dict(slice_env, LD_PRELOAD=str(shim_library())),
+                       "init", "ctx", f"alloc:{32 * MiB}")  # fmt: skip
+        try:
+            bare = Held(ops, slice_env, "init", "ctx", f"alloc:{32 * MiB}")
+            assert bare.proc.wait(20) == -signal.SIGTERM
+            got = only(scrape(exp.url), "vgpu_slice_processes_without_shim", claim=str(acct))
+            assert [g.value for g in got] in ([1.0], [0.0])  # 0 once a pass saw it gone
+            assert _wait(lambda: only(scrape(exp.url), "vgpu_slice_processes_without_shim",
+                                      claim=str(acct))[0].value == 0)  # fmt: skip
+            assert shimmed.proc.poll() is None
+            assert _violations(exp.url, str(acct)) == 0  # under quota: no violation
+        finally:
+            shimmed.release()
+    finally:
+        log = exp.stop()
+    lines = [line for line in log.splitlines() if "process without the shim" in line]
+    assert len(lines) == 1, log
+    assert f"pid {bare.proc.pid}" in lines[0] and "the shim is not loaded into it" in lines[0]
+    assert f"stopping pids [{bare.proc.pid}]" in log
