@@ -160,6 +160,10 @@ class Unshimmed:
     why: str
 
 
+def _who(sl: Slice) -> str:
+    return (sl.claim_uid and f"claim {sl.namespace}/{sl.claim} ({sl.claim_uid})") or sl.claim
+
+
 def _describe(pid: int) -> str:
     try:
         p = psutil.Process(pid)
@@ -309,16 +313,18 @@ class Watchdog:
                 new.append(p.pid)
         return new
 
-    def _report_unshimmed(self, u: Unshimmed) -> None:
-        sl = u.slice
-        who = (sl.claim_uid and f"claim {sl.namespace}/{sl.claim} ({sl.claim_uid})") or sl.claim
-        msg = (
-            f"{who}: {_describe(u.pid)} uses GPU {u.gpu_uuid} ({u.used_bytes} bytes) without "
-            f"the sharing shim, so no quota or compute cap applies to it: {u.why}"
-        )
-        log.warning("watchdog: process without the shim: %s", msg)
+    def _report(self, sl: Slice | None, reason: str, what: str, msg: str) -> None:
+        """One log line and, in the plugin, one Event."""
+        log.warning("watchdog: %s: %s", what, msg)
         if self.events is not None:
-            self.events(sl, "ShimNotLoaded", msg)
+            self.events(sl, reason, msg)
+
+    def _report_unshimmed(self, u: Unshimmed) -> None:
+        msg = (
+            f"{_who(u.slice)}: {_describe(u.pid)} uses GPU {u.gpu_uuid} ({u.used_bytes} bytes) "
+            f"without the sharing shim, so no quota or compute cap applies to it: {u.why}"
+        )
+        self._report(u.slice, "ShimNotLoaded", "process without the shim", msg)
 
     def _blind(self, pid: int, why: str) -> None:
         """A GPU process we cannot inspect is never called a violation (a watchdog without
@@ -338,9 +344,7 @@ class Watchdog:
             f"{_describe(p.pid)} holds {p.used_bytes} bytes on shared GPU {uuid} "
             f"but belongs to no slice: {why}"
         )
-        log.warning("watchdog: quota violation: %s", msg)
-        if self.events is not None:
-            self.events(None, "UnattributedGPUProcess", msg)
+        self._report(None, "UnattributedGPUProcess", "quota violation", msg)
 
     def _over_quota(
         self,
@@ -358,15 +362,12 @@ class Watchdog:
         }
         # a process holds more than the shim charged it (nothing, if the shim never saw it)
         bypass = [p for p, a in procs if p.used_bytes > charged.get(a.ns_pid, 0) + self.margin]
-        who = (sl.claim_uid and f"claim {sl.namespace}/{sl.claim} ({sl.claim_uid})") or sl.claim
         msg = (
-            f"{who} holds {total} bytes on GPU {uuid} by NVML's count, over its quota "
+            f"{_who(sl)} holds {total} bytes on GPU {uuid} by NVML's count, over its quota "
             f"{s.memory_limit} + margin {self.margin}; holding more than the shim charged: "
             f"{', '.join(_describe(p.pid) for p in bypass) or 'none'}"
         )
-        log.warning("watchdog: quota violation: %s", msg)
-        if self.events is not None:
-            self.events(sl, "QuotaExceeded", msg)
+        self._report(sl, "QuotaExceeded", "quota violation", msg)
         if bypass:
             return [p.pid for p in bypass]
         out, rest = [], total
