@@ -183,12 +183,14 @@ struct CUarray_st {
     uint32_t magic, gen;
     int dev;
     uint64_t charged;
+    uint64_t required; /* CUDA_ARRAY3D_DEFERRED_MAPPING: what it needs (charged 0); else 0 */
 };
 
 struct CUmipmappedArray_st {
     uint32_t magic, gen;
     int dev;
     uint64_t charged;
+    uint64_t required; /* as for arrays */
 };
 
 /* ---------------------------------------------------------------- process globals (init.c) */
