@@ -45,7 +45,9 @@ def test_render_parses_back() -> None:
 def test_every_accounted_device_index_is_accepted() -> None:
     """Indices up to the accounting file's bound (64 devices), past the 16 of layout 4."""
     n = region.MAX_DEVICES
-    limits = parse_limits_file(render(memory_limits=[GiB + i for i in range(n)], sm_limits=[50] * n))
+    limits = parse_limits_file(
+        render(memory_limits=[GiB + i for i in range(n)], sm_limits=[50] * n)
+    )
     assert limits[f"CUDA_DEVICE_MEMORY_LIMIT_{n - 1}"] == str(GiB + n - 1)
     assert limits[f"CUDA_DEVICE_SM_LIMIT_{n - 1}"] == "50"
 

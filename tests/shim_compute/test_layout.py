@@ -15,7 +15,8 @@ def test_sizes() -> None:
     # 512 bytes: the size of the placeholder the compute state replaced (region layout unchanged).
     assert ffi.sizeof("struct vgpu_compute_state") == 512
     assert ffi.sizeof("struct vgpu_node_slot") == 32
-    assert ffi.sizeof("struct vgpu_demand_file") == 16 + 64 * (16 + 32)  # 64 devices (demand layout 2)
+    # 64 devices (demand layout 2)
+    assert ffi.sizeof("struct vgpu_demand_file") == 16 + 64 * (16 + 32)
 
 
 def _demand(path: Path) -> object:
