@@ -19,7 +19,8 @@ static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static int discovered; /* set once the map is built (cuDeviceGetCount succeeded) */
 static int ndev;        /* devices mapped: min(driver's count, VGPU_MAX_DEVICES) */
 static int ndev_driver; /* the driver's count: ordinals [ndev, ndev_driver) have no account */
-static __thread int unaccounted_ordinal; /* the last ordinal vgpu_device_index found unaccounted */
+static int unaccounted_ordinal; /* the last ordinal vgpu_device_index found unaccounted (for the log line;
+                                * no thread-local storage in a preloaded library) */
 static CUdevice handles[VGPU_MAX_DEVICES];
 static ctxdev_fn ctx_get_device;
 typedef CUresult (*uuid_fn)(CUuuid *, CUdevice);
@@ -69,13 +70,13 @@ int vgpu_device_index(CUdevice dev) {
     for (int i = 0; i < ndev; i++)
         if (handles[i] == dev) return i;
     if (dev >= ndev && dev < ndev_driver) { /* a device of the driver's past our tables */
-        unaccounted_ordinal = dev;
+        __atomic_store_n(&unaccounted_ordinal, dev, __ATOMIC_RELAXED);
         return VGPU_DEVICE_UNACCOUNTED;
     }
     return -1;
 }
 
-int vgpu_device_unaccounted_ordinal(void) { return unaccounted_ordinal; }
+int vgpu_device_unaccounted_ordinal(void) { return __atomic_load_n(&unaccounted_ordinal, __ATOMIC_RELAXED); }
 
 int vgpu_device_handle(int idx, CUdevice *out) {
     vgpu_devices_discover();
