@@ -269,13 +269,14 @@ static uint64_t expected_pitch(int dev, uint64_t width) {
     return round_to(width, p ? p : DOCUMENTED_MIN_ALIGN);
 }
 
-/* The driver answered pitch for width: the alignment is the smallest power of two (from the one
- * assumed so far) that rounds width to pitch, among those dividing pitch. */
+/* The driver answered pitch for width: the alignment is the smallest power of two that rounds
+ * width to pitch, among those dividing pitch, searched from the one assumed so far (from 1 if
+ * that one was too coarse). */
 static void learn_pitch(int dev, uint64_t width, uint64_t pitch) {
     pthread_mutex_lock(&takes[dev].mu);
     uint64_t p = takes[dev].pitch ? takes[dev].pitch : (takes[dev].unit ? takes[dev].unit : 1);
     if (round_to(width, p) != pitch) {
-        for (uint64_t q = p; q && q <= pitch && pitch % q == 0; q <<= 1)
+        for (uint64_t q = round_to(width, p) > pitch ? 1 : p; q && q <= pitch && pitch % q == 0; q <<= 1)
             if (round_to(width, q) == pitch) {
                 p = q;
                 break;

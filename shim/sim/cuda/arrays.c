@@ -17,8 +17,29 @@
  */
 #include "cuda_internal.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* The row pitch alignment of cuMemAllocPitch and of arrays: the driver's choice, reported by no
+ * attribute (SIMGPU_PITCH_ALIGNMENT, default 512; read once). */
+uint64_t sim_pitch_alignment(void)
+{
+    static _Atomic uint64_t cached;
+    uint64_t a = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (a)
+        return a;
+    a = sim_env_u64("SIMGPU_PITCH_ALIGNMENT", 512);
+    if (a < 32 || a > 4096 || (a & (a - 1))) {
+        sim_log("environment SIMGPU_PITCH_ALIGNMENT=%llu: allowed: a power of two from 32 to 4096; using 512",
+                (unsigned long long)a);
+        a = 512;
+    }
+    uint64_t zero = 0;
+    if (!atomic_compare_exchange_strong(&cached, &zero, a))
+        a = zero; /* another thread decided (and logged) first */
+    return a;
+}
 
 static unsigned format_bytes(CUarray_format f)
 {
