@@ -38,7 +38,8 @@ def mixed_workload(seed: int) -> list[str]:
     ops += ["free"] * 20  # some small ones return (a shared page may empty)
     ops += [f"alloc:{(64 + i) * KiB + 1}" for i in range(4)]  # around 64 KiB pages
     ops += [f"alloc:{MiB + 17}", f"alloc:{2 * MiB + 1}", f"alloc:{3 * MiB - 1}"]  # around 2 MiB
-    ops += ["pitch:1000:1000", "pitch:3001:77", "pitch:100:3", "pitch:100:20000"]  # the driver chooses
+    # the driver chooses the pitch
+    ops += ["pitch:1000:1000", "pitch:3001:77", "pitch:100:3", "pitch:100:20000"]
     ops += ["array:1000:64", "array3d:100:100:10", "mipmap:300:512:3", "array:7:1"]
     ops += ["free"]  # the last array returns
     ops += [f"pool:{3000 + i}" for i in range(10)]  # default pool, small
