@@ -1,6 +1,6 @@
 """A slice's counters, read for observers (exporter, `vgpu top`, watchdog): fast and lock-free.
 
-Unlike region.read() (a full snapshot of all 16 devices and 1024 process slots), this reads only
+Unlike region.read() (a full snapshot of all 64 devices and 1024 process slots), this reads only
 the devices asked for and the process slots below slots_hwm, and opens the file the way a
 reader of a shared directory must: without following a link (a tenant can write in its claim
 directory), non-blocking (a FIFO put there must not hang a scrape), and only if it is a regular

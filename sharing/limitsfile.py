@@ -10,7 +10,7 @@ Format: text, one `KEY=VALUE` per line, `#` starts a comment line, blank lines i
 quoting, no spaces around `=`. Keys are the env-contract names, values in the syntax the shim
 accepts from the environment:
 
-    CUDA_DEVICE_MEMORY_LIMIT_<i>=<bytes>        each container device index i (0..15)
+    CUDA_DEVICE_MEMORY_LIMIT_<i>=<bytes>        each container device index i (0..63)
     CUDA_DEVICE_SM_LIMIT_<i>=<percent>          0..100 (0 or 100 = no cap: sharing/percent.py)
     VGPU_COMPUTE_POLICY=hard|elastic|off
     CUDA_TASK_PRIORITY=<-100..100>
@@ -29,8 +29,8 @@ import re
 from collections.abc import Sequence
 
 from sharing.percent import PercentError, parse_permille
+from sharing.region import MAX_DEVICES  # device indices 0..MAX_DEVICES-1, as the shim's tables
 
-MAX_DEVICES = 16  # device indices 0..15, as the shim's tables
 POLICIES = ("hard", "elastic", "off")
 PRIORITY_RANGE = (-100, 100)
 MAX_PATH = 4095  # PATH_MAX - 1

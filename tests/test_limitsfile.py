@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from sharing import region
 from sharing.limitsfile import LimitsFileError, parse_limits_file, render_limits_file
 
 GiB = 1024**3
@@ -41,6 +42,16 @@ def test_render_parses_back() -> None:
     }
 
 
+def test_every_accounted_device_index_is_accepted() -> None:
+    """Indices up to the accounting file's bound (64 devices), past the 16 of layout 4."""
+    n = region.MAX_DEVICES
+    limits = parse_limits_file(
+        render(memory_limits=[GiB + i for i in range(n)], sm_limits=[50] * n)
+    )
+    assert limits[f"CUDA_DEVICE_MEMORY_LIMIT_{n - 1}"] == str(GiB + n - 1)
+    assert limits[f"CUDA_DEVICE_SM_LIMIT_{n - 1}"] == "50"
+
+
 def test_comments_and_blank_lines_are_ignored() -> None:
     text = "\n# a comment\n" + render() + "\n\n# end\n"
     assert parse_limits_file(text)["VGPU_COMPUTE_POLICY"] == "elastic"
@@ -57,7 +68,7 @@ def test_comments_and_blank_lines_are_ignored() -> None:
         (dict(memory_limits=[2**64, 1]), r"is not a byte count"),
         (dict(shared_cache="relative"), r"is not an absolute path"),
         (dict(sm_limits=[30]), r"2 memory limits but 1 SM limits"),
-        (dict(memory_limits=[1] * 17, sm_limits=[1] * 17), r"device index 16 out of range; allowed: 0\.\.15"),
+        (dict(memory_limits=[1] * 65, sm_limits=[1] * 65), r"device index 64 out of range; allowed: 0\.\.63"),
     ],
 )  # fmt: skip
 def test_render_refuses_what_the_shim_would(kw: dict[str, object], message: str) -> None:
@@ -78,7 +89,7 @@ BASE = (
         (BASE + "CUDA_DISABLE_CONTROL=1\n", r"line 6 \(CUDA_DISABLE_CONTROL\): key 'CUDA_DISABLE_CONTROL' unknown; allowed:"),
         (BASE + "CUDA_DEVICE_SM_LIMIT_0=60\n", r"line 6: CUDA_DEVICE_SM_LIMIT_0 appears twice"),
         (BASE + "just words\n", r"line 6: 'just words' is not KEY=VALUE"),
-        (BASE + "CUDA_DEVICE_MEMORY_LIMIT_16=1\n", r"device index 16 out of range"),
+        (BASE + "CUDA_DEVICE_MEMORY_LIMIT_64=1\n", r"device index 64 out of range"),
         (BASE + "VGPU_CONTEXT_RESERVE=1Gi\n", r"'1Gi' is not a byte count"),
         (BASE + "CUDA_TASK_PRIORITY =1\n", r"key 'CUDA_TASK_PRIORITY ' unknown"),
         (BASE.replace("=1024", "="), r"'' is not a byte count"),

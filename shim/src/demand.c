@@ -151,7 +151,7 @@ static struct vgpu_demand_file *map_own(int dev, uint64_t slice_id) {
     uint32_t zero = 0;
     if (__atomic_compare_exchange_n(&f->magic, &zero, VGPU_DEMAND_MAGIC, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
         f->version = VGPU_DEMAND_VERSION;
-        f->ndev = VGPU_MAX_DEVICES;
+        f->ndev = VGPU_DEMAND_DEVICES;
     } else if (zero != VGPU_DEMAND_MAGIC) {
         vgpu_log(VGPU_LOG_WARN, "compute cap: %s is not a demand file", shown);
         munmap(m, sizeof *f);

@@ -17,7 +17,10 @@ typedef CUresult (*ctxdev_fn)(CUdevice *);
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static int discovered; /* set once the map is built (cuDeviceGetCount succeeded) */
-static int ndev;
+static int ndev;        /* devices mapped: min(driver's count, VGPU_MAX_DEVICES) */
+static int ndev_driver; /* the driver's count: ordinals [ndev, ndev_driver) have no account */
+static int unaccounted_ordinal; /* the last ordinal vgpu_device_index found unaccounted (for the log line;
+                                * no thread-local storage in a preloaded library) */
 static CUdevice handles[VGPU_MAX_DEVICES];
 static ctxdev_fn ctx_get_device;
 typedef CUresult (*uuid_fn)(CUuuid *, CUdevice);
@@ -34,10 +37,8 @@ void vgpu_devices_discover(void) {
         int n = 0;
         /* before a successful cuInit this fails: stay undiscovered and retry next time */
         if (count && get && ctx_get_device && count(&n) == CUDA_SUCCESS) {
-            if (n > VGPU_MAX_DEVICES) {
-                vgpu_log(VGPU_LOG_WARN, "%d devices visible; only the first %d are accounted", n, VGPU_MAX_DEVICES);
-                n = VGPU_MAX_DEVICES;
-            }
+            int total = n;
+            if (n > VGPU_MAX_DEVICES) n = VGPU_MAX_DEVICES; /* the rest: refused memory under a limit */
             int ok = 1;
             for (int i = 0; i < n && ok; i++) ok = get(&handles[i], i) == CUDA_SUCCESS;
             /* each ordinal's UUID: how NVML handles are matched to ordinals (below) */
@@ -52,6 +53,7 @@ void vgpu_devices_discover(void) {
             if (ok) {
                 have_uuids = uuids_ok;
                 ndev = n;
+                ndev_driver = total;
                 __atomic_store_n(&discovered, 1, __ATOMIC_RELEASE);
             }
         }
@@ -67,7 +69,20 @@ int vgpu_device_index(CUdevice dev) {
     if (dev >= 0 && dev < ndev && handles[dev] == dev) return dev; /* handles are ordinals in practice */
     for (int i = 0; i < ndev; i++)
         if (handles[i] == dev) return i;
+    if (dev >= ndev && dev < ndev_driver) { /* a device of the driver's past our tables */
+        __atomic_store_n(&unaccounted_ordinal, dev, __ATOMIC_RELAXED);
+        return VGPU_DEVICE_UNACCOUNTED;
+    }
     return -1;
+}
+
+int vgpu_device_unaccounted_ordinal(void) { return __atomic_load_n(&unaccounted_ordinal, __ATOMIC_RELAXED); }
+
+int vgpu_device_handle(int idx, CUdevice *out) {
+    vgpu_devices_discover();
+    if (!__atomic_load_n(&discovered, __ATOMIC_ACQUIRE) || idx < 0 || idx >= ndev) return -1;
+    *out = handles[idx];
+    return 0;
 }
 
 int vgpu_current_device_index(void) {

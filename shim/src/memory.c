@@ -14,6 +14,10 @@
  * is charged whole pages for them (a page more when their sum crosses a page boundary, a page
  * back when it falls below one). Where the driver does not answer, every allocation is charged
  * in whole pages of what it does report (never less than the driver takes).
+ * cuMemAllocPitch: the row pitch is the driver's choice; its alignment P is learned from the
+ * pitches the driver returns (starting from A): the allocation is reserved for width rounded to
+ * P, and settled to the pitch the driver returned if that differs.
+ * No size or alignment of any particular driver is written here.
  */
 #include <limits.h>
 #include <pthread.h>
@@ -21,20 +25,9 @@
 
 #include "shim_internal.h"
 
-/* The driver takes whole granules: charge what it takes, not what was asked, or the slice
- * could overrun its quota by a fraction of a granule per allocation. */
-#ifndef VGPU_ALLOC_GRANULE
-#define VGPU_ALLOC_GRANULE 512ULL
-#endif
-
-/* Upper bound of the pitch alignment the driver may choose for cuMemAllocPitch: reserve with it,
- * then settle to the pitch actually returned. */
-#define PITCH_ALIGN_BOUND 512ULL
-
-uint64_t vgpu_mem_round(uint64_t n) {
-    if (n > UINT64_MAX - (VGPU_ALLOC_GRANULE - 1)) return UINT64_MAX;
-    return (n + VGPU_ALLOC_GRANULE - 1) / VGPU_ALLOC_GRANULE * VGPU_ALLOC_GRANULE;
-}
+/* Where the driver answers nothing about its allocation unit: the smallest unit CUDA documents
+ * (cudaMalloc's 256-byte alignment). */
+#define DOCUMENTED_MIN_ALIGN 256ULL
 
 static uint64_t mul_sat(uint64_t a, uint64_t b) {
     uint64_t r;
@@ -47,11 +40,10 @@ int vgpu_mem_active(void) { return vgpu_region() != NULL && !vgpu_config()->disa
 
 typedef CUresult (*gran_fn)(size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags);
 typedef CUresult (*attr_fn)(int *, CUdevice_attribute, CUdevice);
-typedef CUresult (*ctx_dev_fn)(CUdevice *);
-
 static struct {
     pthread_mutex_t mu;
     uint64_t page, unit; /* G and A; 0 until learned */
+    uint64_t pitch;      /* P: the pitch alignment seen in the driver's answers (0: none yet) */
     uint64_t small_live; /* bytes of the process's sub-allocated (small) allocations, in units */
 } takes[VGPU_MAX_DEVICES];
 static pthread_once_t takes_once = PTHREAD_ONCE_INIT;
@@ -59,16 +51,15 @@ static void takes_init(void) {
     for (int i = 0; i < VGPU_MAX_DEVICES; i++) pthread_mutex_init(&takes[i].mu, NULL);
 }
 
-/* takes[dev].mu held: ask the driver for the current context's device (dev is its index) */
+/* takes[dev].mu held: ask the driver about device index dev */
 static void learn_locked(int dev) {
     if (takes[dev].page != 0) return;
-    ctx_dev_fn ctx_dev = (ctx_dev_fn)vgpu_cuda_sym("cuCtxGetDevice");
     gran_fn gran = (gran_fn)vgpu_cuda_sym("cuMemGetAllocationGranularity");
     attr_fn attr = (attr_fn)vgpu_cuda_sym("cuDeviceGetAttribute");
     CUdevice d;
     size_t g = 0;
     int a = 0;
-    if (ctx_dev == NULL || ctx_dev(&d) != CUDA_SUCCESS) return;
+    if (vgpu_device_handle(dev, &d) != 0) return;
     CUmemAllocationProp prop = {0};
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
@@ -98,8 +89,8 @@ static CUresult take(int dev, uint64_t size, uint64_t *charged, uint64_t *unit) 
     uint64_t g = takes[dev].page, a = takes[dev].unit;
     CUresult rc;
     *unit = 0;
-    if (g == 0) { /* the driver told us nothing: the smallest unit CUDA documents (cudaMalloc's 256 B alignment) */
-        *charged = round_to(size, 256);
+    if (g == 0) { /* the driver told us nothing */
+        *charged = round_to(size, DOCUMENTED_MIN_ALIGN);
         rc = vgpu_mem_reserve(dev, *charged);
     } else if (g > a && size < g / 2) {
         uint64_t u = round_to(size, a), live = takes[dev].small_live;
@@ -132,6 +123,37 @@ static void give_back(int dev, uint64_t bytes, uint64_t unit) {
     uint64_t back = g ? (pages_of(live, g) - pages_of(after, g)) * g : 0;
     pthread_mutex_unlock(&takes[dev].mu);
     if (back) vgpu_mem_release(dev, back);
+}
+
+/* The device's page G as learned from the driver (0: it answered nothing). */
+uint64_t vgpu_mem_page(int dev) {
+    pthread_once(&takes_once, takes_init);
+    pthread_mutex_lock(&takes[dev].mu);
+    learn_locked(dev);
+    uint64_t g = takes[dev].page;
+    pthread_mutex_unlock(&takes[dev].mu);
+    return g;
+}
+
+uint64_t vgpu_mem_estimate(int dev, uint64_t size) {
+    pthread_once(&takes_once, takes_init);
+    pthread_mutex_lock(&takes[dev].mu);
+    learn_locked(dev);
+    uint64_t g = takes[dev].page, a = takes[dev].unit;
+    pthread_mutex_unlock(&takes[dev].mu);
+    if (g == 0) return round_to(size, DOCUMENTED_MIN_ALIGN);
+    return g > a && size < g / 2 ? round_to(size, a) : round_to(size, g);
+}
+
+CUresult vgpu_mem_unaccounted(void) {
+    if (!vgpu_config()->any_limit) return CUDA_SUCCESS;
+    static atomic_flag said = ATOMIC_FLAG_INIT;
+    if (!atomic_flag_test_and_set(&said))
+        vgpu_log(VGPU_LOG_WARN,
+                 "device ordinal %d: memory refused: a memory limit is set and only the first %d devices of a "
+                 "process are accounted",
+                 vgpu_device_unaccounted_ordinal(), VGPU_MAX_DEVICES);
+    return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
 CUresult vgpu_mem_reserve(int dev, uint64_t bytes) {
@@ -195,8 +217,10 @@ static CUresult mem_alloc(const struct alloc_abi *abi, void *out, uint64_t size,
     if (st != CUDA_SUCCESS) return st;
     if (!abi->has()) return CUDA_ERROR_NOT_SUPPORTED;
     int dev;
-    if (!vgpu_mem_active() || out == NULL || size == 0 || (dev = vgpu_current_device_index()) < 0)
+    if (!vgpu_mem_active() || out == NULL || size == 0 || (dev = vgpu_current_device_index()) == -1)
         return abi->call(out, size, flags);
+    if (dev == VGPU_DEVICE_UNACCOUNTED)
+        return (st = vgpu_mem_unaccounted()) != CUDA_SUCCESS ? st : abi->call(out, size, flags);
     uint64_t charged, unit;
     if ((st = take(dev, size, &charged, &unit)) != CUDA_SUCCESS) return st;
     CUresult rc = abi->call(out, size, flags);
@@ -231,8 +255,36 @@ CUresult hook_cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int
     return mem_alloc(&ALLOC_MANAGED, dptr, bytesize, flags);
 }
 
-/* ---- cuMemAllocPitch: take for an upper bound of the pitch; if the driver chose a wider one,
- * take for that instead ---- */
+/* ---- cuMemAllocPitch: take for the pitch the driver is expected to choose (width rounded to
+ * the pitch alignment P learned from its answers); if it chose another, take for that instead
+ * and learn from it ---- */
+
+/* The pitch the driver is expected to choose for width (P learned so far, else A). */
+static uint64_t expected_pitch(int dev, uint64_t width) {
+    pthread_once(&takes_once, takes_init);
+    pthread_mutex_lock(&takes[dev].mu);
+    learn_locked(dev);
+    uint64_t p = takes[dev].pitch ? takes[dev].pitch : takes[dev].unit;
+    pthread_mutex_unlock(&takes[dev].mu);
+    return round_to(width, p ? p : DOCUMENTED_MIN_ALIGN);
+}
+
+/* The driver answered pitch for width: the alignment is the smallest power of two that rounds
+ * width to pitch, among those dividing pitch, searched from the one assumed so far (from 1 if
+ * that one was too coarse). */
+static void learn_pitch(int dev, uint64_t width, uint64_t pitch) {
+    pthread_mutex_lock(&takes[dev].mu);
+    uint64_t p = takes[dev].pitch ? takes[dev].pitch : (takes[dev].unit ? takes[dev].unit : 1);
+    if (round_to(width, p) != pitch) {
+        for (uint64_t q = round_to(width, p) > pitch ? 1 : p; q && q <= pitch && pitch % q == 0; q <<= 1)
+            if (round_to(width, q) == pitch) {
+                p = q;
+                break;
+            }
+    }
+    takes[dev].pitch = p;
+    pthread_mutex_unlock(&takes[dev].mu);
+}
 
 /* out/pitch_out: the caller's CUdeviceptr * and size_t * (v1: CUdeviceptr_v1 * and unsigned int *) */
 struct pitch_abi {
@@ -243,13 +295,13 @@ struct pitch_abi {
     CUresult (*undo)(uint64_t p);
 };
 
-static CUresult pitch_taken(int dev, uint64_t p, uint64_t pitch, uint64_t height, uint64_t bound_bytes,
+static CUresult pitch_taken(int dev, uint64_t p, uint64_t pitch, uint64_t height, uint64_t expected_bytes,
                             uint64_t *charged, uint64_t *unit, CUresult (*undo)(uint64_t)) {
     uint64_t actual = mul_sat(pitch, height);
-    if (actual <= bound_bytes) return CUDA_SUCCESS;
+    if (actual == expected_bytes) return CUDA_SUCCESS;
     give_back(dev, *charged, *unit);
     if (take(dev, actual, charged, unit) == CUDA_SUCCESS) return CUDA_SUCCESS;
-    undo(p); /* a pitch beyond our bound, over quota */
+    undo(p); /* a wider pitch than expected, over quota */
     return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
@@ -261,18 +313,20 @@ static CUresult mem_alloc_pitch(const struct pitch_abi *abi, void *out, void *pi
     if (!abi->has()) return CUDA_ERROR_NOT_SUPPORTED;
     int dev;
     if (!vgpu_mem_active() || out == NULL || pitch_out == NULL || width == 0 || height == 0 ||
-        (dev = vgpu_current_device_index()) < 0)
+        (dev = vgpu_current_device_index()) == -1)
         return abi->call(out, pitch_out, width, height, elem);
-    uint64_t bound = mul_sat(round_to(width, PITCH_ALIGN_BOUND), height), charged, unit;
-    if ((st = take(dev, bound, &charged, &unit)) != CUDA_SUCCESS) return st;
+    if (dev == VGPU_DEVICE_UNACCOUNTED)
+        return (st = vgpu_mem_unaccounted()) != CUDA_SUCCESS ? st : abi->call(out, pitch_out, width, height, elem);
+    uint64_t expected = mul_sat(expected_pitch(dev, width), height), charged, unit;
+    if ((st = take(dev, expected, &charged, &unit)) != CUDA_SUCCESS) return st;
     CUresult rc = abi->call(out, pitch_out, width, height, elem);
     if (rc != CUDA_SUCCESS) {
         give_back(dev, charged, unit);
         return rc;
     }
-    uint64_t p = abi->got(out);
-    if ((rc = pitch_taken(dev, p, abi->got_pitch(pitch_out), height, bound, &charged, &unit, abi->undo)) != CUDA_SUCCESS)
-        return rc;
+    uint64_t p = abi->got(out), pitch = abi->got_pitch(pitch_out);
+    learn_pitch(dev, width, pitch);
+    if ((rc = pitch_taken(dev, p, pitch, height, expected, &charged, &unit, abi->undo)) != CUDA_SUCCESS) return rc;
     return record(VGPU_TRACK_PTR, p, dev, charged, unit, abi->undo);
 }
 

@@ -16,6 +16,10 @@
  *     not grow past the quota), else is trimmed before the request is refused.
  * Between a synchronisation that releases pool memory and the next settle, the charge is higher
  * than the device's use: conservative, and corrected before any refusal.
+ * The size reserved before the driver is asked is what the driver reports it takes for such an
+ * allocation (vgpu_mem_estimate: its page, or its alignment for a small one); the pool's own
+ * figure replaces it at once, and growth beyond it (a pool reserving in larger chunks) must fit
+ * the quota too or the allocation is undone.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -116,7 +120,7 @@ static uint64_t pool_cached(struct pool_acct *a) {
  * the pool's reservation did not grow past what the quota allows. 1 if *dptr is allocated. */
 static int alloc_from_cache(struct pool_acct *a, CUdeviceptr *dptr, size_t bytesize, alloc_async_fn fa,
                             alloc_pool_fn fp, CUstream s) {
-    if (pool_cached(a) < vgpu_mem_round(bytesize)) return 0;
+    if (pool_cached(a) < bytesize) return 0;
     if ((fa ? fa(dptr, bytesize, s) : fp(dptr, bytesize, a->pool, s)) != CUDA_SUCCESS) return 0;
     cuuint64_t r = 0;
     pool_attr_fn f = get_attr();
@@ -134,7 +138,7 @@ static CUresult charged_alloc(struct pool_acct *a, CUdeviceptr *dptr, size_t byt
                               alloc_pool_fn fp, CUstream s) {
     pthread_mutex_lock(&a->mu);
     settle_locked(a); /* a synchronisation may have released cached blocks */
-    uint64_t want = vgpu_mem_round(bytesize), used;
+    uint64_t want = vgpu_mem_estimate(a->dev, bytesize), used;
     CUresult rc = CUDA_SUCCESS;
     int allocated = 0;
     if (vgpu_region_charge(a->dev, want, vgpu_region_limit(a->dev), &used) != 0) {
@@ -186,6 +190,7 @@ static struct pool_acct *current_pool(int *dev) {
     CUdevice d;
     CUmemoryPool pool;
     if (ctx_dev == NULL || ctx_dev(&d) != CUDA_SUCCESS || (*dev = vgpu_device_index(d)) < 0) return NULL;
+    /* (an unaccounted device: *dev is VGPU_DEVICE_UNACCOUNTED, the caller decides) */
     if (real_cuDeviceGetMemPool == NULL || real_cuDeviceGetMemPool(&pool, d) != CUDA_SUCCESS) return NULL;
     return pool_acct(pool, *dev);
 }
@@ -194,10 +199,11 @@ static CUresult alloc_async(alloc_async_fn real, CUdeviceptr *dptr, size_t bytes
     CUresult st = vgpu_init();
     if (st != CUDA_SUCCESS) return st;
     if (real == NULL) return CUDA_ERROR_NOT_SUPPORTED;
-    int dev;
-    struct pool_acct *a;
-    if (!vgpu_mem_active() || dptr == NULL || bytesize == 0 || (a = current_pool(&dev)) == NULL)
+    int dev = -1;
+    struct pool_acct *a = NULL;
+    if (!vgpu_mem_active() || dptr == NULL || bytesize == 0 || ((a = current_pool(&dev)) == NULL && dev != VGPU_DEVICE_UNACCOUNTED))
         return real(dptr, bytesize, s); /* no context or device: the driver's error */
+    if (a == NULL) return (st = vgpu_mem_unaccounted()) != CUDA_SUCCESS ? st : real(dptr, bytesize, s);
     return charged_alloc(a, dptr, bytesize, real, NULL, s);
 }
 
@@ -206,9 +212,15 @@ static CUresult alloc_pool(alloc_pool_fn real, CUdeviceptr *dptr, size_t bytesiz
     if (st != CUDA_SUCCESS) return st;
     if (real == NULL) return CUDA_ERROR_NOT_SUPPORTED;
     struct pool_acct *a;
-    if (!vgpu_mem_active() || dptr == NULL || bytesize == 0 || pool == NULL ||
-        (a = pool_acct(pool, vgpu_current_device_index())) == NULL)
+    int dev = -1;
+    if (!vgpu_mem_active() || dptr == NULL || bytesize == 0 || pool == NULL)
         return real(dptr, bytesize, pool, s);
+    if ((a = pool_acct(pool, -1)) == NULL) { /* a pool not seen created: the current device's */
+        dev = vgpu_current_device_index();
+        if (dev == VGPU_DEVICE_UNACCOUNTED)
+            return (st = vgpu_mem_unaccounted()) != CUDA_SUCCESS ? st : real(dptr, bytesize, pool, s);
+        if ((a = pool_acct(pool, dev)) == NULL) return real(dptr, bytesize, pool, s);
+    }
     return charged_alloc(a, dptr, bytesize, NULL, real, s);
 }
 

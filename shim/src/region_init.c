@@ -11,7 +11,7 @@
 #include "region_init.h"
 
 /* r is freshly ftruncate()d, so all zeros (the lock word too: free): only the non-zero fields
- * are written (touching the whole 150 KiB would fault every page in, for nothing, in every racing
+ * are written (touching the whole 560 KiB would fault every page in, for nothing, in every racing
  * creator). */
 int vgpu_region_init(struct vgpu_region *r) {
     struct timespec ts;

@@ -98,7 +98,7 @@ int vgpu_config_load(struct vgpu_config *cfg);
 const struct vgpu_config *vgpu_config(void);
 /* Print the one config-error line: "vgpu: VAR=VALUE is invalid: WHY; accepted: FORMS". */
 void vgpu_config_error(const char *var, const char *value, const char *why, const char *forms);
-/* PREFIX (every device) and PREFIX_<i> (device i, 0..15) from the settings: out[i] is device i's
+/* PREFIX (every device) and PREFIX_<i> (device i, 0..VGPU_MAX_DEVICES-1) from the settings: out[i] is device i's
  * parsed value (PREFIX_<i> over PREFIX, 0 when neither is set), have[i] (may be NULL) whether one
  * was set. Another index, or a value `parse` refuses, is a config error: -1 after the line. */
 typedef int (*vgpu_setting_parser)(const char *var, const char *value, uint64_t *out);
@@ -146,8 +146,14 @@ int vgpu_compute_init(void); /* compute.c: parses the compute cap's settings */
 /* ---- devices (devices.c) ---- */
 /* Build the CUdevice <-> app index map (once, after a successful real cuInit). */
 void vgpu_devices_discover(void);
-int vgpu_device_index(CUdevice dev);    /* app-visible index, or -1 (not a device we mapped) */
-int vgpu_current_device_index(void);    /* of the current context's device, or -1 (no context) */
+/* App-visible index; -1: not a device (the driver's error follows); VGPU_DEVICE_UNACCOUNTED: one
+ * of the driver's devices past the first VGPU_MAX_DEVICES, which have no account (memory on it
+ * is refused while a limit is set: vgpu_mem_unaccounted). */
+#define VGPU_DEVICE_UNACCOUNTED (-2)
+int vgpu_device_index(CUdevice dev);
+int vgpu_current_device_index(void);    /* of the current context's device, or -1 (no context) / -2 */
+int vgpu_device_unaccounted_ordinal(void); /* the ordinal of the last -2 answer (for a log line) */
+int vgpu_device_handle(int idx, CUdevice *out); /* the CUdevice of index idx: 0, or -1 */
 /* The app-visible index of an NVML device handle, or -1 (not visible, or unknown): by UUID
  * against the map when CUDA is initialised in the process; else from CUDA_VISIBLE_DEVICES (UUID
  * entries; numeric ones only when CUDA's order is known to be NVML's). Never initialises CUDA. */
@@ -199,8 +205,16 @@ int vgpu_mem_active(void);
  * CUDA_SUCCESS or CUDA_ERROR_OUT_OF_MEMORY. */
 CUresult vgpu_mem_reserve(int dev, uint64_t bytes);
 void vgpu_mem_release(int dev, uint64_t bytes);
-/* Bytes the driver takes for a request of n bytes (rounding to the allocation granule). */
-uint64_t vgpu_mem_round(uint64_t n);
+/* The device's page size as the driver reports it (cuMemGetAllocationGranularity), 0 if it
+ * answered nothing. */
+uint64_t vgpu_mem_page(int dev);
+/* What an allocation of size bytes takes at most on device index dev, from what the driver
+ * reports (a page-rounded size from half a page up, else its allocation alignment). */
+uint64_t vgpu_mem_estimate(int dev, uint64_t size);
+/* An allocation on a device past VGPU_MAX_DEVICES (index VGPU_DEVICE_UNACCOUNTED): refused with
+ * CUDA_ERROR_OUT_OF_MEMORY while a memory limit is set (one log line per process), else
+ * CUDA_SUCCESS (the driver's, unaccounted). */
+CUresult vgpu_mem_unaccounted(void);
 
 /* ---- memory pools (pools.c) ---- */
 /* Settle every (idle) pool of device index dev to what it reserves; trim them first if trim.

@@ -9,6 +9,9 @@
  *   chunks until refused: count=...) | free | freeall | freeasync (top async object, no sync) | swap
  *   freesync (cuMemFree_v2 of the top object, e.g. a stream-ordered one) | mapunmap:N (top handle)
  *   threshold:V             the default pool's release threshold (V bytes, or "max" = UINT64_MAX)
+ *   deferred:W:H:LEVELS     a CUDA_ARRAY3D_DEFERRED_MAPPING float4 array (LEVELS 0) or mipmapped
+ *                           array: its requirements (size=.. alignment=..), then destroyed;
+ *                           plainrc=.. is cuArrayGetMemoryRequirements of an ordinary array
  *   dlsym:NAME:N            dlopen("libcuda.so.1") + dlsym(NAME), call it as an allocation of N
  *   procaddr:BASE:VER:FL:N:SYM  cuGetProcAddress_v2(BASE, VER, FL), call it as SYM allocating N
  *   dlsym_is:NAME           same=1 if dlsym(libcuda, NAME) == dlsym(RTLD_DEFAULT, NAME), real=1 if
@@ -310,6 +313,32 @@ int main(int argc, char **argv) {
             cuuint64_t v = !strcmp(f[1], "max") ? UINT64_MAX : (cuuint64_t)num(f[1]);
             rc = cuDeviceGetDefaultMemPool(&pool, d);
             if (rc == CUDA_SUCCESS) rc = cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &v);
+        } else if (!strcmp(op, "deferred")) {
+            CUDA_ARRAY3D_DESCRIPTOR d = {num(f[1]), num(f[2]), 0, CU_AD_FORMAT_FLOAT, 4, CUDA_ARRAY3D_DEFERRED_MAPPING};
+            CUDA_ARRAY_MEMORY_REQUIREMENTS req = {0};
+            CUdevice dev;
+            cuCtxGetDevice(&dev);
+            unsigned levels = (unsigned)num(f[3]);
+            if (levels == 0) {
+                CUarray a = NULL;
+                rc = cuArray3DCreate_v2(&a, &d);
+                if (rc == CUDA_SUCCESS) rc = cuArrayGetMemoryRequirements(&req, a, dev);
+                if (a) cuArrayDestroy(a);
+            } else {
+                CUmipmappedArray m = NULL;
+                rc = cuMipmappedArrayCreate(&m, &d, levels);
+                if (rc == CUDA_SUCCESS) rc = cuMipmappedArrayGetMemoryRequirements(&req, m, dev);
+                if (m) cuMipmappedArrayDestroy(m);
+            }
+            CUDA_ARRAY_MEMORY_REQUIREMENTS plain_req;
+            CUDA_ARRAY_DESCRIPTOR pd = {num(f[1]), num(f[2]), CU_AD_FORMAT_FLOAT, 4};
+            CUarray plain;
+            CUresult prc = cuArrayCreate_v2(&plain, &pd);
+            if (prc == CUDA_SUCCESS) {
+                prc = cuArrayGetMemoryRequirements(&plain_req, plain, dev);
+                cuArrayDestroy(plain);
+            }
+            snprintf(extra, sizeof extra, "size=%zu alignment=%zu plainrc=%d", req.size, req.alignment, (int)prc);
         } else if (!strcmp(op, "swap")) { /* swap the top two objects (free a pool before its block) */
             if (top >= 2) {
                 struct obj t = stack[top - 1];

@@ -37,7 +37,7 @@ def run(binary: Path, env: dict[str, str], *ops: str) -> tuple[list[dict[str, st
         ("CUDA_DEVICE_MEMORY_LIMIT", "1.5"),
         ("CUDA_DEVICE_MEMORY_LIMIT_0", "lots"),
         ("CUDA_DEVICE_MEMORY_LIMIT_x", "1Gi"),
-        ("CUDA_DEVICE_MEMORY_LIMIT_16", "1Gi"),
+        ("CUDA_DEVICE_MEMORY_LIMIT_64", "1Gi"),  # past the 64 devices accounted
         ("CUDA_DEVICE_MEMORY_LIMIT", "99999999999999999999999"),
         ("LIBCUDA_LOG_LEVEL", "loud"),
         ("LIBCUDA_LOG_LEVEL", "-1"),

@@ -102,7 +102,7 @@ def test_limits_file_without_a_limit_still_ignores_the_kill_switch(
     [
         ("CUDA_DEVICE_MEMORY_LIMIT_0=lots\n", 'CUDA_DEVICE_MEMORY_LIMIT_0="lots" is invalid'),
         ("just words\n", "not a KEY=VALUE line"),
-        ("CUDA_DEVICE_SM_LIMIT_16=30\n", "not a device index"),
+        ("CUDA_DEVICE_SM_LIMIT_64=30\n", "not a device index"),
         ("CUDA_DEVICE_SM_LIMIT_0=\n", "not a percentage"),
     ],
 )

@@ -48,6 +48,17 @@ def test_exit_code_and_environment(tmp_path: Path) -> None:
     assert preload.endswith("libvgpu.so")
 
 
+def test_every_accounted_device_has_its_flag() -> None:
+    last = region.MAX_DEVICES - 1  # 63: devices past the first 16 too
+    r = vgpu_run(
+        [f"--memory-{last}", "1Gi", "--", "sh", "-c", f'echo "$CUDA_DEVICE_MEMORY_LIMIT_{last}"']
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(1 << 30)
+    r = vgpu_run([f"--memory-{last + 1}", "1Gi", "--", "true"])
+    assert r.returncode == 2 and f"--memory-{last + 1}" in r.stderr
+
+
 @pytest.mark.parametrize(
     "args",
     [

@@ -128,7 +128,7 @@ BAD = [
     # set but empty, or a device index the shim has no room for: refused as for memory limits
     ("CUDA_DEVICE_SM_LIMIT", ""),
     ("CUDA_DEVICE_SM_LIMIT_0", ""),
-    ("CUDA_DEVICE_SM_LIMIT_16", "30"),
+    ("CUDA_DEVICE_SM_LIMIT_64", "30"),
     ("CUDA_DEVICE_SM_LIMIT_x", "30"),
     # strtod's extra forms are not percentages
     ("CUDA_DEVICE_SM_LIMIT", "0x10"),

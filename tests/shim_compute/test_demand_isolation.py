@@ -30,7 +30,7 @@ import os, sys, time
 path, mode, uuid_hex, seconds = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
 from sharing._region_cffi import ffi
 f = ffi.new("struct vgpu_demand_file *")
-f.magic, f.version, f.ndev = 0x44475056, 1, 16
+f.magic, f.version, f.ndev = 0x44475056, 2, 64
 uuid = bytes.fromhex(uuid_hex)
 def entry(i, cap, want):
     ffi.memmove(f.dev[i].uuid, uuid, 16)

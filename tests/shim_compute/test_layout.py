@@ -15,7 +15,8 @@ def test_sizes() -> None:
     # 512 bytes: the size of the placeholder the compute state replaced (region layout unchanged).
     assert ffi.sizeof("struct vgpu_compute_state") == 512
     assert ffi.sizeof("struct vgpu_node_slot") == 32
-    assert ffi.sizeof("struct vgpu_demand_file") == 16 + 16 * (16 + 32)
+    # 64 devices (demand layout 2)
+    assert ffi.sizeof("struct vgpu_demand_file") == 16 + 64 * (16 + 32)
 
 
 def _demand(path: Path) -> object:
@@ -40,11 +41,11 @@ def test_a_capped_run_leaves_its_accounting(workload: Workload, tmp_path: Path) 
     (demand,) = node.glob("*.demand")
     assert demand.name == f"{st.slice_id:016x}.demand"
     f: Any = _demand(demand)
-    assert f.magic == 0x44475056 and f.version == 1 and f.ndev == 16
+    assert f.magic == 0x44475056 and f.version == 2 and f.ndev == 64
     e = f.dev[0]
     assert bytes(e.uuid) != bytes(16)
     assert (e.d.slice_id, e.d.cap_permille, e.d.policy, e.d.priority) == (st.slice_id, 300, 1, 0)
-    assert all(f.dev[i].d.slice_id == 0 for i in range(1, 16))
+    assert all(f.dev[i].d.slice_id == 0 for i in range(1, 64))
 
 
 @pytest.mark.parametrize("round_", range(3))

@@ -25,7 +25,7 @@ BAD = [
     ),
     ('{"devices": [{"compute_capability": 9.0}]}', "devices[0].compute_capability", "major.minor"),
     ('{"devices": [{"healthy": "no"}]}', "devices[0].healthy", "true or false"),
-    ('{"devices": {}}', "devices", "array of 0 to 16"),
+    ('{"devices": {}}', "devices", "array of 0 to 128"),
     ('{"devices": [{}], "cuda": "12.4"}', "cuda", "devices, driver_version, cuda_version"),
     ('{"cuda_version": "twelve"}', "cuda_version", "major.minor"),
     ("[1, 2]", "(document)", "an object"),

@@ -63,7 +63,8 @@ struct vgpu_compute_state {
  * readers match entries of different slices by device. A reader trusts nothing in another slice's
  * file: values are clamped, and a lie can only cost its writer (docs/compute.md). */
 #define VGPU_DEMAND_MAGIC 0x44475056 /* "VPGD" */
-#define VGPU_DEMAND_VERSION 1
+#define VGPU_DEMAND_VERSION 2 /* 2: 64 devices */
+#define VGPU_DEMAND_DEVICES 64 /* = VGPU_MAX_DEVICES (vgpu/region.h checks it) */
 #define VGPU_NODE_SLOT_STALE_NS 10000000000
 
 struct vgpu_node_slot {
@@ -83,9 +84,9 @@ struct vgpu_demand_entry {
 struct vgpu_demand_file {
     uint32_t magic;   /* VGPU_DEMAND_MAGIC */
     uint32_t version; /* VGPU_DEMAND_VERSION */
-    uint32_t ndev;    /* VGPU_MAX_DEVICES (the entries below) */
+    uint32_t ndev;    /* VGPU_DEMAND_DEVICES (the entries below) */
     uint32_t pad;
-    struct vgpu_demand_entry dev[16];
+    struct vgpu_demand_entry dev[VGPU_DEMAND_DEVICES];
 };
 /* CFFI-END */
 

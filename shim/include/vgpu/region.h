@@ -41,8 +41,10 @@
 
 /* CFFI-BEGIN */
 #define VGPU_REGION_MAGIC 0x55504756 /* "VGPU" little-endian */
-#define VGPU_REGION_LAYOUT_VERSION 4 /* 4: usage only (no limit), devices[].denied_bytes */
-#define VGPU_MAX_DEVICES 16
+#define VGPU_REGION_LAYOUT_VERSION 5 /* 4: usage only (no limit), devices[].denied_bytes; 5: 64 devices */
+/* Devices of a process that are accounted: 64 covers the largest nodes (16 GPUs; 8 GPUs split into
+ * 7 MIG instances each = 56). A device past it is refused memory when a limit is set (devices.c). */
+#define VGPU_MAX_DEVICES 64
 #define VGPU_MAX_PROCS 1024
 #define VGPU_LOCK_WORDS 8 /* 64 bytes: the lock word (first 32 bits) and room (it once held a pthread mutex) */
 #define VGPU_SLOT_LOCK_BASE 0 /* slot i's liveness lock is on file byte VGPU_SLOT_LOCK_BASE + i */
@@ -87,5 +89,7 @@ struct vgpu_region {
     struct vgpu_proc_slot procs[VGPU_MAX_PROCS];
 };
 /* CFFI-END */
+
+_Static_assert(VGPU_DEMAND_DEVICES == VGPU_MAX_DEVICES, "a demand file has an entry per accounted device");
 
 #endif

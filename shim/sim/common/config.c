@@ -198,6 +198,10 @@ static int load_device(ctx_t *c, const sim_json *o, int i, sim_device_cfg *d)
     return 0;
 }
 
+#define SIM_STR_(x) #x
+#define SIM_STR(x) SIM_STR_(x)
+#define DEVICES_ALLOWED "an array of 0 to " SIM_STR(SIM_MAX_DEVICES) " device objects"
+
 static int load_doc(ctx_t *c, const sim_json *root, sim_config *cfg)
 {
     if (root->type != SIM_JSON_OBJECT)
@@ -207,9 +211,9 @@ static int load_doc(ctx_t *c, const sim_json *root, sim_config *cfg)
         if (strcmp(m->key, "devices") == 0) {
             have_devices = 1;
             if (m->type != SIM_JSON_ARRAY)
-                return bad(c, "devices", sim_json_type_name(m->type), "an array of 0 to 16 device objects");
+                return bad(c, "devices", sim_json_type_name(m->type), DEVICES_ALLOWED);
             if (m->count > SIM_MAX_DEVICES)
-                return bad(c, "devices", "more than 16 devices", "an array of 0 to 16 device objects");
+                return bad(c, "devices", "more than " SIM_STR(SIM_MAX_DEVICES) " devices", DEVICES_ALLOWED);
             int i = 0;
             for (const sim_json *d = m->child; d; d = d->next, i++)
                 if (load_device(c, d, i, &cfg->dev[i]) != 0)
@@ -254,7 +258,7 @@ static int load_doc(ctx_t *c, const sim_json *root, sim_config *cfg)
     }
     /* Node (= NVML) order is PCI bus order, as with NVIDIA's NVML, whatever order the file lists
      * the devices in (defaults derived from the index were assigned above, in file order).
-     * Insertion sort: at most 16 devices, and bus ids are unique. */
+     * Insertion sort: at most SIM_MAX_DEVICES devices, and bus ids are unique. */
     for (int i = 1; i < cfg->ndev; i++) {
         sim_device_cfg d = cfg->dev[i];
         int j = i;

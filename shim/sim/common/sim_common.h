@@ -56,7 +56,7 @@ const char *sim_json_type_name(sim_json_type t);
 
 /* ---------------------------------------------------------------- config.c */
 
-#define SIM_MAX_DEVICES 16
+#define SIM_MAX_DEVICES 128 /* a node of the simulator: more than any real one, past the shim's 64 */
 #define SIM_NAME_LEN 96
 #define SIM_UUID_LEN 64
 

@@ -146,8 +146,10 @@ int sim_state_open(void)
     }
     sim_shared *s = p;
     if (__atomic_load_n(&s->magic, __ATOMIC_ACQUIRE) != SIM_STATE_MAGIC || s->size != sizeof(sim_shared)) {
-        /* New (zero-filled) file, or one whose initialiser died before finishing. */
-        memset(s, 0, sizeof *s);
+        /* New (zero-filled) file, or one whose initialiser died before finishing: only the latter
+         * is cleared (clearing a new file would commit every page of its rings for nothing). */
+        if (st.st_size != 0)
+            memset(s, 0, sizeof *s);
         pthread_mutexattr_t a;
         pthread_mutexattr_init(&a);
         pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);

@@ -9,10 +9,37 @@
  *
  * A mipmapped array is charged the sum of its levels' bytes (each level halves every extent,
  * down to 1), rounded up once to 2 MiB.
+ *
+ * CUDA_ARRAY3D_DEFERRED_MAPPING (CUDA 11.6) creates an array without memory: nothing is charged,
+ * and cuArrayGetMemoryRequirements / cuMipmappedArrayGetMemoryRequirements report what it needs
+ * (the charge above, alignment 2 MiB); for an array created with memory they return
+ * CUDA_ERROR_INVALID_VALUE, as NVIDIA documents.
  */
 #include "cuda_internal.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
+
+/* The row pitch alignment of cuMemAllocPitch and of arrays: the driver's choice, reported by no
+ * attribute (SIMGPU_PITCH_ALIGNMENT, default 512; read once). */
+uint64_t sim_pitch_alignment(void)
+{
+    static _Atomic uint64_t cached;
+    uint64_t a = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (a)
+        return a;
+    a = sim_env_u64("SIMGPU_PITCH_ALIGNMENT", 512);
+    if (a < 32 || a > 4096 || (a & (a - 1))) {
+        sim_log("environment SIMGPU_PITCH_ALIGNMENT=%llu: allowed: a power of two from 32 to 4096; using 512",
+                (unsigned long long)a);
+        a = 512;
+    }
+    uint64_t zero = 0;
+    if (!atomic_compare_exchange_strong(&cached, &zero, a))
+        a = zero; /* another thread decided (and logged) first */
+    return a;
+}
 
 static unsigned format_bytes(CUarray_format f)
 {
@@ -46,7 +73,8 @@ static uint64_t level_bytes(uint64_t w, uint64_t h, uint64_t d, CUarray_format f
 
 static CUresult check_3d(const CUDA_ARRAY3D_DESCRIPTOR *a)
 {
-    if (a->Flags & ~(unsigned)(CUDA_ARRAY3D_LAYERED | CUDA_ARRAY3D_SURFACE_LDST | CUDA_ARRAY3D_CUBEMAP | 0x08 | 0x20))
+    if (a->Flags & ~(unsigned)(CUDA_ARRAY3D_LAYERED | CUDA_ARRAY3D_SURFACE_LDST | CUDA_ARRAY3D_CUBEMAP | 0x08 | 0x20 |
+                               CUDA_ARRAY3D_DEFERRED_MAPPING))
         return CUDA_ERROR_INVALID_VALUE;
     if ((a->Flags & CUDA_ARRAY3D_CUBEMAP) && (a->Width != a->Height || a->Depth == 0 || a->Depth % 6))
         return CUDA_ERROR_INVALID_VALUE; /* cubemaps: square faces, depth 6 (or 6 * layers) */
@@ -55,16 +83,24 @@ static CUresult check_3d(const CUDA_ARRAY3D_DESCRIPTOR *a)
     return CUDA_SUCCESS;
 }
 
-static CUresult charge(int dev, uint64_t bytes, uint64_t *charged)
+/* Charge what an array of `bytes` takes; a deferred-mapping one only records it in *required. */
+static CUresult charge(int dev, uint64_t bytes, unsigned flags, uint64_t *charged, uint64_t *required)
 {
     *charged = sim_align_up(bytes, SIM_ARRAY_GRANULE);
+    *required = 0;
+    if (flags & CUDA_ARRAY3D_DEFERRED_MAPPING) {
+        *required = *charged;
+        *charged = 0;
+        return CUDA_SUCCESS;
+    }
     pthread_mutex_lock(&G.lock);
     int rc = sim_mem_charge(G.slot, sim_phys(dev), *charged, G.cfg->dev[dev].memory);
     pthread_mutex_unlock(&G.lock);
     return rc == 0 ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
-static CUresult array_create(CUarray *ph, uint64_t w, uint64_t h, uint64_t d, CUarray_format fmt, unsigned ch)
+static CUresult array_create(CUarray *ph, uint64_t w, uint64_t h, uint64_t d, CUarray_format fmt, unsigned ch,
+                             unsigned flags)
 {
     struct CUctx_st *c;
     CUresult rc = sim_get_ctx(&c);
@@ -76,7 +112,7 @@ static CUresult array_create(CUarray *ph, uint64_t w, uint64_t h, uint64_t d, CU
     struct CUarray_st *a = calloc(1, sizeof *a);
     if (!a)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    if ((rc = charge(c->dev, bytes, &a->charged)) != CUDA_SUCCESS) {
+    if ((rc = charge(c->dev, bytes, flags, &a->charged, &a->required)) != CUDA_SUCCESS) {
         free(a);
         return rc;
     }
@@ -91,14 +127,14 @@ SIM_EXPORT CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPT
 {
     if (!pHandle || !pAllocateArray)
         return CUDA_ERROR_INVALID_VALUE;
-    return array_create(pHandle, pAllocateArray->Width, pAllocateArray->Height, 0, pAllocateArray->Format, pAllocateArray->NumChannels);
+    return array_create(pHandle, pAllocateArray->Width, pAllocateArray->Height, 0, pAllocateArray->Format, pAllocateArray->NumChannels, 0);
 }
 
 SIM_EXPORT CUresult cuArrayCreate(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR_v1 *pAllocateArray)
 {
     if (!pHandle || !pAllocateArray)
         return CUDA_ERROR_INVALID_VALUE;
-    return array_create(pHandle, pAllocateArray->Width, pAllocateArray->Height, 0, pAllocateArray->Format, pAllocateArray->NumChannels);
+    return array_create(pHandle, pAllocateArray->Width, pAllocateArray->Height, 0, pAllocateArray->Format, pAllocateArray->NumChannels, 0);
 }
 
 SIM_EXPORT CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pAllocateArray)
@@ -108,7 +144,8 @@ SIM_EXPORT CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESC
     CUresult rc = check_3d(pAllocateArray);
     if (rc != CUDA_SUCCESS)
         return rc;
-    return array_create(pHandle, pAllocateArray->Width, pAllocateArray->Height, pAllocateArray->Depth, pAllocateArray->Format, pAllocateArray->NumChannels);
+    return array_create(pHandle, pAllocateArray->Width, pAllocateArray->Height, pAllocateArray->Depth, pAllocateArray->Format, pAllocateArray->NumChannels,
+                        pAllocateArray->Flags);
 }
 
 SIM_EXPORT CUresult cuArray3DCreate(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR_v1 *pAllocateArray)
@@ -169,7 +206,7 @@ SIM_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA
     struct CUmipmappedArray_st *m = calloc(1, sizeof *m);
     if (!m)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    if ((rc = charge(c->dev, total, &m->charged)) != CUDA_SUCCESS) {
+    if ((rc = charge(c->dev, total, desc->Flags, &m->charged, &m->required)) != CUDA_SUCCESS) {
         free(m);
         return rc;
     }
@@ -194,4 +231,42 @@ SIM_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)
     sim_mem_uncharge(G.slot, sim_phys(hMipmappedArray->dev), hMipmappedArray->charged);
     pthread_mutex_unlock(&G.lock);
     return CUDA_SUCCESS;
+}
+
+static CUresult requirements(CUDA_ARRAY_MEMORY_REQUIREMENTS *out, int valid, int dev, uint64_t required, CUdevice device)
+{
+    if (!valid)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!out || required == 0 || sim_check_device(device) != CUDA_SUCCESS || device != dev)
+        return CUDA_ERROR_INVALID_VALUE; /* not created with CUDA_ARRAY3D_DEFERRED_MAPPING, or another device */
+    memset(out, 0, sizeof *out);
+    out->size = (size_t)required;
+    out->alignment = (size_t)SIM_ARRAY_GRANULE;
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuArrayGetMemoryRequirements(CUDA_ARRAY_MEMORY_REQUIREMENTS *memoryRequirements, CUarray array,
+                                                 CUdevice device)
+{
+    CUresult rc = sim_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    pthread_mutex_lock(&G.lock);
+    int valid = SIM_VALID(array, MAGIC_ARRAY);
+    rc = requirements(memoryRequirements, valid, valid ? array->dev : -1, valid ? array->required : 0, device);
+    pthread_mutex_unlock(&G.lock);
+    return rc;
+}
+
+SIM_EXPORT CUresult cuMipmappedArrayGetMemoryRequirements(CUDA_ARRAY_MEMORY_REQUIREMENTS *memoryRequirements,
+                                                          CUmipmappedArray mipmap, CUdevice device)
+{
+    CUresult rc = sim_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    pthread_mutex_lock(&G.lock);
+    int valid = SIM_VALID(mipmap, MAGIC_MIPMAP);
+    rc = requirements(memoryRequirements, valid, valid ? mipmap->dev : -1, valid ? mipmap->required : 0, device);
+    pthread_mutex_unlock(&G.lock);
+    return rc;
 }

@@ -55,7 +55,8 @@ enum {
 #define SIM_ALLOC_ALIGN 512ull          /* cuMemAlloc & co charge sizes rounded up to this */
 #define SIM_VMM_GRANULARITY (G.alloc_gran) /* cuMemCreate / cuMemAddressReserve granularity (the page size) */
 #define SIM_ARRAY_GRANULE (2ull << 20)  /* arrays are charged in whole 2 MiB granules */
-#define SIM_PITCH_ALIGN 512ull          /* cuMemAllocPitch / array row pitch alignment */
+#define SIM_PITCH_ALIGN (sim_pitch_alignment()) /* cuMemAllocPitch / array row pitch alignment */
+uint64_t sim_pitch_alignment(void); /* SIMGPU_PITCH_ALIGNMENT, checked (arrays.c) */
 #define SIM_PACE 1024                   /* at most this many launches in flight per stream */
 
 static inline uint64_t sim_align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
@@ -183,12 +184,14 @@ struct CUarray_st {
     uint32_t magic, gen;
     int dev;
     uint64_t charged;
+    uint64_t required; /* CUDA_ARRAY3D_DEFERRED_MAPPING: what it needs (charged 0); else 0 */
 };
 
 struct CUmipmappedArray_st {
     uint32_t magic, gen;
     int dev;
     uint64_t charged;
+    uint64_t required; /* as for arrays */
 };
 
 /* ---------------------------------------------------------------- process globals (init.c) */
