@@ -47,6 +47,7 @@ class Library:
     libs: tuple[str, ...]
     cflags: tuple[str, ...] = ()  # this library's own, after CFLAGS
     needed: tuple[str, ...] = ()  # sonames kept in DT_NEEDED even where nothing binds to them
+    bind_now: bool = True  # -z now (every import bound at load) or -z lazy (at its first call)
 
     def sources(self) -> list[Path]:
         found: list[Path] = []
@@ -78,6 +79,12 @@ LIBRARIES: tuple[Library, ...] = (
         ("m",),
         cflags=("-include", str(SHIM_DIR / "src" / "glibc_compat.h")),
         needed=("libdl.so.2", "libpthread.so.0"),
+        # Lazy binding: the shim is loaded into every process of a container and imports ~70 C
+        # library functions, most of which a process calls late or never; binding each at its
+        # first call instead of all at load saves ~28,000 instructions per process start
+        # (BENCHMARKS.md, "Shim start-up"). Every import is pinned to a version glibc 2.17 has
+        # (glibc_compat.h, checked by tests/shim/test_glibc_bound.py), so none can be missing.
+        bind_now=False,
     ),
     # The simulated NVIDIA driver: a stand-in for the real one, knows nothing of the shim.
     Library(
@@ -97,18 +104,26 @@ def link_args(lib: Library) -> list[str]:
     needed = [f"-l:{n}" for n in lib.needed]
     if needed:  # whatever the toolchain's --as-needed default
         needed = ["-Wl,--push-state,--no-as-needed", *needed, "-Wl,--pop-state"]
-    return [f"-Wl,-soname,{lib.soname}", "-Wl,--no-undefined", "-Wl,-z,now", *needed]
+    bind = "-Wl,-z,now" if lib.bind_now else "-Wl,-z,lazy"  # stated: toolchain defaults differ
+    return [f"-Wl,-soname,{lib.soname}", "-Wl,--no-undefined", bind, *needed]
 
 
 def build_with_gcc(
-    out_dir: Path, extra_cflags: Sequence[str] = (), cc: str = "gcc"
+    out_dir: Path,
+    extra_cflags: Sequence[str] = (),
+    cc: str = "gcc",
+    only: Sequence[str] = (),
+    extra_ldflags: Sequence[str] = (),
 ) -> dict[str, Path]:
-    """Build every library with plain gcc into out_dir (tests use this for ASan/UBSan builds).
+    """Build every library (or those whose filename is in `only`) with plain gcc into out_dir
+    (tests use this for ASan/UBSan builds and driver variants).
 
     Returns {filename: path}.
     """
     out: dict[str, Path] = {}
     for lib in LIBRARIES:
+        if only and lib.filename not in only:
+            continue
         target = lib.output_path(out_dir)
         target.parent.mkdir(parents=True, exist_ok=True)
         cmd = [
@@ -122,6 +137,7 @@ def build_with_gcc(
             str(target),
             *[str(s) for s in lib.sources()],
             *link_args(lib),
+            *extra_ldflags,
             *[f"-l{x}" for x in lib.libs],
         ]
         if "-fsanitize=address,undefined" in extra_cflags:

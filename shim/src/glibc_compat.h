@@ -29,12 +29,11 @@
 #ifdef VGPU_GLIBC_BASE
 #define VGPU_SYMVER(sym, ver) __asm__(".symver " #sym "," #sym "@" ver);
 
-/* libdl before 2.34 (dlsym and dlmopen are the shim's own exports: their real ones come from
- * dlvsym, dispatch.c) */
+/* libdl before 2.34 (dlsym, dlvsym and dlmopen are the shim's own exports: the real dlvsym is
+ * found in the C library's own symbol table, the others through it: dispatch.c) */
 VGPU_SYMVER(dlopen, VGPU_GLIBC_BASE)
 VGPU_SYMVER(dlclose, VGPU_GLIBC_BASE)
 VGPU_SYMVER(dladdr, VGPU_GLIBC_BASE)
-VGPU_SYMVER(dlvsym, VGPU_GLIBC_BASE)
 VGPU_SYMVER(dlerror, VGPU_GLIBC_BASE)
 /* libpthread before 2.34 (pthread_sigmask moved to libc in 2.32) */
 VGPU_SYMVER(pthread_create, VGPU_GLIBC_BASE)
