@@ -69,8 +69,8 @@ class Library:
 LIBRARIES: tuple[Library, ...] = (
     # The interposer every process of a sharing container loads. It binds to the oldest glibc
     # symbol versions (src/glibc_compat.h, force-included) so it loads on glibc >= 2.17. Before
-    # 2.34 dl* and pthread_* lived in libdl.so.2 and libpthread.so.0, so both stay needed (on
-    # 2.34+ they are empty stubs and the symbols bind to libc.so.6's compatibility versions).
+    # 2.34 some dl* and pthread_* calls lived in libdl.so.2 and libpthread.so.0: src/compat.c
+    # finds them at run time, so neither is mapped into every process (empty stubs on 2.34+).
     Library(
         "libvgpu.so",
         "",
@@ -78,7 +78,8 @@ LIBRARIES: tuple[Library, ...] = (
         "libvgpu.so",
         ("m",),
         cflags=("-include", str(SHIM_DIR / "src" / "glibc_compat.h")),
-        needed=("libdl.so.2", "libpthread.so.0"),
+        # libc.so.6 named although only weak references may bind to some of its symbols (compat.c)
+        needed=("libc.so.6",),
         # Lazy binding: the shim is loaded into every process of a container and imports ~70 C
         # library functions, most of which a process calls late or never; binding each at its
         # first call instead of all at load saves ~28,000 instructions per process start
@@ -105,7 +106,8 @@ def link_args(lib: Library) -> list[str]:
     if needed:  # whatever the toolchain's --as-needed default
         needed = ["-Wl,--push-state,--no-as-needed", *needed, "-Wl,--pop-state"]
     bind = "-Wl,-z,now" if lib.bind_now else "-Wl,-z,lazy"  # stated: toolchain defaults differ
-    return [f"-Wl,-soname,{lib.soname}", "-Wl,--no-undefined", bind, *needed]
+    # --as-needed: nothing else (-pthread's libpthread) lands in DT_NEEDED unless bound to
+    return [f"-Wl,-soname,{lib.soname}", "-Wl,--no-undefined", bind, *needed, "-Wl,--as-needed"]
 
 
 def build_with_gcc(

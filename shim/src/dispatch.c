@@ -91,6 +91,9 @@ EARLY_SAFE static void report_no_dlsym(void) {
  * for the first definition a reference to dlvsym@<first ABI> would bind to, as the dynamic linker
  * itself would have bound it without the shim's export. The objects before the C library are
  * start-up objects, which are never unloaded, so the walk needs no lock. */
+static struct vgpu_elf dlvsym_object; /* where find_dlvsym found it */
+static atomic_int dlvsym_object_ok;
+
 EARLY_SAFE static dlvsym_fn find_dlvsym(void) {
     /* the version the normal build's reference would name (glibc_compat.h); a build without
      * that header (the test harness) binds to the newest */
@@ -104,16 +107,26 @@ EARLY_SAFE static dlvsym_fn find_dlvsym(void) {
         struct vgpu_elf e;
         void *f;
         if (vgpu_elf_open(&e, m->l_addr, m->l_ld) == 0 &&
-            vgpu_elf_find(&e, "dlvsym", version, VGPU_ELF_REFERENCE, &f) == VGPU_ELF_FOUND)
+            vgpu_elf_find(&e, "dlvsym", version, VGPU_ELF_REFERENCE, &f) == VGPU_ELF_FOUND) {
+            dlvsym_object = e;
+            atomic_store(&dlvsym_object_ok, 1);
             return (dlvsym_fn)f;
+        }
     }
     return NULL;
 }
 
+/* A glibc older than 2.34 keeps dlvsym and dlsym in libdl.so.2, which the shim does not load
+ * (compat.c): a process that did not load it at start (no program linked with the driver is
+ * one: the driver needs it) has it loaded by compat.c, outside the start-up scope where
+ * RTLD_NEXT looks: then both are taken from its symbol table. */
 EARLY_SAFE static dlvsym_fn real_dlvsym(void) {
     dlvsym_fn f = atomic_load_explicit(&real_dlvsym_ptr, memory_order_acquire);
     if (f) return f;
     f = find_dlvsym(); /* idempotent, so a race only searches twice */
+#ifdef VGPU_GLIBC_BASE
+    if (f == NULL) f = (dlvsym_fn)vgpu_compat_dl_sym("dlvsym", VGPU_GLIBC_BASE);
+#endif
     if (f != NULL) atomic_store_explicit(&real_dlvsym_ptr, f, memory_order_release);
     return f;
 }
@@ -125,6 +138,16 @@ EARLY_SAFE static dlsym_fn real_dlsym(void) {
     dlvsym_fn vsym = real_dlvsym();
     for (size_t i = 0; vsym != NULL && f == NULL && i < N_DLSYM_VERSIONS; i++)
         f = (dlsym_fn)vsym(RTLD_NEXT, "dlsym", dlsym_versions[i]);
+    /* Nothing after the shim: the C library was loaded before it (libdl.so.2 preloaded ahead of
+     * the shim on an old glibc), or compat.c loaded libdl outside the start-up scope: the dlsym
+     * of the very object whose dlvsym this is (a dlvsym that answers nothing stays alone). */
+    void *d = NULL;
+    for (size_t i = 0; vsym != NULL && f == NULL && atomic_load(&dlvsym_object_ok) && i < N_DLSYM_VERSIONS; i++)
+        if (vgpu_elf_find(&dlvsym_object, "dlsym", dlsym_versions[i], VGPU_ELF_DLVSYM, &d) == VGPU_ELF_FOUND) f = (dlsym_fn)d;
+#ifdef VGPU_GLIBC_BASE
+    if (f == NULL && vsym != NULL && vgpu_compat_libdl_loaded_here())
+        f = (dlsym_fn)vgpu_compat_dl_sym("dlsym", VGPU_GLIBC_BASE);
+#endif
     if (f == NULL) {
         report_no_dlsym();
         return NULL;
