@@ -76,7 +76,7 @@ LIBRARIES: tuple[Library, ...] = (
         "",
         ("src",),
         "libvgpu.so",
-        ("m",),
+        (),  # no libm: its two rounding calls are in src/compat.c
         cflags=("-include", str(SHIM_DIR / "src" / "glibc_compat.h")),
         # libc.so.6 named although only weak references may bind to some of its symbols (compat.c)
         needed=("libc.so.6",),

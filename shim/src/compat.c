@@ -23,6 +23,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <limits.h>
 #include <link.h>
 #include <pthread.h>
 #include <signal.h>
@@ -150,6 +151,20 @@ COMPAT(LIB_PTHREAD, B, int, pthread_mutexattr_setpshared, (pthread_mutexattr_t *
 COMPAT(LIB_PTHREAD, VGPU_GLIBC_ROBUST, int, pthread_mutex_consistent, (pthread_mutex_t * m), (m), ENOSYS)
 COMPAT(LIB_PTHREAD, VGPU_GLIBC_ROBUST, int, pthread_mutexattr_setrobust, (pthread_mutexattr_t * a, int v), (a, v),
        ENOSYS)
+
+/* lround and llroundf (libm): to the nearest integer, halves away from zero; NaN and values out
+ * of range give LONG_MIN, as glibc's do on x86-64 (the callers pass small finite values).
+ * x - t is exact: |x - t| < 1 is a multiple of x's unit in the last place. */
+long vgpu_compat_lround(double x) {
+    if (!(x > -9.2233720368547758e18 && x < 9.2233720368547758e18)) return LONG_MIN;
+    long t = (long)x;
+    double f = x - (double)t;
+    if (f >= 0.5) t++;
+    else if (f <= -0.5) t--;
+    return t;
+}
+
+long long vgpu_compat_llroundf(float x) { return vgpu_compat_lround((double)x); }
 
 /* pthread_once without libpthread: no other thread can exist, so running the routine on the
  * first call is the whole contract (PTHREAD_ONCE_INIT is 0; anything else means done). */

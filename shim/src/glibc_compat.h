@@ -68,6 +68,13 @@ VGPU_SYMVER(pthread_mutexattr_setrobust, VGPU_GLIBC_ROBUST)
 #define pthread_mutexattr_setpshared vgpu_compat_pthread_mutexattr_setpshared
 #define pthread_mutex_consistent vgpu_compat_pthread_mutex_consistent
 #define pthread_mutexattr_setrobust vgpu_compat_pthread_mutexattr_setrobust
+
+/* The only libm calls: rounding, done in compat.c, so libm.so.6 is not one more object loaded
+ * into every process (the driver loads it where CUDA is used). */
+#define lround vgpu_compat_lround
+#define llroundf vgpu_compat_llroundf
+long vgpu_compat_lround(double x);
+long long vgpu_compat_llroundf(float x);
 #endif
 
 #endif
