@@ -11,8 +11,9 @@ without, measured in one run:
     p50 / p99 over every process of every round;
   - CPU time (user + system) per process, and instructions of one whole process (valgrind
     --tool=callgrind, loader included), with and without the shim: the figures that do not
-    depend on the machine's load; from the CPU time, what 64 at once would add on an idle
-    machine (the median process waits behind about procs / 2 / CPUs others, each paying it);
+    depend on the machine's load; from the CPU time, an upper bound of what 64 at once can add
+    on an idle machine (were all runnable together, the median process would wait behind
+    procs / 2 / CPUs others per CPU, each paying it; the launcher's spawning spreads them out);
   - --before: a second build (e.g. the previous commit's) measured alongside in the same run.
 The load average is printed with the numbers: wall time on a shared machine is noisy.
 """
@@ -184,7 +185,7 @@ def main() -> int:
         "at_once_added_ms_p50": {k: p50[k] - p50["baseline"] for k in shims},
         "at_once_added_ms_p99": {k: p99[k] - p99["baseline"] for k in shims},
         "at_once_ratio_p50": {k: p50[k] / p50["baseline"] for k in shims},
-        "at_once_idle_prediction_added_ms_p50": {
+        "at_once_idle_bound_added_ms_p50": {
             k: queue * (cpu_mean[k] - cpu_mean["baseline"]) for k in shims
         },
         "cpu_ms_breakdown": {k: statistics.fmean(v) for k, v in step_cpu.items()},
@@ -215,8 +216,7 @@ def main() -> int:
             f"CPU time of one process (user + system, mean of {args.single}): "
             f"{cpu_mean['baseline']:.3f} -> {cpu_mean[k]:.3f} ms ({c_add:+.3f} ms, "
             f"x{cpu_mean[k] / cpu_mean['baseline']:.3f}); {args.procs} at once on an idle "
-            f"machine: the median process waits behind ~{queue:.0f} per CPU, so p50 "
-            f"{queue * c_add:+.2f} ms"
+            f"machine add at most ~{queue:.0f} of these to the p50: {queue * c_add:+.2f} ms"
         )
         if ins:
             print(
