@@ -48,6 +48,7 @@ class Library:
     cflags: tuple[str, ...] = ()  # this library's own, after CFLAGS
     needed: tuple[str, ...] = ()  # sonames kept in DT_NEEDED even where nothing binds to them
     bind_now: bool = True  # -z now (every import bound at load) or -z lazy (at its first call)
+    as_needed: bool = False  # --as-needed for what the compiler adds (-pthread's libpthread)
 
     def sources(self) -> list[Path]:
         found: list[Path] = []
@@ -86,6 +87,8 @@ LIBRARIES: tuple[Library, ...] = (
         # (BENCHMARKS.md, "Shim start-up"). Every import is pinned to a version glibc 2.17 has
         # (glibc_compat.h, checked by tests/shim/test_glibc_bound.py), so none can be missing.
         bind_now=False,
+        # nothing the compiler adds (-pthread's libpthread) lands in DT_NEEDED unless bound to
+        as_needed=True,
     ),
     # The simulated NVIDIA driver: a stand-in for the real one, knows nothing of the shim.
     Library(
@@ -106,8 +109,8 @@ def link_args(lib: Library) -> list[str]:
     if needed:  # whatever the toolchain's --as-needed default
         needed = ["-Wl,--push-state,--no-as-needed", *needed, "-Wl,--pop-state"]
     bind = "-Wl,-z,now" if lib.bind_now else "-Wl,-z,lazy"  # stated: toolchain defaults differ
-    # --as-needed: nothing else (-pthread's libpthread) lands in DT_NEEDED unless bound to
-    return [f"-Wl,-soname,{lib.soname}", "-Wl,--no-undefined", bind, *needed, "-Wl,--as-needed"]
+    rest = ["-Wl,--as-needed"] if lib.as_needed else []
+    return [f"-Wl,-soname,{lib.soname}", "-Wl,--no-undefined", bind, *needed, *rest]
 
 
 def build_with_gcc(
