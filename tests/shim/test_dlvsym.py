@@ -6,6 +6,7 @@ loaded after the shim or preloaded before it, the answer is the hook and the quo
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,6 @@ from sharing.paths import shim_library
 from shim.build import build_with_gcc
 from tests.shim.test_bypass import (  # noqa: F401  (fixtures)
     OVER,
-    QUOTA,
     bypass_main,
     hostile,
     quota_env,
@@ -37,43 +37,47 @@ def versioned_driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return built["libcuda.so.1"].parent
 
 
-def with_driver(env: dict[str, str], driver_dir: Path) -> dict[str, str]:
-    return dict(env, LD_LIBRARY_PATH=f"{driver_dir}:{env['LD_LIBRARY_PATH']}")
+@dataclass(frozen=True)
+class Programs:
+    main: Path  # tests/c/bypass_main.c
+    hostile: Path  # tests/c/bypass_lib.c, which tries the routes
+    driver_dir: Path  # the versioned driver
+
+    def env(self, env: dict[str, str]) -> dict[str, str]:
+        return dict(env, LD_LIBRARY_PATH=f"{self.driver_dir}:{env['LD_LIBRARY_PATH']}")
+
+
+@pytest.fixture
+def progs(bypass_main: Path, hostile: Path, versioned_driver: Path) -> Programs:  # noqa: F811
+    return Programs(bypass_main, hostile, versioned_driver)
 
 
 def test_without_the_shim_dlvsym_reaches_the_versioned_driver(
-    bypass_main: Path,  # noqa: F811
-    hostile: Path,  # noqa: F811
-    sim_env: dict[str, str],
-    versioned_driver: Path,
+    progs: Programs, sim_env: dict[str, str]
 ) -> None:
     """The baseline: each dlvsym route really allocates twice the quota without the shim, so
     the refusals below are the shim's doing (and the driver's symbols are versioned)."""
-    env = with_driver(sim_env, versioned_driver)
-    res, out = run(bypass_main, str(hostile), env, *[f"alloc:{OVER}:{r}" for r in ROUTES])
+    env = progs.env(sim_env)
+    res, out = run(progs.main, str(progs.hostile), env, *[f"alloc:{OVER}:{r}" for r in ROUTES])
     assert [r["rc"] for r in res] == ["0"] * len(ROUTES), out
 
 
 @pytest.mark.parametrize("loading", ["dlopen", "preload-after-the-shim", "preload-before-the-shim"])
 def test_dlvsym_answers_with_the_hooks(
-    loading: str,
-    bypass_main: Path,  # noqa: F811
-    hostile: Path,  # noqa: F811
-    shim_env: dict[str, str],
-    versioned_driver: Path,
+    loading: str, progs: Programs, shim_env: dict[str, str]
 ) -> None:
-    env = with_driver(quota_env(shim_env), versioned_driver)
-    lib = str(hostile)
+    env = progs.env(quota_env(shim_env))
+    lib = str(progs.hostile)
     if loading == "preload-after-the-shim":
-        env["LD_PRELOAD"] = f"{shim_library()}:{hostile}"
+        env["LD_PRELOAD"] = f"{shim_library()}:{progs.hostile}"
         lib = "preloaded"
     elif loading == "preload-before-the-shim":
-        env["LD_PRELOAD"] = f"{hostile}:{shim_library()}"
+        env["LD_PRELOAD"] = f"{progs.hostile}:{shim_library()}"
         lib = "preloaded"
     ops = []
     for r in ROUTES:
         ops += [f"alloc:{OVER}:{r}", f"hook:{r}:cuMemAlloc_v2", f"hook:{r}:cuDeviceGet"]
-    res, out = run(bypass_main, lib, env, *ops)
+    res, out = run(progs.main, lib, env, *ops)
     for i, route in enumerate(ROUTES):
         alloc, hooked, unhooked = res[3 * i : 3 * i + 3]
         assert alloc["rc"] == "2", f"{route}: {out}"  # CUDA_ERROR_OUT_OF_MEMORY
@@ -81,19 +85,13 @@ def test_dlvsym_answers_with_the_hooks(
         # a name the shim does not hook: the driver's own, the function the program binds
         assert (unhooked["found"], unhooked["shim"]) == ("1", "1"), f"{route}: {out}"
     assert f"{OVER / (1 << 30):.2f} GiB denied" in out
-    assert QUOTA < OVER
 
 
-def test_dlvsym_passes_through_with_control_off(
-    bypass_main: Path,  # noqa: F811
-    hostile: Path,  # noqa: F811
-    shim_env: dict[str, str],
-    versioned_driver: Path,
-) -> None:
-    env = with_driver(dict(quota_env(shim_env), CUDA_DISABLE_CONTROL="1"), versioned_driver)
+def test_dlvsym_passes_through_with_control_off(progs: Programs, shim_env: dict[str, str]) -> None:
+    env = progs.env(dict(quota_env(shim_env), CUDA_DISABLE_CONTROL="1"))
     route = ROUTES[0]
     res, out = run(
-        bypass_main, str(hostile), env, f"alloc:{OVER}:{route}", f"hook:{route}:cuMemAlloc_v2"
+        progs.main, str(progs.hostile), env, f"alloc:{OVER}:{route}", f"hook:{route}:cuMemAlloc_v2"
     )
     assert res[0]["rc"] == "0", out
     assert (res[1]["found"], res[1]["shim"]) == ("1", "0"), out
