@@ -4,13 +4,17 @@ program with the shim (64 GiB quota, shared accounting file that exists, as in a
 without, measured in one run:
 
     .venv/bin/python benchmarks/bench_startup.py [--single 200] [--rounds 8] [--procs 64]
-        [--shim OTHER/libvgpu.so] [--json]
+        [--shim OTHER/libvgpu.so] [--before OLDER/libvgpu.so] [--json]
 
   - one process at a time: median over --single alternating runs of each variant;
   - --procs processes started at once (each with its own context), --rounds alternating rounds:
     p50 / p99 over every process of every round;
-  - instructions of one whole process (valgrind --tool=callgrind, loader included), with and
-    without the shim: the figure that does not depend on the machine's load.
+  - CPU time (user + system) per process, and instructions of one whole process (valgrind
+    --tool=callgrind, loader included), with and without the shim: the figures that do not
+    depend on the machine's load; from the CPU time, an upper bound of what 64 at once can add
+    on an idle machine (were all runnable together, the median process would wait behind
+    procs / 2 / CPUs others per CPU, each paying it; the launcher's spawning spreads them out);
+  - --before: a second build (e.g. the previous commit's) measured alongside in the same run.
 The load average is printed with the numbers: wall time on a shared machine is noisy.
 """
 
@@ -36,6 +40,7 @@ from bench_shim_memory import pct, variant_envs  # noqa: E402  (this directory: 
 from tests.support.cbuild import compile_program  # noqa: E402
 
 VARIANTS = {"baseline": "baseline", "shim": "shim, 64 GiB quota"}
+SHIMS = ("shim", "before")  # the shim variants, in the order printed
 
 
 def spawn_at_once(
@@ -74,9 +79,9 @@ def spawn_at_once(
 
 def breakdown_envs(work: Path, envs: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
     """Where the shim's start-up goes, one step at a time: preloading any library, one that
-    needs libdl.so.2 and libpthread.so.0 as the shim does (glibc_compat.h), the shim with
-    control off (loaded, driver resolved), on with no limit, with a private accounting file,
-    with the slice's shared one."""
+    needs libdl.so.2 and libpthread.so.0 (what the shim needed before shim/src/compat.c, for
+    comparison), the shim with control off (loaded, driver resolved), on with no limit, with a
+    private accounting file, with the slice's shared one."""
     empty = work / "empty.c"
     empty.write_text("int vgpu_bench_empty;\n")
     libs = {}
@@ -92,7 +97,7 @@ def breakdown_envs(work: Path, envs: dict[str, dict[str, str]]) -> dict[str, dic
     return {
         "baseline": base,
         "an empty library preloaded": dict(base, LD_PRELOAD=str(libs["empty"])),
-        "... needing libdl + libpthread": dict(base, LD_PRELOAD=str(libs["empty_dl"])),
+        "(an empty one needing libdl + libpthread)": dict(base, LD_PRELOAD=str(libs["empty_dl"])),
         "shim, CUDA_DISABLE_CONTROL=1": dict(plain, CUDA_DISABLE_CONTROL="1"),
         "shim, no limit": plain,
         "shim, quota, private file": dict(plain, CUDA_DEVICE_MEMORY_LIMIT="64Gi"),
@@ -122,6 +127,9 @@ def main() -> int:
         "--shim", type=Path, help="another build of libvgpu.so to measure (e.g. an older commit's)"
     )
     ap.add_argument(
+        "--before", type=Path, help="an older build of libvgpu.so measured alongside (same run)"
+    )
+    ap.add_argument(
         "--breakdown", type=int, default=300, help="runs per step of the CPU breakdown (0: skip)"
     )
     ap.add_argument("--json", action="store_true")
@@ -133,6 +141,8 @@ def main() -> int:
         envs = {k: all_envs[v] for k, v in VARIANTS.items()}
         if args.shim is not None:
             envs["shim"]["LD_PRELOAD"] = str(args.shim.resolve())
+        if args.before is not None:
+            envs["before"] = dict(envs["shim"], LD_PRELOAD=str(args.before.resolve()))
         load_before = os.getloadavg()
         spawn_at_once(prog, envs["shim"], 1)  # the slice's accounting file exists, as in a pod
         single: dict[str, list[float]] = {k: [] for k in envs}
@@ -158,58 +168,67 @@ def main() -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     one = {k: statistics.median(v) for k, v in single.items()}
+    cpu_mean = {k: statistics.fmean(v) for k, v in cpu.items()}
+    queue = args.procs / 2 / (os.cpu_count() or 1)  # processes ahead of the median one, per CPU
+    shims = [k for k in SHIMS if k in envs]
+    p50 = {k: pct(v, 50) for k, v in many.items()}
+    p99 = {k: pct(v, 99) for k, v in many.items()}
     report: dict[str, object] = {
         "one_process_ms_median": one,
-        "one_process_added_ms": one["shim"] - one["baseline"],
-        "one_process_ratio": one["shim"] / one["baseline"],
-        "cpu_ms_mean": {k: statistics.fmean(v) for k, v in cpu.items()},
+        "one_process_added_ms": {k: one[k] - one["baseline"] for k in shims},
+        "one_process_ratio": {k: one[k] / one["baseline"] for k in shims},
+        "cpu_ms_mean": cpu_mean,
+        "cpu_added_ms": {k: cpu_mean[k] - cpu_mean["baseline"] for k in shims},
         "at_once": args.procs,
-        "at_once_ms_p50": {k: pct(v, 50) for k, v in many.items()},
-        "at_once_ms_p99": {k: pct(v, 99) for k, v in many.items()},
-        "at_once_added_ms_p50": pct(many["shim"], 50) - pct(many["baseline"], 50),
-        "at_once_added_ms_p99": pct(many["shim"], 99) - pct(many["baseline"], 99),
-        "at_once_ratio_p50": pct(many["shim"], 50) / pct(many["baseline"], 50),
+        "at_once_ms_p50": p50,
+        "at_once_ms_p99": p99,
+        "at_once_added_ms_p50": {k: p50[k] - p50["baseline"] for k in shims},
+        "at_once_added_ms_p99": {k: p99[k] - p99["baseline"] for k in shims},
+        "at_once_ratio_p50": {k: p50[k] / p50["baseline"] for k in shims},
+        "at_once_idle_bound_added_ms_p50": {
+            k: queue * (cpu_mean[k] - cpu_mean["baseline"]) for k in shims
+        },
         "cpu_ms_breakdown": {k: statistics.fmean(v) for k, v in step_cpu.items()},
         "instructions": ins,
-        "instructions_ratio": ins["shim"] / ins["baseline"] if ins else None,
+        "instructions_ratio": {k: ins[k] / ins["baseline"] for k in shims} if ins else None,
         "loadavg_before_after": [round(load_before[0], 2), round(load_after[0], 2)],
         "cpus": os.cpu_count(),
     }
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
-    print(
-        f"exec to first allocation, one process: {one['baseline']:.2f} -> {one['shim']:.2f} ms "
-        f"(median of {args.single}), +{report['one_process_added_ms']:.2f} ms, "
-        f"x{report['one_process_ratio']:.3f}"
-    )
-    c = report["cpu_ms_mean"]
-    assert isinstance(c, dict)
-    print(
-        f"CPU time of one process (user + system, mean of {args.single}): "
-        f"{c['baseline']:.3f} -> {c['shim']:.3f} ms (+{c['shim'] - c['baseline']:.3f} ms; "
-        f"{args.procs} at once on {os.cpu_count()} CPUs queue about "
-        f"{args.procs / 2 / (os.cpu_count() or 1):.0f} of these ahead of the median process)"
-    )
-    p50, p99 = report["at_once_ms_p50"], report["at_once_ms_p99"]
-    assert isinstance(p50, dict) and isinstance(p99, dict)
-    print(
-        f"{args.procs} at once ({args.rounds} rounds): p50 {p50['baseline']:.2f} -> "
-        f"{p50['shim']:.2f} ms (+{report['at_once_added_ms_p50']:.2f} ms, "
-        f"x{report['at_once_ratio_p50']:.3f}), p99 {p99['baseline']:.2f} -> {p99['shim']:.2f} ms "
-        f"(+{report['at_once_added_ms_p99']:.2f} ms)"
-    )
+    for k in shims:
+        name = "shim" if k == "shim" else f"shim ({k})"
+        c_add = cpu_mean[k] - cpu_mean["baseline"]
+        print(f"== {name} against no shim")
+        print(
+            f"exec to first allocation, one process: {one['baseline']:.2f} -> {one[k]:.2f} ms "
+            f"(median of {args.single}), {one[k] - one['baseline']:+.2f} ms, "
+            f"x{one[k] / one['baseline']:.3f}"
+        )
+        print(
+            f"{args.procs} at once ({args.rounds} rounds): p50 {p50['baseline']:.2f} -> "
+            f"{p50[k]:.2f} ms ({p50[k] - p50['baseline']:+.2f} ms, "
+            f"x{p50[k] / p50['baseline']:.3f}), p99 {p99['baseline']:.2f} -> {p99[k]:.2f} ms "
+            f"({p99[k] - p99['baseline']:+.2f} ms)"
+        )
+        print(
+            f"CPU time of one process (user + system, mean of {args.single}): "
+            f"{cpu_mean['baseline']:.3f} -> {cpu_mean[k]:.3f} ms ({c_add:+.3f} ms, "
+            f"x{cpu_mean[k] / cpu_mean['baseline']:.3f}); {args.procs} at once on an idle "
+            f"machine add at most ~{queue:.0f} of these to the p50: {queue * c_add:+.2f} ms"
+        )
+        if ins:
+            print(
+                f"instructions of one whole process: {ins['baseline']} -> {ins[k]} "
+                f"({ins[k] - ins['baseline']:+d}, x{ins[k] / ins['baseline']:.3f})"
+            )
     b = report["cpu_ms_breakdown"]
     assert isinstance(b, dict)
     if b:
         print(f"CPU time per process, step by step (mean of {args.breakdown}):")
         for k, v in b.items():
-            print(f"  {k:32s} {v:.3f} ms  +{v - b['baseline']:.3f}")
-    if ins:
-        print(
-            f"instructions of one whole process: {ins['baseline']} -> {ins['shim']} "
-            f"(+{ins['shim'] - ins['baseline']}, x{report['instructions_ratio']:.3f})"
-        )
+            print(f"  {k:40s} {v:.3f} ms  {v - b['baseline']:+.3f}")
     print(
         f"load average (1 min) before/after: {load_before[0]:.2f} / {load_after[0]:.2f} "
         f"on {os.cpu_count()} CPUs"

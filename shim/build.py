@@ -47,6 +47,8 @@ class Library:
     libs: tuple[str, ...]
     cflags: tuple[str, ...] = ()  # this library's own, after CFLAGS
     needed: tuple[str, ...] = ()  # sonames kept in DT_NEEDED even where nothing binds to them
+    bind_now: bool = True  # -z now (every import bound at load) or -z lazy (at its first call)
+    as_needed: bool = False  # --as-needed for what the compiler adds (-pthread's libpthread)
 
     def sources(self) -> list[Path]:
         found: list[Path] = []
@@ -68,16 +70,25 @@ class Library:
 LIBRARIES: tuple[Library, ...] = (
     # The interposer every process of a sharing container loads. It binds to the oldest glibc
     # symbol versions (src/glibc_compat.h, force-included) so it loads on glibc >= 2.17. Before
-    # 2.34 dl* and pthread_* lived in libdl.so.2 and libpthread.so.0, so both stay needed (on
-    # 2.34+ they are empty stubs and the symbols bind to libc.so.6's compatibility versions).
+    # 2.34 some dl* and pthread_* calls lived in libdl.so.2 and libpthread.so.0: src/compat.c
+    # finds them at run time, so neither is mapped into every process (empty stubs on 2.34+).
     Library(
         "libvgpu.so",
         "",
         ("src",),
         "libvgpu.so",
-        ("m",),
+        (),  # no libm: its two rounding calls are in src/compat.c
         cflags=("-include", str(SHIM_DIR / "src" / "glibc_compat.h")),
-        needed=("libdl.so.2", "libpthread.so.0"),
+        # libc.so.6 named although only weak references may bind to some of its symbols (compat.c)
+        needed=("libc.so.6",),
+        # Lazy binding: the shim is loaded into every process of a container and imports ~70 C
+        # library functions, most of which a process calls late or never; binding each at its
+        # first call instead of all at load saves ~28,000 instructions per process start
+        # (BENCHMARKS.md, "Shim start-up"). Every import is pinned to a version glibc 2.17 has
+        # (glibc_compat.h, checked by tests/shim/test_glibc_bound.py), so none can be missing.
+        bind_now=False,
+        # nothing the compiler adds (-pthread's libpthread) lands in DT_NEEDED unless bound to
+        as_needed=True,
     ),
     # The simulated NVIDIA driver: a stand-in for the real one, knows nothing of the shim.
     Library(
@@ -97,18 +108,27 @@ def link_args(lib: Library) -> list[str]:
     needed = [f"-l:{n}" for n in lib.needed]
     if needed:  # whatever the toolchain's --as-needed default
         needed = ["-Wl,--push-state,--no-as-needed", *needed, "-Wl,--pop-state"]
-    return [f"-Wl,-soname,{lib.soname}", "-Wl,--no-undefined", "-Wl,-z,now", *needed]
+    bind = "-Wl,-z,now" if lib.bind_now else "-Wl,-z,lazy"  # stated: toolchain defaults differ
+    rest = ["-Wl,--as-needed"] if lib.as_needed else []
+    return [f"-Wl,-soname,{lib.soname}", "-Wl,--no-undefined", bind, *needed, *rest]
 
 
 def build_with_gcc(
-    out_dir: Path, extra_cflags: Sequence[str] = (), cc: str = "gcc"
+    out_dir: Path,
+    extra_cflags: Sequence[str] = (),
+    cc: str = "gcc",
+    only: Sequence[str] = (),
+    extra_ldflags: Sequence[str] = (),
 ) -> dict[str, Path]:
-    """Build every library with plain gcc into out_dir (tests use this for ASan/UBSan builds).
+    """Build every library (or those whose filename is in `only`) with plain gcc into out_dir
+    (tests use this for ASan/UBSan builds and driver variants).
 
     Returns {filename: path}.
     """
     out: dict[str, Path] = {}
     for lib in LIBRARIES:
+        if only and lib.filename not in only:
+            continue
         target = lib.output_path(out_dir)
         target.parent.mkdir(parents=True, exist_ok=True)
         cmd = [
@@ -122,6 +142,7 @@ def build_with_gcc(
             str(target),
             *[str(s) for s in lib.sources()],
             *link_args(lib),
+            *extra_ldflags,
             *[f"-l{x}" for x in lib.libs],
         ]
         if "-fsanitize=address,undefined" in extra_cflags:

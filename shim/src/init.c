@@ -28,6 +28,9 @@ static uint64_t clock_ns(clockid_t c) {
 static uint64_t mono_ns(void) { return clock_ns(CLOCK_MONOTONIC); }
 static uint64_t cpu_ns(void) { return clock_ns(CLOCK_THREAD_CPUTIME_ID); }
 static uint64_t setup_cpu_ns; /* the same, in CPU time of the calling thread (no scheduling waits) */
+/* The thread's CPU clock is a system call (no vDSO): read only for the debug line that shows it,
+ * from the end of the configuration's parsing (which sets the level) on. */
+static int measure_cpu;
 
 static void atfork_child(void) {
     vgpu_track_reset();
@@ -36,12 +39,13 @@ static void atfork_child(void) {
 }
 
 static void init_once(void) {
-    /* the CPU clock is a system call (a preemption point): read it outside the wall interval */
-    uint64_t c0 = cpu_ns(), t0 = mono_ns();
+    uint64_t t0 = mono_ns();
     if (vgpu_config_load(&cfg) != 0) {
         init_status = CUDA_ERROR_INVALID_VALUE;
         return;
     }
+    measure_cpu = cfg.log_level >= VGPU_LOG_DEBUG;
+    uint64_t c0 = measure_cpu ? cpu_ns() : 0;
     if (vgpu_resolve_cuda() != 0) {
         vgpu_log(VGPU_LOG_ERROR, "cannot load libcuda.so.1");
         init_status = CUDA_ERROR_NOT_INITIALIZED;
@@ -75,7 +79,7 @@ static void init_once(void) {
         }
     }
     vgpu_setup_ns = mono_ns() - t0;
-    setup_cpu_ns = cpu_ns() - c0;
+    if (measure_cpu) setup_cpu_ns = cpu_ns() - c0;
 }
 
 CUresult vgpu_init(void) {
@@ -89,10 +93,10 @@ CUresult hook_cuInit(unsigned int Flags) {
     if (real_cuInit == NULL) return CUDA_ERROR_NOT_INITIALIZED;
     CUresult rc = real_cuInit(Flags);
     if (rc == CUDA_SUCCESS && !cfg.disabled) {
-        uint64_t c0 = cpu_ns(), t0 = mono_ns();
+        uint64_t c0 = measure_cpu ? cpu_ns() : 0, t0 = mono_ns();
         vgpu_devices_discover();
         uint64_t t = mono_ns() - t0;
-        uint64_t c = cpu_ns() - c0;
+        uint64_t c = measure_cpu ? cpu_ns() - c0 : 0;
         /* only the first cuInit's map is setup; later calls find it built */
         static int reported;
         if (!__atomic_exchange_n(&reported, 1, __ATOMIC_RELAXED)) {

@@ -67,6 +67,11 @@ void *vgpu_cuda_sym(const char *name);
 void *vgpu_nvml_sym(const char *name);
 /* The C library's definition of `name` (what follows the shim: dlmopen.c's real dlmopen). */
 void *vgpu_libc_sym(const char *name);
+/* name@version from libdl.so.2, loading it first if no object has it (compat.c: a glibc older
+ * than 2.34 whose process did not load libdl at start). NULL if it cannot. */
+void *vgpu_compat_dl_sym(const char *name, const char *version);
+/* 1 if compat.c loaded libdl.so.2 itself (outside the start-up scope RTLD_NEXT searches). */
+int vgpu_compat_libdl_loaded_here(void);
 /* Nanoseconds the last first-call setup took (init + device map), for benchmarks/debug. */
 extern uint64_t vgpu_setup_ns;
 

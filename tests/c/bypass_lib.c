@@ -10,7 +10,8 @@
  *   soname with FLAGS, '+'-separated: lazy now global local nodelete noload deepbind) |
  *   dlmopen_base (dlmopen(LM_ID_BASE, soname)) | dlmopen_new (dlmopen(LM_ID_NEWLM, soname)) |
  *   dlmopen_dep:PATH (dlmopen(LM_ID_NEWLM, PATH), PATH a library that needs the driver) |
- *   vsym:VERSION (dlvsym(driver's handle, name, VERSION))
+ *   vsym:VERSION (dlvsym(driver's handle, name, VERSION)) | vnext:VERSION / vdefault:VERSION
+ *   (dlvsym(RTLD_NEXT / RTLD_DEFAULT, name, VERSION))
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -54,6 +55,8 @@ void *bypass_resolve(const char *route, const char *name) {
     void *h = NULL;
     if (!strcmp(route, "next")) return dlsym(RTLD_NEXT, name);
     if (!strcmp(route, "default")) return dlsym(RTLD_DEFAULT, name);
+    if (!strncmp(route, "vnext:", 6)) return dlvsym(RTLD_NEXT, name, route + 6);
+    if (!strncmp(route, "vdefault:", 9)) return dlvsym(RTLD_DEFAULT, name, route + 9);
     size_t i = 0;
     for (; i < sizeof opened / sizeof opened[0] && opened[i].handle; i++)
         if (!strcmp(opened[i].route, route) && opened[i].soname == soname_of(name)) return dlsym(opened[i].handle, name);

@@ -185,9 +185,10 @@ def test_dlmopen_passes_through_with_control_off(
 def test_dlvsym_finds_no_unversioned_driver_function(
     version: str, bypass_main: Path, hostile: Path, shim_env: dict[str, str]
 ) -> None:
-    """The shim does not hook dlvsym (it resolves the real dlsym through it). The driver's entry
-    points carry no symbol version, and the C library's dlvsym does not return such a symbol
-    for any version asked: not a route to the driver (docs/shim.md, threat model)."""
+    """The driver's entry points carry no symbol version, and the C library's dlvsym does not
+    return such a symbol for any version asked: not a route to the driver (docs/shim.md, threat
+    model). The shim's dlvsym leaves that answer alone; a driver with versioned symbols is
+    answered with the hooks (test_dlvsym.py)."""
     res, out = run(bypass_main, str(hostile), quota_env(shim_env), f"alloc:{OVER}:vsym:{version}")
     assert res[0]["rc"] == "-1", out
 

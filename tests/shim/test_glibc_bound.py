@@ -30,14 +30,39 @@ def test_installed_shim_needs_no_glibc_newer_than_the_bound() -> None:
     )
 
 
-def test_shim_needs_libdl_and_libpthread_where_old_glibc_keeps_them() -> None:
-    """Before glibc 2.34 dlopen and pthread_create are in libdl.so.2 and libpthread.so.0: without
-    them in DT_NEEDED an old image's loader would not find the pinned versions."""
-    out = subprocess.run(
-        ["objdump", "-p", str(shim_library())], check=True, capture_output=True, text=True
-    ).stdout
-    needed = {line.split()[1] for line in out.splitlines() if line.strip().startswith("NEEDED")}
-    assert {"libdl.so.2", "libpthread.so.0", "libc.so.6"} <= needed
+# The dl*/pthread_* functions libc.so.6 itself has exported since x86-64's and aarch64's first
+# glibc (the rest lived in libdl.so.2 / libpthread.so.0 before 2.34).
+IN_OLD_LIBC = {
+    "dl_iterate_phdr",
+    "pthread_attr_destroy",
+    "pthread_attr_init",
+    "pthread_attr_setdetachstate",
+    "pthread_equal",
+    "pthread_mutex_destroy",
+    "pthread_mutex_init",
+    "pthread_mutex_lock",
+    "pthread_mutex_unlock",
+    "pthread_self",
+}
+
+
+def test_shim_needs_neither_libdl_nor_libpthread() -> None:
+    """Before glibc 2.34 dlopen and pthread_create are in libdl.so.2 and libpthread.so.0. The
+    shim does not name them in DT_NEEDED (two more objects mapped into every process): each such
+    call is a weak reference, bound where the C library has it and found at run time otherwise
+    (shim/src/compat.c). A strong reference would stop an old image's process at its call."""
+    lib = shim_library()
+    out = subprocess.run(["objdump", "-p", str(lib)], check=True, capture_output=True, text=True)
+    needed = {ln.split()[1] for ln in out.stdout.splitlines() if ln.strip().startswith("NEEDED")}
+    assert "libc.so.6" in needed
+    assert not needed & {"libdl.so.2", "libpthread.so.0"}, needed
+    out = subprocess.run(["objdump", "-T", str(lib)], check=True, capture_output=True, text=True)
+    undefined = [ln.split() for ln in out.stdout.splitlines() if "*UND*" in ln]
+    weak = {f[-1] for f in undefined if f[1] == "w"}
+    strong = {f[-1] for f in undefined if f[1] != "w"}
+    moved = {n for n in strong if n.startswith(("dl", "pthread_")) and n not in IN_OLD_LIBC}
+    assert moved == set(), f"strong references to libdl/libpthread functions: {sorted(moved)}"
+    assert {"dlopen", "pthread_once", "pthread_create"} <= weak, sorted(weak)
 
 
 def test_version_parser_sees_a_new_version(tmp_path: Path) -> None:
