@@ -4,9 +4,9 @@ DT_NEEDED (shim/src/compat.c): the quota holds for a program linked with the dri
 loads libdl itself), with libdl preloaded ahead of the shim, and for a program that dlopens the
 driver (libpthread only the driver's dependency).
 
-Needs such a C library: VGPU_OLD_GLIBC_ROOT names a directory holding an extracted Debian 11
-`libc6` and `libc6-dev` (glibc 2.31: `dpkg-deb -x libc6_2.31-*.deb ROOT`, the same for
-libc6-dev); without it the test skips saying so. x86-64 only."""
+Needs such a C library: an extracted Debian 11 `libc6` and `libc6-dev` (glibc 2.31), which
+scripts/setup fetches (pinned by checksum) into .venv/old-glibc/root; VGPU_OLD_GLIBC_ROOT names
+another. Without one the test skips saying so. x86-64 only."""
 
 from __future__ import annotations
 
@@ -23,15 +23,17 @@ from tests.support.cbuild import C_PROGRAMS, CFLAGS, INCLUDE
 
 MiB = 1 << 20
 ROOT_ENV = "VGPU_OLD_GLIBC_ROOT"
+SETUP_ROOT = Path(__file__).resolve().parents[2] / ".venv" / "old-glibc" / "root"  # scripts/setup
 
 
 @pytest.fixture(scope="module")
 def old_root() -> Path:
     if platform.machine() != "x86_64":
         pytest.skip(f"the old-glibc check is set up for x86-64, not {platform.machine()}")
-    root = os.environ.get(ROOT_ENV)
-    if not root:
-        pytest.skip(f"{ROOT_ENV} is not set (an extracted Debian 11 libc6 + libc6-dev)")
+    root = os.environ.get(ROOT_ENV) or str(SETUP_ROOT)
+    if not Path(root).is_dir():
+        pytest.skip(f"{ROOT_ENV} is not set and scripts/setup could not fetch Debian 11's glibc "
+                    f"into {SETUP_ROOT} (no network?)")  # fmt: skip
     path = Path(root)
     if not (path / "lib64" / "ld-linux-x86-64.so.2").exists():
         pytest.skip(f"{ROOT_ENV}={root} holds no lib64/ld-linux-x86-64.so.2")
