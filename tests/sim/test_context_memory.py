@@ -69,7 +69,9 @@ def test_knob_sets_the_size_and_zero_turns_it_off(sim_env: dict[str, str]) -> No
         assert got["primary reset"] == {"device": 0, "process": 0}
 
 
-def test_a_context_that_does_not_fit_is_out_of_memory(sim_env: dict[str, str], tmp_path: Path) -> None:
+def test_a_context_that_does_not_fit_is_out_of_memory(
+    sim_env: dict[str, str], tmp_path: Path
+) -> None:
     """On a 1 GiB device with 600 MiB contexts the second context cannot be created."""
     cfg = write_config(tmp_path, {"devices": [{"memory": "1Gi"}]})
     env = dict(sim_env, SIMGPU_CONFIG=str(cfg), SIMGPU_CONTEXT_MEMORY="600Mi")
@@ -86,4 +88,8 @@ out.append(nv.nvmlDeviceGetMemoryInfo(nv.nvmlDeviceGetHandleByIndex(0)).used)
 print(json.dumps(out))
 """,
     )
-    assert got == [0, 2, 600 << 20]  # CUDA_ERROR_OUT_OF_MEMORY; the first context still holds its own
+    assert got == [
+        0,
+        2,
+        600 << 20,
+    ]  # CUDA_ERROR_OUT_OF_MEMORY; the first context still holds its own
