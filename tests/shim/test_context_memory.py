@@ -13,6 +13,7 @@ import pytest
 
 from sharing import region
 from tests.shim.conftest import Held
+from tests.shim.test_memory_paths import slice_env
 from tests.sim.simhelp import CONTEXT_MEMORY, run_python
 
 MiB = 1 << 20
@@ -28,12 +29,6 @@ def nvml_procs(env: dict[str, str]) -> dict[int, int]:
     """Ground truth: NVML's used memory per process on device 0, read without the shim."""
     plain = {k: v for k, v in env.items() if k != "LD_PRELOAD"}
     return {int(pid): used for pid, used in run_python(plain, NVML_PROCS).items()}
-
-
-def slice_env(shim_env: dict[str, str], tmp_path: Path, limit: str) -> tuple[dict[str, str], Path]:
-    reg = tmp_path / "slice.region"
-    env = dict(shim_env, CUDA_DEVICE_MEMORY_LIMIT=limit, CUDA_DEVICE_MEMORY_SHARED_CACHE=str(reg))
-    return env, reg
 
 
 def rcs(held: Held) -> list[str]:
