@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from sharing import region
+from sharing.paths import sim_lib_dir
 from tests.shim.conftest import Held
 from tests.shim.test_memory_paths import slice_env
 from tests.sim.simhelp import CONTEXT_MEMORY, run_python
@@ -212,3 +213,24 @@ def test_measured_in_a_pid_namespace(
     assert "used=629145600" in r.stdout  # two 300 MiB contexts
     lines = [x for x in r.stderr.splitlines() if "measured from" in x]
     assert len(lines) == 2 and all("this process's NVML entry" in x for x in lines), r.stderr
+
+
+def test_without_nvml_the_floor_is_charged(
+    shim_ops: Path, shim_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A driver whose NVML cannot be loaded: nothing is measured, the context is charged
+    VGPU_CONTEXT_RESERVE (one info line saying so)."""
+    only_cuda = tmp_path / "lib"
+    only_cuda.mkdir()
+    shutil.copy(sim_lib_dir() / "libcuda.so.1", only_cuda / "libcuda.so.1")
+    env, reg = slice_env(shim_env, tmp_path, "4Gi")
+    env.update(LD_LIBRARY_PATH=str(only_cuda), VGPU_CONTEXT_RESERVE="300Mi", LIBCUDA_LOG_LEVEL="3")
+    held = Held(shim_ops, env, "init", "ctx")
+    try:
+        assert rcs(held) == ["0", "0"]
+        assert region.read(reg).devices[0].used == 300 * MiB
+    finally:
+        held.release()
+    assert (
+        "could not be measured" in held.stderr and "VGPU_CONTEXT_RESERVE (300.0 MiB)" in held.stderr
+    )
