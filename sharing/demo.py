@@ -59,6 +59,7 @@ class Tenant:
     achieved: float = 0.0  # percent, from its completed kernels
     charged: float = 0.0  # percent, device time the compute gate charged (the exporter's view)
     memory_seen: int = 0  # the GPU's total memory as the tenant saw it
+    context: int = 0  # what its CUDA context takes of the quota (used before it allocated)
     granted: int = 0  # 1 GiB chunks it got
     refused: bool = False  # the next one was refused
 
@@ -192,11 +193,15 @@ def _memory_phase(tenants: list[Tenant], workdir: Path, say: Any) -> list[str]:
         got = t.events["alloc"]["granted"]
         denied = t.events["alloc"]["denied"]
         t.memory_seen, t.granted, t.refused = seen, got, bool(denied)
+        t.context = seen - t.events["meminfo"]["free"]
         refused = "the next was refused" if denied else "none was refused"
-        say(f"  {t.name} sees a {format_bytes(seen)} GPU; got {got} x 1 GiB, {refused}")
+        say(
+            f"  {t.name} sees a {format_bytes(seen)} GPU, {format_bytes(t.context)} of it its CUDA"
+            f" context's; got {got} x 1 GiB, {refused}"
+        )
         for line in t.stderr.splitlines():
             say(f"    {t.name} stderr: {line}")
-        if seen != t.memory or got * (1 << 30) > t.memory or not denied:
+        if seen != t.memory or t.context + got * (1 << 30) > t.memory or not denied:
             failures.append(
                 f"{t.name}: saw {format_bytes(seen)} and got {got} GiB, quota {format_bytes(t.memory)}"
             )
@@ -270,6 +275,7 @@ def _summary(
                 "name": t.name,
                 "memory_limit_bytes": t.memory,
                 "memory_seen_bytes": t.memory_seen,
+                "context_bytes": t.context,
                 "granted_gib_chunks": t.granted,
                 "next_allocation_refused": t.refused,
                 "compute_cap_percent": t.compute,

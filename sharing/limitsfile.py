@@ -14,7 +14,8 @@ accepts from the environment:
     CUDA_DEVICE_SM_LIMIT_<i>=<percent>          0..100 (0 or 100 = no cap: sharing/percent.py)
     VGPU_COMPUTE_POLICY=hard|elastic|off
     CUDA_TASK_PRIORITY=<-100..100>
-    VGPU_CONTEXT_RESERVE=<bytes>                (optional)
+    VGPU_CONTEXT_RESERVE=<bytes>                (optional: the least charged per context; the
+                                                shim charges what the driver reports, at least this)
     CUDA_DEVICE_MEMORY_SHARED_CACHE=<absolute path>
     VGPU_NODE_STATE_DIR=<absolute path>
     VGPU_DEMAND_FILE=<absolute path>

@@ -84,7 +84,9 @@ def test_demo_runs_and_shows_limits_held(sim_env: dict[str, str]) -> None:
     res = _run(["demo", "--seconds", "2"], env=sim_env, timeout=180)
     assert res.returncode == 0, res.stdout + res.stderr
     out = res.stdout
-    assert "team-a sees a 4.00 GiB GPU; got 4 x 1 GiB, the next was refused" in out
-    assert "team-b sees a 8.00 GiB GPU; got 8 x 1 GiB, the next was refused" in out
-    assert "slice uses 4.00 GiB of 4.00 GiB" in out
+    # each tenant's CUDA context takes its share of the quota (the simulator's 500 MiB)
+    ctx = "500.0 MiB of it its CUDA context's"
+    assert f"team-a sees a 4.00 GiB GPU, {ctx}; got 3 x 1 GiB, the next was refused" in out
+    assert f"team-b sees a 8.00 GiB GPU, {ctx}; got 7 x 1 GiB, the next was refused" in out
+    assert "1.00 GiB denied, slice uses 3.49 GiB of 4.00 GiB" in out  # 3 GiB and the context
     assert "stayed within its caps" in out

@@ -1,35 +1,80 @@
 /*
- * The context's own footprint (VGPU_CONTEXT_RESERVE bytes per context, default 0): charged before
- * a context is created, returned when it is destroyed. Primary contexts are charged at the
- * process's first retain of a device and returned when its last retain is released or reset.
+ * A context's own device memory, charged to the slice: what the driver took for it, measured
+ * when it is created (ctxmem.c), at least VGPU_CONTEXT_RESERVE. Before the driver is asked, what
+ * a context on the device is expected to take (the process's last measurement, or the floor) is
+ * reserved; after, the reservation is settled to the measurement. A context that does not fit in
+ * what is left of the quota is destroyed again (a primary context released) and its creation
+ * fails with CUDA_ERROR_OUT_OF_MEMORY. The charge is returned when the context is destroyed, when
+ * the primary context is released to inactive or reset, and when the process dies (its slot).
+ * Primary contexts are charged at the process's first retain of a device.
  */
 #include <pthread.h>
 
 #include "shim_internal.h"
 
-static pthread_mutex_t primary_mu = PTHREAD_MUTEX_INITIALIZER;
+/* One context creation or teardown at a time in the process: the driver's readings around a
+ * creation must not include another one. */
+static pthread_mutex_t ctx_mu = PTHREAD_MUTEX_INITIALIZER;
 static int primary_refs[VGPU_MAX_DEVICES];
+static uint64_t primary_charge[VGPU_MAX_DEVICES];
+static int created[VGPU_MAX_DEVICES]; /* live cuCtxCreate* contexts */
 
-static int reserve_on(void) { return vgpu_mem_active() && vgpu_config()->context_reserve != 0; }
+/* Before a context is created on idx: reserve what it is expected to take, read the driver. */
+static CUresult charge_begin(int idx, CUdevice dev, struct vgpu_ctxmem_probe *p, uint64_t *held) {
+    *held = vgpu_ctxmem_estimate(idx);
+    if (*held != 0 && vgpu_mem_reserve(idx, *held) != CUDA_SUCCESS) return CUDA_ERROR_OUT_OF_MEMORY;
+    vgpu_ctxmem_before(p, idx, dev, primary_refs[idx] == 0 && created[idx] == 0);
+    return CUDA_SUCCESS;
+}
+
+/* After the driver created it: settle the reservation (*held) to what it took. On refusal the
+ * caller destroys the context, then returns *held. */
+static CUresult charge_end(struct vgpu_ctxmem_probe *p, uint64_t *held) {
+    uint64_t c = vgpu_ctxmem_after(p);
+    if (c > *held) {
+        if (vgpu_mem_reserve(p->dev, c - *held) != CUDA_SUCCESS) return CUDA_ERROR_OUT_OF_MEMORY;
+    } else if (c < *held) {
+        vgpu_mem_release(p->dev, *held - c);
+    }
+    *held = c;
+    return CUDA_SUCCESS;
+}
+
+static CUresult primary_release_real(CUdevice dev) {
+    if (real_cuDevicePrimaryCtxRelease_v2 != NULL) return real_cuDevicePrimaryCtxRelease_v2(dev);
+    if (real_cuDevicePrimaryCtxRelease != NULL) return real_cuDevicePrimaryCtxRelease(dev);
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
 
 CUresult hook_cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
     CUresult st = vgpu_init();
     if (st != CUDA_SUCCESS) return st;
     if (real_cuDevicePrimaryCtxRetain == NULL) return CUDA_ERROR_NOT_SUPPORTED;
     int idx;
-    if (!reserve_on() || pctx == NULL || (idx = vgpu_device_index(dev)) < 0) return real_cuDevicePrimaryCtxRetain(pctx, dev);
-    uint64_t r = vgpu_config()->context_reserve;
-    /* serialised per process: the first retain charges exactly once */
-    pthread_mutex_lock(&primary_mu);
-    CUresult rc = CUDA_SUCCESS;
-    int first = primary_refs[idx] == 0;
-    if (first) rc = vgpu_mem_reserve(idx, r);
-    if (rc == CUDA_SUCCESS) {
+    if (!vgpu_mem_active() || pctx == NULL || (idx = vgpu_device_index(dev)) < 0)
+        return real_cuDevicePrimaryCtxRetain(pctx, dev);
+    pthread_mutex_lock(&ctx_mu);
+    CUresult rc;
+    if (primary_refs[idx] > 0) { /* charged at the first retain */
         rc = real_cuDevicePrimaryCtxRetain(pctx, dev);
         if (rc == CUDA_SUCCESS) primary_refs[idx]++;
-        else if (first) vgpu_mem_release(idx, r);
+        pthread_mutex_unlock(&ctx_mu);
+        return rc;
     }
-    pthread_mutex_unlock(&primary_mu);
+    struct vgpu_ctxmem_probe probe;
+    uint64_t held;
+    rc = charge_begin(idx, dev, &probe, &held);
+    if (rc == CUDA_SUCCESS) {
+        rc = real_cuDevicePrimaryCtxRetain(pctx, dev);
+        if (rc == CUDA_SUCCESS && (rc = charge_end(&probe, &held)) != CUDA_SUCCESS) primary_release_real(dev);
+        if (rc == CUDA_SUCCESS) {
+            primary_refs[idx] = 1;
+            primary_charge[idx] = held;
+        } else {
+            vgpu_mem_release(idx, held);
+        }
+    }
+    pthread_mutex_unlock(&ctx_mu);
     return rc;
 }
 
@@ -38,14 +83,17 @@ static CUresult primary_drop(CUresult (*real)(CUdevice), CUdevice dev, int reset
     if (st != CUDA_SUCCESS) return st;
     if (real == NULL) return CUDA_ERROR_NOT_SUPPORTED;
     int idx;
-    if (!reserve_on() || (idx = vgpu_device_index(dev)) < 0) return real(dev);
-    pthread_mutex_lock(&primary_mu);
+    if (!vgpu_mem_active() || (idx = vgpu_device_index(dev)) < 0) return real(dev);
+    pthread_mutex_lock(&ctx_mu);
     CUresult rc = real(dev);
     if (rc == CUDA_SUCCESS && primary_refs[idx] > 0) {
         primary_refs[idx] = reset ? 0 : primary_refs[idx] - 1;
-        if (primary_refs[idx] == 0) vgpu_mem_release(idx, vgpu_config()->context_reserve);
+        if (primary_refs[idx] == 0) {
+            vgpu_mem_release(idx, primary_charge[idx]);
+            primary_charge[idx] = 0;
+        }
     }
-    pthread_mutex_unlock(&primary_mu);
+    pthread_mutex_unlock(&ctx_mu);
     return rc;
 }
 
@@ -56,39 +104,78 @@ CUresult hook_cuDevicePrimaryCtxReset(CUdevice dev) { return primary_drop(real_c
 
 /* ---- created contexts ---- */
 
-static CUresult ctx_pre(CUcontext *pctx, CUdevice dev, int *idx) {
-    *idx = -1;
-    if (!reserve_on() || pctx == NULL || (*idx = vgpu_device_index(dev)) < 0) return CUDA_SUCCESS;
-    return vgpu_mem_reserve(*idx, vgpu_config()->context_reserve);
+static CUresult ctx_destroy_real(CUcontext ctx) {
+    if (real_cuCtxDestroy_v2 != NULL) return real_cuCtxDestroy_v2(ctx);
+    if (real_cuCtxDestroy != NULL) return real_cuCtxDestroy(ctx);
+    return CUDA_ERROR_NOT_SUPPORTED;
 }
 
-static CUresult ctx_post(CUresult rc, CUcontext *pctx, int idx) {
-    if (idx < 0) return rc;
-    uint64_t r = vgpu_config()->context_reserve;
-    if (rc != CUDA_SUCCESS) vgpu_mem_release(idx, r);
-    else if (vgpu_track_add(VGPU_TRACK_CTX, (uint64_t)(uintptr_t)*pctx, idx, r) != 0) vgpu_mem_release(idx, r);
+/* The context creation is one of four entry points: each is called through this. */
+struct ctx_create_call {
+    CUresult (*create)(const struct ctx_create_call *c);
+    CUcontext *pctx;
+    CUctxCreateParams *params;
+    CUexecAffinityParam *affinity;
+    int naffinity;
+    unsigned int flags;
+    CUdevice dev;
+};
+
+static CUresult ctx_create(const struct ctx_create_call *c) {
+    CUresult st = vgpu_init();
+    if (st != CUDA_SUCCESS) return st;
+    int idx;
+    if (!vgpu_mem_active() || c->pctx == NULL || (idx = vgpu_device_index(c->dev)) < 0) return c->create(c);
+    pthread_mutex_lock(&ctx_mu);
+    struct vgpu_ctxmem_probe probe;
+    uint64_t held;
+    CUresult rc = charge_begin(idx, c->dev, &probe, &held);
+    if (rc == CUDA_SUCCESS) {
+        rc = c->create(c);
+        if (rc == CUDA_SUCCESS && (rc = charge_end(&probe, &held)) != CUDA_SUCCESS) {
+            ctx_destroy_real(*c->pctx); /* nothing of it stays behind */
+            *c->pctx = NULL;
+        }
+        if (rc == CUDA_SUCCESS && vgpu_track_add(VGPU_TRACK_CTX, (uint64_t)(uintptr_t)*c->pctx, idx, held) != 0) {
+            vgpu_mem_release(idx, held); /* cannot be returned later: not charged at all */
+            held = 0;
+        }
+        if (rc == CUDA_SUCCESS) created[idx]++;
+        else vgpu_mem_release(idx, held);
+    }
+    pthread_mutex_unlock(&ctx_mu);
     return rc;
 }
 
-#define CTX_CREATE(real, call)                                                                     \
+static CUresult create_v4(const struct ctx_create_call *c) {
+    return real_cuCtxCreate_v4(c->pctx, c->params, c->flags, c->dev);
+}
+static CUresult create_v3(const struct ctx_create_call *c) {
+    return real_cuCtxCreate_v3(c->pctx, c->affinity, c->naffinity, c->flags, c->dev);
+}
+static CUresult create_v2(const struct ctx_create_call *c) { return real_cuCtxCreate_v2(c->pctx, c->flags, c->dev); }
+static CUresult create_v1(const struct ctx_create_call *c) { return real_cuCtxCreate(c->pctx, c->flags, c->dev); }
+
+/* vgpu_init() resolves the real functions: checked after it (ctx_create), never before. */
+#define CTX_CREATE(real, ...)                                                                      \
+    struct ctx_create_call c = {__VA_ARGS__};                                                      \
     CUresult st = vgpu_init();                                                                     \
     if (st != CUDA_SUCCESS) return st;                                                             \
     if (real == NULL) return CUDA_ERROR_NOT_SUPPORTED;                                             \
-    int idx;                                                                                       \
-    if ((st = ctx_pre(pctx, dev, &idx)) != CUDA_SUCCESS) return st;                                \
-    return ctx_post(call, pctx, idx);
+    return ctx_create(&c);
 
 CUresult hook_cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *p, unsigned int flags, CUdevice dev) {
-    CTX_CREATE(real_cuCtxCreate_v4, real_cuCtxCreate_v4(pctx, p, flags, dev))
+    CTX_CREATE(real_cuCtxCreate_v4, .create = create_v4, .pctx = pctx, .params = p, .flags = flags, .dev = dev)
 }
 CUresult hook_cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *a, int n, unsigned int flags, CUdevice dev) {
-    CTX_CREATE(real_cuCtxCreate_v3, real_cuCtxCreate_v3(pctx, a, n, flags, dev))
+    CTX_CREATE(real_cuCtxCreate_v3, .create = create_v3, .pctx = pctx, .affinity = a, .naffinity = n, .flags = flags,
+               .dev = dev)
 }
 CUresult hook_cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) {
-    CTX_CREATE(real_cuCtxCreate_v2, real_cuCtxCreate_v2(pctx, flags, dev))
+    CTX_CREATE(real_cuCtxCreate_v2, .create = create_v2, .pctx = pctx, .flags = flags, .dev = dev)
 }
 CUresult hook_cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev) {
-    CTX_CREATE(real_cuCtxCreate, real_cuCtxCreate(pctx, flags, dev))
+    CTX_CREATE(real_cuCtxCreate, .create = create_v1, .pctx = pctx, .flags = flags, .dev = dev)
 }
 
 static CUresult ctx_destroy(CUresult (*real)(CUcontext), CUcontext ctx) {
@@ -97,10 +184,18 @@ static CUresult ctx_destroy(CUresult (*real)(CUcontext), CUcontext ctx) {
     if (real == NULL) return CUDA_ERROR_NOT_SUPPORTED;
     int idx;
     uint64_t bytes, key = (uint64_t)(uintptr_t)ctx;
-    if (!vgpu_mem_active() || !vgpu_track_take(VGPU_TRACK_CTX, key, &idx, &bytes)) return real(ctx);
-    CUresult rc = real(ctx);
-    if (rc == CUDA_SUCCESS) vgpu_mem_release(idx, bytes);
-    else vgpu_track_add(VGPU_TRACK_CTX, key, idx, bytes);
+    if (!vgpu_mem_active()) return real(ctx);
+    pthread_mutex_lock(&ctx_mu);
+    CUresult rc;
+    if (!vgpu_track_take(VGPU_TRACK_CTX, key, &idx, &bytes)) {
+        rc = real(ctx);
+    } else if ((rc = real(ctx)) == CUDA_SUCCESS) {
+        vgpu_mem_release(idx, bytes);
+        if (created[idx] > 0) created[idx]--;
+    } else {
+        vgpu_track_add(VGPU_TRACK_CTX, key, idx, bytes);
+    }
+    pthread_mutex_unlock(&ctx_mu);
     return rc;
 }
 

@@ -94,7 +94,7 @@ struct vgpu_config {
     int log_level;                       /* LIBCUDA_LOG_LEVEL, default VGPU_LOG_WARN */
     int any_limit;                       /* some device has a memory limit */
     uint64_t limit[VGPU_MAX_DEVICES];    /* bytes per app-visible device index; 0 = none */
-    uint64_t context_reserve;            /* VGPU_CONTEXT_RESERVE: charged per context */
+    uint64_t context_reserve;            /* VGPU_CONTEXT_RESERVE: the least charged per context */
     char *region_path;                   /* CUDA_DEVICE_MEMORY_SHARED_CACHE (copied), NULL = private */
 };
 /* Parse the environment into cfg. Returns 0, or -1 after printing the one config-error line. */
@@ -220,6 +220,21 @@ uint64_t vgpu_mem_estimate(int dev, uint64_t size);
  * CUDA_ERROR_OUT_OF_MEMORY while a memory limit is set (one log line per process), else
  * CUDA_SUCCESS (the driver's, unaccounted). */
 CUresult vgpu_mem_unaccounted(void);
+
+/* ---- a context's own device memory, learned from the driver (ctxmem.c) ---- */
+#define VGPU_CTXMEM_PIDS 256
+struct vgpu_ctxmem_probe { /* the driver's readings before a context is created */
+    int dev, first, have_dev, have_self, have_pids, exact;
+    uint64_t dev_used, total, self_used;
+    unsigned npids, pids[VGPU_CTXMEM_PIDS];
+};
+/* Read the driver before creating a context on device index dev (first: the process has no
+ * context on it). Callers serialise context creation in the process. */
+void vgpu_ctxmem_before(struct vgpu_ctxmem_probe *p, int dev, CUdevice cudev, int first);
+/* After the context was created: the bytes to charge for it (at least VGPU_CONTEXT_RESERVE). */
+uint64_t vgpu_ctxmem_after(struct vgpu_ctxmem_probe *p);
+/* What a context on dev is expected to take before it is created (0 when nothing is known). */
+uint64_t vgpu_ctxmem_estimate(int dev);
 
 /* ---- memory pools (pools.c) ---- */
 /* Settle every (idle) pool of device index dev to what it reserves; trim them first if trim.

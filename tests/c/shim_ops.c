@@ -5,6 +5,7 @@
  *
  *   init | ctx[:ORD] | info | total[:ORD] | sync | sleep:MS | ready (print, wait for stdin EOF)
  *   alloc:N | alloc1:N | pitch:W:H | managed:N | create:N[:ORD] | async:N | pool:N | newpool:N
+ *   release[:ORD] | reset[:ORD] (cuDevicePrimaryCtxRelease_v2 / cuDevicePrimaryCtxReset_v2)
  *   array:W:H | array3d:W:H:D | mipmap:W:H:LEVELS | ctxcreate[:ORD] | fill:N (allocate N-byte
  *   chunks until refused: count=...) | free | freeall | freeasync (top async object, no sync) | swap
  *   freesync (cuMemFree_v2 of the top object, e.g. a stream-ordered one) | mapunmap:N (top handle)
@@ -166,6 +167,10 @@ int main(int argc, char **argv) {
                 push(K_CTX, (uintptr_t)c);
                 cuCtxSetCurrent(ctx);
             }
+        } else if (!strcmp(op, "release") || !strcmp(op, "reset")) { /* the primary context */
+            CUdevice d;
+            rc = cuDeviceGet(&d, nf > 1 ? atoi(f[1]) : 0);
+            if (rc == CUDA_SUCCESS) rc = !strcmp(op, "release") ? cuDevicePrimaryCtxRelease_v2(d) : cuDevicePrimaryCtxReset_v2(d);
         } else if (!strcmp(op, "info")) {
             size_t fr = 0, t = 0;
             rc = cuMemGetInfo_v2(&fr, &t);

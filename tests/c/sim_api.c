@@ -3,7 +3,7 @@
  * accounting, copies, pools, VMM, arrays, modules, launches and the timeline, streams, events,
  * graphs, cuGetProcAddress (every row of vgpu/cuda_procaddr.def), error strings, and that bad
  * arguments are errors, never crashes. Prints "OK" at the end; any failure exits non-zero with
- * the line. Assumes the default device (one H100 80GB, 132 SMs) and SIMGPU_CONTEXT_MEMORY unset.
+ * the line. Assumes the default device (one H100 80GB, 132 SMs) and SIMGPU_CONTEXT_MEMORY=0.
  */
 #include <dlfcn.h>
 #include <stdint.h>

@@ -6,6 +6,10 @@ resources allocate; under `vgpu run` the quota holds and the default pool reuses
 from __future__ import annotations
 
 from tests.clients.conftest import Client
+from tests.sim.simhelp import CONTEXT_MEMORY
+
+# A slice of 1 GiB for allocations beside the client's context (charged to the slice).
+SLICE = str((1 << 30) + CONTEXT_MEMORY)
 
 
 def test_nvrtc_programs_streams_and_memory_resources(client: Client) -> None:
@@ -14,12 +18,12 @@ def test_nvrtc_programs_streams_and_memory_resources(client: Client) -> None:
 
 
 def test_default_pool_reuses_freed_block_in_a_full_slice(client: Client) -> None:
-    # 8 x 128 MiB fill the 1 GiB slice; one is freed into the pool (release threshold UINT64_MAX,
-    # as cuda.core sets it) and the next 128 MiB allocation is served from it.
-    out = client.run("cuda_core_client.py", "pool", "8", vgpu=["--memory", "1Gi"])
+    # 8 x 128 MiB fill the slice's 1 GiB; one is freed into the pool (release threshold
+    # UINT64_MAX, as cuda.core sets it) and the next 128 MiB allocation is served from it.
+    out = client.run("cuda_core_client.py", "pool", "8", vgpu=["--memory", SLICE])
     assert "pool ok 8 buffers" in out
 
 
 def test_buffers_up_to_and_past_the_quota(client: Client) -> None:
-    out = client.run("cuda_core_client.py", "quota", str(1 << 30), vgpu=["--memory", "1Gi"])
+    out = client.run("cuda_core_client.py", "quota", SLICE, vgpu=["--memory", SLICE])
     assert "oom after 8 buffers" in out, out

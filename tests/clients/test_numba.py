@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 
 from tests.clients.conftest import Client
+from tests.sim.simhelp import CONTEXT_MEMORY
 
 
 def test_jit_kernels_forall_pinned_and_mapped_arrays(client: Client) -> None:
@@ -15,7 +16,9 @@ def test_jit_kernels_forall_pinned_and_mapped_arrays(client: Client) -> None:
 
 
 def test_device_arrays_up_to_and_past_the_quota(client: Client) -> None:
-    out = client.run("numba_client.py", "quota", str(1 << 30), vgpu=["--memory", "1Gi"])
+    # a slice of 1 GiB for arrays beside the client's context (charged to the slice)
+    slice_ = str((1 << 30) + CONTEXT_MEMORY)
+    out = client.run("numba_client.py", "quota", slice_, vgpu=["--memory", slice_])
     # 64 MiB arrays: exactly 16 fit in 1 GiB; the 17th is a clean CUDA_ERROR_OUT_OF_MEMORY
     assert "oom after 16 arrays" in out, out
     assert f"allocated={1 << 30}" in out

@@ -37,6 +37,7 @@ from tests.driver.kubelet_standin import (
 )
 from tests.driver.plugin_process import PluginProcess, fake_gpus
 from tests.fakes.apiserver import FakeApiServer
+from tests.sim.simhelp import CONTEXT_MEMORY
 from tests.support.cbuild import compile_program
 
 pytestmark = pytest.mark.slow
@@ -260,19 +261,20 @@ def test_containers_see_and_share_the_claims_quota(
     if why := _missing_cuda():
         pytest.skip(why)
     server, kubelet, root, podman = world
-    a = claim_id(server.put(allocated_claim("a", results=[result("gpu", "gpu-0", memory="1Gi")])))
-    b = claim_id(server.put(allocated_claim("b", results=[result("gpu", "gpu-0", memory="1Gi")])))
+    # 2 GiB: each container's CUDA context (500 MiB on the simulator) is charged to the claim too
+    a = claim_id(server.put(allocated_claim("a", results=[result("gpu", "gpu-0", memory="2Gi")])))
+    b = claim_id(server.put(allocated_claim("b", results=[result("gpu", "gpu-0", memory="2Gi")])))
     out = kubelet.prepare([a, b])
     assert out[a.uid].error == "" and out[b.uid].error == "", out
     [id_a] = out[a.uid].devices[0].cdi_device_ids
     [id_b] = out[b.uid].devices[0].cdi_device_ids
 
     info = podman.run(id_a, "info")
-    assert _value(info, "total") == GiB
-    assert 0 < _value(info, "free") <= GiB
+    assert _value(info, "total") == 2 * GiB
+    assert 0 < _value(info, "free") <= 2 * GiB - CONTEXT_MEMORY  # its own context is charged
     assert _value(podman.run(id_a, "alloc", str(2 * GiB)), "alloc") == CUDA_ERROR_OUT_OF_MEMORY
 
-    # Container 1 of claim a holds 700 MiB ...
+    # Container 1 of claim a holds 700 MiB and its context ...
     claim_dir = root / "data" / "claims" / a.uid / "shared"  # /run/vgpu-sharing
     holder = podman.start(id_a, "hold", str(700 * MiB), "/run/vgpu-sharing")
     try:
@@ -327,7 +329,8 @@ def test_environment_overrides_do_not_lift_the_claims_quota(
     if why := _missing_cuda():
         pytest.skip(why)
     server, kubelet, root, podman = world
-    c = claim_id(server.put(allocated_claim("c", results=[result("gpu", "gpu-0", memory="1Gi",
+    # 2 GiB: a context (500 MiB on the simulator) and 700 MiB fit once, not twice
+    c = claim_id(server.put(allocated_claim("c", results=[result("gpu", "gpu-0", memory="2Gi",
                                                                  cores="30")])))  # fmt: skip
     [cdi_id] = kubelet.prepare([c])[c.uid].devices[0].cdi_device_ids
     if memory_override == "unset":
@@ -339,7 +342,7 @@ def test_environment_overrides_do_not_lift_the_claims_quota(
     def run(*args: str) -> str:
         return podman.run(cdi_id, "-c", script, "sh", *args, program="/bin/sh")
 
-    assert _value(run("info"), "total") == GiB
+    assert _value(run("info"), "total") == 2 * GiB
     assert _value(run("alloc", str(2 * GiB)), "alloc") == CUDA_ERROR_OUT_OF_MEMORY
     # A hostile container holds 700 MiB: a well-behaved one of the same claim sees it (the
     # accounting file is the claim's, whatever CUDA_DEVICE_MEMORY_SHARED_CACHE says).

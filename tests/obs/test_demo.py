@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from tests.obs.helpers import only, scrape
+from tests.sim.simhelp import CONTEXT_MEMORY
 
 DEMO = [sys.executable, "-m", "sharing.cli", "demo"]
 
@@ -25,7 +26,8 @@ def test_json_summary_and_shares_within_bounds(sim_env: dict[str, str]) -> None:
     assert doc["ok"] is True and doc["failures"] == []
     assert re.fullmatch(r"http://127\.0\.0\.1:\d+/metrics", doc["metrics_url"])
     by = {t["name"]: t for t in doc["tenants"]}
-    assert by["team-a"]["memory_seen_bytes"] == 4 << 30 and by["team-a"]["granted_gib_chunks"] == 4
+    assert by["team-a"]["memory_seen_bytes"] == 4 << 30 and by["team-a"]["granted_gib_chunks"] == 3
+    assert by["team-a"]["context_bytes"] == CONTEXT_MEMORY  # 4 GiB: the context and 3 x 1 GiB
     assert by["team-b"]["next_allocation_refused"] is True
     for t in doc["tenants"]:
         cap = t["compute_cap_percent"]

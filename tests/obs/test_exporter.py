@@ -29,6 +29,7 @@ from tests.obs.helpers import (
     value,
 )
 from tests.shim.conftest import Held
+from tests.sim.simhelp import CONTEXT_MEMORY
 
 GiB = 1 << 30
 SLICE_METRICS = (
@@ -100,7 +101,8 @@ def test_two_tenants_on_the_simulator(
             def holding(s: list[Sample]) -> bool:
                 procs = only(s, "vgpu_slice_processes", claim=str(a))
                 used = only(s, "vgpu_slice_memory_used_bytes", claim=str(a))
-                return bool(procs and used) and procs[0].value == 1 and used[0].value == 100 * MiB
+                mine = 100 * MiB + CONTEXT_MEMORY  # its allocation and its context
+                return bool(procs and used) and procs[0].value == 1 and used[0].value == mine
 
             s = scrape_until(exp.url, holding)
         finally:
@@ -130,14 +132,16 @@ def test_two_tenants_on_the_simulator(
     assert value(s, "vgpu_slice_memory_limit_bytes", **kb) == 2 * GiB
     assert value(s, "vgpu_slice_compute_limit_ratio", **ka) == pytest.approx(0.3)
     assert value(s, "vgpu_slice_compute_limit_ratio", **kb) == pytest.approx(0.5)
-    # each tenant got 4 (resp. 8) x 256 MiB, then one 256 MiB allocation was refused
-    for k, n in ((ka, 4), (kb, 8)):
+    # each tenant's context took its share; then it got 2 (resp. 6) x 256 MiB, and one 256 MiB
+    # allocation was refused
+    for k, quota in ((ka, 1 * GiB), (kb, 2 * GiB)):
+        n = (quota - CONTEXT_MEMORY) // (256 * MiB)
         assert value(s, "vgpu_slice_alloc_denied_total", **k) == 1
         assert value(s, "vgpu_slice_alloc_denied_bytes_total", **k) == 256 * MiB
-        assert value(s, "vgpu_slice_memory_peak_bytes", **k) == n * 256 * MiB
+        assert value(s, "vgpu_slice_memory_peak_bytes", **k) == CONTEXT_MEMORY + n * 256 * MiB
         assert value(s, "vgpu_slice_launches_total", **k) > 0
         assert value(s, "vgpu_slice_throttled_seconds_total", **k) > 0  # back to back: held back
-    assert value(s, "vgpu_slice_memory_used_bytes", **ka) == 100 * MiB
+    assert value(s, "vgpu_slice_memory_used_bytes", **ka) == 100 * MiB + CONTEXT_MEMORY
     assert value(s, "vgpu_slice_processes", **ka) == 1
     assert value(s, "vgpu_slice_memory_used_bytes", **kb) == 0
     assert value(s, "vgpu_slice_processes", **kb) == 0

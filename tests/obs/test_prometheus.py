@@ -120,7 +120,8 @@ def test_every_panel_query_and_rule_returns_series(
     prom, a, b = prometheus_setup
     work = ["--chunk-mib", "256", "--max-chunks", "16", "--seconds", "8"]
     tenants = [
-        start_tenant(sim_env, a, "1Gi", 30, *work),
+        # 2 GiB: the tenant's context and chunks beside the held process's context and 100 MiB
+        start_tenant(sim_env, a, "2Gi", 30, *work),
         start_tenant(sim_env, b, "2Gi", 50, *work),
     ]
     shim_env = dict(sim_env, LD_PRELOAD=str(shim_library()), CUDA_DEVICE_MEMORY_SHARED_CACHE=str(a))

@@ -18,6 +18,7 @@ import pytest
 from sharing.paths import shim_library
 from tests.obs.helpers import MiB, add_claim, sim_gpu_uuid, start_tenant
 from tests.shim.conftest import Held
+from tests.sim.simhelp import CONTEXT_MEMORY
 
 GiB = 1 << 30
 DEVICE_KEYS = {"uuid", "name", "memory_total_bytes", "memory_used_bytes", "utilization_ratio",
@@ -68,7 +69,8 @@ def test_json_snapshot(
     train = by_claim["train"]
     assert train["claim_uid"] == "uid-a" and train["namespace"] == "team-a"
     assert train["memory_limit_bytes"] == GiB and train["compute_limit_ratio"] == 0.3
-    assert train["memory_used_bytes"] == 100 * MiB
+    # the held allocation, and both processes' contexts (the tenant has freed its chunks)
+    assert train["memory_used_bytes"] == 100 * MiB + 2 * CONTEXT_MEMORY
     assert train["alloc_denied_total"] == 1
     assert train["processes"] == 2  # the tenant and the held allocation
     assert 0 < train["compute_used_ratio"] < 0.6
@@ -119,9 +121,10 @@ def test_live_view_in_a_terminal(
                       CUDA_DEVICE_MEMORY_SHARED_CACHE=str(a))  # fmt: skip
         held = Held(build_c("shim_ops.c"), inside, "init", "ctx", f"alloc:{100 * MiB}")
         try:
-            s = shows(" 100M ")
+            held_m = f"{(100 * MiB + CONTEXT_MEMORY) // MiB}M"  # its allocation and its context
+            s = shows(f" {held_m} ")
             [row] = [line for line in s.splitlines() if "team-a/train" in line]
-            assert "100M" in row and "1.0G" in row and "30%" in row
+            assert held_m in row and "1.0G" in row and "30%" in row
         finally:
             held.release()
         subprocess.run([tmux, "-L", sock, "send-keys", "-t", "top", "C-c"], check=True)

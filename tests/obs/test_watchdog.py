@@ -22,6 +22,7 @@ from sharing.slices import region_slice
 from sharing.watchdog import Watchdog, missing_shim
 from tests.obs.helpers import ExporterProcess, MiB, only, region_with_limits, scrape
 from tests.shim.conftest import Held
+from tests.sim.simhelp import CONTEXT_MEMORY
 
 
 def start_bypass(program: Path, env: dict[str, str], nbytes: int) -> subprocess.Popen[str]:
@@ -53,7 +54,7 @@ def test_a_process_bypassing_the_shim_is_caught_and_stopped(
 ) -> None:
     ops = build_c("shim_ops.c")
     acct = tmp_path / "slice.region"
-    region_with_limits(acct, 256 * MiB)
+    region_with_limits(acct, CONTEXT_MEMORY + 256 * MiB)  # a context and 256 MiB
     exp = ExporterProcess(
         ["--sim", "--data-dir", str(tmp_path / "none"), "--region", str(acct),
          "--enforce", "kill", "--watchdog-margin", "16Mi"],
@@ -68,7 +69,7 @@ def test_a_process_bypassing_the_shim_is_caught_and_stopped(
         assert _violations(exp.url, str(acct)) == 0
         ok.release()
         # the slice's environment and the shim preloaded, but a renamed copy of the driver loaded,
-        # out of the shim's reach: the driver grants all 512 MiB
+        # out of the shim's reach: the driver grants all 512 MiB (and its context)
         bypass = start_bypass(build_c("bypass_copy.c"), inside, 512 * MiB)
         assert _wait(lambda: _violations(exp.url, str(acct)) == 1)
         # --enforce kill: SIGTERM (the program does not catch it)

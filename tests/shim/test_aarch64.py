@@ -71,6 +71,7 @@ def _run(
         "LD_PRELOAD": ":".join(preload),
         "SIMGPU_STATE": str(state),
         "CUDA_DEVICE_MEMORY_LIMIT": "64Mi",
+        "SIMGPU_CONTEXT_MEMORY": "0",  # the smoke test's exact bytes, in a quota below a context
     }
     cmd = [qemu, "-L", str(SYSROOT)]
     for k, v in guest_env.items():

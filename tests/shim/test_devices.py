@@ -13,6 +13,7 @@ import pytest
 from sharing import region
 from sharing.paths import sim_lib_dir
 from tests.shim.conftest import Held, device_used, run_ops
+from tests.sim.simhelp import CONTEXT_MEMORY
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -32,6 +33,7 @@ def test_per_device_limits(shim_ops: Path, shim_env: dict[str, str], tmp_path: P
         CUDA_DEVICE_MEMORY_LIMIT_0="64Mi",
         CUDA_DEVICE_MEMORY_LIMIT_1="128Mi",
         CUDA_DEVICE_MEMORY_SHARED_CACHE=str(reg),
+        SIMGPU_CONTEXT_MEMORY="0",  # exact allocation bytes in quotas smaller than a context
     )
     res = run_ops(
         shim_ops, env, "init", "ctx:0", f"alloc:{48 * MiB}", f"alloc:{48 * MiB}", "info", "total:0",
@@ -58,6 +60,7 @@ def test_visible_devices_not_starting_at_zero(
         pytest.skip("the simulator does not implement CUDA_VISIBLE_DEVICES yet")
     env = dict(
         shim_env,
+        SIMGPU_CONTEXT_MEMORY="0",  # exact allocation bytes in a quota smaller than a context
         SIMGPU_CONFIG=cfg,
         CUDA_VISIBLE_DEVICES="1",
         CUDA_DEVICE_MEMORY_LIMIT_0="64Mi",
@@ -67,7 +70,7 @@ def test_visible_devices_not_starting_at_zero(
     try:
         assert [r["rc"] for r in held.results] == ["0", "0", "0", "0", "2"]
         assert held.results[2]["total"] == str(64 * MiB)
-        all_devices = dict(shim_env, SIMGPU_CONFIG=cfg)
+        all_devices = dict(shim_env, SIMGPU_CONFIG=cfg, SIMGPU_CONTEXT_MEMORY="0")
         assert device_used(shim_ops, all_devices, 1) == 48 * MiB  # physical device 1 was charged
         assert device_used(shim_ops, all_devices, 0) == 0
         assert region.read(reg).devices[0].used == 48 * MiB  # under the app's index 0
@@ -113,13 +116,10 @@ def nvml_memory(env: dict[str, str], indices: list[int]) -> dict[int, dict[str, 
 
 def test_nvml_shows_the_slice(shim_ops: Path, shim_env: dict[str, str], tmp_path: Path) -> None:
     reg = tmp_path / "slice.region"
-    env = dict(shim_env, CUDA_DEVICE_MEMORY_LIMIT="256Mi", CUDA_DEVICE_MEMORY_SHARED_CACHE=str(reg))
+    env = dict(shim_env, CUDA_DEVICE_MEMORY_LIMIT="1Gi", CUDA_DEVICE_MEMORY_SHARED_CACHE=str(reg))
     held = Held(shim_ops, env, "init", "ctx", f"alloc:{100 * MiB}")
     try:
-        assert nvml_memory(env, [0])[0] == {
-            "total": 256 * MiB,
-            "used": 100 * MiB,
-            "free": 156 * MiB,
-        }
+        used = 100 * MiB + CONTEXT_MEMORY  # its allocation and its context
+        assert nvml_memory(env, [0])[0] == {"total": GiB, "used": used, "free": GiB - used}
     finally:
         held.release()

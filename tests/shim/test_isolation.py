@@ -23,6 +23,14 @@ from sharing import region
 from sharing.paths import shim_library
 from tests.shim.conftest import parse_ops
 
+
+@pytest.fixture
+def shim_env(shim_env: dict[str, str]) -> dict[str, str]:
+    """Contexts that take no device memory: these tests pin allocations' charges against quotas
+    of a few MiB, smaller than a context (context memory: test_context_memory.py)."""
+    return dict(shim_env, SIMGPU_CONTEXT_MEMORY="0")
+
+
 MiB = 1 << 20
 NOBODY = 65534
 

@@ -11,9 +11,12 @@ import pytest
 
 from sharing import region
 from tests.shim.conftest import Held, clean_env, parse_ops
+from tests.sim.simhelp import CONTEXT_MEMORY
 
 MiB = 1 << 20
 VGPU = [sys.executable, "-m", "sharing.cli"]
+# Two processes' contexts (charged to the slice) and 64 MiB for their allocations.
+TWO_CONTEXTS_AND_64MI = str(2 * CONTEXT_MEMORY + 64 * MiB)
 
 
 def vgpu_run(
@@ -100,17 +103,19 @@ def test_missing_command() -> None:
 def test_sim_runs_share_one_region(shim_ops: Path, sim_env: dict[str, str], tmp_path: Path) -> None:
     reg = tmp_path / "shared.region"
     env = {k: v for k, v in sim_env.items() if k != "LD_LIBRARY_PATH"}
-    first = Held(Path(VGPU[0]), env, *VGPU[1:], "run", "--sim", "--memory", "64Mi", "--region", str(reg), "--",
+    q = TWO_CONTEXTS_AND_64MI
+    first = Held(Path(VGPU[0]), env, *VGPU[1:], "run", "--sim", "--memory", q, "--region", str(reg), "--",
                  str(shim_ops), "init", "ctx", f"alloc:{40 * MiB}")  # fmt: skip
     try:
         assert first.results[-1]["rc"] == "0"
-        r = vgpu_run(["--sim", "--memory", "64Mi", "--region", str(reg), "--", str(shim_ops), "init", "ctx", "info",
+        r = vgpu_run(["--sim", "--memory", q, "--region", str(reg), "--", str(shim_ops), "init", "ctx", "info",
                       f"alloc:{32 * MiB}", f"alloc:{16 * MiB}"], env)  # fmt: skip
         res = parse_ops(r.stdout)
         assert r.returncode == 0, r.stderr
-        assert res[2]["total"] == str(64 * MiB) and res[2]["free"] == str(24 * MiB)
+        assert res[2]["total"] == q and res[2]["free"] == str(24 * MiB)  # two contexts, 40 MiB used
         assert [x["rc"] for x in res[3:]] == ["2", "0"]
-        assert region.read(reg).devices[0].used == 40 * MiB  # the first's; the second has exited
+        # the first's context and allocation; the second has exited
+        assert region.read(reg).devices[0].used == CONTEXT_MEMORY + 40 * MiB
     finally:
         first.release()
 
@@ -126,7 +131,7 @@ def test_children_of_cmd_share_its_quota(
         f"until grep -q op=alloc {first} 2>/dev/null; do sleep 0.05; done; "
         f"{shim_ops} init ctx alloc:{32 * MiB} alloc:{16 * MiB}; kill $p; wait"
     )
-    r = vgpu_run(["--sim", "--memory", "64Mi", "--", "sh", "-c", script], env)
+    r = vgpu_run(["--sim", "--memory", TWO_CONTEXTS_AND_64MI, "--", "sh", "-c", script], env)
     assert r.returncode == 0, r.stderr
     assert "op=alloc rc=0" in first.read_text()
     res = parse_ops(r.stdout)
@@ -189,8 +194,8 @@ def test_region_limits_beside_the_file_for_observers(
     # leftover temporary file, and CMD runs limited all the same.
     blocked = tmp_path / "b.region"
     (tmp_path / "b.region.limits").mkdir()
-    r = vgpu_run(["--sim", "--memory", "64Mi", "--region", str(blocked), "--", str(shim_ops),
-                  "init", "ctx", f"alloc:{128 * MiB}"], env)  # fmt: skip
+    r = vgpu_run(["--sim", "--memory", "1Gi", "--region", str(blocked), "--", str(shim_ops),
+                  "init", "ctx", f"alloc:{1024 * MiB}"], env)  # fmt: skip
     assert r.returncode == 0 and parse_ops(r.stdout)[2]["rc"] == "2", r.stdout + r.stderr
     assert r.stderr.count("cannot write") == 1, r.stderr
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp file

@@ -15,6 +15,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+# The device memory a context takes on the simulator by default (SIMGPU_CONTEXT_MEMORY, as on an
+# H100: docs/simulator.md): every process holding a context shows it as used.
+CONTEXT_MEMORY = 500 << 20
+
 PROBE_PRELUDE = """
 import json, sys, time
 import pynvml as nv

@@ -12,7 +12,8 @@ def test_api_surface(build_c: Callable[..., Path], sim_env: dict[str, str]) -> N
     streams, events, graphs, every cuGetProcAddress row, errors (tests/c/sim_api.c)."""
     exe = build_c("sim_api.c", ["-ldl"])
     # its accounting checks are exact with a driver taking 512 B granules (pages: sim_pages.c)
-    env = dict(sim_env, SIMGPU_ALLOC_GRANULARITY="512")
+    # and contexts taking no memory (context memory: test_context_memory.py)
+    env = dict(sim_env, SIMGPU_ALLOC_GRANULARITY="512", SIMGPU_CONTEXT_MEMORY="0")
     r = subprocess.run([str(exe)], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.strip().endswith("OK")
@@ -27,10 +28,12 @@ def test_smoke_timeline(build_c: Callable[..., Path], sim_env: dict[str, str]) -
 
 
 def test_whole_80gib_device_on_a_small_machine(sim_tool: Path, sim_env: dict[str, str]) -> None:
-    """The default device has 80 GiB; all of it can be allocated in one piece (committed lazily)."""
-    r = subprocess.run([str(sim_tool), "alloc", str(80 << 30)], env=sim_env, timeout=60)
+    """The default device has 80 GiB; all of it can be allocated in one piece (committed lazily)
+    by a process whose context takes none of it."""
+    env = dict(sim_env, SIMGPU_CONTEXT_MEMORY="0")
+    r = subprocess.run([str(sim_tool), "alloc", str(80 << 30)], env=env, timeout=60)
     assert r.returncode == 0
-    r = subprocess.run([str(sim_tool), "alloc", str((80 << 30) + 1)], env=sim_env, timeout=60)
+    r = subprocess.run([str(sim_tool), "alloc", str((80 << 30) + 1)], env=env, timeout=60)
     assert r.returncode == 2  # out of memory
 
 
@@ -40,7 +43,8 @@ def test_client_api_surface(build_c: Callable[..., Path], sim_env: dict[str, str
     globals from PTX, 2D/3D copies, the linker, context limits, sim_<N>us in every C++ mangling;
     and the list of what is not modelled with its error (tests/c/sim_client_api.c)."""
     exe = build_c("sim_client_api.c")
-    env = dict(sim_env, SIMGPU_ALLOC_GRANULARITY="512")  # exact byte counts
+    # exact byte counts of allocations (no context memory: test_context_memory.py tests it)
+    env = dict(sim_env, SIMGPU_ALLOC_GRANULARITY="512", SIMGPU_CONTEXT_MEMORY="0")
     r = subprocess.run([str(exe)], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.strip().endswith("OK")

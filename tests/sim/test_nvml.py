@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.sim.simhelp import Client, run_python, write_config
+from tests.sim.simhelp import CONTEXT_MEMORY, Client, run_python, write_config
 
 
 @pytest.fixture
@@ -93,10 +93,12 @@ def test_pynvml_reads_every_field(sim_tool: Path, sim_env: dict[str, str]) -> No
     assert got["pci_device_id"] == 0x233010DE
     assert got["minor"] == 0 and got["numa"] == 0 and got["cc"] == [9, 0]
     total = 80 << 30
-    assert got["mem_v1"] == [total, 3 * GB, total - 3 * GB]
-    assert got["mem_v2"] == [total, 0, 3 * GB, total - 3 * GB]
+    used = 3 * GB + 2 * CONTEXT_MEMORY  # the holder's allocation, both processes' contexts
+    assert got["mem_v1"] == [total, used, total - used]
+    assert got["mem_v2"] == [total, 0, used, total - used]
     assert got["util"][0] >= 97 and got["util"][1] == 0
-    assert sorted(got["procs"]) == sorted([[holder.pid, 3 * GB], [load.pid, 0]])
+    expect = [[holder.pid, 3 * GB + CONTEXT_MEMORY], [load.pid, CONTEXT_MEMORY]]
+    assert sorted(got["procs"]) == sorted(expect)
     assert sorted(got["procs_v2"]) == sorted(got["procs"])
     samples = {pid: (sm, ts) for pid, sm, ts in got["samples"]}
     assert samples[load.pid][0] >= 95 and samples[load.pid][1]
@@ -202,8 +204,9 @@ after = nv.nvmlDeviceGetMemoryInfo(h).used
 print(json.dumps({"pid": os.getpid(), "before": before, "after": after}))
 """,
     )
-    assert got["before"] == [123 << 20, [[got["pid"], 123 << 20]]]
-    assert got["after"] == 0
+    mine = (123 << 20) + CONTEXT_MEMORY  # its allocation and its primary context
+    assert got["before"] == [mine, [[got["pid"], mine]]]
+    assert got["after"] == CONTEXT_MEMORY
 
 
 def test_null_pointers_are_invalid_argument(sim_env: dict[str, str]) -> None:

@@ -28,7 +28,7 @@ def test_pages_as_the_driver_takes_them(
     build_c: Callable[..., Path], sim_env: dict[str, str], page: int | None
 ) -> None:
     ops = build_c("shim_ops.c")
-    env = dict(sim_env)
+    env = dict(sim_env, SIMGPU_CONTEXT_MEMORY="0")  # the pages' bytes alone, not the context's
     if page is not None:
         env["SIMGPU_ALLOC_GRANULARITY"] = str(page)
     g = page or 2 * MiB
@@ -51,7 +51,7 @@ def test_pages_as_the_driver_takes_them(
 
 def test_granularity_knob_is_checked(build_c: Callable[..., Path], sim_env: dict[str, str]) -> None:
     ops = build_c("shim_ops.c")
-    env = dict(sim_env, SIMGPU_ALLOC_GRANULARITY="3000")
+    env = dict(sim_env, SIMGPU_ALLOC_GRANULARITY="3000", SIMGPU_CONTEXT_MEMORY="0")  # pages only
     held = Held(ops, env, "init", "ctx", "alloc:1", "info")
     assert int(held.results[-1]["used"]) == 2 * MiB  # not a power of two: the default
     held.release()

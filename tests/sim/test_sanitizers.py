@@ -23,8 +23,9 @@ from tests.support.cbuild import C_PROGRAMS, CFLAGS, INCLUDE
 @pytest.fixture
 def sim_env(sim_env: dict[str, str]) -> dict[str, str]:
     """The byte counts of these tests are exact for a driver taking 512 B granules (the page
-    model of the default, 2 MiB pages, is tested in test_pages.py)."""
-    return dict(sim_env, SIMGPU_ALLOC_GRANULARITY="512")
+    model of the default, 2 MiB pages, is tested in test_pages.py) and contexts that take no
+    memory (the measuring processes hold one; tests/sim/test_context_memory.py tests that)."""
+    return dict(sim_env, SIMGPU_ALLOC_GRANULARITY="512", SIMGPU_CONTEXT_MEMORY="0")
 
 
 HERE = Path(__file__).resolve().parent

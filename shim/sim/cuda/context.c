@@ -3,8 +3,9 @@
  * ones (cuCtxCreate), with the per-thread stack of current contexts.
  *
  * Creating a context claims this process's node slot (so NVML lists the process) and charges
- * SIMGPU_CONTEXT_MEMORY bytes of device memory (default 0), as a real context takes some device
- * memory. Destroying it (or releasing the primary context to zero, or resetting it) waits for its
+ * SIMGPU_CONTEXT_MEMORY bytes of device memory (default 500 MiB: a CUDA 12 context on an H100
+ * takes a few hundred MiB of device memory before the program allocates anything, which
+ * cuMemGetInfo and NVML's per-process used memory show). Destroying it (or releasing the primary context to zero, or resetting it) waits for its
  * work, frees every allocation made in it and returns that memory.
  *
  * Context structures are never returned to malloc: a stale handle then fails validation (magic
@@ -26,6 +27,12 @@ void sim_contexts_after_fork(void)
 {
     tls_depth = 0; /* the forking thread is the child's only thread */
     memset(primary_flags, 0, sizeof primary_flags);
+}
+
+/* SIMGPU_CONTEXT_MEMORY (bytes or a quantity such as 300Mi; 0 models a context that costs nothing). */
+uint64_t sim_context_memory_knob(void)
+{
+    return sim_env_u64("SIMGPU_CONTEXT_MEMORY", 500ull << 20);
 }
 
 static int ctx_usable(const struct CUctx_st *c)

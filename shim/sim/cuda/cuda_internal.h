@@ -268,6 +268,7 @@ int sim_alloc_overlaps(uintptr_t b, size_t n);      /* any entry meets [b, b+n);
 int sim_range_meets_allocation(uintptr_t b, size_t n); /* the same, taking G.lock */
 void *sim_backing_alloc(size_t size, int *mmapped);
 uint64_t sim_alloc_granularity_knob(void);          /* SIMGPU_ALLOC_GRANULARITY, checked */
+uint64_t sim_context_memory_knob(void);            /* SIMGPU_CONTEXT_MEMORY (default 500 MiB) */
 /* Allocate (and charge, unless host memory) in the current context; G.lock is taken inside. */
 CUresult sim_alloc_memory(CUdeviceptr *out, size_t size, int kind, unsigned host_flags);
 /* Release one allocation's backing and charge (registered host memory: only the record). */

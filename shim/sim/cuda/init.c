@@ -187,7 +187,7 @@ SIM_EXPORT CUresult cuInit(unsigned int Flags)
     if (rc == CUDA_SUCCESS && G.cfg->ndev == 0)
         rc = CUDA_ERROR_NO_DEVICE;
     if (rc == CUDA_SUCCESS) {
-        G.ctx_mem = sim_env_u64("SIMGPU_CONTEXT_MEMORY", 0);
+        G.ctx_mem = sim_context_memory_knob();
         G.alloc_gran = sim_alloc_granularity_knob();
         uint64_t cost = sim_env_u64("SIMGPU_LAUNCH_COST_NS", 3000);
         G.launch_cost_ns = cost > 1000000u ? 1000000u : cost; /* at most 1 ms */
