@@ -50,9 +50,12 @@ CUresult hook_cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
     CUresult st = vgpu_init();
     if (st != CUDA_SUCCESS) return st;
     if (real_cuDevicePrimaryCtxRetain == NULL) return CUDA_ERROR_NOT_SUPPORTED;
-    int idx;
-    if (!vgpu_mem_active() || pctx == NULL || (idx = vgpu_device_index(dev)) < 0)
+    int idx = -1;
+    if (!vgpu_mem_active() || pctx == NULL || (idx = vgpu_device_index(dev)) < 0) {
+        /* a context is memory too: none on a device the slice cannot account (fail closed) */
+        if (idx == VGPU_DEVICE_UNACCOUNTED && (st = vgpu_mem_unaccounted()) != CUDA_SUCCESS) return st;
         return real_cuDevicePrimaryCtxRetain(pctx, dev);
+    }
     pthread_mutex_lock(&ctx_mu);
     CUresult rc;
     if (primary_refs[idx] > 0) { /* charged at the first retain */
@@ -124,8 +127,11 @@ struct ctx_create_call {
 static CUresult ctx_create(const struct ctx_create_call *c) {
     CUresult st = vgpu_init();
     if (st != CUDA_SUCCESS) return st;
-    int idx;
-    if (!vgpu_mem_active() || c->pctx == NULL || (idx = vgpu_device_index(c->dev)) < 0) return c->create(c);
+    int idx = -1;
+    if (!vgpu_mem_active() || c->pctx == NULL || (idx = vgpu_device_index(c->dev)) < 0) {
+        if (idx == VGPU_DEVICE_UNACCOUNTED && (st = vgpu_mem_unaccounted()) != CUDA_SUCCESS) return st;
+        return c->create(c);
+    }
     pthread_mutex_lock(&ctx_mu);
     struct vgpu_ctxmem_probe probe;
     uint64_t held;

@@ -129,6 +129,7 @@ class Held:
 def device_used(binary: Path, env: dict[str, str], ordinal: int = 0) -> int:
     """Ground truth: the simulator's used bytes on a device, seen by a process without the shim."""
     plain = {k: v for k, v in env.items() if k != "LD_PRELOAD"}
+    plain["SIMGPU_CONTEXT_MEMORY"] = "0"  # the observer's own context is not part of the answer
     res = run_ops(binary, plain, "init", f"ctx:{ordinal}", "info")
     assert res[-1]["rc"] == "0", res
     return int(res[-1]["used"])
