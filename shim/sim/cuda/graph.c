@@ -2,8 +2,9 @@
  * Stream capture and graphs. A graph here is the ordered list of the work captured from a stream
  * (kernels with their modelled duration, memcpy and memset nodes); launching an instantiated graph
  * runs its nodes in capture order on the launch stream: kernels occupy the device timeline as
- * launches do, copies and memsets move data at launch. Captured event records / waits and
- * stream-ordered allocations are not recorded as nodes (allocations happen at capture time).
+ * launches do, copies and memsets move data at launch. Captured event records / waits are not
+ * recorded as nodes. Memory alloc / free nodes, added or captured from cuMemAllocAsync /
+ * cuMemFreeAsync, are graphmem.c's: their memory is reserved when the graph is launched.
  * A synchronous call on a capturing stream invalidates the capture
  * (cuStreamEndCapture then returns CUDA_ERROR_STREAM_CAPTURE_INVALIDATED), as in CUDA.
  */
@@ -26,6 +27,8 @@ static void graph_free(struct CUgraph_st *g)
 {
     for (struct CUgraphNode_st *n = g->head, *next; n; n = next) {
         next = n->next;
+        if (n->gm)
+            sim_gmem_unref(n->gm);
         free(n);
     }
     g->head = g->tail = NULL;
@@ -33,21 +36,25 @@ static void graph_free(struct CUgraph_st *g)
     g->magic = MAGIC_DEAD; /* the struct is kept: a stale handle fails validation, no use-after-free */
 }
 
-static int graph_append(struct CUgraph_st *g, const struct CUgraphNode_st *tmpl)
+struct CUgraphNode_st *sim_graph_append(struct CUgraph_st *g, const struct CUgraphNode_st *tmpl)
 {
     struct CUgraphNode_st *n = malloc(sizeof *n);
     if (!n)
-        return -1;
+        return NULL;
     *n = *tmpl;
     n->magic = MAGIC_NODE;
     n->next = NULL;
+    if (n->gm) { /* a memory node (graphmem.c) */
+        sim_gmem_ref(n->gm);
+        g->has_mem = 1;
+    }
     if (g->tail)
         g->tail->next = n;
     else
         g->head = n;
     g->tail = n;
     g->n++;
-    return 0;
+    return n;
 }
 
 int sim_capture_add(struct CUstream_st *s, const struct CUgraphNode_st *tmpl)
@@ -57,7 +64,7 @@ int sim_capture_add(struct CUstream_st *s, const struct CUgraphNode_st *tmpl)
         pthread_mutex_unlock(&s->mu);
         return 0;
     }
-    if (!s->capture_invalid && graph_append(s->capture_graph, tmpl) != 0)
+    if (!s->capture_invalid && !sim_graph_append(s->capture_graph, tmpl))
         s->capture_invalid = 1;
     pthread_mutex_unlock(&s->mu);
     return 1;
@@ -191,6 +198,20 @@ SIM_EXPORT CUresult cuGraphGetNodes(CUgraph hGraph, CUgraphNode *nodes, size_t *
     return CUDA_SUCCESS;
 }
 
+SIM_EXPORT CUresult cuGraphNodeGetType(CUgraphNode hNode, CUgraphNodeType *type)
+{
+    CUresult rc = sim_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!hNode || hNode->magic != MAGIC_NODE || !type)
+        return CUDA_ERROR_INVALID_VALUE;
+    static const CUgraphNodeType types[] = { [NODE_KERNEL] = CU_GRAPH_NODE_TYPE_KERNEL, [NODE_MEMCPY] = CU_GRAPH_NODE_TYPE_MEMCPY,
+                                             [NODE_MEMSET] = CU_GRAPH_NODE_TYPE_MEMSET, [NODE_MEM_ALLOC] = CU_GRAPH_NODE_TYPE_MEM_ALLOC,
+                                             [NODE_MEM_FREE] = CU_GRAPH_NODE_TYPE_MEM_FREE };
+    *type = types[hNode->type];
+    return CUDA_SUCCESS;
+}
+
 static CUresult instantiate(CUgraphExec *pexec, CUgraph g, unsigned long long flags)
 {
     if (!pexec)
@@ -200,6 +221,8 @@ static CUresult instantiate(CUgraphExec *pexec, CUgraph g, unsigned long long fl
         return rc;
     if (!SIM_VALID(g, MAGIC_GRAPH) || (flags & ~0xfull))
         return CUDA_ERROR_INVALID_VALUE;
+    if (g->has_mem && g->nexec > 0)
+        return CUDA_ERROR_INVALID_VALUE; /* memory nodes: one instantiation at a time */
     struct CUgraphExec_st *e = calloc(1, sizeof *e);
     struct CUgraphNode_st *arr = g->n ? calloc(g->n, sizeof *arr) : NULL;
     if (!e || (g->n && !arr)) {
@@ -208,8 +231,14 @@ static CUresult instantiate(CUgraphExec *pexec, CUgraph g, unsigned long long fl
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     size_t i = 0;
-    for (struct CUgraphNode_st *n = g->head; n && arr && i < g->n; n = n->next)
+    for (struct CUgraphNode_st *n = g->head; n && arr && i < g->n; n = n->next) {
         arr[i++] = *n;
+        if (n->gm)
+            sim_gmem_ref(n->gm);
+    }
+    g->nexec++;
+    e->graph = g;
+    e->flags = flags;
     e->n = i;
     e->nodes = arr;
     e->gen = sim_gen();
@@ -245,6 +274,10 @@ SIM_EXPORT CUresult cuGraphExecDestroy(CUgraphExec hGraphExec)
     if (!SIM_VALID(hGraphExec, MAGIC_EXEC))
         return CUDA_ERROR_INVALID_VALUE;
     hGraphExec->magic = MAGIC_DEAD; /* kept, like graphs */
+    for (size_t i = 0; i < hGraphExec->n; i++)
+        if (hGraphExec->nodes[i].gm)
+            sim_gmem_unref(hGraphExec->nodes[i].gm);
+    hGraphExec->graph->nexec--;
     free(hGraphExec->nodes);
     hGraphExec->nodes = NULL;
     hGraphExec->n = 0;
@@ -259,6 +292,11 @@ static CUresult graph_launch(CUgraphExec e, CUstream h, int ptds)
         return rc;
     if (!SIM_VALID(e, MAGIC_EXEC))
         return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&s->mu);
+    int capturing = s->capturing;
+    pthread_mutex_unlock(&s->mu);
+    if (!capturing && (rc = sim_gmem_launch_prepare(e)) != CUDA_SUCCESS)
+        return rc; /* graph memory the device cannot provide: nothing runs */
     for (size_t i = 0; i < e->n; i++) {
         const struct CUgraphNode_st *n = &e->nodes[i];
         if (sim_capture_add(s, n))
@@ -277,6 +315,12 @@ static CUresult graph_launch(CUgraphExec e, CUstream h, int ptds)
             if (sim_check_device_range(n->dst, n->bytes * (size_t)n->elem) != CUDA_SUCCESS)
                 return CUDA_ERROR_INVALID_VALUE;
             sim_memset_exec(n->dst, n->value, n->bytes, n->elem);
+            break;
+        case NODE_MEM_ALLOC:
+            sim_gmem_alloc_exec(n->gm, s->ctx);
+            break;
+        case NODE_MEM_FREE:
+            sim_gmem_free_exec(n->gm);
             break;
         }
     }
