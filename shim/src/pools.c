@@ -87,6 +87,7 @@ int vgpu_pools_settle(int dev, int trim) {
         pthread_mutex_unlock(&a->mu);
     }
     pthread_mutex_unlock(&list_mu);
+    released |= vgpu_graphmem_settle(dev, trim); /* and the device's graph memory pool */
     return released;
 }
 
@@ -196,8 +197,9 @@ static CUresult alloc_async(alloc_async_fn real, CUdeviceptr *dptr, size_t bytes
     if (real == NULL) return CUDA_ERROR_NOT_SUPPORTED;
     int dev;
     struct pool_acct *a;
-    if (!vgpu_mem_active() || dptr == NULL || bytesize == 0 || (a = current_pool(&dev)) == NULL)
-        return real(dptr, bytesize, s); /* no context or device: the driver's error */
+    if (!vgpu_mem_active() || dptr == NULL || bytesize == 0 ||
+        vgpu_graphmem_capturing(s, real == real_cuMemAllocAsync_ptsz) || (a = current_pool(&dev)) == NULL)
+        return real(dptr, bytesize, s); /* no context or device: the driver's error; captured: graphmem.c */
     return charged_alloc(a, dptr, bytesize, real, NULL, s);
 }
 
@@ -207,6 +209,7 @@ static CUresult alloc_pool(alloc_pool_fn real, CUdeviceptr *dptr, size_t bytesiz
     if (real == NULL) return CUDA_ERROR_NOT_SUPPORTED;
     struct pool_acct *a;
     if (!vgpu_mem_active() || dptr == NULL || bytesize == 0 || pool == NULL ||
+        vgpu_graphmem_capturing(s, real == real_cuMemAllocFromPoolAsync_ptsz) ||
         (a = pool_acct(pool, vgpu_current_device_index())) == NULL)
         return real(dptr, bytesize, pool, s);
     return charged_alloc(a, dptr, bytesize, NULL, real, s);

@@ -211,4 +211,15 @@ void vgpu_pools_atfork_child(void);
  * and its pool settled; anything else just goes to real_free. */
 CUresult vgpu_pools_free_sync(CUdeviceptr dptr, CUresult (*real_free)(CUdeviceptr));
 
+/* ---- graph memory (graphmem.c) ---- */
+/* Settle device index dev's graph memory pool charge to what it reserves; trim it first if
+ * trim. Nonzero if some charge was returned. */
+int vgpu_graphmem_settle(int dev, int trim);
+/* Is the stream capturing (cuStreamIsCapturing, or its _ptsz form)? Captured stream-ordered
+ * allocations take no memory until the graph is launched. */
+int vgpu_graphmem_capturing(CUstream s, int ptsz);
+/* The compute cap's graph launch paths (launch_hooks.c), called by graphmem.c's hooks. */
+CUresult vgpu_launch_graph(CUgraphExec g, CUstream s);
+CUresult vgpu_launch_graph_ptsz(CUgraphExec g, CUstream s);
+
 #endif

@@ -14,6 +14,7 @@
  *   inst[:FLAGS] | launch | execdestroy | gdestroy | trim | gattr
  *                            instantiate (cuGraphInstantiateWithFlags), launch + synchronise,
  *                            destroy, cuDeviceGraphMemTrim(0), the graph memory attributes
+ *   alloc:N                  cuMemAlloc_v2 (kept)
  *   touch | memfree | freeasync  cuMemsetD8 over the last address; cuMemFree_v2 / cuMemFreeAsync of it (popped)
  *   ctxnew | ctxdestroy      a created context made current / destroyed (the primary one current again)
  *   modload:PATH | modfile:PATH | libload:PATH | modunload | libunload | global:NAME
@@ -165,6 +166,9 @@ int main(int argc, char **argv) {
             rc = cuDeviceGetGraphMemAttribute(0, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, &u);
             if (rc == CUDA_SUCCESS) rc = cuDeviceGetGraphMemAttribute(0, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &r);
             snprintf(extra, sizeof extra, "gused=%llu greserved=%llu", (unsigned long long)u, (unsigned long long)r);
+        } else if (!strcmp(op, "alloc")) {
+            CUdeviceptr p;
+            rc = cuMemAlloc_v2(&p, strtoull(arg, NULL, 0));
         } else if (!strcmp(op, "touch")) {
             rc = cuMemsetD8_v2(ptrs[nptr - 1], 0x5a, sizes[nptr - 1]);
         } else if (!strcmp(op, "memfree")) {
