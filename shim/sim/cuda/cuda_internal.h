@@ -151,6 +151,7 @@ struct CUmod_st {
 struct CUlib_st {
     uint32_t magic, gen;
     struct CUkern_st *kernels;
+    struct CUmod_st *mod;            /* its globals, in the context current at load (or NULL) */
 };
 
 enum { NODE_KERNEL = 1, NODE_MEMCPY, NODE_MEMSET, NODE_MEM_ALLOC, NODE_MEM_FREE };

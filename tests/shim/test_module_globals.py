@@ -1,0 +1,111 @@
+"""Module globals under the shim: the __device__ / __constant__ variables of a loaded module are
+device memory the driver allocates at load; the shim learns them from the image's names and the
+driver's cuModuleGetGlobal sizes, charges them, refuses (and undoes) a load the quota cannot
+hold with CUDA_ERROR_OUT_OF_MEMORY, and returns them at cuModuleUnload / cuLibraryUnload /
+context destruction. Ground truth: NVML's per-process used memory never exceeds the quota."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.shim.conftest import Held, run_ops
+from tests.shim.test_graphmem import QUOTA, nvml_used, rcs
+
+MiB = 1 << 20
+OK, OUT_OF_MEMORY = "0", "2"
+ROUTES = ["direct", "dlsym", "procaddr"]
+
+
+def ptx(path: Path, big_bytes: int) -> Path:
+    """A PTX module (as NVRTC or numba emit it) with one big and two small globals."""
+    path.write_text(
+        "//\n.version 8.0\n.target sm_80\n.address_size 64\n\n"
+        f".visible .global .align 8 .b8 big[{big_bytes}];\n"
+        ".visible .global .align 4 .u32 counter;\n"
+        ".const .align 4 .b8 table[4096];\n"
+        ".extern .global .align 4 .u32 elsewhere;\n\n"
+        ".visible .entry sim_10us(\n\t.param .u64 p\n)\n{\n\t.local .align 4 .b8 scratch[64];\n\tret;\n}\n"
+    )
+    return path
+
+
+@pytest.fixture
+def gops(build_c: Callable[..., Path]) -> Path:
+    return build_c("graphmem_ops.c", ["-ldl"])
+
+
+@pytest.fixture
+def env(shim_env: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    return dict(shim_env, CUDA_DEVICE_MEMORY_LIMIT="1Gi", CUDA_DEVICE_MEMORY_SHARED_CACHE=str(tmp_path / "r"))
+
+
+def used(results: list[dict[str, str]]) -> list[int]:
+    return [int(r["used"]) for r in results if r["op"] == "info"]
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_globals_are_charged_as_the_driver_takes_them(
+    gops: Path, env: dict[str, str], tmp_path: Path, route: str
+) -> None:
+    mod = ptx(tmp_path / "m.ptx", 100_000_000)
+    plain = {k: v for k, v in env.items() if k != "LD_PRELOAD"}
+    truth = Held(gops, plain, "init", "info", f"modload:{mod}", "info")  # the simulator alone
+    try:
+        driver_took = used(truth.results)[1] - used(truth.results)[0]
+        truth_nvml = nvml_used(plain, truth.proc.pid)
+    finally:
+        truth.release()
+    held = Held(gops, env, "init", f"route:{route}", "info", f"modload:{mod}", "info", "global:big")
+    try:
+        assert rcs(held.results, "modload") == [OK]
+        assert held.results[-1]["bytes"] == "100000000"
+        before, after = used(held.results)
+        assert driver_took >= 100_000_000
+        assert after - before == driver_took  # the slice is charged what the device lost
+        assert nvml_used(env, held.proc.pid) == truth_nvml
+    finally:
+        held.release()
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_loads_fill_the_quota_and_no_further(gops: Path, env: dict[str, str], tmp_path: Path, route: str) -> None:
+    mod = ptx(tmp_path / "m.ptx", 200 * MiB)
+    held = Held(gops, env, "init", f"route:{route}", *[f"modload:{mod}"] * 8, "info")
+    try:
+        loads = rcs(held.results, "modload")
+        assert OK in loads and loads[-1] == OUT_OF_MEMORY, loads
+        assert nvml_used(env, held.proc.pid) <= QUOTA
+    finally:
+        held.release()
+
+
+def test_a_module_larger_than_the_quota_is_refused_and_unloaded(
+    gops: Path, env: dict[str, str], tmp_path: Path
+) -> None:
+    mod = ptx(tmp_path / "m.ptx", 2 * QUOTA)
+    held = Held(gops, env, "init", "info", f"modload:{mod}", f"modfile:{mod}", f"libload:{mod}", "info")
+    try:
+        assert rcs(held.results, "modload") == [OUT_OF_MEMORY]
+        assert rcs(held.results, "modfile") == [OUT_OF_MEMORY]
+        assert rcs(held.results, "libload") == [OUT_OF_MEMORY]
+        before, after = used(held.results)
+        assert after == before
+        assert nvml_used(env, held.proc.pid) <= QUOTA  # the driver's allocation was undone
+    finally:
+        held.release()
+
+
+def test_returned_at_unload_and_with_the_context(gops: Path, env: dict[str, str], tmp_path: Path) -> None:
+    mod = ptx(tmp_path / "m.ptx", 300 * MiB)
+    res = run_ops(gops, env, "init", "info", f"modload:{mod}", "info", "modunload", "info", f"modfile:{mod}",
+                  "info", "modunload", "info", f"libload:{mod}", "info", "libunload", "info", "ctxnew",
+                  f"modload:{mod}", "info", "ctxdestroy", "info")  # fmt: skip
+    assert all(r["rc"] == OK for r in res), res
+    base, loaded, unloaded, loaded_file, unloaded_file, loaded_lib, unloaded_lib, in_ctx, ctx_gone = used(res)
+    assert loaded >= base + 300 * MiB and loaded_file == loaded and loaded_lib == loaded
+    assert unloaded == base and unloaded_file == base and unloaded_lib == base
+    assert in_ctx >= base + 300 * MiB  # (and the created context's own memory, if any)
+    assert ctx_gone == base
