@@ -17,8 +17,8 @@
  *   - the charge goes back when the pool does: cuDeviceGraphMemTrim (hooked), and the refusal
  *     path and cuMemGetInfo settle (and the refusal path trims) the graph pool with the stream
  *     pools (vgpu_pools_settle), so memory a graph pool merely caches never causes an OOM.
- * An exec the shim did not see instantiated (cuGraphInstantiateWithParams, cuGraphExecUpdate)
- * cannot be refused beforehand: its launch is settled afterwards (charged, never refused).
+ * An exec the shim did not see instantiated (cuGraphExecUpdate changing its nodes, a graph
+ * uploaded with cuGraphUpload before its launch) cannot be refused beforehand: its launch is settled afterwards (charged, never refused).
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -270,6 +270,16 @@ CUresult hook_cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph, CU
 CUresult hook_cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags) {
     NEEDS_DRIVER(cuGraphInstantiateWithFlags);
     return instantiated(real_cuGraphInstantiateWithFlags(phGraphExec, hGraph, flags), phGraphExec, hGraph);
+}
+
+CUresult hook_cuGraphInstantiateWithParams(CUgraphExec *phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS *p) {
+    NEEDS_DRIVER(cuGraphInstantiateWithParams);
+    return instantiated(real_cuGraphInstantiateWithParams(phGraphExec, hGraph, p), phGraphExec, hGraph);
+}
+
+CUresult hook_cuGraphInstantiateWithParams_ptsz(CUgraphExec *phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS *p) {
+    NEEDS_DRIVER(cuGraphInstantiateWithParams_ptsz);
+    return instantiated(real_cuGraphInstantiateWithParams_ptsz(phGraphExec, hGraph, p), phGraphExec, hGraph);
 }
 
 CUresult hook_cuGraphExecDestroy(CUgraphExec hGraphExec) {

@@ -151,6 +151,59 @@ static CUresult is_capturing(CUstream h, CUstreamCaptureStatus *st, int ptds)
 SIM_EXPORT CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus) { return is_capturing(hStream, captureStatus, 0); }
 SIM_EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream hStream, CUstreamCaptureStatus *captureStatus) { return is_capturing(hStream, captureStatus, 1); }
 
+static CUresult capture_info(CUstream h, CUstreamCaptureStatus *st, cuuint64_t *id, CUgraph *g, const CUgraphNode **deps, size_t *ndeps,
+                             int ptds)
+{
+    if (!st)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUstream_st *s;
+    CUresult rc = sim_resolve_stream(h, ptds, &s);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    pthread_mutex_lock(&s->mu);
+    *st = !s->capturing ? CU_STREAM_CAPTURE_STATUS_NONE
+                        : (s->capture_invalid ? CU_STREAM_CAPTURE_STATUS_INVALIDATED : CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    if (id) /* unique per capture: the graph being built */
+        *id = (cuuint64_t)(uintptr_t)s->capture_graph;
+    if (g)
+        *g = s->capturing ? s->capture_graph : NULL;
+    if (deps) /* nodes are kept in capture order: the last one is what the next depends on */
+        *deps = s->capturing && s->capture_graph->tail ? (const CUgraphNode *)&s->capture_graph->tail : NULL;
+    if (ndeps)
+        *ndeps = s->capturing && s->capture_graph->tail ? 1 : 0;
+    pthread_mutex_unlock(&s->mu);
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuStreamGetCaptureInfo_v2(CUstream hStream, CUstreamCaptureStatus *captureStatus_out, cuuint64_t *id_out, CUgraph *graph_out,
+                                              const CUgraphNode **dependencies_out, size_t *numDependencies_out)
+{
+    return capture_info(hStream, captureStatus_out, id_out, graph_out, dependencies_out, numDependencies_out, 0);
+}
+
+SIM_EXPORT CUresult cuStreamGetCaptureInfo_v2_ptsz(CUstream hStream, CUstreamCaptureStatus *captureStatus_out, cuuint64_t *id_out, CUgraph *graph_out,
+                                                   const CUgraphNode **dependencies_out, size_t *numDependencies_out)
+{
+    return capture_info(hStream, captureStatus_out, id_out, graph_out, dependencies_out, numDependencies_out, 1);
+}
+
+/* 12.3: edge data as well; every captured edge is a default one (NULL says so) */
+SIM_EXPORT CUresult cuStreamGetCaptureInfo_v3(CUstream hStream, CUstreamCaptureStatus *captureStatus_out, cuuint64_t *id_out, CUgraph *graph_out,
+                                              const CUgraphNode **dependencies_out, const CUgraphEdgeData **edgeData_out, size_t *numDependencies_out)
+{
+    if (edgeData_out)
+        *edgeData_out = NULL;
+    return capture_info(hStream, captureStatus_out, id_out, graph_out, dependencies_out, numDependencies_out, 0);
+}
+
+SIM_EXPORT CUresult cuStreamGetCaptureInfo_v3_ptsz(CUstream hStream, CUstreamCaptureStatus *captureStatus_out, cuuint64_t *id_out, CUgraph *graph_out,
+                                                   const CUgraphNode **dependencies_out, const CUgraphEdgeData **edgeData_out, size_t *numDependencies_out)
+{
+    if (edgeData_out)
+        *edgeData_out = NULL;
+    return capture_info(hStream, captureStatus_out, id_out, graph_out, dependencies_out, numDependencies_out, 1);
+}
+
 SIM_EXPORT CUresult cuGraphCreate(CUgraph *phGraph, unsigned int flags)
 {
     if (!phGraph || flags != 0)
@@ -250,6 +303,26 @@ static CUresult instantiate(CUgraphExec *pexec, CUgraph g, unsigned long long fl
 SIM_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags)
 {
     return instantiate(phGraphExec, hGraph, flags);
+}
+
+static CUresult instantiate_params(CUgraphExec *e, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p)
+{
+    if (!p)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = instantiate(e, g, p->flags); /* an upload stream has nothing to upload ahead here */
+    p->hErrNode_out = NULL;
+    p->result_out = rc == CUDA_SUCCESS ? CUDA_GRAPH_INSTANTIATE_SUCCESS : CUDA_GRAPH_INSTANTIATE_ERROR;
+    return rc;
+}
+
+SIM_EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams)
+{
+    return instantiate_params(phGraphExec, hGraph, instantiateParams);
+}
+
+SIM_EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams)
+{
+    return instantiate_params(phGraphExec, hGraph, instantiateParams);
 }
 
 SIM_EXPORT CUresult cuGraphInstantiate(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode, char *logBuffer, size_t bufferSize)
