@@ -254,6 +254,14 @@ typedef enum CUmemPool_attribute_enum {
     CU_MEMPOOL_ATTR_USED_MEM_HIGH = 8
 } CUmemPool_attribute;
 
+typedef struct CUuserObject_st *CUuserObject;
+typedef enum CUuserObject_flags_enum {
+    CU_USER_OBJECT_NO_DESTRUCTOR_SYNC = 1
+} CUuserObject_flags;
+typedef enum CUuserObjectRetain_flags_enum {
+    CU_GRAPH_USER_OBJECT_MOVE = 1
+} CUuserObjectRetain_flags;
+
 typedef struct CUDA_MEM_ALLOC_NODE_PARAMS_v1_st {
     CUmemPoolProps poolProps;
     const CUmemAccessDesc *accessDescs;
@@ -677,6 +685,12 @@ VGPU_CUDA_API CUresult cuGraphLaunch(CUgraphExec hGraph, CUstream hStream);
 VGPU_CUDA_API CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream);
 VGPU_CUDA_API CUresult cuGraphGetNodes(CUgraph hGraph, CUgraphNode *nodes, size_t *numNodes);
 VGPU_CUDA_API CUresult cuGraphNodeGetType(CUgraphNode hNode, CUgraphNodeType *type);
+VGPU_CUDA_API CUresult cuGraphExecGetFlags(CUgraphExec hGraphExec, cuuint64_t *flags);
+VGPU_CUDA_API CUresult cuUserObjectCreate(CUuserObject *object_out, void *ptr, CUhostFn destroy, unsigned int initialRefcount, unsigned int flags);
+VGPU_CUDA_API CUresult cuUserObjectRetain(CUuserObject object, unsigned int count);
+VGPU_CUDA_API CUresult cuUserObjectRelease(CUuserObject object, unsigned int count);
+VGPU_CUDA_API CUresult cuGraphRetainUserObject(CUgraph graph, CUuserObject object, unsigned int count, unsigned int flags);
+VGPU_CUDA_API CUresult cuGraphReleaseUserObject(CUgraph graph, CUuserObject object, unsigned int count);
 VGPU_CUDA_API CUresult cuGraphInstantiateWithParams(CUgraphExec *phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams);
 VGPU_CUDA_API CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams);
 VGPU_CUDA_API CUresult cuStreamGetCaptureInfo_v2(CUstream hStream, CUstreamCaptureStatus *captureStatus_out, cuuint64_t *id_out, CUgraph *graph_out, const CUgraphNode **dependencies_out, size_t *numDependencies_out);

@@ -176,6 +176,7 @@ struct CUgraph_st {
     struct CUgraphNode_st *head, *tail;
     int has_mem;                     /* holds memory alloc / free nodes: one instantiation at a time */
     int nexec;                       /* live instantiations */
+    struct sim_uref *urefs;          /* user object references it holds (userobj.c) */
 };
 
 struct CUgraphExec_st {
@@ -184,6 +185,7 @@ struct CUgraphExec_st {
     struct CUgraphNode_st *nodes;    /* a private copy: the graph may change or die */
     struct CUgraph_st *graph;        /* instantiated from (kept: graph structs are never freed) */
     unsigned long long flags;        /* CUDA_GRAPH_INSTANTIATE_FLAG_* */
+    struct sim_uref *urefs;          /* its graph's user object references, retained at instantiation */
 };
 
 struct CUarray_st {
@@ -303,6 +305,11 @@ uint64_t sim_kernel_ns(const struct CUfunc_st *f, uint64_t blocks, int dev);
 int sim_capture_add(struct CUstream_st *s, const struct CUgraphNode_st *tmpl); /* 1 if captured */
 /* Append a copy of tmpl to g (a memory node takes a reference on its allocation); NULL: no memory. */
 struct CUgraphNode_st *sim_graph_append(struct CUgraph_st *g, const struct CUgraphNode_st *tmpl);
+
+/* userobj.c: user object references held by graphs and execs */
+struct sim_uref;
+void sim_urefs_copy(const struct CUgraph_st *g, struct sim_uref **to);
+void sim_urefs_release(struct sim_uref **list);
 
 /* graphmem.c: graph memory nodes and the per-device graph memory pool */
 void sim_gmem_ref(struct sim_gmem *gm);             /* one more graph / exec node refers to it */

@@ -33,6 +33,7 @@ static void graph_free(struct CUgraph_st *g)
     }
     g->head = g->tail = NULL;
     g->n = 0;
+    sim_urefs_release(&g->urefs);
     g->magic = MAGIC_DEAD; /* the struct is kept: a stale handle fails validation, no use-after-free */
 }
 
@@ -290,6 +291,7 @@ static CUresult instantiate(CUgraphExec *pexec, CUgraph g, unsigned long long fl
             sim_gmem_ref(n->gm);
     }
     g->nexec++;
+    sim_urefs_copy(g, &e->urefs);
     e->graph = g;
     e->flags = flags;
     e->n = i;
@@ -339,6 +341,17 @@ SIM_EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGra
     return cuGraphInstantiate(phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize);
 }
 
+SIM_EXPORT CUresult cuGraphExecGetFlags(CUgraphExec hGraphExec, cuuint64_t *flags)
+{
+    CUresult rc = sim_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!flags || !SIM_VALID(hGraphExec, MAGIC_EXEC))
+        return CUDA_ERROR_INVALID_VALUE;
+    *flags = hGraphExec->flags & ~(cuuint64_t)CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD; /* never reported, as in CUDA */
+    return CUDA_SUCCESS;
+}
+
 SIM_EXPORT CUresult cuGraphExecDestroy(CUgraphExec hGraphExec)
 {
     CUresult rc = sim_check_init();
@@ -351,6 +364,7 @@ SIM_EXPORT CUresult cuGraphExecDestroy(CUgraphExec hGraphExec)
         if (hGraphExec->nodes[i].gm)
             sim_gmem_unref(hGraphExec->nodes[i].gm);
     hGraphExec->graph->nexec--;
+    sim_urefs_release(&hGraphExec->urefs);
     free(hGraphExec->nodes);
     hGraphExec->nodes = NULL;
     hGraphExec->n = 0;
