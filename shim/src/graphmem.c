@@ -12,7 +12,8 @@
  *     rounded up to the device's allocation granularity (cuMemGetAllocationGranularity);
  *   - at launch it charges what the exec's allocations need beyond what the device's graph pool
  *     holds free (CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT - USED_MEM_CURRENT) before calling the
- *     driver; a launch the quota cannot hold is refused with CUDA_ERROR_OUT_OF_MEMORY and
+ *     driver (an AUTO_FREE_ON_LAUNCH exec's previous allocations are freed first, as the driver
+ *     would, so that what they free counts); a launch the quota cannot hold is refused with CUDA_ERROR_OUT_OF_MEMORY and
  *     nothing runs; after the launch the device's charge settles to the pool's reserved bytes;
  *   - the charge goes back when the pool does: cuDeviceGraphMemTrim (hooked), and the refusal
  *     path and cuMemGetInfo settle (and the refusal path trims) the graph pool with the stream
@@ -31,10 +32,14 @@ typedef CUresult (*node_type_fn)(CUgraphNode, CUgraphNodeType *);
 typedef CUresult (*alloc_params_fn)(CUgraphNode, CUDA_MEM_ALLOC_NODE_PARAMS *);
 typedef CUresult (*granularity_fn)(size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags);
 typedef CUresult (*is_capturing_fn)(CUstream, CUstreamCaptureStatus *);
+typedef CUresult (*free_params_fn)(CUgraphNode, CUdeviceptr *);
 
 struct exec_rec {
     CUgraphExec exec;
     uint64_t need[VGPU_MAX_DEVICES]; /* bytes of its allocation nodes, per app device index */
+    int auto_free;                   /* CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH */
+    size_t nkept;                    /* its allocations not freed in the graph (auto_free only) */
+    CUdeviceptr *kept;
     struct exec_rec *next;
 };
 
@@ -126,9 +131,16 @@ static uint64_t granule(CUdevice d) {
     return gr;
 }
 
-/* What the graph's allocation nodes take, per device. 0 if it has none (or cannot be read). */
-static int graph_needs(CUgraph g, uint64_t need[VGPU_MAX_DEVICES]) {
-    static void *fn_nodes, *fn_type, *fn_params;
+static int has_ptr(const CUdeviceptr *v, size_t n, CUdeviceptr p) {
+    for (size_t i = 0; i < n; i++)
+        if (v[i] == p) return 1;
+    return 0;
+}
+
+/* What the graph's allocation nodes take, per device. 0 if it has none (or cannot be read).
+ * With r->auto_free, also the allocations no free node of the graph frees (r->kept). */
+static int graph_needs(CUgraph g, uint64_t need[VGPU_MAX_DEVICES], struct exec_rec *r) {
+    static void *fn_nodes, *fn_type, *fn_params, *fn_free;
     get_nodes_fn nodes_of = (get_nodes_fn)sym(&fn_nodes, "cuGraphGetNodes");
     node_type_fn type_of = (node_type_fn)sym(&fn_type, "cuGraphNodeGetType");
     alloc_params_fn params_of = (alloc_params_fn)sym(&fn_params, "cuGraphMemAllocNodeGetParams");
@@ -141,12 +153,18 @@ static int graph_needs(CUgraph g, uint64_t need[VGPU_MAX_DEVICES]) {
         return 0;
     }
     int any = 0;
+    CUdeviceptr *freed = r->auto_free ? calloc(n, sizeof *freed) : NULL;
+    size_t nfreed = 0;
+    free_params_fn free_of = (free_params_fn)sym(&fn_free, "cuGraphMemFreeNodeGetParams");
+    if (r->auto_free) r->kept = calloc(n, sizeof *r->kept);
     for (size_t k = 0; k < n; k++) {
         CUgraphNodeType t;
         CUDA_MEM_ALLOC_NODE_PARAMS p;
-        if (type_of(nodes[k], &t) != CUDA_SUCCESS || t != CU_GRAPH_NODE_TYPE_MEM_ALLOC ||
-            params_of(nodes[k], &p) != CUDA_SUCCESS)
-            continue;
+        if (type_of(nodes[k], &t) != CUDA_SUCCESS) continue;
+        if (t == CU_GRAPH_NODE_TYPE_MEM_FREE && freed && free_of && free_of(nodes[k], &freed[nfreed]) == CUDA_SUCCESS)
+            nfreed++;
+        if (t != CU_GRAPH_NODE_TYPE_MEM_ALLOC || params_of(nodes[k], &p) != CUDA_SUCCESS) continue;
+        if (r->kept) r->kept[r->nkept++] = p.dptr;
         int i = vgpu_device_index(p.poolProps.location.id);
         if (i < 0) continue;
         uint64_t gr = granule(p.poolProps.location.id);
@@ -154,28 +172,44 @@ static int graph_needs(CUgraph g, uint64_t need[VGPU_MAX_DEVICES]) {
         learn_device(i, p.poolProps.location.id);
         any = 1;
     }
+    if (r->kept) { /* those freed in the graph are not the launch's to free */
+        size_t w = 0;
+        for (size_t i = 0; i < r->nkept; i++)
+            if (!has_ptr(freed, nfreed, r->kept[i])) r->kept[w++] = r->kept[i];
+        r->nkept = w;
+    }
+    free(freed);
     free(nodes);
     return any;
 }
 
-static void record_exec(CUgraphExec e, CUgraph g) {
+static void record_exec(CUgraphExec e, CUgraph g, unsigned long long flags) {
     struct exec_rec *r = calloc(1, sizeof *r);
     if (r == NULL) return;
     r->exec = e;
-    graph_needs(g, r->need); /* an exec without memory nodes is recorded too: its launches skip all this */
+    r->auto_free = (flags & CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH) != 0;
+    graph_needs(g, r->need, r); /* an exec without memory nodes is recorded too: its launches skip all this */
     pthread_mutex_lock(&exec_mu);
     r->next = execs;
     execs = r;
     pthread_mutex_unlock(&exec_mu);
 }
 
-/* 1 and its needs if the shim saw the exec instantiated. */
-static int exec_needs(CUgraphExec e, uint64_t need[VGPU_MAX_DEVICES]) {
+/* 1 and its needs if the shim saw the exec instantiated; *kept (to free) the allocations an
+ * AUTO_FREE_ON_LAUNCH exec's launch frees first. */
+static int exec_needs(CUgraphExec e, uint64_t need[VGPU_MAX_DEVICES], CUdeviceptr **kept, size_t *nkept) {
     pthread_mutex_lock(&exec_mu);
     struct exec_rec *r = execs;
     while (r && r->exec != e) r = r->next;
-    if (r)
+    *kept = NULL;
+    *nkept = 0;
+    if (r) {
         for (int i = 0; i < VGPU_MAX_DEVICES; i++) need[i] = r->need[i];
+        if (r->nkept && (*kept = malloc(r->nkept * sizeof **kept)) != NULL) {
+            for (size_t i = 0; i < r->nkept; i++) (*kept)[i] = r->kept[i];
+            *nkept = r->nkept;
+        }
+    }
     pthread_mutex_unlock(&exec_mu);
     return r != NULL;
 }
@@ -186,6 +220,7 @@ static void forget_exec(CUgraphExec e) {
     while ((r = *pp) != NULL && r->exec != e) pp = &r->next;
     if (r) *pp = r->next;
     pthread_mutex_unlock(&exec_mu);
+    if (r) free(r->kept);
     free(r);
 }
 
@@ -199,14 +234,22 @@ static uint64_t pool_spare(int i) {
     return r - u;
 }
 
-CUresult vgpu_graphmem_launch(CUresult (*launch)(CUgraphExec, CUstream), CUgraphExec g, CUstream s) {
+static CUresult launch_memory(CUresult (*launch)(CUgraphExec, CUstream), CUgraphExec g, CUstream s, int ptsz) {
     CUresult st = vgpu_init();
     if (st != CUDA_SUCCESS) return st;
     uint64_t need[VGPU_MAX_DEVICES] = {0};
     if (!vgpu_mem_active() || g == NULL) return launch(g, s);
-    int seen = exec_needs(g, need), any = 0;
+    CUdeviceptr *kept;
+    size_t nkept;
+    int seen = exec_needs(g, need, &kept, &nkept), any = 0;
     for (int i = 0; i < VGPU_MAX_DEVICES; i++) any |= need[i] != 0;
     if (seen && !any) return launch(g, s); /* no memory nodes: the common case costs one lookup */
+    /* AUTO_FREE_ON_LAUNCH: the launch frees its previous allocations first, as cuMemFreeAsync on
+     * its stream would. Do exactly that here, so that what the pool then holds free counts (an
+     * allocation already freed just answers an error). */
+    CUresult (*free_async)(CUdeviceptr, CUstream) = ptsz ? real_cuMemFreeAsync_ptsz : real_cuMemFreeAsync;
+    for (size_t k = 0; k < nkept && free_async; k++) free_async(kept[k], s);
+    free(kept);
     pthread_once(&gdev_once, gdev_init);
     int locked = 0; /* devices [0, locked) are locked, in index order */
     CUresult rc = CUDA_SUCCESS;
@@ -241,8 +284,8 @@ CUresult vgpu_graphmem_launch(CUresult (*launch)(CUgraphExec, CUstream), CUgraph
 
 /* ---- instantiation: learn the exec's memory nodes ---- */
 
-static CUresult instantiated(CUresult rc, CUgraphExec *e, CUgraph g) {
-    if (rc == CUDA_SUCCESS && e != NULL && vgpu_mem_active()) record_exec(*e, g);
+static CUresult instantiated(CUresult rc, CUgraphExec *e, CUgraph g, unsigned long long flags) {
+    if (rc == CUDA_SUCCESS && e != NULL && vgpu_mem_active()) record_exec(*e, g, flags);
     return rc;
 }
 
@@ -257,29 +300,30 @@ CUresult hook_cuGraphInstantiate(CUgraphExec *phGraphExec, CUgraph hGraph, CUgra
                                  size_t bufferSize) {
     NEEDS_DRIVER(cuGraphInstantiate);
     return instantiated(real_cuGraphInstantiate(phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize), phGraphExec,
-                        hGraph);
+                        hGraph, 0);
 }
 
 CUresult hook_cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode, char *logBuffer,
                                     size_t bufferSize) {
     NEEDS_DRIVER(cuGraphInstantiate_v2);
     return instantiated(real_cuGraphInstantiate_v2(phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize),
-                        phGraphExec, hGraph);
+                        phGraphExec, hGraph, 0);
 }
 
 CUresult hook_cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags) {
     NEEDS_DRIVER(cuGraphInstantiateWithFlags);
-    return instantiated(real_cuGraphInstantiateWithFlags(phGraphExec, hGraph, flags), phGraphExec, hGraph);
+    return instantiated(real_cuGraphInstantiateWithFlags(phGraphExec, hGraph, flags), phGraphExec, hGraph, flags);
 }
 
 CUresult hook_cuGraphInstantiateWithParams(CUgraphExec *phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS *p) {
     NEEDS_DRIVER(cuGraphInstantiateWithParams);
-    return instantiated(real_cuGraphInstantiateWithParams(phGraphExec, hGraph, p), phGraphExec, hGraph);
+    return instantiated(real_cuGraphInstantiateWithParams(phGraphExec, hGraph, p), phGraphExec, hGraph, p ? p->flags : 0);
 }
 
 CUresult hook_cuGraphInstantiateWithParams_ptsz(CUgraphExec *phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS *p) {
     NEEDS_DRIVER(cuGraphInstantiateWithParams_ptsz);
-    return instantiated(real_cuGraphInstantiateWithParams_ptsz(phGraphExec, hGraph, p), phGraphExec, hGraph);
+    return instantiated(real_cuGraphInstantiateWithParams_ptsz(phGraphExec, hGraph, p), phGraphExec, hGraph,
+                        p ? p->flags : 0);
 }
 
 CUresult hook_cuGraphExecDestroy(CUgraphExec hGraphExec) {
@@ -305,11 +349,11 @@ CUresult hook_cuDeviceGraphMemTrim(CUdevice device) {
 /* ---- the compute cap's graph launch (launch_hooks.c) behind the memory check ---- */
 
 CUresult hook_cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream) {
-    return vgpu_graphmem_launch(vgpu_launch_graph, hGraphExec, hStream);
+    return launch_memory(vgpu_launch_graph, hGraphExec, hStream, 0);
 }
 
 CUresult hook_cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream) {
-    return vgpu_graphmem_launch(vgpu_launch_graph_ptsz, hGraphExec, hStream);
+    return launch_memory(vgpu_launch_graph_ptsz, hGraphExec, hStream, 1);
 }
 
 int vgpu_graphmem_capturing(CUstream s, int ptsz) {

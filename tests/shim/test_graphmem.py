@@ -36,7 +36,11 @@ def gops(build_c: Callable[..., Path]) -> Path:
 
 @pytest.fixture
 def env(shim_env: dict[str, str], tmp_path: Path) -> dict[str, str]:
-    return dict(shim_env, CUDA_DEVICE_MEMORY_LIMIT="1Gi", CUDA_DEVICE_MEMORY_SHARED_CACHE=str(tmp_path / "r"))
+    return dict(
+        shim_env,
+        CUDA_DEVICE_MEMORY_LIMIT="1Gi",
+        CUDA_DEVICE_MEMORY_SHARED_CACHE=str(tmp_path / "r"),
+    )
 
 
 def nvml_used(env: dict[str, str], pid: int) -> int:
@@ -54,7 +58,9 @@ def graphs(n: int, size: int) -> list[str]:
 
 
 @pytest.mark.parametrize("route", ROUTES)
-def test_graph_launches_fill_the_quota_and_no_further(gops: Path, env: dict[str, str], route: str) -> None:
+def test_graph_launches_fill_the_quota_and_no_further(
+    gops: Path, env: dict[str, str], route: str
+) -> None:
     held = Held(gops, env, "init", f"route:{route}", *graphs(12, 128 * MiB), "info")
     try:
         launches = rcs(held.results, "launch")
@@ -127,3 +133,20 @@ def test_relaunch_reuses_what_the_pool_holds(gops: Path, env: dict[str, str]) ->
     assert rcs(res, "launch") == [OK] * 3
     used = [int(r["used"]) for r in res if r["op"] == "info"]
     assert used[0] == used[1] == used[2]
+
+
+def test_auto_free_relaunch_in_a_full_slice(gops: Path, env: dict[str, str]) -> None:
+    """An exec instantiated with CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH (as PyTorch
+    does) frees its previous allocation before relaunching: the device needs nothing more, so a
+    full slice relaunches it; one without the flag is refused by the driver itself."""
+    fill = [f"alloc:{64 * MiB}"] * 20
+    held = Held(gops, env, "init", "gnew", f"gnode:{256 * MiB}", "inst:1", "launch", *fill, "info",
+                "launch", "launch", "info")  # fmt: skip
+    try:
+        assert OUT_OF_MEMORY in rcs(held.results, "alloc")  # the slice is full
+        assert rcs(held.results, "launch") == [OK, OK, OK]
+        before, after = (int(r["used"]) for r in held.results if r["op"] == "info")
+        assert after == before
+        assert nvml_used(env, held.proc.pid) <= QUOTA
+    finally:
+        held.release()

@@ -39,7 +39,11 @@ def gops(build_c: Callable[..., Path]) -> Path:
 
 @pytest.fixture
 def env(shim_env: dict[str, str], tmp_path: Path) -> dict[str, str]:
-    return dict(shim_env, CUDA_DEVICE_MEMORY_LIMIT="1Gi", CUDA_DEVICE_MEMORY_SHARED_CACHE=str(tmp_path / "r"))
+    return dict(
+        shim_env,
+        CUDA_DEVICE_MEMORY_LIMIT="1Gi",
+        CUDA_DEVICE_MEMORY_SHARED_CACHE=str(tmp_path / "r"),
+    )
 
 
 def used(results: list[dict[str, str]]) -> list[int]:
@@ -71,7 +75,9 @@ def test_globals_are_charged_as_the_driver_takes_them(
 
 
 @pytest.mark.parametrize("route", ROUTES)
-def test_loads_fill_the_quota_and_no_further(gops: Path, env: dict[str, str], tmp_path: Path, route: str) -> None:
+def test_loads_fill_the_quota_and_no_further(
+    gops: Path, env: dict[str, str], tmp_path: Path, route: str
+) -> None:
     mod = ptx(tmp_path / "m.ptx", 200 * MiB)
     held = Held(gops, env, "init", f"route:{route}", *[f"modload:{mod}"] * 8, "info")
     try:
@@ -86,7 +92,9 @@ def test_a_module_larger_than_the_quota_is_refused_and_unloaded(
     gops: Path, env: dict[str, str], tmp_path: Path
 ) -> None:
     mod = ptx(tmp_path / "m.ptx", 2 * QUOTA)
-    held = Held(gops, env, "init", "info", f"modload:{mod}", f"modfile:{mod}", f"libload:{mod}", "info")
+    held = Held(
+        gops, env, "init", "info", f"modload:{mod}", f"modfile:{mod}", f"libload:{mod}", "info"
+    )
     try:
         assert rcs(held.results, "modload") == [OUT_OF_MEMORY]
         assert rcs(held.results, "modfile") == [OUT_OF_MEMORY]
@@ -98,13 +106,25 @@ def test_a_module_larger_than_the_quota_is_refused_and_unloaded(
         held.release()
 
 
-def test_returned_at_unload_and_with_the_context(gops: Path, env: dict[str, str], tmp_path: Path) -> None:
+def test_returned_at_unload_and_with_the_context(
+    gops: Path, env: dict[str, str], tmp_path: Path
+) -> None:
     mod = ptx(tmp_path / "m.ptx", 300 * MiB)
     res = run_ops(gops, env, "init", "info", f"modload:{mod}", "info", "modunload", "info", f"modfile:{mod}",
                   "info", "modunload", "info", f"libload:{mod}", "info", "libunload", "info", "ctxnew",
                   f"modload:{mod}", "info", "ctxdestroy", "info")  # fmt: skip
     assert all(r["rc"] == OK for r in res), res
-    base, loaded, unloaded, loaded_file, unloaded_file, loaded_lib, unloaded_lib, in_ctx, ctx_gone = used(res)
+    (
+        base,
+        loaded,
+        unloaded,
+        loaded_file,
+        unloaded_file,
+        loaded_lib,
+        unloaded_lib,
+        in_ctx,
+        ctx_gone,
+    ) = used(res)
     assert loaded >= base + 300 * MiB and loaded_file == loaded and loaded_lib == loaded
     assert unloaded == base and unloaded_file == base and unloaded_lib == base
     assert in_ctx >= base + 300 * MiB  # (and the created context's own memory, if any)

@@ -68,8 +68,12 @@ def test_nvml_counts_graph_memory_per_process(gops: Path, sim_env: dict[str, str
         held.release()
 
 
-def test_relaunch_over_an_unfreed_allocation_and_auto_free(gops: Path, sim_env: dict[str, str]) -> None:
-    res = run_ops(gops, sim_env, "init", "gnew", "gnode:" + str(8 * MiB), "inst", "launch", "launch")
+def test_relaunch_over_an_unfreed_allocation_and_auto_free(
+    gops: Path, sim_env: dict[str, str]
+) -> None:
+    res = run_ops(
+        gops, sim_env, "init", "gnew", "gnode:" + str(8 * MiB), "inst", "launch", "launch"
+    )
     assert rcs(res, "launch") == [OK, INVALID_VALUE]  # its allocation is still held
     res = run_ops(gops, sim_env, "init", "gnew", "gnode:" + str(8 * MiB), "inst:1", "launch", "info",
                   "launch", "info", "gattr")  # fmt: skip
@@ -79,7 +83,9 @@ def test_relaunch_over_an_unfreed_allocation_and_auto_free(gops: Path, sim_env: 
     assert res[-1]["gused"] == str(8 * MiB)
 
 
-def test_free_node_returns_pages_to_the_pool_within_the_launch(gops: Path, sim_env: dict[str, str]) -> None:
+def test_free_node_returns_pages_to_the_pool_within_the_launch(
+    gops: Path, sim_env: dict[str, str]
+) -> None:
     res = run_ops(gops, sim_env, "init", "info", "gnew", "gnode:" + str(32 * MiB), "gfreenode",
                   "gnode:" + str(32 * MiB), "gfreenode", "inst", "launch", "info", "gattr", "launch",
                   "info")  # fmt: skip
@@ -90,7 +96,9 @@ def test_free_node_returns_pages_to_the_pool_within_the_launch(gops: Path, sim_e
     assert res[-3]["gused"] == "0"
 
 
-def test_one_instantiation_at_a_time_and_bad_free_nodes(gops: Path, sim_env: dict[str, str]) -> None:
+def test_one_instantiation_at_a_time_and_bad_free_nodes(
+    gops: Path, sim_env: dict[str, str]
+) -> None:
     res = run_ops(gops, sim_env, "init", "gnew", "gnode:4096", "gfreenode", "gfreenode", "inst", "inst",
                   "execdestroy", "inst")  # fmt: skip
     assert rcs(res, "gfreenode") == [OK, INVALID_VALUE]  # freed once per graph
@@ -129,7 +137,18 @@ def test_captured_stream_ordered_allocations_become_memory_nodes(
 def test_a_captured_free_no_free_node_can_record_invalidates_the_capture(
     gops: Path, sim_env: dict[str, str]
 ) -> None:
-    res = run_ops(gops, sim_env, "init", "gnew", "gnode:4096", "inst", "launch", "capbegin", "capfree", "capend")
+    res = run_ops(
+        gops,
+        sim_env,
+        "init",
+        "gnew",
+        "gnode:4096",
+        "inst",
+        "launch",
+        "capbegin",
+        "capfree",
+        "capend",
+    )
     assert rcs(res, "capfree") == [OK]  # a graph allocation: freed by a free node
     res = run_ops(gops, sim_env, "init", "capbegin", "capalloc:4096", "capend", "capbegin", "capfree", "capfree",
                   "capend")  # fmt: skip

@@ -141,7 +141,9 @@ def graphquota(limit: int) -> None:
         sys.exit(3)
     except Exception as e:
         assert "CUDA_ERROR_OUT_OF_MEMORY" in str(e), e
-        print(f"graph oom after {len(held) // 2 - 1} graphs reserved={gmr.attributes.reserved_mem_current}")
+        print(
+            f"graph oom after {len(held) // 2 - 1} graphs reserved={gmr.attributes.reserved_mem_current}"
+        )
 
 
 if __name__ == "__main__":
