@@ -7,7 +7,6 @@ symbol, dlsym, cuGetProcAddress (with and without the per-thread default stream)
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -29,22 +28,8 @@ print(json.dumps({"used": {p.pid: p.usedGpuMemory for p in nv.nvmlDeviceGetCompu
 """
 
 
-@pytest.fixture
-def gops(build_c: Callable[..., Path]) -> Path:
-    return build_c("graphmem_ops.c", ["-ldl"])
-
-
-@pytest.fixture
-def env(shim_env: dict[str, str], tmp_path: Path) -> dict[str, str]:
-    return dict(
-        shim_env,
-        CUDA_DEVICE_MEMORY_LIMIT="1Gi",
-        CUDA_DEVICE_MEMORY_SHARED_CACHE=str(tmp_path / "r"),
-    )
-
-
-def nvml_used(env: dict[str, str], pid: int) -> int:
-    plain = {k: v for k, v in env.items() if k != "LD_PRELOAD"}
+def nvml_used(slice_1gi: dict[str, str], pid: int) -> int:
+    plain = {k: v for k, v in slice_1gi.items() if k != "LD_PRELOAD"}
     return int(run_python(plain, NVML_PROC_USED)["used"].get(str(pid), 0))
 
 
@@ -59,37 +44,37 @@ def graphs(n: int, size: int) -> list[str]:
 
 @pytest.mark.parametrize("route", ROUTES)
 def test_graph_launches_fill_the_quota_and_no_further(
-    gops: Path, env: dict[str, str], route: str
+    graphmem_ops: Path, slice_1gi: dict[str, str], route: str
 ) -> None:
-    held = Held(gops, env, "init", f"route:{route}", *graphs(12, 128 * MiB), "info")
+    held = Held(graphmem_ops, slice_1gi, "init", f"route:{route}", *graphs(12, 128 * MiB), "info")
     try:
         launches = rcs(held.results, "launch")
         assert OK in launches and launches[-1] == OUT_OF_MEMORY, launches
         assert launches == sorted(launches)  # once refused, refused: nothing was taken
         assert all(r == OK for r in rcs(held.results, "gnode") + rcs(held.results, "inst"))
-        assert nvml_used(env, held.proc.pid) <= QUOTA
+        assert nvml_used(slice_1gi, held.proc.pid) <= QUOTA
     finally:
         held.release()
 
 
 @pytest.mark.parametrize("route", ROUTES)
 def test_captured_allocation_is_charged_at_launch_not_at_capture(
-    gops: Path, env: dict[str, str], route: str
+    graphmem_ops: Path, slice_1gi: dict[str, str], route: str
 ) -> None:
     """A full slice can still capture (the driver takes nothing then); the launch is refused."""
     fill = [f"alloc:{64 * MiB}"] * 20
-    held = Held(gops, env, "init", f"route:{route}", *fill, "capbegin", f"capalloc:{64 * MiB}", "capend", "inst",
+    held = Held(graphmem_ops, slice_1gi, "init", f"route:{route}", *fill, "capbegin", f"capalloc:{64 * MiB}", "capend", "inst",
                 "launch", "info")  # fmt: skip
     try:
         assert OUT_OF_MEMORY in rcs(held.results, "alloc")  # the slice is full
         assert rcs(held.results, "capalloc") == [OK]
         assert rcs(held.results, "inst") == [OK]
         assert rcs(held.results, "launch") == [OUT_OF_MEMORY]
-        assert nvml_used(env, held.proc.pid) <= QUOTA
+        assert nvml_used(slice_1gi, held.proc.pid) <= QUOTA
     finally:
         held.release()
     # with room, the captured allocation runs and is charged: the slice view shows it
-    res = run_ops(gops, env, "init", "info", "capbegin", f"capalloc:{256 * MiB}", "capend", "info", "inst",
+    res = run_ops(graphmem_ops, slice_1gi, "init", "info", "capbegin", f"capalloc:{256 * MiB}", "capend", "info", "inst",
                   "launch", "info", "touch")  # fmt: skip
     assert all(r["rc"] == OK for r in res), res
     base, captured, launched = (int(r["used"]) for r in res if r["op"] == "info")
@@ -97,16 +82,22 @@ def test_captured_allocation_is_charged_at_launch_not_at_capture(
     assert launched == base + 256 * MiB
 
 
-def test_graph_larger_than_the_quota_is_refused(gops: Path, env: dict[str, str]) -> None:
-    res = run_ops(gops, env, "init", "gnew", f"gnode:{2 * QUOTA}", "inst", "launch", "gattr")
+def test_graph_larger_than_the_quota_is_refused(
+    graphmem_ops: Path, slice_1gi: dict[str, str]
+) -> None:
+    res = run_ops(
+        graphmem_ops, slice_1gi, "init", "gnew", f"gnode:{2 * QUOTA}", "inst", "launch", "gattr"
+    )
     assert rcs(res, "launch") == [OUT_OF_MEMORY]
     assert res[-1]["greserved"] == "0"  # the driver was never asked
 
 
-def test_the_charge_follows_the_graph_pool_down(gops: Path, env: dict[str, str]) -> None:
+def test_the_charge_follows_the_graph_pool_down(
+    graphmem_ops: Path, slice_1gi: dict[str, str]
+) -> None:
     """Freed graph memory stays charged while the graph pool keeps it (as on the device), and
     comes back at cuDeviceGraphMemTrim."""
-    res = run_ops(gops, env, "init", "info", *graphs(1, 256 * MiB), "info", "memfree", "execdestroy",
+    res = run_ops(graphmem_ops, slice_1gi, "init", "info", *graphs(1, 256 * MiB), "info", "memfree", "execdestroy",
                   "gdestroy", "info", "trim", "info")  # fmt: skip
     assert all(r["rc"] == OK for r in res), res
     base, launched, freed, trimmed = (int(r["used"]) for r in res if r["op"] == "info")
@@ -115,38 +106,40 @@ def test_the_charge_follows_the_graph_pool_down(gops: Path, env: dict[str, str])
     assert trimmed == base
 
 
-def test_graph_pool_cache_never_causes_an_oom(gops: Path, env: dict[str, str]) -> None:
+def test_graph_pool_cache_never_causes_an_oom(
+    graphmem_ops: Path, slice_1gi: dict[str, str]
+) -> None:
     """Fill the slice with graph memory, free it (the pool keeps it), then cuMemAlloc: the
     refusal path trims the graph pool instead of refusing."""
     ops = ["init", "info", *graphs(12, 128 * MiB)]
-    res = run_ops(gops, env, *ops, *(["memfree"] * 12), f"alloc:{512 * MiB}", "info")
+    res = run_ops(graphmem_ops, slice_1gi, *ops, *(["memfree"] * 12), f"alloc:{512 * MiB}", "info")
     launched = rcs(res, "launch").count(OK)
     assert launched >= 4
     assert rcs(res, "memfree").count(OK) == launched  # (those never launched are not allocated)
     assert rcs(res, "alloc") == [OK]
 
 
-def test_relaunch_reuses_what_the_pool_holds(gops: Path, env: dict[str, str]) -> None:
+def test_relaunch_reuses_what_the_pool_holds(graphmem_ops: Path, slice_1gi: dict[str, str]) -> None:
     """A graph that frees its allocation within the launch needs nothing more on relaunch."""
-    res = run_ops(gops, env, "init", f"alloc:{512 * MiB}", "gnew", f"gnode:{256 * MiB}", "gfreenode", "inst",
+    res = run_ops(graphmem_ops, slice_1gi, "init", f"alloc:{512 * MiB}", "gnew", f"gnode:{256 * MiB}", "gfreenode", "inst",
                   *(["launch", "info"] * 3))  # fmt: skip
     assert rcs(res, "launch") == [OK] * 3
     used = [int(r["used"]) for r in res if r["op"] == "info"]
     assert used[0] == used[1] == used[2]
 
 
-def test_auto_free_relaunch_in_a_full_slice(gops: Path, env: dict[str, str]) -> None:
+def test_auto_free_relaunch_in_a_full_slice(graphmem_ops: Path, slice_1gi: dict[str, str]) -> None:
     """An exec instantiated with CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH (as PyTorch
     does) frees its previous allocation before relaunching: the device needs nothing more, so a
     full slice relaunches it; one without the flag is refused by the driver itself."""
     fill = [f"alloc:{64 * MiB}"] * 20
-    held = Held(gops, env, "init", "gnew", f"gnode:{256 * MiB}", "inst:1", "launch", *fill, "info",
+    held = Held(graphmem_ops, slice_1gi, "init", "gnew", f"gnode:{256 * MiB}", "inst:1", "launch", *fill, "info",
                 "launch", "launch", "info")  # fmt: skip
     try:
         assert OUT_OF_MEMORY in rcs(held.results, "alloc")  # the slice is full
         assert rcs(held.results, "launch") == [OK, OK, OK]
         before, after = (int(r["used"]) for r in held.results if r["op"] == "info")
         assert after == before
-        assert nvml_used(env, held.proc.pid) <= QUOTA
+        assert nvml_used(slice_1gi, held.proc.pid) <= QUOTA
     finally:
         held.release()

@@ -6,7 +6,6 @@ context destruction. Ground truth: NVML's per-process used memory never exceeds 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -32,68 +31,72 @@ def ptx(path: Path, big_bytes: int) -> Path:
     return path
 
 
-@pytest.fixture
-def gops(build_c: Callable[..., Path]) -> Path:
-    return build_c("graphmem_ops.c", ["-ldl"])
-
-
-@pytest.fixture
-def env(shim_env: dict[str, str], tmp_path: Path) -> dict[str, str]:
-    return dict(
-        shim_env,
-        CUDA_DEVICE_MEMORY_LIMIT="1Gi",
-        CUDA_DEVICE_MEMORY_SHARED_CACHE=str(tmp_path / "r"),
-    )
-
-
 def used(results: list[dict[str, str]]) -> list[int]:
     return [int(r["used"]) for r in results if r["op"] == "info"]
 
 
 @pytest.mark.parametrize("route", ROUTES)
 def test_globals_are_charged_as_the_driver_takes_them(
-    gops: Path, env: dict[str, str], tmp_path: Path, route: str
+    graphmem_ops: Path, slice_1gi: dict[str, str], tmp_path: Path, route: str
 ) -> None:
     mod = ptx(tmp_path / "m.ptx", 100_000_000)
-    plain = {k: v for k, v in env.items() if k != "LD_PRELOAD"}
-    truth = Held(gops, plain, "init", "info", f"modload:{mod}", "info")  # the simulator alone
+    plain = {k: v for k, v in slice_1gi.items() if k != "LD_PRELOAD"}
+    truth = Held(
+        graphmem_ops, plain, "init", "info", f"modload:{mod}", "info"
+    )  # the simulator alone
     try:
         driver_took = used(truth.results)[1] - used(truth.results)[0]
         truth_nvml = nvml_used(plain, truth.proc.pid)
     finally:
         truth.release()
-    held = Held(gops, env, "init", f"route:{route}", "info", f"modload:{mod}", "info", "global:big")
+    held = Held(
+        graphmem_ops,
+        slice_1gi,
+        "init",
+        f"route:{route}",
+        "info",
+        f"modload:{mod}",
+        "info",
+        "global:big",
+    )
     try:
         assert rcs(held.results, "modload") == [OK]
         assert held.results[-1]["bytes"] == "100000000"
         before, after = used(held.results)
         assert driver_took >= 100_000_000
         assert after - before == driver_took  # the slice is charged what the device lost
-        assert nvml_used(env, held.proc.pid) == truth_nvml
+        assert nvml_used(slice_1gi, held.proc.pid) == truth_nvml
     finally:
         held.release()
 
 
 @pytest.mark.parametrize("route", ROUTES)
 def test_loads_fill_the_quota_and_no_further(
-    gops: Path, env: dict[str, str], tmp_path: Path, route: str
+    graphmem_ops: Path, slice_1gi: dict[str, str], tmp_path: Path, route: str
 ) -> None:
     mod = ptx(tmp_path / "m.ptx", 200 * MiB)
-    held = Held(gops, env, "init", f"route:{route}", *[f"modload:{mod}"] * 8, "info")
+    held = Held(graphmem_ops, slice_1gi, "init", f"route:{route}", *[f"modload:{mod}"] * 8, "info")
     try:
         loads = rcs(held.results, "modload")
         assert OK in loads and loads[-1] == OUT_OF_MEMORY, loads
-        assert nvml_used(env, held.proc.pid) <= QUOTA
+        assert nvml_used(slice_1gi, held.proc.pid) <= QUOTA
     finally:
         held.release()
 
 
 def test_a_module_larger_than_the_quota_is_refused_and_unloaded(
-    gops: Path, env: dict[str, str], tmp_path: Path
+    graphmem_ops: Path, slice_1gi: dict[str, str], tmp_path: Path
 ) -> None:
     mod = ptx(tmp_path / "m.ptx", 2 * QUOTA)
     held = Held(
-        gops, env, "init", "info", f"modload:{mod}", f"modfile:{mod}", f"libload:{mod}", "info"
+        graphmem_ops,
+        slice_1gi,
+        "init",
+        "info",
+        f"modload:{mod}",
+        f"modfile:{mod}",
+        f"libload:{mod}",
+        "info",
     )
     try:
         assert rcs(held.results, "modload") == [OUT_OF_MEMORY]
@@ -101,16 +104,16 @@ def test_a_module_larger_than_the_quota_is_refused_and_unloaded(
         assert rcs(held.results, "libload") == [OUT_OF_MEMORY]
         before, after = used(held.results)
         assert after == before
-        assert nvml_used(env, held.proc.pid) <= QUOTA  # the driver's allocation was undone
+        assert nvml_used(slice_1gi, held.proc.pid) <= QUOTA  # the driver's allocation was undone
     finally:
         held.release()
 
 
 def test_returned_at_unload_and_with_the_context(
-    gops: Path, env: dict[str, str], tmp_path: Path
+    graphmem_ops: Path, slice_1gi: dict[str, str], tmp_path: Path
 ) -> None:
     mod = ptx(tmp_path / "m.ptx", 300 * MiB)
-    res = run_ops(gops, env, "init", "info", f"modload:{mod}", "info", "modunload", "info", f"modfile:{mod}",
+    res = run_ops(graphmem_ops, slice_1gi, "init", "info", f"modload:{mod}", "info", "modunload", "info", f"modfile:{mod}",
                   "info", "modunload", "info", f"libload:{mod}", "info", "libunload", "info", "ctxnew",
                   f"modload:{mod}", "info", "ctxdestroy", "info")  # fmt: skip
     assert all(r["rc"] == OK for r in res), res

@@ -6,10 +6,7 @@ cuDeviceGraphMemTrim; captured cuMemAllocAsync / cuMemFreeAsync become alloc / f
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
-
-import pytest
 
 from tests.shim.conftest import Held, run_ops
 from tests.sim.simhelp import run_python
@@ -27,11 +24,6 @@ print(json.dumps({"used": {p.pid: p.usedGpuMemory for p in nv.nvmlDeviceGetCompu
 OK, INVALID_VALUE, OUT_OF_MEMORY = "0", "1", "2"
 
 
-@pytest.fixture
-def gops(build_c: Callable[..., Path]) -> Path:
-    return build_c("graphmem_ops.c", ["-ldl"])
-
-
 def used(results: list[dict[str, str]]) -> list[int]:
     return [int(r["used"]) for r in results if r["op"] == "info"]
 
@@ -41,9 +33,9 @@ def rcs(results: list[dict[str, str]], op: str) -> list[str]:
 
 
 def test_alloc_node_takes_memory_at_launch_and_the_pool_keeps_it_until_trim(
-    gops: Path, sim_env: dict[str, str]
+    graphmem_ops: Path, sim_env: dict[str, str]
 ) -> None:
-    res = run_ops(gops, sim_env, "init", "info", "gnew", "gnode:100000000", "info", "inst", "info",
+    res = run_ops(graphmem_ops, sim_env, "init", "info", "gnew", "gnode:100000000", "info", "inst", "info",
                   "launch", "info", "gattr", "touch", "memfree", "info", "gattr", "execdestroy",
                   "gdestroy", "info", "trim", "info", "gattr")  # fmt: skip
     assert all(r["rc"] == OK for r in res), res
@@ -58,8 +50,10 @@ def test_alloc_node_takes_memory_at_launch_and_the_pool_keeps_it_until_trim(
     assert attrs == [(taken, taken), (0, taken), (0, 0)]
 
 
-def test_nvml_counts_graph_memory_per_process(gops: Path, sim_env: dict[str, str]) -> None:
-    held = Held(gops, sim_env, "init", "gnew", "gnode:" + str(64 * MiB), "inst", "launch", "info")
+def test_nvml_counts_graph_memory_per_process(graphmem_ops: Path, sim_env: dict[str, str]) -> None:
+    held = Held(
+        graphmem_ops, sim_env, "init", "gnew", "gnode:" + str(64 * MiB), "inst", "launch", "info"
+    )
     try:
         procs = run_python(sim_env, NVML_PROC_USED)["used"]
         assert procs == {str(held.proc.pid): used(held.results)[-1]}
@@ -69,13 +63,13 @@ def test_nvml_counts_graph_memory_per_process(gops: Path, sim_env: dict[str, str
 
 
 def test_relaunch_over_an_unfreed_allocation_and_auto_free(
-    gops: Path, sim_env: dict[str, str]
+    graphmem_ops: Path, sim_env: dict[str, str]
 ) -> None:
     res = run_ops(
-        gops, sim_env, "init", "gnew", "gnode:" + str(8 * MiB), "inst", "launch", "launch"
+        graphmem_ops, sim_env, "init", "gnew", "gnode:" + str(8 * MiB), "inst", "launch", "launch"
     )
     assert rcs(res, "launch") == [OK, INVALID_VALUE]  # its allocation is still held
-    res = run_ops(gops, sim_env, "init", "gnew", "gnode:" + str(8 * MiB), "inst:1", "launch", "info",
+    res = run_ops(graphmem_ops, sim_env, "init", "gnew", "gnode:" + str(8 * MiB), "inst:1", "launch", "info",
                   "launch", "info", "gattr")  # fmt: skip
     assert rcs(res, "launch") == [OK, OK]  # CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH
     first, second = used(res)
@@ -84,9 +78,9 @@ def test_relaunch_over_an_unfreed_allocation_and_auto_free(
 
 
 def test_free_node_returns_pages_to_the_pool_within_the_launch(
-    gops: Path, sim_env: dict[str, str]
+    graphmem_ops: Path, sim_env: dict[str, str]
 ) -> None:
-    res = run_ops(gops, sim_env, "init", "info", "gnew", "gnode:" + str(32 * MiB), "gfreenode",
+    res = run_ops(graphmem_ops, sim_env, "init", "info", "gnew", "gnode:" + str(32 * MiB), "gfreenode",
                   "gnode:" + str(32 * MiB), "gfreenode", "inst", "launch", "info", "gattr", "launch",
                   "info")  # fmt: skip
     assert all(r["rc"] == OK for r in res), res
@@ -97,18 +91,18 @@ def test_free_node_returns_pages_to_the_pool_within_the_launch(
 
 
 def test_one_instantiation_at_a_time_and_bad_free_nodes(
-    gops: Path, sim_env: dict[str, str]
+    graphmem_ops: Path, sim_env: dict[str, str]
 ) -> None:
-    res = run_ops(gops, sim_env, "init", "gnew", "gnode:4096", "gfreenode", "gfreenode", "inst", "inst",
+    res = run_ops(graphmem_ops, sim_env, "init", "gnew", "gnode:4096", "gfreenode", "gfreenode", "inst", "inst",
                   "execdestroy", "inst")  # fmt: skip
     assert rcs(res, "gfreenode") == [OK, INVALID_VALUE]  # freed once per graph
     assert rcs(res, "inst") == [OK, INVALID_VALUE, OK]
 
 
 def test_launch_the_device_cannot_hold_is_refused_and_runs_nothing(
-    gops: Path, sim_env: dict[str, str]
+    graphmem_ops: Path, sim_env: dict[str, str]
 ) -> None:
-    res = run_ops(gops, sim_env, "init", "info", "gnew", "gnode:" + str(60 * GiB), "gnode:" + str(30 * GiB),
+    res = run_ops(graphmem_ops, sim_env, "init", "info", "gnew", "gnode:" + str(60 * GiB), "gnode:" + str(30 * GiB),
                   "inst", "launch", "info", "gattr")  # fmt: skip
     assert rcs(res, "launch") == [OUT_OF_MEMORY]
     before, after = used(res)
@@ -117,9 +111,9 @@ def test_launch_the_device_cannot_hold_is_refused_and_runs_nothing(
 
 
 def test_captured_stream_ordered_allocations_become_memory_nodes(
-    gops: Path, sim_env: dict[str, str]
+    graphmem_ops: Path, sim_env: dict[str, str]
 ) -> None:
-    res = run_ops(gops, sim_env, "init", "info", "capbegin", "capalloc:" + str(64 * MiB), "capend", "info",
+    res = run_ops(graphmem_ops, sim_env, "init", "info", "capbegin", "capalloc:" + str(64 * MiB), "capend", "info",
                   "inst", "launch", "info", "touch", "freeasync", "info", "trim", "info")  # fmt: skip
     assert all(r["rc"] == OK for r in res), res
     base, captured, launched, freed, trimmed = used(res)
@@ -127,7 +121,7 @@ def test_captured_stream_ordered_allocations_become_memory_nodes(
     assert launched == base + 64 * MiB
     assert freed == launched and trimmed == base
     # allocated and freed inside the capture: the launch borrows pages, the pool keeps them
-    res = run_ops(gops, sim_env, "init", "info", "capbegin", "capalloc:" + str(64 * MiB), "capfree", "capend",
+    res = run_ops(graphmem_ops, sim_env, "init", "info", "capbegin", "capalloc:" + str(64 * MiB), "capfree", "capend",
                   "inst", "launch", "info", "gattr")  # fmt: skip
     assert all(r["rc"] == OK for r in res), res
     assert used(res)[1] == used(res)[0] + 64 * MiB
@@ -135,10 +129,10 @@ def test_captured_stream_ordered_allocations_become_memory_nodes(
 
 
 def test_a_captured_free_no_free_node_can_record_invalidates_the_capture(
-    gops: Path, sim_env: dict[str, str]
+    graphmem_ops: Path, sim_env: dict[str, str]
 ) -> None:
     res = run_ops(
-        gops,
+        graphmem_ops,
         sim_env,
         "init",
         "gnew",
@@ -150,7 +144,7 @@ def test_a_captured_free_no_free_node_can_record_invalidates_the_capture(
         "capend",
     )
     assert rcs(res, "capfree") == [OK]  # a graph allocation: freed by a free node
-    res = run_ops(gops, sim_env, "init", "capbegin", "capalloc:4096", "capend", "capbegin", "capfree", "capfree",
+    res = run_ops(graphmem_ops, sim_env, "init", "capbegin", "capalloc:4096", "capend", "capbegin", "capfree", "capfree",
                   "capend")  # fmt: skip
     assert rcs(res, "capfree") == [OK, INVALID_VALUE]  # the second free of one allocation
     assert rcs(res, "capend") == [OK, "901"]  # CUDA_ERROR_STREAM_CAPTURE_INVALIDATED

@@ -5,7 +5,6 @@ at unload (tests/c/graphmem_ops.c)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,23 +13,18 @@ from tests.shim.conftest import run_ops
 from tests.shim.test_module_globals import ptx
 
 
-@pytest.fixture
-def gops(build_c: Callable[..., Path]) -> Path:
-    return build_c("graphmem_ops.c", ["-ldl"])
-
-
 @pytest.mark.parametrize(
     "load,unload", [("modload", "modunload"), ("modfile", "modunload"), ("libload", "libunload")]
 )
 def test_globals_allocated_at_load_freed_at_unload(
-    gops: Path, sim_env: dict[str, str], tmp_path: Path, load: str, unload: str
+    graphmem_ops: Path, sim_env: dict[str, str], tmp_path: Path, load: str, unload: str
 ) -> None:
     mod = ptx(tmp_path / "m.ptx", 64 << 20)
     env = dict(sim_env, SIMGPU_ALLOC_GRANULARITY="512")  # exact byte counts
     ops = ["init", "info", f"{load}:{mod}", "info"]
     if load != "libload":
         ops += ["global:big", "global:table", "global:elsewhere"]
-    res = run_ops(gops, env, *ops, unload, "info")
+    res = run_ops(graphmem_ops, env, *ops, unload, "info")
     base, loaded, unloaded = (int(r["used"]) for r in res if r["op"] == "info")
     assert loaded - base == (64 << 20) + 512 + 4096  # big, counter (one granule), table
     assert unloaded == base

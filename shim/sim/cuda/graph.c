@@ -134,24 +134,6 @@ static CUresult end_capture(CUstream h, CUgraph *phGraph, int ptds)
 SIM_EXPORT CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph) { return end_capture(hStream, phGraph, 0); }
 SIM_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph) { return end_capture(hStream, phGraph, 1); }
 
-static CUresult is_capturing(CUstream h, CUstreamCaptureStatus *st, int ptds)
-{
-    if (!st)
-        return CUDA_ERROR_INVALID_VALUE;
-    struct CUstream_st *s;
-    CUresult rc = sim_resolve_stream(h, ptds, &s);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    pthread_mutex_lock(&s->mu);
-    *st = !s->capturing ? CU_STREAM_CAPTURE_STATUS_NONE
-                        : (s->capture_invalid ? CU_STREAM_CAPTURE_STATUS_INVALIDATED : CU_STREAM_CAPTURE_STATUS_ACTIVE);
-    pthread_mutex_unlock(&s->mu);
-    return CUDA_SUCCESS;
-}
-
-SIM_EXPORT CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus) { return is_capturing(hStream, captureStatus, 0); }
-SIM_EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream hStream, CUstreamCaptureStatus *captureStatus) { return is_capturing(hStream, captureStatus, 1); }
-
 static CUresult capture_info(CUstream h, CUstreamCaptureStatus *st, cuuint64_t *id, CUgraph *g, const CUgraphNode **deps, size_t *ndeps,
                              int ptds)
 {
@@ -175,6 +157,14 @@ static CUresult capture_info(CUstream h, CUstreamCaptureStatus *st, cuuint64_t *
     pthread_mutex_unlock(&s->mu);
     return CUDA_SUCCESS;
 }
+
+static CUresult is_capturing(CUstream h, CUstreamCaptureStatus *st, int ptds)
+{
+    return capture_info(h, st, NULL, NULL, NULL, NULL, ptds);
+}
+
+SIM_EXPORT CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus) { return is_capturing(hStream, captureStatus, 0); }
+SIM_EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream hStream, CUstreamCaptureStatus *captureStatus) { return is_capturing(hStream, captureStatus, 1); }
 
 SIM_EXPORT CUresult cuStreamGetCaptureInfo_v2(CUstream hStream, CUstreamCaptureStatus *captureStatus_out, cuuint64_t *id_out, CUgraph *graph_out,
                                               const CUgraphNode **dependencies_out, size_t *numDependencies_out)
