@@ -35,6 +35,50 @@ def used(results: list[dict[str, str]]) -> list[int]:
     return [int(r["used"]) for r in results if r["op"] == "info"]
 
 
+def cubin(path: Path, big_bytes: int) -> Path:
+    """The same variables in an ELF cubin, compiled by NVRTC (nvidia-cuda-nvrtc-cu12, a test
+    dependency) as cuda.core and CuPy-style clients compile their kernels."""
+    from cuda.bindings import nvrtc
+
+    src = (
+        f"__device__ char big[{big_bytes}];\n__device__ unsigned counter;\n"
+        "__constant__ int table[1024];\n"
+        'extern "C" __global__ void sim_10us(int *o) { o[0] = big[threadIdx.x] + table[0] + counter; }\n'
+    ).encode()
+    err, prog = nvrtc.nvrtcCreateProgram(src, b"m.cu", 0, [], [])
+    opts = [b"--gpu-architecture=sm_90"]
+    (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+    assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, err
+    err, n = nvrtc.nvrtcGetCUBINSize(prog)
+    buf = b" " * n
+    (err,) = nvrtc.nvrtcGetCUBIN(prog, buf)
+    assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, err
+    path.write_bytes(buf)
+    return path
+
+
+@pytest.mark.parametrize("image", ["ptx", "cubin"])
+def test_cubin_and_ptx_globals_charged_and_refused(
+    graphmem_ops: Path, slice_1gi: dict[str, str], tmp_path: Path, image: str
+) -> None:
+    make = ptx if image == "ptx" else cubin
+    fits, too_big = make(tmp_path / "fits", 300 * MiB), make(tmp_path / "big", 2 * QUOTA)
+    plain = {k: v for k, v in slice_1gi.items() if k != "LD_PRELOAD"}
+    res = run_ops(graphmem_ops, plain, "init", "info", f"modload:{fits}", "info", "global:big")
+    driver_took = int(res[3]["used"]) - int(res[1]["used"])
+    assert driver_took >= 300 * MiB and res[-1]["bytes"] == str(300 * MiB)
+    held = Held(graphmem_ops, slice_1gi, "init", "info", f"modload:{fits}", "info", f"modload:{too_big}",
+                "info")  # fmt: skip
+    try:
+        assert rcs(held.results, "modload") == [OK, OUT_OF_MEMORY]
+        base, loaded, refused = used(held.results)
+        assert loaded - base == driver_took
+        assert refused == loaded
+        assert nvml_used(slice_1gi, held.proc.pid) <= QUOTA
+    finally:
+        held.release()
+
+
 @pytest.mark.parametrize("route", ROUTES)
 def test_globals_are_charged_as_the_driver_takes_them(
     graphmem_ops: Path, slice_1gi: dict[str, str], tmp_path: Path, route: str
