@@ -13,7 +13,7 @@
  * module's context is destroyed (cuCtxDestroy, or the primary context reset or released for the
  * last time: context.c tells us).
  * Not seen: compressed fatbin entries, images loaded through interfaces the shim does not hook
- * (cuModuleLoadFatBinary, cuLibraryLoadFromFile, the CUDA runtime's private loader).
+ * (the CUDA runtime's private loader).
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -317,6 +317,18 @@ CUresult hook_cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_opti
               code, 0, "cuLibraryGetGlobal", unload_library);
 }
 
+/* cudart's wrapper around a fatbin (__fatBinC_Wrapper_t: magic, version, the fatbin) */
+static const void *unwrap(const void *img) {
+    const unsigned char *p = img;
+    if (p != NULL && rd(p, 4) == 0x466243b1u) return *(const void *const *)(p + 8);
+    return img;
+}
+
+CUresult hook_cuModuleLoadFatBinary(CUmodule *module, const void *fatCubin) {
+    LOAD_HOOK(cuModuleLoadFatBinary, module, real_cuModuleLoadFatBinary(module, fatCubin), unwrap(fatCubin), 0,
+              "cuModuleGetGlobal_v2", unload_module);
+}
+
 static char *read_file(const char *path, size_t *len) {
     FILE *f = path ? fopen(path, "rb") : NULL;
     if (f == NULL) return NULL;
@@ -332,17 +344,34 @@ static char *read_file(const char *path, size_t *len) {
     return b;
 }
 
+/* A module loaded from a file: the driver read it, so the names are in it. */
+static CUresult charge_file(void *handle, const char *path, const char *getter, CUresult (*unload)(void *)) {
+    size_t len = 0;
+    char *img = read_file(path, &len);
+    CUresult rc = charge_loaded(handle, img, len, getter, unload);
+    free(img);
+    return rc;
+}
+
 CUresult hook_cuModuleLoad(CUmodule *module, const char *fname) {
     CUresult st = vgpu_init();
     if (st != CUDA_SUCCESS) return st;
     if (real_cuModuleLoad == NULL) return CUDA_ERROR_NOT_SUPPORTED;
     CUresult rc = real_cuModuleLoad(module, fname);
     if (rc != CUDA_SUCCESS || module == NULL || !vgpu_mem_active()) return rc;
-    size_t len = 0;
-    char *img = read_file(fname, &len); /* the driver read it: the names are in it */
-    rc = charge_loaded((void *)*module, img, len, "cuModuleGetGlobal_v2", unload_module);
-    free(img);
-    return rc;
+    return charge_file((void *)*module, fname, "cuModuleGetGlobal_v2", unload_module);
+}
+
+CUresult hook_cuLibraryLoadFromFile(CUlibrary *library, const char *fileName, CUjit_option *jitOptions,
+                                    void **jitOptionsValues, unsigned int numJitOptions, CUlibraryOption *libraryOptions,
+                                    void **libraryOptionValues, unsigned int numLibraryOptions) {
+    CUresult st = vgpu_init();
+    if (st != CUDA_SUCCESS) return st;
+    if (real_cuLibraryLoadFromFile == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+    CUresult rc = real_cuLibraryLoadFromFile(library, fileName, jitOptions, jitOptionsValues, numJitOptions, libraryOptions,
+                                             libraryOptionValues, numLibraryOptions);
+    if (rc != CUDA_SUCCESS || library == NULL || !vgpu_mem_active()) return rc;
+    return charge_file((void *)*library, fileName, "cuLibraryGetGlobal", unload_library);
 }
 
 CUresult hook_cuModuleUnload(CUmodule hmod) {

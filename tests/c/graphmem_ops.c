@@ -17,9 +17,11 @@
  *   alloc:N                  cuMemAlloc_v2 (kept)
  *   touch | memfree | freeasync  cuMemsetD8 over the last address; cuMemFree_v2 / cuMemFreeAsync of it (popped)
  *   ctxnew | ctxdestroy      a created context made current / destroyed (the primary one current again)
- *   modload:PATH | modfile:PATH | libload:PATH | modunload | libunload | global:NAME
- *                            cuModuleLoadData of a file's bytes, cuModuleLoad, cuLibraryLoadData,
- *                            unload the last one, cuModuleGetGlobal in the last module
+ *   preset                   cuDevicePrimaryCtxReset_v2(0), then the primary context retained again
+ *   modload:PATH | modfile:PATH | fatload:PATH | libload:PATH | libfile:PATH | modunload | libunload
+ *                            cuModuleLoadData of a file's bytes, cuModuleLoad, cuModuleLoadFatBinary,
+ *                            cuLibraryLoadData, cuLibraryLoadFromFile; unload the last one
+ *   global:NAME              cuModuleGetGlobal in the last module
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -88,6 +90,8 @@ typedef CUresult (*unload_fn)(CUmodule);
 typedef CUresult (*lib_load_fn)(CUlibrary *, const void *, CUjit_option *, void **, unsigned int, CUlibraryOption *, void **,
                                unsigned int);
 typedef CUresult (*lib_unload_fn)(CUlibrary);
+typedef CUresult (*lib_file_fn)(CUlibrary *, const char *, CUjit_option *, void **, unsigned int, CUlibraryOption *, void **,
+                               unsigned int);
 typedef CUresult (*ctx_destroy_fn)(CUcontext);
 
 int main(int argc, char **argv) {
@@ -183,11 +187,26 @@ int main(int argc, char **argv) {
         } else if (!strcmp(op, "ctxdestroy")) {
             rc = CALL(cuCtxDestroy_v2, ctx_destroy_fn)(created);
             cuCtxSetCurrent(primary);
+        } else if (!strcmp(op, "preset")) {
+            CUdevice d;
+            rc = cuDeviceGet(&d, 0);
+            if (rc == CUDA_SUCCESS) rc = cuDevicePrimaryCtxReset_v2(d);
+            if (rc == CUDA_SUCCESS) rc = cuDevicePrimaryCtxRetain(&primary, d);
+            if (rc == CUDA_SUCCESS) rc = cuCtxSetCurrent(primary);
+            if (rc == CUDA_SUCCESS) rc = cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING);
         } else if (!strcmp(op, "modload")) {
             char *img = read_file(arg);
             rc = img ? CALL(cuModuleLoadData, load_data_fn)(&mods[nmod], img) : CUDA_ERROR_FILE_NOT_FOUND;
             if (rc == CUDA_SUCCESS) nmod++;
             free(img);
+        } else if (!strcmp(op, "fatload")) {
+            char *img = read_file(arg);
+            rc = img ? CALL(cuModuleLoadFatBinary, load_data_fn)(&mods[nmod], img) : CUDA_ERROR_FILE_NOT_FOUND;
+            if (rc == CUDA_SUCCESS) nmod++;
+            free(img);
+        } else if (!strcmp(op, "libfile")) {
+            rc = CALL(cuLibraryLoadFromFile, lib_file_fn)(&libs[nlib], arg, NULL, NULL, 0, NULL, NULL, 0);
+            if (rc == CUDA_SUCCESS) nlib++;
         } else if (!strcmp(op, "modfile")) {
             rc = CALL(cuModuleLoad, load_file_fn)(&mods[nmod], arg);
             if (rc == CUDA_SUCCESS) nmod++;

@@ -98,7 +98,7 @@ def test_graph_memory_and_module_globals_are_sanitizer_clean(
            "touch", "execdestroy", "gdestroy", "memfree", "capbegin", "capalloc:8192", "capfree",
            "capalloc:100", "capend", "inst:1", "launch", "gdestroy", "launch", "touch", "execdestroy",
            "trim", "gattr", f"modload:{ptx}", f"modfile:{ptx}", f"libload:{ptx}", "libunload",
-           "modunload", "modunload", "info"]  # fmt: skip
+           "modunload", "modunload", f"fatload:{ptx}", "modunload", f"libfile:{ptx}", "libunload", "info"]  # fmt: skip
     env = _env(sim_env, sanitized["libdir"], leaks=False)
     r = subprocess.run(
         [str(sanitized["graphmem_ops"]), *ops], env=env, capture_output=True, text=True, timeout=300

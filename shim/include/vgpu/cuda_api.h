@@ -650,6 +650,8 @@ VGPU_CUDA_API CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, con
 VGPU_CUDA_API CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *jitOptions, void **jitOptionsValues, unsigned int numJitOptions, CUlibraryOption *libraryOptions, void** libraryOptionValues, unsigned int numLibraryOptions);
 VGPU_CUDA_API CUresult cuLibraryUnload(CUlibrary library);
 VGPU_CUDA_API CUresult cuLibraryGetGlobal(CUdeviceptr *dptr, size_t *bytes, CUlibrary library, const char *name);
+VGPU_CUDA_API CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *fileName, CUjit_option *jitOptions, void **jitOptionsValues, unsigned int numJitOptions, CUlibraryOption *libraryOptions, void **libraryOptionValues, unsigned int numLibraryOptions);
+VGPU_CUDA_API CUresult cuModuleLoadFatBinary(CUmodule *module, const void *fatCubin);
 VGPU_CUDA_API CUresult cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, const char *name);
 VGPU_CUDA_API CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel);
 VGPU_CUDA_API CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra);

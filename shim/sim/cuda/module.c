@@ -142,17 +142,13 @@ SIM_EXPORT CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsi
     return module_new(module, image);
 }
 
-SIM_EXPORT CUresult cuModuleLoad(CUmodule *module, const char *fname)
+/* A module file's image, NUL-terminated (NULL if empty or unreadable: no globals then).
+ * CUDA_ERROR_FILE_NOT_FOUND if it cannot be opened. */
+static CUresult read_image(const char *fname, char **out)
 {
-    if (!module || !fname)
-        return CUDA_ERROR_INVALID_VALUE;
-    CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
     FILE *f = fopen(fname, "rb");
     if (!f)
         return CUDA_ERROR_FILE_NOT_FOUND;
-    /* the image is read as the driver reads it: a PTX file's globals are allocated too */
     char *img = NULL;
     long n = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
     if (n > 0 && n < (1L << 30) && fseek(f, 0, SEEK_SET) == 0 && (img = calloc(1, (size_t)n + 1)) && fread(img, 1, (size_t)n, f) != (size_t)n) {
@@ -160,9 +156,30 @@ SIM_EXPORT CUresult cuModuleLoad(CUmodule *module, const char *fname)
         img = NULL;
     }
     fclose(f);
+    *out = img;
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuModuleLoad(CUmodule *module, const char *fname)
+{
+    if (!module || !fname)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = sim_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    char *img; /* read as the driver reads it: the file's globals are allocated too */
+    if ((rc = read_image(fname, &img)) != CUDA_SUCCESS)
+        return rc;
     rc = module_new(module, img);
     free(img);
     return rc;
+}
+
+SIM_EXPORT CUresult cuModuleLoadFatBinary(CUmodule *module, const void *fatCubin)
+{
+    if (!module || !fatCubin)
+        return CUDA_ERROR_INVALID_VALUE;
+    return module_new(module, fatCubin);
 }
 
 SIM_EXPORT CUresult cuModuleUnload(CUmodule hmod)
@@ -250,6 +267,24 @@ SIM_EXPORT CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUji
     l->magic = MAGIC_LIB;
     *library = l;
     return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *fileName, CUjit_option *jitOptions, void **jitOptionsValues,
+                                          unsigned int numJitOptions, CUlibraryOption *libraryOptions, void **libraryOptionValues,
+                                          unsigned int numLibraryOptions)
+{
+    if (!library || !fileName)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = sim_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    char *img;
+    if ((rc = read_image(fileName, &img)) != CUDA_SUCCESS)
+        return rc;
+    rc = cuLibraryLoadData(library, img ? img : "", jitOptions, jitOptionsValues, numJitOptions, libraryOptions, libraryOptionValues,
+                           numLibraryOptions);
+    free(img);
+    return rc;
 }
 
 SIM_EXPORT CUresult cuLibraryUnload(CUlibrary library)
