@@ -44,7 +44,13 @@ struct exec_rec {
 };
 
 static pthread_mutex_t exec_mu = PTHREAD_MUTEX_INITIALIZER;
-static struct exec_rec *execs;
+#define EXEC_BUCKETS 256 /* a launch finds its exec without walking every exec of the process */
+static struct exec_rec *execs[EXEC_BUCKETS];
+
+static struct exec_rec **bucket(CUgraphExec e) {
+    uintptr_t k = (uintptr_t)e;
+    return &execs[(k >> 4 ^ k >> 12) % EXEC_BUCKETS];
+}
 
 static struct {
     pthread_mutex_t mu;
@@ -57,7 +63,7 @@ static pthread_once_t gdev_once = PTHREAD_ONCE_INIT;
 static void atfork_child(void) {
     /* the parent's execs and graph pools are not the child's (and their locks may be held) */
     pthread_mutex_init(&exec_mu, NULL);
-    execs = NULL;
+    for (int i = 0; i < EXEC_BUCKETS; i++) execs[i] = NULL;
     for (int i = 0; i < VGPU_MAX_DEVICES; i++) {
         pthread_mutex_init(&gdev[i].mu, NULL);
         gdev[i].known = 0;
@@ -190,8 +196,9 @@ static void record_exec(CUgraphExec e, CUgraph g, unsigned long long flags) {
     r->auto_free = (flags & CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH) != 0;
     graph_needs(g, r->need, r); /* an exec without memory nodes is recorded too: its launches skip all this */
     pthread_mutex_lock(&exec_mu);
-    r->next = execs;
-    execs = r;
+    struct exec_rec **b = bucket(e);
+    r->next = *b;
+    *b = r;
     pthread_mutex_unlock(&exec_mu);
 }
 
@@ -199,7 +206,7 @@ static void record_exec(CUgraphExec e, CUgraph g, unsigned long long flags) {
  * AUTO_FREE_ON_LAUNCH exec's launch frees first. */
 static int exec_needs(CUgraphExec e, uint64_t need[VGPU_MAX_DEVICES], CUdeviceptr **kept, size_t *nkept) {
     pthread_mutex_lock(&exec_mu);
-    struct exec_rec *r = execs;
+    struct exec_rec *r = *bucket(e);
     while (r && r->exec != e) r = r->next;
     *kept = NULL;
     *nkept = 0;
@@ -216,7 +223,7 @@ static int exec_needs(CUgraphExec e, uint64_t need[VGPU_MAX_DEVICES], CUdevicept
 
 static void forget_exec(CUgraphExec e) {
     pthread_mutex_lock(&exec_mu);
-    struct exec_rec **pp = &execs, *r;
+    struct exec_rec **pp = bucket(e), *r;
     while ((r = *pp) != NULL && r->exec != e) pp = &r->next;
     if (r) *pp = r->next;
     pthread_mutex_unlock(&exec_mu);
