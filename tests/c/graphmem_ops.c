@@ -189,7 +189,8 @@ int main(int argc, char **argv) {
             cuCtxSetCurrent(primary);
         } else if (!strcmp(op, "preset")) {
             CUdevice d;
-            rc = cuDeviceGet(&d, 0);
+            rc = cuStreamDestroy_v2(stream);
+            if (rc == CUDA_SUCCESS) rc = cuDeviceGet(&d, 0);
             if (rc == CUDA_SUCCESS) rc = cuDevicePrimaryCtxReset_v2(d);
             if (rc == CUDA_SUCCESS) rc = cuDevicePrimaryCtxRetain(&primary, d);
             if (rc == CUDA_SUCCESS) rc = cuCtxSetCurrent(primary);
