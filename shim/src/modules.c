@@ -111,8 +111,9 @@ static void elf_names(const unsigned char *e, size_t len, name_cb cb, void *arg)
 
 static void image_names(const unsigned char *img, size_t len, name_cb cb, void *arg, int depth);
 
-/* A fatbin: 0xBA55ED50, version, header size, payload size; entries of (kind, header size,
- * payload size) with flags telling compressed ones apart. */
+/* A fatbin: 0xBA55ED50, version, header size, payload size; then entries, each a header (kind,
+ * header size, payload size, ..., flags at byte 40 telling compressed payloads apart) and its
+ * payload (PTX text or an ELF cubin). */
 static void fatbin_names(const unsigned char *f, size_t len, name_cb cb, void *arg, int depth) {
     if (len < 16) return;
     uint64_t hs = rd(f + 6, 2), fat = rd(f + 8, 8);
@@ -121,7 +122,7 @@ static void fatbin_names(const unsigned char *f, size_t len, name_cb cb, void *a
     while ((size_t)(end - p) >= 32) {
         uint64_t ehs = rd(p + 4, 4), psize = rd(p + 8, 8);
         if (ehs < 32 || ehs > (size_t)(end - p) || psize > (size_t)(end - p) - ehs) break;
-        uint64_t flags = ehs >= 64 ? rd(p + 24, 8) : 0;
+        uint64_t flags = ehs >= 48 ? rd(p + 40, 8) : 0;
         if (!(flags & 0x2000)) image_names(p + ehs, psize, cb, arg, depth + 1); /* 0x2000: compressed */
         p += ehs + psize;
     }
@@ -287,6 +288,13 @@ CUresult vgpu_modules_primary_gone(CUdevice d, int reset, CUresult rc) {
 static CUresult unload_module(void *h) { return real_cuModuleUnload ? real_cuModuleUnload((CUmodule)h) : CUDA_SUCCESS; }
 static CUresult unload_library(void *h) { return real_cuLibraryUnload ? real_cuLibraryUnload((CUlibrary)h) : CUDA_SUCCESS; }
 
+/* cudart's wrapper around a fatbin (__fatBinC_Wrapper_t: magic, version, the fatbin) */
+static const void *unwrap(const void *img) {
+    const unsigned char *p = img;
+    if (p != NULL && rd(p, 4) == 0x466243b1u) return *(const void *const *)(p + 8);
+    return img;
+}
+
 #define LOAD_HOOK(sym, out, call, img, len, getter, unload)                                   \
     do {                                                                                      \
         CUresult st_ = vgpu_init();                                                           \
@@ -298,14 +306,14 @@ static CUresult unload_library(void *h) { return real_cuLibraryUnload ? real_cuL
     } while (0)
 
 CUresult hook_cuModuleLoadData(CUmodule *module, const void *image) {
-    LOAD_HOOK(cuModuleLoadData, module, real_cuModuleLoadData(module, image), image, 0, "cuModuleGetGlobal_v2",
+    LOAD_HOOK(cuModuleLoadData, module, real_cuModuleLoadData(module, image), unwrap(image), 0, "cuModuleGetGlobal_v2",
               unload_module);
 }
 
 CUresult hook_cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int numOptions, CUjit_option *options,
                                  void **optionValues) {
     LOAD_HOOK(cuModuleLoadDataEx, module, real_cuModuleLoadDataEx(module, image, numOptions, options, optionValues),
-              image, 0, "cuModuleGetGlobal_v2", unload_module);
+              unwrap(image), 0, "cuModuleGetGlobal_v2", unload_module);
 }
 
 CUresult hook_cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *jitOptions, void **jitOptionsValues,
@@ -314,14 +322,7 @@ CUresult hook_cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_opti
     LOAD_HOOK(cuLibraryLoadData, library,
               real_cuLibraryLoadData(library, code, jitOptions, jitOptionsValues, numJitOptions, libraryOptions,
                                      libraryOptionValues, numLibraryOptions),
-              code, 0, "cuLibraryGetGlobal", unload_library);
-}
-
-/* cudart's wrapper around a fatbin (__fatBinC_Wrapper_t: magic, version, the fatbin) */
-static const void *unwrap(const void *img) {
-    const unsigned char *p = img;
-    if (p != NULL && rd(p, 4) == 0x466243b1u) return *(const void *const *)(p + 8);
-    return img;
+              unwrap(code), 0, "cuLibraryGetGlobal", unload_library);
 }
 
 CUresult hook_cuModuleLoadFatBinary(CUmodule *module, const void *fatCubin) {
