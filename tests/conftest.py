@@ -41,3 +41,9 @@ def sim_env(tmp_path: Path) -> Iterator[dict[str, str]]:
     env["LD_LIBRARY_PATH"] = str(sim_lib_dir())
     env["SIMGPU_STATE"] = str(state)
     yield env
+
+
+@pytest.fixture
+def graphmem_ops(build_c: Callable[..., Path]) -> Path:
+    """tests/c/graphmem_ops.c: graph memory nodes, captured allocations and module loads, by op."""
+    return build_c("graphmem_ops.c", ["-ldl"])

@@ -100,10 +100,10 @@ static CUresult primary_drop(CUresult (*real)(CUdevice), CUdevice dev, int reset
     return rc;
 }
 
-CUresult hook_cuDevicePrimaryCtxRelease_v2(CUdevice dev) { return primary_drop(real_cuDevicePrimaryCtxRelease_v2, dev, 0); }
-CUresult hook_cuDevicePrimaryCtxRelease(CUdevice dev) { return primary_drop(real_cuDevicePrimaryCtxRelease, dev, 0); }
-CUresult hook_cuDevicePrimaryCtxReset_v2(CUdevice dev) { return primary_drop(real_cuDevicePrimaryCtxReset_v2, dev, 1); }
-CUresult hook_cuDevicePrimaryCtxReset(CUdevice dev) { return primary_drop(real_cuDevicePrimaryCtxReset, dev, 1); }
+CUresult hook_cuDevicePrimaryCtxRelease_v2(CUdevice dev) { return vgpu_modules_primary_gone(dev, 0, primary_drop(real_cuDevicePrimaryCtxRelease_v2, dev, 0)); }
+CUresult hook_cuDevicePrimaryCtxRelease(CUdevice dev) { return vgpu_modules_primary_gone(dev, 0, primary_drop(real_cuDevicePrimaryCtxRelease, dev, 0)); }
+CUresult hook_cuDevicePrimaryCtxReset_v2(CUdevice dev) { return vgpu_modules_primary_gone(dev, 1, primary_drop(real_cuDevicePrimaryCtxReset_v2, dev, 1)); }
+CUresult hook_cuDevicePrimaryCtxReset(CUdevice dev) { return vgpu_modules_primary_gone(dev, 1, primary_drop(real_cuDevicePrimaryCtxReset, dev, 1)); }
 
 /* ---- created contexts ---- */
 
@@ -205,5 +205,5 @@ static CUresult ctx_destroy(CUresult (*real)(CUcontext), CUcontext ctx) {
     return rc;
 }
 
-CUresult hook_cuCtxDestroy_v2(CUcontext ctx) { return ctx_destroy(real_cuCtxDestroy_v2, ctx); }
-CUresult hook_cuCtxDestroy(CUcontext ctx) { return ctx_destroy(real_cuCtxDestroy, ctx); }
+CUresult hook_cuCtxDestroy_v2(CUcontext ctx) { return vgpu_modules_ctx_gone(ctx, ctx_destroy(real_cuCtxDestroy_v2, ctx)); }
+CUresult hook_cuCtxDestroy(CUcontext ctx) { return vgpu_modules_ctx_gone(ctx, ctx_destroy(real_cuCtxDestroy, ctx)); }

@@ -101,13 +101,13 @@ CUresult hook_cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx, unsi
           (f, gx, gy, gz, bx, by, bz, smem, s, params));
 }
 
-CUresult hook_cuGraphLaunch(CUgraphExec g, CUstream s)
+CUresult vgpu_launch_graph(CUgraphExec g, CUstream s) /* behind graphmem.c's hook */
 {
     PASSTHROUGH_OR_FAIL(cuGraphLaunch, (g, s));
     GATED(cuGraphLaunch, g, 0, s, (g, s));
 }
 
-CUresult hook_cuGraphLaunch_ptsz(CUgraphExec g, CUstream s)
+CUresult vgpu_launch_graph_ptsz(CUgraphExec g, CUstream s)
 {
     PASSTHROUGH_OR_FAIL(cuGraphLaunch_ptsz, (g, s));
     GATED(cuGraphLaunch_ptsz, g, 0, ptsz_stream(s), (g, s));

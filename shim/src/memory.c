@@ -465,3 +465,8 @@ CUresult hook_cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
 CUresult hook_cuDeviceTotalMem(unsigned int *bytes, CUdevice dev) {
     return device_total_mem(has_cuDeviceTotalMem, total_v1, &SIZE_V1, bytes, dev);
 }
+
+/* What an allocation of `size` takes, reserved / given back as cuMemAlloc's are (modules.c:
+ * a module's globals are allocations the driver makes at load). */
+CUresult vgpu_mem_take(int dev, uint64_t size, uint64_t *charged, uint64_t *unit) { return take(dev, size, charged, unit); }
+void vgpu_mem_give_back(int dev, uint64_t bytes, uint64_t unit) { give_back(dev, bytes, unit); }

@@ -91,6 +91,7 @@ int vgpu_pools_settle(int dev, int trim) {
         pthread_mutex_unlock(&a->mu);
     }
     pthread_mutex_unlock(&list_mu);
+    released |= vgpu_graphmem_settle(dev, trim); /* and the device's graph memory pool */
     return released;
 }
 
@@ -201,7 +202,10 @@ static CUresult alloc_async(alloc_async_fn real, CUdeviceptr *dptr, size_t bytes
     if (real == NULL) return CUDA_ERROR_NOT_SUPPORTED;
     int dev = -1;
     struct pool_acct *a = NULL;
-    if (!vgpu_mem_active() || dptr == NULL || bytesize == 0 || ((a = current_pool(&dev)) == NULL && dev != VGPU_DEVICE_UNACCOUNTED))
+    if (!vgpu_mem_active() || dptr == NULL || bytesize == 0 ||
+        vgpu_graphmem_capturing(s, real == real_cuMemAllocAsync_ptsz)) /* captured: graphmem.c */
+        return real(dptr, bytesize, s);
+    if ((a = current_pool(&dev)) == NULL && dev != VGPU_DEVICE_UNACCOUNTED)
         return real(dptr, bytesize, s); /* no context or device: the driver's error */
     if (a == NULL) return (st = vgpu_mem_unaccounted()) != CUDA_SUCCESS ? st : real(dptr, bytesize, s);
     return charged_alloc(a, dptr, bytesize, real, NULL, s);
@@ -213,7 +217,8 @@ static CUresult alloc_pool(alloc_pool_fn real, CUdeviceptr *dptr, size_t bytesiz
     if (real == NULL) return CUDA_ERROR_NOT_SUPPORTED;
     struct pool_acct *a;
     int dev = -1;
-    if (!vgpu_mem_active() || dptr == NULL || bytesize == 0 || pool == NULL)
+    if (!vgpu_mem_active() || dptr == NULL || bytesize == 0 || pool == NULL ||
+        vgpu_graphmem_capturing(s, real == real_cuMemAllocFromPoolAsync_ptsz))
         return real(dptr, bytesize, pool, s);
     if ((a = pool_acct(pool, -1)) == NULL) { /* a pool not seen created: the current device's */
         dev = vgpu_current_device_index();

@@ -245,4 +245,25 @@ void vgpu_pools_atfork_child(void);
  * and its pool settled; anything else just goes to real_free. */
 CUresult vgpu_pools_free_sync(CUdeviceptr dptr, CUresult (*real_free)(CUdeviceptr));
 
+/* ---- graph memory (graphmem.c) ---- */
+/* Settle device index dev's graph memory pool charge to what it reserves; trim it first if
+ * trim. Nonzero if some charge was returned. */
+int vgpu_graphmem_settle(int dev, int trim);
+/* Is the stream capturing (cuStreamIsCapturing, or its _ptsz form)? Captured stream-ordered
+ * allocations take no memory until the graph is launched. */
+int vgpu_graphmem_capturing(CUstream s, int ptsz);
+/* The compute cap's graph launch paths (launch_hooks.c), called by graphmem.c's hooks. */
+CUresult vgpu_launch_graph(CUgraphExec g, CUstream s);
+CUresult vgpu_launch_graph_ptsz(CUgraphExec g, CUstream s);
+
+/* ---- module globals (modules.c) ---- */
+/* Reserve what the driver takes for an allocation of size on dev (*charged bytes, *unit its
+ * share of the small-allocation pages, or 0), and give it back (memory.c). */
+CUresult vgpu_mem_take(int dev, uint64_t size, uint64_t *charged, uint64_t *unit);
+void vgpu_mem_give_back(int dev, uint64_t bytes, uint64_t unit);
+/* A context was destroyed (rc: the driver's answer, returned): its modules' globals go back. */
+CUresult vgpu_modules_ctx_gone(CUcontext ctx, CUresult rc);
+/* A device's primary context was reset (reset) or released: if it is gone, so are its modules. */
+CUresult vgpu_modules_primary_gone(CUdevice dev, int reset, CUresult rc);
+
 #endif

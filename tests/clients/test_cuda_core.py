@@ -5,6 +5,8 @@ resources allocate; under `vgpu run` the quota holds and the default pool reuses
 
 from __future__ import annotations
 
+import re
+
 from tests.clients.conftest import Client
 from tests.sim.simhelp import CONTEXT_MEMORY
 
@@ -27,3 +29,17 @@ def test_default_pool_reuses_freed_block_in_a_full_slice(client: Client) -> None
 def test_buffers_up_to_and_past_the_quota(client: Client) -> None:
     out = client.run("cuda_core_client.py", "quota", SLICE, vgpu=["--memory", SLICE])
     assert "oom after 8 buffers" in out, out
+
+
+def test_graph_memory_resource_is_taken_at_launch_and_kept_until_trim(client: Client) -> None:
+    out = client.run("cuda_core_client.py", "graphmem")
+    assert "graphmem ok" in out
+
+
+def test_graphs_allocating_memory_up_to_and_past_the_quota(client: Client) -> None:
+    """Each graph allocates 128 MiB when launched; under a 1 GiB slice a launch is refused with
+    CUDA_ERROR_OUT_OF_MEMORY once the graph pool would pass the quota."""
+    out = client.run("cuda_core_client.py", "graphquota", str(1 << 30), vgpu=["--memory", "1Gi"])
+    m = re.search(r"graph oom after (\d+) graphs reserved=(\d+)", out)
+    assert m, out
+    assert 1 <= int(m.group(1)) <= 8 and int(m.group(2)) <= 1 << 30, out

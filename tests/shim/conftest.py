@@ -133,3 +133,13 @@ def device_used(binary: Path, env: dict[str, str], ordinal: int = 0) -> int:
     res = run_ops(binary, plain, "init", f"ctx:{ordinal}", "info")
     assert res[-1]["rc"] == "0", res
     return int(res[-1]["used"])
+
+
+@pytest.fixture
+def slice_1gi(shim_env: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    """shim_env with a 1 GiB quota on every device and its own accounting file."""
+    return dict(
+        shim_env,
+        CUDA_DEVICE_MEMORY_LIMIT="1Gi",
+        CUDA_DEVICE_MEMORY_SHARED_CACHE=str(tmp_path / "slice"),
+    )

@@ -37,7 +37,11 @@ def test_the_hook_list_covers_every_versioned_memory_entry_point() -> None:
     hooked = hooked_cuda_symbols()
     for base in ("cuMemAlloc", "cuMemAllocPitch", "cuMemFree", "cuMemGetInfo", "cuDeviceTotalMem", "cuArrayCreate",
                  "cuArray3DCreate", "cuCtxCreate", "cuCtxDestroy", "cuDevicePrimaryCtxRelease",
-                 "cuDevicePrimaryCtxReset", "cuMemAllocAsync", "cuMemFreeAsync", "cuMemAllocFromPoolAsync"):  # fmt: skip
+                 "cuDevicePrimaryCtxReset", "cuMemAllocAsync", "cuMemFreeAsync", "cuMemAllocFromPoolAsync",
+                 "cuGraphInstantiate", "cuGraphInstantiateWithFlags", "cuGraphInstantiateWithParams", "cuGraphLaunch",
+                 "cuGraphExecDestroy", "cuDeviceGraphMemTrim", "cuModuleLoad", "cuModuleLoadData", "cuModuleLoadDataEx",
+                 "cuModuleLoadFatBinary", "cuModuleUnload", "cuLibraryLoadData", "cuLibraryLoadFromFile",
+                 "cuLibraryUnload"):  # fmt: skip
         symbols = {s for b, _, s, p in procaddr_rows() if b == base} | {
             p for b, _, _, p in procaddr_rows() if b == base and p
         }

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from shim.build import SANITIZER_FLAGS, build_with_gcc
-from tests.shim.conftest import _build_harness, parse_ops
+from tests.shim.conftest import REPO, _build_harness, parse_ops
 from tests.shim.quantity_cases import CASES
 from tests.shim.test_lock_garbage import garbage_patterns, hold_hung_slot, scribble
 from tests.support.cbuild import compile_shared_library
@@ -115,6 +115,37 @@ def test_shim_sanitized_in_a_cuda_program(
     for extra, ops in scenarios:
         r = _run_clean([str(shim_ops), *ops], {**base, **extra})
         assert parse_ops(r.stdout)[-1]["op"] == ops[-1].split(":")[0]
+
+
+def test_shim_sanitized_over_graph_memory_and_module_globals(
+    sanitized: dict[str, Path], graphmem_ops: Path, sim_env: dict[str, str], tmp_path: Path
+) -> None:
+    """graphmem.c and modules.c under the sanitizers: memory nodes added and captured, launched
+    (auto-free relaunch, refusal over quota), freed and trimmed; modules loaded every way and
+    released by unload, context destruction and primary context reset."""
+    env = dict(sim_env, **ASAN_ENV, CUDA_DEVICE_MEMORY_LIMIT="256Mi")
+    env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = str(tmp_path / "g.region")
+    env["LD_PRELOAD"] = f"{_libasan()}:{sanitized['shim']}"
+    # the simulator keeps destroyed graphs, execs and modules on purpose (its own suppressions)
+    env["LSAN_OPTIONS"] = (
+        f"suppressions={REPO / 'tests' / 'sim' / 'lsan.supp'}:print_suppressions=0"
+    )
+    ptx = tmp_path / "m.ptx"
+    ptx.write_text(
+        ".version 8.0\n.target sm_80\n.visible .global .b8 g[4096];\n.const .b8 c[64];\n"
+    )
+    ops = ["init", "route:procaddr", "gnew", "gnode:4096", "gfreenode", "gnode:65536", "inst:1", "launch",
+           "launch", "touch", "memfree", "execdestroy", "gdestroy", "gnew", f"gnode:{512 * MiB}", "inst",
+           "launch", "execdestroy", "gdestroy", "capbegin", "capalloc:8192", "capfree", "capalloc:100",
+           "capend", "inst", "launch", "freeasync", "trim", "gattr", "route:dlsym", f"modload:{ptx}",
+           f"modfile:{ptx}", f"fatload:{ptx}", f"libload:{ptx}", f"libfile:{ptx}", "libunload", "libunload",
+           "modunload", "modunload", "ctxnew", f"modload:{ptx}", "ctxdestroy", f"modload:{ptx}", "preset",
+           "info"]  # fmt: skip
+    r = _run_clean([str(graphmem_ops), *ops], env)
+    res = parse_ops(r.stdout)
+    assert [x["op"] for x in res] == [o.split(":")[0] for o in ops]
+    assert [x["rc"] for x in res if x["op"] == "launch"] == ["0", "0", "2", "0"], r.stdout
+    assert all(x["rc"] == "0" for x in res if x["op"] != "launch"), r.stdout
 
 
 def test_lock_takeover_sanitized(sanitized: dict[str, Path], tmp_path: Path) -> None:

@@ -42,6 +42,7 @@ def sanitized(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         ("sim_client_api", []),
         ("sim_tool", []),
         ("sim_threads", []),
+        ("graphmem_ops", ["-ldl"]),
     )
     for name, extra in programs:
         exe = out / name
@@ -83,6 +84,28 @@ def test_api_surface_is_sanitizer_clean(
     )
     assert r.returncode == 0, r.stdout + r.stderr[-6000:]
     assert r.stdout.strip().endswith("OK")
+    assert "Sanitizer" not in r.stderr and "runtime error" not in r.stderr, r.stderr[-6000:]
+
+
+def test_graph_memory_and_module_globals_are_sanitizer_clean(
+    sanitized: dict[str, Path], sim_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Memory nodes added and captured, launched, freed by free nodes, cuMemFree and auto-free,
+    graphs and execs destroyed before and after their allocations; module globals loaded and
+    unloaded (tests/c/graphmem_ops.c). Graphs are kept after destroy by design: leaks off."""
+    ptx = tmp_path / "m.ptx"
+    ptx.write_text(".version 8.0\n.target sm_80\n.address_size 64\n.visible .global .b8 g[4096];\n")
+    ops = ["init", "gnew", "gnode:4096", "gfreenode", "gnode:65536", "inst:1", "launch", "launch",
+           "touch", "execdestroy", "gdestroy", "memfree", "capbegin", "capalloc:8192", "capfree",
+           "capalloc:100", "capend", "inst:1", "launch", "gdestroy", "launch", "touch", "execdestroy",
+           "trim", "gattr", f"modload:{ptx}", f"modfile:{ptx}", f"libload:{ptx}", "libunload",
+           "modunload", "modunload", f"fatload:{ptx}", "modunload", f"libfile:{ptx}", "libunload", "info"]  # fmt: skip
+    env = _env(sim_env, sanitized["libdir"], leaks=False)
+    r = subprocess.run(
+        [str(sanitized["graphmem_ops"]), *ops], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 0, r.stdout + r.stderr[-6000:]
+    assert all(" rc=0" in line for line in r.stdout.splitlines()), r.stdout
     assert "Sanitizer" not in r.stderr and "runtime error" not in r.stderr, r.stderr[-6000:]
 
 

@@ -152,9 +152,11 @@ struct CUmod_st {
 struct CUlib_st {
     uint32_t magic, gen;
     struct CUkern_st *kernels;
+    struct CUmod_st *mod;            /* its globals, in the context current at load (or NULL) */
 };
 
-enum { NODE_KERNEL = 1, NODE_MEMCPY, NODE_MEMSET };
+enum { NODE_KERNEL = 1, NODE_MEMCPY, NODE_MEMSET, NODE_MEM_ALLOC, NODE_MEM_FREE };
+struct sim_gmem;
 struct CUgraphNode_st {
     uint32_t magic;
     int type;
@@ -165,6 +167,7 @@ struct CUgraphNode_st {
     size_t bytes;                    /* memcpy bytes / memset element count */
     unsigned value;
     int elem;                        /* memset element size 1 or 4 */
+    struct sim_gmem *gm;             /* memory alloc / free node: the graph allocation (graphmem.c) */
     struct CUgraphNode_st *next;
 };
 
@@ -172,12 +175,18 @@ struct CUgraph_st {
     uint32_t magic, gen;
     size_t n;
     struct CUgraphNode_st *head, *tail;
+    int has_mem;                     /* holds memory alloc / free nodes: one instantiation at a time */
+    int nexec;                       /* live instantiations */
+    struct sim_uref *urefs;          /* user object references it holds (userobj.c) */
 };
 
 struct CUgraphExec_st {
     uint32_t magic, gen;
     size_t n;
     struct CUgraphNode_st *nodes;    /* a private copy: the graph may change or die */
+    struct CUgraph_st *graph;        /* instantiated from (kept: graph structs are never freed) */
+    unsigned long long flags;        /* CUDA_GRAPH_INSTANTIATE_FLAG_* */
+    struct sim_uref *urefs;          /* its graph's user object references, retained at instantiation */
 };
 
 struct CUarray_st {
@@ -247,7 +256,7 @@ void sim_stream_fork_parent(void);
 void sim_stream_fork_child(void);
 
 /* memory.c: the allocation table */
-enum { ALLOC_DEVICE = 1, ALLOC_MANAGED, ALLOC_HOST, ALLOC_POOL, ALLOC_VMM_MAP, ALLOC_HOST_REGISTERED, ALLOC_MODULE };
+enum { ALLOC_DEVICE = 1, ALLOC_MANAGED, ALLOC_HOST, ALLOC_POOL, ALLOC_VMM_MAP, ALLOC_HOST_REGISTERED, ALLOC_MODULE, ALLOC_GRAPH };
 typedef struct {
     uintptr_t base;
     size_t size;                     /* usable bytes */
@@ -298,5 +307,26 @@ uint64_t sim_kernel_ns(const struct CUfunc_st *f, uint64_t blocks, int dev);
 
 /* graph.c */
 int sim_capture_add(struct CUstream_st *s, const struct CUgraphNode_st *tmpl); /* 1 if captured */
+/* Append a copy of tmpl to g (a memory node takes a reference on its allocation); NULL: no memory. */
+struct CUgraphNode_st *sim_graph_append(struct CUgraph_st *g, const struct CUgraphNode_st *tmpl);
+
+/* userobj.c: user object references held by graphs and execs */
+struct sim_uref;
+void sim_urefs_copy(const struct CUgraph_st *g, struct sim_uref **to);
+void sim_urefs_release(struct sim_uref **list);
+
+/* graphmem.c: graph memory nodes and the per-device graph memory pool */
+void sim_gmem_ref(struct sim_gmem *gm);             /* one more graph / exec node refers to it */
+void sim_gmem_unref(struct sim_gmem *gm);           /* the graph or exec holding the node died */
+/* Before a launch executes the exec's nodes: free what AUTO_FREE_ON_LAUNCH frees, refuse a
+ * relaunch over unfreed allocations, reserve the launch's peak in the device's graph pool. */
+CUresult sim_gmem_launch_prepare(const struct CUgraphExec_st *e);
+void sim_gmem_alloc_exec(struct sim_gmem *gm, struct CUctx_st *ctx); /* an alloc node runs */
+void sim_gmem_free_exec(struct sim_gmem *gm);                        /* a free node runs */
+void sim_gmem_free_locked(const sim_alloc *a);      /* cuMemFree of a graph allocation; G.lock held */
+/* cuMemAllocAsync / cuMemFreeAsync on a capturing stream become alloc / free nodes: 1 if so
+ * (*rc then holds the result), 0 if the stream is not capturing. */
+int sim_gmem_capture_alloc(struct CUstream_st *s, int dev, size_t bytes, CUdeviceptr *out, CUresult *rc);
+int sim_gmem_capture_free(struct CUstream_st *s, CUdeviceptr p, CUresult *rc);
 
 #endif

@@ -2,8 +2,9 @@
  * Stream capture and graphs. A graph here is the ordered list of the work captured from a stream
  * (kernels with their modelled duration, memcpy and memset nodes); launching an instantiated graph
  * runs its nodes in capture order on the launch stream: kernels occupy the device timeline as
- * launches do, copies and memsets move data at launch. Captured event records / waits and
- * stream-ordered allocations are not recorded as nodes (allocations happen at capture time).
+ * launches do, copies and memsets move data at launch. Captured event records / waits are not
+ * recorded as nodes. Memory alloc / free nodes, added or captured from cuMemAllocAsync /
+ * cuMemFreeAsync, are graphmem.c's: their memory is reserved when the graph is launched.
  * A synchronous call on a capturing stream invalidates the capture
  * (cuStreamEndCapture then returns CUDA_ERROR_STREAM_CAPTURE_INVALIDATED), as in CUDA.
  */
@@ -26,28 +27,35 @@ static void graph_free(struct CUgraph_st *g)
 {
     for (struct CUgraphNode_st *n = g->head, *next; n; n = next) {
         next = n->next;
+        if (n->gm)
+            sim_gmem_unref(n->gm);
         free(n);
     }
     g->head = g->tail = NULL;
     g->n = 0;
+    sim_urefs_release(&g->urefs);
     g->magic = MAGIC_DEAD; /* the struct is kept: a stale handle fails validation, no use-after-free */
 }
 
-static int graph_append(struct CUgraph_st *g, const struct CUgraphNode_st *tmpl)
+struct CUgraphNode_st *sim_graph_append(struct CUgraph_st *g, const struct CUgraphNode_st *tmpl)
 {
     struct CUgraphNode_st *n = malloc(sizeof *n);
     if (!n)
-        return -1;
+        return NULL;
     *n = *tmpl;
     n->magic = MAGIC_NODE;
     n->next = NULL;
+    if (n->gm) { /* a memory node (graphmem.c) */
+        sim_gmem_ref(n->gm);
+        g->has_mem = 1;
+    }
     if (g->tail)
         g->tail->next = n;
     else
         g->head = n;
     g->tail = n;
     g->n++;
-    return 0;
+    return n;
 }
 
 int sim_capture_add(struct CUstream_st *s, const struct CUgraphNode_st *tmpl)
@@ -57,7 +65,7 @@ int sim_capture_add(struct CUstream_st *s, const struct CUgraphNode_st *tmpl)
         pthread_mutex_unlock(&s->mu);
         return 0;
     }
-    if (!s->capture_invalid && graph_append(s->capture_graph, tmpl) != 0)
+    if (!s->capture_invalid && !sim_graph_append(s->capture_graph, tmpl))
         s->capture_invalid = 1;
     pthread_mutex_unlock(&s->mu);
     return 1;
@@ -126,7 +134,8 @@ static CUresult end_capture(CUstream h, CUgraph *phGraph, int ptds)
 SIM_EXPORT CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph) { return end_capture(hStream, phGraph, 0); }
 SIM_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph) { return end_capture(hStream, phGraph, 1); }
 
-static CUresult is_capturing(CUstream h, CUstreamCaptureStatus *st, int ptds)
+static CUresult capture_info(CUstream h, CUstreamCaptureStatus *st, cuuint64_t *id, CUgraph *g, const CUgraphNode **deps, size_t *ndeps,
+                             int ptds)
 {
     if (!st)
         return CUDA_ERROR_INVALID_VALUE;
@@ -137,12 +146,54 @@ static CUresult is_capturing(CUstream h, CUstreamCaptureStatus *st, int ptds)
     pthread_mutex_lock(&s->mu);
     *st = !s->capturing ? CU_STREAM_CAPTURE_STATUS_NONE
                         : (s->capture_invalid ? CU_STREAM_CAPTURE_STATUS_INVALIDATED : CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    if (id) /* unique per capture: the graph being built */
+        *id = (cuuint64_t)(uintptr_t)s->capture_graph;
+    if (g)
+        *g = s->capturing ? s->capture_graph : NULL;
+    if (deps) /* nodes are kept in capture order: the last one is what the next depends on */
+        *deps = s->capturing && s->capture_graph->tail ? (const CUgraphNode *)&s->capture_graph->tail : NULL;
+    if (ndeps)
+        *ndeps = s->capturing && s->capture_graph->tail ? 1 : 0;
     pthread_mutex_unlock(&s->mu);
     return CUDA_SUCCESS;
 }
 
+static CUresult is_capturing(CUstream h, CUstreamCaptureStatus *st, int ptds)
+{
+    return capture_info(h, st, NULL, NULL, NULL, NULL, ptds);
+}
+
 SIM_EXPORT CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus) { return is_capturing(hStream, captureStatus, 0); }
 SIM_EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream hStream, CUstreamCaptureStatus *captureStatus) { return is_capturing(hStream, captureStatus, 1); }
+
+SIM_EXPORT CUresult cuStreamGetCaptureInfo_v2(CUstream hStream, CUstreamCaptureStatus *captureStatus_out, cuuint64_t *id_out, CUgraph *graph_out,
+                                              const CUgraphNode **dependencies_out, size_t *numDependencies_out)
+{
+    return capture_info(hStream, captureStatus_out, id_out, graph_out, dependencies_out, numDependencies_out, 0);
+}
+
+SIM_EXPORT CUresult cuStreamGetCaptureInfo_v2_ptsz(CUstream hStream, CUstreamCaptureStatus *captureStatus_out, cuuint64_t *id_out, CUgraph *graph_out,
+                                                   const CUgraphNode **dependencies_out, size_t *numDependencies_out)
+{
+    return capture_info(hStream, captureStatus_out, id_out, graph_out, dependencies_out, numDependencies_out, 1);
+}
+
+/* 12.3: edge data as well; every captured edge is a default one (NULL says so) */
+SIM_EXPORT CUresult cuStreamGetCaptureInfo_v3(CUstream hStream, CUstreamCaptureStatus *captureStatus_out, cuuint64_t *id_out, CUgraph *graph_out,
+                                              const CUgraphNode **dependencies_out, const CUgraphEdgeData **edgeData_out, size_t *numDependencies_out)
+{
+    if (edgeData_out)
+        *edgeData_out = NULL;
+    return capture_info(hStream, captureStatus_out, id_out, graph_out, dependencies_out, numDependencies_out, 0);
+}
+
+SIM_EXPORT CUresult cuStreamGetCaptureInfo_v3_ptsz(CUstream hStream, CUstreamCaptureStatus *captureStatus_out, cuuint64_t *id_out, CUgraph *graph_out,
+                                                   const CUgraphNode **dependencies_out, const CUgraphEdgeData **edgeData_out, size_t *numDependencies_out)
+{
+    if (edgeData_out)
+        *edgeData_out = NULL;
+    return capture_info(hStream, captureStatus_out, id_out, graph_out, dependencies_out, numDependencies_out, 1);
+}
 
 SIM_EXPORT CUresult cuGraphCreate(CUgraph *phGraph, unsigned int flags)
 {
@@ -191,6 +242,20 @@ SIM_EXPORT CUresult cuGraphGetNodes(CUgraph hGraph, CUgraphNode *nodes, size_t *
     return CUDA_SUCCESS;
 }
 
+SIM_EXPORT CUresult cuGraphNodeGetType(CUgraphNode hNode, CUgraphNodeType *type)
+{
+    CUresult rc = sim_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!hNode || hNode->magic != MAGIC_NODE || !type)
+        return CUDA_ERROR_INVALID_VALUE;
+    static const CUgraphNodeType types[] = { [NODE_KERNEL] = CU_GRAPH_NODE_TYPE_KERNEL, [NODE_MEMCPY] = CU_GRAPH_NODE_TYPE_MEMCPY,
+                                             [NODE_MEMSET] = CU_GRAPH_NODE_TYPE_MEMSET, [NODE_MEM_ALLOC] = CU_GRAPH_NODE_TYPE_MEM_ALLOC,
+                                             [NODE_MEM_FREE] = CU_GRAPH_NODE_TYPE_MEM_FREE };
+    *type = types[hNode->type];
+    return CUDA_SUCCESS;
+}
+
 static CUresult instantiate(CUgraphExec *pexec, CUgraph g, unsigned long long flags)
 {
     if (!pexec)
@@ -200,6 +265,8 @@ static CUresult instantiate(CUgraphExec *pexec, CUgraph g, unsigned long long fl
         return rc;
     if (!SIM_VALID(g, MAGIC_GRAPH) || (flags & ~0xfull))
         return CUDA_ERROR_INVALID_VALUE;
+    if (g->has_mem && g->nexec > 0)
+        return CUDA_ERROR_INVALID_VALUE; /* memory nodes: one instantiation at a time */
     struct CUgraphExec_st *e = calloc(1, sizeof *e);
     struct CUgraphNode_st *arr = g->n ? calloc(g->n, sizeof *arr) : NULL;
     if (!e || (g->n && !arr)) {
@@ -208,8 +275,15 @@ static CUresult instantiate(CUgraphExec *pexec, CUgraph g, unsigned long long fl
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     size_t i = 0;
-    for (struct CUgraphNode_st *n = g->head; n && arr && i < g->n; n = n->next)
+    for (struct CUgraphNode_st *n = g->head; n && arr && i < g->n; n = n->next) {
         arr[i++] = *n;
+        if (n->gm)
+            sim_gmem_ref(n->gm);
+    }
+    g->nexec++;
+    sim_urefs_copy(g, &e->urefs);
+    e->graph = g;
+    e->flags = flags;
     e->n = i;
     e->nodes = arr;
     e->gen = sim_gen();
@@ -221,6 +295,26 @@ static CUresult instantiate(CUgraphExec *pexec, CUgraph g, unsigned long long fl
 SIM_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags)
 {
     return instantiate(phGraphExec, hGraph, flags);
+}
+
+static CUresult instantiate_params(CUgraphExec *e, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p)
+{
+    if (!p)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = instantiate(e, g, p->flags); /* an upload stream has nothing to upload ahead here */
+    p->hErrNode_out = NULL;
+    p->result_out = rc == CUDA_SUCCESS ? CUDA_GRAPH_INSTANTIATE_SUCCESS : CUDA_GRAPH_INSTANTIATE_ERROR;
+    return rc;
+}
+
+SIM_EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams)
+{
+    return instantiate_params(phGraphExec, hGraph, instantiateParams);
+}
+
+SIM_EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams)
+{
+    return instantiate_params(phGraphExec, hGraph, instantiateParams);
 }
 
 SIM_EXPORT CUresult cuGraphInstantiate(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode, char *logBuffer, size_t bufferSize)
@@ -237,6 +331,17 @@ SIM_EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGra
     return cuGraphInstantiate(phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize);
 }
 
+SIM_EXPORT CUresult cuGraphExecGetFlags(CUgraphExec hGraphExec, cuuint64_t *flags)
+{
+    CUresult rc = sim_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!flags || !SIM_VALID(hGraphExec, MAGIC_EXEC))
+        return CUDA_ERROR_INVALID_VALUE;
+    *flags = hGraphExec->flags & ~(cuuint64_t)CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD; /* never reported, as in CUDA */
+    return CUDA_SUCCESS;
+}
+
 SIM_EXPORT CUresult cuGraphExecDestroy(CUgraphExec hGraphExec)
 {
     CUresult rc = sim_check_init();
@@ -245,6 +350,11 @@ SIM_EXPORT CUresult cuGraphExecDestroy(CUgraphExec hGraphExec)
     if (!SIM_VALID(hGraphExec, MAGIC_EXEC))
         return CUDA_ERROR_INVALID_VALUE;
     hGraphExec->magic = MAGIC_DEAD; /* kept, like graphs */
+    for (size_t i = 0; i < hGraphExec->n; i++)
+        if (hGraphExec->nodes[i].gm)
+            sim_gmem_unref(hGraphExec->nodes[i].gm);
+    hGraphExec->graph->nexec--;
+    sim_urefs_release(&hGraphExec->urefs);
     free(hGraphExec->nodes);
     hGraphExec->nodes = NULL;
     hGraphExec->n = 0;
@@ -259,6 +369,11 @@ static CUresult graph_launch(CUgraphExec e, CUstream h, int ptds)
         return rc;
     if (!SIM_VALID(e, MAGIC_EXEC))
         return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&s->mu);
+    int capturing = s->capturing;
+    pthread_mutex_unlock(&s->mu);
+    if (!capturing && (rc = sim_gmem_launch_prepare(e)) != CUDA_SUCCESS)
+        return rc; /* graph memory the device cannot provide: nothing runs */
     for (size_t i = 0; i < e->n; i++) {
         const struct CUgraphNode_st *n = &e->nodes[i];
         if (sim_capture_add(s, n))
@@ -277,6 +392,12 @@ static CUresult graph_launch(CUgraphExec e, CUstream h, int ptds)
             if (sim_check_device_range(n->dst, n->bytes * (size_t)n->elem) != CUDA_SUCCESS)
                 return CUDA_ERROR_INVALID_VALUE;
             sim_memset_exec(n->dst, n->value, n->bytes, n->elem);
+            break;
+        case NODE_MEM_ALLOC:
+            sim_gmem_alloc_exec(n->gm, s->ctx);
+            break;
+        case NODE_MEM_FREE:
+            sim_gmem_free_exec(n->gm);
             break;
         }
     }

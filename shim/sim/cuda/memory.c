@@ -286,9 +286,14 @@ SIM_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
     pthread_mutex_lock(&G.lock);
     sim_alloc a;
     if (sim_alloc_find((uintptr_t)dptr, &a) != 0 || a.base != (uintptr_t)dptr ||
-        (a.kind != ALLOC_DEVICE && a.kind != ALLOC_MANAGED && a.kind != ALLOC_POOL)) {
+        (a.kind != ALLOC_DEVICE && a.kind != ALLOC_MANAGED && a.kind != ALLOC_POOL && a.kind != ALLOC_GRAPH)) {
         pthread_mutex_unlock(&G.lock);
         return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (a.kind == ALLOC_GRAPH) {
+        sim_gmem_free_locked(&a); /* its pages stay in the device's graph pool (graphmem.c) */
+        pthread_mutex_unlock(&G.lock);
+        return CUDA_SUCCESS;
     }
     sim_alloc_remove(a.base, NULL);
     if (a.kind == ALLOC_POOL)

@@ -3,8 +3,10 @@
  * module's variables are device memory the real driver allocates at load, charged to the device
  * and reachable through cuModuleGetGlobal. A PTX image (text: NVRTC's and numba's output) declares
  * them as `[.visible|.weak] .global|.const [.align N] .<type> name[dims] [= init];`; each is
- * allocated (zeroed, charged like cuMemAlloc) in the module's context and freed at unload. Binary
- * images (ELF cubins, fatbins) are not parsed: they load with no globals (a documented limit).
+ * allocated (zeroed, charged like cuMemAlloc) in the module's context and freed at unload. An ELF
+ * cubin (NVRTC's and nvcc's device code) names them in its symbol table: data objects in its
+ * .nv.global (zero-initialised) and .nv.constant<N> sections, with their sizes. Fatbins are not
+ * parsed: they load with no globals (a documented limit).
  */
 #include "cuda_internal.h"
 
@@ -125,9 +127,67 @@ static CUresult add_global(struct CUmod_st *m, const char *name, size_t size)
     return CUDA_SUCCESS;
 }
 
+static uint64_t le(const unsigned char *p, int n)
+{
+    uint64_t v = 0;
+    for (int i = n - 1; i >= 0; i--)
+        v = v << 8 | p[i];
+    return v;
+}
+
+/* A 64-bit little-endian ELF cubin: STT_OBJECT symbols of its .nv.global / .nv.constant<N>
+ * sections. The image's size is not given: the section header table ends it. */
+static CUresult elf_globals(struct CUmod_st *m, const unsigned char *e)
+{
+    if (e[4] != 2 || e[5] != 1)
+        return CUDA_SUCCESS;
+    uint64_t shoff = le(e + 40, 8), shentsize = le(e + 58, 2), shnum = le(e + 60, 2), shstrndx = le(e + 62, 2);
+    if (shentsize < 64 || shstrndx >= shnum || shoff > (1ull << 32))
+        return CUDA_SUCCESS;
+    const unsigned char *sh = e + shoff;
+    uint64_t len = shoff + shnum * shentsize; /* everything else lies before the section headers */
+    const unsigned char *names = sh + shstrndx * shentsize;
+    uint64_t noff = le(names + 24, 8), nsize = le(names + 32, 8);
+    if (noff > len || nsize > len - noff)
+        return CUDA_SUCCESS;
+    for (uint64_t s = 0; s < shnum; s++) {
+        const unsigned char *tab = sh + s * shentsize;
+        if (le(tab + 4, 4) != 2) /* SHT_SYMTAB */
+            continue;
+        uint64_t off = le(tab + 24, 8), size = le(tab + 32, 8), link = le(tab + 40, 4), ent = le(tab + 56, 8);
+        if (ent < 24 || off > len || size > len - off || link >= shnum)
+            continue;
+        const unsigned char *str = sh + link * shentsize;
+        uint64_t soff = le(str + 24, 8), ssize = le(str + 32, 8);
+        if (soff > len || ssize > len - soff)
+            continue;
+        for (uint64_t k = 0; k + ent <= size; k += ent) {
+            const unsigned char *sym = e + off + k;
+            uint64_t name = le(sym, 4), shndx = le(sym + 6, 2), bytes = le(sym + 16, 8);
+            if ((sym[4] & 0xf) != 1 || shndx == 0 || shndx >= shnum || name >= ssize || bytes == 0 || bytes > (1ull << 40))
+                continue;
+            uint64_t secname = le(sh + shndx * shentsize, 4);
+            if (secname >= nsize)
+                continue;
+            const char *sec = (const char *)e + noff + secname, *nm = (const char *)e + soff + name;
+            size_t seclen = strnlen(sec, nsize - secname), nml = strnlen(nm, ssize - name);
+            int data = (seclen >= 10 && strncmp(sec, ".nv.global", 10) == 0) ||
+                       (seclen >= 12 && strncmp(sec, ".nv.constant", 12) == 0 && sec[12] != '0');
+            if (!data || nml == 0 || nml >= 256 || nml == ssize - name)
+                continue;
+            CUresult rc = add_global(m, nm, (size_t)bytes);
+            if (rc != CUDA_SUCCESS)
+                return rc;
+        }
+    }
+    return CUDA_SUCCESS;
+}
+
 CUresult sim_module_globals(struct CUmod_st *m, const void *image)
 {
     const unsigned char *img = image;
+    if (img[0] == 0x7f && img[1] == 'E' && img[2] == 'L' && img[3] == 'F')
+        return elf_globals(m, img);
     if (!is_ptx(img))
         return CUDA_SUCCESS;
     for (const char *line = (const char *)img; line && *line;) {

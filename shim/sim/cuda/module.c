@@ -142,6 +142,24 @@ SIM_EXPORT CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsi
     return module_new(module, image);
 }
 
+/* A module file's image, NUL-terminated (NULL if empty or unreadable: no globals then).
+ * CUDA_ERROR_FILE_NOT_FOUND if it cannot be opened. */
+static CUresult read_image(const char *fname, char **out)
+{
+    FILE *f = fopen(fname, "rb");
+    if (!f)
+        return CUDA_ERROR_FILE_NOT_FOUND;
+    char *img = NULL;
+    long n = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    if (n > 0 && n < (1L << 30) && fseek(f, 0, SEEK_SET) == 0 && (img = calloc(1, (size_t)n + 1)) && fread(img, 1, (size_t)n, f) != (size_t)n) {
+        free(img);
+        img = NULL;
+    }
+    fclose(f);
+    *out = img;
+    return CUDA_SUCCESS;
+}
+
 SIM_EXPORT CUresult cuModuleLoad(CUmodule *module, const char *fname)
 {
     if (!module || !fname)
@@ -149,11 +167,19 @@ SIM_EXPORT CUresult cuModuleLoad(CUmodule *module, const char *fname)
     CUresult rc = sim_check_init();
     if (rc != CUDA_SUCCESS)
         return rc;
-    FILE *f = fopen(fname, "rb");
-    if (!f)
-        return CUDA_ERROR_FILE_NOT_FOUND;
-    fclose(f);
-    return module_new(module, NULL);
+    char *img; /* read as the driver reads it: the file's globals are allocated too */
+    if ((rc = read_image(fname, &img)) != CUDA_SUCCESS)
+        return rc;
+    rc = module_new(module, img);
+    free(img);
+    return rc;
+}
+
+SIM_EXPORT CUresult cuModuleLoadFatBinary(CUmodule *module, const void *fatCubin)
+{
+    if (!module || !fatCubin)
+        return CUDA_ERROR_INVALID_VALUE;
+    return module_new(module, fatCubin);
 }
 
 SIM_EXPORT CUresult cuModuleUnload(CUmodule hmod)
@@ -231,10 +257,34 @@ SIM_EXPORT CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUji
     struct CUlib_st *l = calloc(1, sizeof *l);
     if (!l)
         return CUDA_ERROR_OUT_OF_MEMORY;
+    /* its globals are allocated in the context current at load, if any (a library loaded with
+     * no context has none here: the real driver loads it into each context as it is used) */
+    if (sim_current_ctx() && (rc = module_new(&l->mod, code)) != CUDA_SUCCESS) {
+        free(l);
+        return rc;
+    }
     l->gen = sim_gen();
     l->magic = MAGIC_LIB;
     *library = l;
     return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *fileName, CUjit_option *jitOptions, void **jitOptionsValues,
+                                          unsigned int numJitOptions, CUlibraryOption *libraryOptions, void **libraryOptionValues,
+                                          unsigned int numLibraryOptions)
+{
+    if (!library || !fileName)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = sim_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    char *img;
+    if ((rc = read_image(fileName, &img)) != CUDA_SUCCESS)
+        return rc;
+    rc = cuLibraryLoadData(library, img ? img : "", jitOptions, jitOptionsValues, numJitOptions, libraryOptions, libraryOptionValues,
+                           numLibraryOptions);
+    free(img);
+    return rc;
 }
 
 SIM_EXPORT CUresult cuLibraryUnload(CUlibrary library)
@@ -250,6 +300,10 @@ SIM_EXPORT CUresult cuLibraryUnload(CUlibrary library)
     for (struct CUkern_st *k = library->kernels; k; k = k->next)
         k->fn.magic = MAGIC_DEAD;
     library->magic = MAGIC_DEAD;
+    if (library->mod && SIM_OWNED_VALID(library->mod, MAGIC_MOD)) { /* (else freed with its context) */
+        library->mod->magic = MAGIC_DEAD;
+        module_free_globals_locked(library->mod);
+    }
     pthread_mutex_unlock(&G.lock);
     return CUDA_SUCCESS;
 }
@@ -302,7 +356,7 @@ SIM_EXPORT CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel)
     return CUDA_SUCCESS;
 }
 
-SIM_EXPORT CUresult cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, CUmodule hmod, const char *name)
+static CUresult get_global(CUdeviceptr *dptr, size_t *bytes, struct CUmod_st *m, const char *name)
 {
     if (!name)
         return CUDA_ERROR_INVALID_VALUE;
@@ -310,21 +364,36 @@ SIM_EXPORT CUresult cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, CUmod
     if (rc != CUDA_SUCCESS)
         return rc;
     pthread_mutex_lock(&G.lock);
-    if (!SIM_OWNED_VALID(hmod, MAGIC_MOD)) {
+    if (!SIM_OWNED_VALID(m, MAGIC_MOD)) {
         pthread_mutex_unlock(&G.lock);
         return CUDA_ERROR_INVALID_HANDLE;
     }
     rc = CUDA_ERROR_NOT_FOUND;
-    for (size_t i = 0; i < hmod->nglobals; i++) {
-        if (strcmp(hmod->globals[i].name, name) == 0) {
+    for (size_t i = 0; i < m->nglobals; i++) {
+        if (strcmp(m->globals[i].name, name) == 0) {
             if (dptr)
-                *dptr = hmod->globals[i].ptr;
+                *dptr = m->globals[i].ptr;
             if (bytes)
-                *bytes = hmod->globals[i].size;
+                *bytes = m->globals[i].size;
             rc = CUDA_SUCCESS;
             break;
         }
     }
     pthread_mutex_unlock(&G.lock);
     return rc;
+}
+
+SIM_EXPORT CUresult cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, CUmodule hmod, const char *name)
+{
+    return get_global(dptr, bytes, hmod, name);
+}
+
+SIM_EXPORT CUresult cuLibraryGetGlobal(CUdeviceptr *dptr, size_t *bytes, CUlibrary library, const char *name)
+{
+    CUresult rc = sim_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!SIM_VALID(library, MAGIC_LIB))
+        return CUDA_ERROR_INVALID_HANDLE;
+    return library->mod ? get_global(dptr, bytes, library->mod, name) : CUDA_ERROR_NOT_FOUND;
 }

@@ -13,6 +13,7 @@
  * Allocation and free happen at the call, not in stream order (there is no device to order them
  * on); a block freed with cuMemFreeAsync can be reused by the next allocation at once, which a
  * correct stream-ordered program cannot tell apart. Pools are per device and per process.
+ * On a capturing stream both become graph memory nodes instead (graphmem.c).
  */
 #include "cuda_internal.h"
 
@@ -183,6 +184,8 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t bytes, struct CUmemPoolHan
         return rc;
     if (explicit_pool && !SIM_VALID(pool, MAGIC_POOL))
         return CUDA_ERROR_INVALID_VALUE;
+    if (sim_gmem_capture_alloc(s, explicit_pool ? pool->dev : s->ctx->dev, bytes, dptr, &rc))
+        return rc; /* captured: an alloc node, memory only when the graph runs (graphmem.c) */
     return sim_pool_alloc(pool, bytes, dptr, s->ctx);
 }
 
@@ -199,6 +202,8 @@ static CUresult free_async(CUdeviceptr dptr, CUstream h, int ptds)
         return rc;
     if (!dptr)
         return CUDA_ERROR_INVALID_VALUE;
+    if (sim_gmem_capture_free(s, dptr, &rc))
+        return rc; /* captured: a free node */
     return cuMemFree_v2(dptr); /* pool blocks go back to their pool, others are released */
 }
 

@@ -5,6 +5,9 @@ cuda_core_client.py basic      NVRTC-compiled program (PTX and cubin), streams, 
 cuda_core_client.py pool N     the default memory pool (release threshold UINT64_MAX, as
                                cuda.core sets it): N buffers of 128 MiB, free one, allocate one
 cuda_core_client.py quota N    128 MiB buffers until out of memory; N = the quota
+cuda_core_client.py graphmem   a graph built by stream capture allocating from GraphMemoryResource:
+                               memory taken at launch, kept by the graph pool until trimmed
+cuda_core_client.py graphquota N   such graphs of 128 MiB each until a launch is out of memory
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import sys
 from cuda.core import (
     Device,
     DeviceMemoryResource,
+    GraphMemoryResource,
     LaunchConfig,
     LegacyPinnedMemoryResource,
     Program,
@@ -94,9 +98,59 @@ def quota(limit: int) -> None:
         print(f"oom after {len(held)} buffers")
 
 
+def graph_with_allocation(dev: Device, gmr: GraphMemoryResource) -> tuple[object, object]:
+    gb = dev.create_graph_builder().begin_building()
+    buf = gmr.allocate(128 * MiB, stream=gb)  # captured: an allocation node, no memory yet
+    gb.end_building()
+    return gb.complete(), buf
+
+
+def graphmem() -> None:
+    dev = Device()
+    dev.set_current()
+    stream = dev.create_stream()
+    gmr = GraphMemoryResource(dev.device_id)
+    graph, buf = graph_with_allocation(dev, gmr)
+    assert gmr.attributes.reserved_mem_current == 0
+    graph.launch(stream)  # type: ignore[attr-defined]
+    stream.sync()
+    assert gmr.attributes.reserved_mem_current == 128 * MiB
+    assert gmr.attributes.used_mem_current == 128 * MiB
+    buf.close(stream)  # type: ignore[attr-defined]
+    stream.sync()
+    assert gmr.attributes.used_mem_current == 0
+    assert gmr.attributes.reserved_mem_current == 128 * MiB  # the graph pool keeps it
+    gmr.trim()
+    assert gmr.attributes.reserved_mem_current == 0
+    print("graphmem ok")
+
+
+def graphquota(limit: int) -> None:
+    dev = Device()
+    dev.set_current()
+    stream = dev.create_stream()
+    gmr = GraphMemoryResource(dev.device_id)
+    held: list[object] = []
+    try:
+        while len(held) * 128 * MiB <= 2 * limit + (1 << 30):
+            graph, buf = graph_with_allocation(dev, gmr)
+            held += [graph, buf]
+            graph.launch(stream)  # type: ignore[attr-defined]
+            stream.sync()
+        print("quota not enforced")
+        sys.exit(3)
+    except Exception as e:
+        assert "CUDA_ERROR_OUT_OF_MEMORY" in str(e), e
+        print(
+            f"graph oom after {len(held) // 2 - 1} graphs reserved={gmr.attributes.reserved_mem_current}"
+        )
+
+
 if __name__ == "__main__":
     {
         "basic": lambda: basic(),
         "pool": lambda: pool(int(sys.argv[2])),
         "quota": lambda: quota(int(sys.argv[2])),
+        "graphmem": lambda: graphmem(),
+        "graphquota": lambda: graphquota(int(sys.argv[2])),
     }[sys.argv[1]]()
