@@ -121,7 +121,7 @@ def test_graph_pool_cache_never_causes_an_oom(
 
 def test_relaunch_reuses_what_the_pool_holds(graphmem_ops: Path, slice_1gi: dict[str, str]) -> None:
     """A graph that frees its allocation within the launch needs nothing more on relaunch."""
-    res = run_ops(graphmem_ops, slice_1gi, "init", f"alloc:{512 * MiB}", "gnew", f"gnode:{256 * MiB}", "gfreenode", "inst",
+    res = run_ops(graphmem_ops, slice_1gi, "init", f"alloc:{256 * MiB}", "gnew", f"gnode:{128 * MiB}", "gfreenode", "inst",
                   *(["launch", "info"] * 3))  # fmt: skip
     assert rcs(res, "launch") == [OK] * 3
     used = [int(r["used"]) for r in res if r["op"] == "info"]
