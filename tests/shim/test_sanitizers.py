@@ -124,6 +124,7 @@ def test_shim_sanitized_over_graph_memory_and_module_globals(
     (auto-free relaunch, refusal over quota), freed and trimmed; modules loaded every way and
     released by unload, context destruction and primary context reset."""
     env = dict(sim_env, **ASAN_ENV, CUDA_DEVICE_MEMORY_LIMIT="256Mi")
+    env["SIMGPU_CONTEXT_MEMORY"] = "0"  # the quota is the graphs' (contexts: the run above)
     env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = str(tmp_path / "g.region")
     env["LD_PRELOAD"] = f"{_libasan()}:{sanitized['shim']}"
     # the simulator keeps destroyed graphs, execs and modules on purpose (its own suppressions)
