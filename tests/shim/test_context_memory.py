@@ -302,9 +302,12 @@ def test_many_at_once_in_a_fresh_slice_one_measures_and_the_quota_holds(
     procs = [
         subprocess.Popen(
             [str(shim_ops), "init", "ctx", "ready", "freeall"],
-            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-        )  # fmt: skip
+        )
         for _ in range(16)
     ]
     errs = []
@@ -330,7 +333,9 @@ def test_many_at_once_in_a_fresh_slice_one_measures_and_the_quota_holds(
     for made, e in zip(created, errs, strict=True):
         # a context made was charged the learned size, unless this process measured it; one
         # refused was refused on the learned size (or, the measurer, on its measurement)
-        assert made == ("the size the slice learned" in e or ("measured from" in e and "denied" not in e)), e
+        assert made == (
+            "the size the slice learned" in e or ("measured from" in e and "denied" not in e)
+        ), e
         assert made != ("denied" in e), e
     assert region.read(reg).devices[0].context_bytes == CONTEXT_MEMORY
 
