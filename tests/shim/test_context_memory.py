@@ -36,6 +36,23 @@ def rcs(held: Held) -> list[str]:
     return [r["rc"] for r in held.results]
 
 
+def start_at_once(
+    shim_ops: Path, env: dict[str, str], n: int, *ops: str
+) -> list[subprocess.Popen[str]]:
+    """n shim_ops processes running ops, then holding what they made until their stdin closes."""
+    return [
+        subprocess.Popen(
+            [str(shim_ops), *ops, "ready", "freeall"],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(n)
+    ]
+
+
 @pytest.mark.parametrize("knob", [None, "300Mi", "64Mi"])
 def test_charged_what_the_driver_took(
     knob: str | None, shim_ops: Path, shim_env: dict[str, str], tmp_path: Path
@@ -132,17 +149,7 @@ def test_n_processes_never_exceed_the_quota_by_their_contexts(
     """Six processes of a 2 GiB slice each create a primary and an explicit context at once:
     NVML's per-process used memory, summed over them, stays within the quota."""
     env, reg = slice_env(shim_env, tmp_path, "2Gi")
-    procs = [
-        subprocess.Popen(
-            [str(shim_ops), "init", "ctx", "ctxcreate", "ready", "freeall"],
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(6)
-    ]
+    procs = start_at_once(shim_ops, env, 6, "init", "ctx", "ctxcreate")
     try:
         ok = 0
         for p in procs:
@@ -299,17 +306,7 @@ def test_many_at_once_in_a_fresh_slice_one_measures_and_the_quota_holds(
     more measure), and NVML's per-process used memory, summed, stays within the quota."""
     env, reg = slice_env(shim_env, tmp_path, "4Gi")
     env["LIBCUDA_LOG_LEVEL"] = "4"
-    procs = [
-        subprocess.Popen(
-            [str(shim_ops), "init", "ctx", "ready", "freeall"],
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(16)
-    ]
+    procs = start_at_once(shim_ops, env, 16, "init", "ctx")
     errs = []
     created = []
     try:
