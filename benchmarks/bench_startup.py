@@ -1,7 +1,11 @@
 """Start-up cost of the shim as a user feels it: whole-process time from exec to the first
 allocation (cuInit, primary context, first cuMemAlloc_v2; benchmarks/c/startup_child.c), the same
 program with the shim (64 GiB quota, shared accounting file that exists, as in a slice) against
-without, measured in one run:
+without, measured in one run. Two shim variants: "shim", a slice's file created ahead (as the
+plugin does) that has learned nothing yet, recreated before every run and every round (its first
+process measures a context through NVML: docs/shim.md "Contexts"; the others of a round wait for
+that measurement); "shim, size learned", one file kept for the whole run, whose first process has
+already run (as in a pod after its first process: nobody loads NVML):
 
     .venv/bin/python benchmarks/bench_startup.py [--single 200] [--rounds 8] [--procs 64]
         [--shim OTHER/libvgpu.so] [--before OLDER/libvgpu.so] [--json]
@@ -37,17 +41,30 @@ sys.path.insert(0, str(REPO))
 
 from bench_shim_memory import pct, variant_envs  # noqa: E402  (this directory: run as a script)
 
+from sharing import region  # noqa: E402
 from tests.support.cbuild import compile_program  # noqa: E402
 
 VARIANTS = {"baseline": "baseline", "shim": "shim, 64 GiB quota"}
-SHIMS = ("shim", "before")  # the shim variants, in the order printed
+SHIMS = ("shim", "learned", "before")  # the shim variants, in the order printed
+LEARNED = "shim, size learned"
+
+
+def fresh_file(env: dict[str, str]) -> None:
+    """Recreate the env's accounting file as the plugin creates a slice's: nothing learned."""
+    path = Path(env["CUDA_DEVICE_MEMORY_SHARED_CACHE"])
+    path.unlink(missing_ok=True)
+    region.create(path)
 
 
 def spawn_at_once(
-    prog: Path, env: dict[str, str], procs: int, cpu: list[float] | None = None
-) -> list[float]:
+    prog: Path, env: dict[str, str], procs: int, cpu: list[float] | None = None,
+    fresh: bool = False,
+) -> list[float]:  # fmt: skip
     """Start `procs` processes back to back; each one's exec-to-first-allocation time (ms).
-    Appends each one's CPU time (user + system, whole process, ms) to `cpu`."""
+    Appends each one's CPU time (user + system, whole process, ms) to `cpu`. fresh: recreate
+    the slice's accounting file first (untimed), so that nothing is learned in it."""
+    if fresh:
+        fresh_file(env)
     r, w = os.pipe()
     pids = []
     try:
@@ -101,12 +118,15 @@ def breakdown_envs(work: Path, envs: dict[str, dict[str, str]]) -> dict[str, dic
         "shim, CUDA_DISABLE_CONTROL=1": dict(plain, CUDA_DISABLE_CONTROL="1"),
         "shim, no limit": plain,
         "shim, quota, private file": dict(plain, CUDA_DEVICE_MEMORY_LIMIT="64Gi"),
-        "shim, quota, slice's file": shim,
+        "shim, quota, slice's file (nothing learned)": shim,
+        "shim, quota, slice's file, size learned": envs["learned"],
     }
 
 
-def instructions(prog: Path, env: dict[str, str], work: Path) -> int:
+def instructions(prog: Path, env: dict[str, str], work: Path, fresh: bool = False) -> int:
     """Instructions of one whole process, from the loader's first to exit."""
+    if fresh:
+        fresh_file(env)
     out_file = work / f"cg.{len(list(work.glob('cg.*')))}"
     subprocess.run(
         ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out_file}", str(prog),
@@ -141,27 +161,36 @@ def main() -> int:
         envs = {k: all_envs[v] for k, v in VARIANTS.items()}
         if args.shim is not None:
             envs["shim"]["LD_PRELOAD"] = str(args.shim.resolve())
+        shared = envs["shim"]["CUDA_DEVICE_MEMORY_SHARED_CACHE"]
+        envs["learned"] = dict(envs["shim"], CUDA_DEVICE_MEMORY_SHARED_CACHE=f"{shared}.learned")
         if args.before is not None:
-            envs["before"] = dict(envs["shim"], LD_PRELOAD=str(args.before.resolve()))
+            # its own file, made by its shim (an older build may read another layout)
+            envs["before"] = dict(
+                envs["shim"],
+                LD_PRELOAD=str(args.before.resolve()),
+                CUDA_DEVICE_MEMORY_SHARED_CACHE=f"{shared}.before",
+            )
+            spawn_at_once(prog, envs["before"], 1)
         load_before = os.getloadavg()
-        spawn_at_once(prog, envs["shim"], 1)  # the slice's accounting file exists, as in a pod
+        spawn_at_once(prog, envs["learned"], 1)  # the pod's first process: the size is learned
+        fresh = {"shim"}  # variants whose slice's file is recreated before every run / round
         single: dict[str, list[float]] = {k: [] for k in envs}
         cpu: dict[str, list[float]] = {k: [] for k in envs}
         for _ in range(args.single):  # alternate, so drift hits both alike
             for k, env in envs.items():
-                single[k] += spawn_at_once(prog, env, 1, cpu[k])
+                single[k] += spawn_at_once(prog, env, 1, cpu[k], k in fresh)
         many: dict[str, list[float]] = {k: [] for k in envs}
         for _ in range(args.rounds):
             for k, env in envs.items():
-                many[k] += spawn_at_once(prog, env, args.procs)
+                many[k] += spawn_at_once(prog, env, args.procs, None, k in fresh)
         steps = breakdown_envs(work, envs) if args.breakdown else {}
         step_cpu: dict[str, list[float]] = {k: [] for k in steps}
         for _ in range(args.breakdown):
             for k, env in steps.items():
-                spawn_at_once(prog, env, 1, step_cpu[k])
+                spawn_at_once(prog, env, 1, step_cpu[k], k.endswith("(nothing learned)"))
         load_after = os.getloadavg()
         ins = (
-            {k: instructions(prog, env, work) for k, env in envs.items()}
+            {k: instructions(prog, env, work, k in fresh) for k, env in envs.items()}
             if shutil.which("valgrind")
             else {}
         )
@@ -198,7 +227,7 @@ def main() -> int:
         print(json.dumps(report, indent=2))
         return 0
     for k in shims:
-        name = "shim" if k == "shim" else f"shim ({k})"
+        name = {"shim": "shim (nothing learned)", "learned": LEARNED}.get(k, f"shim ({k})")
         c_add = cpu_mean[k] - cpu_mean["baseline"]
         print(f"== {name} against no shim")
         print(

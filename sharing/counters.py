@@ -36,9 +36,11 @@ _OFF_CHARGED = ffi.offsetof("struct vgpu_compute_state", "charged_ns")
 _OFF_WAIT = ffi.offsetof("struct vgpu_compute_state", "wait_ns")
 _OFF_SLOT_USED = ffi.offsetof("struct vgpu_proc_slot", "used")
 _U32, _U64, _I64 = struct.Struct("@I"), struct.Struct("@Q"), struct.Struct("@q")
-_ACCOUNT = struct.Struct("@4Q")  # used, peak, denials, denied_bytes (no limit: region.h)
+# used, peak, denials, denied_bytes (no limit: region.h), then the learned context size (not read)
+_ACCOUNT = struct.Struct("@4Q")
+_ACCOUNT_LEARNED = ffi.offsetof("struct vgpu_device_account", "context_bytes")
 _SLOT_HEAD = struct.Struct("@iI")  # pid, state
-assert _ACCOUNT.size == _ACCOUNT_SIZE and ffi.offsetof("struct vgpu_proc_slot", "state") == 4
+assert _ACCOUNT.size == _ACCOUNT_LEARNED and ffi.offsetof("struct vgpu_proc_slot", "state") == 4
 _USED = [struct.Struct(f"@{n}Q") for n in range(region.MAX_DEVICES + 1)]
 
 

@@ -51,6 +51,8 @@ class DeviceUsage:
     peak: int
     denials: int
     denied_bytes: int = 0  # bytes asked for by the refused allocations (layout 4)
+    # a context's device memory as the slice learned it (layout 5; 0: not yet); tenant-written
+    context_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -205,6 +207,7 @@ def read(path: str | os.PathLike[str]) -> RegionSnapshot:
                     peak=int(r.devices[d].peak),
                     denials=int(r.devices[d].denials),
                     denied_bytes=int(r.devices[d].denied_bytes),
+                    context_bytes=_learned_context(r.devices[d]),
                 )
                 for d in range(MAX_DEVICES)
             )
@@ -232,6 +235,12 @@ def read(path: str | os.PathLike[str]) -> RegionSnapshot:
             return snap
     finally:
         os.close(fd)
+
+
+def _learned_context(account: Any) -> int:
+    """A device's learned context size: its bytes when measured (region.h), else 0."""
+    measured = (lib.VGPU_CONTEXT_DEVICE, lib.VGPU_CONTEXT_EXACT)
+    return int(account.context_bytes) if account.context_source in measured else 0
 
 
 def _compute_usage(index: int, st: Any) -> ComputeUsage:

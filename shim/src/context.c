@@ -1,8 +1,9 @@
 /*
  * A context's own device memory, charged to the slice: what the driver took for it, measured
- * when it is created (ctxmem.c), at least VGPU_CONTEXT_RESERVE. Before the driver is asked, what
- * a context on the device is expected to take (the process's last measurement, or the floor) is
- * reserved; after, the reservation is settled to the measurement. A context that does not fit in
+ * when it is created (ctxmem.c), at least VGPU_CONTEXT_RESERVE; once the slice has learned it,
+ * that size without asking the driver again. Before the context is created, what one on the
+ * device is expected to take (the learned size, the process's last measurement, or the floor) is
+ * reserved; after, a measured one's reservation is settled to the measurement. A context that does not fit in
  * what is left of the quota is destroyed again (a primary context released) and its creation
  * fails with CUDA_ERROR_OUT_OF_MEMORY. The charge is returned when the context is destroyed, when
  * the primary context is released to inactive or reset, and when the process dies (its slot).
@@ -19,11 +20,15 @@ static int primary_refs[VGPU_MAX_DEVICES];
 static uint64_t primary_charge[VGPU_MAX_DEVICES];
 static int created[VGPU_MAX_DEVICES]; /* live cuCtxCreate* contexts */
 
-/* Before a context is created on idx: reserve what it is expected to take, read the driver. */
+/* Before a context is created on idx: reserve what it is expected to take (the slice's learned
+ * size: all there is to do), else read the driver. On failure nothing is held. */
 static CUresult charge_begin(int idx, CUdevice dev, struct vgpu_ctxmem_probe *p, uint64_t *held) {
-    *held = vgpu_ctxmem_estimate(idx);
-    if (*held != 0 && vgpu_mem_reserve(idx, *held) != CUDA_SUCCESS) return CUDA_ERROR_OUT_OF_MEMORY;
-    vgpu_ctxmem_before(p, idx, dev, primary_refs[idx] == 0 && created[idx] == 0);
+    *held = vgpu_ctxmem_expect(p, idx, dev);
+    if (*held != 0 && vgpu_mem_reserve(idx, *held) != CUDA_SUCCESS) {
+        vgpu_ctxmem_cancel(p);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (!p->learned) vgpu_ctxmem_before(p, dev, primary_refs[idx] == 0 && created[idx] == 0);
     return CUDA_SUCCESS;
 }
 
@@ -69,7 +74,8 @@ CUresult hook_cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
     rc = charge_begin(idx, dev, &probe, &held);
     if (rc == CUDA_SUCCESS) {
         rc = real_cuDevicePrimaryCtxRetain(pctx, dev);
-        if (rc == CUDA_SUCCESS && (rc = charge_end(&probe, &held)) != CUDA_SUCCESS) primary_release_real(dev);
+        if (rc != CUDA_SUCCESS) vgpu_ctxmem_cancel(&probe);
+        else if ((rc = charge_end(&probe, &held)) != CUDA_SUCCESS) primary_release_real(dev);
         if (rc == CUDA_SUCCESS) {
             primary_refs[idx] = 1;
             primary_charge[idx] = held;
@@ -138,7 +144,8 @@ static CUresult ctx_create(const struct ctx_create_call *c) {
     CUresult rc = charge_begin(idx, c->dev, &probe, &held);
     if (rc == CUDA_SUCCESS) {
         rc = c->create(c);
-        if (rc == CUDA_SUCCESS && (rc = charge_end(&probe, &held)) != CUDA_SUCCESS) {
+        if (rc != CUDA_SUCCESS) vgpu_ctxmem_cancel(&probe);
+        else if ((rc = charge_end(&probe, &held)) != CUDA_SUCCESS) {
             ctx_destroy_real(*c->pctx); /* nothing of it stays behind */
             *c->pctx = NULL;
         }

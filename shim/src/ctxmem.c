@@ -19,10 +19,25 @@
  * A measurement is credible when it is more than 0 and less than the device's memory. Whatever
  * is measured, a context is charged at least VGPU_CONTEXT_RESERVE (the admin's floor), and when
  * nothing credible is measured, the last credible measurement of the device in this process.
+ *
+ * Learned once per slice: loading NVML and reading it costs ~0.7 ms of CPU (more on real
+ * hardware, whose nvmlInit is slow), most of a process's start-up under the shim. So the size is
+ * kept in the slice's accounting file (devices[].context_bytes, region.h) and a process whose
+ * slice knows it charges that, reserved before the context is created, and never loads NVML.
+ * Only a process that finds nothing learned measures, after claiming the measurement for the
+ * slice; processes starting meanwhile wait for its publication (woken by it; at most 2 s, then
+ * they measure themselves), so of N processes starting at once in a fresh slice one measures.
+ * Published: an exact measurement over one from the device's used memory, the smaller of two of
+ * one kind; "NVML said nothing" only where nothing credible is known (then each process tries).
+ * The file is the tenant's: a learned size is charged at least VGPU_CONTEXT_RESERVE (from the
+ * read-only limits file) and is measured again when it is not below the device's memory, as the
+ * driver reports it (cuDeviceTotalMem). Lowering it cheats only the tenant's own quota, as
+ * rewriting its usage counters would; the watchdog's NVML check is the backstop (docs/shim.md).
  */
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "shim_internal.h"
@@ -30,6 +45,8 @@
 /* The initial PID namespace's inode (PROC_PID_INIT_INO, include/linux/proc_ns.h). */
 #define PID_NS_INIT "pid:[4026531836]"
 #define MAX_PROCS 1024
+#define LEARN_WAIT_NS 2000000000ULL /* the longest wait for another process's measurement */
+#define LEARN_POLL_NS 10000000ULL   /* between looks at whether that process is still alive */
 
 typedef nvmlReturn_t (*pfn_init)(void);
 typedef nvmlReturn_t (*pfn_by_uuid)(const char *, nvmlDevice_t *);
@@ -120,9 +137,8 @@ static int self_used(int n, unsigned pid, uint64_t *used) {
     return 0;
 }
 
-void vgpu_ctxmem_before(struct vgpu_ctxmem_probe *p, int dev, CUdevice cudev, int first_on_device) {
-    memset(p, 0, sizeof *p);
-    p->dev = dev;
+void vgpu_ctxmem_before(struct vgpu_ctxmem_probe *p, CUdevice cudev, int first_on_device) {
+    int dev = p->dev;
     p->first = first_on_device;
     if (!device_handle(dev, cudev)) return;
     nvmlMemory_t m;
@@ -199,13 +215,71 @@ static uint64_t measure(struct vgpu_ctxmem_probe *p, const char **src) {
     return m;
 }
 
-uint64_t vgpu_ctxmem_estimate(int dev) {
+static uint64_t estimate(int dev) {
     uint64_t floor = vgpu_config()->context_reserve;
     return memo[dev] > floor ? memo[dev] : floor;
 }
 
+/* The device's memory as the driver reports it without NVML (0 unknown): the learned size's
+ * upper bound. */
+static uint64_t cuda_total(CUdevice cudev) {
+    size_t t = 0;
+    if (real_cuDeviceTotalMem_v2 == NULL || real_cuDeviceTotalMem_v2(&t, cudev) != CUDA_SUCCESS) return 0;
+    return (uint64_t)t;
+}
+
+uint64_t vgpu_ctxmem_expect(struct vgpu_ctxmem_probe *p, int dev, CUdevice cudev) {
+    memset(p, 0, sizeof *p);
+    p->dev = dev;
+    p->cuda_total = cuda_total(cudev);
+    uint64_t start = 0;
+    for (;;) {
+        uint32_t src, seen = 0;
+        uint64_t v = vgpu_region_context(dev, &src);
+        /* credible: measured, and less than the device (a tenant's garbage is measured again) */
+        if ((src == VGPU_CONTEXT_DEVICE || src == VGPU_CONTEXT_EXACT) && (p->cuda_total == 0 || v < p->cuda_total)) {
+            uint64_t floor = vgpu_config()->context_reserve;
+            vgpu_ctxmem_cancel(p); /* published between our look and our claim */
+            p->learned = 1;
+            p->charge = v > floor ? v : floor;
+            return p->charge;
+        }
+        /* NVML said nothing to another process: try ourselves */
+        if (p->claimed || src == VGPU_CONTEXT_FAILED) break;
+        int c = vgpu_region_context_claim(dev, &seen);
+        if (c < 0) break;
+        if (c > 0) {
+            p->claimed = 1; /* look once more: the last measurer may have published meanwhile */
+            continue;
+        }
+        /* another process of the slice is measuring it: its context creation takes a few ms */
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        uint64_t now = (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+        if (start == 0) start = now;
+        if (now - start > LEARN_WAIT_NS) {
+            vgpu_log(VGPU_LOG_DEBUG, "context on device %d: the slice's measurement takes over %d ms; measuring here",
+                     dev, (int)(LEARN_WAIT_NS / 1000000));
+            break;
+        }
+        vgpu_region_context_wait(dev, seen, LEARN_POLL_NS); /* woken at its publication */
+    }
+    return estimate(dev);
+}
+
+void vgpu_ctxmem_cancel(struct vgpu_ctxmem_probe *p) {
+    if (p->claimed) vgpu_region_context_publish(p->dev, 0, VGPU_CONTEXT_UNKNOWN, 0, 1);
+    p->claimed = 0;
+}
+
 uint64_t vgpu_ctxmem_after(struct vgpu_ctxmem_probe *p) {
     int dev = p->dev;
+    char a[32], b[32];
+    if (p->learned) {
+        vgpu_format_bytes(p->charge, b, sizeof b);
+        vgpu_log(VGPU_LOG_DEBUG, "context on device %d: charged %s, the size the slice learned (NVML not asked)", dev, b);
+        return p->charge;
+    }
     const char *src;
     uint64_t m = measure(p, &src);
     if (p->exact) {
@@ -219,7 +293,10 @@ uint64_t vgpu_ctxmem_after(struct vgpu_ctxmem_probe *p) {
         m = memo[dev]; /* nothing credible, or an exact measurement is known: that one */
     }
     uint64_t floor = vgpu_config()->context_reserve, charge = m > floor ? m : floor;
-    char a[32], b[32];
+    /* what this process now takes a context on dev for, for the slice's later processes */
+    uint32_t learned = memo_exact[dev] ? VGPU_CONTEXT_EXACT : m != 0 ? VGPU_CONTEXT_DEVICE : VGPU_CONTEXT_FAILED;
+    vgpu_region_context_publish(dev, m, learned, p->cuda_total, p->claimed);
+    p->claimed = 0;
     vgpu_format_bytes(m, a, sizeof a);
     vgpu_format_bytes(charge, b, sizeof b);
     vgpu_log(VGPU_LOG_DEBUG, "context on device %d: %s measured from %s; charged %s", dev, a, src, b);

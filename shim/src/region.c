@@ -20,8 +20,10 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <limits.h>
+#include <linux/futex.h>
 #include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/vfs.h>
 #include <time.h>
 #include <unistd.h>
@@ -162,20 +164,26 @@ static uint32_t new_token(void) {
 
 enum holder { HOLDER_ALIVE, HOLDER_DEAD, HOLDER_GARBAGE };
 
+/* Whether another process holds slot (0-based)'s byte lock: 1 yes (alive), 0 nobody (dead), -1
+ * cannot tell. Never asked about our own slot (our own lock does not conflict with us). */
+static int slot_owned(uint32_t slot) {
+    struct flock fl;
+    memset(&fl, 0, sizeof fl);
+    fl.l_type = F_WRLCK;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = VGPU_SLOT_LOCK_BASE + (off_t)slot;
+    fl.l_len = 1;
+    if (fcntl(region_fd, F_OFD_GETLK, &fl) != 0) return -1;
+    return fl.l_type != F_UNLCK;
+}
+
 static enum holder holder_state(uint32_t t, uint32_t mine) {
     uint32_t slot = t & TOKEN_SLOT_MASK;
     if (slot == TOKEN_UNKNOWN) return HOLDER_ALIVE; /* cannot tell: the timeout decides */
     if (slot == 0 || slot > VGPU_MAX_PROCS) return HOLDER_GARBAGE;
     if (slot == (mine & TOKEN_SLOT_MASK)) return HOLDER_DEAD; /* our slot, and we wait: not ours */
     /* F_OFD_GETLK: a live owner's lock on that slot's byte conflicts with ours (not our slot) */
-    struct flock fl;
-    memset(&fl, 0, sizeof fl);
-    fl.l_type = F_WRLCK;
-    fl.l_whence = SEEK_SET;
-    fl.l_start = VGPU_SLOT_LOCK_BASE + (off_t)slot - 1;
-    fl.l_len = 1;
-    if (fcntl(region_fd, F_OFD_GETLK, &fl) != 0) return HOLDER_ALIVE;
-    return fl.l_type == F_UNLCK ? HOLDER_DEAD : HOLDER_ALIVE;
+    return slot_owned(slot - 1) == 0 ? HOLDER_DEAD : HOLDER_ALIVE;
 }
 
 int vgpu_region_lock(void) {
@@ -479,6 +487,65 @@ void vgpu_region_uncharge(int dev, uint64_t bytes) {
     *mine -= b;
     __atomic_store_n(&a->used, a->used >= b ? a->used - b : 0, __ATOMIC_RELAXED);
     vgpu_region_unlock();
+}
+
+/* ---- a context's learned size (protocol: region.h) ---- */
+
+uint64_t vgpu_region_context(int dev, uint32_t *source) {
+    if (R == NULL) {
+        *source = VGPU_CONTEXT_UNKNOWN;
+        return 0;
+    }
+    *source = __atomic_load_n(&R->devices[dev].context_source, __ATOMIC_ACQUIRE);
+    return __atomic_load_n(&R->devices[dev].context_bytes, __ATOMIC_ACQUIRE);
+}
+
+static uint32_t *measurer_word(int dev) { return &R->devices[dev].context_measurer; }
+
+int vgpu_region_context_claim(int dev, uint32_t *seen) {
+    if (R == NULL || ensure_slot() != 0) return -1;
+    uint32_t mine = (uint32_t)my_slot + 1, cur = __atomic_load_n(measurer_word(dev), __ATOMIC_ACQUIRE);
+    for (;;) {
+        /* free; ours (we are not measuring: a dead former owner of our slot); not a slot
+         * (garbage); a slot nobody holds (its measurer died): ours to take */
+        int take = cur == 0 || cur == mine || cur > VGPU_MAX_PROCS || slot_owned(cur - 1) == 0;
+        if (!take) {
+            *seen = cur;
+            return 0;
+        }
+        if (__atomic_compare_exchange_n(measurer_word(dev), &cur, mine, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+            return 1;
+    }
+}
+
+void vgpu_region_context_wait(int dev, uint32_t seen, uint64_t ns) {
+    if (R == NULL) return;
+    struct timespec ts = {(time_t)(ns / 1000000000ULL), (long)(ns % 1000000000ULL)};
+    /* not FUTEX_PRIVATE: the word is in a shared file mapping, waited on by other processes */
+    syscall(SYS_futex, measurer_word(dev), FUTEX_WAIT, seen, &ts, NULL, 0);
+}
+
+void vgpu_region_context_publish(int dev, uint64_t bytes, uint32_t source, uint64_t total, int claimed) {
+    if (R == NULL) return;
+    struct vgpu_device_account *a = &R->devices[dev];
+    if (source != VGPU_CONTEXT_UNKNOWN && vgpu_region_lock() == 0) {
+        uint32_t cur = a->context_source;
+        uint64_t have = a->context_bytes;
+        /* what is there is worth keeping only if it is a measurement and credible */
+        int kept = (cur == VGPU_CONTEXT_DEVICE || cur == VGPU_CONTEXT_EXACT) && (total == 0 || have < total);
+        int better = source == VGPU_CONTEXT_FAILED ? !kept && cur != VGPU_CONTEXT_FAILED
+                     : !kept || source > cur || (source == cur && bytes < have);
+        if (better) {
+            __atomic_store_n(&a->context_bytes, bytes, __ATOMIC_RELEASE);
+            __atomic_store_n(&a->context_source, source, __ATOMIC_RELEASE);
+        }
+        vgpu_region_unlock();
+    }
+    if (claimed && my_slot >= 0) {
+        uint32_t mine = (uint32_t)my_slot + 1;
+        __atomic_compare_exchange_n(measurer_word(dev), &mine, 0, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
+        syscall(SYS_futex, measurer_word(dev), FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+    }
 }
 
 uint64_t vgpu_region_used(int dev) {

@@ -181,6 +181,17 @@ int vgpu_region_charge(int dev, uint64_t bytes, uint64_t limit, uint64_t *used_o
 uint64_t vgpu_region_limit(int dev);
 void vgpu_region_uncharge(int dev, uint64_t bytes);
 uint64_t vgpu_region_used(int dev);
+/* A context's size on device index dev as the slice learned it (region.h): the bytes, and in
+ * *source how it was measured (VGPU_CONTEXT_*). Tenant-writable: the caller bounds it. */
+uint64_t vgpu_region_context(int dev, uint32_t *source);
+/* Claim the measurement of dev's context size: 1 ours (publish must follow), 0 a live process of
+ * the slice measures it (*seen: its word, to wait on), -1 no slot (measure without a claim). */
+int vgpu_region_context_claim(int dev, uint32_t *seen);
+/* Sleep until the measurer word of dev changes from seen, at most ns. */
+void vgpu_region_context_wait(int dev, uint32_t seen, uint64_t ns);
+/* Publish a measurement (source VGPU_CONTEXT_UNKNOWN: none, only drop the claim) of a device of
+ * total bytes (0 unknown) and, if claimed, drop our claim and wake the waiters. */
+void vgpu_region_context_publish(int dev, uint64_t bytes, uint32_t source, uint64_t total, int claimed);
 /* Return the charges of dead processes to the quota (system calls: not on every call). */
 void vgpu_region_reclaim_dead(void);
 /* Fork child: drop the inherited slot (claim a new one lazily). */
@@ -225,16 +236,24 @@ CUresult vgpu_mem_unaccounted(void);
 #define VGPU_CTXMEM_PIDS 256
 struct vgpu_ctxmem_probe { /* the driver's readings before a context is created */
     int dev, first, have_dev, have_self, have_pids, exact;
+    int learned; /* the slice knew the size: charge is charged, nothing is read */
+    int claimed; /* this process measures for the slice: publish (or drop) the claim */
+    uint64_t charge, cuda_total; /* cuda_total: the device's memory by the driver, 0 unknown */
     uint64_t dev_used, total, self_used;
     unsigned npids, pids[VGPU_CTXMEM_PIDS];
 };
-/* Read the driver before creating a context on device index dev (first: the process has no
- * context on it). Callers serialise context creation in the process. */
-void vgpu_ctxmem_before(struct vgpu_ctxmem_probe *p, int dev, CUdevice cudev, int first);
+/* Before a context on device index dev is created: what to reserve for it. The slice's learned
+ * size when it knows one (p->learned: nothing else to do, vgpu_ctxmem_after returns it), waiting
+ * briefly for another process of the slice that is measuring it; else the estimate, and the
+ * caller reads the driver (vgpu_ctxmem_before). Callers serialise context creation in the
+ * process; after vgpu_ctxmem_expect, exactly one of vgpu_ctxmem_after / _cancel follows. */
+uint64_t vgpu_ctxmem_expect(struct vgpu_ctxmem_probe *p, int dev, CUdevice cudev);
+/* Read the driver before creating a context (first: the process has no context on it). */
+void vgpu_ctxmem_before(struct vgpu_ctxmem_probe *p, CUdevice cudev, int first);
+/* The context was not created (or not reserved for): drop a claim to measure it. */
+void vgpu_ctxmem_cancel(struct vgpu_ctxmem_probe *p);
 /* After the context was created: the bytes to charge for it (at least VGPU_CONTEXT_RESERVE). */
 uint64_t vgpu_ctxmem_after(struct vgpu_ctxmem_probe *p);
-/* What a context on dev is expected to take before it is created (0 when nothing is known). */
-uint64_t vgpu_ctxmem_estimate(int dev);
 
 /* ---- memory pools (pools.c) ---- */
 /* Settle every (idle) pool of device index dev to what it reserves; trim them first if trim.

@@ -36,6 +36,23 @@ def rcs(held: Held) -> list[str]:
     return [r["rc"] for r in held.results]
 
 
+def start_at_once(
+    shim_ops: Path, env: dict[str, str], n: int, *ops: str
+) -> list[subprocess.Popen[str]]:
+    """n shim_ops processes running ops, then holding what they made until their stdin closes."""
+    return [
+        subprocess.Popen(
+            [str(shim_ops), *ops, "ready", "freeall"],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(n)
+    ]
+
+
 @pytest.mark.parametrize("knob", [None, "300Mi", "64Mi"])
 def test_charged_what_the_driver_took(
     knob: str | None, shim_ops: Path, shim_env: dict[str, str], tmp_path: Path
@@ -132,17 +149,7 @@ def test_n_processes_never_exceed_the_quota_by_their_contexts(
     """Six processes of a 2 GiB slice each create a primary and an explicit context at once:
     NVML's per-process used memory, summed over them, stays within the quota."""
     env, reg = slice_env(shim_env, tmp_path, "2Gi")
-    procs = [
-        subprocess.Popen(
-            [str(shim_ops), "init", "ctx", "ctxcreate", "ready", "freeall"],
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(6)
-    ]
+    procs = start_at_once(shim_ops, env, 6, "init", "ctx", "ctxcreate")
     try:
         ok = 0
         for p in procs:
@@ -199,7 +206,8 @@ def test_measured_in_a_pid_namespace(
     shim_ops: Path, shim_env: dict[str, str], tmp_path: Path
 ) -> None:
     """In a container NVML lists host PIDs, not getpid(): the shim finds its own entry as the
-    one that appeared with its first context, then charges a second context from that entry."""
+    one that appeared with its first context; the second context is charged what the slice
+    learned from that exact measurement, without asking NVML again."""
     probe = subprocess.run(["unshare", "--pid", "--fork", "true"], capture_output=True, check=False)
     if probe.returncode != 0:
         pytest.skip(f"cannot create a PID namespace here: {probe.stderr.decode().strip()}")
@@ -211,8 +219,10 @@ def test_measured_in_a_pid_namespace(
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert "used=629145600" in r.stdout  # two 300 MiB contexts
-    lines = [x for x in r.stderr.splitlines() if "measured from" in x]
-    assert len(lines) == 2 and all("this process's NVML entry" in x for x in lines), r.stderr
+    lines = [x for x in r.stderr.splitlines() if "vgpu: context on device 0" in x]
+    assert len(lines) == 2, r.stderr
+    assert "300.0 MiB measured from this process's NVML entry" in lines[0], r.stderr
+    assert "charged 300.0 MiB, the size the slice learned (NVML not asked)" in lines[1], r.stderr
 
 
 def test_without_nvml_the_floor_is_charged(
@@ -234,3 +244,127 @@ def test_without_nvml_the_floor_is_charged(
     assert (
         "could not be measured" in held.stderr and "VGPU_CONTEXT_RESERVE (300.0 MiB)" in held.stderr
     )
+
+
+def nvml_mapped(pid: int) -> bool:
+    """Whether libnvidia-ml is loaded into the process."""
+    return "libnvidia-ml" in Path(f"/proc/{pid}/maps").read_text()
+
+
+def set_learned(reg: Path, *, size: int | None = None, source: int | None = None,
+                measurer: int | None = None) -> None:  # fmt: skip
+    """Write device 0's learned context size fields as a tenant could (region.h)."""
+    from sharing._region_cffi import ffi, lib
+
+    base = ffi.offsetof("struct vgpu_region", "devices")
+    with reg.open("r+b") as f:
+        for field, value, width in (
+            ("context_bytes", size, 8),
+            ("context_source", source, 4),
+            ("context_measurer", measurer, 4),
+        ):
+            if value is not None:
+                f.seek(base + ffi.offsetof("struct vgpu_device_account", field))
+                f.write(value.to_bytes(width, "little"))
+    assert lib.VGPU_CONTEXT_EXACT == 2
+
+
+def test_a_later_process_charges_the_learned_size_without_nvml(
+    shim_ops: Path, shim_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The slice's first process measures its context (loading NVML) and publishes the size; the
+    next one charges that size for its context and never loads NVML."""
+    env, reg = slice_env(shim_env, tmp_path, "4Gi")
+    env.update(SIMGPU_CONTEXT_MEMORY="300Mi", LIBCUDA_LOG_LEVEL="4")
+    first = Held(shim_ops, env, "init", "ctx")
+    second = None
+    try:
+        assert rcs(first) == ["0", "0"]
+        assert nvml_mapped(first.proc.pid)  # it measured: the check below can fail
+        assert region.read(reg).devices[0].context_bytes == 300 * MiB
+        second = Held(shim_ops, env, "init", "ctx", "ctxcreate", "info")
+        assert rcs(second) == ["0", "0", "0", "0"]
+        assert not nvml_mapped(second.proc.pid)
+        assert region.read(reg).devices[0].used == 3 * 300 * MiB
+        # the charge is what the driver took (NVML's ground truth, read from outside)
+        assert nvml_procs(env) == {first.proc.pid: 300 * MiB, second.proc.pid: 600 * MiB}
+    finally:
+        first.release()
+        if second is not None:
+            second.release()
+    assert second is not None
+    assert "measured from this process's NVML entry" in first.stderr
+    assert "measured from" not in second.stderr
+    assert second.stderr.count("the size the slice learned (NVML not asked)") == 2
+
+
+def test_many_at_once_in_a_fresh_slice_one_measures_and_the_quota_holds(
+    shim_ops: Path, shim_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Sixteen processes start at once in a slice whose file does not exist yet: one measures a
+    context (the others wait for its publication; a 2 s timeout under extreme load may let one
+    more measure), and NVML's per-process used memory, summed, stays within the quota."""
+    env, reg = slice_env(shim_env, tmp_path, "4Gi")
+    env["LIBCUDA_LOG_LEVEL"] = "4"
+    procs = start_at_once(shim_ops, env, 16, "init", "ctx")
+    errs = []
+    created = []
+    try:
+        for p in procs:
+            assert p.stdout is not None
+            for line in p.stdout:
+                if line.strip() == "ready":
+                    break
+                if line.startswith("op=ctx "):
+                    created.append(" rc=0" in line)
+        ok = sum(created)
+        used = nvml_procs(env)
+        mine = sum(used.get(p.pid, 0) for p in procs)
+        assert ok == 8 and mine == 8 * CONTEXT_MEMORY <= 4 << 30, used  # 4 GiB: eight contexts
+        assert region.read(reg).devices[0].used == mine
+    finally:
+        for p in procs:
+            errs.append(p.communicate(timeout=60)[1])
+    measured = sum("measured from" in e for e in errs)
+    assert 1 <= measured <= 2, errs
+    for made, e in zip(created, errs, strict=True):
+        # a context made was charged the learned size, unless this process measured it; one
+        # refused was refused on the learned size (or, the measurer, on its measurement)
+        assert made == (
+            "the size the slice learned" in e or ("measured from" in e and "denied" not in e)
+        ), e
+        assert made != ("denied" in e), e
+    assert region.read(reg).devices[0].context_bytes == CONTEXT_MEMORY
+
+
+def test_a_tampered_learned_size_is_bounded(
+    shim_ops: Path, shim_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The accounting file is the tenant's: a learned size lowered below VGPU_CONTEXT_RESERVE is
+    charged the floor; one at or above the device's memory is measured again (and replaced); a
+    claim of a measurer that is not alive does not make anyone wait."""
+    from sharing._region_cffi import lib
+
+    env, reg = slice_env(shim_env, tmp_path, "8Gi")
+    env.update(LIBCUDA_LOG_LEVEL="4", VGPU_CONTEXT_RESERVE="100Mi")
+    region.create(reg)
+    set_learned(reg, size=1 * MiB, source=lib.VGPU_CONTEXT_EXACT)
+    held = Held(shim_ops, env, "init", "ctx")
+    try:
+        assert rcs(held) == ["0", "0"]
+        assert region.read(reg).devices[0].used == 100 * MiB
+        assert not nvml_mapped(held.proc.pid)
+    finally:
+        held.release()
+    # at least the device's memory (80 GiB here: the simulated H100): not credible, measured again
+    for measurer in (0, 3, 0xFFFFFFFF):  # no one; slot 2, whose process is not alive; garbage
+        set_learned(reg, size=1 << 50, source=lib.VGPU_CONTEXT_EXACT, measurer=measurer)
+        held = Held(shim_ops, env, "init", "ctx")
+        try:
+            assert rcs(held) == ["0", "0"]
+            assert region.read(reg).devices[0].used == CONTEXT_MEMORY
+        finally:
+            held.release()
+        assert "measured from this process's NVML entry" in held.stderr
+        assert "measuring here" not in held.stderr  # nobody waited for a dead claim
+        assert region.read(reg).devices[0].context_bytes == CONTEXT_MEMORY

@@ -31,6 +31,13 @@
  *    are: every write to devices[].used/peak/denials/denied_bytes is a single __atomic store of
  *    a naturally aligned 64-bit word, so a reader never sees a torn value (it may see `used`
  *    and `peak` of slightly different instants). Readers never take the lock.
+ *  - A context's size (devices[d].context_bytes/context_source), layout 5: a process that finds
+ *    none learned claims the measurement by compare-and-swap of context_measurer from 0 to its
+ *    slot + 1, measures, publishes under the lock (an exact measurement replaces one from the
+ *    device's used memory; between two of one kind the smaller stays), sets context_measurer
+ *    back to 0 and wakes its FUTEX_WAIT-ers. Others wait on that word (bounded) for the value; a
+ *    claim whose slot's byte lock nobody holds (a dead measurer) or that is not a slot is taken
+ *    over. context_bytes is a single atomic 64-bit store, read without the lock.
  */
 #ifndef VGPU_REGION_H
 #define VGPU_REGION_H
@@ -41,7 +48,7 @@
 
 /* CFFI-BEGIN */
 #define VGPU_REGION_MAGIC 0x55504756 /* "VGPU" little-endian */
-#define VGPU_REGION_LAYOUT_VERSION 5 /* 4: usage only (no limit), devices[].denied_bytes; 5: 64 devices */
+#define VGPU_REGION_LAYOUT_VERSION 5 /* 4: usage only (no limit), devices[].denied_bytes; 5: 64 devices, learned context size */
 /* Devices of a process that are accounted: 64 covers the largest nodes (16 GPUs; 8 GPUs split into
  * 7 MIG instances each = 56). A device past it is refused memory when a limit is set (devices.c). */
 #define VGPU_MAX_DEVICES 64
@@ -50,6 +57,11 @@
 #define VGPU_SLOT_LOCK_BASE 0 /* slot i's liveness lock is on file byte VGPU_SLOT_LOCK_BASE + i */
 #define VGPU_SLOT_FREE 0
 #define VGPU_SLOT_LIVE 1
+/* devices[].context_source */
+#define VGPU_CONTEXT_UNKNOWN 0  /* nothing learned */
+#define VGPU_CONTEXT_DEVICE 1   /* from the device's used memory before/after (may include others') */
+#define VGPU_CONTEXT_EXACT 2    /* from the measuring process's own NVML entry */
+#define VGPU_CONTEXT_FAILED 3   /* a process tried and NVML said nothing: others measure themselves */
 
 struct vgpu_region_header {
     uint32_t magic;          /* VGPU_REGION_MAGIC */
@@ -68,6 +80,13 @@ struct vgpu_device_account {
     uint64_t denials; /* allocations refused over quota */
     /* Counters for observers (exporter, `vgpu top`), layout 4. */
     uint64_t denied_bytes; /* bytes asked for by the refused allocations */
+    /* A context's own device memory on this device, learned by the slice's first process that
+     * measured it (layout 5; shim/src/ctxmem.c): later processes charge it without asking NVML.
+     * Written by the tenant's processes like `used`: the shim bounds it by VGPU_CONTEXT_RESERVE
+     * from below and ignores it at or above the device's memory (docs/shim.md, threat model). */
+    uint64_t context_bytes;    /* 0: not learned yet */
+    uint32_t context_source;   /* VGPU_CONTEXT_* : how context_bytes was measured */
+    uint32_t context_measurer; /* slot + 1 of the process measuring it now, 0 none (a futex word) */
 };
 
 struct vgpu_proc_slot {
@@ -91,5 +110,7 @@ struct vgpu_region {
 /* CFFI-END */
 
 _Static_assert(VGPU_DEMAND_DEVICES == VGPU_MAX_DEVICES, "a demand file has an entry per accounted device");
+_Static_assert(sizeof(struct vgpu_device_account) == 48, "devices[] entries are part of the layout");
+_Static_assert(__builtin_offsetof(struct vgpu_device_account, context_measurer) % 4 == 0, "a futex word is 4-aligned");
 
 #endif
