@@ -15,6 +15,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+# Kernel durations exactly as modelled (no spread, no long tail): for tests that pin durations.
+EXACT_DURATIONS = {"SIMGPU_KERNEL_SPREAD_PCT": "0", "SIMGPU_KERNEL_TAIL_PPM": "0"}
+
 PROBE_PRELUDE = """
 import json, sys, time
 import pynvml as nv
