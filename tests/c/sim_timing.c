@@ -7,8 +7,9 @@
  *                                  from launch to the return of cuStreamSynchronize, and what
  *                                  cuStreamQuery answered halfway
  *   sim_timing short US FIFO       wait for "launched" on FIFO, sleep 2 ms, launch one sim_<US>us
- *                                  kernel; print JSON: the event time from before the launch to its
- *                                  end, and the wall time to the return of cuEventSynchronize
+ *                                  kernel; print JSON: the time between events recorded before and
+ *                                  after it, and the wall time from the launch to the return of
+ *                                  cuEventSynchronize
  */
 #include <fcntl.h>
 #include <string.h>

@@ -397,14 +397,21 @@ static CUresult event_record(CUevent e, CUstream h, int ptds)
         return CUDA_ERROR_INVALID_HANDLE;
     if (s->capturing)
         return CUDA_SUCCESS; /* event nodes are not modelled in graphs */
-    /* The event completes when the stream's queued work does: at once if that is done already
-     * (its time is now), else when the lane reaches the position (time resolved when seen done). */
+    /* The event completes when the stream's queued work does. On an idle stream it is a command
+     * the device processes when this process's lane next holds the device, as a GPU writes an
+     * event's timestamp when the context's channel is scheduled: a 1 ns marker in the lane (so an
+     * event recorded just before a launch, while a neighbour holds the device, completes when the
+     * kernel starts, not while it waits). Its time is resolved when it is seen done. */
     int dev = sim_phys(s->ctx->dev);
     uint64_t pos = sim_stream_sync_target(s);
     atomic_store(&e->recorded, 0);
     e->dev = dev;
+    if (s->dep_pos == 0 && sim_sched_served(dev, G.slot) >= pos) {
+        uint64_t served;
+        pos = sim_sched_submit(dev, G.slot, 1, &served);
+    }
     atomic_store(&e->pos, pos);
-    atomic_store(&e->t, s->dep_pos == 0 && sim_sched_served(dev, G.slot) >= pos ? sim_now_ns() : 0);
+    atomic_store(&e->t, 0);
     atomic_store(&e->recorded, 1);
     return CUDA_SUCCESS;
 }
