@@ -24,7 +24,8 @@ def test_api_surface(build_c: Callable[..., Path], sim_env: dict[str, str]) -> N
 
 def test_smoke_timeline(build_c: Callable[..., Path], sim_env: dict[str, str]) -> None:
     exe = build_c("sim_smoke.c")
-    env = dict(sim_env, SIMGPU_ALLOC_GRANULARITY="512")  # exact byte counts
+    # exact byte counts; 100 x 1 ms launches must take at least 100 ms: exact durations
+    env = dict(sim_env, SIMGPU_ALLOC_GRANULARITY="512", **EXACT_DURATIONS)
     r = subprocess.run([str(exe)], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
 
