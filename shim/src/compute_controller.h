@@ -90,7 +90,7 @@ uint64_t vc_est_cost(const struct vc_est_entry *e);
 /* The NVML outer loop's control law (compute_nvml.c): given the cost factor in force, the
  * slice's share of the device over the last period by the driver's per-process utilisation
  * (usage_pm, permille; nprocs processes, each rounded to an integer percent) and what it was
- * charged over the same period (charged_pm), the new factor: VC_NVML_GAIN of the way (log scale)
+ * charged over the same period (charged_pm), the new factor: VC_NVML_GAIN of the way (linearly)
  * to factor x usage / charged, within [VC_NVML_FACTOR_MIN, VC_NVML_FACTOR_MAX]; unchanged below
  * 5% or within the rounding (1 point, +0.5 per further process). */
 #define VC_NVML_MIN_USAGE_PM 50.0

@@ -11,7 +11,7 @@
  * (the one that wins the CAS on nvml_next_ns) sums the smUtil of the slice's processes on the
  * device and compares it with what the slice was *charged* over the same second: their ratio is
  * the bias of the measured costs, whatever its cause, and the cost factor (nvml_factor_ppm) moves
- * towards factor x ratio (VC_NVML_GAIN of the way, on a log scale; the law is vc_nvml_factor in
+ * towards factor x ratio (VC_NVML_GAIN of the way; the law is vc_nvml_factor in
  * compute_controller.c, also run by the plant model of tests/c/compute_controller_test.c). Readings where the slice used under 5% of the device, or where the two
  * differ by no more than the integer rounding of smUtil allows (1 point), change nothing. It runs on a helper thread
  * (started at the first capped launch, sleeping between readings, all signals blocked) so that a

@@ -66,14 +66,21 @@ static int durations(const char *name, int n)
     return 0;
 }
 
-static int long_kernel(int us, const char *fifo)
+/* A context with function sim_<us>us, and two timing events. */
+static CUfunction setup_us(int us, CUevent *a, CUevent *b)
 {
     char name[64];
     snprintf(name, sizeof name, "sim_%dus", us);
     CUfunction f = setup(name);
+    CHECK(cuEventCreate(a, 0));
+    CHECK(cuEventCreate(b, 0));
+    return f;
+}
+
+static int long_kernel(int us, const char *fifo)
+{
     CUevent a, b;
-    CHECK(cuEventCreate(&a, 0));
-    CHECK(cuEventCreate(&b, 0));
+    CUfunction f = setup_us(us, &a, &b);
     CHECK(cuEventRecord(a, NULL));
     double t0 = wall_ms();
     CHECK(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
@@ -95,12 +102,8 @@ static int long_kernel(int us, const char *fifo)
 
 static int short_kernel(int us, const char *fifo)
 {
-    char name[64];
-    snprintf(name, sizeof name, "sim_%dus", us);
-    CUfunction f = setup(name);
     CUevent a, b;
-    CHECK(cuEventCreate(&a, 0));
-    CHECK(cuEventCreate(&b, 0));
+    CUfunction f = setup_us(us, &a, &b);
     int fd = open(fifo, O_RDONLY);
     EXPECT(fd >= 0);
     char buf[16];

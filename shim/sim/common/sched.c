@@ -194,17 +194,25 @@ static void advance_locked(sim_sched *q, int dev, uint64_t now)
         run(&q->run, now, -1, 0, q, dev);
 }
 
+/* Lock device `dev`'s scheduler, run it to now, mirror the slot's history; returns it locked. */
+static sim_sched *lock_now(int dev, int slot, uint64_t *now)
+{
+    sim_sched *q = &sim_shm->sched[dev];
+    *now = sim_now_ns();
+    sched_lock(q);
+    advance_locked(q, dev, *now);
+    mirror_locked(q, dev, slot);
+    return q;
+}
+
 uint64_t sim_sched_submit(int dev, int slot, uint64_t dur_ns, uint64_t *served)
 {
     if (!lane_ok(dev, slot)) {
         *served = 0;
         return 0;
     }
-    sim_sched *q = &sim_shm->sched[dev];
-    uint64_t now = sim_now_ns();
-    sched_lock(q);
-    advance_locked(q, dev, now);
-    mirror_locked(q, dev, slot);
+    uint64_t now;
+    sim_sched *q = lock_now(dev, slot, &now);
     sim_lane *l = &q->lane[slot];
     uint64_t pend = q->run.pend[slot];
     *served = l->submitted - pend;
@@ -222,11 +230,8 @@ uint64_t sim_sched_served(int dev, int slot)
 {
     if (!lane_ok(dev, slot))
         return UINT64_MAX;
-    sim_sched *q = &sim_shm->sched[dev];
-    uint64_t now = sim_now_ns();
-    sched_lock(q);
-    advance_locked(q, dev, now);
-    mirror_locked(q, dev, slot);
+    uint64_t now;
+    sim_sched *q = lock_now(dev, slot, &now);
     uint64_t s = q->lane[slot].submitted - q->run.pend[slot];
     sched_unlock(q);
     return s;
@@ -236,11 +241,8 @@ uint64_t sim_sched_eta(int dev, int slot, uint64_t pos)
 {
     if (!lane_ok(dev, slot))
         return 0;
-    sim_sched *q = &sim_shm->sched[dev];
-    uint64_t now = sim_now_ns();
-    sched_lock(q);
-    advance_locked(q, dev, now);
-    mirror_locked(q, dev, slot);
+    uint64_t now;
+    sim_sched *q = lock_now(dev, slot, &now);
     uint64_t sub = q->lane[slot].submitted;
     uint64_t eta = 0;
     if (pos > sub - q->run.pend[slot]) {
@@ -268,11 +270,9 @@ uint64_t sim_sched_done_time(int dev, int slot, uint64_t pos)
 {
     if (!lane_ok(dev, slot))
         return 0;
-    sim_sched *q = &sim_shm->sched[dev];
-    uint64_t now = sim_now_ns(), t = 0;
-    sched_lock(q);
-    advance_locked(q, dev, now);
-    mirror_locked(q, dev, slot);
+    uint64_t now, t = 0;
+    sim_sched *q = lock_now(dev, slot, &now);
+    (void)now;
     if (g_hist[dev].h && g_hist[dev].slot == slot) {
         /* newest first; segments are in increasing served order */
         uint64_t n = g_hist[dev].count, oldest = n > HIST ? n - HIST : 0;
