@@ -269,8 +269,12 @@ static void drain_ctx(struct cctx *cx, int64_t now, int budget)
         float ms = 0;
         if (q == CUDA_SUCCESS && drv.event_elapsed(&ms, s->start, s->end) == CUDA_SUCCESS && ms >= 0 && cd->st) {
             uint64_t sample = (uint64_t)llroundf(ms * 1e6f);
-            uint64_t est = vc_est_update(e, sample);
-            int64_t delta = (int64_t)((double)est * vgpu_compute_cost_factor(cd->st) + 0.5) - (int64_t)s->charged;
+            int accepted;
+            uint64_t est = vc_est_update(e, sample, &accepted);
+            /* A measured launch pays what it took (run-to-run variation and rare slow runs are
+             * then charged as they happen); one that waited for other work pays the estimate. */
+            uint64_t cost = accepted ? sample : est;
+            int64_t delta = (int64_t)((double)cost * vgpu_compute_cost_factor(cd->st) + 0.5) - (int64_t)s->charged;
             uint32_t pm = __atomic_load_n(&cd->eff, __ATOMIC_RELAXED);
             if (!pm)
                 pm = g_cfg.cap[cx->dev];

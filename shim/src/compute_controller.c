@@ -99,62 +99,82 @@ uint64_t vc_est_cost(const struct vc_est_entry *e)
     return e->est_ns < 1.0 ? 1 : (uint64_t)(e->est_ns + 0.5);
 }
 
-/* Robust mean. A device shared by time-slicing only ever adds queueing time to a measured
- * duration (the kernel waited behind someone else's work), so:
- *  - `low_ns` tracks the lower envelope of the samples: it drops to any lower sample at once and
- *    creeps up by at most 0.01% per higher one. A few clean samples keep it at the kernel's own
- *    cost even when nine samples in ten are inflated (measured: a 30% slice next to a 70% one).
- *  - the charged estimate `est_ns` is the mean of the samples within 4% (+1 us) of the
- *    envelope: unbiased for kernels with small run-to-run jitter, blind to queueing.
- *  - the kernel really got slower when the rejected samples agree with each other (16 in a row
- *    within 5%: queueing delays vary), or after 128 rejected in a row: re-base on the smallest. */
-#define VC_LOW_CREEP 0.0001
-#define VC_ACCEPT_REL 0.04
-#define VC_ACCEPT_ABS_NS 1000.0
-#define VC_REJECT_CONSISTENT 16
-#define VC_REJECT_SPREAD 1.05
-#define VC_REJECT_RUN 128
+/* Robust mean. Kernel durations vary from run to run (clocks, memory contention: tens of
+ * percent), and a device shared by time-slicing adds the neighbours' slices to a measured
+ * duration (the kernel waited behind, or was preempted by, someone else's work), never removes
+ * any. So:
+ *  - the charged estimate `est_ns` is a running mean (1/32 weight once warm) of the accepted
+ *    samples: unbiased under run-to-run variation;
+ *  - a sample above VC_REJECT_FACTOR x the estimate (+10 us) waited for someone else's slice: it
+ *    is rejected (charged the estimate instead). Run-to-run variation of 20% almost never goes
+ *    that far (3 standard deviations); a neighbour's 2 ms slice makes a short kernel's sample
+ *    several times its length;
+ *  - the kernel really got slower when VC_REJECT_RUN samples in a row are rejected: the
+ *    estimate re-bases on the smallest of them.
+ * What this cannot see (a long kernel preempted in every sample by a busy neighbour) the NVML
+ * outer loop corrects (compute_nvml.c). */
+#define VC_REJECT_FACTOR 1.8
+#define VC_REJECT_ABS_NS 10000.0
+#define VC_MEAN_WEIGHT 32
+#define VC_REJECT_RUN 16
 
-uint64_t vc_est_update(struct vc_est_entry *e, uint64_t sample_ns)
+uint64_t vc_est_update(struct vc_est_entry *e, uint64_t sample_ns, int *accepted)
 {
     double s = (double)sample_ns;
+    int ok = 1;
     if (e->samples == 0) {
         e->est_ns = e->low_ns = e->mean_ns = s;
+        e->accepted = 1;
     } else {
-        if (s < e->low_ns) {
+        if (s < e->low_ns)
             e->low_ns = s;
-        } else {
-            double up = s - e->low_ns, lim = e->low_ns * VC_LOW_CREEP;
-            e->low_ns += up < lim ? up : lim;
-        }
-        double hi = e->low_ns * (1.0 + VC_ACCEPT_REL) + VC_ACCEPT_ABS_NS;
+        double hi = e->est_ns * VC_REJECT_FACTOR + VC_REJECT_ABS_NS;
         if (s <= hi) {
-            uint32_t n = e->accepted < 7 ? e->accepted + 1 : 10;
+            uint32_t n = e->accepted < VC_MEAN_WEIGHT - 1 ? e->accepted + 1 : VC_MEAN_WEIGHT;
             e->est_ns += (s - e->est_ns) / (double)n;
             if (e->accepted < UINT32_MAX)
                 e->accepted++;
             e->reject_run = 0;
         } else {
+            ok = 0;
             if (e->reject_run == 0 || s < e->reject_min_ns)
                 e->reject_min_ns = s;
             if (e->reject_run == 0 || s > e->reject_max_ns)
                 e->reject_max_ns = s;
             e->reject_run++;
-            if ((e->reject_run >= VC_REJECT_CONSISTENT && e->reject_max_ns <= e->reject_min_ns * VC_REJECT_SPREAD) ||
-                e->reject_run >= VC_REJECT_RUN) {
+            if (e->reject_run >= VC_REJECT_RUN) {
                 e->low_ns = e->est_ns = e->reject_min_ns;
+                e->accepted = 1;
                 e->reject_run = 0;
             }
         }
-        if (e->est_ns < e->low_ns)
-            e->est_ns = e->low_ns;
-        if (e->est_ns > hi)
-            e->est_ns = hi;
         e->mean_ns += (s - e->mean_ns) * 0.05;
     }
     if (e->samples < UINT32_MAX)
         e->samples++;
+    if (accepted)
+        *accepted = ok;
     return vc_est_cost(e);
+}
+
+/* ------------------------------------------------------ NVML outer loop */
+
+double vc_nvml_factor(double factor, double usage_pm, double charged_pm, int nprocs)
+{
+    if (charged_pm < VC_NVML_MIN_USAGE_PM || usage_pm < VC_NVML_MIN_USAGE_PM)
+        return factor; /* smUtil is an integer percent per process: too coarse below 5% */
+    double deadband = VC_NVML_DEADBAND_PM + 5.0 * (nprocs > 1 ? nprocs - 1 : 0);
+    double diff = usage_pm - charged_pm;
+    if (diff <= deadband && diff >= -deadband)
+        return factor;
+    /* linear, not ratio^gain: libm's exp/log carry glibc 2.29 symbol versions, newer than the
+     * shim's glibc bound (tests/shim/test_glibc_bound.py) */
+    double f = factor * (1.0 + VC_NVML_GAIN * (usage_pm / charged_pm - 1.0));
+    if (f < VC_NVML_FACTOR_MIN)
+        f = VC_NVML_FACTOR_MIN;
+    if (f > VC_NVML_FACTOR_MAX)
+        f = VC_NVML_FACTOR_MAX;
+    return f;
 }
 
 /* ---------------------------------------------------------- elastic share */

@@ -62,8 +62,8 @@ static inline int64_t vc_wall_ns(int64_t cost_ns, uint32_t permille)
 struct vc_est_entry {
     uintptr_t key;      /* CUfunction / CUgraphExec; 0 = empty */
     uint64_t grid;      /* total blocks (0 for graphs) */
-    double est_ns;        /* charged estimate: mean of the samples near the envelope */
-    double low_ns;        /* lower envelope of the samples */
+    double est_ns;        /* charged estimate: running mean of the accepted samples */
+    double low_ns;        /* smallest sample (diagnostics) */
     double mean_ns;       /* plain EWMA of all samples, for diagnostics */
     double reject_min_ns; /* smallest sample of the current run of rejected ones */
     double reject_max_ns; /* largest sample of that run */
@@ -87,8 +87,23 @@ struct vc_est_entry *vc_est_lookup(struct vc_estimator *t, uintptr_t key, uint64
 /* The cost to charge for one launch of this entry (ns). */
 uint64_t vc_est_cost(const struct vc_est_entry *e);
 
-/* Feed one measured duration. Returns the new estimate (ns). */
-uint64_t vc_est_update(struct vc_est_entry *e, uint64_t sample_ns);
+/* The NVML outer loop's control law (compute_nvml.c): given the cost factor in force, the
+ * slice's share of the device over the last period by the driver's per-process utilisation
+ * (usage_pm, permille; nprocs processes, each rounded to an integer percent) and what it was
+ * charged over the same period (charged_pm), the new factor: VC_NVML_GAIN of the way (linearly)
+ * to factor x usage / charged, within [VC_NVML_FACTOR_MIN, VC_NVML_FACTOR_MAX]; unchanged below
+ * 5% or within the rounding (1 point, +0.5 per further process). */
+#define VC_NVML_MIN_USAGE_PM 50.0
+#define VC_NVML_DEADBAND_PM 10.0
+#define VC_NVML_GAIN 0.6
+#define VC_NVML_FACTOR_MIN 0.2
+#define VC_NVML_FACTOR_MAX 5.0
+double vc_nvml_factor(double factor, double usage_pm, double charged_pm, int nprocs);
+
+/* Feed one measured duration. Returns the new estimate (ns); *accepted (if not NULL) = 1 when
+ * the sample is taken as the kernel's own time, 0 when it is rejected as inflated by waiting for
+ * other work (then the launch is charged the estimate instead). */
+uint64_t vc_est_update(struct vc_est_entry *e, uint64_t sample_ns, int *accepted);
 
 /* ---- 3. elastic share ---- */
 

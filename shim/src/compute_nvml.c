@@ -3,19 +3,21 @@
  * reads back its correction of the cost estimates (compute_internal.h); design:
  * docs/compute.md.
  *
- * Events measure what the slice's kernels took *including* queueing behind other work; the
- * estimator filters that out, but a residual bias (kernels with large run-to-run variation, a
- * device saturated by its slices' caps) is invisible to it. The driver's per-process
- * utilisation is not: once per second one process of the slice (the one that wins the CAS on
- * nvml_next_ns) sums the smUtil of the slice's processes on the device and, if the slice was
- * held by its cap and the share is off by >= 2 points (+0.5 per further process: smUtil is an
- * integer percent per process) in two readings in a row on the same side, scales the cost
- * estimates of the whole slice (nvml_factor_ppm) by half the relative error, at most 10% per
- * reading, within [0.75, 1.25]. It runs on a helper thread (started at the first capped launch,
- * sleeping between readings, all signals blocked) so that a slow NVML call never delays a
- * launch. PIDs are compared with the region's process slots: where NVML reports PIDs of another
- * namespace (a container without hostPID) our own PID is not found and the loop turns itself
- * off for that device.
+ * Events measure what the slice's kernels took *including* the time other contexts held the
+ * device meanwhile: the estimator rejects samples visibly inflated by a neighbour's time slice,
+ * but a kernel longer than a slice is preempted in every run while a neighbour is busy, and then
+ * every sample is inflated alike (a 20 ms kernel next to a busy neighbour measures about 40 ms).
+ * The driver's per-process utilisation is not fooled. Once per second one process of the slice
+ * (the one that wins the CAS on nvml_next_ns) sums the smUtil of the slice's processes on the
+ * device and compares it with what the slice was *charged* over the same second: their ratio is
+ * the bias of the measured costs, whatever its cause, and the cost factor (nvml_factor_ppm) moves
+ * towards factor x ratio (VC_NVML_GAIN of the way; the law is vc_nvml_factor in
+ * compute_controller.c, also run by the plant model of tests/c/compute_controller_test.c). Readings where the slice used under 5% of the device, or where the two
+ * differ by no more than the integer rounding of smUtil allows (1 point), change nothing. It runs on a helper thread
+ * (started at the first capped launch, sleeping between readings, all signals blocked) so that a
+ * slow NVML call never delays a launch. PIDs are compared with the region's process slots: where
+ * NVML reports PIDs of another namespace (a container without hostPID) our own PID is not found
+ * and the loop turns itself off for that device.
  */
 #include <pthread.h>
 #include <signal.h>
@@ -30,13 +32,6 @@
 
 /* ------------------------------------------------------------ tunables (docs/compute.md) */
 #define NVML_PERIOD_NS (1000000000LL)      /* one reading per second per slice */
-#define NVML_DEADBAND_PM 20                /* act on errors of 2 points (+0.5 per further process) or more,
-                                              seen in two readings in a row: smUtil is an integer percent
-                                              per process and one reading of an exact 30% reads 29..31 */
-#define NVML_GAIN 0.5                      /* fraction of the relative error corrected per reading */
-#define NVML_STEP_MAX 0.10                 /* at most 10% change of the factor per reading */
-#define NVML_FACTOR_MIN 0.75
-#define NVML_FACTOR_MAX 1.25
 
 /* ------------------------------------------------------------ per-device state */
 /* One per device index, written once by vgpu_compute_nvml_attach (attached last, with release
@@ -45,6 +40,7 @@ struct nvml_dev {
     int attached;
     char uuid[48];      /* "GPU-..." for NVML, "" when unknown */
     struct vgpu_compute_state *st;
+    int64_t attached_ns; /* when this process attached: NVML's window must not reach before it */
     nvmlDevice_t nvdev; /* NVML handle (helper thread only) */
     int nvml_state;     /* 0 not tried, 1 usable, -1 off for this device (helper thread only) */
 };
@@ -56,6 +52,7 @@ void vgpu_compute_nvml_attach(int dev, const char *uuid, struct vgpu_compute_sta
     struct nvml_dev *nd = &g_nd[dev];
     snprintf(nd->uuid, sizeof nd->uuid, "%s", uuid);
     nd->st = st;
+    nd->attached_ns = vgpu_compute_now_ns();
     __atomic_store_n(&nd->attached, 1, __ATOMIC_RELEASE);
 }
 
@@ -176,43 +173,34 @@ static void nvml_step(int dev)
                                      __ATOMIC_RELAXED))
         return; /* another process of the slice reads this period */
     uint64_t la = __atomic_load_n(&st->launches, __ATOMIC_RELAXED);
-    uint64_t th = __atomic_load_n(&st->throttled, __ATOMIC_RELAXED);
     uint64_t la0 = __atomic_exchange_n(&st->nvml_launches_snap, la, __ATOMIC_RELAXED);
-    uint64_t th0 = __atomic_exchange_n(&st->nvml_throttled_snap, th, __ATOMIC_RELAXED);
+    int64_t ch = __atomic_load_n(&st->charged_ns, __ATOMIC_RELAXED);
+    int64_t ch0 = __atomic_exchange_n(&st->nvml_charged_snap, ch, __ATOMIC_RELAXED);
     uint32_t eff = __atomic_load_n(&st->effective_permille, __ATOMIC_RELAXED);
-    if (cd->nvml_state < 0 || la0 == 0 || la < la0 + 20 || eff == 0 || eff >= VC_PERMILLE_FULL)
+    if (cd->nvml_state < 0 || la0 == 0 || ch0 == 0 || la <= la0 || eff == 0 || eff >= VC_PERMILLE_FULL)
         return; /* first reading, idle, or not capped */
-    /* Held by its cap during the period (slept repeatedly) and still behind its budget now:
-     * otherwise using less than the cap is the application's choice, not an error. */
-    uint64_t dth = th - th0, dla = la - la0;
-    if (dth < 3 || dth * 50 < dla || __atomic_load_n(&st->tat_ns, __ATOMIC_RELAXED) <= now)
+    /* What the slice was charged since the previous reading, permille of the device. A previous
+     * reading long ago (an earlier process of the slice, or none since the slice went idle) is
+     * only a new starting point: the NVML window is the last period. */
+    int64_t span = now - (next - NVML_PERIOD_NS);
+    if (span < NVML_PERIOD_NS / 2 || span > NVML_PERIOD_NS * 3 / 2)
         return;
+    /* This process's utilisation over a period it did not run all of reads low. */
+    if (now - cd->attached_ns < 2 * NVML_PERIOD_NS)
+        return;
+    double charged = 1000.0 * (double)(ch - ch0) / (double)span;
     int nprocs;
     int usage = nvml_slice_usage(cd, dev, &nprocs);
     if (usage < 0)
         return;
-    int prev = (int)__atomic_exchange_n(&st->nvml_usage_permille, (uint32_t)usage, __ATOMIC_RELAXED);
-    int err = usage - (int)eff, prev_err = prev ? prev - (int)eff : 0;
-    int deadband = NVML_DEADBAND_PM + 5 * (nprocs - 1); /* each process's smUtil is rounded */
-    if (err > -deadband && err < deadband)
+    __atomic_store_n(&st->nvml_usage_permille, (uint32_t)usage, __ATOMIC_RELAXED);
+    double old = stored_factor(st);
+    double f = vc_nvml_factor(old, (double)usage, charged, nprocs);
+    if (f == old)
         return;
-    if ((err > 0) != (prev_err > 0) || (prev_err > -deadband && prev_err < deadband))
-        return; /* one reading is noise; two in a row on the same side are a bias */
-    double step = NVML_GAIN * (double)err / (double)eff;
-    if (step > NVML_STEP_MAX)
-        step = NVML_STEP_MAX;
-    if (step < -NVML_STEP_MAX)
-        step = -NVML_STEP_MAX;
-    double f = stored_factor(st) * (1.0 + step);
-    if (f < NVML_FACTOR_MIN)
-        f = NVML_FACTOR_MIN;
-    if (f > NVML_FACTOR_MAX)
-        f = NVML_FACTOR_MAX;
     __atomic_store_n(&st->nvml_factor_ppm, (uint32_t)(f * 1e6 + 0.5), __ATOMIC_RELAXED);
-    /* The next reading must see a whole period under the new factor. */
-    __atomic_store_n(&st->nvml_next_ns, now + 2 * NVML_PERIOD_NS, __ATOMIC_RELEASE);
-    vgpu_log(VGPU_LOG_DEBUG, "compute cap: device %d NVML share %d.%d%% vs %u.%u%%: cost factor %.3f", dev,
-             usage / 10, usage % 10, eff / 10, eff % 10, f);
+    vgpu_log(VGPU_LOG_DEBUG, "compute cap: device %d NVML share %d.%d%% vs charged %.1f%%: cost factor %.3f -> %.3f",
+             dev, usage / 10, usage % 10, charged / 10.0, old, f);
 }
 
 static void *nvml_thread(void *arg)

@@ -3,6 +3,9 @@
  * it takes the robust mutex of $SIMGPU_STATE's state file, scribbles over the device 0 total
  * (as a process killed between two writes would leave it) and kills itself. The next process
  * to take the lock must recover (EOWNERDEAD) and rebuild the totals from the process slots.
+ * With the argument "sched" it dies holding device 0's scheduler lock instead, leaving the
+ * scheduler's state out of range (an owner that does not exist, a lane with more pending work
+ * than it ever queued): the next locker must clamp it and go on.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -14,8 +17,9 @@
 
 #include "../../shim/sim/common/sim_common.h"
 
-int main(void)
+int main(int argc, char **argv)
 {
+    int sched = argc > 1 && argv[1][0] == 's';
     const char *dir = getenv("SIMGPU_STATE");
     if (!dir)
         return 2;
@@ -29,10 +33,16 @@ int main(void)
     sim_shared *s = mmap(NULL, sizeof *s, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (s == MAP_FAILED)
         return 4;
-    int rc = pthread_mutex_lock(&s->lock);
+    int rc = pthread_mutex_lock(sched ? &s->sched[0].lock : &s->lock);
     if (rc != 0 && rc != EOWNERDEAD)
         return 5;
-    s->dev[0].used = 123456789; /* half-done update */
+    if (sched) { /* half-done updates */
+        s->sched[0].run.owner = 100000;
+        s->sched[0].lane[5].submitted = 1000;
+        s->sched[0].run.pend[5] = 1ull << 60;
+    } else {
+        s->dev[0].used = 123456789;
+    }
     printf("LOCKED\n");
     fflush(stdout);
     raise(SIGKILL);

@@ -1,4 +1,5 @@
 /* Core smoke test of the simulated libcuda: init, device, context, memory, copies, launches. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "sim_common.h"
@@ -45,7 +46,11 @@ int main(void)
     CHECK(cuCtxSynchronize());
     double t2 = now_s();
     printf("100 x 1ms launches: enqueue %.1f ms, total %.1f ms\n", (t1 - t0) * 1e3, (t2 - t0) * 1e3);
-    EXPECT(t2 - t0 >= 0.099 && t2 - t0 < 0.5);
+    /* 100 ms of device time: exactly with spread off (SIMGPU_KERNEL_SPREAD_PCT=0); with the
+     * default 20% per-kernel spread the sum of 100 draws has a 2% standard deviation */
+    const char *spread = getenv("SIMGPU_KERNEL_SPREAD_PCT");
+    double least = spread && strcmp(spread, "0") == 0 ? 0.099 : 0.09;
+    EXPECT(t2 - t0 >= least && t2 - t0 < 0.5);
     CHECK(cuMemFree_v2(p));
     CHECK(cuCtxDestroy_v2(ctx));
     printf("OK\n");

@@ -25,7 +25,9 @@ def test_device_arrays_up_to_and_past_the_quota(client: Client) -> None:
 
 
 def test_compute_cap_holds_for_jit_kernels(client: Client) -> None:
-    out = client.run("numba_client.py", "compute", "3", vgpu=["--compute", "30"])
+    # on the default simulator: kernel durations vary, with a rare long tail
+    env = {k: v for k, v in client.env.items() if not k.startswith("SIMGPU_KERNEL_")}
+    out = Client(env).run("numba_client.py", "compute", "3", vgpu=["--compute", "30"])
     m = re.search(r"share=([\d.]+)", out)
     assert m, out
     assert 22 < float(m.group(1)) < 38, out

@@ -18,6 +18,8 @@ from typing import Any
 # The device memory a context takes on the simulator by default (SIMGPU_CONTEXT_MEMORY, as on an
 # H100: docs/simulator.md): every process holding a context shows it as used.
 CONTEXT_MEMORY = 500 << 20
+# Kernel durations exactly as modelled (no spread, no long tail): for tests that pin durations.
+EXACT_DURATIONS = {"SIMGPU_KERNEL_SPREAD_PCT": "0", "SIMGPU_KERNEL_TAIL_PPM": "0"}
 
 PROBE_PRELUDE = """
 import json, sys, time

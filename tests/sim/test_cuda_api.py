@@ -6,6 +6,8 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+from tests.sim.simhelp import EXACT_DURATIONS
+
 
 def test_api_surface(build_c: Callable[..., Path], sim_env: dict[str, str]) -> None:
     """Devices, contexts, memory accounting, copies, pools, VMM, arrays, modules, launches,
@@ -13,7 +15,8 @@ def test_api_surface(build_c: Callable[..., Path], sim_env: dict[str, str]) -> N
     exe = build_c("sim_api.c", ["-ldl"])
     # its accounting checks are exact with a driver taking 512 B granules (pages: sim_pages.c)
     # and contexts taking no memory (context memory: test_context_memory.py)
-    env = dict(sim_env, SIMGPU_ALLOC_GRANULARITY="512", SIMGPU_CONTEXT_MEMORY="0")
+    # and its timing checks (events, graphs, pacing) pin the modelled durations exactly
+    env = dict(sim_env, SIMGPU_ALLOC_GRANULARITY="512", SIMGPU_CONTEXT_MEMORY="0", **EXACT_DURATIONS)
     r = subprocess.run([str(exe)], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.strip().endswith("OK")
@@ -22,7 +25,8 @@ def test_api_surface(build_c: Callable[..., Path], sim_env: dict[str, str]) -> N
 
 def test_smoke_timeline(build_c: Callable[..., Path], sim_env: dict[str, str]) -> None:
     exe = build_c("sim_smoke.c")
-    env = dict(sim_env, SIMGPU_ALLOC_GRANULARITY="512")  # exact byte counts
+    # exact byte counts; 100 x 1 ms launches must take at least 100 ms: exact durations
+    env = dict(sim_env, SIMGPU_ALLOC_GRANULARITY="512", **EXACT_DURATIONS)
     r = subprocess.run([str(exe)], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
 
@@ -43,8 +47,8 @@ def test_client_api_surface(build_c: Callable[..., Path], sim_env: dict[str, str
     globals from PTX, 2D/3D copies, the linker, context limits, sim_<N>us in every C++ mangling;
     and the list of what is not modelled with its error (tests/c/sim_client_api.c)."""
     exe = build_c("sim_client_api.c")
-    # exact byte counts of allocations (no context memory: test_context_memory.py tests it)
-    env = dict(sim_env, SIMGPU_ALLOC_GRANULARITY="512", SIMGPU_CONTEXT_MEMORY="0")
+    # exact byte counts (no context memory: test_context_memory.py); it checks each mangling's modelled duration exactly
+    env = dict(sim_env, SIMGPU_ALLOC_GRANULARITY="512", SIMGPU_CONTEXT_MEMORY="0", **EXACT_DURATIONS)
     r = subprocess.run([str(exe)], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.strip().endswith("OK")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.sim.simhelp import Client, run_python, tool_info
+from tests.sim.simhelp import EXACT_DURATIONS, Client, run_python, tool_info
 
 
 @pytest.fixture
@@ -91,3 +91,26 @@ def test_random_kills_during_lock_heavy_loops(sim_tool: Path, sim_env: dict[str,
             p.wait(10)
         free, total = tool_info(sim_tool, sim_env)  # times out if a dead owner wedged the lock
         assert free == total
+
+
+def test_death_inside_the_scheduler_lock_is_recovered(
+    build_c: Callable[..., Path], sim_tool: Path, sim_env: dict[str, str]
+) -> None:
+    """Killed holding device 0's scheduler lock with its state half-written: the next launch
+    recovers (no hang), clamps the state (a lane cannot have more pending than it queued) and
+    kernels take exactly their time again."""
+    tool_info(sim_tool, sim_env)  # creates the node state
+    die = build_c("sim_die_locked.c")
+    r = subprocess.run([str(die), "sched"], env=sim_env, capture_output=True, text=True, timeout=30)
+    assert r.returncode == -signal.SIGKILL and "LOCKED" in r.stdout, r.stdout + r.stderr
+    timing = build_c("sim_timing.c")
+    env = dict(sim_env, **EXACT_DURATIONS)
+    out = subprocess.run(
+        [str(timing), "durations", "sim_100us", "20"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,  # a wedged lock or a lane with 2^60 ns pending would hang here
+    )
+    assert out.returncode == 0, out.stderr
+    assert [float(x) for x in out.stdout.split()] == [100.0] * 20

@@ -16,7 +16,7 @@ import pytest
 
 from shim.build import CFLAGS as BUILD_CFLAGS
 from shim.build import INCLUDE_DIR, LIBRARIES, SANITIZER_FLAGS, build_with_gcc, link_args
-from tests.sim.simhelp import Client, run_python, tool_info
+from tests.sim.simhelp import EXACT_DURATIONS, Client, run_python, tool_info
 from tests.support.cbuild import C_PROGRAMS, CFLAGS, INCLUDE
 
 
@@ -66,7 +66,7 @@ def sanitized(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def _env(sim_env: dict[str, str], libdir: Path, leaks: bool) -> dict[str, str]:
-    env = dict(sim_env)
+    env = dict(sim_env, **EXACT_DURATIONS)  # the programs pin modelled durations
     env["LD_LIBRARY_PATH"] = str(libdir)
     env["ASAN_OPTIONS"] = f"detect_leaks={int(leaks)}:abort_on_error=0:halt_on_error=1:exitcode=23"
     env["LSAN_OPTIONS"] = f"suppressions={HERE / 'lsan.supp'}:print_suppressions=0"

@@ -50,7 +50,8 @@ struct vgpu_compute_state {
     int64_t nvml_next_ns;         /* CLOCK_MONOTONIC of the next NVML reading */
     uint64_t nvml_launches_snap;  /* `launches` and `throttled` at the previous reading */
     uint64_t nvml_throttled_snap;
-    uint64_t reserved[49];        /* zero; room to grow without a layout change */
+    int64_t nvml_charged_snap;    /* `charged_ns` at the previous reading (0: none yet) */
+    uint64_t reserved[48];        /* zero; room to grow without a layout change */
 };
 
 /* Elastic demand: one file per slice (per claim under the DRA driver). Each slice writes only its

@@ -7,6 +7,7 @@
  *   config.c  SIMGPU_CONFIG -> sim_config (devices, driver and CUDA versions), with defaults
  *   state.c   node-wide state in SIMGPU_STATE: memory pools, process slots, device timelines,
  *             busy-time rings for utilisation (memory-mapped, shared by every process)
+ *   sched.c   the device scheduler: processes time-slice each device (SIMGPU_TIMESLICE_US)
  */
 #ifndef VGPU_SIM_COMMON_H
 #define VGPU_SIM_COMMON_H
@@ -104,7 +105,6 @@ int sim_pci_cmp(const sim_device_cfg *a, const sim_device_cfg *b);
 #define SIM_PROC_RING 1024             /* ... 51 s */
 
 typedef struct {
-    _Atomic uint64_t busy_until;       /* end of the last work scheduled on the device timeline */
     uint64_t used;                     /* bytes charged by all processes (under the state lock) */
     _Atomic uint64_t ring[SIM_DEV_RING]; /* (bucket index << 24) | busy microseconds in it */
     _Atomic uint64_t launches;
@@ -118,12 +118,44 @@ typedef struct {
     _Atomic uint64_t ring[SIM_MAX_DEVICES][SIM_PROC_RING];
 } sim_proc_slot;
 
+/* The device scheduler (sched.c). Each process (slot) has one *lane* per device: its work in
+ * submission order (every stream and context of the process on that device, FIFO). A position
+ * in a lane is the cumulative device time queued into it; work is complete once the lane's
+ * served time reaches its end position, whatever the wall-clock times were. */
+#define SIM_SEGS 64                    /* service history kept per lane (event times; each process
+                                        * also mirrors its own lanes' history: sched.c) */
+typedef struct {
+    uint64_t t0, s0, len;              /* the lane ran from served s0 for len ns starting at t0 */
+} sim_seg;
+
+typedef struct {
+    uint64_t t;                        /* the state below is as of this CLOCK_MONOTONIC time */
+    uint64_t slice_end;                /* the owner's time slice expires then */
+    int32_t owner;                     /* lane on the device, -1: idle */
+    uint32_t pad;
+    uint64_t active[(SIM_MAX_PROCS + 63) / 64]; /* lanes with pending work */
+    uint64_t pend[SIM_MAX_PROCS];      /* ns queued and not yet run, per lane */
+} sim_run;
+
+typedef struct {
+    uint64_t submitted;                /* cumulative ns queued (served = submitted - pend) */
+    uint64_t seg_count;                /* segments ever written; the last is seg[(count-1) % SIM_SEGS] */
+    sim_seg seg[SIM_SEGS];
+} sim_lane;
+
+typedef struct {
+    pthread_mutex_t lock;              /* robust, process-shared: guards run and lanes */
+    sim_run run;
+    sim_lane lane[SIM_MAX_PROCS];
+} sim_sched;
+
 typedef struct {
     uint64_t magic;
     uint64_t size;
     pthread_mutex_t lock;              /* robust, process-shared: guards used/active/contexts */
     sim_dev_state dev[SIM_MAX_DEVICES];
     sim_proc_slot proc[SIM_MAX_PROCS];
+    sim_sched sched[SIM_MAX_DEVICES];  /* per physical device */
 } sim_shared;
 
 extern sim_shared *sim_shm;
@@ -139,11 +171,28 @@ int sim_mem_charge(int slot, int dev, uint64_t bytes, uint64_t total);
 void sim_mem_uncharge(int slot, int dev, uint64_t bytes);
 uint64_t sim_mem_used(int dev, int own_slot); /* reaps first */
 void sim_ctx_count(int slot, int dev, int delta);
+/* Robust process-shared mutex set-up (state.c initialises every lock of the node state with it). */
+void sim_robust_mutex_init(pthread_mutex_t *m);
 /* Busy-time accounting of the interval [start, end) (ns) on the device and for the slot. */
 void sim_busy_record(int dev, int slot, uint64_t start, uint64_t end);
 /* Busy ns in complete buckets of [from, to). slot -1: the whole device. */
 uint64_t sim_busy_between(int dev, int slot, uint64_t from, uint64_t to, uint64_t *window_ns);
 /* Is the slot's owner alive (its OFD lock held)? Caller holds the lock; own slot counts alive. */
 int sim_slot_alive(int slot, int own_slot);
+
+/* ---------------------------------------------------------------- sched.c */
+
+uint64_t sim_sched_slice_ns(void);     /* SIMGPU_TIMESLICE_US */
+/* Queue dur_ns on the slot's lane of device `dev`; returns the lane position at which it is done
+ * and stores the lane's served position (as of now) in *served. */
+uint64_t sim_sched_submit(int dev, int slot, uint64_t dur_ns, uint64_t *served);
+uint64_t sim_sched_served(int dev, int slot);  /* advances the device to now first */
+/* 0 when position `pos` of the lane is done; else the earliest time it can be done given the
+ * work queued now (later work of other processes can only move it later: re-check). */
+uint64_t sim_sched_eta(int dev, int slot, uint64_t pos);
+void sim_sched_wait(int dev, int slot, uint64_t pos); /* sleeps (re-checking) until pos is done */
+/* When a done position completed, from the lane's service history; 0 if no longer known. */
+uint64_t sim_sched_done_time(int dev, int slot, uint64_t pos);
+void sim_sched_advance(int dev);       /* bring the device's busy rings up to now */
 
 #endif

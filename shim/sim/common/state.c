@@ -5,8 +5,8 @@
  *  - each device's memory is one pool: `used` is the sum of what every live process charged;
  *  - every process that creates a context owns a slot recording what it charged per device
  *    (NVML's process list) and its busy time (NVML's per-process utilisation);
- *  - each device has one timeline (`busy_until`) on which the launches of all processes are
- *    serialised, and a ring of 10 ms buckets of busy time (NVML's utilisation).
+ *  - each device has a scheduler (sched.c) time-slicing it between the processes' lanes, and a
+ *    ring of 10 ms buckets of busy time (NVML's utilisation), written as the device runs.
  *
  * Robustness against SIGKILL at any instant:
  *  - `used`, `active` and the per-slot counters change only under a PTHREAD_MUTEX_ROBUST,
@@ -20,8 +20,8 @@
  *    not the one the file is mapped through (a fork child inherits mappings). Dead slots are reaped by whoever next takes the lock
  *    to touch memory, so a killed process's memory is back before any other process's next
  *    memory call.
- *  - The timeline and busy rings are single 64-bit atomics updated by CAS; no lock, no syscall
- *    on the launch path, and nothing a dead process can leave half-written.
+ *  - The busy rings are single 64-bit atomics updated by CAS. The scheduler's state is under a
+ *    robust mutex of its own per device (sched.c: what a holder's death can leave behind).
  */
 #define _GNU_SOURCE 1 /* F_OFD_GETLK, F_OFD_SETLK */
 #include "sim_common.h"
@@ -150,12 +150,11 @@ int sim_state_open(void)
          * is cleared (clearing a new file would commit every page of its rings for nothing). */
         if (st.st_size != 0)
             memset(s, 0, sizeof *s);
-        pthread_mutexattr_t a;
-        pthread_mutexattr_init(&a);
-        pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
-        pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
-        pthread_mutex_init(&s->lock, &a);
-        pthread_mutexattr_destroy(&a);
+        sim_robust_mutex_init(&s->lock);
+        for (int d = 0; d < SIM_MAX_DEVICES; d++) {
+            sim_robust_mutex_init(&s->sched[d].lock);
+            s->sched[d].run.owner = -1;
+        }
         s->size = sizeof(sim_shared);
         __atomic_store_n(&s->magic, SIM_STATE_MAGIC, __ATOMIC_RELEASE);
     }
@@ -174,6 +173,16 @@ int sim_state_open(void)
     g_fd = lock_fd;
     sim_shm = s;
     return 0;
+}
+
+void sim_robust_mutex_init(pthread_mutex_t *m)
+{
+    pthread_mutexattr_t a;
+    pthread_mutexattr_init(&a);
+    pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+    pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+    pthread_mutex_init(m, &a);
+    pthread_mutexattr_destroy(&a);
 }
 
 static void recompute_totals(void)
@@ -325,9 +334,8 @@ void sim_ctx_count(int slot, int dev, int delta)
 }
 
 /* Ring entries: (bucket index mod 2^32) << 32 | busy ns within the bucket.
- * Work is recorded when it is scheduled, i.e. into future buckets. Buckets more than 3/4 of the
- * ring ahead of now are not written: they would overwrite the history readers still need (the
- * last quarter, >= 10 s). Only work queued that far ahead (tens of seconds) goes unrecorded. */
+ * The scheduler records work as the device runs it (never ahead of now); buckets more than 3/4
+ * of the ring ahead of now are refused all the same, so history readers need is never lost. */
 static void ring_add(_Atomic uint64_t *ring, uint64_t n, uint64_t bucket_ns, uint64_t start, uint64_t end)
 {
     uint64_t limit = sim_now_ns() / bucket_ns + n - n / 4;
@@ -383,6 +391,7 @@ void sim_busy_record(int dev, int slot, uint64_t start, uint64_t end)
 
 uint64_t sim_busy_between(int dev, int slot, uint64_t from, uint64_t to, uint64_t *window_ns)
 {
+    sim_sched_advance(dev); /* the rings are written as the device runs: run it up to now */
     if (slot < 0)
         return ring_sum(sim_shm->dev[dev].ring, SIM_DEV_RING, SIM_BUCKET_NS, from, to, window_ns);
     return ring_sum(sim_shm->proc[slot].ring[dev], SIM_PROC_RING, SIM_PBUCKET_NS, from, to, window_ns);

@@ -103,7 +103,7 @@ static void ctx_deactivate_locked(struct CUctx_st *c)
 
 static void wait_ctx_idle(struct CUctx_st *c)
 {
-    sim_sleep_until_ns(atomic_load(&c->tail_all));
+    sim_lane_wait(c, atomic_load(&c->tail_all));
 }
 
 static CUresult ctx_create(CUcontext *pctx, unsigned flags, CUdevice dev)

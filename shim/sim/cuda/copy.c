@@ -80,7 +80,7 @@ static CUresult copy(CUdeviceptr dst, void *dst_host, CUdeviceptr src, const voi
     if (!async) {
         if (s->capturing)
             return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-        sim_sleep_until_ns(sim_stream_sync_target(s));
+        sim_stream_drain(s);
     }
     return sim_copy_exec(dst, src_host, src, dst_host, n);
 }
@@ -157,7 +157,7 @@ static CUresult memset_(CUdeviceptr dst, unsigned value, size_t n, int elem, int
     if (!async) {
         if (s->capturing)
             return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-        sim_sleep_until_ns(sim_stream_sync_target(s));
+        sim_stream_drain(s);
     }
     return sim_memset_exec(dst, value, n, elem);
 }

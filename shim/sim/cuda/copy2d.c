@@ -71,7 +71,7 @@ static CUresult copy_nd(const side *src, const side *dst, size_t width, size_t h
                 return rc;
         }
     if (!async)
-        sim_sleep_until_ns(sim_stream_sync_target(s));
+        sim_stream_drain(s);
     for (size_t z = 0; z < depth; z++)
         for (size_t y = 0; y < height; y++) {
             uintptr_t a, b;

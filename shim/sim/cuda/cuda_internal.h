@@ -79,8 +79,10 @@ struct CUctx_st {
     uint64_t serial;                 /* unique per context ever created in the process */
     uint64_t charged;                /* context memory (SIMGPU_CONTEXT_MEMORY) */
     struct CUstream_st *legacy;      /* the NULL stream */
-    _Atomic uint64_t tail_all;       /* end of all work queued in the context */
-    _Atomic uint64_t tail_blocking;  /* end of the work of the legacy and the blocking streams */
+    /* Work is tracked by lane positions (sim_common.h, sched.c): the process's lane on the
+     * context's device, cumulative device ns queued; done when the lane's served time reaches it. */
+    _Atomic uint64_t tail_all;       /* end position of all work queued in the context */
+    _Atomic uint64_t tail_blocking;  /* end position of the legacy and the blocking streams' work */
     struct CUctx_st *next_free;
     size_t limits[CU_LIMIT_MAX];     /* cuCtxSetLimit values (ctxinfo.c) */
     unsigned char limit_set[CU_LIMIT_MAX];
@@ -97,9 +99,12 @@ struct CUstream_st {
     int kind;                        /* STREAM_USER, STREAM_LEGACY, STREAM_PER_THREAD */
     int priority;
     pthread_mutex_t mu;              /* launches into one stream are ordered */
-    _Atomic uint64_t tail;           /* end of the last work queued in the stream */
-    uint64_t ends[SIM_PACE];         /* end times of the last SIM_PACE launches (pacing) */
+    _Atomic uint64_t tail;           /* end position of the last work queued in (or awaited by) the stream */
+    uint64_t ends[SIM_PACE];         /* end positions of the last SIM_PACE launches (pacing) */
     unsigned pace_idx;
+    uint64_t served_hint;            /* the lane's served position when last seen (pacing) */
+    int dep_dev;                     /* cuStreamWaitEvent on another device's event: its lane ... */
+    uint64_t dep_pos;                /* ... position (0: none); later work waits for it */
     /* stream capture */
     int capturing;
     int capture_invalid;
@@ -114,7 +119,9 @@ struct CUevent_st {
     struct CUctx_st *ctx;
     uint64_t ctx_serial;             /* dies with its context */
     unsigned flags;
-    _Atomic uint64_t t;              /* CLOCK_MONOTONIC ns at which the recorded work completes */
+    _Atomic uint64_t t;              /* CLOCK_MONOTONIC ns at which the recorded work completed, 0: not known yet */
+    _Atomic uint64_t pos;            /* lane position of the recorded work (lane: dev, this process) */
+    int dev;                         /* physical device of the lane */
     _Atomic int recorded;
 };
 
@@ -246,10 +253,17 @@ void sim_contexts_after_fork(void);
 CUresult sim_resolve_stream(CUstream h, int ptds, struct CUstream_st **out);
 struct CUstream_st *sim_stream_new(struct CUctx_st *ctx, int kind, unsigned flags, int priority);
 void sim_stream_release(struct CUstream_st *s);
-/* Queue dur_ns of device time on the stream (the device timeline); paces the caller. */
+/* Queue dur_ns of device time on the stream (the process's lane of the device); paces the caller. */
 void sim_stream_enqueue(struct CUstream_st *s, uint64_t dur_ns);
-uint64_t sim_stream_sync_target(struct CUstream_st *s); /* when all work the stream waits for is done */
+uint64_t sim_stream_sync_target(struct CUstream_st *s); /* lane position when all work the stream waits for is done */
+void sim_stream_drain(struct CUstream_st *s);           /* sleep until then (no capture check) */
+void sim_lane_wait(struct CUctx_st *ctx, uint64_t pos); /* sleep until the context's lane reaches pos */
 CUresult sim_stream_wait(struct CUstream_st *s);        /* host-blocking sync on a stream */
+/* simulator-only ground truth of a process's device time (stream.c; found by dlsym) */
+__attribute__((visibility("protected"))) CUresult simgpuProcessBusyNs(CUdevice dev, unsigned long long from_ns, unsigned long long to_ns,
+                                                                   unsigned long long *busy_ns, unsigned long long *window_ns);
+/* launch.c: a kernel's duration drawn around its modelled mean (SIMGPU_KERNEL_SPREAD_PCT, ...) */
+uint64_t sim_kernel_sample_ns(uint64_t mean_ns);
 void sim_after_sync(struct CUctx_st *ctx);              /* pools release memory at synchronisation */
 void sim_stream_fork_prepare(void);
 void sim_stream_fork_parent(void);

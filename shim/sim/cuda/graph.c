@@ -380,7 +380,7 @@ static CUresult graph_launch(CUgraphExec e, CUstream h, int ptds)
             continue; /* launching a graph into a capture copies its nodes */
         switch (n->type) {
         case NODE_KERNEL:
-            sim_stream_enqueue(s, n->dur_ns);
+            sim_stream_enqueue(s, sim_kernel_sample_ns(n->dur_ns)); /* each run draws its duration */
             break;
         case NODE_MEMCPY: /* the memory may have been freed since capture: check again */
             if ((n->elem && sim_check_device_range(n->dst, n->bytes) != CUDA_SUCCESS) ||

@@ -1,19 +1,22 @@
 /*
- * Streams, host synchronisation and events on the simulated device timeline.
+ * Streams, host synchronisation and events on the simulated device.
  *
- * Every stream keeps `tail`, the CLOCK_MONOTONIC time at which the last work queued into it
- * completes. A launch (launch.c) is placed on the device timeline shared by all processes at
- * max(now, stream tail, device busy_until) and returns at once; synchronisation sleeps until
- * the tail (clock_nanosleep, no spinning). The legacy NULL stream also waits for the blocking
- * streams of its context (and they for it), as in CUDA; CU_STREAM_NON_BLOCKING streams do not.
+ * A launch (launch.c) queues its device time on this process's lane of the device (sched.c):
+ * all work of the process on that device, FIFO, time-sliced against other processes' lanes.
+ * Every stream keeps `tail`, the lane position at which the last work queued into it (or that
+ * it waits for) is done; synchronisation sleeps until the scheduler's predicted completion and
+ * checks again (a neighbour's launch may have taken slices meanwhile), queries compare positions.
+ * The legacy NULL stream also waits for the blocking streams of its context (and they for it),
+ * as in CUDA; CU_STREAM_NON_BLOCKING streams do not (their sync target is their own work).
  *
  * Pacing: a real pushbuffer fills, so a host thread cannot run arbitrarily far ahead of the
  * device. A launch blocks while the stream already has more than SIMGPU_QUEUE_AHEAD_US (default
  * 20 ms) of work queued, or SIM_PACE (1024) launches still unfinished. A launch loop is therefore
- * paced by the device, and the launch path itself makes no system call unless it has to wait.
+ * paced by the device, and the launch path itself makes no system call unless it has to wait
+ * (an uncontended lock of the device's scheduler is a compare-and-swap).
  *
- * Events record the time their stream's queued work completes; cuEventElapsedTime reports the
- * difference of those simulated times.
+ * Events record the lane position of their stream's queued work; the time it completed comes
+ * from the lane's service history, and cuEventElapsedTime reports the difference of those times.
  */
 #include "cuda_internal.h"
 
@@ -44,6 +47,10 @@ struct CUstream_st *sim_stream_new(struct CUctx_st *ctx, int kind, unsigned flag
     s->kind = kind;
     s->flags = flags;
     s->priority = priority;
+    /* The lane's position now (nothing older is this stream's), and the first-use costs of the
+     * duration generator and of the lane's shared pages paid here rather than in a launch. */
+    s->served_hint = sim_sched_served(sim_phys(ctx->dev), G.slot);
+    (void)sim_kernel_sample_ns(0);
     s->gen = sim_gen();
     s->magic = MAGIC_STREAM;
     return s;
@@ -131,36 +138,40 @@ static int is_blocking(const struct CUstream_st *s)
     return s->kind != STREAM_USER || !(s->flags & CU_STREAM_NON_BLOCKING);
 }
 
+void sim_lane_wait(struct CUctx_st *ctx, uint64_t pos)
+{
+    sim_sched_wait(sim_phys(ctx->dev), G.slot, pos);
+}
+
+/* A wait on another device's event (its lane is not this stream's): later work of the stream
+ * waits for it on the host, once (the real driver would not block the caller: a simplification). */
+static void wait_foreign_dep(struct CUstream_st *s)
+{
+    if (s->dep_pos) {
+        sim_sched_wait(s->dep_dev, G.slot, s->dep_pos);
+        s->dep_pos = 0;
+    }
+}
+
 void sim_stream_enqueue(struct CUstream_st *s, uint64_t dur_ns)
 {
     struct CUctx_st *ctx = s->ctx;
-    sim_dev_state *d = &sim_shm->dev[sim_phys(ctx->dev)];
+    int dev = sim_phys(ctx->dev);
     pthread_mutex_lock(&s->mu);
-    uint64_t now = sim_now_ns();
+    wait_foreign_dep(s);
+    /* The lane is FIFO: work queued after the stream's tail (and, for the legacy stream, after
+     * the blocking streams' work) starts after it. Pacing compares with the served position seen
+     * at the last launch; only when that says "too far ahead" is the scheduler asked (and slept on). */
     uint64_t tail = atomic_load(&s->tail);
-    if (tail > now + G.queue_ahead_ns) { /* the pushbuffer is full: wait for the device */
-        sim_sleep_until_ns(tail - G.queue_ahead_ns);
-        now = sim_now_ns();
-    }
+    if (tail > s->served_hint + G.queue_ahead_ns) /* the pushbuffer is full: wait for the device */
+        sim_lane_wait(ctx, tail - G.queue_ahead_ns);
     uint64_t oldest = s->ends[s->pace_idx];
-    if (oldest > now) {
-        sim_sleep_until_ns(oldest);
-        now = sim_now_ns();
-    }
-    uint64_t floor = sim_max64(now, tail);
-    if (s->kind == STREAM_LEGACY)
-        floor = sim_max64(floor, atomic_load(&ctx->tail_blocking));
-    else if (is_blocking(s) && ctx->legacy)
-        floor = sim_max64(floor, atomic_load(&ctx->legacy->tail));
-    /* One timeline per device for every process and context: time-slicing without MPS. */
-    uint64_t old = atomic_load(&d->busy_until), start, end;
-    do {
-        start = sim_max64(floor, old);
-        end = start + dur_ns;
-    } while (!atomic_compare_exchange_weak(&d->busy_until, &old, end));
-    if (dur_ns)
-        sim_busy_record(sim_phys(ctx->dev), G.slot, start, end);
-    atomic_fetch_add_explicit(&d->launches, 1, memory_order_relaxed);
+    if (oldest > s->served_hint)
+        sim_lane_wait(ctx, oldest);
+    uint64_t served;
+    uint64_t end = sim_sched_submit(dev, G.slot, dur_ns, &served);
+    s->served_hint = served;
+    atomic_fetch_add_explicit(&sim_shm->dev[dev].launches, 1, memory_order_relaxed);
     atomic_store(&s->tail, end);
     s->ends[s->pace_idx] = end;
     s->pace_idx = (s->pace_idx + 1) % SIM_PACE;
@@ -176,6 +187,21 @@ uint64_t sim_stream_sync_target(struct CUstream_st *s)
     if (s->kind == STREAM_LEGACY)
         t = sim_max64(t, atomic_load(&s->ctx->tail_blocking));
     return t;
+}
+
+void sim_stream_drain(struct CUstream_st *s)
+{
+    pthread_mutex_lock(&s->mu);
+    wait_foreign_dep(s);
+    pthread_mutex_unlock(&s->mu);
+    sim_lane_wait(s->ctx, sim_stream_sync_target(s));
+}
+
+static int stream_done(struct CUstream_st *s)
+{
+    if (s->dep_pos && sim_sched_served(s->dep_dev, G.slot) < s->dep_pos)
+        return 0;
+    return sim_sched_served(sim_phys(s->ctx->dev), G.slot) >= sim_stream_sync_target(s);
 }
 
 /* fork: the free lists' locks must not be inherited held by a thread that does not exist there. */
@@ -209,7 +235,7 @@ CUresult sim_stream_wait(struct CUstream_st *s)
         s->capture_invalid = 1; /* synchronising a capturing stream is illegal and ends the capture */
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     }
-    sim_sleep_until_ns(sim_stream_sync_target(s));
+    sim_stream_drain(s);
     sim_after_sync(s->ctx);
     return CUDA_SUCCESS;
 }
@@ -269,7 +295,7 @@ static CUresult stream_query(CUstream h, int ptds)
         return rc;
     if (s->capturing)
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-    return sim_stream_sync_target(s) > sim_now_ns() ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
+    return stream_done(s) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
 SIM_EXPORT CUresult cuStreamQuery(CUstream hStream) { return stream_query(hStream, 0); }
@@ -287,9 +313,16 @@ static CUresult stream_wait_event(CUstream h, CUevent e, unsigned flags, int ptd
         return CUDA_ERROR_INVALID_VALUE;
     if (s->capturing || !atomic_load(&e->recorded))
         return CUDA_SUCCESS; /* nothing to wait for (a captured wait adds no modelled time) */
-    /* Later work of the stream starts after the event's work completes. */
+    /* Later work of the stream starts after the event's work completes: in the same lane that is
+     * FIFO order already, and the stream's sync target moves to the event's position. */
     pthread_mutex_lock(&s->mu);
-    sim_atomic_max(&s->tail, atomic_load(&e->t));
+    if (e->dev == sim_phys(s->ctx->dev)) {
+        sim_atomic_max(&s->tail, atomic_load(&e->pos));
+    } else if (!atomic_load(&e->t)) {
+        wait_foreign_dep(s); /* at most one foreign wait pending per stream */
+        s->dep_dev = e->dev;
+        s->dep_pos = atomic_load(&e->pos);
+    }
     pthread_mutex_unlock(&s->mu);
     return CUDA_SUCCESS;
 }
@@ -327,6 +360,8 @@ SIM_EXPORT CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
     e->flags = Flags;
     e->ctx = c;
     e->ctx_serial = c->serial;
+    e->dev = sim_phys(c->dev);
+    atomic_store(&e->pos, 0);
     atomic_store(&e->t, 0);
     atomic_store(&e->recorded, 0);
     e->gen = sim_gen();
@@ -362,9 +397,38 @@ static CUresult event_record(CUevent e, CUstream h, int ptds)
         return CUDA_ERROR_INVALID_HANDLE;
     if (s->capturing)
         return CUDA_SUCCESS; /* event nodes are not modelled in graphs */
-    atomic_store(&e->t, sim_max64(sim_now_ns(), sim_stream_sync_target(s)));
+    /* The event completes when the stream's queued work does. On an idle stream it is a command
+     * the device processes when this process's lane next holds the device, as a GPU writes an
+     * event's timestamp when the context's channel is scheduled: a 1 ns marker in the lane (so an
+     * event recorded just before a launch, while a neighbour holds the device, completes when the
+     * kernel starts, not while it waits). Its time is resolved when it is seen done. */
+    int dev = sim_phys(s->ctx->dev);
+    uint64_t pos = sim_stream_sync_target(s);
+    atomic_store(&e->recorded, 0);
+    e->dev = dev;
+    if (s->dep_pos == 0 && sim_sched_served(dev, G.slot) >= pos) {
+        uint64_t served;
+        pos = sim_sched_submit(dev, G.slot, 1, &served);
+    }
+    atomic_store(&e->pos, pos);
+    atomic_store(&e->t, 0);
     atomic_store(&e->recorded, 1);
     return CUDA_SUCCESS;
+}
+
+/* 1 when the recorded work is done; fixes the event's completion time the first time it is seen
+ * done (from the lane's service history, or now if the history no longer has it). */
+static int event_done(struct CUevent_st *e)
+{
+    if (atomic_load(&e->t))
+        return 1;
+    uint64_t pos = atomic_load(&e->pos);
+    if (sim_sched_served(e->dev, G.slot) < pos)
+        return 0;
+    uint64_t t = sim_sched_done_time(e->dev, G.slot, pos);
+    uint64_t zero = 0;
+    atomic_compare_exchange_strong(&e->t, &zero, t ? t : sim_now_ns());
+    return 1;
 }
 
 SIM_EXPORT CUresult cuEventRecord(CUevent hEvent, CUstream hStream) { return event_record(hEvent, hStream, 0); }
@@ -377,8 +441,10 @@ SIM_EXPORT CUresult cuEventSynchronize(CUevent hEvent)
         return rc;
     if (!SIM_OWNED_VALID(hEvent, MAGIC_EVENT))
         return CUDA_ERROR_INVALID_HANDLE;
-    if (atomic_load(&hEvent->recorded))
-        sim_sleep_until_ns(atomic_load(&hEvent->t));
+    if (atomic_load(&hEvent->recorded) && !atomic_load(&hEvent->t)) {
+        sim_sched_wait(hEvent->dev, G.slot, atomic_load(&hEvent->pos));
+        event_done(hEvent);
+    }
     sim_after_sync(sim_current_ctx());
     return CUDA_SUCCESS;
 }
@@ -390,7 +456,7 @@ SIM_EXPORT CUresult cuEventQuery(CUevent hEvent)
         return rc;
     if (!SIM_OWNED_VALID(hEvent, MAGIC_EVENT))
         return CUDA_ERROR_INVALID_HANDLE;
-    if (atomic_load(&hEvent->recorded) && atomic_load(&hEvent->t) > sim_now_ns())
+    if (atomic_load(&hEvent->recorded) && !event_done(hEvent))
         return CUDA_ERROR_NOT_READY;
     return CUDA_SUCCESS;
 }
@@ -408,9 +474,9 @@ SIM_EXPORT CUresult cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, 
         return CUDA_ERROR_INVALID_HANDLE;
     if (!atomic_load(&hStart->recorded) || !atomic_load(&hEnd->recorded))
         return CUDA_ERROR_INVALID_HANDLE;
-    uint64_t a = atomic_load(&hStart->t), b = atomic_load(&hEnd->t), now = sim_now_ns();
-    if (a > now || b > now)
+    if (!event_done(hStart) || !event_done(hEnd))
         return CUDA_ERROR_NOT_READY;
+    uint64_t a = atomic_load(&hStart->t), b = atomic_load(&hEnd->t);
     *pMilliseconds = (float)(((double)b - (double)a) / 1e6);
     return CUDA_SUCCESS;
 }
@@ -418,4 +484,27 @@ SIM_EXPORT CUresult cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, 
 SIM_EXPORT CUresult cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd)
 {
     return cuEventElapsedTime_v2(pMilliseconds, hStart, hEnd);
+}
+
+/* ---------------------------------------------------------------- simulator-only ground truth */
+
+/* Not a CUDA function (no cuda.h counterpart; found only by dlsym): the device time this process
+ * was actually served on `dev` within the complete 50 ms buckets of [from_ns, to_ns)
+ * (CLOCK_MONOTONIC), and the length of those buckets. Tests and benchmarks use it as the ground
+ * truth of a process's share of the device, which the kernel-duration spread and the time
+ * slicing make impossible to compute from launch counts. */
+SIM_EXPORT CUresult simgpuProcessBusyNs(CUdevice dev, unsigned long long from_ns, unsigned long long to_ns,
+                                        unsigned long long *busy_ns, unsigned long long *window_ns)
+{
+    CUresult rc = sim_check_device(dev);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!busy_ns || !window_ns || to_ns < from_ns)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (G.slot < 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    uint64_t w;
+    *busy_ns = sim_busy_between(sim_phys(dev), G.slot, from_ns, to_ns, &w);
+    *window_ns = w;
+    return CUDA_SUCCESS;
 }

@@ -1,0 +1,153 @@
+"""Kernel durations vary as on hardware, and processes time-slice the device (tests/c/sim_timing.c).
+
+Durations are read from events between kernels queued back to back: simulated times, so host
+load does not decide the results. The time-slicing test runs two processes; its bounds leave a
+millisecond for the host to schedule the short kernel's process between its event and its launch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.sim.simhelp import EXACT_DURATIONS
+
+CUDA_ERROR_NOT_READY = 600
+
+
+@pytest.fixture
+def timing(build_c: Callable[..., Path]) -> Path:
+    return build_c("sim_timing.c")
+
+
+# Queue up to 1024 launches ahead (SIM_PACE) whatever their total time, so that the launching
+# process being descheduled on a loaded machine never lets the device run dry between kernels
+# (an idle gap between two events is real time between them, on hardware too).
+DEEP_QUEUE = {"SIMGPU_QUEUE_AHEAD_US": "10000000"}
+
+
+def _durations(exe: Path, env: dict[str, str], name: str, n: int) -> list[float]:
+    r = subprocess.run(
+        [str(exe), "durations", name, str(n)],
+        env=dict(env, **DEEP_QUEUE),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    out = [float(x) for x in r.stdout.split()]
+    assert len(out) == n
+    return out
+
+
+def test_default_spread_keeps_the_mean(timing: Path, sim_env: dict[str, str]) -> None:
+    """Default: lognormal, 20 % coefficient of variation, plus a rare long tail; mean = modelled."""
+    d = _durations(timing, dict(sim_env, SIMGPU_SEED="1"), "sim_200us", 3000)
+    mean = statistics.fmean(d)
+    cv = statistics.pstdev(d) / mean
+    assert 194 < mean < 206, mean  # +-3 % (the standard error is about 0.4 %)
+    assert 0.17 < cv < 0.27, cv  # 20 % spread, a little more with the 0.1 % tail at 4x
+    assert min(d) > 60 and max(d) > 300  # a spread, not a constant
+    assert len(set(d)) > 2900  # every draw differs
+
+
+def test_seed_reproduces_the_draws(timing: Path, sim_env: dict[str, str]) -> None:
+    a = _durations(timing, dict(sim_env, SIMGPU_SEED="7"), "sim_100us", 200)
+    b = _durations(timing, dict(sim_env, SIMGPU_SEED="7"), "sim_100us", 200)
+    c = _durations(timing, dict(sim_env, SIMGPU_SEED="8"), "sim_100us", 200)
+    assert a == b
+    assert a != c
+
+
+def test_spread_off_gives_exact_durations(timing: Path, sim_env: dict[str, str]) -> None:
+    d = _durations(timing, dict(sim_env, **EXACT_DURATIONS), "sim_200us", 300)
+    assert all(abs(x - 200.0) < 0.002 for x in d), sorted(d)[:3] + sorted(d)[-3:]
+
+
+def test_long_tail(timing: Path, sim_env: dict[str, str]) -> None:
+    """10 % of kernels take 4x; the draws are scaled so the mean stays the modelled time."""
+    env = dict(
+        sim_env,
+        SIMGPU_KERNEL_SPREAD_PCT="0",
+        SIMGPU_KERNEL_TAIL_PPM="100000",
+        SIMGPU_KERNEL_TAIL_FACTOR="4",
+        SIMGPU_SEED="3",
+    )
+    d = _durations(timing, env, "sim_260us", 2000)
+    short, long = 260 / 1.3, 4 * 260 / 1.3  # E[multiplier] = 0.9 + 0.1 * 4 = 1.3
+    assert all(abs(x - short) < 0.01 or abs(x - long) < 0.01 for x in d)
+    frac = sum(1 for x in d if x > 2 * short) / len(d)
+    assert 0.07 < frac < 0.13, frac
+    assert 250 < statistics.fmean(d) < 270
+
+
+def test_bad_knobs_use_the_defaults(timing: Path, sim_env: dict[str, str]) -> None:
+    env = dict(
+        sim_env,
+        SIMGPU_KERNEL_SPREAD_PCT="lots",
+        SIMGPU_KERNEL_TAIL_FACTOR="0",
+        SIMGPU_TIMESLICE_US="5",
+        SIMGPU_SEED="1",
+    )
+    r = subprocess.run(
+        [str(timing), "durations", "sim_100us", "50"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0
+    lines = r.stderr.splitlines()
+    assert any("SIMGPU_KERNEL_SPREAD_PCT" in x and "using 20" in x for x in lines), r.stderr
+    assert any("SIMGPU_KERNEL_TAIL_FACTOR" in x and "allowed: 1 .. 100" in x for x in lines)
+    assert any("SIMGPU_TIMESLICE_US" in x and "allowed: 100 .. 1000000" in x for x in lines)
+
+
+def _slice_pair(
+    exe: Path, env: dict[str, str], tmp_path: Path, long_us: int, short_us: int
+) -> tuple[dict[str, float], dict[str, float]]:
+    fifo = tmp_path / "go"
+    os.mkfifo(fifo)
+    a = subprocess.Popen(
+        [str(exe), "long", str(long_us), str(fifo)], env=env, stdout=subprocess.PIPE, text=True
+    )
+    b = subprocess.Popen(
+        [str(exe), "short", str(short_us), str(fifo)], env=env, stdout=subprocess.PIPE, text=True
+    )
+    out_a, _ = a.communicate(timeout=60)
+    out_b, _ = b.communicate(timeout=60)
+    assert a.returncode == 0 and b.returncode == 0
+    return json.loads(out_a), json.loads(out_b)
+
+
+def test_time_slicing_between_processes(
+    timing: Path, sim_env: dict[str, str], tmp_path: Path
+) -> None:
+    """B's 100 us kernel, launched while A's 200 ms kernel runs, is done within one 2 ms slice plus
+    its own time (FIFO would make it wait for A's whole kernel); A's kernel ends 100 us later,
+    A's query said "not ready" and its synchronisation returned only after the (moved) end."""
+    env = dict(sim_env, **EXACT_DURATIONS)
+    a, b = _slice_pair(timing, env, tmp_path, 200000, 100)
+    # B's wall time from launch to the return of its synchronisation: one slice (2 ms) plus
+    # 0.1 ms in the model; the bound leaves the host (a loaded machine) time to wake B up
+    assert b["wall_ms"] < 50, b  # FIFO: the rest of A's 200 ms kernel
+    # B's events: the one before the launch completes when B's lane gets the device (as a GPU
+    # writes it when the context is scheduled), so they bracket B's own 0.1 ms
+    assert 0.099 < b["event_ms"] < 0.2, b
+    assert 200.099 < a["event_ms"] < 200.2, a  # delayed by exactly B's kernel
+    assert a["query_halfway"] == CUDA_ERROR_NOT_READY
+    assert a["wall_ms"] >= a["event_ms"] - 0.05, a
+
+
+def test_timeslice_knob(timing: Path, sim_env: dict[str, str], tmp_path: Path) -> None:
+    """With a slice (1 s) longer than A's kernel, B waits for all of it (whole-launch FIFO)."""
+    env = dict(sim_env, SIMGPU_TIMESLICE_US="1000000", **EXACT_DURATIONS)
+    a, b = _slice_pair(timing, env, tmp_path, 200000, 100)
+    assert b["wall_ms"] > 100, b  # the rest of A's kernel, however late B's host was
+    assert 199.999 < a["event_ms"] < 200.02, a
