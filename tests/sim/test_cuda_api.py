@@ -16,7 +16,9 @@ def test_api_surface(build_c: Callable[..., Path], sim_env: dict[str, str]) -> N
     # its accounting checks are exact with a driver taking 512 B granules (pages: sim_pages.c)
     # and contexts taking no memory (context memory: test_context_memory.py)
     # and its timing checks (events, graphs, pacing) pin the modelled durations exactly
-    env = dict(sim_env, SIMGPU_ALLOC_GRANULARITY="512", SIMGPU_CONTEXT_MEMORY="0", **EXACT_DURATIONS)
+    env = dict(
+        sim_env, SIMGPU_ALLOC_GRANULARITY="512", SIMGPU_CONTEXT_MEMORY="0", **EXACT_DURATIONS
+    )
     r = subprocess.run([str(exe)], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.strip().endswith("OK")
@@ -48,7 +50,9 @@ def test_client_api_surface(build_c: Callable[..., Path], sim_env: dict[str, str
     and the list of what is not modelled with its error (tests/c/sim_client_api.c)."""
     exe = build_c("sim_client_api.c")
     # exact byte counts (no context memory: test_context_memory.py); it checks each mangling's modelled duration exactly
-    env = dict(sim_env, SIMGPU_ALLOC_GRANULARITY="512", SIMGPU_CONTEXT_MEMORY="0", **EXACT_DURATIONS)
+    env = dict(
+        sim_env, SIMGPU_ALLOC_GRANULARITY="512", SIMGPU_CONTEXT_MEMORY="0", **EXACT_DURATIONS
+    )
     r = subprocess.run([str(exe)], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.strip().endswith("OK")
