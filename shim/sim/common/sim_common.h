@@ -110,12 +110,13 @@ typedef struct {
     _Atomic uint64_t launches;
 } sim_dev_state;
 
+/* A process slot: small and contiguous, so that scanning the slots touches few pages. Its busy
+ * rings (sim_shared.proc_ring) are large and reset lazily per device (proc_ring_gen). */
 typedef struct {
-    uint32_t active;
     int32_t pid;                       /* in the process's own PID namespace */
+    uint32_t gen;                      /* bumped at every claim of the slot */
     uint64_t used[SIM_MAX_DEVICES];    /* bytes charged by this process */
     uint32_t contexts[SIM_MAX_DEVICES];
-    _Atomic uint64_t ring[SIM_MAX_DEVICES][SIM_PROC_RING];
 } sim_proc_slot;
 
 /* The device scheduler (sched.c). Each process (slot) has one *lane* per device: its work in
@@ -153,12 +154,20 @@ typedef struct {
     uint64_t magic;
     uint64_t size;
     pthread_mutex_t lock;              /* robust, process-shared: guards used/active/contexts */
+    uint64_t active[(SIM_MAX_PROCS + 63) / 64]; /* bit i: slot i is claimed (under the lock) */
     sim_dev_state dev[SIM_MAX_DEVICES];
     sim_proc_slot proc[SIM_MAX_PROCS];
     sim_sched sched[SIM_MAX_DEVICES];  /* per physical device */
+    /* proc_ring[slot][dev] is the slot's owner's only when proc_ring_gen[slot][dev] equals the
+     * slot's gen: the first record of a new owner on a device clears it (8 KiB, not all 1 MiB
+     * of the slot's rings at every claim). */
+    _Atomic uint32_t proc_ring_gen[SIM_MAX_PROCS][SIM_MAX_DEVICES];
+    _Atomic uint64_t proc_ring[SIM_MAX_PROCS][SIM_MAX_DEVICES][SIM_PROC_RING];
 } sim_shared;
 
 extern sim_shared *sim_shm;
+
+static inline int sim_slot_active(int i) { return (int)((sim_shm->active[i / 64] >> (i % 64)) & 1); }
 
 int sim_state_open(void);              /* map the node state; 0 or -1 (one stderr line) */
 void sim_state_lock(void);             /* recovers from a dead owner (EOWNERDEAD) */

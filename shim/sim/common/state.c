@@ -190,7 +190,7 @@ static void recompute_totals(void)
     for (int d = 0; d < SIM_MAX_DEVICES; d++) {
         uint64_t used = 0;
         for (int i = 0; i < SIM_MAX_PROCS; i++)
-            if (sim_shm->proc[i].active)
+            if (sim_slot_active(i))
                 used += sim_shm->proc[i].used[d];
         sim_shm->dev[d].used = used;
     }
@@ -230,13 +230,13 @@ static void free_slot_locked(int i)
         p->contexts[d] = 0;
     }
     p->pid = 0;
-    p->active = 0;
+    sim_shm->active[i / 64] &= ~(1ull << (i % 64));
 }
 
 void sim_state_reap_locked(int own_slot)
 {
     for (int i = 0; i < SIM_MAX_PROCS; i++)
-        if (sim_shm->proc[i].active && !sim_slot_alive(i, own_slot))
+        if (sim_slot_active(i) && !sim_slot_alive(i, own_slot))
             free_slot_locked(i);
 }
 
@@ -244,22 +244,26 @@ int sim_state_claim_slot(void)
 {
     int got = -1;
     sim_state_lock();
-    sim_state_reap_locked(-1);
-    for (int i = 0; i < SIM_MAX_PROCS && got < 0; i++) {
-        if (sim_shm->proc[i].active)
-            continue;
-        struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = SLOT_LOCK_BASE + i, .l_len = 1, .l_pid = 0 };
-        if (fcntl(g_fd, F_OFD_SETLK, &fl) != 0)
-            continue; /* held by someone: not ours to take */
-        sim_proc_slot *p = &sim_shm->proc[i];
-        memset(p->used, 0, sizeof p->used);
-        memset(p->contexts, 0, sizeof p->contexts);
-        for (int d = 0; d < SIM_MAX_DEVICES; d++)
-            for (int b = 0; b < SIM_PROC_RING; b++)
-                atomic_store_explicit(&p->ring[d][b], 0, memory_order_relaxed);
-        p->pid = (int32_t)getpid();
-        p->active = 1;
-        got = i;
+    /* Reap only when no slot is free: a dead process's memory is returned anyway before any
+     * charge that would not fit and before any query (sim_mem_charge, sim_mem_used, NVML), and
+     * a reap costs a system call per live slot. */
+    for (int pass = 0; pass < 2 && got < 0; pass++) {
+        if (pass == 1)
+            sim_state_reap_locked(-1);
+        for (int i = 0; i < SIM_MAX_PROCS && got < 0; i++) {
+            if (sim_slot_active(i))
+                continue;
+            struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = SLOT_LOCK_BASE + i, .l_len = 1, .l_pid = 0 };
+            if (fcntl(g_fd, F_OFD_SETLK, &fl) != 0)
+                continue; /* held by someone: not ours to take */
+            sim_proc_slot *p = &sim_shm->proc[i];
+            memset(p->used, 0, sizeof p->used);
+            memset(p->contexts, 0, sizeof p->contexts);
+            p->pid = (int32_t)getpid();
+            __atomic_store_n(&p->gen, p->gen + 1, __ATOMIC_RELEASE); /* its busy rings: stale */
+            sim_shm->active[i / 64] |= 1ull << (i % 64);
+            got = i;
+        }
     }
     sim_state_unlock();
     if (got < 0)
@@ -385,14 +389,27 @@ void sim_busy_record(int dev, int slot, uint64_t start, uint64_t end)
     if (dev < 0 || dev >= SIM_MAX_DEVICES)
         return;
     ring_add(sim_shm->dev[dev].ring, SIM_DEV_RING, SIM_BUCKET_NS, start, end);
-    if (slot >= 0)
-        ring_add(sim_shm->proc[slot].ring[dev], SIM_PROC_RING, SIM_PBUCKET_NS, start, end);
+    if (slot < 0 || slot >= SIM_MAX_PROCS)
+        return;
+    /* Callers hold the device's scheduler lock: one writer per (slot, dev) at a time. */
+    uint32_t gen = __atomic_load_n(&sim_shm->proc[slot].gen, __ATOMIC_ACQUIRE);
+    if (atomic_load_explicit(&sim_shm->proc_ring_gen[slot][dev], memory_order_acquire) != gen) {
+        for (int b = 0; b < SIM_PROC_RING; b++) /* a new owner's first record on this device */
+            atomic_store_explicit(&sim_shm->proc_ring[slot][dev][b], 0, memory_order_relaxed);
+        atomic_store_explicit(&sim_shm->proc_ring_gen[slot][dev], gen, memory_order_release);
+    }
+    ring_add(sim_shm->proc_ring[slot][dev], SIM_PROC_RING, SIM_PBUCKET_NS, start, end);
 }
+
+static _Atomic uint64_t no_history[SIM_PROC_RING]; /* a slot's owner that never ran on the device */
 
 uint64_t sim_busy_between(int dev, int slot, uint64_t from, uint64_t to, uint64_t *window_ns)
 {
     sim_sched_advance(dev); /* the rings are written as the device runs: run it up to now */
     if (slot < 0)
         return ring_sum(sim_shm->dev[dev].ring, SIM_DEV_RING, SIM_BUCKET_NS, from, to, window_ns);
-    return ring_sum(sim_shm->proc[slot].ring[dev], SIM_PROC_RING, SIM_PBUCKET_NS, from, to, window_ns);
+    uint32_t gen = __atomic_load_n(&sim_shm->proc[slot].gen, __ATOMIC_ACQUIRE);
+    int own = atomic_load_explicit(&sim_shm->proc_ring_gen[slot][dev], memory_order_acquire) == gen;
+    return ring_sum(own ? sim_shm->proc_ring[slot][dev] : no_history, SIM_PROC_RING, SIM_PBUCKET_NS, from, to,
+                    window_ns);
 }

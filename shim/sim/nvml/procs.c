@@ -27,7 +27,7 @@ static int list_procs(int dev, proc_entry *out, int cap)
     sim_state_reap_locked(-1);
     for (int i = 0; i < SIM_MAX_PROCS; i++) {
         sim_proc_slot *p = &sim_shm->proc[i];
-        if (!p->active || (p->contexts[dev] == 0 && p->used[dev] == 0))
+        if (!sim_slot_active(i) || (p->contexts[dev] == 0 && p->used[dev] == 0))
             continue;
         if (n < cap)
             out[n] = (proc_entry){ .slot = i, .pid = (unsigned)p->pid, .used = p->used[dev] };
