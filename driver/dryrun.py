@@ -19,7 +19,13 @@ import yaml
 
 from driver.discovery import Discovery, NvmlBackend
 from driver.flags import Settings
-from driver.resourceslices import Mode, RulesFor, describe_error, pool_slices
+from driver.resourceslices import (
+    Mode,
+    RulesFor,
+    describe_error,
+    pool_slices,
+    too_small_messages,
+)
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +52,10 @@ def dry_run(
     if settings.sharing_mode == "auto":
         log.info("--dry-run: no API server to ask; printing sharing-mode slices")
     inv = Discovery(backend, sysfs_root=sysfs_root).inventory(gpus, {})
+    for message in too_small_messages(
+        inv, mode, settings.node_name, settings.partitions, rules_for
+    ):
+        log.warning("%s", message)
     slices = pool_slices(
         inv,
         mode,

@@ -305,7 +305,9 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Settings
         ),
         log_level=log_level,
         dry_run=get("dry-run", _parse_bool),
-        policy=_abs_path("policy", policy) if policy else None,
+        # A relative --policy is taken from the working directory (`--dry-run --policy
+        # deploy/base/policy.yaml` from a checkout); it is watched by its absolute path.
+        policy=Path(os.path.abspath(policy)) if policy else None,
         driver_root=driver_root,
         driver_root_mount=(
             _abs_path("driver-root-mount", raw["driver-root-mount"] or "")

@@ -198,6 +198,28 @@ def too_small(info: GpuInfo, mode: Mode, rules: Rules) -> bool:
     return rules.partition_memory(info.memory_total) == 0
 
 
+def too_small_message(node: str, index: int, info: GpuInfo, rules: Rules) -> str:
+    """One line naming the GPU and the numbers, for a GPU that too_small() leaves out."""
+    return (
+        f"node {node}: GPU {index} ({info.uuid}, {info.name}): {info.memory_total} bytes of "
+        f"memory minus the policy's reservedMemory {rules.reserved_memory} leaves nothing to "
+        f"offer (memory min {rules.memory.min} + step {rules.memory.step}, or "
+        f"{rules.partitions} partitions); this GPU is not published"
+    )
+
+
+def too_small_messages(
+    inv: Inventory, mode: Mode, node: str, partitions: int, rules_for: RulesFor | None = None
+) -> list[str]:
+    """too_small_message() for every GPU of inv that the policy leaves out."""
+    rules_of = rules_for or _builtin(partitions)
+    return [
+        too_small_message(node, g.index, g.info, rules_of(g.info))
+        for g in inv.gpus
+        if too_small(g.info, mode, rules_of(g.info))
+    ]
+
+
 def health_map(
     inv: Inventory, mode: Mode, partitions: int, rules_for: RulesFor | None = None
 ) -> dict[str, bool]:
@@ -566,24 +588,17 @@ class SlicePublisher:
 
     def _warn_too_small(self, inv: Inventory, mode: Mode) -> None:
         rules_of = self.rules_for or _builtin(self.partitions)
+        warned = self._small_warned
         for g in inv.gpus:
             rules = rules_of(g.info)
             key = (g.info.uuid, rules.reserved_memory, rules.memory, rules.partitions)
-            if too_small(g.info, mode, rules) and key not in self._small_warned:
-                self._small_warned.add(key)
-                log.warning(
-                    "node %s: GPU %d (%s): %d bytes of memory minus the policy's reservedMemory "
-                    "%d leaves nothing to offer (memory min %d + step %d, or %d partitions); "
-                    "not published",
-                    self.node_name,
-                    g.index,
-                    g.info.uuid,
-                    g.info.memory_total,
-                    rules.reserved_memory,
-                    rules.memory.min,
-                    rules.memory.step,
-                    rules.partitions,
-                )
+            if too_small(g.info, mode, rules) and key not in warned:
+                warned.add(key)
+                log.warning("%s", too_small_message(self.node_name, g.index, g.info, rules))
+
+    def forget_warnings(self) -> None:
+        """Warn again about GPUs the policy leaves nothing to offer (a reloaded policy)."""
+        self._small_warned = set()
 
     def cleanup(self) -> int:
         """Delete every slice of this node's pool; the number deleted."""
@@ -657,6 +672,7 @@ class PublishLoop:
 
     def republish(self) -> None:
         """Write the latest Inventory again now (the policy changed what it publishes as)."""
+        self.publisher.forget_warnings()
         with self._cond:
             if self._desired is not None:
                 self._desired = Inventory(gpus=self._desired.gpus)

@@ -236,7 +236,11 @@ def _compute_phase(
         with Live(render(exporter.view.build()), console=console, auto_refresh=False) as live:
             while running():
                 time.sleep(1.0)
-                live.update(render(exporter.view.build()), refresh=True)
+                view = exporter.view.build()
+                # A frame is drawn only when the tenants ran through all of its window: one
+                # they left during it would show less than they got (the summary says that).
+                if running():
+                    live.update(render(view), refresh=True)
     for t in tenants:
         _collect(t)
     failures: list[str] = []

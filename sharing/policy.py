@@ -295,6 +295,31 @@ def from_document(doc: Any, base: Rules = BUILTIN, source: str = "policy") -> Sh
     return SharingPolicy(default=default, overrides=tuple(overrides), source=source)
 
 
+CONFIGMAP_KEY = "policy.yaml"  # the key of deploy/base/policy.yaml that the pod mounts as the file
+
+
+def unwrap_configmap(doc: Any) -> Any:
+    """The policy inside the ConfigMap that deploy/ ships (its data.policy.yaml), so the same
+    file serves `kubectl apply` and `--policy` / `--dry-run`; any other document as it is."""
+    if not (isinstance(doc, dict) and doc.get("kind") == "ConfigMap"):
+        return doc
+    data = doc.get("data")
+    if not isinstance(data, dict) or not isinstance(data.get(CONFIGMAP_KEY), str):
+        keys = ", ".join(sorted(map(str, data))) if isinstance(data, dict) else "none"
+        raise _fail(
+            "data",
+            f"a ConfigMap whose data has no {CONFIGMAP_KEY} (its keys: {keys}); the policy is "
+            f"the text of data.{CONFIGMAP_KEY}, or give the SharingPolicy document itself",
+        )
+    try:
+        return yaml.safe_load(data[CONFIGMAP_KEY])
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or "not YAML"
+        raise _fail(f"data.{CONFIGMAP_KEY}", f"not valid YAML{where}: {problem}") from None
+
+
 def load(path: Path, base: Rules = BUILTIN) -> SharingPolicy:
     """Read and validate a policy file (YAML or JSON). PolicyError names the file."""
     try:
@@ -309,6 +334,6 @@ def load(path: Path, base: Rules = BUILTIN) -> SharingPolicy:
         problem = getattr(e, "problem", None) or "not YAML"
         raise PolicyError(f"{path}: not valid YAML{where}: {problem}") from None
     try:
-        return from_document(doc, base, source=str(path))
+        return from_document(unwrap_configmap(doc), base, source=str(path))
     except PolicyError as e:
         raise PolicyError(f"{path}: {e}") from None

@@ -55,7 +55,18 @@ def _bytes(flag: str, text: str) -> str:
         raise RunConfigError(str(e)) from e
     if value >= 2**64:
         raise RunConfigError(f"{flag}: {text!r} is larger than 2^64 bytes")
+    if 0 < value < MIN_QUOTA:
+        # No allocation fits in less than a page: a quota this small is a missing unit.
+        t = text.strip()
+        unit = f" (e.g. {t}Gi or {t}Mi)" if t.isdigit() else ""
+        raise RunConfigError(
+            f"{flag}: {text!r} is {value} bytes, less than any allocation; give a quota of "
+            f"at least 1Mi with its unit{unit}, or 0 for no limit"
+        )
     return str(value)
+
+
+MIN_QUOTA = 1 << 20  # bytes; the smallest quota `vgpu run` takes (a GPU page is 2 MiB)
 
 
 MEMORY = MemoryContributor()

@@ -9,8 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import select
+import stat
 import sys
+import termios
 import time
+import tty
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +37,7 @@ def register(sub: Any) -> None:
         "top",
         help="live view of this node's GPUs and slices",
         description="Live view of this node's GPUs and slices: memory quota/used/peak, compute "
-        "cap/achieved, throttling, denials, processes. Ctrl-C quits.",
+        "cap/achieved, throttling, denials, processes. q or Ctrl-C quits.",
     )
     add_discovery_flags(p)
     p.add_argument("--once", action="store_true", help="print one snapshot and exit")
@@ -86,7 +91,55 @@ def _bytes(n: int) -> str:
     return str(n)
 
 
-def render(view: NodeView) -> Group:
+_COLUMNS = ("quota", "used", "peak", "cap", "got", "held", "launches", "denied", "procs")
+_NAME_WIDTH = (12, 32)  # the name column's narrowest and widest
+
+
+def render(view: NodeView, width: int = 0) -> Group:
+    """The table; on a terminal `width` columns wide (0: the console's), the figures keep their
+    full width and the names are cut (…) to fit."""
+    rows: list[tuple[str, ...]] = []
+    for d in view.devices:
+        g = d.gpu
+        name = f"GPU {g.index} {g.name}".strip() if g.index >= 0 else g.uuid
+        name = name.replace("NVIDIA ", "")
+        state = "" if g.healthy else " [red](no NVML)[/red]"
+        rows.append(
+            (
+                f"[bold]{name}[/bold]{state}",
+                _bytes(g.memory_total),
+                _bytes(g.memory_used),
+                "",
+                f"{100 * d.cores_allocated_ratio:.0f}%",
+                f"{_pct(g.utilization)}",
+                "",
+                "",
+                "",
+                str(sum(s.processes for s in d.slices)),
+            )
+        )
+        for s in d.slices:
+            sl = s.slice
+            # a --region slice is named by its file: its name is enough on screen
+            label = f"{sl.namespace}/{sl.claim}" if sl.namespace else Path(sl.claim).name
+            c = s.counters
+            rows.append(
+                (
+                    f"  {label}",
+                    _bytes(s.memory_limit),
+                    _bytes(c.used),
+                    _bytes(c.peak),
+                    _pct(s.compute_limit_ratio) if s.compute_limit_ratio else "none",
+                    _pct(s.compute_used_ratio),
+                    f"{c.wait_ns / 1e9:.1f}s",
+                    str(c.launches),
+                    str(c.denials),
+                    str(s.processes),
+                )
+            )
+    figures = [max([len(col), *(len(r[i + 1]) for r in rows)]) for i, col in enumerate(_COLUMNS)]
+    # Two spaces between columns and one at each edge of the table.
+    room = (width or Console().width) - sum(figures) - 2 * len(_COLUMNS) - 2
     t = Table(
         title="vgpu top  (got: achieved compute share; held: time launches waited for the cap)",
         title_justify="left",
@@ -94,53 +147,75 @@ def render(view: NodeView) -> Group:
         pad_edge=False,
         collapse_padding=True,
     )
-    t.add_column("GPU / slice", no_wrap=True, overflow="ellipsis", min_width=12, max_width=32)
-    for col in ("quota", "used", "peak", "cap", "got", "held", "launches", "denied", "procs"):
-        t.add_column(col, justify="right", no_wrap=True)
-    for d in view.devices:
-        g = d.gpu
-        name = f"GPU {g.index} {g.name}".strip() if g.index >= 0 else g.uuid
-        name = name.replace("NVIDIA ", "")
-        state = "" if g.healthy else " [red](no NVML)[/red]"
-        t.add_row(
-            f"[bold]{name}[/bold]{state}",
-            _bytes(g.memory_total),
-            _bytes(g.memory_used),
-            "",
-            f"{100 * d.cores_allocated_ratio:.0f}%",
-            f"{_pct(g.utilization)}",
-            "",
-            "",
-            "",
-            str(sum(s.processes for s in d.slices)),
-        )
-        for s in d.slices:
-            sl = s.slice
-            # a --region slice is named by its file: its name is enough on screen
-            label = f"{sl.namespace}/{sl.claim}" if sl.namespace else Path(sl.claim).name
-            c = s.counters
-            t.add_row(
-                f"  {label}",
-                _bytes(s.memory_limit),
-                _bytes(c.used),
-                _bytes(c.peak),
-                _pct(s.compute_limit_ratio) if s.compute_limit_ratio else "none",
-                _pct(s.compute_used_ratio),
-                f"{c.wait_ns / 1e9:.1f}s",
-                str(c.launches),
-                str(c.denials),
-                str(s.processes),
-            )
+    t.add_column(
+        "GPU / slice",
+        no_wrap=True,
+        overflow="ellipsis",
+        min_width=_NAME_WIDTH[0],
+        max_width=max(_NAME_WIDTH[0], min(_NAME_WIDTH[1], room)),
+    )
+    for col, w in zip(_COLUMNS, figures, strict=True):
+        t.add_column(col, justify="right", no_wrap=True, min_width=w)
+    for row in rows:
+        t.add_row(*row)
     if not view.devices:
         t.add_row("no GPUs or slices found", *[""] * 9)
     notes = [Text(e, style="yellow") for e in view.errors if e != "no NVML reading yet"]
     return Group(t, *notes)
 
 
+class _Keys:
+    """Single key presses from the terminal (q quits), without Enter or echo; where stdin is not
+    a terminal, wait() only waits."""
+
+    def __init__(self) -> None:
+        self._fd = -1
+        self._saved: list[Any] | None = None
+
+    def __enter__(self) -> _Keys:
+        try:
+            if sys.stdin.isatty():
+                self._fd = sys.stdin.fileno()
+                self._saved = termios.tcgetattr(self._fd)
+                tty.setcbreak(self._fd)
+        except (OSError, ValueError, termios.error):
+            self._fd, self._saved = -1, None
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._saved is not None:
+            termios.tcsetattr(self._fd, termios.TCSADRAIN, self._saved)
+
+    def wait(self, seconds: float) -> str:
+        """The key pressed within `seconds` ("" when none)."""
+        if self._saved is None:
+            time.sleep(seconds)
+            return ""
+        ready, _, _ = select.select([self._fd], [], [], seconds)
+        return os.read(self._fd, 1).decode(errors="replace") if ready else ""
+
+
+def _region_problem(path: str) -> str:
+    """Why a --region FILE cannot be shown ("" when it can): a mistyped path is said, not
+    shown as an empty node."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        return f"{e.strerror or e} (give the accounting file of a `vgpu run --region` slice)"
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file (give the accounting file of a `vgpu run --region` slice)"
+    return ""
+
+
 def run(args: argparse.Namespace) -> int:
     if args.interval <= 0:
         print("vgpu top: --interval must be a positive number of seconds", file=sys.stderr)
         return 2
+    for path in args.region:
+        problem = _region_problem(path)
+        if problem:
+            print(f"vgpu top: --region {path}: {problem}", file=sys.stderr)
+            return 2
     if args.sim:
         use_simulator()
     poller = NvmlPoller(interval=min(args.interval, 1.0))
@@ -156,9 +231,12 @@ def run(args: argparse.Namespace) -> int:
             else:
                 Console().print(render(snap))
             return 0
-        with Live(render(view.build()), auto_refresh=False, screen=False) as live:
+        with Live(render(view.build()), auto_refresh=False, screen=False) as live, _Keys() as keys:
             while True:
-                time.sleep(args.interval)
+                deadline = time.monotonic() + args.interval
+                while (left := deadline - time.monotonic()) > 0:
+                    if keys.wait(left) in ("q", "Q"):
+                        return 0
                 live.update(render(view.build()), refresh=True)
     except KeyboardInterrupt:
         return 0

@@ -62,6 +62,17 @@ class _Ctx:
             raise self.fail(path, f"must be a mapping, not {_kind(value)}")
         return value
 
+    def fields(self, value: Any, path: str, allowed: tuple[str, ...]) -> dict[str, Any]:
+        """A mapping whose keys are all known: a misspelled field is an error, never a default."""
+        m = self.mapping(value, path)
+        for key in m:
+            if key not in allowed:
+                raise self.fail(
+                    f"{path}.{key}" if path != "(document)" else str(key),
+                    f"unknown field; allowed: {', '.join(allowed)}",
+                )
+        return m
+
     def seq(self, value: Any, path: str) -> list[Any]:
         if value is None:
             return []
@@ -355,14 +366,26 @@ def parse_device_class(ctx: _Ctx, prefix: str, obj: dict[str, Any]) -> DeviceCla
 def _selectors(ctx: _Ctx, path: str, raw: Any) -> tuple[str, ...]:
     out = []
     for i, s in enumerate(ctx.seq(raw, path)):
-        sel = ctx.mapping(s, f"{path}[{i}]")
-        cel = ctx.mapping(sel.get("cel"), f"{path}[{i}].cel")
+        sel = ctx.fields(s, f"{path}[{i}]", ("cel",))
+        cel = ctx.fields(sel.get("cel"), f"{path}[{i}].cel", ("expression",))
         out.append(ctx.string(cel.get("expression"), f"{path}[{i}].cel.expression"))
     return tuple(out)
 
 
+_DEVICE_REQUEST_FIELDS = (
+    "name",
+    "deviceClassName",
+    "selectors",
+    "allocationMode",
+    "count",
+    "adminAccess",
+    "capacity",
+    "tolerations",
+)
+
+
 def _device_request(ctx: _Ctx, path: str, raw: Any, name: str) -> DeviceRequest:
-    r = ctx.mapping(raw, path)
+    r = ctx.fields(raw, path, _DEVICE_REQUEST_FIELDS)
     mode = r.get("allocationMode", "ExactCount")
     if mode not in ("ExactCount", "All"):
         raise ctx.fail(
@@ -372,7 +395,7 @@ def _device_request(ctx: _Ctx, path: str, raw: Any, name: str) -> DeviceRequest:
     if mode == "All" and "count" in r:
         raise ctx.fail(f"{path}.count", "must not be set with allocationMode All")
     caps: list[tuple[str, Decimal]] = []
-    capacity = ctx.mapping(r.get("capacity") or {}, f"{path}.capacity")
+    capacity = ctx.fields(r.get("capacity") or {}, f"{path}.capacity", ("requests",))
     for key, value in ctx.mapping(
         capacity.get("requests") or {}, f"{path}.capacity.requests"
     ).items():
@@ -380,7 +403,7 @@ def _device_request(ctx: _Ctx, path: str, raw: Any, name: str) -> DeviceRequest:
     tolerations = []
     for i, raw_t in enumerate(ctx.seq(r.get("tolerations"), f"{path}.tolerations")):
         tp = f"{path}.tolerations[{i}]"
-        t = ctx.mapping(raw_t, tp)
+        t = ctx.fields(raw_t, tp, ("key", "operator", "value", "effect", "tolerationSeconds"))
         op = t.get("operator", "Equal")
         if op not in ("Equal", "Exists"):
             raise ctx.fail(f"{tp}.operator", f"{op!r} is not allowed; allowed: Equal, Exists")
@@ -401,14 +424,16 @@ def _device_request(ctx: _Ctx, path: str, raw: Any, name: str) -> DeviceRequest:
 
 
 def parse_claim_spec(ctx: _Ctx, path: str, raw: Any) -> ClaimSpec:
-    spec = ctx.mapping(raw, path)
-    devices = ctx.mapping(spec.get("devices"), f"{path}.devices")
+    spec = ctx.fields(raw, path, ("devices",))
+    devices = ctx.fields(
+        spec.get("devices"), f"{path}.devices", ("requests", "constraints", "config")
+    )
     requests: list[Request] = []
     seen: set[str] = set()
     reqs = ctx.items(devices.get("requests"), f"{path}.devices.requests", "request")
     for i, raw_req in enumerate(reqs):
         rp = f"{path}.devices.requests[{i}]"
-        r = ctx.mapping(raw_req, rp)
+        r = ctx.fields(raw_req, rp, ("name", "exactly", "firstAvailable"))
         name = ctx.unique_name(r, rp, seen, "request")
         if (r.get("exactly") is None) == (r.get("firstAvailable") is None):
             raise ctx.fail(rp, "must have exactly one of exactly, firstAvailable")
@@ -432,7 +457,7 @@ def parse_claim_spec(ctx: _Ctx, path: str, raw: Any) -> ClaimSpec:
     constraints: list[Constraint] = []
     for i, raw_c in enumerate(ctx.seq(devices.get("constraints"), f"{path}.devices.constraints")):
         cp = f"{path}.devices.constraints[{i}]"
-        c = ctx.mapping(raw_c, cp)
+        c = ctx.fields(raw_c, cp, ("requests", "matchAttribute", "distinctAttribute"))
         names = tuple(str(n) for n in ctx.seq(c.get("requests"), f"{cp}.requests"))
         for n in names:
             if n.split("/")[0] not in seen:
@@ -457,12 +482,12 @@ def load_workloads(file: Path) -> tuple[list[Workload], dict[str, DeviceClass]]:
     docs = list(_documents(file))
     if len(docs) != 1:
         raise ctx.fail("", "must hold one document: {workloads: [...], deviceClasses: [...]}")
-    top = ctx.mapping(docs[0][1], "(document)")
+    top = ctx.fields(docs[0][1], "(document)", ("workloads", "deviceClasses"))
     workloads: list[Workload] = []
     names: set[str] = set()
     for i, raw in enumerate(ctx.items(top.get("workloads"), "workloads", "workload")):
         wp = f"workloads[{i}]"
-        w = ctx.mapping(raw, wp)
+        w = ctx.fields(raw, wp, ("name", "replicas", "spec"))
         name = ctx.unique_name(w, wp, names, "workload")
         replicas = ctx.integer(w.get("replicas", 1), f"{wp}.replicas", 0)
         workloads.append(

@@ -236,3 +236,10 @@ def test_a_gpu_the_reservation_leaves_nothing_of_is_not_published(
     p.publish(inventory([gpu(0), small]))
     assert sorted(devices(server)) == ["gpu-0"]  # 1Gi left: below min 1Gi + step 256Mi
     assert caplog.text.count("leaves nothing to offer") == 1
+    p.forget_warnings()  # a reloaded policy: said again, naming the GPU and the numbers
+    p.publish(inventory([gpu(0), small]))
+    assert caplog.text.count("leaves nothing to offer") == 2
+    assert (
+        f"NVIDIA T400): {3 * GiB} bytes of memory minus the policy's reservedMemory {2 * GiB}"
+        in (caplog.text)
+    )

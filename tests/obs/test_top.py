@@ -94,7 +94,7 @@ def test_live_view_in_a_terminal(
     sock = f"vgpu-top-{uuid.uuid4().hex[:8]}"
     cmd = f"{sys.executable} -m sharing.cli top --sim --data-dir {data}"
     env = dict(sim_env, TERM="xterm-256color")
-    subprocess.run([tmux, "-L", sock, "new-session", "-d", "-s", "top", "-x", "150", "-y", "30",
+    subprocess.run([tmux, "-L", sock, "new-session", "-d", "-s", "top", "-x", "80", "-y", "30",
                     cmd], env=env, check=True)  # fmt: skip
 
     def screen() -> str:
@@ -125,17 +125,37 @@ def test_live_view_in_a_terminal(
             s = shows(f" {held_m} ")
             [row] = [line for line in s.splitlines() if "team-a/train" in line]
             assert held_m in row and "1.0G" in row and "30%" in row
+            # 80 columns: every figure is whole (the names give way), procs included
+            cells = row.split()
+            assert "…" not in row and cells[-1] == "1" and cells[-5].endswith("%"), s
         finally:
             held.release()
-        subprocess.run([tmux, "-L", sock, "send-keys", "-t", "top", "C-c"], check=True)
+        subprocess.run([tmux, "-L", sock, "send-keys", "-t", "top", "q"], check=True)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             r = subprocess.run([tmux, "-L", sock, "has-session", "-t", "top"],
                                capture_output=True)  # fmt: skip
             if r.returncode != 0:
-                break  # vgpu top exited on Ctrl-C and took the session with it
+                break  # vgpu top exited on q and took the session with it
             time.sleep(0.2)
         else:
-            raise AssertionError(f"vgpu top did not exit on Ctrl-C:\n{screen()}")
+            raise AssertionError(f"vgpu top did not exit on q:\n{screen()}")
     finally:
         subprocess.run([tmux, "-L", sock, "kill-server"], capture_output=True)
+
+
+@pytest.mark.parametrize("kind", ["missing", "directory"])
+def test_a_region_that_is_not_there_is_an_error(
+    sim_env: dict[str, str], tmp_path: Path, kind: str
+) -> None:
+    path = tmp_path / "a.region"
+    if kind == "directory":
+        path.mkdir()
+    r = subprocess.run(
+        [sys.executable, "-m", "sharing.cli", "top", "--sim", "--once", "--region", str(path)],
+        env=sim_env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 2 and r.stdout == ""
+    what = "No such file or directory" if kind == "missing" else "not a regular file"
+    assert r.stderr.startswith(f"vgpu top: --region {path}: {what}"), r.stderr
+    assert r.stderr.count("\n") == 1

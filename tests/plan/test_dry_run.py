@@ -19,6 +19,7 @@ from sharing.paths import ArtefactMissingError, sim_lib_dir
 from tests.plan.build import CLASS, request, workload
 
 BIN = Path(sys.executable).parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _sim_device(i: int, memory: str, name: str) -> dict[str, Any]:
@@ -218,3 +219,42 @@ def test_dry_run_publishes_what_the_admin_policy_says(
         env=sim_env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert r.returncode == 2 and "maxSharers" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_dry_run_takes_the_shipped_configmap_by_a_relative_path(sim_env: dict[str, str]) -> None:
+    """The README's `--dry-run --policy deploy/base/policy.yaml` from a checkout: a relative path,
+    and the ConfigMap `kubectl apply` takes, read through its data.policy.yaml."""
+    r = subprocess.run(
+        [str(BIN / "vgpu-kubelet-plugin"), "--dry-run", "--node-name", "n", "--sharing-mode",
+         "sharing", "--policy", "deploy/base/policy.yaml"],
+        env=sim_env, cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    shipped = yaml.safe_load((REPO / "deploy/base/policy.yaml").read_text())
+    policy = yaml.safe_load(shipped["data"]["policy.yaml"])
+    dev = yaml.safe_load(r.stdout)["items"][0]["spec"]["devices"][0]
+    assert (
+        dev["capacity"]["memory"]["requestPolicy"]["default"]
+        == (policy["default"]["memory"]["default"])
+    )
+
+
+def test_a_reservation_larger_than_the_gpu_is_said_not_silent(
+    sim_env: dict[str, str], tmp_path: Path
+) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        "apiVersion: vgpu.sharing.dev/v1alpha1\nkind: SharingPolicy\n"
+        "default: {reservedMemory: 100Gi}\n"
+    )
+    r = subprocess.run(
+        [str(BIN / "vgpu-kubelet-plugin"), "--dry-run", "--node-name", "n", "--sharing-mode",
+         "sharing", "--policy", str(policy)],
+        env=sim_env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    [empty] = yaml.safe_load(r.stdout)["items"]  # the pool is published, with no device
+    assert empty["spec"]["devices"] == []
+    lines = [x for x in r.stderr.splitlines() if "leaves nothing to offer" in x]
+    assert len(lines) == 2, r.stderr  # one line for each of the two GPUs, none twice
+    assert "GPU 0 (GPU-" in lines[0] and f"reservedMemory {100 << 30}" in lines[0], lines

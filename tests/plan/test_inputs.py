@@ -66,6 +66,34 @@ def _plan(s: Path, w: Path) -> list[str]:
             "'x' is not a request",
         ),
         (lambda w: w.append(dict(w[0])), "workloads[1].name", "used by an earlier workload"),
+        # A misspelled field is an error naming it and what is allowed, never a silent default
+        # (one replica, the whole device).
+        (
+            lambda w: w[0].update(replica=3),
+            "workloads[0].replica",
+            "unknown field; allowed: name, replicas, spec",
+        ),
+        (
+            lambda w: w[0]["spec"]["devices"]["requests"][0]["exactly"].update(
+                capcity={"requests": {"memory": "1Gi"}}
+            ),
+            "workloads[0].spec.devices.requests[0].exactly.capcity",
+            "unknown field; allowed: name, deviceClassName, selectors, allocationMode, count,",
+        ),
+        (
+            lambda w: w[0]["spec"]["devices"]["requests"][0]["exactly"]["capacity"].update(
+                request={"cores": "10"}
+            ),
+            "workloads[0].spec.devices.requests[0].exactly.capacity.request",
+            "unknown field; allowed: requests",
+        ),
+        (
+            lambda w: w[0]["spec"]["devices"]["requests"][0]["exactly"].update(
+                selectors=[{"cel": {"expresion": "true"}}]
+            ),
+            "workloads[0].spec.devices.requests[0].exactly.selectors[0].cel.expresion",
+            "unknown field; allowed: expression",
+        ),
     ],
 )
 def test_bad_workloads_name_file_and_field(
@@ -77,6 +105,16 @@ def test_bad_workloads_name_file_and_field(
     err = _err(capsys, _plan(s, w))
     assert err.startswith(f"vgpu plan: {w}: {field}: "), err
     assert what in err
+
+
+def test_unknown_top_level_field(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    s, w = write_inputs(tmp_path, GOOD, [workload("w", 1, [request()])])
+    doc = yaml.safe_load(w.read_text())
+    doc["workload"] = doc.pop("workloads")
+    w.write_text(yaml.safe_dump(doc))
+    assert _err(capsys, _plan(s, w)) == (
+        f"vgpu plan: {w}: workload: unknown field; allowed: workloads, deviceClasses"
+    )
 
 
 def test_bad_slice_names_file_and_field(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -79,6 +79,36 @@ def test_bad_quantities_refused_before_cmd(args: list[str], tmp_path: Path) -> N
     assert r.stderr.count("\n") == 1 and "vgpu run:" in r.stderr
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        # A value argparse would take for an option (its usage, not a quantity error).
+        (["--memory", "-1Gi"], "vgpu run: --memory: "),
+        (["--memory-2", "-0.5Gi"], "vgpu run: --memory-2: "),
+        # A quota smaller than any allocation is a missing unit, never a 4-byte slice.
+        (
+            ["--memory", "4"],
+            "vgpu run: --memory: '4' is 4 bytes, less than any allocation; give a quota of at "
+            "least 1Mi with its unit (e.g. 4Gi or 4Mi), or 0 for no limit",
+        ),
+        (["--memory", "512k"], "vgpu run: --memory: '512k' is 524288 bytes, less than any"),
+    ],
+)
+def test_mistaken_quantities_get_one_line_naming_the_flag(
+    args: list[str], message: str, tmp_path: Path
+) -> None:
+    marker = tmp_path / "ran"
+    r = vgpu_run([*args, "--", "touch", str(marker)])
+    assert (r.returncode, marker.exists()) == (2, False)
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith(message), r.stderr
+    assert "usage:" not in r.stderr
+
+
+def test_a_negative_looking_argument_of_the_command_is_left_alone() -> None:
+    r = vgpu_run(["--memory", "1Gi", "--", "echo", "--memory", "-1Gi"])
+    assert (r.returncode, r.stdout) == (0, "--memory -1Gi\n"), r.stderr
+
+
 def test_corrupt_region_refused_before_cmd(tmp_path: Path) -> None:
     bad = tmp_path / "bad.region"
     bad.write_bytes(b"junk")
