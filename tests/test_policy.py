@@ -182,3 +182,26 @@ def test_file_errors_name_the_file(tmp_path: Path) -> None:
     f.write_text(yaml.safe_dump(doc(maxSharers=-1)))
     with pytest.raises(PolicyError, match=r"p.yaml: default.maxSharers: -1 invalid"):
         load(f)
+
+
+def test_the_configmap_is_read_through_its_policy_key(tmp_path: Path) -> None:
+    """`--policy deploy/base/policy.yaml`: the ConfigMap that `kubectl apply` takes is the file an
+    admin has at hand; its data.policy.yaml is the policy, and anything else is said in a line."""
+    shipped = load(REPO / "deploy" / "base" / "policy.yaml")
+    [cm] = [
+        d
+        for d in yaml.safe_load_all((REPO / "deploy" / "base" / "policy.yaml").read_text())
+        if d and d["kind"] == "ConfigMap"
+    ]
+    assert shipped.default == from_document(yaml.safe_load(cm["data"]["policy.yaml"])).default
+    f = tmp_path / "cm.yaml"
+    f.write_text(yaml.safe_dump({"kind": "ConfigMap", "data": {"other.yaml": "x"}}))
+    with pytest.raises(PolicyError) as e:
+        load(f)
+    assert str(e.value) == (
+        f"{f}: data: a ConfigMap whose data has no policy.yaml (its keys: other.yaml); the policy "
+        "is the text of data.policy.yaml, or give the SharingPolicy document itself"
+    )
+    f.write_text(yaml.safe_dump({"kind": "ConfigMap", "data": {"policy.yaml": "a: [b\n"}}))
+    with pytest.raises(PolicyError, match=r"cm.yaml: data.policy.yaml: not valid YAML at line 2"):
+        load(f)
