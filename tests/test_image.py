@@ -27,7 +27,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+# The first build (compiling the C parts, installing every wheel) takes minutes on a busy
+# 2-core machine: past the suite's 300 s default.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 REPO = Path(__file__).resolve().parents[1]
 BASE = "localhost/debian:bookworm-slim"
