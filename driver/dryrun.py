@@ -37,16 +37,14 @@ def dry_run(
     rules_for: RulesFor | None = None,
     sysfs_root: Path = Path("/sys"),
     out: TextIO = sys.stdout,
+    nvml_hint: str = "is the NVIDIA driver loaded and /dev/nvidia* visible?",
 ) -> int:
     """Print the slices (as the admin policy `rules_for` shapes them; default: the built-in
     policy); 0 on success, 1 when NVML cannot list the GPUs."""
     try:
         gpus = backend.list_gpus()
     except Exception as e:
-        log.error(
-            "NVML: cannot list GPUs (%s); is the NVIDIA driver loaded and /dev/nvidia* visible?",
-            describe_error(e),
-        )
+        log.error("NVML: cannot list GPUs (%s); %s", describe_error(e), nvml_hint)
         return 1
     mode: Mode = "partition" if settings.sharing_mode == "partition" else "sharing"
     if settings.sharing_mode == "auto":

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar, cast
 
+from driver.simulated import DEFAULT_SIM_MODEL, MAX_SIM_GPUS, SIM_MODELS
+
 SharingMode = Literal["auto", "sharing", "partition"]
 SHARING_MODES: tuple[str, ...] = ("auto", "sharing", "partition")
 DEFAULT_DRIVER_NAME = "vgpu.sharing.dev"
@@ -50,6 +52,11 @@ class Settings:
     cdi_spec_dirs: tuple[Path, ...] = (Path("/etc/cdi"), Path("/var/run/cdi"))
     metrics_address: tuple[str, int] | None = None  # None: no metrics endpoint
     watchdog_enforce: str = "none"  # none | kill (sharing/watchdog.py)
+    watchdog: bool = True  # the quota watchdog beside the metrics (needs hostPID)
+    sim: bool = False  # the packaged simulated GPU instead of NVIDIA's driver
+    sim_gpus: int = 1
+    sim_model: str = DEFAULT_SIM_MODEL  # a key of driver.simulated.SIM_MODELS
+    sim_config: Path | None = None  # a simulator device file instead of sim_gpus/sim_model
 
     @property
     def plugin_dir(self) -> Path:
@@ -172,6 +179,42 @@ _FLAGS: tuple[_Flag, ...] = (
         "offending processes)",
         "none",
     ),
+    _Flag(
+        "watchdog",
+        "WATCHDOG",
+        "run the quota watchdog with the metrics of --metrics-address (it reads other pods' "
+        "processes: the plugin needs the host's PID namespace, hostPID); false: metrics only",
+        "true",
+        is_bool=True,
+    ),
+    _Flag(
+        "sim",
+        "SIM",
+        "use the packaged simulated GPU instead of NVIDIA's driver (a cluster or node without "
+        "GPUs; docs/simulator.md): the plugin's NVML and the driver injected into claims' "
+        "containers are the simulator's",
+        "false",
+        is_bool=True,
+    ),
+    _Flag(
+        "sim-gpus",
+        "SIM_GPUS",
+        f"with --sim: simulated GPUs on this node (1..{MAX_SIM_GPUS})",
+        "1",
+    ),
+    _Flag(
+        "sim-model",
+        "SIM_MODEL",
+        f"with --sim: model of the simulated GPUs ({', '.join(SIM_MODELS)})",
+        DEFAULT_SIM_MODEL,
+    ),
+    _Flag(
+        "sim-config",
+        "SIM_CONFIG",
+        "with --sim: a simulator device file (JSON, docs/simulator.md SIMGPU_CONFIG) instead "
+        "of --sim-gpus and --sim-model",
+        None,
+    ),
 )
 
 _T = TypeVar("_T")
@@ -288,6 +331,24 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Settings
     kubeconfig = raw["kubeconfig"]
     policy = raw["policy"]
     driver_root = get("driver-root", _abs_path)
+    sim = get("sim", _parse_bool)
+    given = {f.name for f in _FLAGS if args[f.name.replace("-", "_")] or env.get(f.env)}
+    for name in ("sim-gpus", "sim-model", "sim-config"):
+        if name in given and not sim:
+            raise SettingsError(f"--{name}: only with --sim (or SIM=true)")
+    if "sim-config" in given and given & {"sim-gpus", "sim-model"}:
+        raise SettingsError(
+            "--sim-config: the device file names the GPUs; allowed: --sim-config alone, or "
+            "--sim-gpus and --sim-model"
+        )
+    watchdog_enforce = get("watchdog-enforce", lambda n, t: _choice(n, t, ("none", "kill")))
+    if sim and watchdog_enforce == "kill":
+        raise SettingsError(
+            "--watchdog-enforce: kill is not allowed with --sim (the simulated GPU reports "
+            "processes by their PID inside their container, which names other processes on the "
+            "node); allowed: none"
+        )
+    sim_config = raw["sim-config"]
     return Settings(
         node_name=_dns_subdomain("node-name", node, 253),
         kubeconfig=Path(kubeconfig) if kubeconfig else None,
@@ -320,7 +381,12 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Settings
             if d.strip()
         ),
         metrics_address=_metrics_address(raw["metrics-address"] or ""),
-        watchdog_enforce=get("watchdog-enforce", lambda n, t: _choice(n, t, ("none", "kill"))),
+        watchdog_enforce=watchdog_enforce,
+        watchdog=get("watchdog", _parse_bool),
+        sim=sim,
+        sim_gpus=get("sim-gpus", lambda n, t: _parse_int(n, t, 1, MAX_SIM_GPUS)),
+        sim_model=get("sim-model", lambda n, t: _choice(n, t, tuple(SIM_MODELS))),
+        sim_config=Path(sim_config).absolute() if sim_config else None,
     )
 
 

@@ -15,6 +15,9 @@ Per claim, one of:
            then keeps a runtime hook, where one is installed, from injecting a second time.
   nothing  no driver files under the driver root (a node without the driver, the tests'
            default): the spec is left as it was and a warning logged once.
+With `--sim` (driver/simulated.py) every claim instead gets the packaged simulated driver
+(SimulatorInjector): its libcuda.so.1 and libnvidia-ml.so.1 where Debian/Ubuntu's loader finds
+them, its device file and its node-wide state directory shared by every claim.
 
 The driver root is seen by the plugin at `mount` (a read-only mount of the host's driver root,
 `/driver-root` in the DaemonSet) and by the container runtime at `host` (`/`, or
@@ -27,6 +30,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import platform
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -36,6 +40,7 @@ from typing import Any
 import yaml
 
 from cdi.spec import ContainerEdits, DeviceNode, Mount
+from driver.simulated import SIM_LIBRARIES, SimNode
 from sharing.gpus import GpuInfo
 
 log = logging.getLogger(__name__)
@@ -74,7 +79,7 @@ class Injection:
     env: tuple[tuple[str, str], ...] = ()  # replaces a variable of the same name
     mounts: tuple[Mount, ...] = ()
     device_nodes: tuple[DeviceNode, ...] = ()
-    source: str = "none"  # toolkit | driver-root | none
+    source: str = "none"  # toolkit | driver-root | simulator | none
 
 
 NO_INJECTION = Injection()
@@ -234,6 +239,54 @@ class DriverInjector:
             device_nodes=nodes,
             source="driver-root",
         )
+
+
+# The simulated driver in a claim's containers (SimulatorInjector).
+SIM_CONFIG_PATH = "/etc/vgpu-sim/config.json"
+SIM_STATE_PATH = "/run/vgpu-sim"
+_RW = ("rw", "nosuid", "nodev", "bind")
+
+
+def multiarch_lib_dir(machine: str | None = None) -> str:
+    """/usr/lib/<multiarch triplet> of this machine: where Debian/Ubuntu images' loader looks
+    (without an ld.so.cache entry too), and where a Debian host keeps the real driver."""
+    arch = machine or platform.machine()
+    triplet = {"x86_64": "x86_64-linux-gnu", "aarch64": "aarch64-linux-gnu"}.get(arch)
+    if triplet is None:
+        raise ValueError(f"architecture {arch!r} unsupported; allowed: x86_64, aarch64")
+    return f"/usr/lib/{triplet}"
+
+
+class SimulatorInjector(DriverInjector):
+    """`--sim`: every claim gets the simulated driver of the node (driver/simulated.py):
+    libcuda.so.1 and libnvidia-ml.so.1 read-only in the multiarch library directory, the device
+    file read-only at SIM_CONFIG_PATH, and the node-wide state directory read-write at
+    SIM_STATE_PATH (shared by every claim and the plugin: one simulated GPU memory pool), named
+    by SIMGPU_CONFIG and SIMGPU_STATE."""
+
+    def __init__(self, node: SimNode, machine: str | None = None) -> None:
+        super().__init__(None, ())
+        self.node = node
+        self.lib_dir = multiarch_lib_dir(machine)
+
+    def for_gpus(self, gpus: Sequence[GpuInfo]) -> Injection:
+        if not gpus:
+            return Injection()
+        libraries = [
+            Mount(str(self.node.library(name)), f"{self.lib_dir}/{name}", _RO)
+            for name in SIM_LIBRARIES
+        ]
+        mounts = (
+            *libraries,
+            Mount(str(self.node.config), SIM_CONFIG_PATH, _RO),
+            Mount(str(self.node.state_dir), SIM_STATE_PATH, _RW),
+        )
+        env = (
+            ("SIMGPU_CONFIG", SIM_CONFIG_PATH),
+            ("SIMGPU_STATE", SIM_STATE_PATH),
+            ("NVIDIA_VISIBLE_DEVICES", "void"),
+        )
+        return Injection(env=env, mounts=mounts, source="simulator")
 
 
 def find_nvml(root: DriverRoot) -> Path | None:

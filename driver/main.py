@@ -15,13 +15,14 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+import tempfile
 import threading
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 from typing import cast
 
-from driver import hostfs
+from driver import hostfs, simulated
 from driver.backoff import Backoff
 from driver.checkpoint import CheckpointError
 from driver.claim_pods import ClaimPods
@@ -32,7 +33,7 @@ from driver.events import EventPoster
 from driver.flags import Settings, SettingsError, parse
 from driver.health import HealthBroadcaster
 from driver.healthz import HealthServer, Status, socket_serves_grpc
-from driver.injection import DriverInjector, DriverRoot, load_driver_nvml
+from driver.injection import DriverInjector, DriverRoot, SimulatorInjector, load_driver_nvml
 from driver.kube import Kube, KubeConfigError, make_api_client
 from driver.policy import PolicyView, PolicyWatcher, initial_policy
 from driver.resourceslices import (
@@ -230,7 +231,7 @@ class Plugin:
         """The watchdog's last finding of claims' GPU processes running without the shim
         (None: no watchdog, --metrics-address is off). Reported, not a readiness failure: a
         tenant's image must not hold the plugin's DaemonSet rollout."""
-        if self.metrics is None:
+        if self.metrics is None or not self.settings.watchdog:
             return None
         return [
             {
@@ -262,14 +263,21 @@ class Plugin:
             self.healthz.start()
         try:
             api_client = make_api_client(s.kubeconfig)
-            load_driver_nvml(DriverRoot(s.driver_root, s.driver_root_mount))
+            sim_node = self._simulated_node() if s.sim else None
+            if sim_node is None:
+                load_driver_nvml(DriverRoot(s.driver_root, s.driver_root_mount))
             try:
                 gpus = self.backend.list_gpus()
             except Exception as e:
-                raise StartupError(
-                    f"NVML: cannot list GPUs ({describe_error(e)}); is the NVIDIA driver loaded "
-                    "and /dev/nvidia* visible to the plugin?"
-                ) from e
+                hint = (
+                    f"the simulator's line above says what is wrong with {sim_node.config}"
+                    + (f" (a copy of --sim-config {s.sim_config})" if s.sim_config else "")
+                    if sim_node is not None
+                    else "is the NVIDIA driver loaded and /dev/nvidia* visible to the plugin?"
+                )
+                raise StartupError(f"NVML: cannot list GPUs ({describe_error(e)}); {hint}") from e
+            if sim_node is not None:
+                simulated.share_state(sim_node)
             log.info(
                 "node %s: %d GPU(s): %s",
                 s.node_name,
@@ -303,8 +311,12 @@ class Plugin:
                 s.partitions,
                 health,
                 rules_for=self.policy.rules,
-                injector=DriverInjector(
-                    DriverRoot(s.driver_root, s.driver_root_mount), s.cdi_spec_dirs
+                injector=(
+                    SimulatorInjector(sim_node)
+                    if sim_node is not None
+                    else DriverInjector(
+                        DriverRoot(s.driver_root, s.driver_root_mount), s.cdi_spec_dirs
+                    )
                 ),
             )
             self.driver.start()
@@ -357,6 +369,27 @@ class Plugin:
                 self.metrics.stop()
         return self.exit_code
 
+    def _simulated_node(self) -> simulated.SimNode:
+        """--sim: the simulated node under the data dir; NVML points at it from here on."""
+        s = self.settings
+        try:
+            content = simulated.config_bytes(s.node_name, s.sim_gpus, s.sim_model, s.sim_config)
+        except OSError as e:
+            raise StartupError(f"--sim-config {s.sim_config}: cannot read it: {e}") from e
+        try:
+            node = simulated.install(s.data_dir / "sim", content)
+        except OSError as e:
+            raise StartupError(f"--sim: cannot lay out the simulated GPU: {e}") from e
+        log.info(
+            "node %s: simulated GPUs (%s), state %s",
+            s.node_name,
+            f"device file {s.sim_config}"
+            if s.sim_config
+            else f"{s.sim_gpus} x {simulated.SIM_MODELS[s.sim_model].name}",
+            node.state_dir,
+        )
+        return node
+
     def _stop_health(self) -> None:
         if self.healthz is not None:
             self.healthz.stop()
@@ -367,8 +400,18 @@ class Plugin:
         s = self.settings
         assert s.metrics_address is not None
         config = ExporterConfig(
-            data_dir=s.data_dir, hostname=s.node_name, enforce=s.watchdog_enforce
+            data_dir=s.data_dir,
+            hostname=s.node_name,
+            enforce=s.watchdog_enforce,
+            watchdog=s.watchdog,
         )
+        if s.watchdog and s.sim:
+            log.warning(
+                "node %s: the watchdog cannot attribute processes on the simulated GPU (it "
+                "reports PIDs inside their containers, NVIDIA's driver the host's); run with "
+                "--watchdog=false",
+                s.node_name,
+            )
         events = EventPoster(api_client, s.driver_name, s.node_name)
         self.metrics = Exporter(config, events=events, pods=ClaimPods(api_client))
         host, port = s.metrics_address
@@ -413,6 +456,25 @@ class Plugin:
                 waited += delay
 
 
+def _sim_dry_run(settings: Settings, policy: SharingPolicy, tmp: Path) -> int:
+    """--dry-run --sim: the simulated node in a temporary directory (no data dir needed); an
+    admin's --sim-config is read where it is, so the simulator's error names that file."""
+    config = settings.sim_config
+    if config is None:
+        config = tmp / "config.json"
+        config.write_bytes(
+            simulated.config_bytes(settings.node_name, settings.sim_gpus, settings.sim_model, None)
+        )
+    (tmp / "state").mkdir(mode=0o700)
+    simulated.point_nvml_at(config, tmp / "state")
+    return dry_run(
+        settings,
+        PynvmlBackend(),
+        rules_for=PolicyView(policy).rules,
+        nvml_hint=f"the simulator's line above says what is wrong with {config}",
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = parse(sys.argv[1:] if argv is None else argv)
@@ -430,7 +492,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
     )
     if settings.dry_run:
-        return dry_run(settings, PynvmlBackend(), rules_for=PolicyView(policy).rules)
+        if not settings.sim:
+            return dry_run(settings, PynvmlBackend(), rules_for=PolicyView(policy).rules)
+        with tempfile.TemporaryDirectory(prefix="vgpu-sim-") as d:
+            return _sim_dry_run(settings, policy, Path(d))
     log.info("sharing policy: %s", policy.source)
     plugin = Plugin(settings, policy=policy)
 

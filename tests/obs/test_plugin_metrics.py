@@ -198,3 +198,53 @@ def test_a_claims_process_without_the_shim_is_reported_under_its_quota(
         code = p.terminate()
     assert code == 0, p.output()
     assert p.output().count("process without the shim") == 1, p.output()
+
+
+def test_without_the_watchdog_metrics_stay_and_no_process_is_judged(
+    sim_ready: None, server: FakeApiServer, root: Path, build_c: Callable[..., Path]
+) -> None:
+    """--watchdog=false (components/no-watchdog, the sim overlay): the same bypass as above is
+    neither counted, nor reported, nor stopped, while the claim's and the GPU's metrics stay."""
+    ops = build_c("shim_ops.c")
+    write_config(root / "simgpu.json", [device(0)])
+    mport = free_port()
+    url = f"http://127.0.0.1:{mport}"
+    p = PluginProcess(server, root, "--metrics-address", f"127.0.0.1:{mport}", "--watchdog=false")
+    bypass = None
+    try:
+        wait_names(server, p, ["gpu-0"])
+        kubelet = KubeletStandin(root / "reg" / f"{DRIVER}-reg.sock")
+        kubelet.register()
+        share = {"consumedCapacity": {"memory": "1Gi", "cores": "30"}}
+        claim = server.put(allocated_claim("share", results=[result("gpu", "gpu-0") | share]))
+        uid = claim["metadata"]["uid"]
+        assert kubelet.prepare([claim_id(claim)])[uid].error == ""
+        env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+        env.update(
+            LD_LIBRARY_PATH=str(sim_lib_dir()),
+            SIMGPU_CONFIG=str(root / "simgpu.json"),
+            SIMGPU_STATE=str(root / "simgpu-state"),
+            CUDA_DEVICE_MEMORY_SHARED_CACHE=str(
+                root / "data" / "claims" / uid / "shared" / "accounting"
+            ),
+        )
+        bypass = Held(ops, env, "init", "ctx:0", f"alloc:{2 * GiB}")
+        # NVML has seen the 2 GiB (the reading the watchdog would judge), and one more pass.
+        scrape_until(url, lambda s: value(s, "vgpu_device_memory_used_bytes", gpu="0") >= 2 * GiB)
+        time.sleep(1.5)
+        s = scrape(url)
+        assert value(s, "vgpu_slice_memory_limit_bytes", claim_uid=uid) == GiB
+        assert value(s, "vgpu_slice_quota_violations_total", claim_uid=uid) == 0
+        assert bypass.proc.poll() is None
+        assert wait_events(server, "QuotaExceeded", timeout=0) == []
+        assert wait_events(server, "ShimNotLoaded", timeout=0) == []
+        assert probe(p.port, "/readyz")[1]["claimsWithoutShim"] is None
+        bypass.release()
+        bypass = None
+        assert kubelet.unprepare([claim_id(claim)])[uid] == ""
+        kubelet.close()
+    finally:
+        if bypass is not None:
+            bypass.kill()
+        code = p.terminate()
+    assert code == 0, p.output()

@@ -1,0 +1,264 @@
+"""`vgpu-kubelet-plugin --sim` end to end, as deploy/overlays/sim runs it on a node without GPUs:
+the console script as a real process, given nothing but its flags (no LD_LIBRARY_PATH, no
+SIMGPU_* variables), against the fake API server; a kubelet stand-in prepares claims over the
+real sockets and podman + runc start containers from the CDI specs the plugin wrote, with no
+extra volume or variable. The container's root filesystem has no CUDA library: libcuda.so.1 and
+libnvidia-ml.so.1 (the packaged simulator), the simulated node's device file and its state
+directory all come from the claim's CDI spec. Inside, the test program sees its claim's quota and
+is refused past it; two claims' containers and the plugin's own NVML share one simulated GPU.
+
+Skips (with the reason) like tests/driver/test_e2e_podman.py: podman, runc, unshare, gcc, root.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from driver.injection import SIM_CONFIG_PATH, SIM_STATE_PATH, multiarch_lib_dir
+from sharing.paths import sim_lib_dir
+from tests.driver.kubelet_standin import KubeletStandin, allocated_claim, claim_id, result
+from tests.driver.test_e2e_podman import (
+    CUDA_ERROR_OUT_OF_MEMORY,
+    RUNC,
+    _copy_with_deps,
+    _missing_cuda,
+    _missing_tools,
+    _value,
+    wait_held,
+)
+from tests.fakes.apiserver import FakeApiServer
+from tests.support.cbuild import compile_program
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+PLUGIN = Path(sys.executable).parent / "vgpu-kubelet-plugin"
+DRIVER = "vgpu.sharing.dev"
+NODE = "node-a"  # the kubelet stand-in's claims are allocated on node-a
+MiB = 1024**2
+GiB = 1024**3
+
+
+@pytest.fixture(scope="module")
+def rootfs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """sh, cat and the test program with their C library: no CUDA library at all."""
+    why = _missing_tools() or _missing_cuda()
+    if why:
+        pytest.skip(why)
+    rootfs = tmp_path_factory.mktemp("simrootfs")
+    (rootfs / "bin").mkdir()
+    program = compile_program(REPO / "tests" / "c" / "e2e_claim_quota.c",
+                              tmp_path_factory.mktemp("cbin"))  # fmt: skip
+    files = [program]
+    shutil.copy2(program, rootfs / "bin" / "e2e_claim_quota")
+    for tool in ("sh", "cat", "ls"):
+        path = Path(shutil.which(tool) or f"/bin/{tool}").resolve()
+        shutil.copy2(path, rootfs / "bin" / tool)
+        files.append(path)
+    for d in ("etc", "tmp", "run", "proc", "sys", "dev"):
+        (rootfs / d).mkdir(exist_ok=True)
+    _copy_with_deps(files, rootfs, dict(os.environ, LD_LIBRARY_PATH=str(sim_lib_dir())))
+    assert not list(rootfs.rglob("libcuda*")) and not list(rootfs.rglob("libnvidia-ml*"))
+    return rootfs
+
+
+class SimPlugin:
+    """The console script with --sim, every path under root, as the DaemonSet runs it."""
+
+    def __init__(self, server: FakeApiServer, root: Path, *flags: str) -> None:
+        self.root = root
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("LD_PRELOAD", "LD_LIBRARY_PATH", "KUBECONFIG")
+            and not k.startswith("SIMGPU_")
+        }
+        env.update(
+            NODE_NAME=NODE,
+            KUBECONFIG=str(server.kubeconfig_path(root)),
+            CDI_ROOT=str(root / "cdi"),
+            KUBELET_REGISTRAR_DIRECTORY_PATH=str(root / "reg"),
+            KUBELET_PLUGINS_DIRECTORY_PATH=str(root / "plugins"),
+            DATA_DIR=str(root / "data"),
+            SHARING_MODE="sharing",
+            REDISCOVER_INTERVAL="30s",
+        )
+        self.log = (root / "plugin.log").open("w+")
+        self.proc = subprocess.Popen(
+            [str(PLUGIN), "--sim", *flags], env=env, stdout=self.log, stderr=subprocess.STDOUT
+        )
+
+    def output(self) -> str:
+        self.log.flush()
+        return (self.root / "plugin.log").read_text()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+            self.log.close()
+
+
+def devices(server: FakeApiServer) -> list[dict[str, Any]]:
+    return [d for s in server.objects("ResourceSlice") for d in s["spec"].get("devices") or []]
+
+
+@pytest.fixture
+def world(rootfs: Path) -> Iterator[tuple[FakeApiServer, SimPlugin, KubeletStandin, Path]]:
+    root = Path(tempfile.mkdtemp(prefix="vgs", dir="/tmp"))  # short: unix socket paths
+    try:
+        with FakeApiServer() as server:
+            server.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+            plugin = SimPlugin(server, root, "--sim-gpus", "2", "--sim-model", "l4")
+            try:
+                deadline = time.monotonic() + 60
+                while len(devices(server)) < 2:
+                    assert plugin.proc.poll() is None, plugin.output()
+                    assert time.monotonic() < deadline, plugin.output()
+                    time.sleep(0.1)
+                kubelet = KubeletStandin(root / "reg" / f"{DRIVER}-reg.sock")
+                kubelet.register()
+                try:
+                    yield server, plugin, kubelet, root
+                finally:
+                    kubelet.close()
+            finally:
+                plugin.stop()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def podman(root: Path, rootfs: Path, cdi_id: str, *args: str) -> list[str]:
+    """podman + runc with the claim's CDI device and nothing else; the plugin's CDI root is
+    bind-mounted over /var/run/cdi in a private mount namespace (podman reads only there)."""
+    cmd = [
+        "podman", "--runtime", RUNC, "--cgroup-manager=cgroupfs", "run", "--rm",
+        "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024", "--network", "none",
+        "--device", cdi_id, "--rootfs", str(rootfs), *args,
+    ]  # fmt: skip
+    script = 'mkdir -p /var/run/cdi && mount --bind "$0" /var/run/cdi && exec "$@"'
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script,
+            str(root / "cdi"), *cmd]  # fmt: skip
+
+
+def run(root: Path, rootfs: Path, cdi_id: str, *args: str) -> str:
+    p = subprocess.run(podman(root, rootfs, cdi_id, *args), capture_output=True, text=True,
+                       timeout=120)  # fmt: skip
+    assert p.returncode == 0, f"container {args} failed ({p.returncode}): {p.stderr[-2000:]}"
+    return p.stdout
+
+
+def prepare(server: FakeApiServer, kubelet: KubeletStandin, name: str, memory: str) -> str:
+    c = claim_id(server.put(allocated_claim(name, results=[result("gpu", "gpu-0",
+                                                                  memory=memory)])))  # fmt: skip
+    answer = kubelet.prepare([c])[c.uid]
+    assert answer.error == "", answer.error
+    [cdi_id] = answer.devices[0].cdi_device_ids
+    return cdi_id
+
+
+def node_memory_used(data: Path) -> int:
+    """Device 0's used memory as NVML reports it to anyone on the node pointed at the plugin's
+    simulated node (a fresh process: the simulator's own view, not the plugin's)."""
+    env = dict(os.environ, LD_LIBRARY_PATH=str(sim_lib_dir()),
+               SIMGPU_CONFIG=str(data / "sim" / "config.json"),
+               SIMGPU_STATE=str(data / "sim" / "state"))  # fmt: skip
+    probe = ("import pynvml; pynvml.nvmlInit(); "
+             "print(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).used)")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True,
+                         timeout=60, check=True).stdout  # fmt: skip
+    return int(out)
+
+
+def test_sim_plugin_publishes_the_simulated_node(
+    world: tuple[FakeApiServer, SimPlugin, KubeletStandin, Path],
+) -> None:
+    server, plugin, _kubelet, root = world
+    devs = devices(server)
+    assert [d["name"] for d in devs] == ["gpu-0", "gpu-1"]
+    assert {d["attributes"]["productName"]["string"] for d in devs} == {"NVIDIA L4"}
+    uuids = {d["attributes"]["uuid"]["string"] for d in devs}
+    assert len(uuids) == 2  # derived from the node name: distinct between nodes too
+    config = json.loads((root / "data" / "sim" / "config.json").read_text())
+    assert {d["uuid"] for d in config["devices"]} == uuids
+    state = root / "data" / "sim" / "state"
+    assert state.stat().st_mode & 0o7777 == 0o1777
+    files = list(state.iterdir())
+    assert files and all(f.stat().st_mode & 0o777 == 0o666 for f in files)  # any tenant user
+    assert "simulated GPUs (2 x NVIDIA L4)" in plugin.output()
+
+
+def test_container_gets_the_simulated_driver_from_the_cdi_spec_alone(
+    world: tuple[FakeApiServer, SimPlugin, KubeletStandin, Path], rootfs: Path
+) -> None:
+    server, _plugin, kubelet, root = world
+    cdi_id = prepare(server, kubelet, "look", "1Gi")
+    lib = multiarch_lib_dir()
+    out = run(root, rootfs, cdi_id, "/bin/sh", "-c",
+              f'echo "cfg=$SIMGPU_CONFIG state=$SIMGPU_STATE ld=${{LD_LIBRARY_PATH:-unset}}"; '
+              f"ls {lib}/libcuda.so.1 {lib}/libnvidia-ml.so.1 {SIM_CONFIG_PATH}; "
+              f"cat {SIM_CONFIG_PATH}")  # fmt: skip
+    assert f"cfg={SIM_CONFIG_PATH} state={SIM_STATE_PATH} ld=unset" in out
+    assert f"{lib}/libcuda.so.1" in out and "NVIDIA L4" in out
+    spec = json.loads(next((root / "cdi").glob("*.json")).read_text())
+    mounts = {m["containerPath"]: m for m in spec["devices"][0]["containerEdits"]["mounts"]}
+    data = root / "data"
+    assert mounts[f"{lib}/libcuda.so.1"]["hostPath"] == str(data / "sim" / "lib" / "libcuda.so.1")
+    assert "ro" in mounts[f"{lib}/libcuda.so.1"]["options"]
+    assert "ro" in mounts[SIM_CONFIG_PATH]["options"]
+    assert mounts[SIM_STATE_PATH]["hostPath"] == str(data / "sim" / "state")
+    assert "rw" in mounts[SIM_STATE_PATH]["options"]
+
+
+def test_claims_see_their_quota_and_share_one_simulated_gpu(
+    world: tuple[FakeApiServer, SimPlugin, KubeletStandin, Path], rootfs: Path
+) -> None:
+    server, _plugin, kubelet, root = world
+    # 2 GiB: each container's CUDA context (500 MiB on the simulator) is charged to its claim
+    a = prepare(server, kubelet, "a", "2Gi")
+    b = prepare(server, kubelet, "b", "2Gi")
+    info = run(root, rootfs, a, "/bin/e2e_claim_quota", "info")
+    assert _value(info, "total") == 2 * GiB
+    assert _value(run(root, rootfs, a, "/bin/e2e_claim_quota", "alloc", str(2 * GiB)),
+                  "alloc") == CUDA_ERROR_OUT_OF_MEMORY  # fmt: skip
+
+    before = node_memory_used(root / "data")
+    shared_a = root / "data" / "claims" / a.split("=", 1)[1] / "shared"
+    holder = subprocess.Popen(
+        podman(root, rootfs, a, "/bin/e2e_claim_quota", "hold", str(700 * MiB),
+               "/run/vgpu-sharing"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        wait_held(holder, shared_a)
+        # The holder's memory is on the node's simulated GPU, as every process of the node sees
+        # it (one state directory for the plugin and every claim) ...
+        assert node_memory_used(root / "data") >= before + 700 * MiB
+        # ... its claim's other container is refused past the claim's quota, ...
+        assert _value(run(root, rootfs, a, "/bin/e2e_claim_quota", "alloc", str(700 * MiB)),
+                      "alloc") == CUDA_ERROR_OUT_OF_MEMORY  # fmt: skip
+        # ... and the other claim has its own.
+        assert _value(run(root, rootfs, b, "/bin/e2e_claim_quota", "alloc", str(700 * MiB)),
+                      "alloc") == 0  # fmt: skip
+    finally:
+        (shared_a / "release").touch()
+        holder.wait(60)
+    assert holder.returncode == 0, holder.stderr.read()  # type: ignore[union-attr]
+    # The holder's memory went back to the simulated GPU when it exited.
+    assert node_memory_used(root / "data") <= before
