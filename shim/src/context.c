@@ -74,13 +74,18 @@ CUresult hook_cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
     rc = charge_begin(idx, dev, &probe, &held);
     if (rc == CUDA_SUCCESS) {
         rc = real_cuDevicePrimaryCtxRetain(pctx, dev);
-        if (rc != CUDA_SUCCESS) vgpu_ctxmem_cancel(&probe);
-        else if ((rc = charge_end(&probe, &held)) != CUDA_SUCCESS) primary_release_real(dev);
-        if (rc == CUDA_SUCCESS) {
-            primary_refs[idx] = 1;
-            primary_charge[idx] = held;
-        } else {
+        if (rc != CUDA_SUCCESS) {
             vgpu_mem_release(idx, held);
+            vgpu_ctxmem_cancel(&probe);
+        } else {
+            if ((rc = charge_end(&probe, &held)) != CUDA_SUCCESS) {
+                primary_release_real(dev);
+                vgpu_mem_release(idx, held);
+            } else {
+                primary_refs[idx] = 1;
+                primary_charge[idx] = held;
+            }
+            vgpu_ctxmem_done(&probe); /* charged or gone: the slice's others may go on */
         }
     }
     pthread_mutex_unlock(&ctx_mu);
@@ -144,17 +149,21 @@ static CUresult ctx_create(const struct ctx_create_call *c) {
     CUresult rc = charge_begin(idx, c->dev, &probe, &held);
     if (rc == CUDA_SUCCESS) {
         rc = c->create(c);
-        if (rc != CUDA_SUCCESS) vgpu_ctxmem_cancel(&probe);
-        else if ((rc = charge_end(&probe, &held)) != CUDA_SUCCESS) {
-            ctx_destroy_real(*c->pctx); /* nothing of it stays behind */
-            *c->pctx = NULL;
+        if (rc != CUDA_SUCCESS) {
+            vgpu_mem_release(idx, held);
+            vgpu_ctxmem_cancel(&probe);
+        } else {
+            if ((rc = charge_end(&probe, &held)) != CUDA_SUCCESS) {
+                ctx_destroy_real(*c->pctx); /* nothing of it stays behind */
+                *c->pctx = NULL;
+                vgpu_mem_release(idx, held);
+            } else {
+                if (vgpu_track_add(VGPU_TRACK_CTX, (uint64_t)(uintptr_t)*c->pctx, idx, held) != 0)
+                    vgpu_mem_release(idx, held); /* cannot be returned later: not charged at all */
+                created[idx]++;
+            }
+            vgpu_ctxmem_done(&probe); /* charged or gone: the slice's others may go on */
         }
-        if (rc == CUDA_SUCCESS && vgpu_track_add(VGPU_TRACK_CTX, (uint64_t)(uintptr_t)*c->pctx, idx, held) != 0) {
-            vgpu_mem_release(idx, held); /* cannot be returned later: not charged at all */
-            held = 0;
-        }
-        if (rc == CUDA_SUCCESS) created[idx]++;
-        else vgpu_mem_release(idx, held);
     }
     pthread_mutex_unlock(&ctx_mu);
     return rc;

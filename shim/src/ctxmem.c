@@ -45,7 +45,7 @@
 /* The initial PID namespace's inode (PROC_PID_INIT_INO, include/linux/proc_ns.h). */
 #define PID_NS_INIT "pid:[4026531836]"
 #define MAX_PROCS 1024
-#define LEARN_WAIT_NS 2000000000ULL /* the longest wait for another process's measurement */
+#define LEARN_WAIT_NS 2000000000ULL /* a wait for another process's measurement this long is logged */
 #define LEARN_POLL_NS 10000000ULL   /* between looks at whether that process is still alive */
 
 typedef nvmlReturn_t (*pfn_init)(void);
@@ -233,6 +233,7 @@ uint64_t vgpu_ctxmem_expect(struct vgpu_ctxmem_probe *p, int dev, CUdevice cudev
     p->dev = dev;
     p->cuda_total = cuda_total(cudev);
     uint64_t start = 0;
+    int said = 0;
     for (;;) {
         uint32_t src, seen = 0;
         uint64_t v = vgpu_region_context(dev, &src);
@@ -252,15 +253,19 @@ uint64_t vgpu_ctxmem_expect(struct vgpu_ctxmem_probe *p, int dev, CUdevice cudev
             p->claimed = 1; /* look once more: the last measurer may have published meanwhile */
             continue;
         }
-        /* another process of the slice is measuring it: its context creation takes a few ms */
+        /* Another process of the slice is measuring it: its context exists and is charged only
+         * once measured, so none may be created before that (it would be admitted against a
+         * quota that does not count the measurer's yet). Wait as long as the measurer lives (a
+         * dead one's claim is taken over above); a context's creation takes tens to hundreds of
+         * ms on real GPUs, seconds when the driver first brings a GPU up. */
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
         uint64_t now = (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
         if (start == 0) start = now;
-        if (now - start > LEARN_WAIT_NS) {
-            vgpu_log(VGPU_LOG_DEBUG, "context on device %d: the slice's measurement takes over %d ms; measuring here",
-                     dev, (int)(LEARN_WAIT_NS / 1000000));
-            break;
+        if (!said && now - start > LEARN_WAIT_NS) {
+            said = 1;
+            vgpu_log(VGPU_LOG_INFO, "context on device %d: waiting for slot %u of the slice to measure a context (over %d ms)",
+                     dev, seen - 1, (int)(LEARN_WAIT_NS / 1000000));
         }
         vgpu_region_context_wait(dev, seen, LEARN_POLL_NS); /* woken at its publication */
     }
@@ -294,9 +299,8 @@ uint64_t vgpu_ctxmem_after(struct vgpu_ctxmem_probe *p) {
     }
     uint64_t floor = vgpu_config()->context_reserve, charge = m > floor ? m : floor;
     /* what this process now takes a context on dev for, for the slice's later processes */
-    uint32_t learned = memo_exact[dev] ? VGPU_CONTEXT_EXACT : m != 0 ? VGPU_CONTEXT_DEVICE : VGPU_CONTEXT_FAILED;
-    vgpu_region_context_publish(dev, m, learned, p->cuda_total, p->claimed);
-    p->claimed = 0;
+    p->pub_source = memo_exact[dev] ? VGPU_CONTEXT_EXACT : m != 0 ? VGPU_CONTEXT_DEVICE : VGPU_CONTEXT_FAILED;
+    p->pub_bytes = m;
     vgpu_format_bytes(m, a, sizeof a);
     vgpu_format_bytes(charge, b, sizeof b);
     vgpu_log(VGPU_LOG_DEBUG, "context on device %d: %s measured from %s; charged %s", dev, a, src, b);
@@ -308,4 +312,14 @@ uint64_t vgpu_ctxmem_after(struct vgpu_ctxmem_probe *p) {
                  dev, b);
     }
     return charge;
+}
+
+void vgpu_ctxmem_done(struct vgpu_ctxmem_probe *p) {
+    if (p->learned || p->pub_source == VGPU_CONTEXT_UNKNOWN) {
+        vgpu_ctxmem_cancel(p); /* nothing measured: the claim (if any) goes to the next process */
+        return;
+    }
+    vgpu_region_context_publish(p->dev, p->pub_bytes, p->pub_source, p->cuda_total, p->claimed);
+    p->claimed = 0;
+    p->pub_source = VGPU_CONTEXT_UNKNOWN;
 }
