@@ -95,6 +95,7 @@ struct vgpu_config {
     int any_limit;                       /* some device has a memory limit */
     uint64_t limit[VGPU_MAX_DEVICES];    /* bytes per app-visible device index; 0 = none */
     uint64_t context_reserve;            /* VGPU_CONTEXT_RESERVE: the least charged per context */
+    uint64_t context_size[VGPU_MAX_DEVICES]; /* VGPU_CONTEXT_SIZE(_<i>): expected context size, 0 none */
     char *region_path;                   /* CUDA_DEVICE_MEMORY_SHARED_CACHE (copied), NULL = private */
 };
 /* Parse the environment into cfg. Returns 0, or -1 after printing the one config-error line. */
@@ -181,6 +182,8 @@ int vgpu_region_charge(int dev, uint64_t bytes, uint64_t limit, uint64_t *used_o
 uint64_t vgpu_region_limit(int dev);
 void vgpu_region_uncharge(int dev, uint64_t bytes);
 uint64_t vgpu_region_used(int dev);
+/* This process's charge on device index dev (UINT64_MAX without a slot: none yet, or exiting). */
+uint64_t vgpu_region_mine(int dev);
 /* A context's size on device index dev as the slice learned it (region.h): the bytes, and in
  * *source how it was measured (VGPU_CONTEXT_*). Tenant-writable: the caller bounds it. */
 uint64_t vgpu_region_context(int dev, uint32_t *source);
@@ -237,6 +240,7 @@ CUresult vgpu_mem_unaccounted(void);
 struct vgpu_ctxmem_probe { /* the driver's readings before a context is created */
     int dev, first, have_dev, have_self, have_pids, exact;
     int learned; /* the slice knew the size: charge is charged, nothing is read */
+    int hinted;  /* measuring for the slice with VGPU_CONTEXT_SIZE charged: verified by a thread */
     int claimed; /* this process measures for the slice: publish (or drop) the claim */
     uint64_t charge, cuda_total; /* cuda_total: the device's memory by the driver, 0 unknown */
     uint64_t dev_used, total, self_used;

@@ -111,6 +111,7 @@ class Storm:
             for _ in range(procs)
         ]
         self.codes: list[int] = []  # every thread's CUresult
+        self.errs: list[str] = []  # every process's stderr, once released
 
     def wait(self) -> None:
         for p in self.procs:
@@ -123,6 +124,7 @@ class Storm:
     def release(self) -> None:
         for p in self.procs:
             err = p.communicate(timeout=120)[1]
+            self.errs.append(err)
             assert p.returncode == 0, err
 
 
