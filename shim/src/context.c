@@ -2,10 +2,12 @@
  * A context's own device memory, charged to the slice: what the driver took for it, measured
  * when it is created (ctxmem.c), at least VGPU_CONTEXT_RESERVE; once the slice has learned it,
  * that size without asking the driver again. Before the context is created, what one on the
- * device is expected to take (the learned size, the process's last measurement, or the floor) is
- * reserved; after, a measured one's reservation is settled to the measurement. A context that does not fit in
- * what is left of the quota is destroyed again (a primary context released) and its creation
- * fails with CUDA_ERROR_OUT_OF_MEMORY. The charge is returned when the context is destroyed, when
+ * device is expected to take (the learned size, the handed-over VGPU_CONTEXT_SIZE, the process's
+ * last measurement, or the floor) is reserved: one that does not fit is refused before it exists.
+ * After, a measured one's reservation is settled to the measurement; one that then does not fit
+ * in what is left of the quota is destroyed again (a primary context released) and its creation
+ * fails with CUDA_ERROR_OUT_OF_MEMORY. Only then is the measurement published to the slice, whose
+ * other processes wait for it before creating theirs (ctxmem.c). The charge is returned when the context is destroyed, when
  * the primary context is released to inactive or reset, and when the process dies (its slot).
  * Primary contexts are charged at the process's first retain of a device.
  */

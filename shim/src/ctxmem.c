@@ -25,8 +25,11 @@
  * kept in the slice's accounting file (devices[].context_bytes, region.h) and a process whose
  * slice knows it charges that, reserved before the context is created, and never loads NVML.
  * Only a process that finds nothing learned measures, after claiming the measurement for the
- * slice; processes starting meanwhile wait for its publication (woken by it; at most 2 s, then
- * they measure themselves), so of N processes starting at once in a fresh slice one measures.
+ * slice; processes starting meanwhile wait for its publication (woken by it) as long as the
+ * measurer lives, so of N processes starting at once in a fresh slice one measures, and none
+ * creates a context before it is admitted: the measurer publishes only once its own context is
+ * charged (or destroyed), vgpu_ctxmem_done. A size handed over (VGPU_CONTEXT_SIZE) spares the
+ * measurer the measurement on its start-up path: see the verifier below.
  * Published: an exact measurement over one from the device's used memory, the smaller of two of
  * one kind; "NVML said nothing" only where nothing credible is known (then each process tries).
  * The file is the tenant's: a learned size is charged at least VGPU_CONTEXT_RESERVE (from the
