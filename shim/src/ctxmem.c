@@ -37,10 +37,10 @@
  * driver reports it (cuDeviceTotalMem). Lowering it cheats only the tenant's own quota, as
  * rewriting its usage counters would; the watchdog's NVML check is the backstop (docs/shim.md).
  */
+#define _GNU_SOURCE /* SCHED_BATCH */
 #include <limits.h>
 #include <pthread.h>
-#include <sys/resource.h>
-#include <sys/syscall.h>
+#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -52,7 +52,7 @@
 #define PID_NS_INIT "pid:[4026531836]"
 #define MAX_PROCS 1024
 #define LEARN_WAIT_NS 2000000000ULL /* a wait for another process's measurement this long is logged */
-#define VERIFIER_NICE 10            /* the verifier thread's niceness */
+#define VERIFY_AT_EXIT_NS 500000000ULL/* the longest an exit waits for a verification under way */
 #define LEARN_POLL_NS 10000000ULL   /* between looks at whether that process is still alive */
 
 typedef nvmlReturn_t (*pfn_init)(void);
@@ -304,8 +304,12 @@ static uint64_t verify_measure(nvmlProcessInfo_t *buf) {
 
 static void *verifier(void *arg) {
     (void)arg;
-    /* behind the program's own threads on a busy machine: it is not on the start-up path */
-    setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), VERIFIER_NICE);
+    /* Woken when the context exists, it must not preempt the program's thread that woke it
+     * (SCHED_BATCH: no wakeup preemption, a fair share otherwise: the slice's other processes
+     * may be waiting for it). NVML is loaded while the driver creates the context. */
+    struct sched_param sp = {0};
+    sched_setscheduler(0, SCHED_BATCH, &sp); /* 0: this thread */
+    device_handle(vjob.dev, vjob.cudev);
     pthread_mutex_lock(&vmu);
     while (vjob.created == 0) pthread_cond_wait(&vcv, &vmu);
     int created = vjob.created;
@@ -378,11 +382,24 @@ static int start_verifier(struct vgpu_ctxmem_probe *p, CUdevice cudev) {
     return ok;
 }
 
-/* The process exits with a verification under way (the thread dies with it): drop the claim
- * and wake the slice's waiting processes now, not at their next look. */
-__attribute__((destructor)) static void verifier_at_exit(void) {
-    if (__atomic_load_n(&verifying, __ATOMIC_ACQUIRE) && vjob.created != 0)
-        vgpu_region_context_publish(vjob.dev, 0, VGPU_CONTEXT_UNKNOWN, 0, 1);
+void vgpu_ctxmem_at_exit(void) {
+    if (!__atomic_load_n(&verifying, __ATOMIC_ACQUIRE)) return;
+    /* A verification under way dies with the process: let it conclude first (what measuring
+     * in place would have cost, paid at exit instead of at start-up; a process that exits this
+     * soon after its first context is rare outside benchmarks), so that the slice's waiting
+     * processes get the size rather than each repeating the verification. */
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    uint64_t ns = (uint64_t)dl.tv_nsec + VERIFY_AT_EXIT_NS;
+    dl.tv_sec += (time_t)(ns / 1000000000ULL);
+    dl.tv_nsec = (long)(ns % 1000000000ULL);
+    pthread_mutex_lock(&vmu);
+    int rc = 0;
+    while (verifying && vjob.created > 0 && rc == 0) rc = pthread_cond_timedwait(&vcv, &vmu, &dl);
+    int left = verifying;
+    pthread_mutex_unlock(&vmu);
+    /* not concluded (never created, or too slow): drop the claim and wake the waiters now */
+    if (left) vgpu_region_context_publish(vjob.dev, 0, VGPU_CONTEXT_UNKNOWN, 0, 1);
 }
 
 /* The hinted context was created and charged (created 1) or not (-1): the verifier goes on. */

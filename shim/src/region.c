@@ -576,6 +576,7 @@ void vgpu_region_atfork_child(void) {
  * process's memory as it exits). A killed process skips this; the byte lock covers that case. */
 __attribute__((destructor)) static void region_at_exit(void) {
     if (R == NULL) return;
+    vgpu_ctxmem_at_exit(); /* needs the slot */
     pthread_mutex_lock(&slot_mu);
     if (my_slot >= 0) {
         if (vgpu_region_lock() == 0) {

@@ -265,6 +265,9 @@ uint64_t vgpu_ctxmem_after(struct vgpu_ctxmem_probe *p);
  * was measured for the slice and wake the processes waiting for it. Until then nobody else of
  * the slice creates a context on the device, so a context never exists uncharged beside them. */
 void vgpu_ctxmem_done(struct vgpu_ctxmem_probe *p);
+/* At a normal exit, before the slot is given back: conclude (briefly) or drop a verification of
+ * a handed-over size that is under way. */
+void vgpu_ctxmem_at_exit(void);
 
 /* ---- memory pools (pools.c) ---- */
 /* Settle every (idle) pool of device index dev to what it reserves; trim them first if trim.
