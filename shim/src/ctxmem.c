@@ -39,10 +39,12 @@
  */
 #define _GNU_SOURCE /* SCHED_BATCH */
 #include <limits.h>
+#include <linux/futex.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -52,7 +54,7 @@
 #define PID_NS_INIT "pid:[4026531836]"
 #define MAX_PROCS 1024
 #define LEARN_WAIT_NS 2000000000ULL /* a wait for another process's measurement this long is logged */
-#define VERIFY_AT_EXIT_NS 500000000ULL/* the longest an exit waits for a verification under way */
+#define VERIFY_AT_EXIT_NS 500000000ULL /* the longest an exit waits for a verification under way */
 #define LEARN_POLL_NS 10000000ULL   /* between looks at whether that process is still alive */
 
 typedef nvmlReturn_t (*pfn_init)(void);
@@ -253,27 +255,42 @@ static struct {
     unsigned self;             /* our host PID if known before creation */
     int have_pids;
     unsigned npids, pids[VGPU_CTXMEM_PIDS];
-    int created;               /* 0 pending, 1 the context exists and is charged, -1 not created */
+    int created;               /* futex word: 0 pending, 1 the context exists and is charged, -1 not created */
 } vjob;
-static pthread_mutex_t vmu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t vcv = PTHREAD_COND_INITIALIZER;
-static int verifying; /* a verifier thread owns vjob, the slice's claim and the NVML state */
+/* futex word: a verifier thread owns vjob, the slice's claim and the NVML state (futexes, not
+ * condition variables: those are libpthread's before glibc 2.34, which the shim does not need) */
+static int verifying;
 static pthread_once_t vfork_once = PTHREAD_ONCE_INIT;
+
+static void word_set(int *w, int v) {
+    __atomic_store_n(w, v, __ATOMIC_RELEASE);
+    syscall(SYS_futex, w, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+}
+
+/* Wait while *w == v, at most until the CLOCK_MONOTONIC deadline (ns; 0: none). */
+static void word_wait(int *w, int v, uint64_t deadline) {
+    while (__atomic_load_n(w, __ATOMIC_ACQUIRE) == v) {
+        struct timespec rel, *t = NULL;
+        if (deadline != 0) {
+            struct timespec now;
+            clock_gettime(CLOCK_MONOTONIC, &now);
+            uint64_t n = (uint64_t)now.tv_sec * 1000000000ULL + (uint64_t)now.tv_nsec;
+            if (n >= deadline) return;
+            rel.tv_sec = (time_t)((deadline - n) / 1000000000ULL);
+            rel.tv_nsec = (long)((deadline - n) % 1000000000ULL);
+            t = &rel;
+        }
+        syscall(SYS_futex, w, FUTEX_WAIT_PRIVATE, v, t, NULL, 0);
+    }
+}
 
 static void verifier_atfork_child(void) {
     /* the thread does not survive the fork; the claim is its parent's (slot) and dies with it */
-    pthread_mutex_init(&vmu, NULL);
-    pthread_cond_init(&vcv, NULL);
     verifying = 0;
 }
 static void verifier_register_fork(void) { pthread_atfork(NULL, NULL, verifier_atfork_child); }
 
-static void wait_verifier(void) {
-    if (!__atomic_load_n(&verifying, __ATOMIC_ACQUIRE)) return;
-    pthread_mutex_lock(&vmu);
-    while (verifying) pthread_cond_wait(&vcv, &vmu);
-    pthread_mutex_unlock(&vmu);
-}
+static void wait_verifier(void) { word_wait(&verifying, 1, 0); }
 
 /* What this process's entry says the context takes: our entry's used memory less what else the
  * process has charged on the device (its allocations since; re-read if they moved meanwhile).
@@ -310,10 +327,8 @@ static void *verifier(void *arg) {
     struct sched_param sp = {0};
     sched_setscheduler(0, SCHED_BATCH, &sp); /* 0: this thread */
     device_handle(vjob.dev, vjob.cudev);
-    pthread_mutex_lock(&vmu);
-    while (vjob.created == 0) pthread_cond_wait(&vcv, &vmu);
-    int created = vjob.created;
-    pthread_mutex_unlock(&vmu);
+    word_wait(&vjob.created, 0, 0);
+    int created = __atomic_load_n(&vjob.created, __ATOMIC_ACQUIRE);
     int dev = vjob.dev;
     if (created > 0) {
         static nvmlProcessInfo_t buf[MAX_PROCS]; /* one verifier at a time */
@@ -343,10 +358,7 @@ static void *verifier(void *arg) {
     } else {
         vgpu_region_context_publish(dev, 0, VGPU_CONTEXT_UNKNOWN, 0, 1);
     }
-    pthread_mutex_lock(&vmu);
-    __atomic_store_n(&verifying, 0, __ATOMIC_RELEASE);
-    pthread_cond_broadcast(&vcv);
-    pthread_mutex_unlock(&vmu);
+    word_set(&verifying, 0);
     return NULL;
 }
 
@@ -358,7 +370,7 @@ static int start_verifier(struct vgpu_ctxmem_probe *p, CUdevice cudev) {
     vjob.cudev = cudev;
     vjob.charged = p->charge;
     vjob.cuda_total = p->cuda_total;
-    vjob.created = 0;
+    __atomic_store_n(&vjob.created, 0, __ATOMIC_RELAXED);
     vjob.self = known_host_pid();
     vjob.have_pids = 0;
     vjob.npids = 0;
@@ -378,7 +390,7 @@ static int start_verifier(struct vgpu_ctxmem_probe *p, CUdevice cudev) {
     __atomic_store_n(&verifying, 1, __ATOMIC_RELEASE);
     int ok = pthread_create(&t, &a, verifier, NULL) == 0;
     pthread_attr_destroy(&a);
-    if (!ok) __atomic_store_n(&verifying, 0, __ATOMIC_RELEASE);
+    if (!ok) word_set(&verifying, 0);
     return ok;
 }
 
@@ -388,26 +400,19 @@ void vgpu_ctxmem_at_exit(void) {
      * in place would have cost, paid at exit instead of at start-up; a process that exits this
      * soon after its first context is rare outside benchmarks), so that the slice's waiting
      * processes get the size rather than each repeating the verification. */
-    struct timespec dl;
-    clock_gettime(CLOCK_REALTIME, &dl);
-    uint64_t ns = (uint64_t)dl.tv_nsec + VERIFY_AT_EXIT_NS;
-    dl.tv_sec += (time_t)(ns / 1000000000ULL);
-    dl.tv_nsec = (long)(ns % 1000000000ULL);
-    pthread_mutex_lock(&vmu);
-    int rc = 0;
-    while (verifying && vjob.created > 0 && rc == 0) rc = pthread_cond_timedwait(&vcv, &vmu, &dl);
-    int left = verifying;
-    pthread_mutex_unlock(&vmu);
+    if (__atomic_load_n(&vjob.created, __ATOMIC_ACQUIRE) > 0) {
+        struct timespec now;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        word_wait(&verifying, 1, (uint64_t)now.tv_sec * 1000000000ULL + (uint64_t)now.tv_nsec + VERIFY_AT_EXIT_NS);
+    }
+    int left = __atomic_load_n(&verifying, __ATOMIC_ACQUIRE);
     /* not concluded (never created, or too slow): drop the claim and wake the waiters now */
     if (left) vgpu_region_context_publish(vjob.dev, 0, VGPU_CONTEXT_UNKNOWN, 0, 1);
 }
 
 /* The hinted context was created and charged (created 1) or not (-1): the verifier goes on. */
 static void verifier_go(struct vgpu_ctxmem_probe *p, int created) {
-    pthread_mutex_lock(&vmu);
-    vjob.created = created;
-    pthread_cond_broadcast(&vcv);
-    pthread_mutex_unlock(&vmu);
+    word_set(&vjob.created, created);
     p->hinted = 0;
     p->claimed = 0; /* the verifier publishes and drops the claim */
 }
