@@ -4,8 +4,11 @@ program with the shim (64 GiB quota, shared accounting file that exists, as in a
 without, measured in one run. Two shim variants: "shim", a slice's file created ahead (as the
 plugin does) that has learned nothing yet, recreated before every run and every round (its first
 process measures a context through NVML: docs/shim.md "Contexts"; the others of a round wait for
-that measurement); "shim, size learned", one file kept for the whole run, whose first process has
-already run (as in a pod after its first process: nobody loads NVML):
+that measurement); "shim, size handed over", the same fresh file each time with the context's size
+handed over (VGPU_CONTEXT_SIZE, as the plugin writes it into the limits file: the first process
+charges it and verifies it through NVML on a thread of its own, off the start-up path); "shim,
+size learned", one file kept for the whole run, whose first process has already run (as in a pod
+after its first process: nobody loads NVML):
 
     .venv/bin/python benchmarks/bench_startup.py [--single 200] [--rounds 8] [--procs 64]
         [--shim OTHER/libvgpu.so] [--before OLDER/libvgpu.so] [--json]
@@ -45,8 +48,10 @@ from sharing import region  # noqa: E402
 from tests.support.cbuild import compile_program  # noqa: E402
 
 VARIANTS = {"baseline": "baseline", "shim": "shim, 64 GiB quota"}
-SHIMS = ("shim", "learned", "before")  # the shim variants, in the order printed
+SHIMS = ("shim", "handed", "learned", "before")  # the shim variants, in the order printed
 LEARNED = "shim, size learned"
+HANDED = "shim, size handed over (the slice's first process)"
+CONTEXT_SIZE = "500Mi"  # what a context takes on the simulator's defaults (docs/simulator.md)
 
 
 def fresh_file(env: dict[str, str]) -> None:
@@ -119,23 +124,31 @@ def breakdown_envs(work: Path, envs: dict[str, dict[str, str]]) -> dict[str, dic
         "shim, no limit": plain,
         "shim, quota, private file": dict(plain, CUDA_DEVICE_MEMORY_LIMIT="64Gi"),
         "shim, quota, slice's file (nothing learned)": shim,
+        "shim, quota, slice's file, size handed over (nothing learned)": envs["handed"],
         "shim, quota, slice's file, size learned": envs["learned"],
     }
 
 
-def instructions(prog: Path, env: dict[str, str], work: Path, fresh: bool = False) -> int:
-    """Instructions of one whole process, from the loader's first to exit."""
+def instructions(
+    prog: Path, env: dict[str, str], work: Path, fresh: bool = False
+) -> tuple[int, int]:
+    """Instructions of one whole process, from the loader's first to exit: (all its threads,
+    its main thread: the path to the first allocation, without the shim's verifier thread)."""
     if fresh:
         fresh_file(env)
     out_file = work / f"cg.{len(list(work.glob('cg.*')))}"
     subprocess.run(
-        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out_file}", str(prog),
-         str(time.monotonic_ns())],
+        ["valgrind", "--tool=callgrind", "--separate-threads=yes",
+         f"--callgrind-out-file={out_file}", str(prog), str(time.monotonic_ns())],
         env=env, capture_output=True, text=True, check=True,
     )  # fmt: skip
-    m = re.search(r"^(?:summary|totals):\s+(\d+)", out_file.read_text(), re.M)
-    assert m, "no callgrind summary"
-    return int(m.group(1))
+    per_thread = []
+    for f in sorted(work.glob(f"{out_file.name}-*")):  # one file per thread: -01 is main
+        m = re.search(r"^(?:summary|totals):\s+(\d+)", f.read_text(), re.M)
+        assert m, f"no callgrind summary in {f.name}"
+        per_thread.append(int(m.group(1)))
+    assert per_thread, "no callgrind output"
+    return sum(per_thread), per_thread[0]
 
 
 def main() -> int:
@@ -163,6 +176,11 @@ def main() -> int:
             envs["shim"]["LD_PRELOAD"] = str(args.shim.resolve())
         shared = envs["shim"]["CUDA_DEVICE_MEMORY_SHARED_CACHE"]
         envs["learned"] = dict(envs["shim"], CUDA_DEVICE_MEMORY_SHARED_CACHE=f"{shared}.learned")
+        envs["handed"] = dict(
+            envs["shim"],
+            CUDA_DEVICE_MEMORY_SHARED_CACHE=f"{shared}.handed",
+            VGPU_CONTEXT_SIZE=CONTEXT_SIZE,
+        )
         if args.before is not None:
             # its own file, made by its shim (an older build may read another layout)
             envs["before"] = dict(
@@ -173,7 +191,7 @@ def main() -> int:
             spawn_at_once(prog, envs["before"], 1)
         load_before = os.getloadavg()
         spawn_at_once(prog, envs["learned"], 1)  # the pod's first process: the size is learned
-        fresh = {"shim"}  # variants whose slice's file is recreated before every run / round
+        fresh = {"shim", "handed"}  # variants whose slice's file is recreated before every run
         single: dict[str, list[float]] = {k: [] for k in envs}
         cpu: dict[str, list[float]] = {k: [] for k in envs}
         for _ in range(args.single):  # alternate, so drift hits both alike
@@ -189,11 +207,13 @@ def main() -> int:
             for k, env in steps.items():
                 spawn_at_once(prog, env, 1, step_cpu[k], k.endswith("(nothing learned)"))
         load_after = os.getloadavg()
-        ins = (
+        counted = (
             {k: instructions(prog, env, work, k in fresh) for k, env in envs.items()}
             if shutil.which("valgrind")
             else {}
         )
+        ins = {k: v[0] for k, v in counted.items()}
+        ins_main = {k: v[1] for k, v in counted.items()}
     finally:
         shutil.rmtree(work, ignore_errors=True)
     one = {k: statistics.median(v) for k, v in single.items()}
@@ -220,6 +240,7 @@ def main() -> int:
         "cpu_ms_breakdown": {k: statistics.fmean(v) for k, v in step_cpu.items()},
         "instructions": ins,
         "instructions_ratio": {k: ins[k] / ins["baseline"] for k in shims} if ins else None,
+        "instructions_main_thread": ins_main,
         "loadavg_before_after": [round(load_before[0], 2), round(load_after[0], 2)],
         "cpus": os.cpu_count(),
     }
@@ -227,7 +248,9 @@ def main() -> int:
         print(json.dumps(report, indent=2))
         return 0
     for k in shims:
-        name = {"shim": "shim (nothing learned)", "learned": LEARNED}.get(k, f"shim ({k})")
+        name = {"shim": "shim (nothing learned)", "learned": LEARNED, "handed": HANDED}.get(
+            k, f"shim ({k})"
+        )
         c_add = cpu_mean[k] - cpu_mean["baseline"]
         print(f"== {name} against no shim")
         print(
@@ -250,7 +273,9 @@ def main() -> int:
         if ins:
             print(
                 f"instructions of one whole process: {ins['baseline']} -> {ins[k]} "
-                f"({ins[k] - ins['baseline']:+d}, x{ins[k] / ins['baseline']:.3f})"
+                f"({ins[k] - ins['baseline']:+d}, x{ins[k] / ins['baseline']:.3f}); its main "
+                f"thread: {ins_main['baseline']} -> {ins_main[k]} "
+                f"({ins_main[k] - ins_main['baseline']:+d})"
             )
     b = report["cpu_ms_breakdown"]
     assert isinstance(b, dict)

@@ -16,6 +16,10 @@ accepts from the environment:
     CUDA_TASK_PRIORITY=<-100..100>
     VGPU_CONTEXT_RESERVE=<bytes>                (optional: the least charged per context; the
                                                 shim charges what the driver reports, at least this)
+    VGPU_CONTEXT_SIZE_<i>=<bytes>               (optional, per device index: what a context takes
+                                                there, learned by the plugin for the GPU model; the
+                                                slice's first process charges it before creating its
+                                                context and verifies it against the driver)
     CUDA_DEVICE_MEMORY_SHARED_CACHE=<absolute path>
     VGPU_NODE_STATE_DIR=<absolute path>
     VGPU_DEMAND_FILE=<absolute path>
@@ -39,6 +43,8 @@ MAX_FILE_BYTES = 64 * 1024  # far above any real file; a reader never slurps an 
 
 MEMORY_KEY = "CUDA_DEVICE_MEMORY_LIMIT_"
 SM_KEY = "CUDA_DEVICE_SM_LIMIT_"
+CONTEXT_SIZE_KEY = "VGPU_CONTEXT_SIZE_"
+_CONTEXT_SIZE_RE = re.compile(r"VGPU_CONTEXT_SIZE_(0|[1-9][0-9]?)")
 PATH_KEYS = ("CUDA_DEVICE_MEMORY_SHARED_CACHE", "VGPU_NODE_STATE_DIR", "VGPU_DEMAND_FILE")
 _REQUIRED = ("VGPU_COMPUTE_POLICY", "CUDA_TASK_PRIORITY", "CUDA_DEVICE_MEMORY_SHARED_CACHE")
 
@@ -79,6 +85,12 @@ def _check_value(where: str, key: str, value: str) -> None:
             raise LimitsFileError(f"{where}: {value!r} is not a priority; allowed: {lo}..{hi}")
     elif key == "VGPU_CONTEXT_RESERVE":
         _check_bytes(where, value)
+    elif m := _CONTEXT_SIZE_RE.fullmatch(key):
+        if int(m.group(1)) >= MAX_DEVICES:
+            raise LimitsFileError(
+                f"{where}: device index {m.group(1)} out of range; allowed: 0..{MAX_DEVICES - 1}"
+            )
+        _check_bytes(where, value)
     elif key in PATH_KEYS:
         if not value.startswith("/") or len(value) > MAX_PATH or "\0" in value:
             raise LimitsFileError(
@@ -86,7 +98,8 @@ def _check_value(where: str, key: str, value: str) -> None:
             )
     else:
         allowed = [f"{MEMORY_KEY}<i>", f"{SM_KEY}<i>", "VGPU_COMPUTE_POLICY",
-                   "CUDA_TASK_PRIORITY", "VGPU_CONTEXT_RESERVE", *PATH_KEYS]  # fmt: skip
+                   "CUDA_TASK_PRIORITY", "VGPU_CONTEXT_RESERVE", f"{CONTEXT_SIZE_KEY}<i>",
+                   *PATH_KEYS]  # fmt: skip
         raise LimitsFileError(f"{where}: key {key!r} unknown; allowed: {', '.join(allowed)}")
 
 
@@ -104,6 +117,9 @@ def _check_complete(values: dict[str, str]) -> None:
         raise LimitsFileError(
             f"limits file: {SM_KEY}<i> indices {sm} differ from {MEMORY_KEY}<i> indices {mem}"
         )
+    for k in values:
+        if k.startswith(CONTEXT_SIZE_KEY) and int(k[len(CONTEXT_SIZE_KEY) :]) not in mem:
+            raise LimitsFileError(f"limits file: {k} names no device of {MEMORY_KEY}<i> {mem}")
 
 
 def parse_limits_file(text: str) -> dict[str, str]:
@@ -138,9 +154,10 @@ def render_limits_file(
     node_state_dir: str | None = None,
     demand_file: str | None = None,
     context_reserve: int | None = None,
+    context_sizes: Sequence[int | None] = (),
 ) -> str:
-    """The file's text for one slice; limits in container device order. Checked as parse_limits
-    _file checks it (LimitsFileError), so the plugin never writes a file the shim would refuse."""
+    """The file's text for one slice; limits (and context sizes, None where unknown) in container
+    device order. Checked as parse_limits_file checks it (LimitsFileError), so the plugin never writes a file the shim would refuse."""
     if len(memory_limits) != len(sm_limits):
         raise LimitsFileError(
             f"limits file: {len(memory_limits)} memory limits but {len(sm_limits)} SM limits"
@@ -151,6 +168,7 @@ def render_limits_file(
     lines += [f"VGPU_COMPUTE_POLICY={policy}", f"CUDA_TASK_PRIORITY={priority}"]
     if context_reserve is not None:
         lines.append(f"VGPU_CONTEXT_RESERVE={context_reserve}")
+    lines += [f"{CONTEXT_SIZE_KEY}{i}={v}" for i, v in enumerate(context_sizes) if v is not None]
     lines.append(f"CUDA_DEVICE_MEMORY_SHARED_CACHE={shared_cache}")
     if node_state_dir is not None:
         lines.append(f"VGPU_NODE_STATE_DIR={node_state_dir}")

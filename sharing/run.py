@@ -22,6 +22,7 @@ from typing import Any
 
 from sharing import region
 from sharing.compute_run import COMPUTE
+from sharing.context_cache import CacheUntrusted, ContextCache, model_key
 from sharing.fsutil import atomic_write
 from sharing.limitsfile import LimitsFileError, parse_limits_file
 from sharing.paths import shim_library, sim_lib_dir
@@ -183,6 +184,61 @@ def write_region_limits(path: str, env: Mapping[str, str]) -> None:
     atomic_write(Path(path + ".limits"), text.encode())
 
 
+def hand_over_context_size(args: argparse.Namespace, env: dict[str, str]) -> None:
+    """VGPU_CONTEXT_SIZE for CMD from this user's cache (sharing/context_cache.py), so that the
+    run's first process need not measure a context on its start-up path; a --region FILE whose
+    processes measured one teaches the cache. Only where every GPU is of one model (which CUDA
+    index is which NVML device is not known here) and the environment names no size itself."""
+    if any(k == "VGPU_CONTEXT_SIZE" or k.startswith("VGPU_CONTEXT_SIZE_") for k in env):
+        return
+    cache = ContextCache.for_user(env)
+    try:
+        sizes = cache.read()
+        taught = _region_context_size(args.region) if args.region else 0
+        if not sizes and not taught:
+            return  # nothing to hand over or learn: NVML is not asked
+        keys = _gpu_models(args.sim)
+        if len(keys) != 1:
+            return
+        (key,) = keys
+        if taught:
+            cache.remember(key, taught)
+            sizes[key] = taught
+    except CacheUntrusted as e:
+        print(f"vgpu run: context-size cache ignored: {e}", file=sys.stderr)
+        return
+    except OSError as e:
+        print(f"vgpu run: context-size cache not used: {e}", file=sys.stderr)
+        return
+    if key in sizes:
+        env["VGPU_CONTEXT_SIZE"] = str(sizes[key])
+
+
+def _region_context_size(path: str) -> int:
+    """The context size a --region FILE's processes measured through NVML (the driver's figure
+    for this GPU model), 0 when none or when its devices disagree."""
+    try:
+        snap = region.read(os.path.abspath(path))
+    except (region.RegionError, OSError):
+        return 0  # a new or foreign file: prepare_region reports what is wrong with it
+    measured = {d.context_bytes for d in snap.devices if d.context_bytes}
+    return measured.pop() if len(measured) == 1 else 0
+
+
+def _gpu_models(sim: bool) -> set[str]:
+    """The node's GPU models as cache keys; empty when NVML cannot say."""
+    import pynvml
+
+    from sharing.gpus import list_gpus, use_simulator
+
+    try:
+        if sim:
+            use_simulator()
+        return {model_key(g.name, g.memory_total, g.driver_version) for g in list_gpus()}
+    except (pynvml.NVMLError, OSError):
+        return set()
+
+
 def run(args: argparse.Namespace) -> int:
     cmd: list[str] = list(args.cmd)
     if cmd and cmd[0] == "--":
@@ -192,6 +248,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         env = build_env(args, dict(os.environ))
+        hand_over_context_size(args, env)
         prepare_region(args, env)
     except RunConfigError as e:
         print(f"vgpu run: {e}", file=sys.stderr)

@@ -12,6 +12,15 @@ from sharing.paths import sim_lib_dir
 from tests.support.cbuild import compile_program
 
 
+@pytest.fixture(autouse=True)
+def _private_user_cache(
+    monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """`vgpu run` keeps a per-user cache (sharing/context_cache.py): each test gets its own, so
+    that no test teaches another (nor the machine's user) a context size."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+
+
 @pytest.fixture(scope="session")
 def cbin_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Where compiled C test programs are cached for the session."""

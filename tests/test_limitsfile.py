@@ -105,3 +105,19 @@ def test_parse_refuses_bad_files(text: str, message: str) -> None:
     with pytest.raises(LimitsFileError, match=message) as e:
         parse_limits_file(text)
     assert "\n" not in str(e.value)
+
+
+def test_context_sizes_per_device() -> None:
+    """VGPU_CONTEXT_SIZE_<i>: optional per device, only for the slice's devices, a byte count."""
+    text = render(context_sizes=[500 * 1024**2, None])
+    values = parse_limits_file(text)
+    assert values["VGPU_CONTEXT_SIZE_0"] == str(500 * 1024**2)
+    assert "VGPU_CONTEXT_SIZE_1" not in values
+    with pytest.raises(LimitsFileError, match=r"VGPU_CONTEXT_SIZE_2 names no device .* \[0, 1\]"):
+        parse_limits_file(text + "VGPU_CONTEXT_SIZE_2=1\n")
+    with pytest.raises(LimitsFileError, match=r"'500Mi' is not a byte count"):
+        parse_limits_file(text.replace(f"={500 * 1024**2}", "=500Mi"))
+    with pytest.raises(LimitsFileError, match=r"device index 64 out of range"):
+        parse_limits_file(text + "VGPU_CONTEXT_SIZE_64=1\n")
+    with pytest.raises(LimitsFileError, match=r"key 'VGPU_CONTEXT_SIZE' unknown; allowed: .*"):
+        parse_limits_file(text + "VGPU_CONTEXT_SIZE=1\n")

@@ -177,6 +177,8 @@ int vgpu_config_load(struct vgpu_config *cfg) {
 
     v = vgpu_setting("VGPU_CONTEXT_RESERVE");
     if (v != NULL && parse_limit("VGPU_CONTEXT_RESERVE", v, &cfg->context_reserve) != 0) return -1;
+    /* the size a context takes on each device, handed over by the plugin (ctxmem.c) */
+    if (vgpu_indexed_settings("VGPU_CONTEXT_SIZE", parse_limit, cfg->context_size, NULL) != 0) return -1;
 
     v = vgpu_setting("CUDA_DEVICE_MEMORY_SHARED_CACHE");
     cfg->region_path = (v != NULL && *v != '\0') ? strdup(v) : NULL; /* env may change later */

@@ -2,10 +2,12 @@
  * A context's own device memory, charged to the slice: what the driver took for it, measured
  * when it is created (ctxmem.c), at least VGPU_CONTEXT_RESERVE; once the slice has learned it,
  * that size without asking the driver again. Before the context is created, what one on the
- * device is expected to take (the learned size, the process's last measurement, or the floor) is
- * reserved; after, a measured one's reservation is settled to the measurement. A context that does not fit in
- * what is left of the quota is destroyed again (a primary context released) and its creation
- * fails with CUDA_ERROR_OUT_OF_MEMORY. The charge is returned when the context is destroyed, when
+ * device is expected to take (the learned size, the handed-over VGPU_CONTEXT_SIZE, the process's
+ * last measurement, or the floor) is reserved: one that does not fit is refused before it exists.
+ * After, a measured one's reservation is settled to the measurement; one that then does not fit
+ * in what is left of the quota is destroyed again (a primary context released) and its creation
+ * fails with CUDA_ERROR_OUT_OF_MEMORY. Only then is the measurement published to the slice, whose
+ * other processes wait for it before creating theirs (ctxmem.c). The charge is returned when the context is destroyed, when
  * the primary context is released to inactive or reset, and when the process dies (its slot).
  * Primary contexts are charged at the process's first retain of a device.
  */
@@ -74,13 +76,18 @@ CUresult hook_cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
     rc = charge_begin(idx, dev, &probe, &held);
     if (rc == CUDA_SUCCESS) {
         rc = real_cuDevicePrimaryCtxRetain(pctx, dev);
-        if (rc != CUDA_SUCCESS) vgpu_ctxmem_cancel(&probe);
-        else if ((rc = charge_end(&probe, &held)) != CUDA_SUCCESS) primary_release_real(dev);
-        if (rc == CUDA_SUCCESS) {
-            primary_refs[idx] = 1;
-            primary_charge[idx] = held;
-        } else {
+        if (rc != CUDA_SUCCESS) {
             vgpu_mem_release(idx, held);
+            vgpu_ctxmem_cancel(&probe);
+        } else {
+            if ((rc = charge_end(&probe, &held)) != CUDA_SUCCESS) {
+                primary_release_real(dev);
+                vgpu_mem_release(idx, held);
+            } else {
+                primary_refs[idx] = 1;
+                primary_charge[idx] = held;
+            }
+            vgpu_ctxmem_done(&probe); /* charged or gone: the slice's others may go on */
         }
     }
     pthread_mutex_unlock(&ctx_mu);
@@ -144,17 +151,21 @@ static CUresult ctx_create(const struct ctx_create_call *c) {
     CUresult rc = charge_begin(idx, c->dev, &probe, &held);
     if (rc == CUDA_SUCCESS) {
         rc = c->create(c);
-        if (rc != CUDA_SUCCESS) vgpu_ctxmem_cancel(&probe);
-        else if ((rc = charge_end(&probe, &held)) != CUDA_SUCCESS) {
-            ctx_destroy_real(*c->pctx); /* nothing of it stays behind */
-            *c->pctx = NULL;
+        if (rc != CUDA_SUCCESS) {
+            vgpu_mem_release(idx, held);
+            vgpu_ctxmem_cancel(&probe);
+        } else {
+            if ((rc = charge_end(&probe, &held)) != CUDA_SUCCESS) {
+                ctx_destroy_real(*c->pctx); /* nothing of it stays behind */
+                *c->pctx = NULL;
+                vgpu_mem_release(idx, held);
+            } else {
+                if (vgpu_track_add(VGPU_TRACK_CTX, (uint64_t)(uintptr_t)*c->pctx, idx, held) != 0)
+                    vgpu_mem_release(idx, held); /* cannot be returned later: not charged at all */
+                created[idx]++;
+            }
+            vgpu_ctxmem_done(&probe); /* charged or gone: the slice's others may go on */
         }
-        if (rc == CUDA_SUCCESS && vgpu_track_add(VGPU_TRACK_CTX, (uint64_t)(uintptr_t)*c->pctx, idx, held) != 0) {
-            vgpu_mem_release(idx, held); /* cannot be returned later: not charged at all */
-            held = 0;
-        }
-        if (rc == CUDA_SUCCESS) created[idx]++;
-        else vgpu_mem_release(idx, held);
     }
     pthread_mutex_unlock(&ctx_mu);
     return rc;

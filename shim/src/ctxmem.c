@@ -25,8 +25,11 @@
  * kept in the slice's accounting file (devices[].context_bytes, region.h) and a process whose
  * slice knows it charges that, reserved before the context is created, and never loads NVML.
  * Only a process that finds nothing learned measures, after claiming the measurement for the
- * slice; processes starting meanwhile wait for its publication (woken by it; at most 2 s, then
- * they measure themselves), so of N processes starting at once in a fresh slice one measures.
+ * slice; processes starting meanwhile wait for its publication (woken by it) as long as the
+ * measurer lives, so of N processes starting at once in a fresh slice one measures, and none
+ * creates a context before it is admitted: the measurer publishes only once its own context is
+ * charged (or destroyed), vgpu_ctxmem_done. A size handed over (VGPU_CONTEXT_SIZE) spares the
+ * measurer the measurement on its start-up path: see the verifier below.
  * Published: an exact measurement over one from the device's used memory, the smaller of two of
  * one kind; "NVML said nothing" only where nothing credible is known (then each process tries).
  * The file is the tenant's: a learned size is charged at least VGPU_CONTEXT_RESERVE (from the
@@ -34,9 +37,14 @@
  * driver reports it (cuDeviceTotalMem). Lowering it cheats only the tenant's own quota, as
  * rewriting its usage counters would; the watchdog's NVML check is the backstop (docs/shim.md).
  */
+#define _GNU_SOURCE /* SCHED_BATCH */
 #include <limits.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -45,7 +53,8 @@
 /* The initial PID namespace's inode (PROC_PID_INIT_INO, include/linux/proc_ns.h). */
 #define PID_NS_INIT "pid:[4026531836]"
 #define MAX_PROCS 1024
-#define LEARN_WAIT_NS 2000000000ULL /* the longest wait for another process's measurement */
+#define LEARN_WAIT_NS 2000000000ULL /* a wait for another process's measurement this long is logged */
+#define VERIFY_AT_EXIT_NS 500000000ULL /* the longest an exit waits for a verification under way */
 #define LEARN_POLL_NS 10000000ULL   /* between looks at whether that process is still alive */
 
 typedef nvmlReturn_t (*pfn_init)(void);
@@ -69,6 +78,7 @@ static unsigned host_pid;                 /* ours as NVML lists it, 0 unknown */
 static pid_t host_pid_of;                 /* the getpid() it was learned in (a fork child relearns) */
 static int warned[VGPU_MAX_DEVICES];
 static nvmlProcessInfo_t procs_buf[MAX_PROCS]; /* callers serialise */
+static int start_verifier(struct vgpu_ctxmem_probe *p, CUdevice cudev);
 
 static int nvml_ready(void) {
     if (!nv.tried) {
@@ -103,13 +113,15 @@ static int device_handle(int dev, CUdevice cudev) {
     return nvdev_state[dev] > 0;
 }
 
-/* The device's process list into procs_buf: the count, or -1. */
-static int read_procs(int dev) {
+/* The device's process list into buf (MAX_PROCS entries): the count, or -1. */
+static int read_procs_into(int dev, nvmlProcessInfo_t *buf) {
     if (nv.procs == NULL) return -1;
     unsigned int n = MAX_PROCS;
-    if (nv.procs(nvdev[dev], &n, procs_buf) != NVML_SUCCESS || n > MAX_PROCS) return -1;
+    if (nv.procs(nvdev[dev], &n, buf) != NVML_SUCCESS || n > MAX_PROCS) return -1;
     return (int)n;
 }
+
+static int read_procs(int dev) { return read_procs_into(dev, procs_buf); }
 
 static unsigned known_host_pid(void) {
     if (host_pid != 0 && host_pid_of == getpid()) return host_pid;
@@ -126,20 +138,26 @@ static unsigned known_host_pid(void) {
     return host_pid;
 }
 
-/* Our entry's used memory in procs_buf[0..n): 1 found (*used set), 0 not listed, -1 not reported. */
-static int self_used(int n, unsigned pid, uint64_t *used) {
+/* Our entry's used memory in buf[0..n): 1 found (*used set), 0 not listed, -1 not reported. */
+static int self_used_in(const nvmlProcessInfo_t *buf, int n, unsigned pid, uint64_t *used) {
     for (int i = 0; i < n; i++) {
-        if (procs_buf[i].pid != pid) continue;
-        if (procs_buf[i].usedGpuMemory == (unsigned long long)NVML_VALUE_NOT_AVAILABLE) return -1;
-        *used = procs_buf[i].usedGpuMemory;
+        if (buf[i].pid != pid) continue;
+        if (buf[i].usedGpuMemory == (unsigned long long)NVML_VALUE_NOT_AVAILABLE) return -1;
+        *used = buf[i].usedGpuMemory;
         return 1;
     }
     return 0;
 }
 
+static int self_used(int n, unsigned pid, uint64_t *used) { return self_used_in(procs_buf, n, pid, used); }
+
 void vgpu_ctxmem_before(struct vgpu_ctxmem_probe *p, CUdevice cudev, int first_on_device) {
     int dev = p->dev;
     p->first = first_on_device;
+    if (p->hinted) {
+        if (start_verifier(p, cudev)) return;
+        p->hinted = 0; /* no thread: measured here, the handed-over size only reserved */
+    }
     if (!device_handle(dev, cudev)) return;
     nvmlMemory_t m;
     if (nv.meminfo(nvdev[dev], &m) == NVML_SUCCESS) {
@@ -163,18 +181,23 @@ void vgpu_ctxmem_before(struct vgpu_ctxmem_probe *p, CUdevice cudev, int first_o
     }
 }
 
-/* Our host PID from the list after our first context on the device: the one new PID, or 0. */
-static unsigned find_new_pid(const struct vgpu_ctxmem_probe *p, int n) {
+/* Our host PID from the list (buf[0..n)) after our first context on the device, given the PIDs
+ * listed before it (pids[0..npids)): the one new PID, or 0. */
+static unsigned find_new_pid_in(const unsigned *pids, unsigned npids, const nvmlProcessInfo_t *buf, int n) {
     unsigned found = 0;
     for (int i = 0; i < n; i++) {
-        unsigned pid = procs_buf[i].pid;
+        unsigned pid = buf[i].pid;
         int old = 0;
-        for (unsigned j = 0; j < p->npids && !old; j++) old = p->pids[j] == pid;
+        for (unsigned j = 0; j < npids && !old; j++) old = pids[j] == pid;
         if (old) continue;
         if (found != 0 && found != pid) return 0; /* two appeared: ambiguous */
         found = pid;
     }
     return found;
+}
+
+static unsigned find_new_pid(const struct vgpu_ctxmem_probe *p, int n) {
+    return find_new_pid_in(p->pids, p->npids, procs_buf, n);
 }
 
 /* What the context just created took, and from where; 0 with *src "nothing" when nothing credible
@@ -215,9 +238,196 @@ static uint64_t measure(struct vgpu_ctxmem_probe *p, const char **src) {
     return m;
 }
 
-static uint64_t estimate(int dev) {
-    uint64_t floor = vgpu_config()->context_reserve;
-    return memo[dev] > floor ? memo[dev] : floor;
+/* ---- a handed-over size (VGPU_CONTEXT_SIZE), verified against the driver off the start-up path ----
+ * The slice's first process charges the plugin's size for its context before creating it, and a
+ * thread of its own then measures the context through NVML (this process's entry) while the
+ * program goes on: loading and reading NVML is most of what a first process would otherwise add
+ * to its start-up. The slice's other processes wait for the verified size, as for any
+ * measurement, so a wrong size is charged at most for this one context; one too small is made up
+ * at once (charged even past the quota: the context exists, and the slice then refuses
+ * allocations until it is back under). Our host PID: getpid() in the initial PID namespace; in
+ * another, the one PID that appears across the context's creation, which needs the list before
+ * it, read on the caller's thread (the start-up then pays that reading, not the rest). */
+static struct {
+    int dev;
+    CUdevice cudev;
+    uint64_t charged, cuda_total;
+    unsigned self;             /* our host PID if known before creation */
+    int have_pids;
+    unsigned npids, pids[VGPU_CTXMEM_PIDS];
+    int created;               /* futex word: 0 pending, 1 the context exists and is charged, -1 not created */
+} vjob;
+/* futex word: a verifier thread owns vjob, the slice's claim and the NVML state (futexes, not
+ * condition variables: those are libpthread's before glibc 2.34, which the shim does not need) */
+static int verifying;
+static pthread_once_t vfork_once = PTHREAD_ONCE_INIT;
+
+static void word_set(int *w, int v) {
+    __atomic_store_n(w, v, __ATOMIC_RELEASE);
+    syscall(SYS_futex, w, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+}
+
+/* Wait while *w == v, at most until the CLOCK_MONOTONIC deadline (ns; 0: none). */
+static void word_wait(int *w, int v, uint64_t deadline) {
+    while (__atomic_load_n(w, __ATOMIC_ACQUIRE) == v) {
+        struct timespec rel, *t = NULL;
+        if (deadline != 0) {
+            struct timespec now;
+            clock_gettime(CLOCK_MONOTONIC, &now);
+            uint64_t n = (uint64_t)now.tv_sec * 1000000000ULL + (uint64_t)now.tv_nsec;
+            if (n >= deadline) return;
+            rel.tv_sec = (time_t)((deadline - n) / 1000000000ULL);
+            rel.tv_nsec = (long)((deadline - n) % 1000000000ULL);
+            t = &rel;
+        }
+        syscall(SYS_futex, w, FUTEX_WAIT_PRIVATE, v, t, NULL, 0);
+    }
+}
+
+static void verifier_atfork_child(void) {
+    /* the thread does not survive the fork; the claim is its parent's (slot) and dies with it */
+    verifying = 0;
+}
+static void verifier_register_fork(void) { pthread_atfork(NULL, NULL, verifier_atfork_child); }
+
+static void wait_verifier(void) { word_wait(&verifying, 1, 0); }
+
+/* What this process's entry says the context takes: our entry's used memory less what else the
+ * process has charged on the device (its allocations since; re-read if they moved meanwhile).
+ * 0 when it cannot tell. */
+static uint64_t verify_measure(nvmlProcessInfo_t *buf) {
+    int dev = vjob.dev;
+    if (!device_handle(dev, vjob.cudev)) return 0;
+    for (int attempt = 0; attempt < 3; attempt++) {
+        uint64_t mine = vgpu_region_mine(dev);
+        if (mine == UINT64_MAX) return 0; /* exiting: its charges are gone already */
+        int n = read_procs_into(dev, buf);
+        if (n < 0) return 0;
+        unsigned self = vjob.self;
+        if (self == 0 && vjob.have_pids) self = find_new_pid_in(vjob.pids, vjob.npids, buf, n);
+        uint64_t used = 0;
+        if (self == 0 || self_used_in(buf, n, self, &used) <= 0) return 0;
+        if (vgpu_region_mine(dev) != mine) continue;
+        if (vjob.self == 0) {
+            host_pid = self;
+            host_pid_of = getpid();
+        }
+        uint64_t others = mine > vjob.charged ? mine - vjob.charged : 0;
+        uint64_t m = used > others ? used - others : 0;
+        return m != 0 && (vjob.cuda_total == 0 || m < vjob.cuda_total) ? m : 0;
+    }
+    return 0;
+}
+
+static void *verifier(void *arg) {
+    (void)arg;
+    /* Woken when the context exists, it must not preempt the program's thread that woke it
+     * (SCHED_BATCH: no wakeup preemption, a fair share otherwise: the slice's other processes
+     * may be waiting for it). NVML is loaded while the driver creates the context. */
+    struct sched_param sp = {0};
+    sched_setscheduler(0, SCHED_BATCH, &sp); /* 0: this thread */
+    device_handle(vjob.dev, vjob.cudev);
+    word_wait(&vjob.created, 0, 0);
+    int created = __atomic_load_n(&vjob.created, __ATOMIC_ACQUIRE);
+    int dev = vjob.dev;
+    if (created > 0) {
+        static nvmlProcessInfo_t buf[MAX_PROCS]; /* one verifier at a time */
+        uint64_t m = verify_measure(buf);
+        char a[32], b[32];
+        vgpu_format_bytes(m, a, sizeof a);
+        vgpu_format_bytes(vjob.charged, b, sizeof b);
+        if (m == 0) {
+            vgpu_log(VGPU_LOG_DEBUG, "context on device %d: charged %s (VGPU_CONTEXT_SIZE); NVML could not verify it", dev, b);
+            vgpu_region_context_publish(dev, 0, VGPU_CONTEXT_UNKNOWN, 0, 1); /* the next process tries */
+        } else {
+            if (m > vjob.charged) {
+                uint64_t used = 0;
+                vgpu_region_charge(dev, m - vjob.charged, 0, &used); /* it exists: charged, even past the quota */
+                vgpu_log(VGPU_LOG_WARN,
+                         "context on device %d: the driver took %s, more than VGPU_CONTEXT_SIZE (%s): charging %s "
+                         "(until the process ends)", dev, a, b, a);
+            } else {
+                vgpu_log(VGPU_LOG_DEBUG, "context on device %d: charged %s (VGPU_CONTEXT_SIZE); %s measured from this "
+                         "process's NVML entry", dev, b, a);
+            }
+            uint64_t learned = m > vjob.charged ? m : vjob.charged;
+            memo[dev] = learned;
+            memo_exact[dev] = 1;
+            vgpu_region_context_publish(dev, learned, VGPU_CONTEXT_EXACT, vjob.cuda_total, 1);
+        }
+    } else {
+        vgpu_region_context_publish(dev, 0, VGPU_CONTEXT_UNKNOWN, 0, 1);
+    }
+    word_set(&verifying, 0);
+    return NULL;
+}
+
+/* Before the context is created, p->charge reserved: hand the measurement to a thread. 0 when
+ * there is none (the caller then measures here, as without a handed-over size). */
+static int start_verifier(struct vgpu_ctxmem_probe *p, CUdevice cudev) {
+    pthread_once(&vfork_once, verifier_register_fork);
+    vjob.dev = p->dev;
+    vjob.cudev = cudev;
+    vjob.charged = p->charge;
+    vjob.cuda_total = p->cuda_total;
+    __atomic_store_n(&vjob.created, 0, __ATOMIC_RELAXED);
+    vjob.self = known_host_pid();
+    vjob.have_pids = 0;
+    vjob.npids = 0;
+    if (vjob.self == 0 && device_handle(p->dev, cudev)) {
+        int n = read_procs(p->dev);
+        if (n >= 0 && n < VGPU_CTXMEM_PIDS) {
+            vjob.have_pids = 1;
+            vjob.npids = (unsigned)n;
+            for (int i = 0; i < n; i++) vjob.pids[i] = procs_buf[i].pid;
+        }
+    }
+    pthread_attr_t a;
+    pthread_t t;
+    if (pthread_attr_init(&a) != 0) return 0;
+    pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+    pthread_attr_setstacksize(&a, 256 * 1024);
+    __atomic_store_n(&verifying, 1, __ATOMIC_RELEASE);
+    int ok = pthread_create(&t, &a, verifier, NULL) == 0;
+    pthread_attr_destroy(&a);
+    if (!ok) word_set(&verifying, 0);
+    return ok;
+}
+
+void vgpu_ctxmem_at_exit(void) {
+    if (!__atomic_load_n(&verifying, __ATOMIC_ACQUIRE)) return;
+    /* A verification under way dies with the process: let it conclude first (what measuring
+     * in place would have cost, paid at exit instead of at start-up; a process that exits this
+     * soon after its first context is rare outside benchmarks), so that the slice's waiting
+     * processes get the size rather than each repeating the verification. */
+    if (__atomic_load_n(&vjob.created, __ATOMIC_ACQUIRE) > 0) {
+        struct timespec now;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        word_wait(&verifying, 1, (uint64_t)now.tv_sec * 1000000000ULL + (uint64_t)now.tv_nsec + VERIFY_AT_EXIT_NS);
+    }
+    int left = __atomic_load_n(&verifying, __ATOMIC_ACQUIRE);
+    /* not concluded (never created, or too slow): drop the claim and wake the waiters now */
+    if (left) vgpu_region_context_publish(vjob.dev, 0, VGPU_CONTEXT_UNKNOWN, 0, 1);
+}
+
+/* The hinted context was created and charged (created 1) or not (-1): the verifier goes on. */
+static void verifier_go(struct vgpu_ctxmem_probe *p, int created) {
+    word_set(&vjob.created, created);
+    p->hinted = 0;
+    p->claimed = 0; /* the verifier publishes and drops the claim */
+}
+
+/* VGPU_CONTEXT_SIZE of device index dev when credible (less than the device's memory, total;
+ * 0 unknown), else 0. */
+static uint64_t handed_over(int dev, uint64_t total) {
+    uint64_t h = vgpu_config()->context_size[dev];
+    return total == 0 || h < total ? h : 0;
+}
+
+static uint64_t estimate(int dev, uint64_t total) {
+    uint64_t e = vgpu_config()->context_reserve, h = handed_over(dev, total);
+    if (memo[dev] > e) e = memo[dev];
+    return h > e ? h : e;
 }
 
 /* The device's memory as the driver reports it without NVML (0 unknown): the learned size's
@@ -229,10 +439,12 @@ static uint64_t cuda_total(CUdevice cudev) {
 }
 
 uint64_t vgpu_ctxmem_expect(struct vgpu_ctxmem_probe *p, int dev, CUdevice cudev) {
+    wait_verifier(); /* this process's NVML readings are the verifier's until it is done */
     memset(p, 0, sizeof *p);
     p->dev = dev;
     p->cuda_total = cuda_total(cudev);
     uint64_t start = 0;
+    int said = 0;
     for (;;) {
         uint32_t src, seen = 0;
         uint64_t v = vgpu_region_context(dev, &src);
@@ -252,22 +464,35 @@ uint64_t vgpu_ctxmem_expect(struct vgpu_ctxmem_probe *p, int dev, CUdevice cudev
             p->claimed = 1; /* look once more: the last measurer may have published meanwhile */
             continue;
         }
-        /* another process of the slice is measuring it: its context creation takes a few ms */
+        /* Another process of the slice is measuring it: its context exists and is charged only
+         * once measured, so none may be created before that (it would be admitted against a
+         * quota that does not count the measurer's yet). Wait as long as the measurer lives (a
+         * dead one's claim is taken over above); a context's creation takes tens to hundreds of
+         * ms on real GPUs, seconds when the driver first brings a GPU up. */
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
         uint64_t now = (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
         if (start == 0) start = now;
-        if (now - start > LEARN_WAIT_NS) {
-            vgpu_log(VGPU_LOG_DEBUG, "context on device %d: the slice's measurement takes over %d ms; measuring here",
-                     dev, (int)(LEARN_WAIT_NS / 1000000));
-            break;
+        if (!said && now - start > LEARN_WAIT_NS) {
+            said = 1;
+            vgpu_log(VGPU_LOG_INFO, "context on device %d: waiting for slot %u of the slice to measure a context (over %d ms)",
+                     dev, seen - 1, (int)(LEARN_WAIT_NS / 1000000));
         }
         vgpu_region_context_wait(dev, seen, LEARN_POLL_NS); /* woken at its publication */
     }
-    return estimate(dev);
+    uint64_t e = estimate(dev, p->cuda_total);
+    /* measuring for the slice with a size handed over: that is charged before the context is
+     * created and verified against the driver off the start-up path (start_verifier) */
+    p->hinted = p->claimed && handed_over(dev, p->cuda_total) != 0 && !vgpu_config()->disabled;
+    if (p->hinted) p->charge = e;
+    return e;
 }
 
 void vgpu_ctxmem_cancel(struct vgpu_ctxmem_probe *p) {
+    if (p->hinted) {
+        verifier_go(p, -1);
+        return;
+    }
     if (p->claimed) vgpu_region_context_publish(p->dev, 0, VGPU_CONTEXT_UNKNOWN, 0, 1);
     p->claimed = 0;
 }
@@ -275,7 +500,8 @@ void vgpu_ctxmem_cancel(struct vgpu_ctxmem_probe *p) {
 uint64_t vgpu_ctxmem_after(struct vgpu_ctxmem_probe *p) {
     int dev = p->dev;
     char a[32], b[32];
-    if (p->learned) {
+    if (p->learned || p->hinted) {
+        if (p->hinted) return p->charge; /* the verifier says what it was */
         vgpu_format_bytes(p->charge, b, sizeof b);
         vgpu_log(VGPU_LOG_DEBUG, "context on device %d: charged %s, the size the slice learned (NVML not asked)", dev, b);
         return p->charge;
@@ -294,9 +520,8 @@ uint64_t vgpu_ctxmem_after(struct vgpu_ctxmem_probe *p) {
     }
     uint64_t floor = vgpu_config()->context_reserve, charge = m > floor ? m : floor;
     /* what this process now takes a context on dev for, for the slice's later processes */
-    uint32_t learned = memo_exact[dev] ? VGPU_CONTEXT_EXACT : m != 0 ? VGPU_CONTEXT_DEVICE : VGPU_CONTEXT_FAILED;
-    vgpu_region_context_publish(dev, m, learned, p->cuda_total, p->claimed);
-    p->claimed = 0;
+    p->pub_source = memo_exact[dev] ? VGPU_CONTEXT_EXACT : m != 0 ? VGPU_CONTEXT_DEVICE : VGPU_CONTEXT_FAILED;
+    p->pub_bytes = m;
     vgpu_format_bytes(m, a, sizeof a);
     vgpu_format_bytes(charge, b, sizeof b);
     vgpu_log(VGPU_LOG_DEBUG, "context on device %d: %s measured from %s; charged %s", dev, a, src, b);
@@ -308,4 +533,18 @@ uint64_t vgpu_ctxmem_after(struct vgpu_ctxmem_probe *p) {
                  dev, b);
     }
     return charge;
+}
+
+void vgpu_ctxmem_done(struct vgpu_ctxmem_probe *p) {
+    if (p->hinted) {
+        verifier_go(p, 1);
+        return;
+    }
+    if (p->learned || p->pub_source == VGPU_CONTEXT_UNKNOWN) {
+        vgpu_ctxmem_cancel(p); /* nothing measured: the claim (if any) goes to the next process */
+        return;
+    }
+    vgpu_region_context_publish(p->dev, p->pub_bytes, p->pub_source, p->cuda_total, p->claimed);
+    p->claimed = 0;
+    p->pub_source = VGPU_CONTEXT_UNKNOWN;
 }

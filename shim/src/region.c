@@ -541,15 +541,22 @@ void vgpu_region_context_publish(int dev, uint64_t bytes, uint32_t source, uint6
         }
         vgpu_region_unlock();
     }
-    if (claimed && my_slot >= 0) {
+    if (claimed) {
         uint32_t mine = (uint32_t)my_slot + 1;
-        __atomic_compare_exchange_n(measurer_word(dev), &mine, 0, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
+        /* without a slot (the process is exiting) the claim is a dead slot's: woken, the
+         * waiters take it over */
+        if (my_slot >= 0)
+            __atomic_compare_exchange_n(measurer_word(dev), &mine, 0, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
         syscall(SYS_futex, measurer_word(dev), FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
     }
 }
 
 uint64_t vgpu_region_used(int dev) {
     return R ? __atomic_load_n(&R->devices[dev].used, __ATOMIC_RELAXED) : 0;
+}
+
+uint64_t vgpu_region_mine(int dev) {
+    return R && my_slot >= 0 ? __atomic_load_n(&R->procs[my_slot].used[dev], __ATOMIC_RELAXED) : UINT64_MAX;
 }
 
 void vgpu_region_atfork_child(void) {
@@ -569,6 +576,7 @@ void vgpu_region_atfork_child(void) {
  * process's memory as it exits). A killed process skips this; the byte lock covers that case. */
 __attribute__((destructor)) static void region_at_exit(void) {
     if (R == NULL) return;
+    vgpu_ctxmem_at_exit(); /* needs the slot */
     pthread_mutex_lock(&slot_mu);
     if (my_slot >= 0) {
         if (vgpu_region_lock() == 0) {

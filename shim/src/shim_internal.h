@@ -95,6 +95,7 @@ struct vgpu_config {
     int any_limit;                       /* some device has a memory limit */
     uint64_t limit[VGPU_MAX_DEVICES];    /* bytes per app-visible device index; 0 = none */
     uint64_t context_reserve;            /* VGPU_CONTEXT_RESERVE: the least charged per context */
+    uint64_t context_size[VGPU_MAX_DEVICES]; /* VGPU_CONTEXT_SIZE(_<i>): expected context size, 0 none */
     char *region_path;                   /* CUDA_DEVICE_MEMORY_SHARED_CACHE (copied), NULL = private */
 };
 /* Parse the environment into cfg. Returns 0, or -1 after printing the one config-error line. */
@@ -181,6 +182,8 @@ int vgpu_region_charge(int dev, uint64_t bytes, uint64_t limit, uint64_t *used_o
 uint64_t vgpu_region_limit(int dev);
 void vgpu_region_uncharge(int dev, uint64_t bytes);
 uint64_t vgpu_region_used(int dev);
+/* This process's charge on device index dev (UINT64_MAX without a slot: none yet, or exiting). */
+uint64_t vgpu_region_mine(int dev);
 /* A context's size on device index dev as the slice learned it (region.h): the bytes, and in
  * *source how it was measured (VGPU_CONTEXT_*). Tenant-writable: the caller bounds it. */
 uint64_t vgpu_region_context(int dev, uint32_t *source);
@@ -237,16 +240,20 @@ CUresult vgpu_mem_unaccounted(void);
 struct vgpu_ctxmem_probe { /* the driver's readings before a context is created */
     int dev, first, have_dev, have_self, have_pids, exact;
     int learned; /* the slice knew the size: charge is charged, nothing is read */
+    int hinted;  /* measuring for the slice with VGPU_CONTEXT_SIZE charged: verified by a thread */
     int claimed; /* this process measures for the slice: publish (or drop) the claim */
     uint64_t charge, cuda_total; /* cuda_total: the device's memory by the driver, 0 unknown */
     uint64_t dev_used, total, self_used;
+    uint64_t pub_bytes;  /* measured by vgpu_ctxmem_after, published by vgpu_ctxmem_done */
+    uint32_t pub_source; /* VGPU_CONTEXT_*: UNKNOWN when there is nothing to publish */
     unsigned npids, pids[VGPU_CTXMEM_PIDS];
 };
 /* Before a context on device index dev is created: what to reserve for it. The slice's learned
  * size when it knows one (p->learned: nothing else to do, vgpu_ctxmem_after returns it), waiting
- * briefly for another process of the slice that is measuring it; else the estimate, and the
- * caller reads the driver (vgpu_ctxmem_before). Callers serialise context creation in the
- * process; after vgpu_ctxmem_expect, exactly one of vgpu_ctxmem_after / _cancel follows. */
+ * for another process of the slice that is measuring it (as long as it lives); else the
+ * estimate, and the caller reads the driver (vgpu_ctxmem_before). Callers serialise context
+ * creation in the process; after vgpu_ctxmem_expect, either vgpu_ctxmem_cancel, or
+ * vgpu_ctxmem_after then vgpu_ctxmem_done. */
 uint64_t vgpu_ctxmem_expect(struct vgpu_ctxmem_probe *p, int dev, CUdevice cudev);
 /* Read the driver before creating a context (first: the process has no context on it). */
 void vgpu_ctxmem_before(struct vgpu_ctxmem_probe *p, CUdevice cudev, int first);
@@ -254,6 +261,13 @@ void vgpu_ctxmem_before(struct vgpu_ctxmem_probe *p, CUdevice cudev, int first);
 void vgpu_ctxmem_cancel(struct vgpu_ctxmem_probe *p);
 /* After the context was created: the bytes to charge for it (at least VGPU_CONTEXT_RESERVE). */
 uint64_t vgpu_ctxmem_after(struct vgpu_ctxmem_probe *p);
+/* After the caller settled the charge (or destroyed a context that did not fit): publish what
+ * was measured for the slice and wake the processes waiting for it. Until then nobody else of
+ * the slice creates a context on the device, so a context never exists uncharged beside them. */
+void vgpu_ctxmem_done(struct vgpu_ctxmem_probe *p);
+/* At a normal exit, before the slot is given back: conclude (briefly) or drop a verification of
+ * a handed-over size that is under way. */
+void vgpu_ctxmem_at_exit(void);
 
 /* ---- memory pools (pools.c) ---- */
 /* Settle every (idle) pool of device index dev to what it reserves; trim them first if trim.

@@ -111,6 +111,10 @@ def test_shim_sanitized_in_a_cuda_program(
         ({"CUDA_DEVICE_MEMORY_LIMIT": "64Mi", "CUDA_DEVICE_MEMORY_SHARED_CACHE": reg, "SIMGPU_CONFIG": str(many)},
          ["init", "ctx:65", "alloc:100", "pitch:1000:100", "array:64:64", "async:4096", "create:131072:65"]),
         ({"CUDA_DEVICE_MEMORY_LIMIT": "1Gi", "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(tmp_path)}, ["init"]),
+        # a handed-over context size (too small): verified by the shim's own thread
+        ({"CUDA_DEVICE_MEMORY_LIMIT": "4Gi", "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(tmp_path / "h.region"),
+          "VGPU_CONTEXT_SIZE": "100Mi"},
+         ["init", "ctx", "alloc:4096", "ctxcreate", "freeall"]),
     ]  # fmt: skip
     for extra, ops in scenarios:
         r = _run_clean([str(shim_ops), *ops], {**base, **extra})

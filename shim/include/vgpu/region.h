@@ -35,7 +35,7 @@
  *    none learned claims the measurement by compare-and-swap of context_measurer from 0 to its
  *    slot + 1, measures, publishes under the lock (an exact measurement replaces one from the
  *    device's used memory; between two of one kind the smaller stays), sets context_measurer
- *    back to 0 and wakes its FUTEX_WAIT-ers. Others wait on that word (bounded) for the value; a
+ *    back to 0 and wakes its FUTEX_WAIT-ers. Others wait on that word (while the measurer lives) for the value; a
  *    claim whose slot's byte lock nobody holds (a dead measurer) or that is not a slot is taken
  *    over. context_bytes is a single atomic 64-bit store, read without the lock.
  */

@@ -5,7 +5,10 @@
  * Creating a context claims this process's node slot (so NVML lists the process) and charges
  * SIMGPU_CONTEXT_MEMORY bytes of device memory (default 500 MiB: a CUDA 12 context on an H100
  * takes a few hundred MiB of device memory before the program allocates anything, which
- * cuMemGetInfo and NVML's per-process used memory show). Destroying it (or releasing the primary context to zero, or resetting it) waits for its
+ * cuMemGetInfo and NVML's per-process used memory show). Creation then takes
+ * SIMGPU_CONTEXT_CREATE_MS more (default 0), during which the memory is already taken (NVML shows
+ * it) and the call has not returned: a real driver allocates the context's memory early in a
+ * creation that takes tens to hundreds of ms, seconds when it first brings up a GPU. Destroying it (or releasing the primary context to zero, or resetting it) waits for its
  * work, frees every allocation made in it and returns that memory.
  *
  * Context structures are never returned to malloc: a stale handle then fails validation (magic
@@ -33,6 +36,33 @@ void sim_contexts_after_fork(void)
 uint64_t sim_context_memory_knob(void)
 {
     return sim_env_u64("SIMGPU_CONTEXT_MEMORY", 500ull << 20);
+}
+
+#define CREATE_MS_MAX 10000
+
+/* SIMGPU_CONTEXT_CREATE_MS: how long a context's creation takes after its memory is taken. */
+static uint64_t context_create_ns(void)
+{
+    static _Atomic uint64_t cached = UINT64_MAX; /* read once per process */
+    uint64_t v = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (v != UINT64_MAX)
+        return v;
+    uint64_t ms = sim_env_u64("SIMGPU_CONTEXT_CREATE_MS", 0);
+    if (ms > CREATE_MS_MAX) {
+        sim_log("environment SIMGPU_CONTEXT_CREATE_MS=%llu is out of range; allowed: 0 .. %d milliseconds; using 0",
+                (unsigned long long)ms, CREATE_MS_MAX);
+        ms = 0;
+    }
+    atomic_store_explicit(&cached, ms * 1000000ull, memory_order_relaxed);
+    return ms * 1000000ull;
+}
+
+/* The rest of a context's creation, its memory taken (G.lock not held). */
+static void creation_time(void)
+{
+    uint64_t ns = context_create_ns();
+    if (ns)
+        sim_sleep_until_ns(sim_now_ns() + ns);
 }
 
 static int ctx_usable(const struct CUctx_st *c)
@@ -127,6 +157,7 @@ static CUresult ctx_create(CUcontext *pctx, unsigned flags, CUdevice dev)
         free(c); /* never published */
         return rc;
     }
+    creation_time();
     tls_stack[tls_depth++] = c; /* a new context is pushed onto the calling thread's stack */
     *pctx = c;
     return CUDA_SUCCESS;
@@ -204,12 +235,17 @@ SIM_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
         c->is_primary = 1;
         G.primary[dev] = c;
     }
-    if (c->retain == 0)
+    int activated = 0;
+    if (c->retain == 0) {
         rc = ctx_activate_locked(c, dev, primary_flags[dev]);
+        activated = rc == CUDA_SUCCESS;
+    }
     if (rc == CUDA_SUCCESS) {
         c->retain++;
         *pctx = c;
     }
+    if (activated)
+        creation_time(); /* under the lock: the process's other retains wait for it, as with the driver */
     pthread_mutex_unlock(&G.lock);
     return rc;
 }
