@@ -24,7 +24,7 @@ from sharing.exporter import add_discovery_flags
 from sharing.gpus import use_simulator
 from sharing.nodeview import NodeView, ViewBuilder
 from sharing.nvml_reader import NvmlPoller
-from sharing.slices import SliceFinder
+from sharing.slices import Slice, SliceFinder
 
 
 def register(sub: Any) -> None:
@@ -64,12 +64,22 @@ def to_json(view: NodeView) -> dict[str, Any]:
                         "compute_used_ratio": round(s.compute_used_ratio, 4),
                         "alloc_denied_total": s.counters.denials,
                         "processes": s.processes,
+                        "untrusted": s.untrusted,
                     }
                     for s in d.slices
                 ],
             }
             for d in view.devices
-        ]
+        ],
+        "unreadable": [
+            {
+                "claim_uid": u.slice.claim_uid,
+                "namespace": u.slice.namespace,
+                "claim": u.slice.claim,
+                "reason": u.reason,
+            }
+            for u in view.unreadable
+        ],
     }
 
 
@@ -84,6 +94,11 @@ def _bytes(n: int) -> str:
             v = n / (1 << shift)
             return f"{v:.1f}{unit}" if v < 10 else f"{v:.0f}{unit}"
     return str(n)
+
+
+def _label(sl: Slice) -> str:
+    # a --region slice is named by its file: its name is enough on screen
+    return f"{sl.namespace}/{sl.claim}" if sl.namespace else Path(sl.claim).name
 
 
 def render(view: NodeView) -> Group:
@@ -115,15 +130,14 @@ def render(view: NodeView) -> Group:
             str(sum(s.processes for s in d.slices)),
         )
         for s in d.slices:
-            sl = s.slice
-            # a --region slice is named by its file: its name is enough on screen
-            label = f"{sl.namespace}/{sl.claim}" if sl.namespace else Path(sl.claim).name
             c = s.counters
+            # clamped figures of a slice whose file claimed the impossible: marked, not believed
+            bang = "[red]![/red]" if s.untrusted else ""
             t.add_row(
-                f"  {label}",
+                f"  {_label(s.slice)}{' [red](untrusted)[/red]' if s.untrusted else ''}",
                 _bytes(s.memory_limit),
-                _bytes(c.used),
-                _bytes(c.peak),
+                _bytes(c.used) + bang,
+                _bytes(c.peak) + bang,
                 _pct(s.compute_limit_ratio) if s.compute_limit_ratio else "none",
                 _pct(s.compute_used_ratio),
                 f"{c.wait_ns / 1e9:.1f}s",
@@ -131,7 +145,9 @@ def render(view: NodeView) -> Group:
                 str(c.denials),
                 str(s.processes),
             )
-    if not view.devices:
+    for u in view.unreadable:
+        t.add_row(f"  {_label(u.slice)} [red](unreadable)[/red]", *[""] * 9)
+    if not view.devices and not view.unreadable:
         t.add_row("no GPUs or slices found", *[""] * 9)
     notes = [Text(e, style="yellow") for e in view.errors if e != "no NVML reading yet"]
     return Group(t, *notes)
