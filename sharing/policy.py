@@ -303,6 +303,11 @@ def load(path: Path, base: Rules = BUILTIN) -> SharingPolicy:
         raise PolicyError(f"{path}: cannot read: {e.strerror or e}") from None
     try:
         doc = yaml.safe_load(text)
+    except RecursionError:  # the parser recurses once per level: [[[[...]]]]
+        raise PolicyError(
+            f"{path}: not valid YAML: nested too deeply; allowed: a SharingPolicy document "
+            "(a few levels of mappings and lists)"
+        ) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""

@@ -182,3 +182,18 @@ def test_file_errors_name_the_file(tmp_path: Path) -> None:
     f.write_text(yaml.safe_dump(doc(maxSharers=-1)))
     with pytest.raises(PolicyError, match=r"p.yaml: default.maxSharers: -1 invalid"):
         load(f)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["[" * 100_000 + "]" * 100_000, "{a: " * 100_000 + "1" + "}" * 100_000,
+     "default:\n" + "".join(" " * i + "- \n" for i in range(1, 3000))],
+    ids=["lists", "mappings", "block-lists"],
+)  # fmt: skip
+def test_a_document_nested_100k_deep_is_one_line(tmp_path: Path, text: str) -> None:
+    f = tmp_path / "deep.yaml"
+    f.write_text(text)
+    with pytest.raises(PolicyError) as e:
+        load(f)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(f"{f}: "), msg
