@@ -82,7 +82,11 @@ def remove(path: Path, root: Path) -> bool:
         except FileNotFoundError:
             return False
         if stat.S_ISDIR(st.st_mode):
-            remove_tree(dfd, path.name)
+            try:
+                remove_tree(dfd, path.name)
+            except FileNotFoundError:
+                if os.path.lexists(path):
+                    raise  # a part went away under the removal: not the whole tree
         else:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path.name, dir_fd=dfd)

@@ -35,9 +35,10 @@ crash half-way is finished at the next start, never taken for a prepared claim.
 
 A claim directory is removed in two steps: under the lock it is renamed into DATA/trash (one
 system call, whatever it holds: a claim prepared by an older layout had a tenant-writable
-directory); after the lock the moved tree is removed (driver/hostfs.remove_tree: iterative,
-bounded descriptors), so a huge tree never holds up other claims. What a crash leaves in the
-trash is removed in the background after the next start.
+directory); after the lock one background thread removes the moved tree
+(driver/hostfs.remove_tree: iterative, bounded descriptors), so a huge tree never holds up other
+claims nor the kubelet's call. What a stop or crash leaves in the trash is removed after the next
+start.
 
 Every path is derived from the claim UID (validated: letters, digits, '-', at most 128) inside
 the plugin's own directories; nothing under DATA is opened through a link (driver/hostfs.py).
@@ -54,9 +55,11 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import re
 import signal
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -216,7 +219,8 @@ class DeviceState:
         self.rules_for = rules_for  # the admin policy per GPU (None: built-in)
         self.injector = injector  # the driver's files for CDI-only runtimes (driver/injection.py)
         self._lock = threading.Lock()
-        self._trash: list[str] = []  # names moved into the trash under the lock, not yet removed
+        self._trash: list[str] = []  # names moved into the trash under the lock, not yet queued
+        self._remover = _TrashRemover(paths.trash_dir)
 
     def set_gpus(self, gpus: Sequence[GpuInfo]) -> None:
         """Plan later claims on these GPUs (rediscovery saw GPUs appear or go). Prepared claims
@@ -263,9 +267,7 @@ class DeviceState:
                      len(self.checkpoint.entries()))  # fmt: skip
             self._trash = []
             leftovers = self._list_trash()  # this start's moves and what a crash left
-        threading.Thread(
-            target=self._empty_trash, args=(leftovers,), name="trash", daemon=True
-        ).start()
+        self._remover.put(leftovers)
 
     def _recover_entry(self, entry: ClaimEntry) -> None:
         what = f"claim {entry.namespace}/{entry.name} ({entry.uid!r})"
@@ -321,7 +323,7 @@ class DeviceState:
 
     def _move_to_trash(self, path: Path) -> bool:
         """Move the claim directory `path` into the trash (call with the lock held); True if
-        something was there. _take_trash() hands the moved names to the remover."""
+        something was there. The caller hands the moved names to the remover after the lock."""
         trash = self.paths.trash_dir
         trash.mkdir(mode=0o700, exist_ok=True)
         name = hostfs.move_aside(path, self.paths.claims_dir, trash)
@@ -344,16 +346,9 @@ class DeviceState:
             log.error("cannot list %s: %s", self.paths.trash_dir, e)
             return []
 
-    def _empty_trash(self, names: list[str]) -> None:
-        """Remove these trash entries, outside the lock (each name has one remover: the caller
-        that took it). An entry that cannot be removed is logged in one line and left for the
-        next start."""
-        trash = self.paths.trash_dir
-        for name in names:
-            try:
-                hostfs.remove(trash / name, trash)
-            except Exception as e:
-                log.error("cannot remove %s: %s; left for the next start", trash / name, e)
+    def trash_idle(self, timeout: float) -> bool:
+        """Wait until every queued removal is done (tests; False on timeout)."""
+        return self._remover.idle(timeout)
 
     # --- prepare -----------------------------------------------------------------------------
 
@@ -369,7 +364,7 @@ class DeviceState:
             except Exception as e:
                 log.exception("claim %s: prepare failed", ref)
                 out[ref.uid] = PrepareResult(error=f"prepare failed: {e}")
-        self._empty_trash(self._take_trash())  # leftovers under these claims' names
+        self._remover.put(self._take_trash())  # leftovers under these claims' names
         return out
 
     def _missing(self, uid: str) -> list[str]:
@@ -622,7 +617,7 @@ class DeviceState:
                     log.exception("claim %s: unprepare failed", ref)
                     out[ref.uid] = f"unprepare failed: {e}"
             trash, self._trash = self._trash, []  # these claims' directories: removed below
-        self._empty_trash(trash)
+        self._remover.put(trash)
         return out
 
     def _unprepare_one(self, ref: ClaimRef) -> None:
@@ -667,7 +662,7 @@ class DeviceState:
         hostfs.remove(files.spec, self.writer.cdi_root)
         if crash_hooks:
             _maybe_crash("unprepare-cdi")
-        self._move_to_trash(files.claim_dir)  # removed after the lock (_empty_trash)
+        self._move_to_trash(files.claim_dir)  # removed after the lock, by the remover
         hostfs.remove(files.demand, self.paths.node_state_dir)
         if crash_hooks:
             _maybe_crash("unprepare-dir")
@@ -675,6 +670,46 @@ class DeviceState:
     def prepared(self) -> list[ClaimEntry]:
         with self._lock:
             return self.checkpoint.entries()
+
+
+class _TrashRemover:
+    """One thread that removes the trash entries it is given, in order, outside every lock of
+    the plugin (started at the first entry). An entry that cannot be removed is one log line and
+    stays for the next start."""
+
+    def __init__(self, trash: Path) -> None:
+        self.trash = trash
+        self._queue: queue.Queue[str] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+
+    def put(self, names: list[str]) -> None:
+        if not names:
+            return
+        for name in names:
+            self._queue.put(name)
+        with self._start_lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="trash", daemon=True)
+                self._thread.start()
+
+    def idle(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while self._queue.unfinished_tasks:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
+    def _run(self) -> None:
+        while True:
+            name = self._queue.get()
+            try:
+                hostfs.remove(self.trash / name, self.trash)
+            except Exception as e:
+                log.error("cannot remove %s: %s; left for the next start", self.trash / name, e)
+            finally:
+                self._queue.task_done()
 
 
 def _is_regular(path: Path) -> bool:

@@ -66,6 +66,7 @@ def test_a_deep_tree_in_the_claims_dir_unprepares(world: World) -> None:
     deep_tree(shared, DEPTH)
     assert world.kubelet.unprepare([c]) == {c.uid: ""}
     assert not (world.root / "data" / "claims" / c.uid).exists()
+    assert world.plugin.driver.state.trash_idle(300)  # removed in the background
     assert list((world.root / "data" / "trash").iterdir()) == []
     assert Path("/etc/passwd").read_bytes() == passwd  # links removed as links
 
@@ -146,8 +147,8 @@ def test_removing_a_big_tree_does_not_hold_another_claims_prepare(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """While claim a's directory is being removed (held at its removal by this test), claim b
-    is prepared: the removal runs outside the plugin's lock. Ordering, not time: b's prepare
-    completes while a's removal has not."""
+    is prepared: the removal runs outside the plugin's lock (and after a's unprepare answered).
+    Ordering, not time: b's prepare completes while a's removal has not."""
     a = world.claim("a", results=[result("gpu", "gpu-0", memory="1Gi")])
     b = world.claim("b", results=[result("gpu", "gpu-0", memory="1Gi")])
     assert world.kubelet.prepare([a])[a.uid].error == ""
@@ -180,6 +181,8 @@ def test_removing_a_big_tree_does_not_hold_another_claims_prepare(
     assert finished_first, "b's prepare waited for a's removal"
     assert prepared == {b.uid: ""} and unprepared == {a.uid: ""}
     assert not (world.root / "data" / "claims" / a.uid).exists()
+    assert world.plugin.driver.state.trash_idle(60)
+    assert list((world.root / "data" / "trash").iterdir()) == []
 
 
 def test_recovery_survives_any_error_on_one_claim(
