@@ -53,6 +53,7 @@ CRASH_STEPS). It is read from the environment on each call; production never set
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import queue
@@ -326,7 +327,13 @@ class DeviceState:
         something was there. The caller hands the moved names to the remover after the lock."""
         trash = self.paths.trash_dir
         trash.mkdir(mode=0o700, exist_ok=True)
-        name = hostfs.move_aside(path, self.paths.claims_dir, trash)
+        try:
+            name = hostfs.move_aside(path, self.paths.claims_dir, trash)
+        except OSError as e:
+            if e.errno != errno.EXDEV:
+                raise
+            # claims/ is another file system than DATA (an admin's mount): removed in place
+            return hostfs.remove(path, self.paths.claims_dir)
         if name is None:
             return False
         self._trash.append(name)

@@ -8,9 +8,9 @@ file.
 
 The file is the tenant's: any process of the slice can write, truncate or grow it. So it is never
 mapped here (a mapping of a file truncated under it faults with SIGBUS, which would kill the
-plugin or the exporter): every read is an fstat (the size must be the layout's) and two preads
-(header, devices and compute state; the slots below slots_hwm), and the header is checked at
-every read. A file of the wrong size or layout, or one cut short between the fstat and the
+plugin or the exporter): every read is an fstat (the size must be the layout's) and up to two
+preads (the header up to the compute state of the devices asked for; the slots below
+slots_hwm), and the header is checked at every read. A file of the wrong size or layout, or one cut short between the fstat and the
 pread, raises RegionError for that slice alone. The shim is never blocked. The kernel's copy
 does not promise to copy a word the shim is storing at that instant in one piece (an aligned load from
 a mapping would):
@@ -125,7 +125,9 @@ class _Open:
             if size != region.FILE_SIZE:
                 region._check_header_version(path, fd, size)
                 region.check_size(path, size)
-            head = self._pread(path, _OFF_PROCS, 0)
+            # what is asked, in one copy: the header, the device accounts up to the compute
+            # states of the first n devices (the whole fixed part would be 35 KiB per slice)
+            head = self._pread(path, _OFF_COMPUTE + n * _COMPUTE_SIZE, 0)
             region.check_header(path, head)
             hwm = min(_U32.unpack_from(head, _OFF_HWM)[0], region.MAX_PROCS)
             slots = self._pread(path, hwm * _SLOT_SIZE, _OFF_PROCS) if hwm else b""
