@@ -154,20 +154,23 @@ class ViolationCounts:
 
 
 class LineLog:
-    """Logs each error line once while it lasts, across the builders that share it (the
-    exporter's scrape and watchdog builders see the same unreadable slice: one line)."""
+    """Logs one line per trouble while it lasts, across the builders that share it (the
+    exporter's scrape and watchdog builders see the same unreadable slice: one line). A trouble
+    is keyed by what it is about (a slice's key, else the line itself): a tenant whose file
+    changes from one bad size to another does not get a line per look."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._by_owner: dict[int, set[str]] = {}
 
-    def report(self, owner: object, lines: list[str]) -> None:
-        """`owner`'s current error lines; those no owner reported at its last call are logged."""
+    def report(self, owner: object, troubles: list[tuple[str, str]]) -> None:
+        """`owner`'s current (key, line) troubles; a key no owner reported at its last call is
+        logged with its line."""
         with self._lock:
             seen: set[str] = set().union(*self._by_owner.values())
-            self._by_owner[id(owner)] = set(lines)
-        for line in dict.fromkeys(lines):
-            if line not in seen:
+            self._by_owner[id(owner)] = {k for k, _ in troubles}
+        for key, line in dict(troubles).items():
+            if key not in seen:
                 log.warning("%s", line)
 
 
@@ -217,6 +220,7 @@ class ViewBuilder:
         nv: NvmlReading = self.latest()
         slices = self.finder.find()
         errors: list[str] = [nv.error] if nv.error else []
+        troubles: list[tuple[str, str]] = [(e, e) for e in errors]
         gpus: dict[str, GpuReading] = {g.uuid: g for g in nv.gpus}
         by_index = {g.index: g for g in nv.gpus}
         per_gpu: dict[str, list[SliceDeviceView]] = {u: [] for u in gpus}
@@ -233,6 +237,7 @@ class ViewBuilder:
                 c = self._reader.read(s.region_path, ndev, s.region_id)
             except region.RegionError as e:
                 errors.append(str(e))
+                troubles.append((f"slice {s.key}", str(e)))
                 known = tuple(gpus[u] for u in s.gpu_uuids if u in gpus)
                 unreadable.append(UnreadableSlice(slice=s, reason=str(e), gpus=known))
                 continue
@@ -271,7 +276,7 @@ class ViewBuilder:
         if rates:
             self.rates.forget_except(set(all_counters))
         self._reader.forget_except({s.region_path for s in slices})
-        self._lines.report(self, errors)
+        self._lines.report(self, troubles)
         devices = tuple(
             DeviceView(
                 gpu=g,

@@ -140,6 +140,8 @@ def test_exporter_survives_a_tenant_truncating_or_growing_its_file(
         assert len(only(s, "vgpu_slice_memory_limit_bytes", claim_uid="uid-b")) == 1
         assert only(s, "vgpu_slice_unreadable", claim_uid="uid-b") == []
         time.sleep(2.5)  # watchdog passes (one per NVML reading, every second) read it too
+        os.truncate(target, 100)  # another bad size: still the same trouble, no new line
+        time.sleep(1.5)
         s = _scrape_until(exp.url, lambda s: _unreadable(s, "uid-a"), alive)
         log = exp.stop()
     finally:
