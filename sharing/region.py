@@ -2,10 +2,11 @@
 
 The layout is shim/include/vgpu/region.h, seen through cffi (sharing._region_cffi); the protocol
 is described there. This module opens a region read-only and takes consistent-enough snapshots
-(the counters are aligned 64-bit words the shim stores atomically; a snapshot reads them without
-the lock, so it never blocks the shim and never sees a torn word),
-tells live processes from dead ones the way the shim does (the slot's byte lock), and can
-create a region atomically (for the DRA driver, or `vgpu run`).
+(without the lock, so it never blocks the shim; with pread into a private copy, never a
+mapping: any process of the slice may truncate the file, and a mapping would fault; a word the
+shim stores at that instant may read torn once), tells live processes from dead ones the way the
+shim does (the slot's byte lock), and can create a region atomically (for the DRA driver, or
+`vgpu run`).
 
 The file holds usage only: any process of the slice can write it, so a slice's limits are never
 kept here (they come from the plugin's read-only limits file, or the environment of `vgpu run`).
