@@ -8,17 +8,26 @@ or deletes through a link planted there acts on the link's target: any file on t
   only a file created in that same call is ever fchmod'ed;
 - a deletion names a directory the plugin owns (`root`) and a single entry in it; the directory
   is resolved and must be inside `root`, the entry is removed relative to its descriptor
-  (unlinkat never follows a link; shutil.rmtree with dir_fd removes links inside a tree as
-  links). A path outside the plugin's directories is refused, whatever a checkpoint says.
+  (unlinkat never follows a link). A path outside the plugin's directories is refused, whatever
+  a checkpoint says.
+- a tree is removed by remove_tree(): iteratively (a tree of any depth: no recursion), holding
+  at most three descriptors at a time, never following a link (each level is opened with
+  O_NOFOLLOW relative to its parent, links are unlinked as links) and never leaving the tree:
+  it goes back up through "..", checked to be the very directory it came from (device and
+  inode), and it does not enter another file system (a mount point inside is an error).
+- a tree a tenant could fill is first moved aside (move_aside: a rename into the plugin's trash
+  directory, one system call, done under the plugin's lock) and removed afterwards, outside it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import itertools
 import logging
 import os
-import shutil
 import stat
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -73,7 +82,11 @@ def remove(path: Path, root: Path) -> bool:
         except FileNotFoundError:
             return False
         if stat.S_ISDIR(st.st_mode):
-            shutil.rmtree(path.name, dir_fd=dfd)
+            try:
+                remove_tree(dfd, path.name)
+            except FileNotFoundError:
+                if os.path.lexists(path):
+                    raise  # a part went away under the removal: not the whole tree
         else:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path.name, dir_fd=dfd)
@@ -81,6 +94,99 @@ def remove(path: Path, root: Path) -> bool:
         return True
     finally:
         os.close(dfd)
+
+
+class TreeChangedError(OSError):
+    """A tree being removed was moved or replaced under the remover (it stops, never leaving it)."""
+
+
+def _ident(fd: int) -> tuple[int, int]:
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
+
+
+def remove_tree(dir_fd: int, name: str) -> None:
+    """Remove the directory `name` of `dir_fd` and everything below it, however deep or wide,
+    with at most three descriptors open, never following a link and never leaving the tree.
+    Entries that vanish meanwhile are skipped. TreeChangedError when a directory on the way is
+    replaced or moved (nothing outside the tree is touched); OSError as the system says it."""
+    fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    dev = _ident(fd)[0]
+    path: list[tuple[str, tuple[int, int]]] = [(name, _ident(fd))]  # names and identities, top down
+    try:
+        while True:
+            sub = None
+            with os.scandir(fd) as it:  # a duplicate of fd, closed with the iterator
+                for e in it:
+                    if e.is_dir(follow_symlinks=False):
+                        sub = e.name
+                        break
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(e.name, dir_fd=fd)  # files, links, FIFOs, sockets: the entry
+            if sub is not None:
+                try:
+                    nfd = os.open(sub, _DIR_FLAGS, dir_fd=fd)
+                except (FileNotFoundError, NotADirectoryError):
+                    continue  # gone, or swapped for a non-directory: the next scan handles it
+                except OSError as e:
+                    if e.errno != errno.ELOOP:
+                        raise
+                    continue  # swapped for a link: unlinked as a link at the next scan
+                ident = _ident(nfd)
+                if ident[0] != dev:
+                    os.close(nfd)
+                    raise OSError(errno.EXDEV, f"{sub}: another file system mounted inside {name}")
+                os.close(fd)
+                fd = nfd
+                path.append((sub, ident))
+                continue
+            if len(path) == 1:
+                break
+            up = os.open("..", _DIR_FLAGS, dir_fd=fd)
+            child, _ = path.pop()
+            if _ident(up) != path[-1][1]:
+                os.close(up)
+                raise TreeChangedError(
+                    errno.ESTALE, f"{'/'.join(p for p, _ in path)}: moved while being removed"
+                )
+            os.close(fd)
+            fd = up
+            try:
+                os.rmdir(child, dir_fd=fd)
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                if e.errno != errno.ENOTEMPTY:  # filled meanwhile: scanned again
+                    raise
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=dir_fd)
+
+
+_trash_names = itertools.count()
+
+
+def move_aside(path: Path, root: Path, trash: Path) -> str | None:
+    """Rename the entry `path` (inside `root`) into the directory `trash` (on the same file
+    system, the plugin's own) under a new unique name, returned; None if nothing was there.
+    One rename: the caller removes the moved tree later (remove(trash / name, trash))."""
+    parent = _checked_parent(path, root)
+    with open_dir(trash) as tfd:
+        try:
+            dfd = os.open(parent, _DIR_FLAGS)
+        except FileNotFoundError:
+            return None
+        try:
+            new = f"{path.name}.{time.time_ns()}.{next(_trash_names)}"
+            try:
+                os.rename(path.name, new, src_dir_fd=dfd, dst_dir_fd=tfd)
+            except FileNotFoundError:
+                return None
+            os.fsync(dfd)
+            os.fsync(tfd)
+            return new
+        finally:
+            os.close(dfd)
 
 
 def create_empty(dir_fd: int, name: str, mode: int) -> None:

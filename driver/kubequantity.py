@@ -14,6 +14,7 @@ from decimal import Decimal
 from kubernetes.utils.quantity import parse_quantity
 
 FORMS = "a Kubernetes quantity (e.g. 4Gi, 512Mi, 4G, 1500k, 1e9)"
+LIMIT = Decimal(2**64)  # bytes, percent: nothing a claim can hold comes near
 
 
 class KubeQuantityError(ValueError):
@@ -28,6 +29,10 @@ def parse(text: str | int, what: str) -> Decimal:
         value: Decimal = parse_quantity(text)  # type: ignore[no-untyped-call]
     except ValueError as e:
         raise KubeQuantityError(f"{what}: {text!r} is not a quantity; allowed: {FORMS}") from e
+    # The client's parser takes "Infinity" and exponents of any size ("1e4000000000": turning
+    # that into an int would take the process's memory): no capacity is that large.
+    if not value.is_finite() or value.copy_abs() >= LIMIT:
+        raise KubeQuantityError(f"{what}: {text!r} is out of range; allowed: {FORMS}, below 2^64")
     return value
 
 

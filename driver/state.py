@@ -7,8 +7,14 @@ Files of one claim (DATA = the plugin's data dir, 0700 root):
     DATA/claims/<uid>/limits             0444: the claim's limits (sharing/limitsfile.py), mounted
                                          read-only beside the shim; the shim takes every limit
                                          from it, whatever the container's environment says
-    DATA/claims/<uid>/shared/            1777: mounted read-write at /run/vgpu-sharing (the
-                                         accounting file lives here; tenant-writable)
+    DATA/claims/<uid>/shared/            0755 root, never mounted
+    DATA/claims/<uid>/shared/accounting  0666: the slice's accounting file, created at prepare
+                                         and bind-mounted alone, read-write, at
+                                         /run/vgpu-sharing/accounting (a single-file mount: the
+                                         tenant can write it but not rename, replace or add
+                                         files beside it on the host)
+    DATA/trash/                          0700 root: claim directories moved aside, removed
+                                         outside the lock (below)
     DATA/node-state/<uid>.demand         0666, created empty: the claim's elastic-demand record,
                                          mounted writable only into this claim (/run/vgpu-demand);
                                          DATA/node-state is mounted read-only into every claim
@@ -27,6 +33,13 @@ A failure after 3 removes what was created and the entry; a crash after 3 is rol
 next start (recover()). Unprepare checkpoints UnprepareStarted before removing anything, so a
 crash half-way is finished at the next start, never taken for a prepared claim.
 
+A claim directory is removed in two steps: under the lock it is renamed into DATA/trash (one
+system call, whatever it holds: a claim prepared by an older layout had a tenant-writable
+directory); after the lock one background thread removes the moved tree
+(driver/hostfs.remove_tree: iterative, bounded descriptors), so a huge tree never holds up other
+claims nor the kubelet's call. What a stop or crash leaves in the trash is removed after the next
+start.
+
 Every path is derived from the claim UID (validated: letters, digits, '-', at most 128) inside
 the plugin's own directories; nothing under DATA is opened through a link (driver/hostfs.py).
 
@@ -40,11 +53,14 @@ CRASH_STEPS). It is read from the environment on each call; production never set
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import queue
 import re
 import signal
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -145,6 +161,11 @@ class HostPaths:
     def data_dir(self) -> Path:
         return self.claims_dir.parent
 
+    @property
+    def trash_dir(self) -> Path:
+        """Claim directories moved aside, removed outside the lock (same file system)."""
+        return self.data_dir / "trash"
+
 
 @dataclass(frozen=True)
 class ClaimFiles:
@@ -161,6 +182,10 @@ class ClaimFiles:
     @property
     def shared(self) -> Path:
         return self.claim_dir / SHARED_DIR
+
+    @property
+    def accounting(self) -> Path:
+        return self.claim_dir / SHARED_DIR / ACCOUNTING_FILE
 
 
 class DeviceState:
@@ -195,6 +220,8 @@ class DeviceState:
         self.rules_for = rules_for  # the admin policy per GPU (None: built-in)
         self.injector = injector  # the driver's files for CDI-only runtimes (driver/injection.py)
         self._lock = threading.Lock()
+        self._trash: list[str] = []  # names moved into the trash under the lock, not yet queued
+        self._remover = _TrashRemover(paths.trash_dir)
 
     def set_gpus(self, gpus: Sequence[GpuInfo]) -> None:
         """Plan later claims on these GPUs (rediscovery saw GPUs appear or go). Prepared claims
@@ -228,7 +255,7 @@ class DeviceState:
             for entry in self.checkpoint.entries():
                 try:
                     self._recover_entry(entry)
-                except OSError as e:
+                except Exception as e:  # any error: one claim must not stop the plugin's start
                     log.error(
                         "claim %s/%s (%r): recovery failed: %s; continuing with the others",
                         entry.namespace,
@@ -239,6 +266,9 @@ class DeviceState:
             self._remove_orphans()
             log.info("checkpoint %s: %d prepared claims", self.checkpoint.path,
                      len(self.checkpoint.entries()))  # fmt: skip
+            self._trash = []
+            leftovers = self._list_trash()  # this start's moves and what a crash left
+        self._remover.put(leftovers)
 
     def _recover_entry(self, entry: ClaimEntry) -> None:
         what = f"claim {entry.namespace}/{entry.name} ({entry.uid!r})"
@@ -281,10 +311,51 @@ class DeviceState:
                 continue
             for name in filter(orphan, names):
                 try:
-                    if hostfs.remove(root / name, root):
+                    if root == self.paths.claims_dir:
+                        removed = self._move_to_trash(root / name)
+                    else:
+                        removed = hostfs.remove(root / name, root)
+                    if removed:
                         log.warning("removed orphan %s", root / name)
-                except OSError as e:
+                except Exception as e:
                     log.error("cannot remove orphan %s: %s; continuing", root / name, e)
+
+    # --- the trash ---------------------------------------------------------------------------
+
+    def _move_to_trash(self, path: Path) -> bool:
+        """Move the claim directory `path` into the trash (call with the lock held); True if
+        something was there. The caller hands the moved names to the remover after the lock."""
+        trash = self.paths.trash_dir
+        trash.mkdir(mode=0o700, exist_ok=True)
+        try:
+            name = hostfs.move_aside(path, self.paths.claims_dir, trash)
+        except OSError as e:
+            if e.errno != errno.EXDEV:
+                raise
+            # claims/ is another file system than DATA (an admin's mount): removed in place
+            return hostfs.remove(path, self.paths.claims_dir)
+        if name is None:
+            return False
+        self._trash.append(name)
+        return True
+
+    def _take_trash(self) -> list[str]:
+        with self._lock:
+            names, self._trash = self._trash, []
+        return names
+
+    def _list_trash(self) -> list[str]:
+        try:
+            return sorted(os.listdir(self.paths.trash_dir))
+        except FileNotFoundError:
+            return []
+        except OSError as e:
+            log.error("cannot list %s: %s", self.paths.trash_dir, e)
+            return []
+
+    def trash_idle(self, timeout: float) -> bool:
+        """Wait until every queued removal is done (tests; False on timeout)."""
+        return self._remover.idle(timeout)
 
     # --- prepare -----------------------------------------------------------------------------
 
@@ -300,6 +371,7 @@ class DeviceState:
             except Exception as e:
                 log.exception("claim %s: prepare failed", ref)
                 out[ref.uid] = PrepareResult(error=f"prepare failed: {e}")
+        self._remover.put(self._take_trash())  # leftovers under these claims' names
         return out
 
     def _missing(self, uid: str) -> list[str]:
@@ -308,6 +380,8 @@ class DeviceState:
         missing = [str(p) for p in (f.spec, f.limits, f.demand) if not _is_regular(p)]
         if not hostfs.is_real_dir(f.shared):
             missing.append(str(f.shared))
+        elif not _is_regular(f.accounting):  # a bind-mount source: must exist
+            missing.append(str(f.accounting))
         return missing
 
     def _completed(self, ref: ClaimRef) -> tuple[tuple[PreparedDevice, ...] | None, list[str]]:
@@ -430,11 +504,14 @@ class DeviceState:
             hostfs.make_dir(cfd, ref.uid, 0o755)
         atomic_write(files.limits, self.render_limits(plan).encode(), mode=0o444)
         with hostfs.open_dir(files.claim_dir) as dfd:
-            if hostfs.make_dir(dfd, SHARED_DIR, 0o1777):
-                # Containers may run as any user; sticky so that one container user cannot
-                # delete a file another user's process created. The accounting file is made now
-                # (the first process of the slice does not have to).
-                self._create_accounting(files.shared / ACCOUNTING_FILE)
+            # root's: the tenant gets the accounting file alone (a single-file bind mount), so
+            # it can neither add files here nor rename or replace the file
+            hostfs.make_dir(dfd, SHARED_DIR, 0o755)
+        with hostfs.open_dir(files.shared) as sfd:
+            if not hostfs.is_regular(sfd, ACCOUNTING_FILE):
+                # an existing file is the slice's usage: kept
+                hostfs.remove(files.accounting, files.shared)  # not a file of ours
+                self._create_accounting(files.accounting)
         with hostfs.open_dir(self.paths.node_state_dir) as nfd:
             name = files.demand.name
             if not hostfs.is_regular(nfd, name):
@@ -460,9 +537,9 @@ class DeviceState:
 
     @staticmethod
     def _create_accounting(path: Path) -> None:
-        """Pre-create the slice's accounting file (usage only, shared by the slice's processes).
-        sharing.region.create makes it through an O_EXCL temporary file and link(), neither of
-        which follows a link, in a directory it checks (root's, sticky if others may write)."""
+        """Create the slice's accounting file (usage only, shared by the slice's processes; 0666:
+        they may run as any user). sharing.region.create makes it through an O_EXCL temporary
+        file and link(), neither of which follows a link, in a directory it checks (root's)."""
         region.create(path, mode=0o666)
 
     @staticmethod
@@ -510,7 +587,12 @@ class DeviceState:
             Mount(str(self.paths.shim_library), CONTAINER_LIB, _RO),
             Mount(str(claim_dir / LIMITS_FILE), CONTAINER_LIMITS, _RO),
             Mount(str(self.paths.preload_file), CONTAINER_PRELOAD, _RO),
-            Mount(str(claim_dir / SHARED_DIR), CONTAINER_CLAIM_DIR, _RW),
+            # the accounting file alone: a tenant cannot create files on the host or rename it
+            Mount(
+                str(claim_dir / SHARED_DIR / ACCOUNTING_FILE),
+                f"{CONTAINER_CLAIM_DIR}/{ACCOUNTING_FILE}",
+                _RW,
+            ),
             Mount(str(self.paths.node_state_dir), NODE_STATE_DIR, _RO),
             Mount(str(files.demand), DEMAND_FILE, _RW),
         )
@@ -527,7 +609,8 @@ class DeviceState:
     # --- unprepare ---------------------------------------------------------------------------
 
     def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
-        """Unprepare each claim; returns uid -> error ("" on success). Unknown claims succeed."""
+        """Unprepare each claim; returns uid -> error ("" on success). Unknown claims succeed.
+        The claims' directories are removed after the lock is released (see the module doc)."""
         out: dict[str, str] = {}
         with self._lock:
             for ref in claims:
@@ -540,6 +623,8 @@ class DeviceState:
                 except Exception as e:
                     log.exception("claim %s: unprepare failed", ref)
                     out[ref.uid] = f"unprepare failed: {e}"
+            trash, self._trash = self._trash, []  # these claims' directories: removed below
+        self._remover.put(trash)
         return out
 
     def _unprepare_one(self, ref: ClaimRef) -> None:
@@ -584,7 +669,7 @@ class DeviceState:
         hostfs.remove(files.spec, self.writer.cdi_root)
         if crash_hooks:
             _maybe_crash("unprepare-cdi")
-        hostfs.remove(files.claim_dir, self.paths.claims_dir)
+        self._move_to_trash(files.claim_dir)  # removed after the lock, by the remover
         hostfs.remove(files.demand, self.paths.node_state_dir)
         if crash_hooks:
             _maybe_crash("unprepare-dir")
@@ -592,6 +677,46 @@ class DeviceState:
     def prepared(self) -> list[ClaimEntry]:
         with self._lock:
             return self.checkpoint.entries()
+
+
+class _TrashRemover:
+    """One thread that removes the trash entries it is given, in order, outside every lock of
+    the plugin (started at the first entry). An entry that cannot be removed is one log line and
+    stays for the next start."""
+
+    def __init__(self, trash: Path) -> None:
+        self.trash = trash
+        self._queue: queue.Queue[str] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+
+    def put(self, names: list[str]) -> None:
+        if not names:
+            return
+        for name in names:
+            self._queue.put(name)
+        with self._start_lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="trash", daemon=True)
+                self._thread.start()
+
+    def idle(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while self._queue.unfinished_tasks:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
+    def _run(self) -> None:
+        while True:
+            name = self._queue.get()
+            try:
+                hostfs.remove(self.trash / name, self.trash)
+            except Exception as e:
+                log.error("cannot remove %s: %s; left for the next start", self.trash / name, e)
+            finally:
+                self._queue.task_done()
 
 
 def _is_regular(path: Path) -> bool:

@@ -4,14 +4,22 @@ Unlike region.read() (a full snapshot of all 64 devices and 1024 process slots),
 the devices asked for and the process slots below slots_hwm, and opens the file the way a
 reader of a shared directory must: without following a link (a tenant can write in its claim
 directory), non-blocking (a FIFO put there must not hang a scrape), and only if it is a regular
-file. Every word is read once from the shared mapping with one aligned load (offsets from the cffi
-binding of region.h); the shim stores each atomically (region.h), so a value is never torn and
-the shim is never blocked.
+file.
+
+The file is the tenant's: any process of the slice can write, truncate or grow it. So it is never
+mapped here (a mapping of a file truncated under it faults with SIGBUS, which would kill the
+plugin or the exporter): every read is an fstat (the size must be the layout's) and up to two
+preads (the header up to the compute state of the devices asked for; the slots below
+slots_hwm), and the header is checked at every read. A file of the wrong size or layout, or one cut short between the fstat and the
+pread, raises RegionError for that slice alone. The shim is never blocked. The kernel's copy
+does not promise to copy a word the shim is storing at that instant in one piece (an aligned load from
+a mapping would):
+such a word may read torn once, and the next read is right again. The figures are the tenant's
+in any case: the observers bound them (sharing/nodeview.py).
 """
 
 from __future__ import annotations
 
-import mmap
 import os
 import stat
 import struct
@@ -82,8 +90,8 @@ def open_nofollow(path: str) -> int:
     return fd
 
 
-class _Mapped:
-    """One accounting file kept open and mapped between reads (identity checked at each read)."""
+class _Open:
+    """One accounting file kept open between reads (identity checked before each read)."""
 
     def __init__(self, path: str) -> None:
         try:
@@ -92,45 +100,56 @@ class _Mapped:
             raise region.RegionError(f"{path}: cannot open: {e.strerror}") from e
         try:
             st = os.fstat(fd)
-            if st.st_size != region.FILE_SIZE:
-                region._check_header_version(path, fd, st.st_size)
-                region._validate(path, b"", st.st_size)
-            self.map = mmap.mmap(fd, region.FILE_SIZE, mmap.MAP_SHARED, mmap.PROT_READ)
         except BaseException:
             os.close(fd)
             raise
         self.fd = fd
         self.ident = (st.st_dev, st.st_ino)
-        try:
-            region._validate(path, self.map, st.st_size)  # its cffi view is dropped at once
-        except BaseException:
-            self.close()
-            raise
 
     def close(self) -> None:
-        self.map.close()
         os.close(self.fd)
 
+    def _pread(self, path: str, size: int, offset: int) -> bytes:
+        buf = os.pread(self.fd, size, offset)
+        if len(buf) != size:
+            raise region.RegionError(
+                f"{path}: cut short while read (size now below {region.FILE_SIZE} bytes; "
+                f"not a vgpu accounting file of layout {region.LAYOUT_VERSION})"
+            )
+        return buf
+
     def read(self, path: str, n: int) -> SliceCounters:
-        m, fd = self.map, self.fd
-        hwm = min(_U32.unpack_from(m, _OFF_HWM)[0], region.MAX_PROCS)
+        fd = self.fd
+        try:
+            size = os.fstat(fd).st_size
+            if size != region.FILE_SIZE:
+                region._check_header_version(path, fd, size)
+                region.check_size(path, size)
+            # what is asked, in one copy: the header, the device accounts up to the compute
+            # states of the first n devices (the whole fixed part would be 35 KiB per slice)
+            head = self._pread(path, _OFF_COMPUTE + n * _COMPUTE_SIZE, 0)
+            region.check_header(path, head)
+            hwm = min(_U32.unpack_from(head, _OFF_HWM)[0], region.MAX_PROCS)
+            slots = self._pread(path, hwm * _SLOT_SIZE, _OFF_PROCS) if hwm else b""
+        except OSError as e:
+            raise region.RegionError(f"{path}: cannot read: {e.strerror or e}") from e
         live_used = [0] * n
         pids = []
         charged = []
         for i in range(hwm):
-            base = _OFF_PROCS + i * _SLOT_SIZE
-            pid, state = _SLOT_HEAD.unpack_from(m, base)
+            base = i * _SLOT_SIZE
+            pid, state = _SLOT_HEAD.unpack_from(slots, base)
             if state != lib.VGPU_SLOT_LIVE or not region._slot_alive(fd, i):
                 continue
             pids.append(pid)
-            used = _used(n).unpack_from(m, base + _OFF_SLOT_USED)
+            used = _used(n).unpack_from(slots, base + _OFF_SLOT_USED)
             charged.append(used)
             for d in range(n):
                 live_used[d] += used[d]
         devices = []
         for d in range(n):
             used_now, peak, denials, denied_bytes = _ACCOUNT.unpack_from(
-                m, _OFF_DEVICES + d * _ACCOUNT_SIZE
+                head, _OFF_DEVICES + d * _ACCOUNT_SIZE
             )
             c = _OFF_COMPUTE + d * _COMPUTE_SIZE
             devices.append(
@@ -141,9 +160,9 @@ class _Mapped:
                     peak=peak,
                     denials=denials,
                     denied_bytes=denied_bytes,
-                    launches=_U64.unpack_from(m, c + _OFF_LAUNCHES)[0],
-                    charged_ns=max(0, _I64.unpack_from(m, c + _OFF_CHARGED)[0]),
-                    wait_ns=_U64.unpack_from(m, c + _OFF_WAIT)[0],
+                    launches=_U64.unpack_from(head, c + _OFF_LAUNCHES)[0],
+                    charged_ns=max(0, _I64.unpack_from(head, c + _OFF_CHARGED)[0]),
+                    wait_ns=_U64.unpack_from(head, c + _OFF_WAIT)[0],
                 )
             )
         return SliceCounters(
@@ -152,13 +171,13 @@ class _Mapped:
 
 
 class CounterReader:
-    """Reads slices' counters, keeping each file mapped between reads (a scrape of hundreds of
-    slices then costs no open/mmap per slice). Before every read the path is checked with lstat:
+    """Reads slices' counters, keeping each file open between reads (a scrape of hundreds of
+    slices then costs no open per slice). Before every read the path is checked with lstat:
     a file replaced, removed or turned into a link is dropped and opened again (or refused).
     Not thread-safe: one per caller."""
 
     def __init__(self) -> None:
-        self._open: dict[str, _Mapped] = {}
+        self._open: dict[str, _Open] = {}
 
     def read(self, path: str, ndevices: int, ident: tuple[int, int] | None = None) -> SliceCounters:
         """Counters of devices [0, ndevices) of the slice whose accounting file is `path`.
@@ -166,7 +185,8 @@ class CounterReader:
         `ident`: (st_dev, st_ino) the caller just saw at `path` (saves an lstat).
 
         Raises region.RegionError (one line) when the file is missing, a link, not a regular
-        file, or not a valid region of this layout (an old layout is named by its version).
+        file, or not a valid region of this layout at this read (wrong size, header or version:
+        an old layout is named by its version).
         """
         n = max(0, min(ndevices, region.MAX_DEVICES))
         m = self._open.get(path)
@@ -184,12 +204,12 @@ class CounterReader:
                 del self._open[path]
                 m = None
         if m is None:
-            m = _Mapped(path)
+            m = _Open(path)
             self._open[path] = m
         return m.read(path, n)
 
     def forget_except(self, keep: set[str]) -> None:
-        """Unmap the files of slices that are gone."""
+        """Close the files of slices that are gone."""
         for p in [p for p in self._open if p not in keep]:
             self._open.pop(p).close()
 
@@ -199,7 +219,7 @@ class CounterReader:
 
 def read_counters(path: str, ndevices: int) -> SliceCounters:
     """One read, nothing kept open (CounterReader for repeated reads)."""
-    m = _Mapped(path)
+    m = _Open(path)
     try:
         return m.read(path, max(0, min(ndevices, region.MAX_DEVICES)))
     finally:

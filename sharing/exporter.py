@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry
 
 from sharing.gpus import use_simulator
 from sharing.metrics import CONTENT_TYPE, VgpuCollector, render_text
-from sharing.nodeview import NodeView, ViewBuilder, ViolationCounts
+from sharing.nodeview import LineLog, NodeView, ViewBuilder, ViolationCounts
 from sharing.nvml_reader import DEFAULT_INTERVAL, DEFAULT_STALE_AFTER, NvmlPoller, NvmlReading
 from sharing.quantity import parse_bytes
 from sharing.slices import DEFAULT_DATA_DIR, PodLookup, SliceFinder
@@ -89,12 +89,19 @@ class Exporter:
         if nvml_reader is not None:
             kw["reader"] = nvml_reader
         self.poller = NvmlPoller(**kw)
+        lines = LineLog()  # an unreadable slice is one log line, whichever builder sees it
         self.view = ViewBuilder(
-            SliceFinder(config.data_dir, config.regions, pods), self.poller.latest, self.violations
+            SliceFinder(config.data_dir, config.regions, pods),
+            self.poller.latest,
+            self.violations,
+            lines,
         )
         # the watchdog's own builder: its samples must not shorten the scrapes' rate windows
         self._wd_view = ViewBuilder(
-            SliceFinder(config.data_dir, config.regions, pods), self.poller.latest, self.violations
+            SliceFinder(config.data_dir, config.regions, pods),
+            self.poller.latest,
+            self.violations,
+            lines,
         )
         self.watchdog = Watchdog(
             self.violations,

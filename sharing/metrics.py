@@ -23,7 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from sharing import __version__, region
-from sharing.nodeview import DeviceView, NodeView, SliceDeviceView
+from sharing.nodeview import DeviceView, NodeView, SliceDeviceView, UnreadableSlice
 
 DEVICE_LABELS = ("gpu", "UUID", "modelName", "Hostname", "pci_bus_id")
 SLICE_LABELS = (*DEVICE_LABELS, "claim_uid", "namespace", "claim", "pod")
@@ -73,6 +73,10 @@ _SLICE: tuple[tuple[str, str, str, Callable[[SliceDeviceView], float]], ...] = (
     ("vgpu_slice_processes_without_shim",
      "GPU processes of the slice on the device that run without the shim (no limit applies to "
      "them), as the watchdog's last pass saw them.", "gauge", lambda s: s.without_shim),
+    ("vgpu_slice_untrusted",
+     "1 if the slice's accounting file claimed more memory than the device has: its memory "
+     "figures are clamped to the device's memory and are not to be believed.", "gauge",
+     lambda s: 1.0 if s.untrusted else 0.0),
 )  # fmt: skip
 
 VIOLATIONS = "vgpu_slice_quota_violations"  # _total; the watchdog's findings
@@ -80,6 +84,14 @@ _VIOLATIONS_HELP = (
     "Watchdog findings: a slice over its quota plus the margin by NVML's count, or (with "
     "empty slice labels) a GPU process of no slice on a shared device."
 )
+UNREADABLE = "vgpu_slice_unreadable"
+_UNREADABLE_HELP = (
+    "1 for a slice whose accounting file could not be read as this layout (wrong size, header "
+    "or version: truncated or grown by its tenant); one series per GPU of the slice known from "
+    "its CDI spec. Its other slice series are absent meanwhile."
+)
+UNREADABLE_COUNT = "vgpu_slices_unreadable"
+_UNREADABLE_COUNT_HELP = "Slices whose accounting file could not be read at this look."
 _BUILD_INFO_HELP = "Version of the exporter and the accounting-file layout it reads (always 1)."
 _DURATION_HELP = "Time this exporter took to read the node for the exposition served."
 
@@ -100,6 +112,18 @@ def device_labels(d: DeviceView, hostname: str) -> list[str]:
 def slice_labels(d: DeviceView, s: SliceDeviceView, hostname: str) -> list[str]:
     sl = s.slice
     return [*device_labels(d, hostname), sl.claim_uid, sl.namespace, sl.claim, sl.pod]
+
+
+def unreadable_labels(u: UnreadableSlice, hostname: str) -> list[list[str]]:
+    """One label set per GPU of an unreadable slice (its CDI spec's GPUs NVML knows), or one
+    with empty device labels when none is known."""
+    sl = u.slice
+    own = [sl.claim_uid, sl.namespace, sl.claim, sl.pod]
+    out = [
+        [str(g.index) if g.index >= 0 else "", g.uuid, g.name, hostname, g.pci_bus_id, *own]
+        for g in u.gpus
+    ]
+    return out or [["", "", "", hostname, "", *own]]
 
 
 class VgpuCollector(Collector):
@@ -148,6 +172,14 @@ class VgpuCollector(Collector):
                 viol.add_metric([*device_labels(d, host), "", "", "", ""],
                                 float(d.unattributed_violations))  # fmt: skip
         yield viol
+        bad = GaugeMetricFamily(UNREADABLE, _UNREADABLE_HELP, labels=SLICE_LABELS)
+        for u in view.unreadable:
+            for labels in unreadable_labels(u, host):
+                bad.add_metric(labels, 1.0)
+        yield bad
+        count = GaugeMetricFamily(UNREADABLE_COUNT, _UNREADABLE_COUNT_HELP)
+        count.add_metric([], float(len(view.unreadable)))
+        yield count
 
 
 # ---- the served exposition ---------------------------------------------------------------------
@@ -205,6 +237,13 @@ def render_text(view: NodeView, hostname: str, started: float) -> bytes:
         if d.slices or d.unattributed_violations:
             empty = "".join(f',{k}=""' for k in SLICE_LABELS[len(DEVICE_LABELS) :])
             out.append(f"{s}{{{ls}{empty}}} {_num(d.unattributed_violations)}\n")
+    s = _head(out, UNREADABLE, _UNREADABLE_HELP, "gauge")
+    for u in view.unreadable:
+        out.extend(
+            f"{s}{{{_labels(SLICE_LABELS, ls)}}} 1\n" for ls in unreadable_labels(u, hostname)
+        )
+    s = _head(out, UNREADABLE_COUNT, _UNREADABLE_COUNT_HELP, "gauge")
+    out.append(f"{s} {len(view.unreadable)}\n")
     s = _head(out, "vgpu_exporter_scrape_duration_seconds", _DURATION_HELP, "gauge")
     out.append(f"{s} {time.perf_counter() - started!r}\n")
     return "".join(out).encode()

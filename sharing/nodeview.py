@@ -1,6 +1,14 @@
 """What the node's GPUs and slices look like now: the one model behind the exporter's metrics,
 `vgpu top` and the watchdog. Built from the slices' accounting files (read at every call) and
-the newest NVML reading (made by the poller thread, never waited for)."""
+the newest NVML reading (made by the poller thread, never waited for).
+
+A slice's accounting file is its tenant's to write. A file that cannot be read as this layout
+(truncated, grown, overwritten header) makes that slice *unreadable*: listed in
+NodeView.unreadable with the reason, logged once, and left out of the figures; the other slices
+are served. Figures the file claims that no slice can hold (memory used or peak above the
+device's memory, as NVML last reported it) are clamped to the device's memory and the slice is
+marked *untrusted* on that device, so one tenant's 2^64-1 never reaches node-wide sums.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +16,7 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sharing import region
@@ -32,6 +40,7 @@ class SliceDeviceView:
     processes: int  # live processes of the slice (all its devices)
     violations: int  # watchdog findings so far
     without_shim: int = 0  # watchdog: the slice's GPU processes there that run without the shim
+    untrusted: bool = False  # its counters claimed the impossible here and were clamped
 
 
 @dataclass(frozen=True)
@@ -50,12 +59,22 @@ class DeviceView:
 
 
 @dataclass(frozen=True)
+class UnreadableSlice:
+    """A slice whose accounting file could not be read as this layout at this look."""
+
+    slice: Slice
+    reason: str  # one line naming the file and what is wrong
+    gpus: tuple[GpuReading, ...]  # its GPUs as far as known (from its CDI spec), for labels
+
+
+@dataclass(frozen=True)
 class NodeView:
     devices: tuple[DeviceView, ...]
     errors: tuple[str, ...]  # one line per slice that could not be read, NVML trouble
     counters: dict[str, SliceCounters]  # by slice key: for the watchdog
     # (slice key, device) -> (now_ns, charged_ns) this view's shares were measured at
     samples: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
+    unreadable: tuple[UnreadableSlice, ...] = ()
 
 
 class RateTracker:
@@ -82,7 +101,8 @@ class RateTracker:
                     base = h[0]
         if base is None or now_ns <= base[0]:
             return 0.0
-        return max(0.0, (charged_ns - base[1]) / (now_ns - base[0]))
+        # at most the whole device: charged time beyond wall time is the tenant's word only
+        return min(1.0, max(0.0, (charged_ns - base[1]) / (now_ns - base[0])))
 
     def add(self, samples: dict[tuple[str, int], tuple[int, int]]) -> None:
         """Record (now_ns, charged_ns) samples: the bases of later ratios."""
@@ -133,6 +153,27 @@ class ViolationCounts:
             return self._unattributed.get(uuid, 0)
 
 
+class LineLog:
+    """Logs one line per trouble while it lasts, across the builders that share it (the
+    exporter's scrape and watchdog builders see the same unreadable slice: one line). A trouble
+    is keyed by what it is about (a slice's key, else the line itself): a tenant whose file
+    changes from one bad size to another does not get a line per look."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_owner: dict[int, set[str]] = {}
+
+    def report(self, owner: object, troubles: list[tuple[str, str]]) -> None:
+        """`owner`'s current (key, line) troubles; a key no owner reported at its last call is
+        logged with its line."""
+        with self._lock:
+            seen: set[str] = set().union(*self._by_owner.values())
+            self._by_owner[id(owner)] = {k for k, _ in troubles}
+        for key, line in dict(troubles).items():
+            if key not in seen:
+                log.warning("%s", line)
+
+
 def _placeholder_gpu(uuid: str, index: int) -> GpuReading:
     """A slice's GPU NVML does not (or not yet) report."""
     return GpuReading(index=index, uuid=uuid, name="", pci_bus_id="", healthy=False)
@@ -144,14 +185,18 @@ class ViewBuilder:
         finder: SliceFinder,
         latest: Any,  # Callable[[], NvmlReading]
         violations: ViolationCounts | None = None,
+        lines: LineLog | None = None,
     ) -> None:
         self.finder = finder
         self.latest = latest
         self.violations = violations or ViolationCounts()
         self.rates = RateTracker()
         self._lock = threading.Lock()  # SliceFinder is not thread-safe
-        self._logged: set[str] = set()  # errors already logged (one line each, once)
+        self._lines = lines or LineLog()  # errors logged once each while they last
         self._reader = CounterReader()  # guarded by _lock
+        # device memory by GPU UUID as NVML last reported it: the bound of a slice's figures
+        # while NVML is briefly unreadable (a GPU's memory does not change)
+        self._memory_total: dict[str, int] = {}  # guarded by _lock
 
     def close(self) -> None:
         """Unmap every accounting file kept open."""
@@ -175,11 +220,16 @@ class ViewBuilder:
         nv: NvmlReading = self.latest()
         slices = self.finder.find()
         errors: list[str] = [nv.error] if nv.error else []
+        troubles: list[tuple[str, str]] = [(e, e) for e in errors]
         gpus: dict[str, GpuReading] = {g.uuid: g for g in nv.gpus}
         by_index = {g.index: g for g in nv.gpus}
         per_gpu: dict[str, list[SliceDeviceView]] = {u: [] for u in gpus}
         all_counters: dict[str, SliceCounters] = {}
         samples: dict[tuple[str, int], tuple[int, int]] = {}
+        unreadable: list[UnreadableSlice] = []
+        for g in nv.gpus:
+            if g.memory_total > 0:
+                self._memory_total[g.uuid] = g.memory_total
         now = time.monotonic_ns()
         for s in slices:
             ndev = len(s.gpu_uuids) or max(1, _devices_in_use(s, by_index))
@@ -187,6 +237,9 @@ class ViewBuilder:
                 c = self._reader.read(s.region_path, ndev, s.region_id)
             except region.RegionError as e:
                 errors.append(str(e))
+                troubles.append((f"slice {s.key}", str(e)))
+                known = tuple(gpus[u] for u in s.gpu_uuids if u in gpus)
+                unreadable.append(UnreadableSlice(slice=s, reason=str(e), gpus=known))
                 continue
             all_counters[s.key] = c
             for dc in c.devices:
@@ -202,6 +255,7 @@ class ViewBuilder:
                     gpus[uuid] = _placeholder_gpu(uuid, dc.index if not s.gpu_uuids else -1)
                     per_gpu[uuid] = []
                 lim = slice_limits(s, c, dc.index)
+                dc, untrusted = _bounded(dc, self._memory_total.get(uuid, 0))
                 per_gpu[uuid].append(
                     SliceDeviceView(
                         slice=s,
@@ -215,16 +269,14 @@ class ViewBuilder:
                         processes=len(c.live_pids),
                         violations=self.violations.slice(s.key, dc.index),
                         without_shim=self.violations.without_shim(s.key, dc.index),
+                        untrusted=untrusted,
                     )
                 )
                 samples[(s.key, dc.index)] = (now, dc.charged_ns)
         if rates:
             self.rates.forget_except(set(all_counters))
         self._reader.forget_except({s.region_path for s in slices})
-        for line in errors:
-            if line not in self._logged:
-                log.warning("%s", line)
-        self._logged = set(errors)
+        self._lines.report(self, troubles)
         devices = tuple(
             DeviceView(
                 gpu=g,
@@ -234,8 +286,20 @@ class ViewBuilder:
             for u, g in sorted(gpus.items(), key=lambda kv: (kv[1].index < 0, kv[1].index, kv[0]))
         )
         return NodeView(
-            devices=devices, errors=tuple(errors), counters=all_counters, samples=samples
+            devices=devices,
+            errors=tuple(errors),
+            counters=all_counters,
+            samples=samples,
+            unreadable=tuple(unreadable),
         )
+
+
+def _bounded(dc: DeviceCounters, memory_total: int) -> tuple[DeviceCounters, bool]:
+    """The slice's memory figures on a device of `memory_total` bytes (0: not known yet),
+    clamped to it, and whether they had to be (the tenant wrote what no slice can hold)."""
+    if memory_total <= 0 or (dc.used <= memory_total and dc.peak <= memory_total):
+        return dc, False
+    return replace(dc, used=min(dc.used, memory_total), peak=min(dc.peak, memory_total)), True
 
 
 def _devices_in_use(s: Slice, by_index: dict[int, GpuReading]) -> int:

@@ -311,13 +311,24 @@ def unwrap_configmap(doc: Any) -> Any:
             f"a ConfigMap whose data has no {CONFIGMAP_KEY} (its keys: {keys}); the policy is "
             f"the text of data.{CONFIGMAP_KEY}, or give the SharingPolicy document itself",
         )
+    return _parse_yaml(data[CONFIGMAP_KEY], f"data.{CONFIGMAP_KEY}")
+
+
+def _parse_yaml(text: str, what: str) -> Any:
+    """The document in text, or PolicyError '<what>: not valid YAML...' in one line."""
     try:
-        return yaml.safe_load(data[CONFIGMAP_KEY])
+        return yaml.safe_load(text)
+    except RecursionError:  # the parser recurses once per level: [[[[...]]]]
+        raise _fail(
+            what,
+            "not valid YAML: nested too deeply; allowed: a SharingPolicy document "
+            "(a few levels of mappings and lists)",
+        ) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         problem = getattr(e, "problem", None) or "not YAML"
-        raise _fail(f"data.{CONFIGMAP_KEY}", f"not valid YAML{where}: {problem}") from None
+        raise _fail(what, f"not valid YAML{where}: {problem}") from None
 
 
 def load(path: Path, base: Rules = BUILTIN) -> SharingPolicy:
@@ -326,13 +337,7 @@ def load(path: Path, base: Rules = BUILTIN) -> SharingPolicy:
         text = path.read_text()
     except OSError as e:
         raise PolicyError(f"{path}: cannot read: {e.strerror or e}") from None
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(e, "problem", None) or "not YAML"
-        raise PolicyError(f"{path}: not valid YAML{where}: {problem}") from None
+    doc = _parse_yaml(text, str(path))
     try:
         return from_document(unwrap_configmap(doc), base, source=str(path))
     except PolicyError as e:

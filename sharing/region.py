@@ -2,10 +2,11 @@
 
 The layout is shim/include/vgpu/region.h, seen through cffi (sharing._region_cffi); the protocol
 is described there. This module opens a region read-only and takes consistent-enough snapshots
-(the counters are aligned 64-bit words the shim stores atomically; a snapshot reads them without
-the lock, so it never blocks the shim and never sees a torn word),
-tells live processes from dead ones the way the shim does (the slot's byte lock), and can
-create a region atomically (for the DRA driver, or `vgpu run`).
+(without the lock, so it never blocks the shim; with pread into a private copy, never a
+mapping: any process of the slice may truncate the file, and a mapping would fault; a word the
+shim stores at that instant may read torn once), tells live processes from dead ones the way the
+shim does (the slot's byte lock), and can create a region atomically (for the DRA driver, or
+`vgpu run`).
 
 The file holds usage only: any process of the slice can write it, so a slice's limits are never
 kept here (they come from the plugin's read-only limits file, or the environment of `vgpu run`).
@@ -113,23 +114,30 @@ def _check_header_version(path: str, fd: int, size: int) -> None:
         )
 
 
-def _validate(path: str, buf: Any, size: int) -> Any:
+_HEADER_FULL = struct.Struct("@IIQII")  # struct vgpu_region_header up to max_procs
+
+
+def check_size(path: str, size: int) -> None:
+    """RegionError unless `size` is the layout's file size."""
     if size != FILE_SIZE:
         raise RegionError(
             f"{path}: size {size} bytes, expected {FILE_SIZE} "
             f"(not a vgpu accounting file of layout {LAYOUT_VERSION})"
         )
-    r = ffi.cast("struct vgpu_region *", ffi.from_buffer(buf))
-    h = r.header
-    if h.magic != MAGIC:
-        raise RegionError(f"{path}: wrong magic {h.magic:#x} (not a vgpu accounting file)")
-    if h.layout_version != LAYOUT_VERSION:
-        raise RegionError(
-            f"{path}: layout version {h.layout_version}, this reader knows {LAYOUT_VERSION}"
-        )
-    if h.file_size != FILE_SIZE or h.max_devices != MAX_DEVICES or h.max_procs != MAX_PROCS:
+
+
+def check_header(path: str, buf: bytes) -> None:
+    """RegionError unless `buf` (the file's first bytes, as read) starts with this layout's
+    header. The header is the tenant's to overwrite: it is checked at every read."""
+    if len(buf) < _HEADER_FULL.size:
+        raise RegionError(f"{path}: too short for a vgpu accounting file")
+    magic, version, file_size, max_devices, max_procs = _HEADER_FULL.unpack_from(buf, 0)
+    if magic != MAGIC:
+        raise RegionError(f"{path}: wrong magic {magic:#x} (not a vgpu accounting file)")
+    if version != LAYOUT_VERSION:
+        raise RegionError(f"{path}: layout version {version}, this reader knows {LAYOUT_VERSION}")
+    if file_size != FILE_SIZE or max_devices != MAX_DEVICES or max_procs != MAX_PROCS:
         raise RegionError(f"{path}: header sizes disagree with layout {LAYOUT_VERSION}")
-    return r
 
 
 def _why(e: OSError) -> str:
@@ -187,7 +195,10 @@ def _check_file(p: str, fd: int, shared: bool) -> os.stat_result:
 
 
 def read(path: str | os.PathLike[str]) -> RegionSnapshot:
-    """Snapshot the region at path. Raises RegionError (one line) if it is missing or not valid."""
+    """Snapshot the region at path. Raises RegionError (one line) if it is missing or not valid.
+
+    The file is read with pread into a private copy, never mapped: a file truncated while it is
+    read (any process of the slice may do it) is a RegionError, not a SIGBUS."""
     p = os.fspath(path)
     try:
         fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -197,42 +208,45 @@ def read(path: str | os.PathLike[str]) -> RegionSnapshot:
         size = _check_file(p, fd, False).st_size
         if size != FILE_SIZE:
             _check_header_version(p, fd, size)
-            _validate(p, b"", size)
-        with mmap.mmap(fd, FILE_SIZE, mmap.MAP_SHARED, mmap.PROT_READ) as m:
-            r = _validate(p, m, size)
-            devices = tuple(
-                DeviceUsage(
-                    index=d,
-                    used=int(r.devices[d].used),
-                    peak=int(r.devices[d].peak),
-                    denials=int(r.devices[d].denials),
-                    denied_bytes=int(r.devices[d].denied_bytes),
-                    context_bytes=_learned_context(r.devices[d]),
-                )
-                for d in range(MAX_DEVICES)
+            check_size(p, size)
+        try:
+            buf = os.pread(fd, FILE_SIZE + 1, 0)
+        except OSError as e:
+            raise RegionError(f"{p}: cannot read: {e.strerror or e}") from e
+        check_size(p, len(buf))  # changed size between the fstat and the read
+        check_header(p, buf)
+        r = ffi.cast("struct vgpu_region *", ffi.from_buffer(buf))
+        devices = tuple(
+            DeviceUsage(
+                index=d,
+                used=int(r.devices[d].used),
+                peak=int(r.devices[d].peak),
+                denials=int(r.devices[d].denials),
+                denied_bytes=int(r.devices[d].denied_bytes),
+                context_bytes=_learned_context(r.devices[d]),
             )
-            compute = tuple(_compute_usage(d, r.compute[d]) for d in range(MAX_DEVICES))
-            procs = tuple(
-                ProcessUsage(
-                    slot=i,
-                    pid=int(r.procs[i].pid),
-                    alive=_slot_alive(fd, i),
-                    used=tuple(int(u) for u in r.procs[i].used),
-                )
-                for i in range(MAX_PROCS)
-                if r.procs[i].state == lib.VGPU_SLOT_LIVE
+            for d in range(MAX_DEVICES)
+        )
+        compute = tuple(_compute_usage(d, r.compute[d]) for d in range(MAX_DEVICES))
+        procs = tuple(
+            ProcessUsage(
+                slot=i,
+                pid=int(r.procs[i].pid),
+                alive=_slot_alive(fd, i),
+                used=tuple(int(u) for u in r.procs[i].used),
             )
-            snap = RegionSnapshot(
-                path=p,
-                layout_version=int(r.header.layout_version),
-                devices=devices,
-                processes=procs,
-                lock_recoveries=int(r.lock_recoveries),
-                reclaimed_slots=int(r.reclaimed_slots),
-                compute=compute,
-            )
-            del r  # release the buffer export before the mmap closes
-            return snap
+            for i in range(MAX_PROCS)
+            if r.procs[i].state == lib.VGPU_SLOT_LIVE
+        )
+        return RegionSnapshot(
+            path=p,
+            layout_version=int(r.header.layout_version),
+            devices=devices,
+            processes=procs,
+            lock_recoveries=int(r.lock_recoveries),
+            reclaimed_slots=int(r.reclaimed_slots),
+            compute=compute,
+        )
     finally:
         os.close(fd)
 

@@ -29,7 +29,7 @@ from sharing.exporter import add_discovery_flags
 from sharing.gpus import use_simulator
 from sharing.nodeview import NodeView, ViewBuilder
 from sharing.nvml_reader import NvmlPoller
-from sharing.slices import SliceFinder
+from sharing.slices import Slice, SliceFinder
 
 
 def register(sub: Any) -> None:
@@ -69,12 +69,22 @@ def to_json(view: NodeView) -> dict[str, Any]:
                         "compute_used_ratio": round(s.compute_used_ratio, 4),
                         "alloc_denied_total": s.counters.denials,
                         "processes": s.processes,
+                        "untrusted": s.untrusted,
                     }
                     for s in d.slices
                 ],
             }
             for d in view.devices
-        ]
+        ],
+        "unreadable": [
+            {
+                "claim_uid": u.slice.claim_uid,
+                "namespace": u.slice.namespace,
+                "claim": u.slice.claim,
+                "reason": u.reason,
+            }
+            for u in view.unreadable
+        ],
     }
 
 
@@ -93,6 +103,11 @@ def _bytes(n: int) -> str:
 
 _COLUMNS = ("quota", "used", "peak", "cap", "got", "held", "launches", "denied", "procs")
 _NAME_WIDTH = (12, 32)  # the name column's narrowest and widest
+
+
+def _label(sl: Slice) -> str:
+    # a --region slice is named by its file: its name is enough on screen
+    return f"{sl.namespace}/{sl.claim}" if sl.namespace else Path(sl.claim).name
 
 
 def render(view: NodeView, width: int = 0) -> Group:
@@ -119,16 +134,15 @@ def render(view: NodeView, width: int = 0) -> Group:
             )
         )
         for s in d.slices:
-            sl = s.slice
-            # a --region slice is named by its file: its name is enough on screen
-            label = f"{sl.namespace}/{sl.claim}" if sl.namespace else Path(sl.claim).name
             c = s.counters
+            # clamped figures of a slice whose file claimed the impossible: marked, not believed
+            bang = "[red]![/red]" if s.untrusted else ""
             rows.append(
                 (
-                    f"  {label}",
+                    f"  {_label(s.slice)}{' [red](untrusted)[/red]' if s.untrusted else ''}",
                     _bytes(s.memory_limit),
-                    _bytes(c.used),
-                    _bytes(c.peak),
+                    _bytes(c.used) + bang,
+                    _bytes(c.peak) + bang,
                     _pct(s.compute_limit_ratio) if s.compute_limit_ratio else "none",
                     _pct(s.compute_used_ratio),
                     f"{c.wait_ns / 1e9:.1f}s",
@@ -137,7 +151,14 @@ def render(view: NodeView, width: int = 0) -> Group:
                     str(s.processes),
                 )
             )
-    figures = [max([len(col), *(len(r[i + 1]) for r in rows)]) for i, col in enumerate(_COLUMNS)]
+    for u in view.unreadable:
+        rows.append((f"  {_label(u.slice)} [red](unreadable)[/red]", *[""] * 9))
+    if not view.devices and not view.unreadable:
+        rows.append(("no GPUs or slices found", *[""] * 9))
+    figures = [
+        max([len(col), *(Text.from_markup(r[i + 1]).cell_len for r in rows)])
+        for i, col in enumerate(_COLUMNS)
+    ]
     # Two spaces between columns and one at each edge of the table.
     room = (width or Console().width) - sum(figures) - 2 * len(_COLUMNS) - 2
     t = Table(
@@ -158,8 +179,6 @@ def render(view: NodeView, width: int = 0) -> Group:
         t.add_column(col, justify="right", no_wrap=True, min_width=w)
     for row in rows:
         t.add_row(*row)
-    if not view.devices:
-        t.add_row("no GPUs or slices found", *[""] * 9)
     notes = [Text(e, style="yellow") for e in view.errors if e != "no NVML reading yet"]
     return Group(t, *notes)
 

@@ -205,3 +205,18 @@ def test_the_configmap_is_read_through_its_policy_key(tmp_path: Path) -> None:
     f.write_text(yaml.safe_dump({"kind": "ConfigMap", "data": {"policy.yaml": "a: [b\n"}}))
     with pytest.raises(PolicyError, match=r"cm.yaml: data.policy.yaml: not valid YAML at line 2"):
         load(f)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["[" * 100_000 + "]" * 100_000, "{a: " * 100_000 + "1" + "}" * 100_000,
+     "default:\n" + "".join(" " * i + "- \n" for i in range(1, 3000))],
+    ids=["lists", "mappings", "block-lists"],
+)  # fmt: skip
+def test_a_document_nested_100k_deep_is_one_line(tmp_path: Path, text: str) -> None:
+    f = tmp_path / "deep.yaml"
+    f.write_text(text)
+    with pytest.raises(PolicyError) as e:
+        load(f)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(f"{f}: "), msg

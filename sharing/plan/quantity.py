@@ -21,6 +21,9 @@ _BINARY = (
 )
 
 
+_LIMIT = Decimal(2**64)
+
+
 class QuantityError(ValueError):
     """Text that is not a Kubernetes quantity. str() is one line."""
 
@@ -30,7 +33,12 @@ def _parse(value: str | int | float) -> Decimal:
         q = parse_quantity(value)  # type: ignore[no-untyped-call]
     except ValueError:
         raise QuantityError(f"{value!r} is not a quantity (e.g. 4Gi, 100, 500m)") from None
-    return q if isinstance(q, Decimal) else Decimal(q)
+    q = q if isinstance(q, Decimal) else Decimal(q)
+    # "Infinity" and exponents of any size parse; printing "1e4000000000" as an integer would
+    # take the process's memory
+    if not q.is_finite() or q.copy_abs() >= _LIMIT:
+        raise QuantityError(f"{value!r} is out of range (a quantity below 2^64, e.g. 4Gi)")
+    return q
 
 
 # Slices repeat the same few quantities thousands of times.

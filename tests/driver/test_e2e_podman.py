@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -53,6 +54,7 @@ MiB = 1024**2
 GiB = 1024**3
 CUDA_ERROR_OUT_OF_MEMORY = 2
 CONTAINER_SIM_LIB = "/usr/lib/vgpu-sim"
+SIGNAL = "/signal"  # a directory of the test's, mounted into every container (markers)
 
 
 def _exports(lib: Path) -> set[str]:
@@ -141,10 +143,11 @@ def rootfs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 class Podman:
-    def __init__(self, rootfs: Path, cdi_root: Path, sim_state: Path) -> None:
+    def __init__(self, rootfs: Path, cdi_root: Path, sim_state: Path, signal: Path) -> None:
         self.rootfs = rootfs
         self.cdi_root = cdi_root
         self.sim_state = sim_state
+        self.signal = signal  # the host side of /signal: the test's channel to a container
 
     def command(self, cdi_id: str, *args: str, program: str = "/bin/e2e_claim_quota") -> list[str]:
         podman = [
@@ -153,6 +156,7 @@ class Podman:
             "--network", "none",
             "--device", cdi_id,
             "-v", f"{self.sim_state}:{self.sim_state}",
+            "-v", f"{self.signal}:{SIGNAL}",
             "-e", f"SIMGPU_STATE={self.sim_state}",
             "-e", f"LD_LIBRARY_PATH={CONTAINER_SIM_LIB}",
             "--rootfs", str(self.rootfs),
@@ -182,7 +186,7 @@ def _value(out: str, key: str) -> int:
 
 
 def wait_held(holder: subprocess.Popen[str], shared: Path) -> None:
-    """Until the container's `hold` has its allocation (it creates `held` in the shared dir)."""
+    """Until the container's `hold` has its allocation (it creates `held` in /signal)."""
     deadline = time.monotonic() + 60
     while not (shared / "held").exists():
         if holder.poll() is not None:
@@ -196,6 +200,7 @@ def world(rootfs: Path) -> Iterator[tuple[FakeApiServer, KubeletStandin, Path, P
     root = Path(tempfile.mkdtemp(prefix="vge", dir="/tmp"))
     sim_state = root / "simgpu-state"
     sim_state.mkdir()
+    (root / "signal").mkdir()
     sim_env = dict(os.environ, SIMGPU_STATE=str(sim_state))
     sim_env.pop("SIMGPU_CONFIG", None)  # the simulator's default GPU
     with FakeApiServer() as server:
@@ -207,7 +212,7 @@ def world(rootfs: Path) -> Iterator[tuple[FakeApiServer, KubeletStandin, Path, P
         kubelet = KubeletStandin(root / "registry" / f"{DRIVER}-reg.sock")
         kubelet.register()
         try:
-            yield server, kubelet, root, Podman(rootfs, root / "cdi", sim_state)
+            yield server, kubelet, root, Podman(rootfs, root / "cdi", sim_state, root / "signal")
         finally:
             kubelet.close()
             plugin.stop()
@@ -228,7 +233,7 @@ def test_cdi_edits_reach_the_container(
         "sm=$CUDA_DEVICE_SM_LIMIT_0 cache=$CUDA_DEVICE_MEMORY_SHARED_CACHE "
         'policy=$VGPU_COMPUTE_POLICY"; cat /etc/ld.so.preload; '
         "test -r /usr/local/lib/vgpu-sharing/libvgpu.so && echo shim=present; "
-        "echo x > /run/vgpu-sharing/written && echo dir=writable; "
+        "test -w /run/vgpu-sharing/accounting && echo accounting=writable; "
         "cat /usr/local/lib/vgpu-sharing/limits; "
         "echo y > /usr/local/lib/vgpu-sharing/limits || echo limits=readonly; "
         "echo z > /run/vgpu-node/other.demand || echo node=readonly; "
@@ -241,18 +246,49 @@ def test_cdi_edits_reach_the_container(
     assert spec_env["CUDA_VISIBLE_DEVICES"].startswith("GPU-")
     assert f"mem={3 * GiB} sm=40 cache=/run/vgpu-sharing/accounting policy=hard" in out
     assert "/usr/local/lib/vgpu-sharing/libvgpu.so" in out
-    assert "shim=present" in out and "dir=writable" in out
+    assert "shim=present" in out and "accounting=writable" in out
     # The limits file is there and read-only; the node's demand records are read-only; the
     # claim's own demand record is writable.
     assert f"CUDA_DEVICE_MEMORY_LIMIT_0={3 * GiB}\nCUDA_DEVICE_SM_LIMIT_0=40\n" in out
     assert "limits=readonly" in out and "node=readonly" in out and "demand=writable" in out
     claim_dir = root / "data" / "claims" / c.uid
-    # The container wrote into the claim's shared directory on the host, and nowhere else.
-    assert (claim_dir / "shared" / "written").read_text() == "x\n"
     assert (root / "data" / "node-state" / f"{c.uid}.demand").read_text() == "d\n"
     assert not (root / "data" / "node-state" / "other.demand").exists()
     assert "CUDA_DEVICE_MEMORY_LIMIT_0" in (claim_dir / "limits").read_text()
     assert kubelet.unprepare([c]) == {c.uid: ""}
+
+
+def test_the_tenant_cannot_add_rename_or_replace_files_in_the_claims_dir(
+    world: tuple[FakeApiServer, KubeletStandin, Path, Podman],
+) -> None:
+    """Container root attacks the claim's accounting mount: a deep tree and files beside the
+    accounting file, renaming, deleting and replacing it. Only the file itself is mounted (a
+    single-file bind mount): nothing reaches the host's claim directory, the file stays the
+    plugin's, and unprepare removes everything."""
+    server, kubelet, root, podman = world
+    c = claim_id(server.put(allocated_claim("c", results=[result("gpu", "gpu-0")])))
+    [cdi_id] = kubelet.prepare([c])[c.uid].devices[0].cdi_device_ids
+    shared = root / "data" / "claims" / c.uid / "shared"
+    before = (shared / "accounting").stat()
+    script = (
+        "cd /run/vgpu-sharing || exit 9; "
+        "i=0; while [ $i -lt 200 ]; do mkdir d && cd d || break; i=$((i+1)); done; "
+        "cd /run/vgpu-sharing; echo x > beside; "
+        "(echo y > /run/vgpu-sharing/new) 2>/dev/null; "
+        "mv accounting moved 2>/dev/null && echo renamed=yes || echo renamed=no; "
+        "rm -f accounting 2>/dev/null; test -e accounting && echo kept=yes; "
+        "echo z > /tmp/fake && (mv /tmp/fake accounting 2>/dev/null && echo replaced=yes "
+        "|| echo replaced=no)"
+    )
+    out = podman.run(cdi_id, "-c", script, program="/bin/sh")
+    assert "renamed=no" in out and "kept=yes" in out and "replaced=no" in out, out
+    # the host's claim directory holds the accounting file, the same one, and nothing else
+    assert sorted(p.name for p in shared.iterdir()) == ["accounting"]
+    after = (shared / "accounting").stat()
+    assert (after.st_ino, after.st_size) == (before.st_ino, before.st_size)
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o755 and shared.stat().st_uid == 0
+    assert kubelet.unprepare([c]) == {c.uid: ""}
+    assert not (root / "data" / "claims" / c.uid).exists()
 
 
 def test_containers_see_and_share_the_claims_quota(
@@ -275,10 +311,9 @@ def test_containers_see_and_share_the_claims_quota(
     assert _value(podman.run(id_a, "alloc", str(2 * GiB)), "alloc") == CUDA_ERROR_OUT_OF_MEMORY
 
     # Container 1 of claim a holds 700 MiB and its context ...
-    claim_dir = root / "data" / "claims" / a.uid / "shared"  # /run/vgpu-sharing
-    holder = podman.start(id_a, "hold", str(700 * MiB), "/run/vgpu-sharing")
+    holder = podman.start(id_a, "hold", str(700 * MiB), SIGNAL)
     try:
-        wait_held(holder, claim_dir)
+        wait_held(holder, podman.signal)
         # ... so container 2 of the same claim cannot get another 700 MiB (one quota) ...
         assert (
             _value(podman.run(id_a, "alloc", str(700 * MiB)), "alloc") == CUDA_ERROR_OUT_OF_MEMORY
@@ -287,7 +322,7 @@ def test_containers_see_and_share_the_claims_quota(
         # ... while claim b on the same GPU has its own quota.
         assert _value(podman.run(id_b, "alloc", str(700 * MiB)), "alloc") == 0
     finally:
-        (claim_dir / "release").touch()
+        (podman.signal / "release").touch()
         holder.wait(60)
     assert holder.returncode == 0, holder.stderr.read()  # type: ignore[union-attr]
 
@@ -328,7 +363,7 @@ def test_environment_overrides_do_not_lift_the_claims_quota(
     claim's other containers through the plugin's accounting file."""
     if why := _missing_cuda():
         pytest.skip(why)
-    server, kubelet, root, podman = world
+    server, kubelet, _root, podman = world
     # 2 GiB: a context (500 MiB on the simulator) and 700 MiB fit once, not twice
     c = claim_id(server.put(allocated_claim("c", results=[result("gpu", "gpu-0", memory="2Gi",
                                                                  cores="30")])))  # fmt: skip
@@ -346,16 +381,15 @@ def test_environment_overrides_do_not_lift_the_claims_quota(
     assert _value(run("alloc", str(2 * GiB)), "alloc") == CUDA_ERROR_OUT_OF_MEMORY
     # A hostile container holds 700 MiB: a well-behaved one of the same claim sees it (the
     # accounting file is the claim's, whatever CUDA_DEVICE_MEMORY_SHARED_CACHE says).
-    shared = root / "data" / "claims" / c.uid / "shared"
-    holder = podman.start(cdi_id, "-c", script, "sh", "hold", str(700 * MiB), "/run/vgpu-sharing",
+    holder = podman.start(cdi_id, "-c", script, "sh", "hold", str(700 * MiB), SIGNAL,
                           program="/bin/sh")  # fmt: skip
     try:
-        wait_held(holder, shared)
+        wait_held(holder, podman.signal)
         assert (
             _value(podman.run(cdi_id, "alloc", str(700 * MiB)), "alloc") == CUDA_ERROR_OUT_OF_MEMORY
         )
     finally:
-        (shared / "release").touch()
+        (podman.signal / "release").touch()
         holder.wait(60)
     assert kubelet.unprepare([c]) == {c.uid: ""}
 

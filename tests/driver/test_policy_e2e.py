@@ -224,3 +224,19 @@ def test_prepare_through_the_plugin_refuses_a_forbidden_compute_policy(
     finally:
         code = p.terminate()
     assert code == 0, p.output()
+
+
+def test_a_policy_nested_100k_deep_at_startup_exits_2_with_one_line(tmp_path: Path) -> None:
+    deep = tmp_path / "policy.yaml"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    r = subprocess.run(
+        [str(PLUGIN), "--node-name", "node-a", "--policy", str(deep)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip() == (
+        f"vgpu-kubelet-plugin: error: --policy: {deep}: not valid YAML: nested too deeply; "
+        "allowed: a SharingPolicy document (a few levels of mappings and lists)"
+    )

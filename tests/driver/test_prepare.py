@@ -116,14 +116,16 @@ def test_prepare_sharing_v1_writes_valid_spec_with_limits(world: World) -> None:
         "/usr/local/lib/vgpu-sharing/libvgpu.so": (data / "lib" / "libvgpu.so", "ro"),
         "/usr/local/lib/vgpu-sharing/limits": (claim_dir / "limits", "ro"),
         "/etc/ld.so.preload": (data / "lib" / "ld.so.preload", "ro"),
-        "/run/vgpu-sharing": (claim_dir / "shared", "rw"),
+        # the accounting file alone (a single-file mount), never a writable directory
+        "/run/vgpu-sharing/accounting": (claim_dir / "shared" / "accounting", "rw"),
         "/run/vgpu-node": (data / "node-state", "ro"),
         "/run/vgpu-demand": (demand, "rw"),
     }
     assert {k: (Path(m["hostPath"]), m["options"][0]) for k, m in mounts.items()} == expected
     assert all({"nosuid", "nodev", "bind"} <= set(m["options"]) for m in mounts.values())
     # Modes: DATA is the plugin's; the claim directory and the limits are root's, read-only to
-    # others; only shared/ and the claim's own demand file are writable by container users.
+    # others; only the accounting file and the claim's own demand file are writable by
+    # container users, and no directory is.
 
     def mode(p: Path) -> int:
         return stat.S_IMODE(p.lstat().st_mode)
@@ -131,7 +133,7 @@ def test_prepare_sharing_v1_writes_valid_spec_with_limits(world: World) -> None:
     assert mode(data) == 0o700
     assert mode(claim_dir) == 0o755
     assert mode(claim_dir / "limits") == 0o444
-    assert mode(claim_dir / "shared") == 0o1777
+    assert mode(claim_dir / "shared") == 0o755
     assert mode(data / "node-state") == 0o755
     assert mode(demand) == 0o666 and demand.stat().st_size == 0
     assert sorted(p.name for p in claim_dir.iterdir()) == ["limits", "shared"]
@@ -337,11 +339,11 @@ def test_one_claim_one_quota_two_claims_two(world: World) -> None:
     assert ids_a != out[b.uid].devices[0].cdi_device_ids
     dir_a, dir_b = (
         {m["containerPath"]: m["hostPath"] for m in world.spec_of(x.uid)["devices"][0][
-            "containerEdits"]["mounts"]}["/run/vgpu-sharing"]
+            "containerEdits"]["mounts"]}["/run/vgpu-sharing/accounting"]
         for x in (a, b)
     )  # fmt: skip
     assert dir_a != dir_b
-    # Two containers of one pod referencing claim a get the same CDI device, hence one directory.
+    # Two containers of one pod referencing claim a get the same CDI device, hence one file.
     assert world.kubelet.prepare([a])[a.uid].devices[0].cdi_device_ids == ids_a
 
 

@@ -59,6 +59,12 @@ def test_fractional_cores_rejected() -> None:
         ({"cores": "0"}, "cores '0' invalid"),
         ({"cores": "101"}, "cores '101' invalid"),
         ({"cores": "x"}, "cores 'x' is not a number"),
+        ({"memory": "Infinity"}, "consumed memory: 'Infinity' is out of range"),
+        ({"memory": "1e400"}, "consumed memory: '1e400' is out of range"),
+        # turned into an int, this one would take the plugin's memory and time
+        ({"memory": "1e4000000000"}, "consumed memory: '1e4000000000' is out of range"),
+        ({"cores": "Infinity"}, "cores 'Infinity' is not a number"),
+        ({"cores": "1e400"}, "cores '1e400' is not a number"),
     ],
 )
 def test_bad_consumed_capacity(consumed: dict[str, str], message: str) -> None:
@@ -142,6 +148,8 @@ def test_conflicting_policies_between_requests() -> None:
         ({"apiVersion": "vgpu.sharing.dev/v1alpha1", "kind": "VgpuConfig", "memoryLimitOverride": "1.5x"}, "'1.5x' is not a quantity"),
         ({"apiVersion": "vgpu.sharing.dev/v1alpha1", "kind": "VgpuConfig", "memoryLimitOverride": "512m"}, "'512m' is not a whole number of bytes"),
         ({"apiVersion": "vgpu.sharing.dev/v1alpha1", "kind": "VgpuConfig", "memoryLimitOverride": [1]}, "memoryLimitOverride [1] invalid"),
+        ({"apiVersion": "vgpu.sharing.dev/v1alpha1", "kind": "VgpuConfig", "memoryLimitOverride": "Infinity"}, "'Infinity' is out of range"),
+        ({"apiVersion": "vgpu.sharing.dev/v1alpha1", "kind": "VgpuConfig", "memoryLimitOverride": "1e400"}, "'1e400' is out of range"),
     ],
 )  # fmt: skip
 def test_vgpuconfig_rejects(params: Any, message: str) -> None:

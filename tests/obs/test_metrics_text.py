@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sharing.counters import DeviceCounters
 from sharing.metrics import VgpuCollector, render_text
-from sharing.nodeview import DeviceView, NodeView, SliceDeviceView
+from sharing.nodeview import DeviceView, NodeView, SliceDeviceView, UnreadableSlice
 from sharing.nvml_reader import GpuReading
 from sharing.slices import Slice, region_slice
 
@@ -25,10 +25,15 @@ def _view() -> NodeView:
     s2 = region_slice(str(Path("/tmp/some.region")))
     sv = [
         SliceDeviceView(s1, 0, c, 1 << 30, 0.3, 0.2875, 2, 1),
-        SliceDeviceView(s2, 0, c, 0, 0.0, 0.0, 0, 0),
+        SliceDeviceView(s2, 0, c, 0, 0.0, 0.0, 0, 0, untrusted=True),
     ]
+    bad = Slice("uid-2", "uid-2", "team", "claim-2", "", "/y", ("GPU-a", "GPU-x"), {})
+    lost = Slice("uid-3", "uid-3", "team", "claim-3", "", "/z", (), {})
     return NodeView(
-        devices=(DeviceView(g0, tuple(sv), 2), DeviceView(g1, (), 0)), errors=(), counters={}
+        devices=(DeviceView(g0, tuple(sv), 2), DeviceView(g1, (), 0)),
+        errors=(),
+        counters={},
+        unreadable=(UnreadableSlice(bad, "/y: size 0", (g0,)), UnreadableSlice(lost, "/z", ())),
     )
 
 
@@ -55,3 +60,11 @@ def test_fast_text_equals_the_collector() -> None:
     assert _types(fast) == _types(reference)
     assert len(_samples(fast)) > 20
     assert "vgpu_exporter_scrape_duration_seconds " in fast
+    samples = _samples(fast)
+    assert samples[("vgpu_slices_unreadable", ())] == 2
+    unreadable = {dict(k[1])["claim_uid"]: dict(k[1]) for k in samples
+                  if k[0] == "vgpu_slice_unreadable"}  # fmt: skip
+    assert unreadable["uid-2"]["UUID"] == "GPU-a" and unreadable["uid-3"]["UUID"] == ""
+    untrusted = {dict(k[1])["claim"]: v for k, v in samples.items()
+                 if k[0] == "vgpu_slice_untrusted"}  # fmt: skip
+    assert untrusted == {"claim-1": 0, "/tmp/some.region": 1}

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from sharing import region
 from sharing.paths import shim_library
 from tests.obs.helpers import MiB, add_claim, sim_gpu_uuid, start_tenant
 from tests.shim.conftest import Held
@@ -24,7 +25,8 @@ GiB = 1 << 30
 DEVICE_KEYS = {"uuid", "name", "memory_total_bytes", "memory_used_bytes", "utilization_ratio",
                "slices"}  # fmt: skip
 SLICE_KEYS = {"claim_uid", "namespace", "claim", "memory_limit_bytes", "memory_used_bytes",
-              "compute_limit_ratio", "compute_used_ratio", "alloc_denied_total", "processes"}  # fmt: skip
+              "compute_limit_ratio", "compute_used_ratio", "alloc_denied_total", "processes",
+              "untrusted"}  # fmt: skip
 
 
 def _top_json(env: dict[str, str], data: Path) -> dict[str, Any]:
@@ -37,6 +39,20 @@ def _top_json(env: dict[str, str], data: Path) -> dict[str, Any]:
     return doc
 
 
+def _wait_past_allocations(region_path: Path, tenant: subprocess.Popen[str]) -> None:
+    """Until the tenant was refused once and freed its chunks (only its context is charged)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and tenant.poll() is None:
+        try:
+            dev = region.read(region_path).devices[0]
+        except region.RegionError:
+            dev = None  # not created yet
+        if dev is not None and dev.denials >= 1 and dev.used == CONTEXT_MEMORY:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the tenant did not get past its allocations (exit {tenant.poll()})")
+
+
 def test_json_snapshot(
     sim_env: dict[str, str], tmp_path: Path, build_c: Callable[..., Path]
 ) -> None:
@@ -45,11 +61,11 @@ def test_json_snapshot(
     a = add_claim(data, "uid-a", "train", gpu, GiB, 30, ns="team-a") / "accounting"
     add_claim(data, "uid-b", "infer", gpu, 2 * GiB, 50, ns="team-b")
     tenant = start_tenant(
-        sim_env, a, "1Gi", 30, "--chunk-mib", "256", "--max-chunks", "8", "--seconds", "6"
+        sim_env, a, "1Gi", 30, "--chunk-mib", "256", "--max-chunks", "8", "--seconds", "12"
     )
     inside = dict(sim_env, LD_PRELOAD=str(shim_library()), CUDA_DEVICE_MEMORY_SHARED_CACHE=str(a))
     try:
-        time.sleep(2.0)  # the tenant is past its allocations and launching
+        _wait_past_allocations(a, tenant)  # then it launches for its remaining seconds
         held = Held(build_c("shim_ops.c"), inside, "init", "ctx", f"alloc:{100 * MiB}")
         try:
             doc = _top_json(sim_env, data)
@@ -58,7 +74,7 @@ def test_json_snapshot(
     finally:
         _, err = tenant.communicate(timeout=60)
         assert tenant.returncode == 0, err
-    assert set(doc) == {"devices"}
+    assert set(doc) == {"devices", "unreadable"} and doc["unreadable"] == []
     [dev] = doc["devices"]
     assert set(dev) == DEVICE_KEYS and dev["uuid"] == gpu
     assert dev["memory_total_bytes"] > 0
