@@ -144,13 +144,16 @@ def world(rootfs: Path) -> Iterator[tuple[FakeApiServer, SimPlugin, KubeletStand
         shutil.rmtree(root, ignore_errors=True)
 
 
-def podman(root: Path, rootfs: Path, cdi_id: str, *args: str) -> list[str]:
-    """podman + runc with the claim's CDI device and nothing else; the plugin's CDI root is
-    bind-mounted over /var/run/cdi in a private mount namespace (podman reads only there)."""
+def podman(
+    root: Path, rootfs: Path, cdi_id: str, *args: str, volumes: tuple[str, ...] = ()
+) -> list[str]:
+    """podman + runc with the claim's CDI device and nothing else (but the test's `volumes`);
+    the plugin's CDI root is bind-mounted over /var/run/cdi in a private mount namespace
+    (podman reads only there)."""
     cmd = [
         "podman", "--runtime", RUNC, "--cgroup-manager=cgroupfs", "run", "--rm",
         "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024", "--network", "none",
-        "--device", cdi_id, "--rootfs", str(rootfs), *args,
+        "--device", cdi_id, *(f"--volume={v}" for v in volumes), "--rootfs", str(rootfs), *args,
     ]  # fmt: skip
     script = 'mkdir -p /var/run/cdi && mount --bind "$0" /var/run/cdi && exec "$@"'
     return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script,
@@ -239,14 +242,17 @@ def test_claims_see_their_quota_and_share_one_simulated_gpu(
                   "alloc") == CUDA_ERROR_OUT_OF_MEMORY  # fmt: skip
 
     before = node_memory_used(root / "data")
-    shared_a = root / "data" / "claims" / a.split("=", 1)[1] / "shared"
+    # The test's own directory for the holder's markers: the claim's mount is its accounting
+    # file alone, which the tenant cannot add files beside.
+    signal = root / "signal"
+    signal.mkdir()
     holder = subprocess.Popen(
-        podman(root, rootfs, a, "/bin/e2e_claim_quota", "hold", str(700 * MiB),
-               "/run/vgpu-sharing"),
+        podman(root, rootfs, a, "/bin/e2e_claim_quota", "hold", str(700 * MiB), "/signal",
+               volumes=(f"{signal}:/signal",)),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        wait_held(holder, shared_a)
+        wait_held(holder, signal)
         # The holder's memory is on the node's simulated GPU, as every process of the node sees
         # it (one state directory for the plugin and every claim) ...
         assert node_memory_used(root / "data") >= before + 700 * MiB
@@ -257,7 +263,7 @@ def test_claims_see_their_quota_and_share_one_simulated_gpu(
         assert _value(run(root, rootfs, b, "/bin/e2e_claim_quota", "alloc", str(700 * MiB)),
                       "alloc") == 0  # fmt: skip
     finally:
-        (shared_a / "release").touch()
+        (signal / "release").touch()
         holder.wait(60)
     assert holder.returncode == 0, holder.stderr.read()  # type: ignore[union-attr]
     # The holder's memory went back to the simulated GPU when it exited.
