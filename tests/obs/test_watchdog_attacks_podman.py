@@ -112,6 +112,13 @@ def _wait(pred: Callable[[], bool], timeout: float = 30.0) -> bool:
     return False
 
 
+def _end(box: subprocess.Popen[str] | None) -> None:
+    """A container the watchdog failed to stop is not left holding the GPU (failure path)."""
+    if box is not None and box.poll() is None:
+        box.kill()
+        box.communicate(timeout=60)
+
+
 def _held(box: subprocess.Popen[str]) -> None:
     assert box.stdout is not None
     line = box.stdout.readline()
@@ -131,6 +138,7 @@ def test_a_link_to_another_claims_directory_blames_nobody_else(
     b_shared = root / "data" / "claims" / b_uid / "shared"
     assert (b_shared / "accounting").exists()
     exp = _exporter(root, podman)
+    box: subprocess.Popen[str] | None = None
     try:
         script = (f"ln -sfn {b_shared} /tmp/l && "
                   "export CUDA_DEVICE_MEMORY_SHARED_CACHE=/tmp/l/accounting && "
@@ -144,6 +152,7 @@ def test_a_link_to_another_claims_directory_blames_nobody_else(
         assert _violations(exp.url, b_uid) == 0
         assert _violations(exp.url, b_uid, "vgpu_slice_processes_without_shim") == 0
     finally:
+        _end(box)
         log = exp.stop()
     assert "stopping pids" in log, log
     assert "team-b" not in log and b_uid not in log, log
@@ -182,6 +191,7 @@ def test_the_preload_moved_away_is_caught_and_stopped(world: World, etc_restored
     server, kubelet, root, podman = world
     uid, cdi = _claim(server, kubelet, "unloaded", "team-a", "1Gi")
     exp = _exporter(root, podman)
+    box: subprocess.Popen[str] | None = None
     try:
         script = ("mv /etc /etc.old && mkdir /etc && "
                   f"exec /bin/e2e_claim_quota hold {3 * GiB} /tmp")  # fmt: skip
@@ -192,6 +202,7 @@ def test_the_preload_moved_away_is_caught_and_stopped(world: World, etc_restored
         # reported as a process without the shim, whether or not a pass saw it over its quota
         assert _violations(exp.url, uid, "vgpu_slice_processes_without_shim") in (0.0, 1.0)
     finally:
+        _end(box)
         log = exp.stop()
     lines = [x for x in log.splitlines() if "process without the shim" in x]
     assert lines and "claim team-a/unloaded" in lines[0], log
@@ -208,6 +219,7 @@ def test_a_copy_of_the_shim_is_no_shim_to_the_watchdog(
     server, kubelet, root, podman = world
     uid, cdi = _claim(server, kubelet, "copier", "team-a", "1Gi")
     exp = _exporter(root, podman)
+    box: subprocess.Popen[str] | None = None
     try:
         script = (f"cp {SHIM_DIR}/libvgpu.so /tmp/libvgpu.so && mv /etc /etc.old && mkdir /etc && "
                   f"LD_PRELOAD=/tmp/libvgpu.so exec {bypass_in_rootfs} {256 * MiB}")  # fmt: skip
@@ -218,6 +230,7 @@ def test_a_copy_of_the_shim_is_no_shim_to_the_watchdog(
         assert box.returncode != 0
         assert _violations(exp.url, uid) == 0  # under its quota: no quota violation
     finally:
+        _end(box)
         log = exp.stop()
     lines = [x for x in log.splitlines() if "process without the shim" in x]
     assert lines and "claim team-a/copier" in lines[0], log
