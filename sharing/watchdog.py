@@ -434,6 +434,7 @@ class Watchdog:
         self._unshimmed_lock = threading.Lock()
         self._self = os.getpid()
         self._warned_blind = False
+        self._warned_shim = False
 
     def _genuine_shims(self) -> set[tuple[int, int]] | None:
         if self.shim_file is None:
@@ -441,9 +442,14 @@ class Watchdog:
         try:
             st = os.stat(self.shim_file)
             self._shims.add((st.st_dev, st.st_ino))
-        except OSError:
-            pass  # not installed yet: the identities seen before still count
-        return self._shims
+        except OSError as e:
+            # not installed yet (the identities seen before still count), or not ours to read
+            if not self._shims and not self._warned_shim:
+                self._warned_shim = True
+                log.warning("watchdog: cannot read the plugin's shim %s (%s): any libvgpu "
+                            "mapping counts as the shim until it can", self.shim_file, e.strerror)  # fmt: skip
+        # never judge against an empty set: every process would be "without the shim"
+        return self._shims or None
 
     def _claim_limits(self, sl: Slice) -> ClaimLimits | None:
         """The claim's limits file as it is now (re-read when it changes); None for a --region

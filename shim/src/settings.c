@@ -151,8 +151,14 @@ struct same_file { const struct stat *st; };
 
 static int is_mount_of(const char *point, int ro, void *arg) {
     const struct stat *want = ((struct same_file *)arg)->st;
+    if (!ro) return 0;
+    /* open + fstat: stat() is a GLIBC_2.33 symbol (the shim loads into glibc from 2.17) */
+    int fd = open(point, O_PATH | O_CLOEXEC);
+    if (fd < 0) return 0;
     struct stat st;
-    return ro && stat(point, &st) == 0 && st.st_dev == want->st_dev && st.st_ino == want->st_ino;
+    int same = vgpu_fstat(fd, &st) == 0 && st.st_dev == want->st_dev && st.st_ino == want->st_ino;
+    close(fd);
+    return same;
 }
 
 /* Whether the open file is the root of a read-only mount of its own (a bind mount the plugin

@@ -27,7 +27,14 @@ import pytest
 
 from sharing.paths import sim_lib_dir
 from tests.driver.kubelet_standin import KubeletStandin, allocated_claim, claim_id, result
-from tests.driver.test_e2e_podman import Podman, _copy_with_deps, _missing_cuda, rootfs, world
+from tests.driver.test_e2e_podman import (
+    Podman,
+    _copy_with_deps,
+    _missing_cuda,
+    rootfs,
+    wait_held,
+    world,
+)
 from tests.fakes.apiserver import FakeApiServer
 from tests.obs.helpers import ExporterProcess, only, scrape
 from tests.obs.test_watchdog_podman import bypass_in_rootfs
@@ -236,3 +243,34 @@ def test_a_copy_of_the_shim_is_no_shim_to_the_watchdog(
     assert lines and "claim team-a/copier" in lines[0], log
     assert "/tmp/libvgpu.so" in lines[0] and "not the plugin's shim" in lines[0], lines
     assert "stopping pids" in log
+
+
+def test_the_previous_shim_after_an_upgrade_is_still_the_shim(world: World, tools: Path) -> None:
+    """Not an attack: a new plugin version replaces <data-dir>/lib/libvgpu.so (by rename) while a
+    container maps the previous copy, which its namespace still has mounted. A watchdog started
+    after the replacement never saw that copy's inode and must not call the process shimless."""
+    server, kubelet, root, podman = world
+    uid, cdi = _claim(server, kubelet, "upgraded", "team-a", "1Gi")
+    shared = root / "data" / "claims" / uid / "shared"
+    box = podman.start(cdi, "hold", str(256 * MiB), "/run/vgpu-sharing")
+    exp: ExporterProcess | None = None
+    try:
+        wait_held(box, shared)
+        lib = root / "data" / "lib" / "libvgpu.so"
+        new = lib.with_name("libvgpu.so.new")
+        shutil.copy2(lib, new)
+        os.replace(new, lib)  # what the plugin's install_shim does for a changed shim
+        exp = _exporter(root, podman)
+        assert _wait(lambda: bool(only(scrape(exp.url), "vgpu_device_memory_used_bytes")
+                                  and only(scrape(exp.url), "vgpu_device_memory_used_bytes")[0].value
+                                  >= 256 * MiB))  # fmt: skip
+        time.sleep(3.5)  # three watchdog passes over the process
+        assert box.poll() is None
+        assert _violations(exp.url, uid, "vgpu_slice_processes_without_shim") == 0
+        (shared / "release").touch()
+        box.communicate(timeout=60)
+        assert box.returncode == 0
+    finally:
+        _end(box)
+        log = exp.stop() if exp is not None else ""
+    assert "process without the shim" not in log and "stopping pids" not in log, log
