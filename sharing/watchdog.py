@@ -108,10 +108,15 @@ def _ns_pid(pid: int, proc_root: str) -> int:
     return pid
 
 
-def _mapped_files(pid: int, proc_root: str) -> list[tuple[int, int, bytes]]:
-    """(st_dev, st_ino, path) of every file the process has mapped."""
+def _mapped_files(
+    pid: int, proc_root: str, inodes: set[int] | None = None
+) -> list[tuple[int, int, bytes]]:
+    """(st_dev, st_ino, path) of every file the process has mapped; with `inodes`, [] unless
+    one of them appears (a large map is searched, not parsed, when none does)."""
     with open(f"{proc_root}/{pid}/maps", "rb") as f:
         maps = f.read()
+    if inodes is not None and not any(b" %d " % i in maps for i in inodes):
+        return []
     out = []
     for line in maps.splitlines():
         parts = line.split(None, 5)
@@ -195,7 +200,7 @@ def attribute(
         return Attribution(None, ns_pid, f"cannot read its environment ({e.strerror})", True, start)
     if known:
         try:
-            for dev, ino, _ in _mapped_files(pid, proc_root):
+            for dev, ino, _ in _mapped_files(pid, proc_root, {i for _, i in known}):
                 if (dev, ino) in known:
                     return Attribution((dev, ino), ns_pid, "", True, start, "mapped")
         except OSError:
