@@ -123,27 +123,58 @@ static void unescape(char *s) {
 /* One mount: its mount point (unescaped) and whether it is read-only (per-mount options). */
 typedef int (*mount_visitor)(const char *point, int ro, void *arg);
 
-/* Calls visit for each mount of this process's namespace until it returns non-zero; that value,
- * 0 after the last, -1 when mountinfo cannot be read. */
-static int each_mount(mount_visitor visit, void *arg) {
-    FILE *f = fopen("/proc/self/mountinfo", "re");
-    if (f == NULL) return -1;
-    char *line = NULL;
-    size_t cap = 0;
+/* /proc/self/mountinfo's text (NUL-terminated, malloc'ed), or NULL. One read() loop: stdio
+ * would cost a process start more than the parsing. */
+static char *read_mountinfo(void) {
+    int fd = open("/proc/self/mountinfo", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return NULL;
+    size_t cap = 8192, len = 0;
+    char *buf = malloc(cap);
+    for (;;) {
+        if (buf == NULL) break;
+        if (len + 1 >= cap) {
+            char *more = cap < (1u << 24) ? realloc(buf, cap * 2) : NULL;
+            if (more == NULL) { free(buf); buf = NULL; break; }
+            buf = more;
+            cap *= 2;
+        }
+        ssize_t got = read(fd, buf + len, cap - 1 - len);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) { free(buf); buf = NULL; break; }
+        if (got == 0) { buf[len] = '\0'; break; }
+        len += (size_t)got;
+    }
+    close(fd);
+    return buf;
+}
+
+/* Calls visit for each mount of the mountinfo text (consumed) until it returns non-zero; that
+ * value, or 0 after the last. */
+static int each_mount_in(char *text, mount_visitor visit, void *arg) {
     int rc = 0;
-    while (rc == 0 && getline(&line, &cap, f) > 0) {
+    for (char *line = text; rc == 0 && line != NULL && *line != '\0';) {
+        char *nl = strchr(line, '\n');
+        if (nl) *nl = '\0';
+        char *next = nl ? nl + 1 : NULL;
         /* ID PARENT MAJ:MIN ROOT MOUNT_POINT OPTIONS ... */
         char *save = NULL, *field[6];
         int n = 0;
-        for (char *t = strtok_r(line, " \n", &save); t != NULL && n < 6; t = strtok_r(NULL, " \n", &save))
-            field[n++] = t;
+        for (char *t = strtok_r(line, " ", &save); t != NULL && n < 6; t = strtok_r(NULL, " ", &save)) field[n++] = t;
+        line = next;
         if (n < 6) continue;
         unescape(field[4]);
         int ro = strcmp(field[5], "ro") == 0 || strncmp(field[5], "ro,", 3) == 0;
         rc = visit(field[4], ro, arg);
     }
-    free(line);
-    fclose(f);
+    return rc;
+}
+
+/* The same over this process's mounts; -1 when mountinfo cannot be read. */
+static int each_mount(mount_visitor visit, void *arg) {
+    char *text = read_mountinfo();
+    if (text == NULL) return -1;
+    int rc = each_mount_in(text, visit, arg);
+    free(text);
     return rc;
 }
 
@@ -220,12 +251,26 @@ static int match_limits(const char *point, int ro, void *arg) {
 /* The plugin's limits mount in this mount namespace, wherever its directory was moved: 1 (path in
  * out), 0 none, -1 mountinfo unreadable. */
 static int plugin_limits_mount(char *out, size_t cap) {
-    struct pair_search ps;
-    memset(&ps, 0, sizeof ps);
-    if (each_mount(collect_shims, &ps) < 0) return -1;
-    if (ps.nshims == 0) return 0;
-    int rc = each_mount(match_limits, &ps);
-    if (rc > 0) snprintf(out, cap, "%s", ps.found);
+    char *text = read_mountinfo();
+    if (text == NULL) return -1;
+    int rc = 0;
+    /* the common case, no plugin mounts at all (`vgpu run`): a search, no parsing */
+    if (strstr(text, "/libvgpu.so ") != NULL && strstr(text, "/limits ") != NULL) {
+        struct pair_search ps;
+        memset(&ps, 0, sizeof ps);
+        size_t len = strlen(text);
+        char *copy = malloc(len + 1); /* parsing consumes the text: one copy per pass */
+        if (copy == NULL) {
+            free(text);
+            return -1;
+        }
+        memcpy(copy, text, len + 1);
+        each_mount_in(text, collect_shims, &ps);
+        if (ps.nshims > 0) rc = each_mount_in(copy, match_limits, &ps);
+        if (rc > 0) snprintf(out, cap, "%s", ps.found);
+        free(copy);
+    }
+    free(text);
     return rc;
 }
 
