@@ -99,16 +99,17 @@ def victim(workload: Workload, node: Path, seconds: str = "1.2") -> tuple[Result
     r = workload.run(env, "--warmup", "0.3", "--seconds", seconds)
     assert r.returncode == 0, r.stderr
     data = Path(env["CUDA_DEVICE_MEMORY_SHARED_CACHE"]).read_bytes()
-    return r, ffi.cast("struct vgpu_region *", ffi.from_buffer(data)).compute[0]
+    # a copy the returned cdata owns: views into `data` would outlive it
+    src = ffi.cast("struct vgpu_region *", ffi.from_buffer(data))
+    return r, ffi.new("struct vgpu_compute_state *", src.compute[0])
 
 
 def test_a_tenant_cannot_cut_a_neighbours_share(workload: Workload, node: Path) -> None:
     # Alone, the elastic 30% slice takes the whole idle device.
     alone, st = victim(workload, node)
     assert st.effective_permille == 1000 and alone.share > 80, alone.share
-    own: Any = ffi.cast(
-        "struct vgpu_demand_file *", ffi.from_buffer((node / "victim.demand").read_bytes())
-    )
+    own_buf = ffi.from_buffer((node / "victim.demand").read_bytes())  # alive while `own` is used
+    own: Any = ffi.cast("struct vgpu_demand_file *", own_buf)
     uuid = bytes(own.dev[0].uuid).hex()
     assert own.dev[0].d.cap_permille == 300
 
