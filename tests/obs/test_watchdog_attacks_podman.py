@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+import tests.driver.test_e2e_podman as e2e
 from sharing.paths import sim_lib_dir
 from tests.driver.kubelet_standin import KubeletStandin, allocated_claim, claim_id, result
 from tests.driver.test_e2e_podman import (
@@ -251,8 +252,11 @@ def test_the_previous_shim_after_an_upgrade_is_still_the_shim(world: World, tool
     after the replacement never saw that copy's inode and must not call the process shimless."""
     server, kubelet, root, podman = world
     uid, cdi = _claim(server, kubelet, "upgraded", "team-a", "1Gi")
-    shared = root / "data" / "claims" / uid / "shared"
-    box = podman.start(cdi, "hold", str(256 * MiB), "/run/vgpu-sharing")
+    # the test's channel to the container: the harness's signal directory where it has one,
+    # else the claim's shared directory (mounted writable at /run/vgpu-sharing)
+    shared = getattr(podman, "signal", root / "data" / "claims" / uid / "shared")
+    inside = getattr(e2e, "SIGNAL", "/run/vgpu-sharing")
+    box = podman.start(cdi, "hold", str(256 * MiB), inside)
     exp: ExporterProcess | None = None
     try:
         wait_held(box, shared)
