@@ -109,6 +109,8 @@ class Exporter:
             margin=config.margin,
             kill_grace=config.kill_grace,
             events=events,
+            # the plugin's installed shim: a claim's processes must map this very file
+            shim_file=config.data_dir / "lib" / "libvgpu.so" if config.data_dir else None,
         )
         self.registry = CollectorRegistry(auto_describe=False)
         self.collector = VgpuCollector(self.view.build, self.hostname)

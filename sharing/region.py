@@ -35,6 +35,11 @@ LAYOUT_VERSION: int = lib.VGPU_REGION_LAYOUT_VERSION
 MAX_DEVICES: int = lib.VGPU_MAX_DEVICES
 MAX_PROCS: int = lib.VGPU_MAX_PROCS
 FILE_SIZE: int = ffi.sizeof("struct vgpu_region")
+LIMITS_ENV: int = lib.VGPU_LIMITS_ENV
+LIMITS_FILE: int = lib.VGPU_LIMITS_FILE
+_PROCS_AT: int = ffi.offsetof("struct vgpu_region", "procs")
+_HWM_AT: int = ffi.offsetof("struct vgpu_region", "slots_hwm")
+_SLOT_SIZE: int = ffi.sizeof("struct vgpu_proc_slot")
 
 # struct flock on Linux x86-64/aarch64: short l_type, short l_whence, off_t l_start, off_t l_len,
 # pid_t l_pid (+ padding)
@@ -73,6 +78,18 @@ class ProcessUsage:
     pid: int  # in the process's own PID namespace
     alive: bool  # holds its slot lock; a dead one is reclaimed at the next allocation
     used: tuple[int, ...]  # bytes per device index
+
+
+@dataclass(frozen=True)
+class SlotLimits:
+    """What a live slot's process says it enforces (layout 6; tenant-written, like `used`)."""
+
+    slot: int
+    pid: int  # in the process's own PID namespace
+    source: int  # LIMITS_ENV, LIMITS_FILE, 0 unknown
+    dev: int  # the limits file it read (LIMITS_FILE)
+    ino: int
+    hash: int  # FNV-1a 64 of that file's bytes
 
 
 @dataclass(frozen=True)
@@ -335,3 +352,41 @@ def create_anonymous() -> int:
         os.close(fd)
         raise
     return fd
+
+
+def read_slot_limits(path: str | os.PathLike[str]) -> list[SlotLimits]:
+    """The live slots' published limits, read with pread (never a mapping: another party can
+    truncate the file, and a read past its end is a short read, not a fault). RegionError (one
+    line) for a file that is missing, of another layout or size, or being truncated."""
+    p = os.fspath(path)
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise RegionError(f"{p}: {_why(e)}") from e
+    try:
+        st = os.fstat(fd)
+        head = os.pread(fd, ffi.sizeof("struct vgpu_region_header"), 0)
+        if not stat.S_ISREG(st.st_mode) or st.st_size != FILE_SIZE or len(head) < 8:
+            raise RegionError(f"{p}: not an accounting file of {FILE_SIZE} bytes")
+        magic, version = struct.unpack_from("=II", head)
+        if magic != MAGIC or version != LAYOUT_VERSION:
+            raise RegionError(f"{p}: layout version {version}, this reader knows {LAYOUT_VERSION}")
+        hwm_raw = os.pread(fd, 4, _HWM_AT)
+        hwm = min(struct.unpack("=I", hwm_raw)[0] if len(hwm_raw) == 4 else 0, MAX_PROCS)
+        data = os.pread(fd, hwm * _SLOT_SIZE, _PROCS_AT)
+        if len(data) != hwm * _SLOT_SIZE:
+            raise RegionError(f"{p}: shorter than its slots (being truncated?)")
+        buf = ffi.from_buffer(data)
+        slots = ffi.cast("struct vgpu_proc_slot *", buf)
+        out = []
+        for i in range(hwm):
+            s = slots[i]
+            if s.state == lib.VGPU_SLOT_LIVE and _slot_alive(fd, i):
+                out.append(SlotLimits(i, int(s.pid), int(s.limits_source), int(s.limits_dev),
+                                      int(s.limits_ino), int(s.limits_hash)))  # fmt: skip
+        del slots, buf  # the cffi views go before the bytes they point into
+        return out
+    except OSError as e:
+        raise RegionError(f"{p}: {_why(e)}") from e
+    finally:
+        os.close(fd)

@@ -4,11 +4,15 @@ The shim enforces quotas from inside the processes; a process that does not load
 binary, a cleared LD_PRELOAD, a direct ioctl user) is invisible to it. The watchdog looks from
 outside, after every NVML pass:
 
-- Attribution: a GPU process belongs to the slice whose accounting file it names, as the
-  process's own mount namespace sees it: CUDA_DEVICE_MEMORY_SHARED_CACHE from
-  /proc/<pid>/environ, resolved under /proc/<pid>/root, compared by (st_dev, st_ino) with the
-  claim's file. This needs no cooperation from the process and holds across containers (the
-  exporter must see the host's PIDs: the plugin's DaemonSet runs with hostPID).
+- Attribution, by what the process cannot forge: a GPU process belongs to the slice whose
+  accounting file it has mapped or open (device and inode in /proc/<pid>/maps, or a descriptor
+  in /proc/<pid>/fd): a tenant cannot obtain another claim's file, which is mounted in no
+  container but that claim's. A process that holds neither (the shim never initialised in it)
+  is attributed by the file its environment names (CUDA_DEVICE_MEMORY_SHARED_CACHE), resolved
+  strictly inside the process's root (openat2 RESOLVE_IN_ROOT: its links, absolute or "..",
+  never lead out of its root to the host's files or another claim's). Nothing is taken from a
+  path the host resolves. The exporter must see the host's PIDs (NVML lists them; the plugin's
+  DaemonSet runs with hostPID).
 - A slice is in violation on a device when NVML's memory of its processes there exceeds its
   quota plus the margin (default 128 MiB: NVML counts per-process driver memory the shim does
   not charge). A GPU process of no slice on a device that has slices is a violation too.
@@ -27,19 +31,37 @@ outside, after every NVML pass:
   stopped like an offender. The map is definitive: the dynamic loader maps every preloaded
   object before main, so a process that names the slice's file and has no libvgpu mapping
   never had the shim.
+- For a claim of the plugin the shim must be the plugin's own copy, known by device and inode
+  (<data-dir>/lib/libvgpu.so, or the previous copy still mounted in the container after an
+  upgrade replaced it): any other file named libvgpu (a tenant's copy beside a limits file of
+  its own, a patched build) counts as no shim. And the shim must enforce the claim's limits: it
+  publishes in its slot of the accounting file where its limits come from and a hash of the
+  limits file it read (region.h, layout 6); a process whose slot says the environment, or
+  other limits than the claim's limits file, or that has no slot at all (it reached the driver
+  without the shim ever starting) is reported and stopped the same way.
+- Stopping a process checks it is still the process the pass saw (its start time in
+  /proc/<pid>/stat, through a pidfd opened before the check): a PID reused meanwhile is left
+  alone.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import logging
 import os
+import select
+import signal
 import struct
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import psutil
 
+from sharing import region
 from sharing.nodeview import NodeView, SliceDeviceView, ViolationCounts
 from sharing.nvml_reader import GpuProcess, NvmlReading
 from sharing.slices import Slice
@@ -56,41 +78,150 @@ EventSink = Callable[[Slice | None, str, str], None]
 
 @dataclass(frozen=True)
 class Attribution:
-    file_id: tuple[int, int] | None  # (st_dev, st_ino) of the accounting file it names
+    file_id: tuple[int, int] | None  # (st_dev, st_ino) of the accounting file it has or names
     ns_pid: int  # its PID in its own namespace (what the shim records in its slot)
     why: str  # when file_id is None: why it could not be attributed
     visible: bool = True  # False: we cannot look at the process (other PID namespace, no root)
+    start: int = 0  # its start time (/proc/<pid>/stat, clock ticks after boot): its identity
+    how: str = ""  # "mapped", "open" or "environment"
 
 
-def attribute(pid: int, proc_root: str = "/proc") -> Attribution:
-    """Which accounting file the process names, as its own mount namespace sees it."""
-    ns_pid = pid
+def start_time(pid: int, proc_root: str = "/proc") -> int:
+    """The process's start time in clock ticks after boot (field 22 of /proc/<pid>/stat); 0 if
+    it is gone. With the PID it names one process: a PID reused later has another."""
+    try:
+        with open(f"{proc_root}/{pid}/stat", "rb") as f:
+            text = f.read()
+        return int(text[text.rindex(b")") + 2 :].split()[19])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _ns_pid(pid: int, proc_root: str) -> int:
     try:
         with open(f"{proc_root}/{pid}/status", "rb") as f:
             for line in f:
                 if line.startswith(b"NSpid:"):
-                    ns_pid = int(line.split()[-1])
+                    return int(line.split()[-1])
     except (OSError, ValueError):
         pass
+    return pid
+
+
+def _mapped_files(
+    pid: int, proc_root: str, inodes: set[int] | None = None
+) -> list[tuple[int, int, bytes]]:
+    """(st_dev, st_ino, path) of every file the process has mapped; with `inodes`, [] unless
+    one of them appears (a large map is searched, not parsed, when none does)."""
+    with open(f"{proc_root}/{pid}/maps", "rb") as f:
+        maps = f.read()
+    if inodes is not None and not any(b" %d " % i in maps for i in inodes):
+        return []
+    out = []
+    for line in maps.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) < 6 or parts[4] == b"0":
+            continue
+        major, _, minor = parts[3].partition(b":")
+        try:
+            dev = os.makedev(int(major, 16), int(minor, 16))
+            out.append((dev, int(parts[4]), parts[5]))
+        except ValueError:
+            continue
+    return out
+
+
+def _open_files(pid: int, proc_root: str) -> list[tuple[int, int]]:
+    """(st_dev, st_ino) of every file the process has open (the kernel's objects, not paths)."""
+    out: list[tuple[int, int]] = []
+    try:
+        names = os.listdir(f"{proc_root}/{pid}/fd")
+    except OSError:
+        return out
+    for n in names:
+        try:
+            st = os.stat(f"{proc_root}/{pid}/fd/{n}")
+        except OSError:
+            continue
+        out.append((st.st_dev, st.st_ino))
+    return out
+
+
+# openat2(2): resolve a path as if the process's root were "/" (Linux 5.6)
+_SYS_OPENAT2 = 437  # the same number on every architecture (asm-generic table)
+_RESOLVE_NO_MAGICLINKS = 0x02
+_RESOLVE_IN_ROOT = 0x10
+_O_PATH = getattr(os, "O_PATH", 0o10000000)
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def stat_in_root(root: str, path: bytes) -> os.stat_result:
+    """lstat of `path` resolved strictly inside the directory `root` (a process's
+    /proc/<pid>/root): absolute links and ".." stay inside it; the last component is not
+    followed. OSError when it cannot be reached (ENOSYS: a kernel without openat2)."""
+    rfd = os.open(root, _O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        how = _OpenHow(_O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, 0,
+                       _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS)  # fmt: skip
+        fd = _libc.syscall(_SYS_OPENAT2, rfd, path, ctypes.byref(how), ctypes.sizeof(how))
+        if fd < 0:
+            e = ctypes.get_errno()
+            raise OSError(e, os.strerror(e))
+        try:
+            return os.fstat(fd)
+        finally:
+            os.close(fd)
+    finally:
+        os.close(rfd)
+
+
+def attribute(
+    pid: int, proc_root: str = "/proc", known: Mapping[tuple[int, int], object] | None = None
+) -> Attribution:
+    """Which accounting file the process has (mapped, open) or else names, as its own root sees
+    it. `known`: the slices' files by (st_dev, st_ino), looked for in its maps and descriptors."""
+    ns_pid = _ns_pid(pid, proc_root)
+    start = start_time(pid, proc_root)
     try:
         with open(f"{proc_root}/{pid}/environ", "rb") as f:
             env = f.read()
     except (FileNotFoundError, PermissionError) as e:
         # not a violation: the watchdog is blind here (no hostPID, or not root)
-        return Attribution(None, ns_pid, f"cannot read its environment ({e.strerror})", False)
+        return Attribution(
+            None, ns_pid, f"cannot read its environment ({e.strerror})", False, start
+        )
     except OSError as e:
-        return Attribution(None, ns_pid, f"cannot read its environment ({e.strerror})")
+        return Attribution(None, ns_pid, f"cannot read its environment ({e.strerror})", True, start)
+    if known:
+        try:
+            for dev, ino, _ in _mapped_files(pid, proc_root, {i for _, i in known}):
+                if (dev, ino) in known:
+                    return Attribution((dev, ino), ns_pid, "", True, start, "mapped")
+        except OSError:
+            pass
+        for ident in _open_files(pid, proc_root):
+            if ident in known:
+                return Attribution(ident, ns_pid, "", True, start, "open")
     path = None
     for item in env.split(b"\0"):
         if item.startswith(REGION_ENV):
             path = item[len(REGION_ENV) :]
     if not path or not path.startswith(b"/"):
-        return Attribution(None, ns_pid, "names no accounting file")
+        return Attribution(None, ns_pid, "names no accounting file", True, start)
     try:
-        st = os.lstat(f"{proc_root}/{pid}/root".encode() + path)
+        st = stat_in_root(f"{proc_root}/{pid}/root", path)
     except OSError as e:
-        return Attribution(None, ns_pid, f"its accounting file is unreachable ({e.strerror})")
-    return Attribution((st.st_dev, st.st_ino), ns_pid, "")
+        why = (
+            f"its accounting file {path.decode(errors='replace')!r} is unreachable inside its root"
+        )
+        return Attribution(None, ns_pid, f"{why} ({e.strerror})", True, start)
+    return Attribution((st.st_dev, st.st_ino), ns_pid, "", True, start, "environment")
 
 
 SHIM_NAME = b"/libvgpu"  # the shim's file name as mapped (CONTAINER_LIB, sharing/_lib)
@@ -131,14 +262,52 @@ def interpreter(pid: int, proc_root: str = "/proc") -> bytes | None:
         return None
 
 
-def missing_shim(pid: int, proc_root: str = "/proc") -> str | None:
-    """None if the shim is mapped into the process (or we cannot tell); else why it is not."""
+DELETED = b" (deleted)"
+
+
+def _mount_points(pid: int, proc_root: str) -> set[tuple[int, bytes]]:
+    """(device, mount point) of the process's read-only mounts, as its mount namespace has them."""
+    out = set()
     try:
-        with open(f"{proc_root}/{pid}/maps", "rb") as f:
-            maps = f.read()
+        with open(f"{proc_root}/{pid}/mountinfo", "rb") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) < 6 or not (parts[5] == b"ro" or parts[5].startswith(b"ro,")):
+                    continue
+                major, _, minor = parts[2].partition(b":")
+                point = parts[4].replace(b"\\040", b" ").replace(b"\\011", b"\t")
+                out.add((os.makedev(int(major), int(minor)), point.replace(b"\\134", b"\\")))
+    except (OSError, ValueError):
+        pass
+    return out
+
+
+def missing_shim(
+    pid: int, proc_root: str = "/proc", genuine: set[tuple[int, int]] | None = None
+) -> str | None:
+    """None if the shim is mapped into the process (or we cannot tell); else why it is not.
+    With `genuine` (the plugin's shim by device and inode) only that file counts as the shim:
+    another file named libvgpu is a copy. The previous copy, replaced on the host by an upgrade,
+    counts while the process's namespace still has it mounted read-only where it mapped it."""
+    try:
+        mapped = _mapped_files(pid, proc_root)
     except OSError:
         return None  # gone, or not ours to read: attribute() already said whether we are blind
-    if any(SHIM_NAME in line for line in maps.splitlines() if b" /" in line):
+    shims = [(d, i, p) for d, i, p in mapped if SHIM_NAME in p]
+    if genuine is not None and shims:
+        if any((d, i) in genuine for d, i, _ in shims):
+            return None
+        devs = {d for d, _ in genuine}
+        replaced = [
+            (d, p[: -len(DELETED)]) for d, _, p in shims if p.endswith(DELETED) and d in devs
+        ]
+        if replaced and set(replaced) & _mount_points(pid, proc_root):
+            return None
+        where = shims[0][2].decode(errors="replace")
+        return (
+            f"the libvgpu it loaded ({where}) is not the plugin's shim (a copy, or another build)"
+        )
+    if shims:
         return None
     interp = interpreter(pid, proc_root)
     if interp is not None and b"musl" in interp:
@@ -172,13 +341,6 @@ def _describe(pid: int) -> str:
         return f"pid {pid}"
 
 
-def _identity(pid: int) -> tuple[int, float]:
-    try:
-        return pid, psutil.Process(pid).create_time()
-    except psutil.Error:
-        return pid, 0.0
-
-
 def _count_by_slice_device(found: list[Unshimmed]) -> dict[tuple[str, int], int]:
     out: dict[tuple[str, int], int] = {}
     for u in found:
@@ -186,22 +348,63 @@ def _count_by_slice_device(found: list[Unshimmed]) -> dict[tuple[str, int], int]
     return out
 
 
-def _stop(pids: list[int], grace: float) -> None:
-    procs = []
-    for pid in pids:
+def _stop(targets: list[tuple[int, int]], grace: float, proc_root: str = "/proc") -> None:
+    """SIGTERM each (pid, start time), SIGKILL after `grace` seconds; through pidfds opened
+    before checking the start time, so a process that exited and whose PID was reused is never
+    signalled."""
+    fds: dict[int, int] = {}
+    for pid, start in targets:
         try:
-            p = psutil.Process(pid)
-            p.terminate()
-            procs.append(p)
-        except psutil.Error:
+            fd = os.pidfd_open(pid)
+        except OSError:
+            continue  # gone
+        if start == 0 or start_time(pid, proc_root) != start:
+            os.close(fd)
+            log.warning("watchdog: pid %d is no longer the process the pass saw: not stopped", pid)
             continue
-    _, alive = psutil.wait_procs(procs, timeout=grace)
-    for p in alive:
         try:
-            log.warning("watchdog: pid %d ignored SIGTERM for %gs; sending SIGKILL", p.pid, grace)
-            p.kill()
-        except psutil.Error:
-            pass
+            signal.pidfd_send_signal(fd, signal.SIGTERM)
+            fds[pid] = fd
+        except OSError:
+            os.close(fd)
+    deadline = time.monotonic() + grace
+    poller = select.poll()
+    for fd in fds.values():
+        poller.register(fd, select.POLLIN)  # readable once the process has exited
+    alive = dict(fds)
+    while alive and (left := deadline - time.monotonic()) > 0:
+        for fd, _ in poller.poll(left * 1000):
+            poller.unregister(fd)
+            alive = {p: f for p, f in alive.items() if f != fd}
+    for pid, fd in alive.items():
+        log.warning("watchdog: pid %d ignored SIGTERM for %gs; sending SIGKILL", pid, grace)
+        with contextlib.suppress(OSError):
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+    for fd in fds.values():
+        os.close(fd)
+
+
+def fnv1a64(data: bytes) -> int:
+    """The shim's hash of the limits file it read (settings.c)."""
+    h = 0xCBF29CE484222325
+    for b in data:
+        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+@dataclass(frozen=True)
+class ClaimLimits:
+    """The claim's limits file on the host: what its processes must enforce."""
+
+    ident: tuple[int, int, int, int]  # st_dev, st_ino, st_mtime_ns, st_size
+    hash: int
+
+
+def _claim_limits_file(sl: Slice) -> Path | None:
+    """<data-dir>/claims/<uid>/limits for a claim of the plugin; None for a --region slice."""
+    if not sl.claim_uid:
+        return None
+    return Path(sl.region_path).parent.parent / "limits"
 
 
 class Watchdog:
@@ -214,7 +417,10 @@ class Watchdog:
         kill_grace: float = 5.0,
         events: EventSink | None = None,
         proc_root: str = "/proc",
+        shim_file: str | os.PathLike[str] | None = None,
     ) -> None:
+        """shim_file: the plugin's installed shim (<data-dir>/lib/libvgpu.so): a claim's
+        processes must map that very file. None: any libvgpu counts (`vgpu run` slices)."""
         if enforce not in ENFORCE_MODES:
             raise ValueError(f"enforce {enforce!r} unknown; allowed: {', '.join(ENFORCE_MODES)}")
         self.violations = violations
@@ -223,22 +429,68 @@ class Watchdog:
         self.kill_grace = kill_grace
         self.events = events
         self.proc_root = proc_root
+        self.shim_file = shim_file
+        self._shims: set[tuple[int, int]] = set()  # every identity shim_file had (this run)
+        self._limits: dict[str, tuple[ClaimLimits, Path]] = {}  # claim key -> its limits file
         self._over: set[tuple[str, int]] = set()  # (slice key, device): episodes in progress
-        self._strays: set[tuple[int, float]] = set()  # unattributed processes already counted
-        self._unshimmed_seen: set[tuple[int, float]] = set()  # reported processes without shim
+        self._strays: set[tuple[int, int]] = set()  # unattributed processes already counted
+        self._unshimmed_seen: set[tuple[int, int]] = set()  # reported processes without shim
         self._unshimmed: tuple[Unshimmed, ...] = ()
         self._unshimmed_lock = threading.Lock()
         self._self = os.getpid()
         self._warned_blind = False
+        self._warned_shim = False
+
+    def _genuine_shims(self) -> set[tuple[int, int]] | None:
+        if self.shim_file is None:
+            return None
+        try:
+            st = os.stat(self.shim_file)
+            self._shims.add((st.st_dev, st.st_ino))
+        except OSError as e:
+            # not installed yet (the identities seen before still count), or not ours to read
+            if not self._shims and not self._warned_shim:
+                self._warned_shim = True
+                log.warning("watchdog: cannot read the plugin's shim %s (%s): any libvgpu "
+                            "mapping counts as the shim until it can", self.shim_file, e.strerror)  # fmt: skip
+        # never judge against an empty set: every process would be "without the shim"
+        return self._shims or None
+
+    def _claim_limits(self, sl: Slice) -> ClaimLimits | None:
+        """The claim's limits file as it is now (re-read when it changes); None for a --region
+        slice or an unreadable file (then nothing is compared)."""
+        path = _claim_limits_file(sl)
+        if path is None:
+            return None
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError:
+            return None
+        try:
+            st = os.fstat(fd)
+            ident = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+            cached = self._limits.get(sl.key)
+            if cached is not None and cached[0].ident == ident:
+                return cached[0]
+            data = os.pread(fd, min(st.st_size, 1 << 16), 0)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        got = ClaimLimits(ident, fnv1a64(data))
+        self._limits[sl.key] = (got, path)
+        return got
 
     def check(self, view: NodeView, reading: NvmlReading) -> None:
         files = {(c.st_dev, c.st_ino): key for key, c in view.counters.items()}
         devices = {d.gpu.uuid: d for d in view.devices}
+        genuine = self._genuine_shims()
         over_now: set[tuple[str, int]] = set()
-        strays_now: set[tuple[int, float]] = set()
+        strays_now: set[tuple[int, int]] = set()
         unshimmed: list[Unshimmed] = []
-        unshimmed_seen: set[tuple[int, float]] = set()
-        to_stop: list[int] = []
+        unshimmed_seen: set[tuple[int, int]] = set()
+        to_stop: list[tuple[int, int]] = []
+        slots: dict[str, dict[int, region.SlotLimits] | None] = {}
         for gpu in reading.gpus:
             dv = devices.get(gpu.uuid)
             if dv is None or not gpu.processes:
@@ -248,7 +500,7 @@ class Watchdog:
             for p in gpu.processes:
                 if p.pid == self._self:
                     continue
-                a = attribute(p.pid, self.proc_root)
+                a = attribute(p.pid, self.proc_root, files)
                 if not a.visible:
                     self._blind(p.pid, a.why)
                     continue
@@ -256,15 +508,18 @@ class Watchdog:
                 if key is not None and key in on_dev:
                     mine.setdefault(key, []).append((p, a))
                 elif dv.slices:
-                    ident = _identity(p.pid)
+                    ident = (p.pid, a.start)
                     strays_now.add(ident)
                     if ident not in self._strays:
                         why = a.why or "its slice has no share of this GPU"
                         self._stray(gpu.uuid, p, why)
-                        to_stop.append(p.pid)
+                        to_stop.append(ident)
             for key, procs in mine.items():
                 s = on_dev[key]
-                to_stop += self._without_shim(gpu.uuid, s, procs, unshimmed, unshimmed_seen)
+                if key not in slots:
+                    slots[key] = self._slots(s.slice)
+                to_stop += self._without_shim(gpu.uuid, s, procs, unshimmed, unshimmed_seen,
+                                              genuine, slots[key])  # fmt: skip
                 total = sum(p.used_bytes for p, _ in procs)
                 if s.memory_limit <= 0 or total <= s.memory_limit + self.margin:
                     continue
@@ -280,9 +535,12 @@ class Watchdog:
         to_stop = list(dict.fromkeys(to_stop))  # a process can be an offender twice over
         if to_stop and self.enforce == "kill":
             log.warning("watchdog: stopping pids %s (SIGTERM, SIGKILL after %gs)",
-                        to_stop, self.kill_grace)  # fmt: skip
+                        [pid for pid, _ in to_stop], self.kill_grace)  # fmt: skip
             threading.Thread(
-                target=_stop, args=(to_stop, self.kill_grace), name="watchdog-kill", daemon=True
+                target=_stop,
+                args=(to_stop, self.kill_grace, self.proc_root),
+                name="watchdog-kill",
+                daemon=True,
             ).start()
 
     def without_shim(self) -> tuple[Unshimmed, ...]:
@@ -290,27 +548,63 @@ class Watchdog:
         with self._unshimmed_lock:
             return self._unshimmed
 
+    def _slots(self, sl: Slice) -> dict[int, region.SlotLimits] | None:
+        """What the claim's processes enforce, by their PID in their namespace (live slots);
+        None for a --region slice or an unreadable file (nothing compared)."""
+        if not sl.claim_uid:
+            return None
+        try:
+            return {x.pid: x for x in region.read_slot_limits(sl.region_path)}
+        except region.RegionError:
+            return None
+
+    def _not_enforcing(
+        self, sl: Slice, a: Attribution, slots: dict[int, region.SlotLimits] | None
+    ) -> str | None:
+        """Why a claim's process with the plugin's shim does not enforce the claim's limits."""
+        if slots is None:
+            return None
+        want = self._claim_limits(sl)
+        if want is None:
+            return None
+        got = slots.get(a.ns_pid)
+        if got is None:
+            return ("the shim never registered it in the slice's accounting file (it reached "
+                    "the driver without going through the shim)")  # fmt: skip
+        if got.source != region.LIMITS_FILE:
+            return "its shim enforces limits from its environment, not the claim's limits file"
+        if got.hash != want.hash:
+            return (f"its shim enforces another limits file (device {got.dev}, inode {got.ino}) "
+                    "than the claim's")  # fmt: skip
+        return None
+
     def _without_shim(
         self,
         uuid: str,
         s: SliceDeviceView,
         procs: list[tuple[GpuProcess, Attribution]],
         found: list[Unshimmed],
-        seen: set[tuple[int, float]],
-    ) -> list[int]:
-        """Adds the slice's processes without the shim to found/seen; returns the new ones."""
+        seen: set[tuple[int, int]],
+        genuine: set[tuple[int, int]] | None,
+        slots: dict[int, region.SlotLimits] | None,
+    ) -> list[tuple[int, int]]:
+        """Adds the slice's processes without the plugin's shim in force to found/seen; returns
+        the new ones."""
         new = []
-        for p, _ in procs:
-            missing = missing_shim(p.pid, self.proc_root)
+        claim = bool(s.slice.claim_uid)
+        for p, a in procs:
+            missing = missing_shim(p.pid, self.proc_root, genuine if claim else None)
+            if missing is None and claim:
+                missing = self._not_enforcing(s.slice, a, slots)
             if missing is None:
                 continue
             u = Unshimmed(s.slice, s.device, uuid, p.pid, p.used_bytes, missing)
             found.append(u)
-            ident = _identity(p.pid)
+            ident = (p.pid, a.start)
             seen.add(ident)
             if ident not in self._unshimmed_seen:
                 self._report_unshimmed(u)
-                new.append(p.pid)
+                new.append(ident)
         return new
 
     def _report(self, sl: Slice | None, reason: str, what: str, msg: str) -> None:
@@ -353,7 +647,7 @@ class Watchdog:
         procs: list[tuple[GpuProcess, Attribution]],
         total: int,
         view: NodeView,
-    ) -> list[int]:
+    ) -> list[tuple[int, int]]:
         sl = s.slice
         self.violations.add_slice(sl.key, s.device)
         c = view.counters[sl.key]
@@ -361,19 +655,20 @@ class Watchdog:
             pid: used[s.device] for pid, used in zip(c.live_pids, c.live_charged, strict=True)
         }
         # a process holds more than the shim charged it (nothing, if the shim never saw it)
-        bypass = [p for p, a in procs if p.used_bytes > charged.get(a.ns_pid, 0) + self.margin]
+        bypass = [(p, a) for p, a in procs
+                  if p.used_bytes > charged.get(a.ns_pid, 0) + self.margin]  # fmt: skip
         msg = (
             f"{_who(sl)} holds {total} bytes on GPU {uuid} by NVML's count, over its quota "
             f"{s.memory_limit} + margin {self.margin}; holding more than the shim charged: "
-            f"{', '.join(_describe(p.pid) for p in bypass) or 'none'}"
+            f"{', '.join(_describe(p.pid) for p, _ in bypass) or 'none'}"
         )
         self._report(sl, "QuotaExceeded", "quota violation", msg)
         if bypass:
-            return [p.pid for p in bypass]
+            return [(p.pid, a.start) for p, a in bypass]
         out, rest = [], total
-        for p, _ in sorted(procs, key=lambda pa: -pa[0].used_bytes):
+        for p, a in sorted(procs, key=lambda pa: -pa[0].used_bytes):
             if rest <= s.memory_limit + self.margin:
                 break
-            out.append(p.pid)
+            out.append((p.pid, a.start))
             rest -= p.used_bytes
         return out

@@ -249,6 +249,7 @@ static int claim_slot_locked_local(void) {
     }
     s->pid = (int32_t)getpid();
     s->generation++;
+    vgpu_settings_publish(&s->limits_source, &s->limits_dev, &s->limits_ino, &s->limits_hash);
     memset(s->used, 0, sizeof s->used);
     s->state = VGPU_SLOT_LIVE;
     if ((uint32_t)got >= R->slots_hwm) __atomic_store_n(&R->slots_hwm, (uint32_t)got + 1, __ATOMIC_RELEASE);

@@ -1,17 +1,28 @@
 /*
  * Where the limit settings come from.
  *
- * Under the DRA driver the plugin writes the claim's limits into a file that it mounts read-only
- * beside the shim (VGPU_LIMITS_CONTAINER_PATH). When that file exists it is the only source of
- * every limit-related setting: the container's environment is the tenant's, and a tenant must not
- * be able to lift its own limits (CUDA_DISABLE_CONTROL=1, VGPU_COMPUTE_POLICY=off, an unset or
- * larger CUDA_DEVICE_MEMORY_LIMIT...). Without the file (`vgpu run`, a plain LD_PRELOAD), the
- * environment is the source, as in HAMi-core.
+ * Under the DRA driver the plugin writes the claim's limits into a file that it bind-mounts
+ * read-only beside the shim (VGPU_LIMITS_CONTAINER_PATH). That file is the only source of every
+ * limit-related setting: the container's environment is the tenant's, and a tenant must not be
+ * able to lift its own limits (CUDA_DISABLE_CONTROL=1, VGPU_COMPUTE_POLICY=off, an unset or larger
+ * CUDA_DEVICE_MEMORY_LIMIT...). Without it (`vgpu run`, a plain LD_PRELOAD), the environment is the
+ * source, as in HAMi-core.
  *
- * The file is looked for beside the loaded shim first (so a test or an admin can ship a copy of the
- * shim with its limits), then at the fixed container path. Its format is the environment's:
- * KEY=VALUE lines, '#' comments; the parsers of config.c and compute.c read its entries exactly as
- * they read the environment's.
+ * The tenant may be root in its container: it can write any file it can open and rename any
+ * directory that is not itself a mount point (so it can move the directory holding the plugin's
+ * mounts aside and put a copy of the shim and a limits file of its own in its place). So a limits
+ * file counts only if it is the plugin's: the root of a read-only mount of its own (fstatvfs says
+ * read-only, and /proc/self/mountinfo has a mount point that is this very file). A file named
+ * `limits` beside the loaded shim or at the container path that is not such a mount is a forgery:
+ * the process fails closed. And where the plugin's mounts are in this mount namespace (a
+ * read-only `libvgpu.so` and `limits` mounted side by side: a mount point cannot be renamed, so
+ * the pair stays together wherever its directory is moved) but no plugin file was found at the
+ * places the shim looks, the claim is enforced and its file is gone from there: fail closed too.
+ * A process that loads no shim at all, or a tampered copy, is the watchdog's (docs/shim.md).
+ *
+ * The file's format is the environment's: KEY=VALUE lines, '#' comments; the parsers of config.c
+ * and compute.c read its entries exactly as they read the environment's. What the process
+ * enforces, and from where, is published in its slot of the accounting file (region.h).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -21,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "shim_internal.h"
@@ -32,6 +44,8 @@ extern char **environ;
 
 static char **file_entries;      /* NULL-terminated "K=V" strings of the limits file, or NULL */
 static char file_path[4096];     /* the limits file in force, "" when none */
+static struct stat file_stat;    /* its identity, for the accounting file (vgpu_settings_publish) */
+static uint64_t file_hash;       /* FNV-1a 64 of its bytes */
 
 /* Names whose value a tenant could use to lift a limit: with a limits file they come from the file
  * only. LIBCUDA_LOG_LEVEL (and CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER: which devices, not how
@@ -90,20 +104,203 @@ static int parse_file(const char *path, char *text) {
     return 0;
 }
 
-/* 1: the file at `path` is in force (parsed); 0: there is none; -1: it exists but is unusable
- * (reported: the process fails closed, it must not fall back to the tenant's environment). */
+/* ---- /proc/self/mountinfo ---- */
+
+/* Undo mountinfo's octal escapes (\040 space, \011 tab, \012 newline, \134 backslash) in place. */
+static void unescape(char *s) {
+    char *o = s;
+    for (; *s; s++) {
+        if (s[0] == '\\' && s[1] >= '0' && s[1] <= '3' && s[2] >= '0' && s[2] <= '7' && s[3] >= '0' && s[3] <= '7') {
+            *o++ = (char)((s[1] - '0') * 64 + (s[2] - '0') * 8 + (s[3] - '0'));
+            s += 3;
+        } else {
+            *o++ = *s;
+        }
+    }
+    *o = '\0';
+}
+
+/* One mount: its mount point (unescaped) and whether it is read-only (per-mount options). */
+typedef int (*mount_visitor)(const char *point, int ro, void *arg);
+
+/* /proc/self/mountinfo's text (NUL-terminated, malloc'ed), or NULL. One read() loop: stdio
+ * would cost a process start more than the parsing. */
+static char *read_mountinfo(void) {
+    int fd = open("/proc/self/mountinfo", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return NULL;
+    size_t cap = 8192, len = 0;
+    char *buf = malloc(cap);
+    for (;;) {
+        if (buf == NULL) break;
+        if (len + 1 >= cap) {
+            char *more = cap < (1u << 24) ? realloc(buf, cap * 2) : NULL;
+            if (more == NULL) { free(buf); buf = NULL; break; }
+            buf = more;
+            cap *= 2;
+        }
+        ssize_t got = read(fd, buf + len, cap - 1 - len);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) { free(buf); buf = NULL; break; }
+        if (got == 0) { buf[len] = '\0'; break; }
+        len += (size_t)got;
+    }
+    close(fd);
+    return buf;
+}
+
+/* Calls visit for each mount of the mountinfo text (consumed) until it returns non-zero; that
+ * value, or 0 after the last. */
+static int each_mount_in(char *text, mount_visitor visit, void *arg) {
+    int rc = 0;
+    for (char *line = text; rc == 0 && line != NULL && *line != '\0';) {
+        char *nl = strchr(line, '\n');
+        if (nl) *nl = '\0';
+        char *next = nl ? nl + 1 : NULL;
+        /* ID PARENT MAJ:MIN ROOT MOUNT_POINT OPTIONS ... */
+        char *save = NULL, *field[6];
+        int n = 0;
+        for (char *t = strtok_r(line, " ", &save); t != NULL && n < 6; t = strtok_r(NULL, " ", &save)) field[n++] = t;
+        line = next;
+        if (n < 6) continue;
+        unescape(field[4]);
+        int ro = strcmp(field[5], "ro") == 0 || strncmp(field[5], "ro,", 3) == 0;
+        rc = visit(field[4], ro, arg);
+    }
+    return rc;
+}
+
+/* The same over this process's mounts; -1 when mountinfo cannot be read. */
+static int each_mount(mount_visitor visit, void *arg) {
+    char *text = read_mountinfo();
+    if (text == NULL) return -1;
+    int rc = each_mount_in(text, visit, arg);
+    free(text);
+    return rc;
+}
+
+struct same_file { const struct stat *st; };
+
+static int is_mount_of(const char *point, int ro, void *arg) {
+    const struct stat *want = ((struct same_file *)arg)->st;
+    if (!ro) return 0;
+    /* open + fstat: stat() is a GLIBC_2.33 symbol (the shim loads into glibc from 2.17) */
+    int fd = open(point, O_PATH | O_CLOEXEC);
+    if (fd < 0) return 0;
+    struct stat st;
+    int same = vgpu_fstat(fd, &st) == 0 && st.st_dev == want->st_dev && st.st_ino == want->st_ino;
+    close(fd);
+    return same;
+}
+
+/* Whether the open file is the root of a read-only mount of its own (a bind mount the plugin
+ * made): 1 yes, 0 no (*why says which part fails), -1 cannot tell (*why). */
+static int own_ro_mount(int fd, const char **why) {
+    struct statvfs vs;
+    struct stat st;
+    if (fstatvfs(fd, &vs) != 0 || vgpu_fstat(fd, &st) != 0) {
+        *why = strerror(errno);
+        return -1;
+    }
+    if (!(vs.f_flag & ST_RDONLY)) {
+        *why = "it is on a writable file system";
+        return 0;
+    }
+    struct same_file sf = {&st};
+    int rc = each_mount(is_mount_of, &sf);
+    if (rc < 0) {
+        *why = "/proc/self/mountinfo is unreadable, so it cannot be told from a copy";
+        return -1;
+    }
+    if (rc == 0) *why = "it is not a read-only mount of its own (a copy, not the plugin's bind mount)";
+    return rc > 0;
+}
+
+/* The plugin's pair of mounts: read-only mount points D/libvgpu.so and D/limits. */
+struct pair_search {
+    char shims[8][512]; /* directories of read-only mount points named libvgpu.so */
+    int nshims;
+    char found[512];    /* D/limits of the first pair */
+};
+
+static int split_dir(const char *point, const char *name, char *dir, size_t cap) {
+    const char *slash = strrchr(point, '/');
+    if (slash == NULL || strcmp(slash + 1, name) != 0 || (size_t)(slash - point) >= cap) return 0;
+    memcpy(dir, point, (size_t)(slash - point));
+    dir[slash - point] = '\0';
+    return 1;
+}
+
+static int collect_shims(const char *point, int ro, void *arg) {
+    struct pair_search *ps = arg;
+    if (ro && ps->nshims < 8 && split_dir(point, "libvgpu.so", ps->shims[ps->nshims], sizeof ps->shims[0])) ps->nshims++;
+    return 0;
+}
+
+static int match_limits(const char *point, int ro, void *arg) {
+    struct pair_search *ps = arg;
+    char dir[512];
+    if (!ro || !split_dir(point, "limits", dir, sizeof dir)) return 0;
+    for (int i = 0; i < ps->nshims; i++)
+        if (strcmp(ps->shims[i], dir) == 0) {
+            snprintf(ps->found, sizeof ps->found, "%s", point);
+            return 1;
+        }
+    return 0;
+}
+
+/* The plugin's limits mount in this mount namespace, wherever its directory was moved: 1 (path in
+ * out), 0 none, -1 mountinfo unreadable. */
+static int plugin_limits_mount(char *out, size_t cap) {
+    char *text = read_mountinfo();
+    if (text == NULL) return -1;
+    int rc = 0;
+    /* the common case, no plugin mounts at all (`vgpu run`): a search, no parsing */
+    if (strstr(text, "/libvgpu.so ") != NULL && strstr(text, "/limits ") != NULL) {
+        struct pair_search ps;
+        memset(&ps, 0, sizeof ps);
+        size_t len = strlen(text);
+        char *copy = malloc(len + 1); /* parsing consumes the text: one copy per pass */
+        if (copy == NULL) {
+            free(text);
+            return -1;
+        }
+        memcpy(copy, text, len + 1);
+        each_mount_in(text, collect_shims, &ps);
+        if (ps.nshims > 0) rc = each_mount_in(copy, match_limits, &ps);
+        if (rc > 0) snprintf(out, cap, "%s", ps.found);
+        free(copy);
+    }
+    free(text);
+    return rc;
+}
+
+/* ---- the limits file ---- */
+
+static const char plugin_forms[] = "the plugin's read-only bind mount at " VGPU_LIMITS_CONTAINER_PATH
+                                   " (or beside the plugin's mounted libvgpu.so)";
+
+/* 1: the file at `path` is in force (parsed); 0: there is none; -1: it exists but is unusable or
+ * not the plugin's (reported: the process fails closed, it must not fall back to the tenant's
+ * environment). */
 static int try_file(const char *path) {
     int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
         if (errno == ENOENT || errno == ENOTDIR) return 0;
-        vgpu_config_error(path, "(limits file)", strerror(errno), "a regular file the plugin wrote, readable");
+        vgpu_config_error(path, "(limits file)", strerror(errno), plugin_forms);
         return -1;
     }
     struct stat st;
     if (vgpu_fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > LIMITS_MAX_BYTES) {
         close(fd);
-        vgpu_config_error(path, "(limits file)", "not a regular file of at most 64 KiB",
-                          "a regular file the plugin wrote, readable");
+        vgpu_config_error(path, "(limits file)", "not a regular file of at most 64 KiB", plugin_forms);
+        return -1;
+    }
+    const char *why = NULL;
+    if (own_ro_mount(fd, &why) != 1) {
+        close(fd);
+        char what[160];
+        snprintf(what, sizeof what, "not the plugin's: %s", why);
+        vgpu_config_error(path, "(limits file)", what, plugin_forms);
         return -1;
     }
     char *text = malloc((size_t)st.st_size + 1);
@@ -112,21 +309,19 @@ static int try_file(const char *path) {
     close(fd);
     if (got < 0 || got != st.st_size) {
         free(text);
-        vgpu_config_error(path, "(limits file)", got < 0 ? strerror(err) : "short read",
-                          "a regular file the plugin wrote, readable");
+        vgpu_config_error(path, "(limits file)", got < 0 ? strerror(err) : "short read", plugin_forms);
         return -1;
     }
     text[(size_t)got] = '\0'; /* kept for the life of the process: the entries point into it */
+    uint64_t h = 0xcbf29ce484222325ULL; /* FNV-1a 64, of the bytes before parsing writes into them */
+    for (ssize_t i = 0; i < got; i++) h = (h ^ (unsigned char)text[i]) * 0x100000001b3ULL;
     if (parse_file(path, text) != 0) {
         free(text);
         return -1;
     }
     snprintf(file_path, sizeof file_path, "%s", path);
-    /* Root can write any file not on a read-only mount: the plugin mounts it read-only, and a
-     * tenant's root cannot remount it. What is worth a line is a file others may write. */
-    if ((st.st_mode & (S_IWGRP | S_IWOTH)) || (geteuid() != 0 && faccessat(AT_FDCWD, path, W_OK, AT_EACCESS) == 0))
-        vgpu_log(VGPU_LOG_WARN, "limits file %s is writable by this process: the plugin should mount it read-only",
-                 path);
+    file_stat = st;
+    file_hash = h;
     return 1;
 }
 
@@ -134,16 +329,38 @@ int vgpu_settings_load(void) {
     file_entries = NULL;
     file_path[0] = '\0';
     Dl_info info;
+    const char *shim = NULL;
     if (dladdr((void *)vgpu_settings_load, &info) != 0 && info.dli_fname != NULL) {
-        const char *slash = strrchr(info.dli_fname, '/');
-        if (slash != NULL && (size_t)(slash - info.dli_fname) + sizeof "/limits" < sizeof file_path) {
+        shim = info.dli_fname;
+        const char *slash = strrchr(shim, '/');
+        if (slash != NULL && (size_t)(slash - shim) + sizeof "/limits" < sizeof file_path) {
             char beside[sizeof file_path];
-            snprintf(beside, sizeof beside, "%.*s/limits", (int)(slash - info.dli_fname), info.dli_fname);
+            snprintf(beside, sizeof beside, "%.*s/limits", (int)(slash - shim), shim);
             int rc = try_file(beside);
             if (rc != 0) return rc < 0 ? -1 : 0;
         }
     }
-    return try_file(VGPU_LIMITS_CONTAINER_PATH) < 0 ? -1 : 0;
+    int rc = try_file(VGPU_LIMITS_CONTAINER_PATH);
+    if (rc != 0) return rc < 0 ? -1 : 0;
+    /* No file where the shim looks. If the plugin's mounts are here, its file was moved away
+     * from the shim that runs (a copy, or the shim's directory renamed): fail closed. */
+    char moved[512];
+    if (plugin_limits_mount(moved, sizeof moved) == 1) {
+        char what[700];
+        snprintf(what, sizeof what, "the plugin's limits are mounted at %s, not beside this shim (%s)", moved,
+                 shim ? shim : "?");
+        vgpu_config_error(VGPU_LIMITS_CONTAINER_PATH, "(missing)", what,
+                          "the plugin's libvgpu.so and limits where the plugin mounted them (do not move them)");
+        return -1;
+    }
+    return 0;
+}
+
+void vgpu_settings_publish(uint32_t *source, uint64_t *dev, uint64_t *ino, uint64_t *hash) {
+    *source = file_entries != NULL ? VGPU_LIMITS_FILE : VGPU_LIMITS_ENV;
+    *dev = file_entries != NULL ? (uint64_t)file_stat.st_dev : 0;
+    *ino = file_entries != NULL ? (uint64_t)file_stat.st_ino : 0;
+    *hash = file_entries != NULL ? file_hash : 0;
 }
 
 const char *vgpu_settings_file(void) { return file_path[0] ? file_path : NULL; }

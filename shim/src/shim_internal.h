@@ -118,9 +118,13 @@ extern const char vgpu_quantity_forms[];
 /* ---- where limit settings come from (settings.c) ---- */
 /* The plugin's read-only limits file, in the container beside the shim's container path. */
 #define VGPU_LIMITS_CONTAINER_PATH "/usr/local/lib/vgpu-sharing/limits"
-/* Find the limits file (beside the loaded shim, then VGPU_LIMITS_CONTAINER_PATH). 0 (with or
- * without one), -1 when one exists but cannot be used (reported: fail closed). */
+/* Find the limits file (beside the loaded shim, then VGPU_LIMITS_CONTAINER_PATH): only the plugin's
+ * read-only bind mount counts. 0 (with or without one), -1 when one exists but cannot be used or
+ * is not the plugin's, or the plugin's mounts are here but not where the shim looks (reported:
+ * fail closed). */
 int vgpu_settings_load(void);
+/* What this process enforces, for its slot of the accounting file (region.h, VGPU_LIMITS_*). */
+void vgpu_settings_publish(uint32_t *source, uint64_t *dev, uint64_t *ino, uint64_t *hash);
 /* A setting's value: from the limits file when one is in force and the name is a limit setting
  * (every one but LIBCUDA_LOG_LEVEL), else from the environment. NULL when unset. */
 const char *vgpu_setting(const char *name);

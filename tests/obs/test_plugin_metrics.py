@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from sharing.paths import shim_library, sim_lib_dir
+from sharing.paths import sim_lib_dir
 from tests.driver.kubelet_standin import KubeletStandin, allocated_claim, claim_id, result
 from tests.driver.test_main_e2e import (
     DRIVER,
@@ -161,11 +161,9 @@ def test_a_claims_process_without_the_shim_is_reported_under_its_quota(
             SIMGPU_STATE=str(root / "simgpu-state"),
             CUDA_DEVICE_MEMORY_SHARED_CACHE=str(claim_dir / "shared" / "accounting"),
         )
-        # a process of the claim with the shim, as CDI runs it: not reported
-        shimmed = Held(ops, dict(env, LD_PRELOAD=str(shim_library()),
-                                 CUDA_DEVICE_MEMORY_LIMIT="4Gi"),
-                       "init", "ctx", f"alloc:{64 << 20}")  # fmt: skip
-        # and one without it, far under the quota (64 MiB of 4 GiB)
+        # a process of the claim without the shim, far under the quota (64 MiB of 4 GiB). (A
+        # shimmed neighbour must be the plugin's shim with the claim's mounted limits file, as
+        # only a container has them: tests/obs/test_watchdog_attacks_podman.py.)
         bare = Held(ops, env, "init", "ctx", f"alloc:{64 << 20}")
         try:
             s = scrape_until(url, lambda s: value(s, "vgpu_slice_processes_without_shim",
@@ -186,7 +184,6 @@ def test_a_claims_process_without_the_shim_is_reported_under_its_quota(
             assert bare.proc.poll() is None  # enforce none: reported, not stopped
         finally:
             bare.release()
-            shimmed.release()
         s = scrape_until(url, lambda s: value(s, "vgpu_slice_processes_without_shim",
                                               claim_uid=uid) == 0)  # fmt: skip
         assert value(s, "vgpu_slice_processes_without_shim", claim_uid=uid) == 0

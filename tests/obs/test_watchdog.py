@@ -8,8 +8,10 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,8 +20,9 @@ from sharing.counters import read_counters
 from sharing.nodeview import DeviceView, NodeView, SliceDeviceView, ViolationCounts
 from sharing.nvml_reader import GpuProcess, GpuReading, NvmlReading
 from sharing.paths import shim_library
+from sharing.region import read_slot_limits
 from sharing.slices import region_slice
-from sharing.watchdog import Watchdog, missing_shim
+from sharing.watchdog import Watchdog, _stop, attribute, missing_shim, start_time
 from tests.obs.helpers import ExporterProcess, MiB, only, region_with_limits, scrape
 from tests.shim.conftest import Held
 from tests.sim.simhelp import CONTEXT_MEMORY
@@ -208,3 +211,127 @@ def test_a_slice_process_without_the_shim_is_reported_and_stopped_under_quota(
     assert len(lines) == 1, log
     assert f"pid {bare.proc.pid}" in lines[0] and "the shim is not loaded into it" in lines[0]
     assert f"stopping pids [{bare.proc.pid}]" in log
+
+
+# ---------------------------------------------------------------- attribution and stopping
+
+
+def _static_waiter(tmp_path: Path) -> Path:
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is missing")
+    return _waiter(["gcc", "-static"], tmp_path / "waiter-static")
+
+
+@pytest.fixture
+def two_regions(tmp_path: Path) -> tuple[Path, Path]:
+    a, b = tmp_path / "a" / "accounting", tmp_path / "b" / "accounting"
+    for r in (a, b):
+        r.parent.mkdir()
+        region_with_limits(r, 1 << 30)
+    return a, b
+
+
+def _ident(p: Path) -> tuple[int, int]:
+    st = p.stat()
+    return st.st_dev, st.st_ino
+
+
+def test_a_process_is_attributed_by_the_file_it_has_not_the_one_it_names(
+    tmp_path: Path, two_regions: tuple[Path, Path]
+) -> None:
+    """Its environment names B, but it has A open, or mapped: it is A's."""
+    a, b = two_regions
+    known = {_ident(a): "a", _ident(b): "b"}
+    env = dict(os.environ, CUDA_DEVICE_MEMORY_SHARED_CACHE=str(b))
+    opener = ("import mmap, os, sys; f = open(sys.argv[1], 'rb'); "
+              "m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) if sys.argv[2] == 'map' else None; "
+              "g = None if m is None else f.close(); print('up', flush=True); sys.stdin.read()")  # fmt: skip
+    for how in ("open", "map"):
+        p = subprocess.Popen([sys.executable, "-c", opener, str(a), how], env=env,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+        try:
+            assert p.stdout is not None and p.stdout.readline() == "up\n"
+            got = attribute(p.pid, known=known)
+        finally:
+            p.communicate("", timeout=10)
+        assert got.file_id == _ident(a), (how, got)
+        assert got.how == ("open" if how == "open" else "mapped")
+        assert got.start > 0
+
+
+def test_the_named_file_is_resolved_strictly_inside_the_process_root(
+    tmp_path: Path, two_regions: tuple[Path, Path]
+) -> None:
+    """A process in a root of its own (chroot, as a container's) names /l/accounting with /l an
+    absolute link to another slice's directory on the host: out of its root, so no slice's. A
+    link inside its root is followed inside it."""
+    chroot = shutil.which("chroot")
+    if os.geteuid() != 0 or chroot is None:
+        pytest.skip("needs root and chroot(8)")
+    a, b = two_regions
+    root = tmp_path / "root"
+    root.mkdir()
+    waiter = _static_waiter(tmp_path)
+    shutil.copy2(waiter, root / "waiter")
+    (root / "l").symlink_to(b.parent)  # the host path of B's directory
+    (root / "own").mkdir()
+    region_with_limits(root / "own" / "accounting", 1 << 30)
+    (root / "m").symlink_to("/own")  # absolute, inside its root
+    known = {_ident(a): "a", _ident(b): "b"}
+    for named, expect in (("/l/accounting", None), ("/m/accounting", root / "own" / "accounting"),
+                          ("/m/../../../l/accounting", None)):  # fmt: skip
+        env = {"CUDA_DEVICE_MEMORY_SHARED_CACHE": named}
+        p = subprocess.Popen([chroot, str(root), "/waiter"], env=env, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)  # fmt: skip
+        try:
+            assert p.stdout is not None and p.stdout.readline() == "up\n"
+            got = attribute(p.pid, known=known)
+        finally:
+            p.communicate("x\n", timeout=10)
+        if expect is None:
+            assert got.file_id is None and "unreachable inside its root" in got.why, got
+        else:
+            assert got.file_id == _ident(expect) and got.how == "environment", got
+
+
+def test_a_pid_reused_since_the_pass_is_not_signalled(tmp_path: Path) -> None:
+    p = subprocess.Popen(["sleep", "60"])
+    try:
+        seen = start_time(p.pid)
+        assert seen > 0
+        _stop([(p.pid, seen + 1)], grace=0.5)  # another process's start time: left alone
+        time.sleep(0.3)
+        assert p.poll() is None
+        _stop([(p.pid, seen)], grace=5.0)
+        assert p.wait(10) == -signal.SIGTERM
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def test_a_claims_process_must_enforce_the_claims_limits(
+    sim_env: dict[str, str], tmp_path: Path, build_c: Callable[..., Path]
+) -> None:
+    """The shim publishes where its limits come from in its slot: a process of a claim that
+    runs with the environment's limits (not the plugin's file) is not enforcing the claim's."""
+    ops = build_c("shim_ops.c")
+    claim = tmp_path / "data" / "claims" / "uid-1"
+    (claim / "shared").mkdir(parents=True)
+    acct = claim / "shared" / "accounting"
+    region_with_limits(acct, 1 << 30)
+    (claim / "limits").write_text(f"CUDA_DEVICE_MEMORY_LIMIT_0={1 << 30}\n")
+    sl = replace(region_slice(str(acct)), key="uid-1", claim_uid="uid-1", claim="c", namespace="n")
+    env = dict(sim_env, LD_PRELOAD=str(shim_library()), CUDA_DEVICE_MEMORY_SHARED_CACHE=str(acct),
+               CUDA_DEVICE_MEMORY_LIMIT="1Gi")  # fmt: skip
+    held = Held(ops, env, "init", "ctx")
+    try:
+        wd = Watchdog(ViolationCounts())
+        slots = {x.pid: x for x in read_slot_limits(acct)}
+        a = attribute(held.proc.pid, known={_ident(acct): "uid-1"})
+        assert a.how == "mapped"
+        why = wd._not_enforcing(sl, a, slots)
+        assert why is not None and "from its environment" in why, why
+        assert "never registered" in (wd._not_enforcing(sl, replace(a, ns_pid=1), slots) or "")
+    finally:
+        held.release()

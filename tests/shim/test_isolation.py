@@ -2,6 +2,10 @@
 
 - The plugin's read-only limits file is the only source of limits when present: a tenant's
   environment (kill switches, other limits, another accounting file) changes nothing.
+- Only the plugin's file counts: a read-only bind mount of its own (here made in a private mount
+  namespace, as the container runtime does from the CDI spec). A file named `limits` on a
+  writable file system, beside a copy of the shim, or the plugin's mounts moved aside by the
+  tenant's root (`mv` of their directory): the shim fails closed.
 - The writable accounting file holds no limit: rewriting it cannot lift the quota.
 - No file is opened through a link another user planted, nor taken from another user's
   directory: the link's target stays byte-for-byte unchanged.
@@ -10,6 +14,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -47,20 +52,38 @@ HOSTILE_ENV = {
 }
 
 
-def run(binary: Path, env: dict[str, str], *ops: str) -> tuple[list[dict[str, str]], list[str]]:
-    r = subprocess.run(
-        [str(binary), *ops], env=env, capture_output=True, text=True, timeout=60, check=True
-    )
+def run(
+    binary: Path, env: dict[str, str], *ops: str, setup: str = ""
+) -> tuple[list[dict[str, str]], list[str]]:
+    """shim_ops with `ops`; `setup`: shell commands run first in a private mount namespace."""
+    argv = [str(binary), *ops]
+    if setup:
+        argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                f'{setup} && exec "$@"', "sh", *argv]  # fmt: skip
+    r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=True)
     return parse_ops(r.stdout), [x for x in r.stderr.splitlines() if x.startswith("vgpu:")]
+
+
+def mount_ro(*files: Path) -> str:
+    """Shell commands: each file bind-mounted read-only onto itself (what CDI's mounts do)."""
+    return " && ".join(f"mount --bind -o ro {shlex.quote(str(f))} {shlex.quote(str(f))}"
+                       for f in files)  # fmt: skip
 
 
 @pytest.fixture
 def shim_dir(tmp_path: Path) -> Path:
-    """A copy of the shim in a directory of its own: a limits file beside it is in force."""
+    """A copy of the shim in a directory of its own (the plugin's layout: the tests mount it and
+    a limits file beside it read-only with plugin_mounts)."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare(1): the plugin's files are read-only bind mounts")
     d = tmp_path / "vgpu-sharing"
     d.mkdir()
     shutil.copy(shim_library(), d / "libvgpu.so")
     return d
+
+
+def plugin_mounts(shim_dir: Path) -> str:
+    return mount_ro(shim_dir / "libvgpu.so", shim_dir / "limits")
 
 
 def write_limits(shim_dir: Path, text: str) -> Path:
@@ -83,7 +106,8 @@ def test_limits_file_overrides_every_tenant_setting(
     elsewhere = tmp_path / "tenant.region"
     env = dict(shim_env, **HOSTILE_ENV, LD_PRELOAD=str(shim_dir / "libvgpu.so"))
     env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = str(elsewhere)
-    res, lines = run(shim_ops, env, "init", "ctx", "info", f"alloc:{48 * MiB}", f"alloc:{32 * MiB}")
+    res, lines = run(shim_ops, env, "init", "ctx", "info", f"alloc:{48 * MiB}", f"alloc:{32 * MiB}",
+                     setup=plugin_mounts(shim_dir))  # fmt: skip
     assert [r["rc"] for r in res] == ["0", "0", "0", "0", "2"]  # the second is over 64 MiB
     assert res[2]["total"] == str(64 * MiB)
     # The slice's accounting file is the plugin's, not the one the tenant named.
@@ -101,7 +125,7 @@ def test_limits_file_without_a_limit_still_ignores_the_kill_switch(
     """CUDA_DISABLE_CONTROL=1 from the tenant: not honoured when the plugin's file is there."""
     write_limits(shim_dir, f"CUDA_DEVICE_MEMORY_LIMIT={16 * MiB}\n")
     env = dict(shim_env, CUDA_DISABLE_CONTROL="1", LD_PRELOAD=str(shim_dir / "libvgpu.so"))
-    res, _ = run(shim_ops, env, "init", "ctx", f"alloc:{32 * MiB}")
+    res, _ = run(shim_ops, env, "init", "ctx", f"alloc:{32 * MiB}", setup=plugin_mounts(shim_dir))
     assert res[2]["rc"] == "2"
 
 
@@ -119,7 +143,7 @@ def test_a_bad_limits_file_fails_closed(
 ) -> None:
     write_limits(shim_dir, content)
     env = dict(shim_env, CUDA_DISABLE_CONTROL="1", LD_PRELOAD=str(shim_dir / "libvgpu.so"))
-    res, lines = run(shim_ops, env, "init", f"alloc:{MiB}")
+    res, lines = run(shim_ops, env, "init", f"alloc:{MiB}", setup=plugin_mounts(shim_dir))
     assert res[0]["rc"] == "1" and res[1]["rc"] != "0"
     assert len(lines) == 1 and message in lines[0], lines
 
@@ -134,6 +158,74 @@ def test_a_limits_file_behind_a_link_fails_closed(
     res, lines = run(shim_ops, env, "init", f"alloc:{MiB}")
     assert res[0]["rc"] == "1"
     assert len(lines) == 1 and "limits file" in lines[0], lines
+
+
+GENEROUS = "CUDA_DISABLE_CONTROL=1\n"
+
+
+def test_a_limits_file_on_a_writable_file_system_is_not_the_plugins(
+    shim_ops: Path, shim_env: dict[str, str], shim_dir: Path
+) -> None:
+    """A tenant's own file beside a copy of the shim: fails closed, whatever it says."""
+    write_limits(shim_dir, GENEROUS)
+    env = dict(shim_env, LD_PRELOAD=str(shim_dir / "libvgpu.so"))
+    res, lines = run(shim_ops, env, "init", "ctx", f"alloc:{MiB}")
+    assert res[0]["rc"] == "1" and res[2]["rc"] != "0", res
+    assert len(lines) == 1 and "not the plugin's: it is on a writable file system" in lines[0], (
+        lines
+    )
+
+
+def test_a_read_only_directory_is_not_a_mount_of_its_own(
+    shim_ops: Path, shim_env: dict[str, str], shim_dir: Path
+) -> None:
+    """Read-only is not enough (an image's files under readOnlyRootFilesystem are read-only):
+    the file must be a bind mount of its own, as only the runtime makes from the CDI spec."""
+    write_limits(shim_dir, GENEROUS)
+    env = dict(shim_env, LD_PRELOAD=str(shim_dir / "libvgpu.so"))
+    res, lines = run(shim_ops, env, "init", "ctx", f"alloc:{MiB}", setup=mount_ro(shim_dir))
+    assert res[0]["rc"] == "1" and res[2]["rc"] != "0", res
+    assert len(lines) == 1 and "not a read-only mount of its own" in lines[0], lines
+
+
+MOVE_ASIDE = "mv {d} {d}.old && mkdir {d} && cp {d}.old/libvgpu.so {d}/"
+
+
+@pytest.mark.parametrize(
+    ("forged", "preload", "expected"),
+    [
+        # the issue's attack: a copy of the shim and a limits file of the tenant's in a new
+        # directory where the plugin's was
+        (True, "new", "not the plugin's: it is on a writable file system"),
+        # the same without a limits file: the environment's kill switch would rule
+        (False, "new", "the plugin's limits are mounted at {d}.old/limits, not beside this shim"),
+        # the plugin's shim, moved with its directory: its limits are still beside it
+        (False, "old", None),
+    ],
+)
+def test_moving_the_plugins_mounts_aside(
+    shim_ops: Path,
+    shim_env: dict[str, str],
+    shim_dir: Path,
+    forged: bool,
+    preload: str,
+    expected: str | None,
+) -> None:
+    """Container root renames the directory holding the plugin's read-only mounts (allowed: it
+    is not itself a mount point) and puts its own in its place."""
+    write_limits(shim_dir, f"CUDA_DEVICE_MEMORY_LIMIT={16 * MiB}\n")
+    d = shlex.quote(str(shim_dir))
+    setup = plugin_mounts(shim_dir) + " && " + MOVE_ASIDE.format(d=d)
+    if forged:
+        setup += f" && printf 'CUDA_DISABLE_CONTROL=1\\n' > {d}/limits"
+    lib = shim_dir / "libvgpu.so" if preload == "new" else Path(f"{shim_dir}.old") / "libvgpu.so"
+    env = dict(shim_env, CUDA_DISABLE_CONTROL="1", LD_PRELOAD=str(lib))
+    res, lines = run(shim_ops, env, "init", "ctx", f"alloc:{32 * MiB}", setup=setup)
+    if expected is None:
+        assert res[0]["rc"] == "0" and res[2]["rc"] == "2", (res, lines)  # over the 16 MiB
+        return
+    assert res[0]["rc"] == "1" and res[2]["rc"] != "0", (res, lines)
+    assert len(lines) == 1 and expected.format(d=shim_dir) in lines[0], lines
 
 
 def test_rewriting_the_accounting_file_cannot_lift_the_quota(
@@ -279,8 +371,9 @@ def test_planted_link_at_the_simulator_state_is_refused(
     own.mkdir(mode=0o700)
     env = dict(sim_env, SIMGPU_STATE=str(own))
     run(shim_ops, env, "init", "ctx")
-    (name,) = [p.name for p in own.iterdir() if p.name.startswith("state-")]
+    (name,) = [p.name for p in own.iterdir() if p.name.startswith("state-") and "." not in p.name]
     as_nobody("ln", "-s", str(target), str(state / name))
+    as_nobody("ln", "-s", str(target), str(state / f"{name}.pids"))  # the host-PID locks' file
     env = dict(sim_env, SIMGPU_STATE=str(state))
     r = subprocess.run(
         [str(shim_ops), "init", "ctx"], env=env, capture_output=True, text=True, timeout=60

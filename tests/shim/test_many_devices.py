@@ -24,7 +24,7 @@ def node_of(tmp_path: Path, n: int) -> str:
 
 def test_bound_is_past_sixteen() -> None:
     assert region.MAX_DEVICES == 64
-    assert region.LAYOUT_VERSION == 5
+    assert region.LAYOUT_VERSION >= 5  # 64 devices since layout 5
 
 
 @pytest.mark.parametrize("ordinal", [16, 17, 40, 63])

@@ -48,7 +48,7 @@
 
 /* CFFI-BEGIN */
 #define VGPU_REGION_MAGIC 0x55504756 /* "VGPU" little-endian */
-#define VGPU_REGION_LAYOUT_VERSION 5 /* 4: usage only (no limit), devices[].denied_bytes; 5: 64 devices, learned context size */
+#define VGPU_REGION_LAYOUT_VERSION 6 /* 4: usage only (no limit), devices[].denied_bytes; 5: 64 devices, learned context size; 6: procs[].limits_* */
 /* Devices of a process that are accounted: 64 covers the largest nodes (16 GPUs; 8 GPUs split into
  * 7 MIG instances each = 56). A device past it is refused memory when a limit is set (devices.c). */
 #define VGPU_MAX_DEVICES 64
@@ -62,6 +62,10 @@
 #define VGPU_CONTEXT_DEVICE 1   /* from the device's used memory before/after (may include others') */
 #define VGPU_CONTEXT_EXACT 2    /* from the measuring process's own NVML entry */
 #define VGPU_CONTEXT_FAILED 3   /* a process tried and NVML said nothing: others measure themselves */
+/* procs[].limits_source: where the limits the slot's process enforces come from */
+#define VGPU_LIMITS_UNKNOWN 0   /* not published */
+#define VGPU_LIMITS_ENV 1       /* the environment (`vgpu run`, a plain LD_PRELOAD) */
+#define VGPU_LIMITS_FILE 2      /* the plugin's read-only limits file: limits_dev/ino/hash say which */
 
 struct vgpu_region_header {
     uint32_t magic;          /* VGPU_REGION_MAGIC */
@@ -93,6 +97,15 @@ struct vgpu_proc_slot {
     int32_t pid;         /* in the owner's PID namespace: informational, never a liveness test */
     uint32_t state;      /* VGPU_SLOT_FREE or VGPU_SLOT_LIVE */
     uint64_t generation; /* bumped at every claim of this slot */
+    /* What the process enforces, written at the claim (layout 6): the watchdog compares it with
+     * the claim's limits file (a process enforcing other limits is a violation). Like `used`,
+     * the tenant can write it: it catches a genuine shim misled, not a tampered one (the watchdog
+     * checks the mapped shim's identity for that). */
+    uint32_t limits_source;   /* VGPU_LIMITS_* */
+    uint32_t limits_reserved;
+    uint64_t limits_dev;      /* the limits file's st_dev, st_ino as the process opened it */
+    uint64_t limits_ino;
+    uint64_t limits_hash;     /* FNV-1a 64 of the file's bytes as the process read them */
     uint64_t used[VGPU_MAX_DEVICES]; /* bytes this process has charged, per device index */
 };
 
@@ -111,6 +124,7 @@ struct vgpu_region {
 
 _Static_assert(VGPU_DEMAND_DEVICES == VGPU_MAX_DEVICES, "a demand file has an entry per accounted device");
 _Static_assert(sizeof(struct vgpu_device_account) == 48, "devices[] entries are part of the layout");
+_Static_assert(sizeof(struct vgpu_proc_slot) == 48 + 8 * VGPU_MAX_DEVICES, "procs[] entries are part of the layout");
 _Static_assert(__builtin_offsetof(struct vgpu_device_account, context_measurer) % 4 == 0, "a futex word is 4-aligned");
 
 #endif

@@ -113,7 +113,7 @@ typedef struct {
 /* A process slot: small and contiguous, so that scanning the slots touches few pages. Its busy
  * rings (sim_shared.proc_ring) are large and reset lazily per device (proc_ring_gen). */
 typedef struct {
-    int32_t pid;                       /* in the process's own PID namespace */
+    int32_t pid;                       /* in the process's own PID namespace (sim_slot_host_pid) */
     uint32_t gen;                      /* bumped at every claim of the slot */
     uint64_t used[SIM_MAX_DEVICES];    /* bytes charged by this process */
     uint32_t contexts[SIM_MAX_DEVICES];
@@ -188,6 +188,9 @@ void sim_busy_record(int dev, int slot, uint64_t start, uint64_t end);
 uint64_t sim_busy_between(int dev, int slot, uint64_t from, uint64_t to, uint64_t *window_ns);
 /* Is the slot's owner alive (its OFD lock held)? Caller holds the lock; own slot counts alive. */
 int sim_slot_alive(int slot, int own_slot);
+/* The slot's owner's PID as the caller's PID namespace sees it (the host's PID for a caller on the
+ * host, as the kernel driver reports): own_slot is the caller's own (its recorded PID). */
+int sim_slot_host_pid(int slot, int own_slot);
 
 /* ---------------------------------------------------------------- sched.c */
 

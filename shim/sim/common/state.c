@@ -20,6 +20,15 @@
  *    not the one the file is mapped through (a fork child inherits mappings). Dead slots are reaped by whoever next takes the lock
  *    to touch memory, so a killed process's memory is back before any other process's next
  *    memory call.
+ *  - PIDs as the kernel driver reports them: the driver lists the PIDs of the initial PID
+ *    namespace (the host's), whatever namespace its caller or the process runs in. A process in
+ *    a container cannot learn its host PID, but the kernel translates PIDs of lock holders: each
+ *    slot's owner also holds a classic (per-process) fcntl write lock on byte `slot` of a second
+ *    file (`<state>.pids`, opened once per process and never closed: closing any descriptor of a
+ *    file drops the process's classic locks on it), and a lister asks F_GETLK, whose l_pid is the
+ *    holder's PID in the lister's own namespace: the host PID for a lister on the host. The slot's
+ *    recorded getpid() is the answer when the kernel has none (the lister's own slots, a holder
+ *    outside the lister's namespace).
  *  - The busy rings are single 64-bit atomics updated by CAS. The scheduler's state is under a
  *    robust mutex of its own per device (sched.c: what a holder's death can leave behind).
  */
@@ -42,6 +51,7 @@
 sim_shared *sim_shm;
 static int g_fd = -1;
 static char g_path[600];
+static int g_pid_fd = -1; /* <state>.pids: classic fcntl locks, one byte per slot (never closed) */
 
 /* The state directory, opened and checked: a root process must never follow a link another user
  * planted, nor keep its state in someone else's directory. The default (/tmp/simgpu-<uid>) is
@@ -94,6 +104,42 @@ static int reopen_same(int fd)
     char proc[64];
     snprintf(proc, sizeof proc, "/proc/self/fd/%d", fd);
     return open(proc, O_RDWR | O_CLOEXEC);
+}
+
+/* The `.pids` file beside the state (created like it: never through a link). -1 if unusable:
+ * listers then report the recorded PIDs. */
+static int pid_file(void)
+{
+    int fd = __atomic_load_n(&g_pid_fd, __ATOMIC_ACQUIRE);
+    if (fd >= 0 || g_path[0] == '\0')
+        return fd;
+    char path[sizeof g_path + 8];
+    snprintf(path, sizeof path, "%s.pids", g_path);
+    fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
+    struct stat st;
+    if (fd >= 0 && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (st.st_uid != geteuid() && st.st_uid != 0))) {
+        close(fd); /* before any lock of ours is on it */
+        fd = -1;
+    }
+    int none = -1;
+    if (fd >= 0 && !__atomic_compare_exchange_n(&g_pid_fd, &none, fd, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+        /* another thread opened it first; ours holds no lock yet. Closing it would still drop
+         * this process's locks on the file: keep it open. */
+        return none;
+    }
+    return fd;
+}
+
+int sim_slot_host_pid(int slot, int own_slot)
+{
+    int32_t recorded = sim_shm->proc[slot].pid;
+    int fd = slot == own_slot ? -1 : pid_file();
+    if (fd < 0)
+        return recorded;
+    struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = slot, .l_len = 1, .l_pid = 0 };
+    if (fcntl(fd, F_GETLK, &fl) != 0 || fl.l_type == F_UNLCK || fl.l_pid <= 0)
+        return recorded; /* ours (no conflict with ourselves), or not visible from here */
+    return fl.l_pid;
 }
 
 int sim_state_open(void)
@@ -260,6 +306,10 @@ int sim_state_claim_slot(void)
             memset(p->used, 0, sizeof p->used);
             memset(p->contexts, 0, sizeof p->contexts);
             p->pid = (int32_t)getpid();
+            int pfd = pid_file();
+            struct flock pl = { .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = i, .l_len = 1, .l_pid = 0 };
+            if (pfd >= 0 && fcntl(pfd, F_SETLK, &pl) != 0)
+                sim_log("state file %s.pids: slot %d: %s (NVML lists this process by its own PID)", g_path, i, strerror(errno));
             __atomic_store_n(&p->gen, p->gen + 1, __ATOMIC_RELEASE); /* its busy rings: stale */
             sim_shm->active[i / 64] |= 1ull << (i % 64);
             got = i;
@@ -276,6 +326,7 @@ void sim_state_after_fork_child(void)
     /* The inherited descriptor shares the parent's open file description and with it the
      * parent's slot lock: keeping it would make the parent look alive after it died. (The
      * inherited mapping refers to another, never locked description: see sim_state_open.) */
+    /* Classic locks are not inherited: the child holds none on `.pids`, whose descriptor it keeps. */
     if (g_fd >= 0) {
         close(g_fd);
         g_fd = open(g_path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);

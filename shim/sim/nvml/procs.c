@@ -8,7 +8,9 @@
  * period since lastSeenTimeStamp (at most one sample period, at least one bucket).
  *
  * A process is listed on a device while it is alive and holds a context or memory there; dead
- * processes are reaped before listing (their memory returns to the pool).
+ * processes are reaped before listing (their memory returns to the pool). Its PID is the one the
+ * kernel driver reports, the host's (sim_slot_host_pid): a watchdog on the host finds a
+ * container's process under /proc whatever PID namespace the container has.
  */
 #include "nvml_internal.h"
 
@@ -30,7 +32,7 @@ static int list_procs(int dev, proc_entry *out, int cap)
         if (!sim_slot_active(i) || (p->contexts[dev] == 0 && p->used[dev] == 0))
             continue;
         if (n < cap)
-            out[n] = (proc_entry){ .slot = i, .pid = (unsigned)p->pid, .used = p->used[dev] };
+            out[n] = (proc_entry){ .slot = i, .pid = (unsigned)sim_slot_host_pid(i, -1), .used = p->used[dev] };
         n++;
     }
     sim_state_unlock();
