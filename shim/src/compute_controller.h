@@ -88,11 +88,13 @@ struct vc_est_entry *vc_est_lookup(struct vc_estimator *t, uintptr_t key, uint64
 uint64_t vc_est_cost(const struct vc_est_entry *e);
 
 /* The NVML outer loop's control law (compute_nvml.c): given the cost factor in force, the
- * slice's share of the device over the last period by the driver's per-process utilisation
- * (usage_pm, permille; nprocs processes, each rounded to an integer percent) and what it was
- * charged over the same period (charged_pm), the new factor: VC_NVML_GAIN of the way (linearly)
- * to factor x usage / charged, within [VC_NVML_FACTOR_MIN, VC_NVML_FACTOR_MAX]; unchanged below
- * 5% or within the rounding (1 point, +0.5 per further process). */
+ * slice's share of the device by the driver's per-process utilisation (usage_pm, permille;
+ * nprocs processes, each rounded to an integer percent) and what it was charged (charged_pm),
+ * both summed over the consecutive periods not yet acted on, the new factor: VC_NVML_GAIN of
+ * the way (linearly) to factor x usage / charged, within [VC_NVML_FACTOR_MIN,
+ * VC_NVML_FACTOR_MAX]; unchanged below 5% or while the sums differ by no more than one
+ * reading's rounding (1 point, +0.5 per further process): a small bias adds up over periods
+ * until it is corrected, rounding noise does not. */
 #define VC_NVML_MIN_USAGE_PM 50.0
 #define VC_NVML_DEADBAND_PM 10.0
 #define VC_NVML_GAIN 0.6
