@@ -34,7 +34,6 @@
 
 /* ------------------------------------------------------------ tunables (docs/compute.md) */
 #define NVML_PERIOD_NS (1000000000LL)      /* one reading per second per slice */
-#define ACC_PERIODS_MAX 30                 /* readings summed at most (older ones are forgotten) */
 
 /* ------------------------------------------------------------ per-device state */
 /* One per device index, written once by vgpu_compute_nvml_attach (attached last, with release
@@ -46,10 +45,8 @@ struct nvml_dev {
     int64_t attached_ns; /* when this process attached: NVML's window must not reach before it */
     nvmlDevice_t nvdev; /* NVML handle (helper thread only) */
     int nvml_state;     /* 0 not tried, 1 usable, -1 off for this device (helper thread only) */
-    /* Consecutive readings of this process not yet acted on (helper thread only): their sums of
-     * usage and charge, the number of periods, and when the last one was taken. */
-    double acc_usage, acc_charged;
-    int acc_periods;
+    /* Consecutive readings of this process not yet acted on (vc_nvml_step; helper thread only) */
+    struct vc_nvml_acc acc;
     int64_t acc_next_ns; /* nvml_next_ns as this process's last reading set it */
 };
 static struct nvml_dev g_nd[VGPU_MAX_DEVICES];
@@ -205,24 +202,14 @@ static void nvml_step(int dev)
     /* The readings are summed until they disagree by more than the rounding allows: a bias
      * smaller than one reading's rounding (a 70% slice charged 1% too much) adds up over a few
      * periods and is corrected, while rounding noise, which does not add up, is left alone.
-     * Only consecutive periods read by this process count; at most ACC_PERIODS_MAX of them. */
-    if (usage < VC_NVML_MIN_USAGE_PM || charged < VC_NVML_MIN_USAGE_PM) {
-        cd->acc_periods = 0; /* smUtil is an integer percent per process: too coarse below 5% */
-        return;
-    }
-    if (cd->acc_periods == 0 || next != cd->acc_next_ns || cd->acc_periods >= ACC_PERIODS_MAX) {
-        cd->acc_usage = cd->acc_charged = 0;
-        cd->acc_periods = 0;
-    }
-    cd->acc_usage += usage;
-    cd->acc_charged += charged;
-    cd->acc_periods++;
+     * Only consecutive periods read by this process count. */
+    if (next != cd->acc_next_ns)
+        cd->acc.periods = 0;
     cd->acc_next_ns = now + NVML_PERIOD_NS;
     double old = stored_factor(st);
-    double f = vc_nvml_factor(old, cd->acc_usage, cd->acc_charged, nprocs);
+    double f = vc_nvml_step(&cd->acc, old, (double)usage, charged, nprocs);
     if (f == old)
         return;
-    cd->acc_periods = 0;
     __atomic_store_n(&st->nvml_factor_ppm, (uint32_t)(f * 1e6 + 0.5), __ATOMIC_RELAXED);
     vgpu_log(VGPU_LOG_DEBUG, "compute cap: device %d NVML share %d.%d%% vs charged %.1f%%: cost factor %.3f -> %.3f",
              dev, usage / 10, usage % 10, charged / 10.0, old, f);
