@@ -267,6 +267,28 @@ static uint64_t device_time(uint64_t sample, int64_t host_ns)
     return sample > (uint64_t)host_ns ? sample - (uint64_t)host_ns : 0;
 }
 
+/* The host time of a launch call to subtract (device_time): this call's, but no more than the
+ * usual (a running mean of the calls, each counted as at most twice the mean). A thread
+ * preempted after the doorbell and before the return would otherwise have the preemption taken
+ * off its kernel's time; a call slower than usual before its doorbell is charged the rest (too
+ * much, never too little). Under g_mu. */
+static int64_t g_call_ns;
+
+static int64_t launch_call_ns(int64_t call)
+{
+    if (call < 0)
+        call = 0;
+    if (!g_call_ns) {
+        g_call_ns = call ? call : 1;
+        return call;
+    }
+    int64_t usual = g_call_ns;
+    g_call_ns += ((call < 2 * usual ? call : 2 * usual) - usual) / 32;
+    if (g_call_ns < 1)
+        g_call_ns = 1;
+    return call < usual ? call : usual;
+}
+
 /* Read finished measurements of one context, oldest first. Under g_mu; non-blocking calls only. */
 static void drain_ctx(struct cctx *cx, int64_t now, int budget)
 {
@@ -603,7 +625,7 @@ void vgpu_compute_after(struct vgpu_launch *L, CUresult launched)
             s->key = L->key;
             s->grid = L->grid;
             s->charged = L->cost;
-            s->host_ns = L->start_done ? ret - L->start_done : 0;
+            s->host_ns = L->start_done ? launch_call_ns(ret - L->start_done) : 0;
             s->due_ns = ret + (int64_t)L->cost;
             L->cx->outstanding_ns += (int64_t)L->cost;
             s->state = SLOT_PENDING;

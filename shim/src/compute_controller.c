@@ -143,11 +143,13 @@ uint64_t vc_est_update(struct vc_est_entry *e, uint64_t sample_ns, int *accepted
         /* The widest bound until the spread is learned, and while hardly any sample is beyond it
          * (nobody else's work lengthens them: the bound only has to pass the kernel's own rare
          * slow runs, which a tighter one would cut from the mean). */
-        double far = e->est_ns * (1.0 + VC_REJECT_MAX) + VC_REJECT_ABS_NS;
-        e->far_rate += ((s > far ? 1.0 : 0.0) - e->far_rate) / VC_FAR_WEIGHT;
         double spread = VC_REJECT_MAX;
-        if (e->accepted >= VC_MEAN_WEIGHT && e->est_ns > 0 && e->far_rate > VC_FAR_RATE)
-            spread = VC_REJECT_SPREADS * e->dev_ns / e->est_ns;
+        if (e->accepted >= VC_MEAN_WEIGHT) { /* not while the estimate itself is being learned */
+            double far = e->est_ns * (1.0 + VC_REJECT_MAX) + VC_REJECT_ABS_NS;
+            e->far_rate += ((s > far ? 1.0 : 0.0) - e->far_rate) / VC_FAR_WEIGHT;
+            if (e->far_rate > VC_FAR_RATE && e->est_ns > 0)
+                spread = VC_REJECT_SPREADS * e->dev_ns / e->est_ns;
+        }
         if (spread < VC_REJECT_MIN)
             spread = VC_REJECT_MIN;
         if (spread > VC_REJECT_MAX)
