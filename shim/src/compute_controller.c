@@ -115,7 +115,7 @@ uint64_t vc_est_cost(const struct vc_est_entry *e)
  *    ~16%: a bound of ~1.55x) goes that far about once in a hundred runs; a neighbour's 2 ms
  *    slice makes a short kernel's sample several times its length, and a smaller tenant's single
  *    kernel inside a larger tenant's kernel adds most of a kernel (a fixed 1.8x bound accepted
- *    many of those: the larger of two tenants at 30/70 was charged 10-17% too much);
+ *    many of those: it charges the larger of two tenants at 30/70 10-17% too much);
  *  - the kernel really got slower when VC_REJECT_RUN samples in a row are rejected: the
  *    estimate re-bases on the smallest of them.
  * What this cannot see (a long kernel preempted in every sample by a busy neighbour) the NVML
