@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_compute.py [--seconds 10] [--warmup 5] [--json] [--update-md]
         [--spread-pct 20] [--tail-ppm 1000] [--tail-factor 4] [--timeslice-us 2000]
-        [--only caps,kernels,neighbour,slices,procs,devices,elastic,baseline,overhead]
+        [--only caps,kernels,neighbour,slices,procs,devices,elastic,launchbound,tenants,baseline,overhead]
 
 The simulated GPU runs with kernel-duration spread (lognormal, --spread-pct coefficient of
 variation), a rare long tail (--tail-ppm per million launches take --tail-factor times as long)
@@ -19,7 +19,11 @@ MAE <= 1.5; 50 us, 1 ms, 20 ms kernels and a graph of 10 kernels at 30%: +-2; th
 neighbour slice that keeps the device busy (a 60% slice of 5 ms kernels; an uncapped process of
 2 ms kernels), so the device time-slices between them: +-2; MAE of all 30% rows <= 1.5; two slices
 30+60: +-3 each; 4 processes in one 40% slice: sum +-2; a two-device slice 20/70: +-2 each;
-elastic: a lone 30% slice > 90%, back to its cap within 100 ms of a second slice's start.
+elastic: a lone 30% slice > 90%, back to its cap within 100 ms of a second slice's start;
+launch-bound kernels of 1, 2, 5, 20 us and 1 ms under a 50% cap, alone and beside a 60% slice:
+min(the same program's share without the shim, run at the same time on the second device, 50)
++-1 point, and 0 us kernels: at most 10% of the launch rate lost; two slices 30/70 and 10/90 of
+1 ms kernels: +-0.5 each.
 Baseline, measured in the same run: the caps sweep on a deterministic simulator (no spread, no
 tail); the ratio of the two MAEs is reported. Overhead: callgrind instructions per cuLaunchKernel
 (inclusive cost of the outermost cuLaunchKernel: the shim's wrapper with the shim, the driver's
@@ -340,6 +344,79 @@ class Bench:
         self.record("devices", "device 0 (20%)", 20, float(r0["share"]), 2.0, nvml=n0)
         self.record("devices", "device 1 (70%)", 70, float(r1["share"]), 2.0, nvml=n1)
 
+    def launchbound(self) -> dict[str, float]:
+        """Launch-bound kernels under a 50% cap: each gets min(its uncapped share, the cap).
+
+        The uncapped share is that of the same program without the shim, run at the same time on
+        the second simulated device (so both see the same load on the host, which sets how fast
+        a launch-bound program launches); the capped one runs on device 0. Beside a neighbour:
+        each device also has a 60% slice of 5 ms kernels. sim_0us kernels have no device time:
+        their row compares launch rates, capped / without the shim.
+        """
+        out: dict[str, float] = {}
+        for nb_label in ("", " beside a 60% slice"):
+            print(f"launch-bound kernels at a 50% cap{nb_label}:", flush=True)
+            for kernel in LAUNCH_BOUND_KERNELS:
+                st = self.fresh_state()
+                cfg = st / "two.json"
+                cfg.write_text(json.dumps({"devices": [{}, {}]}))
+                capped_env = self.env("a", st, cfg, CUDA_DEVICE_SM_LIMIT_0="50")
+                bare_env = self.env("ref", st, cfg)
+                del bare_env["LD_PRELOAD"]
+                nb_args = ["--kernel", "sim_5000us", "--warmup", "0",
+                           "--seconds", str(self.warmup + self.seconds + 1)]  # fmt: skip
+                nb_devices = ("0", "1") if nb_label else ()
+                nbs = [
+                    self.start(
+                        self.env(f"nb{d}", st, cfg, CUDA_DEVICE_SM_LIMIT="60"),
+                        *nb_args,
+                        "--device",
+                        d,
+                    )
+                    for d in nb_devices
+                ]
+                args = ["--kernel", kernel, *self.window_args()]
+                p = self.start(capped_env, *args, "--device", "0")
+                q = self.start(bare_env, *args, "--device", "1")
+                r, ref = self.result(p), self.result(q)
+                for nb in nbs:
+                    self.result(nb)
+                name = f"{kernel}{nb_label}"
+                if kernel == "sim_0us":
+                    rate = float(r["launches"]) / float(r["window_s"])
+                    ref_rate = float(ref["launches"]) / float(ref["window_s"])
+                    ratio = rate / ref_rate
+                    print(f"  launch rate {rate:.0f}/s capped, {ref_rate:.0f}/s without the shim")
+                    self.record_limit(
+                        "launchbound", f"{name}: launch rate lost to the cap and shim", 1 - ratio,
+                        0.1, "(fraction)",
+                    )  # fmt: skip
+                    out[f"{name} rate ratio"] = round(ratio, 3)
+                    continue
+                uncapped = float(ref["share"])
+                target = min(uncapped, 50.0)
+                print(f"  {name}: uncapped (no shim) {uncapped:.2f}%", flush=True)
+                self.record("launchbound", f"{name} (uncapped {uncapped:.1f}%)", target,
+                            float(r["share"]), 1.0)  # fmt: skip
+        return out
+
+    def tenants(self) -> None:
+        """Two slices of compute-bound kernels contending for the device: each gets its cap."""
+        for caps in ((30, 70), (10, 90)):
+            print(f"two slices {caps[0]}/{caps[1]} on one device:", flush=True)
+            st = self.fresh_state()
+            envs = [
+                self.env(n, st, CUDA_DEVICE_SM_LIMIT=str(c))
+                for n, c in zip(("a", "b"), caps, strict=True)
+            ]
+            ps = [self.start(e, *self.window_args()) for e in envs]
+            w = self.witness(envs[0], ps, [0])
+            rs = [self.result(p) for p in ps]
+            seen = self.witnessed(w, ps)
+            for n, c, r, v in zip(("a", "b"), caps, rs, seen, strict=True):
+                self.record("tenants", f"{caps[0]}/{caps[1]}: slice {n} ({c}%)", c,
+                            float(r["share"]), 0.5, nvml=v)  # fmt: skip
+
     def elastic(self) -> dict[str, float]:
         print(
             "elastic: a lone 30% slice, then a hard 70% slice joins (no idle time left to lend):",
@@ -463,6 +540,7 @@ class Bench:
 
 
 DETERMINISTIC = {"SIMGPU_KERNEL_SPREAD_PCT": "0", "SIMGPU_KERNEL_TAIL_PPM": "0"}
+LAUNCH_BOUND_KERNELS = ["sim_0us", "sim_1us", "sim_2us", "sim_5us", "sim_20us", "sim_1000us"]
 
 
 def sim_knobs(a: argparse.Namespace) -> dict[str, str]:
@@ -517,7 +595,8 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--warmup", type=float, default=5.0)
     ap.add_argument(
-        "--only", default="caps,kernels,neighbour,slices,procs,devices,elastic,baseline,overhead"
+        "--only",
+        default="caps,kernels,neighbour,slices,procs,devices,elastic,launchbound,tenants,baseline,overhead",
     )
     ap.add_argument("--spread-pct", type=int, default=20, help="kernel-duration CV, percent")
     ap.add_argument("--tail-ppm", type=int, default=1000, help="long-tail launches per million")

@@ -1,18 +1,23 @@
 /*
  * Compute (SM) cap: per-device state, the launch gate and the completion measurements. The
  * settings are read by compute_config.c, the control law is in compute_controller.c, the demand
- * records in demand.c, the NVML outer loop in compute_nvml.c (its interface with this file:
- * compute_internal.h); the hooks that call the gate are in launch_hooks.c. Design and
- * rationale: docs/compute.md.
+ * records in demand.c, the NVML outer loop in compute_nvml.c (compute_nvml.h), the clock in
+ * compute_clock.h; the hooks that call the gate are in launch_hooks.c. Design and rationale:
+ * docs/compute.md.
  *
- * Per launch on a capped device:
- *   before:  read finished measurements (cuEventQuery, never blocking), look up the cost estimate
- *            of (function, grid), reserve that much budget in the slice's shared virtual-time
- *            bucket (region->compute[dev], lock-free), sleep until the reservation is due (no
- *            lock held), then record a timing event on the stream;
+ * Per launch on a capped device, vgpu_compute_before runs four phases:
+ *   target:  which device the launch goes to, whether it is capped, whether it is captured;
+ *   prepare: attach the device, the cap to apply now, the slice's demand record;
+ *   estimate: read finished measurements (cuEventQuery, never blocking), look up the cost
+ *            estimate of (function, grid), decide whether to measure this launch;
+ *   admit:   reserve that much budget in the slice's shared virtual-time bucket
+ *            (region->compute[dev], lock-free), sleep until the reservation is due (no lock
+ *            held), then, if measured, record the start event and note whether it is already
+ *            complete;
  *   launch:  the real driver call;
- *   after:   record the end event and queue the pair; when it completes, its elapsed time
- *            updates the estimate and the difference between the new estimate and what was
+ *   after:   record the end event and queue the pair; when it completes, the device time of the
+ *            kernel (the pair's elapsed time, less the host's own launch time when the device was
+ *            idle before it) updates the estimate and the difference between it and what was
  *            charged is charged (or refunded) to the bucket: a feedback loop on measured time.
  *
  * Thread safety: one process-wide mutex (g_mu) guards the estimator and the event rings; it is
@@ -35,9 +40,10 @@
 #include <unistd.h>
 
 #include "compute.h"
+#include "compute_clock.h"
 #include "compute_config.h"
 #include "compute_controller.h"
-#include "compute_internal.h"
+#include "compute_nvml.h"
 #include "demand.h"
 #include "shim_internal.h"
 
@@ -58,7 +64,10 @@ _Static_assert(sizeof(struct vgpu_compute_state) == 512, "compute state size is 
 #define RING 256                           /* measured launches in flight per context */
 #define MAX_CTX 32
 #define MEASURE_ALL_FIRST 32               /* measure every launch of a key until it has this many samples */
-#define MEASURE_EVERY 4                    /* then one launch in this many */
+#define MEASURE_EVERY 4                    /* then one launch in this many, at random, */
+#define MEASURE_EVERY_MAX 64               /* or fewer for short kernels: */
+#define MEASURE_SPACING_NS (100 * 1000LL)  /* about one per this much estimated device time */
+#define START_WAIT_NS (5 * 1000LL)         /* a measured launch waits this long at most for its start event */
 
 /* ------------------------------------------------------------ configuration (compute_config.c) */
 static struct vgpu_compute_config g_cfg = {.policy = VGPU_COMPUTE_POLICY_HARD, .priority = 1, .nvml_loop = 1};
@@ -118,6 +127,8 @@ struct ring_slot {
     uintptr_t key;
     uint64_t grid;
     uint64_t charged;
+    int64_t host_ns; /* host time from the start event's known completion to the launch's return; 0 = unknown */
+    int64_t due_ns;  /* not worth querying before this (host time of the end record + charged) */
     int state;
 };
 
@@ -145,6 +156,7 @@ static struct vc_estimator g_est;
 static struct cctx g_ctx[MAX_CTX];
 static struct cdev g_dev[VGPU_MAX_DEVICES];
 static struct vgpu_compute_state g_private[VGPU_MAX_DEVICES]; /* when no region is mapped */
+static uint64_t g_draw; /* which launches are measured (measure_draw): splitmix64 state, seeded at the first attach */
 
 static void atfork_child(void)
 {
@@ -169,11 +181,6 @@ int vgpu_compute_init(void)
                  g_cfg.policy == VGPU_COMPUTE_POLICY_ELASTIC ? "elastic" : "hard", (int)g_cfg.priority, vgpu_demand_dir());
     }
     return 0;
-}
-
-int vgpu_compute_enabled(void)
-{
-    return g_cfg.enabled;
 }
 
 uint32_t vgpu_compute_cap_permille(int dev)
@@ -218,6 +225,8 @@ static void attach_device(int dev, CUdevice cudev)
         cd->own = vgpu_demand_own(dev, cd->uuid_bytes, id, g_cfg.cap[dev], g_cfg.policy, g_cfg.priority);
     }
     cd->slice_id = id;
+    if (!g_draw)
+        g_draw = random_id();
     if (g_cfg.policy == VGPU_COMPUTE_POLICY_ELASTIC && !cd->own)
         vgpu_log(VGPU_LOG_WARN, "compute cap: elastic policy without node state (%s): device %d keeps its cap",
                  vgpu_demand_dir(), dev);
@@ -245,6 +254,41 @@ static struct cctx *ctx_get(CUcontext ctx, int dev)
     return free_slot;
 }
 
+/* The device time a measured launch took: the elapsed time of its event pair, less the host's own
+ * launch time when the start event was complete before the launch call. Then the device sat idle
+ * from the start event until the driver queued the kernel at the end of the call (the doorbell is
+ * the last thing a launch does), and the pair spans that host time, not device work: for kernels
+ * shorter than a launch it would be most of the sample. When the start event was not yet complete
+ * the kernel was queued behind other work and starts right after it: the pair is all device time. */
+static uint64_t device_time(uint64_t sample, int64_t host_ns)
+{
+    if (host_ns <= 0)
+        return sample;
+    return sample > (uint64_t)host_ns ? sample - (uint64_t)host_ns : 0;
+}
+
+/* The host time of a launch call to subtract (device_time): this call's, but no more than the
+ * usual (a running mean of the calls, each counted as at most twice the mean). A thread
+ * preempted after the doorbell and before the return would otherwise have the preemption taken
+ * off its kernel's time; a call slower than usual before its doorbell is charged the rest (too
+ * much, never too little). Under g_mu. */
+static int64_t g_call_ns;
+
+static int64_t launch_call_ns(int64_t call)
+{
+    if (call < 0)
+        call = 0;
+    if (!g_call_ns) {
+        g_call_ns = call ? call : 1;
+        return call;
+    }
+    int64_t usual = g_call_ns;
+    g_call_ns += ((call < 2 * usual ? call : 2 * usual) - usual) / 32;
+    if (g_call_ns < 1)
+        g_call_ns = 1;
+    return call < usual ? call : usual;
+}
+
 /* Read finished measurements of one context, oldest first. Under g_mu; non-blocking calls only. */
 static void drain_ctx(struct cctx *cx, int64_t now, int budget)
 {
@@ -258,8 +302,8 @@ static void drain_ctx(struct cctx *cx, int64_t now, int budget)
             cx->head++;
             continue;
         }
-        if (s->state != SLOT_PENDING)
-            break; /* reserved by a launch still in progress */
+        if (s->state != SLOT_PENDING || now < s->due_ns)
+            break; /* reserved by a launch still in progress, or cannot be done yet */
         CUresult q = drv.event_query(s->end);
         if (q == CUDA_ERROR_NOT_READY)
             break;
@@ -268,7 +312,7 @@ static void drain_ctx(struct cctx *cx, int64_t now, int budget)
             e->in_flight--;
         float ms = 0;
         if (q == CUDA_SUCCESS && drv.event_elapsed(&ms, s->start, s->end) == CUDA_SUCCESS && ms >= 0 && cd->st) {
-            uint64_t sample = (uint64_t)llroundf(ms * 1e6f);
+            uint64_t sample = device_time((uint64_t)llroundf(ms * 1e6f), s->host_ns);
             int accepted;
             uint64_t est = vc_est_update(e, sample, &accepted);
             /* A measured launch pays what it took (run-to-run variation and rare slow runs are
@@ -353,32 +397,38 @@ static uint32_t effective_cap(struct cdev *cd, int dev, int64_t now)
 }
 
 /* ------------------------------------------------------------ the gate */
-void vgpu_compute_before(struct vgpu_launch *L, uintptr_t key, uint64_t grid, CUstream stream)
+/* Phase "target": the launch's context and app-visible device, and whether it is charged at all
+ * (0: the device is not capped, the context cannot be told, so the driver will fail the launch,
+ * or the stream is capturing: recorded into a graph, not run, cuGraphLaunch pays for it).
+ * *may_measure = 0 when asking about the capture failed (e.g. another thread captures in global
+ * mode): our own event records could disturb that capture, so the launch is charged, not measured. */
+static int gate_target(CUstream stream, CUcontext *ctx, CUdevice *cudev, int *dev, int *may_measure)
 {
-    L->active = 0;
-    if (!g_cfg.enabled)
-        return;
     pthread_once(&drv_once, drv_resolve);
     if (!drv.ctx_get_current || !drv.ctx_get_device)
-        return;
-    CUcontext ctx = NULL;
-    CUdevice cudev = 0;
-    if (drv.ctx_get_current(&ctx) != CUDA_SUCCESS || !ctx || drv.ctx_get_device(&cudev) != CUDA_SUCCESS)
-        return; /* the launch will fail in the driver; nothing to charge */
-    int dev = vgpu_device_index(cudev);
-    if (dev < 0 || dev >= VGPU_MAX_DEVICES || !g_cfg.cap[dev])
-        return;
-    int may_measure = 1;
+        return 0;
+    if (drv.ctx_get_current(ctx) != CUDA_SUCCESS || !*ctx || drv.ctx_get_device(cudev) != CUDA_SUCCESS)
+        return 0;
+    *dev = vgpu_device_index(*cudev);
+    if (*dev < 0 || *dev >= VGPU_MAX_DEVICES || !g_cfg.cap[*dev])
+        return 0;
+    *may_measure = 1;
     if (drv.stream_is_capturing) {
         CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
         CUresult cr = drv.stream_is_capturing(stream, &cs);
         if (cr == CUDA_SUCCESS && cs != CU_STREAM_CAPTURE_STATUS_NONE)
-            return; /* recorded into a graph, not run: cuGraphLaunch pays for it */
-        /* An error here (e.g. another thread captures in global mode) means our own event
-         * records could disturb that capture: charge the launch, record nothing. */
+            return 0;
         if (cr != CUDA_SUCCESS)
-            may_measure = 0;
+            *may_measure = 0;
     }
+    return 1;
+}
+
+/* Phase "prepare": the device attached (once per process), the NVML loop running (started at the
+ * first capped launch, and again in a fork child of a process that had it), the cap to apply
+ * now, the slice's demand moved forward. */
+static struct cdev *gate_prepare(int dev, CUdevice cudev, int64_t now, uint32_t *eff)
+{
     struct cdev *cd = &g_dev[dev];
     if (!__atomic_load_n(&cd->attached, __ATOMIC_ACQUIRE)) {
         pthread_mutex_lock(&g_mu);
@@ -386,114 +436,177 @@ void vgpu_compute_before(struct vgpu_launch *L, uintptr_t key, uint64_t grid, CU
             attach_device(dev, cudev);
         pthread_mutex_unlock(&g_mu);
     }
-
-    /* Started at the first capped launch, and again in a fork child of a process that had it. */
     if (g_cfg.nvml_loop && !vgpu_compute_nvml_started())
         vgpu_compute_nvml_start();
-
-    int64_t now = vgpu_compute_now_ns();
-    uint32_t eff = effective_cap(cd, dev, now);
+    *eff = effective_cap(cd, dev, now);
     publish_want(cd, now + WANT_HOLD_NS);
+    return cd;
+}
 
-    /* Estimate, and learn before guessing twice: a key never measured has one launch in flight. */
-    uint64_t cost;
-    struct cctx *cx;
-    int measure = 0;
-    int64_t deadline = now + UNKNOWN_WAIT_MAX_NS;
+/* Whether to measure this launch of a key that has its first samples: one in n at random, n such
+ * that the key is measured about once per MEASURE_SPACING_NS of its device time (within
+ * MEASURE_EVERY .. MEASURE_EVERY_MAX), so that the events cost short kernels little. At random,
+ * so that a program cannot tell which of its launches are measured and make only those short.
+ * Under g_mu. */
+static int measure_draw(const struct vc_est_entry *e)
+{
+    uint64_t est = vc_est_cost(e);
+    uint64_t n = est ? (uint64_t)MEASURE_SPACING_NS / est : MEASURE_EVERY_MAX;
+    if (n < MEASURE_EVERY)
+        n = MEASURE_EVERY;
+    if (n > MEASURE_EVERY_MAX)
+        n = MEASURE_EVERY_MAX;
+    uint64_t z = (g_draw += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    z ^= z >> 31;
+    return z % n == 0;
+}
+
+/* Phase "estimate": the cost to charge (L->cost) and whether to measure (returned), learning
+ * before guessing twice: a key never measured has one launch in flight, and an elastic slice
+ * running uncapped keeps at most INFLIGHT_MAX_NS of estimated work queued. Meanwhile it
+ * sleep-polls, holding nothing, and follows the cap (L->eff) as it changes. */
+static int gate_estimate(struct vgpu_launch *L, struct cdev *cd, CUcontext ctx, int may_measure)
+{
+    int64_t deadline = L->now + UNKNOWN_WAIT_MAX_NS;
     for (;;) {
         pthread_mutex_lock(&g_mu);
-        cx = ctx_get(ctx, dev);
+        struct cctx *cx = ctx_get(ctx, L->dev);
         if (cx)
-            drain_ctx(cx, now, 64);
-        struct vc_est_entry *e = vc_est_lookup(&g_est, key, grid);
+            drain_ctx(cx, L->now, 64);
+        struct vc_est_entry *e = vc_est_lookup(&g_est, L->key, L->grid);
         int unknown_busy = e->samples == 0 && e->in_flight > 0 && drv_ok;
-        int queue_full = eff >= VC_PERMILLE_FULL && cx && cx->outstanding_ns > INFLIGHT_MAX_NS;
-        if ((!unknown_busy && !queue_full) || now >= deadline) {
-            cost = (uint64_t)((double)vc_est_cost(e) * vgpu_compute_cost_factor(cd->st) + 0.5);
-            /* Measure every launch while learning a key and while running uncapped (the queue
-             * bound needs them), then one in MEASURE_EVERY: plenty of samples for the envelope,
-             * a quarter of the event traffic. */
-            measure = drv_ok && may_measure && cx && cx->tail - cx->head < RING &&
-                      (e->samples < MEASURE_ALL_FIRST || eff >= VC_PERMILLE_FULL || e->seq++ % MEASURE_EVERY == 0);
+        int queue_full = L->eff >= VC_PERMILLE_FULL && cx && cx->outstanding_ns > INFLIGHT_MAX_NS;
+        if ((!unknown_busy && !queue_full) || L->now >= deadline) {
+            L->cx = cx;
+            L->cost = (uint64_t)((double)vc_est_cost(e) * vgpu_compute_cost_factor(cd->st) + 0.5);
+            /* Every launch while learning a key and while running uncapped (the queue bound needs
+             * them), then a sample. */
+            int measure = drv_ok && may_measure && cx && cx->tail - cx->head < RING &&
+                          (e->samples < MEASURE_ALL_FIRST || L->eff >= VC_PERMILLE_FULL || measure_draw(e));
             if (measure)
                 e->in_flight++;
-            break;
+            pthread_mutex_unlock(&g_mu);
+            return measure;
         }
         pthread_mutex_unlock(&g_mu);
-        if (queue_full && !unknown_busy && deadline > now + INFLIGHT_WAIT_MAX_NS)
-            deadline = now + INFLIGHT_WAIT_MAX_NS;
-        vgpu_compute_sleep_until(now + POLL_NS);
-        now = vgpu_compute_now_ns();
-        eff = effective_cap(cd, dev, now);
+        if (queue_full && !unknown_busy && deadline > L->now + INFLIGHT_WAIT_MAX_NS)
+            deadline = L->now + INFLIGHT_WAIT_MAX_NS;
+        vgpu_compute_sleep_until(L->now + POLL_NS);
+        L->now = vgpu_compute_now_ns();
+        L->eff = effective_cap(cd, L->dev, L->now);
+    }
+}
+
+/* Phase "admit": reserve the cost in the slice's bucket and sleep until it is due, holding
+ * nothing (the reservation is already ours). A launch due within MIN_SLEEP_NS goes at once: a
+ * thread of many tiny kernels then sleeps once per ~2 ms of budget instead of once per kernel
+ * (CPU), at the price of running up to 2 ms further ahead of its schedule; the long-run rate is
+ * the bucket's either way. Returns 1 when it slept. */
+static int gate_admit(struct vgpu_launch *L, struct cdev *cd)
+{
+    if (L->eff >= VC_PERMILLE_FULL)
+        return 0;
+    int64_t go = vc_reserve(&cd->st->tat_ns, L->now, L->cost, L->eff, BURST_NS);
+    if (go <= L->now + MIN_SLEEP_NS)
+        return 0;
+    publish_want(cd, go + WANT_HOLD_NS);
+    vgpu_compute_sleep_until(go);
+    __atomic_fetch_add(&cd->st->throttled, 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&cd->st->wait_ns, (uint64_t)(go - L->now), __ATOMIC_RELAXED);
+    L->now = vgpu_compute_now_ns();
+    return 1;
+}
+
+/* Phase "measure": a ring slot (taken after the sleep, so that a sleeping thread does not hold
+ * back the reading of everyone's completions, the ring being read in order; none when the ring
+ * is full: then the launch is charged by estimate only), the start event recorded on the
+ * launch's stream and, for a kernel, whether that event is already complete (device_time). */
+static void gate_measure(struct vgpu_launch *L, int slept)
+{
+    struct cctx *cx = L->cx;
+    pthread_mutex_lock(&g_mu);
+    if (slept)
+        drain_ctx(cx, L->now, 64);
+    if (cx->tail - cx->head < RING) {
+        L->slot = (int)(cx->tail % RING);
+        cx->ring[L->slot].state = SLOT_RESERVED;
+        cx->tail++;
+    } else {
+        struct vc_est_entry *e = vc_est_lookup(&g_est, L->key, L->grid);
+        if (e->in_flight)
+            e->in_flight--;
     }
     pthread_mutex_unlock(&g_mu);
-
-    int slept = 0;
-    if (eff < VC_PERMILLE_FULL) {
-        int64_t go = vc_reserve(&cd->st->tat_ns, now, cost, eff, BURST_NS);
-        /* Launches due within MIN_SLEEP_NS go at once: a thread of many tiny kernels then sleeps
-         * once per ~2 ms of budget instead of once per kernel (CPU), at the price of running up
-         * to 2 ms further ahead of its schedule; the long-run rate is the bucket's either way. */
-        if (go > now + MIN_SLEEP_NS) {
-            publish_want(cd, go + WANT_HOLD_NS);
-            /* Sleep, holding nothing: the reservation is already ours. */
-            vgpu_compute_sleep_until(go);
-            slept = 1;
-            __atomic_fetch_add(&cd->st->throttled, 1, __ATOMIC_RELAXED);
-            __atomic_fetch_add(&cd->st->wait_ns, (uint64_t)(go - now), __ATOMIC_RELAXED);
+    if (L->slot < 0)
+        return;
+    struct ring_slot *s = &cx->ring[L->slot];
+    /* Only this thread touches a RESERVED slot. Events live in the context: create them here,
+     * where that context is current. */
+    if (!s->start && drv.event_create(&s->start, CU_EVENT_DEFAULT) != CUDA_SUCCESS)
+        s->start = NULL;
+    if (!s->end && drv.event_create(&s->end, CU_EVENT_DEFAULT) != CUDA_SUCCESS)
+        s->end = NULL;
+    int recorded = s->start && s->end && drv.event_record(s->start, L->stream) == CUDA_SUCCESS;
+    int64_t recorded_at = vgpu_compute_now_ns();
+    if (!recorded) {
+        L->measure_failed = 1;
+        /* Maybe events of a destroyed context (whose address a new context now has): replace
+         * them next time. Destroying a dead context's event just fails. */
+        if (drv.event_destroy) {
+            if (s->start)
+                drv.event_destroy(s->start);
+            if (s->end)
+                drv.event_destroy(s->end);
         }
+        s->start = s->end = NULL;
+        return;
     }
-
-    /* A ring slot for the measurement, taken after the sleep so that a sleeping thread does not
-     * hold back the reading of everyone's completions (the ring is read in order). None when
-     * the ring is full: then the launch is charged by estimate only. */
-    L->slot = -1;
-    if (measure) {
-        pthread_mutex_lock(&g_mu);
-        if (slept)
-            drain_ctx(cx, vgpu_compute_now_ns(), 64);
-        if (cx->tail - cx->head < RING) {
-            L->slot = (int)(cx->tail % RING);
-            cx->ring[L->slot].state = SLOT_RESERVED;
-            cx->tail++;
-        } else {
-            struct vc_est_entry *e = vc_est_lookup(&g_est, key, grid);
-            if (e->in_flight)
-                e->in_flight--;
-        }
-        pthread_mutex_unlock(&g_mu);
+    /* When the start event is complete before the launch call, the host time from then to the
+     * call's return is not the kernel's (device_time). Found complete by the very next call, it
+     * completed when recorded; behind a short kernel still running (launch-bound work: the
+     * previous launch's kernel), wait for it a little, polling, and take the time after the
+     * query that saw it complete (it was complete by then). Not for graphs: a graph's launch call
+     * may run some of its work before it returns, so its pair is charged whole. */
+    if (!L->grid)
+        return;
+    CUresult q = drv.event_query(s->start);
+    int64_t t = recorded_at;
+    while (q == CUDA_ERROR_NOT_READY && (t = vgpu_compute_now_ns()) - recorded_at < START_WAIT_NS) {
+        q = drv.event_query(s->start);
+        if (q == CUDA_SUCCESS)
+            t = vgpu_compute_now_ns();
     }
+    if (q == CUDA_SUCCESS)
+        L->start_done = t;
+}
 
-    L->active = 1;
+void vgpu_compute_before(struct vgpu_launch *L, uintptr_t key, uint64_t grid, CUstream stream)
+{
+    L->active = 0;
+    if (!g_cfg.enabled)
+        return;
+    CUcontext ctx = NULL;
+    CUdevice cudev = 0;
+    int dev = -1, may_measure = 0;
+    if (!gate_target(stream, &ctx, &cudev, &dev, &may_measure))
+        return;
     L->dev = dev;
-    L->cx = cx;
     L->key = key;
     L->grid = grid;
-    L->cost = cost;
-    L->eff = eff;
     L->stream = stream;
-    if (L->slot >= 0) {
-        struct ring_slot *s = &cx->ring[L->slot];
-        /* Only this thread touches a RESERVED slot. Events live in the context: create them
-         * here, where that context is current. */
-        if (!s->start && drv.event_create(&s->start, CU_EVENT_DEFAULT) != CUDA_SUCCESS)
-            s->start = NULL;
-        if (!s->end && drv.event_create(&s->end, CU_EVENT_DEFAULT) != CUDA_SUCCESS)
-            s->end = NULL;
-        L->measure_failed = 0;
-        if (!s->start || !s->end || drv.event_record(s->start, stream) != CUDA_SUCCESS) {
-            L->measure_failed = 1;
-            /* Maybe events of a destroyed context (whose address a new context now has):
-             * replace them next time. Destroying a dead context's event just fails. */
-            if (drv.event_destroy) {
-                if (s->start)
-                    drv.event_destroy(s->start);
-                if (s->end)
-                    drv.event_destroy(s->end);
-            }
-            s->start = s->end = NULL;
-        }
-    }
+    L->cx = NULL;
+    L->slot = -1;
+    L->measure_failed = 0;
+    L->start_done = 0;
+    L->now = vgpu_compute_now_ns();
+    struct cdev *cd = gate_prepare(dev, cudev, L->now, &L->eff);
+    int measure = gate_estimate(L, cd, ctx, may_measure);
+    int slept = gate_admit(L, cd);
+    if (measure)
+        gate_measure(L, slept);
+    L->active = 1;
 }
 
 void vgpu_compute_after(struct vgpu_launch *L, CUresult launched)
@@ -501,18 +614,19 @@ void vgpu_compute_after(struct vgpu_launch *L, CUresult launched)
     if (!L->active)
         return;
     struct cdev *cd = &g_dev[L->dev];
-    int64_t now = vgpu_compute_now_ns();
-    int measured = 0;
-    if (L->slot >= 0 && launched == CUDA_SUCCESS && !L->measure_failed)
-        measured = drv.event_record(L->cx->ring[L->slot].end, L->stream) == CUDA_SUCCESS;
-
     if (L->slot >= 0) {
+        /* First the launch's return: the host time the pair spans before the kernel could start. */
+        int64_t ret = vgpu_compute_now_ns();
+        int measured = launched == CUDA_SUCCESS && !L->measure_failed &&
+                       drv.event_record(L->cx->ring[L->slot].end, L->stream) == CUDA_SUCCESS;
         pthread_mutex_lock(&g_mu);
         struct ring_slot *s = &L->cx->ring[L->slot];
         if (measured) {
             s->key = L->key;
             s->grid = L->grid;
             s->charged = L->cost;
+            s->host_ns = L->start_done ? launch_call_ns(ret - L->start_done) : 0;
+            s->due_ns = ret + (int64_t)L->cost;
             L->cx->outstanding_ns += (int64_t)L->cost;
             s->state = SLOT_PENDING;
         } else {
@@ -527,10 +641,10 @@ void vgpu_compute_after(struct vgpu_launch *L, CUresult launched)
     if (launched != CUDA_SUCCESS) {
         /* Nothing ran: give the budget back. */
         if (L->eff < VC_PERMILLE_FULL)
-            vc_correct(&cd->st->tat_ns, now, -(int64_t)L->cost, L->eff);
+            vc_correct(&cd->st->tat_ns, vgpu_compute_now_ns(), -(int64_t)L->cost, L->eff);
         return;
     }
     __atomic_fetch_add(&cd->st->launches, 1, __ATOMIC_RELAXED);
     __atomic_fetch_add(&cd->st->charged_ns, (int64_t)L->cost, __ATOMIC_RELAXED);
-    __atomic_store_n(&cd->st->last_launch_ns, (uint64_t)now, __ATOMIC_RELAXED);
+    __atomic_store_n(&cd->st->last_launch_ns, (uint64_t)L->now, __ATOMIC_RELAXED);
 }

@@ -29,11 +29,13 @@ struct vgpu_launch {
     uintptr_t key;
     uint64_t grid;
     uint64_t cost;
+    int64_t now;        /* host time at the gate */
+    int64_t start_done; /* host time by which the start event was seen complete; 0 = not seen */
     CUstream stream;
 };
 
-int vgpu_compute_enabled(void); /* a cap is configured and the policy is not off */
-/* The same as a variable (hidden), for the launch hooks' fast path: written once by the init. */
+/* A cap is configured and the policy is not off (hidden), for the launch hooks' fast path:
+ * written once by the init. */
 extern int vgpu_compute_on;
 uint32_t vgpu_compute_cap_permille(int dev);
 void vgpu_compute_before(struct vgpu_launch *L, uintptr_t key, uint64_t grid, CUstream stream);

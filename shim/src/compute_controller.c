@@ -105,16 +105,27 @@ uint64_t vc_est_cost(const struct vc_est_entry *e)
  * any. So:
  *  - the charged estimate `est_ns` is a running mean (1/32 weight once warm) of the accepted
  *    samples: unbiased under run-to-run variation;
- *  - a sample above VC_REJECT_FACTOR x the estimate (+10 us) waited for someone else's slice: it
- *    is rejected (charged the estimate instead). Run-to-run variation of 20% almost never goes
- *    that far (3 standard deviations); a neighbour's 2 ms slice makes a short kernel's sample
- *    several times its length;
+ *  - a sample further above the estimate than the kernel's own variation goes (VC_REJECT_SPREADS
+ *    times the mean absolute deviation of the accepted samples, within VC_REJECT_MIN..MAX of the
+ *    estimate, +10 us) waited for someone else's work: it is rejected (charged the estimate
+ *    instead). The bound is MAX (1.8x) until a key has VC_MEAN_WEIGHT accepted samples and while
+ *    under VC_FAR_RATE of its samples go beyond 1.8x (alone on the device: then a tighter bound
+ *    would only cut the kernel's own slow runs from the mean, charging ~1% too little). With
+ *    others' work lengthening samples it tightens: run-to-run variation of 20% (mean deviation
+ *    ~16%: a bound of ~1.55x) goes that far about once in a hundred runs; a neighbour's 2 ms
+ *    slice makes a short kernel's sample several times its length, and a smaller tenant's single
+ *    kernel inside a larger tenant's kernel adds most of a kernel (a fixed 1.8x bound accepted
+ *    many of those: it charges the larger of two tenants at 30/70 10-17% too much);
  *  - the kernel really got slower when VC_REJECT_RUN samples in a row are rejected: the
  *    estimate re-bases on the smallest of them.
  * What this cannot see (a long kernel preempted in every sample by a busy neighbour) the NVML
  * outer loop corrects (compute_nvml.c). */
-#define VC_REJECT_FACTOR 1.8
+#define VC_REJECT_SPREADS 3.5
+#define VC_REJECT_MIN 0.25
+#define VC_REJECT_MAX 0.8
 #define VC_REJECT_ABS_NS 10000.0
+#define VC_FAR_WEIGHT 256.0 /* running rate of samples beyond the widest bound ... */
+#define VC_FAR_RATE 0.005   /* ... above which others' work is taken to be lengthening samples */
 #define VC_MEAN_WEIGHT 32
 #define VC_REJECT_RUN 16
 
@@ -124,13 +135,30 @@ uint64_t vc_est_update(struct vc_est_entry *e, uint64_t sample_ns, int *accepted
     int ok = 1;
     if (e->samples == 0) {
         e->est_ns = e->low_ns = e->mean_ns = s;
+        e->dev_ns = 0;
         e->accepted = 1;
     } else {
         if (s < e->low_ns)
             e->low_ns = s;
-        double hi = e->est_ns * VC_REJECT_FACTOR + VC_REJECT_ABS_NS;
+        /* The widest bound until the spread is learned, and while hardly any sample is beyond it
+         * (nobody else's work lengthens them: the bound only has to pass the kernel's own rare
+         * slow runs, which a tighter one would cut from the mean). */
+        double spread = VC_REJECT_MAX;
+        if (e->accepted >= VC_MEAN_WEIGHT) { /* not while the estimate itself is being learned */
+            double far = e->est_ns * (1.0 + VC_REJECT_MAX) + VC_REJECT_ABS_NS;
+            e->far_rate += ((s > far ? 1.0 : 0.0) - e->far_rate) / VC_FAR_WEIGHT;
+            if (e->far_rate > VC_FAR_RATE && e->est_ns > 0)
+                spread = VC_REJECT_SPREADS * e->dev_ns / e->est_ns;
+        }
+        if (spread < VC_REJECT_MIN)
+            spread = VC_REJECT_MIN;
+        if (spread > VC_REJECT_MAX)
+            spread = VC_REJECT_MAX;
+        double hi = e->est_ns * (1.0 + spread) + VC_REJECT_ABS_NS;
         if (s <= hi) {
             uint32_t n = e->accepted < VC_MEAN_WEIGHT - 1 ? e->accepted + 1 : VC_MEAN_WEIGHT;
+            double d = s > e->est_ns ? s - e->est_ns : e->est_ns - s;
+            e->dev_ns += (d - e->dev_ns) / (double)n;
             e->est_ns += (s - e->est_ns) / (double)n;
             if (e->accepted < UINT32_MAX)
                 e->accepted++;
@@ -144,6 +172,7 @@ uint64_t vc_est_update(struct vc_est_entry *e, uint64_t sample_ns, int *accepted
             e->reject_run++;
             if (e->reject_run >= VC_REJECT_RUN) {
                 e->low_ns = e->est_ns = e->reject_min_ns;
+                e->dev_ns = e->reject_max_ns - e->reject_min_ns; /* unknown: wide until learned */
                 e->accepted = 1;
                 e->reject_run = 0;
             }
@@ -174,6 +203,23 @@ double vc_nvml_factor(double factor, double usage_pm, double charged_pm, int npr
         f = VC_NVML_FACTOR_MIN;
     if (f > VC_NVML_FACTOR_MAX)
         f = VC_NVML_FACTOR_MAX;
+    return f;
+}
+
+double vc_nvml_step(struct vc_nvml_acc *acc, double factor, double usage_pm, double charged_pm, int nprocs)
+{
+    if (usage_pm < VC_NVML_MIN_USAGE_PM || charged_pm < VC_NVML_MIN_USAGE_PM) {
+        acc->periods = 0;
+        return factor;
+    }
+    if (acc->periods <= 0 || acc->periods >= VC_NVML_ACC_MAX)
+        *acc = (struct vc_nvml_acc){0};
+    acc->usage_pm += usage_pm;
+    acc->charged_pm += charged_pm;
+    acc->periods++;
+    double f = vc_nvml_factor(factor, acc->usage_pm, acc->charged_pm, nprocs);
+    if (f != factor)
+        acc->periods = 0;
     return f;
 }
 

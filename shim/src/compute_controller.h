@@ -65,6 +65,8 @@ struct vc_est_entry {
     double est_ns;        /* charged estimate: running mean of the accepted samples */
     double low_ns;        /* smallest sample (diagnostics) */
     double mean_ns;       /* plain EWMA of all samples, for diagnostics */
+    double dev_ns;        /* running mean absolute deviation of the accepted samples from est_ns */
+    double far_rate;      /* running rate of samples beyond the widest rejection bound */
     double reject_min_ns; /* smallest sample of the current run of rejected ones */
     double reject_max_ns; /* largest sample of that run */
     uint32_t samples;     /* completions measured */
@@ -88,17 +90,31 @@ struct vc_est_entry *vc_est_lookup(struct vc_estimator *t, uintptr_t key, uint64
 uint64_t vc_est_cost(const struct vc_est_entry *e);
 
 /* The NVML outer loop's control law (compute_nvml.c): given the cost factor in force, the
- * slice's share of the device over the last period by the driver's per-process utilisation
- * (usage_pm, permille; nprocs processes, each rounded to an integer percent) and what it was
- * charged over the same period (charged_pm), the new factor: VC_NVML_GAIN of the way (linearly)
- * to factor x usage / charged, within [VC_NVML_FACTOR_MIN, VC_NVML_FACTOR_MAX]; unchanged below
- * 5% or within the rounding (1 point, +0.5 per further process). */
+ * slice's share of the device by the driver's per-process utilisation (usage_pm, permille;
+ * nprocs processes, each rounded to an integer percent) and what it was charged (charged_pm),
+ * both summed over the consecutive periods not yet acted on, the new factor: VC_NVML_GAIN of
+ * the way (linearly) to factor x usage / charged, within [VC_NVML_FACTOR_MIN,
+ * VC_NVML_FACTOR_MAX]; unchanged below 5% or while the sums differ by no more than one
+ * reading's rounding (1 point, +0.5 per further process): a small bias adds up over periods
+ * until it is corrected, rounding noise does not. */
 #define VC_NVML_MIN_USAGE_PM 50.0
 #define VC_NVML_DEADBAND_PM 10.0
 #define VC_NVML_GAIN 0.6
 #define VC_NVML_FACTOR_MIN 0.2
 #define VC_NVML_FACTOR_MAX 5.0
 double vc_nvml_factor(double factor, double usage_pm, double charged_pm, int nprocs);
+
+/* One reading of the NVML outer loop: the slice's usage and charge over the last period
+ * (permille) are added to the sums not yet acted on (`acc`; zeroed = empty), and the factor
+ * moves by vc_nvml_factor on the sums. A reading under 5% empties the sums and changes nothing;
+ * the sums are emptied when the factor moves, and after VC_NVML_ACC_MAX readings (older ones
+ * are forgotten). The caller empties them when a reading is not the next period of the last. */
+#define VC_NVML_ACC_MAX 30
+struct vc_nvml_acc {
+    double usage_pm, charged_pm;
+    int periods;
+};
+double vc_nvml_step(struct vc_nvml_acc *acc, double factor, double usage_pm, double charged_pm, int nprocs);
 
 /* Feed one measured duration. Returns the new estimate (ns); *accepted (if not NULL) = 1 when
  * the sample is taken as the kernel's own time, 0 when it is rejected as inflated by waiting for

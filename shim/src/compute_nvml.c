@@ -1,6 +1,6 @@
 /*
  * Compute (SM) cap: the NVML outer loop. compute.c hands it each capped device at attach and
- * reads back its correction of the cost estimates (compute_internal.h); design:
+ * reads back its correction of the cost estimates (compute_nvml.h); design:
  * docs/compute.md.
  *
  * Events measure what the slice's kernels took *including* the time other contexts held the
@@ -12,8 +12,9 @@
  * device and compares it with what the slice was *charged* over the same second: their ratio is
  * the bias of the measured costs, whatever its cause, and the cost factor (nvml_factor_ppm) moves
  * towards factor x ratio (VC_NVML_GAIN of the way; the law is vc_nvml_factor in
- * compute_controller.c, also run by the plant model of tests/c/compute_controller_test.c). Readings where the slice used under 5% of the device, or where the two
- * differ by no more than the integer rounding of smUtil allows (1 point), change nothing. It runs on a helper thread
+ * compute_controller.c, also run by the plant model of tests/c/compute_controller_test.c). Readings where the slice used under 5% of the device change nothing;
+ * consecutive readings are summed until the sums differ by more than the integer rounding of one
+ * smUtil reading (1 point), so that a bias smaller than that is corrected too, after a few periods. It runs on a helper thread
  * (started at the first capped launch, sleeping between readings, all signals blocked) so that a
  * slow NVML call never delays a launch. PIDs are compared with the region's process slots: where
  * NVML reports PIDs of another namespace (a container without hostPID) our own PID is not found
@@ -27,7 +28,8 @@
 #include <unistd.h>
 
 #include "compute_controller.h"
-#include "compute_internal.h"
+#include "compute_clock.h"
+#include "compute_nvml.h"
 #include "shim_internal.h"
 
 /* ------------------------------------------------------------ tunables (docs/compute.md) */
@@ -43,6 +45,9 @@ struct nvml_dev {
     int64_t attached_ns; /* when this process attached: NVML's window must not reach before it */
     nvmlDevice_t nvdev; /* NVML handle (helper thread only) */
     int nvml_state;     /* 0 not tried, 1 usable, -1 off for this device (helper thread only) */
+    /* Consecutive readings of this process not yet acted on (vc_nvml_step; helper thread only) */
+    struct vc_nvml_acc acc;
+    int64_t acc_next_ns; /* nvml_next_ns as this process's last reading set it */
 };
 static struct nvml_dev g_nd[VGPU_MAX_DEVICES];
 static int g_started; /* this process tried to start the helper thread */
@@ -194,8 +199,15 @@ static void nvml_step(int dev)
     if (usage < 0)
         return;
     __atomic_store_n(&st->nvml_usage_permille, (uint32_t)usage, __ATOMIC_RELAXED);
+    /* The readings are summed until they disagree by more than the rounding allows: a bias
+     * smaller than one reading's rounding (a 70% slice charged 1% too much) adds up over a few
+     * periods and is corrected, while rounding noise, which does not add up, is left alone.
+     * Only consecutive periods read by this process count. */
+    if (next != cd->acc_next_ns)
+        cd->acc.periods = 0;
+    cd->acc_next_ns = now + NVML_PERIOD_NS;
     double old = stored_factor(st);
-    double f = vc_nvml_factor(old, (double)usage, charged, nprocs);
+    double f = vc_nvml_step(&cd->acc, old, (double)usage, charged, nprocs);
     if (f == old)
         return;
     __atomic_store_n(&st->nvml_factor_ppm, (uint32_t)(f * 1e6 + 0.5), __ATOMIC_RELAXED);

@@ -3,7 +3,7 @@
  *
  *   compute_workload [--kernel sim_1000us] [--grid 1] [--path kernel|ptsz|ex|ex_ptsz|coop|coop_ptsz|graph|graph_ptsz]
  *                    [--graph-nodes 10] [--seconds 3] [--warmup 1] [--sync-every 0] [--device 0]
- *                    [--timeline-ms 0] [--threads 1]
+ *                    [--timeline-ms 0] [--threads 1] [--gap-us 0] [--burst 1]
  *
  * Launches kernels back to back (asynchronously, or synchronising every N launches) on one
  * device for --warmup + --seconds, and reports its own share of device time over the measured
@@ -14,8 +14,13 @@
  * window x modelled kernel time / window (a kernel `sim_<N>us` takes N us per wave of SM-count
  * blocks on average), the only figure available on a driver without that function.
  *
+ * --gap-us G --burst N: after every N launches the thread spends G us on the host (busy, as a
+ * program preparing its next batch would): spaced launches (N = 1) or batches of N.
+ *
  * Output (one line, key=value): share=<percent> model_share=<percent> launches=<n> window_s=<s>
- *   kernel_us=<us> cpu_s=<user+sys CPU of the whole run> total_s=<wall time of the whole run>;
+ *   kernel_us=<us> cpu_s=<user+sys CPU of the whole run> total_s=<wall time of the whole run>
+ *   busy_run_ns=<device time served to this process over the whole run, simgpuProcessBusyNs>
+ *   launches_run=<launches of the whole run>;
  *   first a line start_ns=<CLOCK_MONOTONIC at the start>
  * With --timeline-ms T also lines "tl <t_ms since start> <share percent of that interval>"
  * (launch-time based; the queue ahead is bounded by the shim).
@@ -44,7 +49,8 @@ static const char *path = "kernel";
 static unsigned grid = 1;
 static int graph_nodes = 10;
 static double seconds = 3, warmup = 1;
-static int sync_every = 0, device = 0, timeline_ms = 0, nthreads = 1;
+static int sync_every = 0, device = 0, timeline_ms = 0, nthreads = 1, burst = 1;
+static double gap_us = 0;
 
 static CUcontext ctx;
 static CUfunction fn;
@@ -101,7 +107,7 @@ static int is_ptsz(void)
 
 struct worker {
     CUstream stream;
-    long launches_window;
+    long launches_window, launches_run;
     long *tl;
     int64_t t_start, t0, t1;
 };
@@ -136,7 +142,13 @@ static void *work(void *arg)
         }
         if (sync_every > 0 && n % sync_every == 0)
             CHECK(is_ptsz() ? cuStreamSynchronize_ptsz(w->stream) : cuStreamSynchronize(w->stream));
+        if (gap_us > 0 && n % burst == 0) {
+            int64_t until = now_ns() + (int64_t)(gap_us * 1000);
+            while (now_ns() < until) {
+            }
+        }
     }
+    w->launches_run = n;
     CHECK(cuCtxSynchronize());
     w->t1 = now_ns();
     return NULL;
@@ -156,6 +168,8 @@ int main(int argc, char **argv)
         else if (!strcmp(k, "--device")) device = atoi(v);
         else if (!strcmp(k, "--timeline-ms")) timeline_ms = atoi(v);
         else if (!strcmp(k, "--threads")) nthreads = atoi(v);
+        else if (!strcmp(k, "--gap-us")) gap_us = atof(v);
+        else if (!strcmp(k, "--burst")) burst = atoi(v) > 0 ? atoi(v) : 1;
         else {
             fprintf(stderr, "workload: unknown option %s\n", k);
             return 2;
@@ -218,11 +232,12 @@ int main(int argc, char **argv)
         ws[i].t_start = start;
         pthread_create(&th[i], NULL, work, &ws[i]);
     }
-    long total = 0;
+    long total = 0, total_run = 0;
     int64_t t0 = 0, t1 = 0;
     for (int i = 0; i < nthreads; i++) {
         pthread_join(th[i], NULL);
         total += ws[i].launches_window;
+        total_run += ws[i].launches_run;
         if (!t0 || ws[i].t0 < t0)
             t0 = ws[i].t0;
         if (ws[i].t1 > t1)
@@ -237,13 +252,20 @@ int main(int argc, char **argv)
     unsigned long long busy_ns = 0, busy_win = 0;
     if (busy && busy(device, (unsigned long long)t0, (unsigned long long)t1, &busy_ns, &busy_win) == CUDA_SUCCESS && busy_win)
         share = 100.0 * (double)busy_ns / (double)busy_win;
+    /* The whole run: every bucket that holds any of it (the process had no device work before
+     * its start or after its last synchronisation). */
+    unsigned long long busy_run = 0, run_win = 0;
+    int64_t t_end = now_ns();
+    if (busy)
+        busy(device, (unsigned long long)(start - 100000000LL), (unsigned long long)(t_end + 100000000LL), &busy_run, &run_win);
     if (tl) {
         long nslots = (long)((warmup + seconds) * 1000 / timeline_ms);
         for (long i = 0; i < nslots; i++)
             printf("tl %ld %.2f\n", i * timeline_ms, 100.0 * (double)tl[i] * unit_us / 1000.0 / timeline_ms);
     }
     double total_s = (double)(now_ns() - start) / 1e9;
-    printf("share=%.3f model_share=%.3f launches=%ld window_s=%.4f kernel_us=%.1f unit_us=%.1f cpu_s=%.3f total_s=%.3f\n", share,
-           model_share, total, win, kernel_us, unit_us, c1 - c0, total_s);
+    printf("share=%.3f model_share=%.3f launches=%ld window_s=%.4f kernel_us=%.1f unit_us=%.1f cpu_s=%.3f total_s=%.3f "
+           "busy_run_ns=%llu launches_run=%ld\n",
+           share, model_share, total, win, kernel_us, unit_us, c1 - c0, total_s, busy_run, total_run);
     return 0;
 }

@@ -6,10 +6,32 @@ import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+from sharing._region_cffi import ffi
 
 from sharing.paths import shim_library
+
+
+def compute_state(region: Path, dev: int = 0) -> Any:
+    """A copy of device `dev`'s compute state in the accounting file `region`.
+
+    A copy: a cast of ffi.from_buffer() points into the bytes read, which do not outlive this
+    function."""
+    data = region.read_bytes()
+    r = ffi.cast("struct vgpu_region *", ffi.from_buffer(data))
+    st = ffi.new("struct vgpu_compute_state *")
+    ffi.memmove(st, r.compute + dev, ffi.sizeof("struct vgpu_compute_state"))
+    return st
+
+
+def demand_file(path: Path) -> Any:
+    """A copy of a demand file (struct vgpu_demand_file)."""
+    data = path.read_bytes()
+    f = ffi.new("struct vgpu_demand_file *")
+    ffi.memmove(f, data, min(len(data), ffi.sizeof("struct vgpu_demand_file")))
+    return f
 
 
 @dataclass
@@ -20,6 +42,8 @@ class Result:
     cpu_s: float
     total_s: float
     start_ns: int
+    busy_run_ns: int  # device time the simulator served the process over the whole run
+    launches_run: int
     timeline: list[tuple[int, float]]
     stdout: str
     stderr: str
@@ -45,6 +69,8 @@ def parse(out: str, err: str, rc: int) -> Result:
         cpu_s=float(kv.get("cpu_s", "0")),
         total_s=float(kv.get("total_s", "0")),
         start_ns=int(kv.get("start_ns", "0")),
+        busy_run_ns=int(kv.get("busy_run_ns", "0")),
+        launches_run=int(kv.get("launches_run", "0")),
         timeline=tl,
         stdout=out,
         stderr=err,

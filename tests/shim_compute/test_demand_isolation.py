@@ -18,9 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sharing._region_cffi import ffi
 
-from tests.shim_compute.conftest import Result, Workload
+from tests.shim_compute.conftest import Result, Workload, compute_state, demand_file
 from tests.support.staging import stage_region_binding
 
 NOBODY = 65534
@@ -98,23 +97,14 @@ def victim(workload: Workload, node: Path, seconds: str = "1.2") -> tuple[Result
     )
     r = workload.run(env, "--warmup", "0.3", "--seconds", seconds)
     assert r.returncode == 0, r.stderr
-    data = Path(env["CUDA_DEVICE_MEMORY_SHARED_CACHE"]).read_bytes()
-    region = owned_copy("struct vgpu_region", data)
-    return r, ffi.new("struct vgpu_compute_state *", region.compute[0])  # its own copy
-
-
-def owned_copy(ctype: str, data: bytes) -> Any:
-    """A `ctype *` to a copy of `data` that cffi owns. A pointer cast from ffi.from_buffer does
-    not keep the buffer alive: it would read freed memory once the buffer is collected."""
-    buf = ffi.from_buffer(data)
-    return ffi.new(f"{ctype} *", ffi.cast(f"{ctype} *", buf)[0])
+    return r, compute_state(Path(env["CUDA_DEVICE_MEMORY_SHARED_CACHE"]))
 
 
 def test_a_tenant_cannot_cut_a_neighbours_share(workload: Workload, node: Path) -> None:
     # Alone, the elastic 30% slice takes the whole idle device.
     alone, st = victim(workload, node)
     assert st.effective_permille == 1000 and alone.share > 80, alone.share
-    own: Any = owned_copy("struct vgpu_demand_file", (node / "victim.demand").read_bytes())
+    own: Any = demand_file(node / "victim.demand")
     uuid = bytes(own.dev[0].uuid).hex()
     assert own.dev[0].d.cap_permille == 300
 

@@ -6,9 +6,7 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from sharing._region_cffi import ffi
-
-from tests.shim_compute.conftest import Workload
+from tests.shim_compute.conftest import Workload, compute_state
 
 
 def test_edges_under_a_cap(build_c: Callable[..., Path], workload: Workload) -> None:
@@ -19,7 +17,6 @@ def test_edges_under_a_cap(build_c: Callable[..., Path], workload: Workload) -> 
     assert r.stdout.strip() == "ok"
     # The slice paid for the 40 launches that ran (1 ms each, the fork child's one at most on
     # top), not for the 200 captured ones (another 200 ms of budget, 2 s of waiting at 10%).
-    data = Path(env["CUDA_DEVICE_MEMORY_SHARED_CACHE"]).read_bytes()
-    st = ffi.cast("struct vgpu_region *", ffi.from_buffer(data)).compute[0]
+    st = compute_state(Path(env["CUDA_DEVICE_MEMORY_SHARED_CACHE"]))
     assert 40 <= st.launches <= 41, st.launches
     assert st.charged_ns < 60_000_000, st.charged_ns

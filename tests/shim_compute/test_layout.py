@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from sharing._region_cffi import ffi
 
-from tests.shim_compute.conftest import Workload
+from tests.shim_compute.conftest import Workload, compute_state, demand_file
 
 
 def test_sizes() -> None:
@@ -20,7 +20,7 @@ def test_sizes() -> None:
 
 
 def _demand(path: Path) -> object:
-    return ffi.cast("struct vgpu_demand_file *", ffi.from_buffer(path.read_bytes()))
+    return demand_file(path)
 
 
 def test_a_capped_run_leaves_its_accounting(workload: Workload, tmp_path: Path) -> None:
@@ -74,8 +74,7 @@ def test_slices_starting_together_each_have_one_demand_record(
 
     ids: dict[int, int] = {}
     for i, env in enumerate(envs):
-        data = Path(env["CUDA_DEVICE_MEMORY_SHARED_CACHE"]).read_bytes()
-        st = ffi.cast("struct vgpu_region *", ffi.from_buffer(data)).compute[0]
+        st = compute_state(Path(env["CUDA_DEVICE_MEMORY_SHARED_CACHE"]))
         ids[st.slice_id] = i
     assert len(ids) == len(envs) and 0 not in ids
     held = []

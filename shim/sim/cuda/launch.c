@@ -19,6 +19,7 @@
  * A launch also costs the calling thread host CPU time, as the real driver's does (writing the
  * pushbuffer): SIMGPU_LAUNCH_COST_NS (default 3000 ns) of busy time, spent reading the vDSO clock
  * (no system call), so an interposer's overhead per launch is compared with a realistic launch.
+ * The work is queued at the end of that time (the doorbell), not at its start.
  */
 #include "cuda_internal.h"
 
@@ -160,10 +161,12 @@ static CUresult launch(CUfunction fn, unsigned gx, unsigned gy, unsigned gz, uns
         sim_capture_add(s, &node);
         return CUDA_SUCCESS;
     }
+    /* The host cost comes first: the driver writes the launch into the pushbuffer and rings the
+     * doorbell last, so the device cannot start the kernel before the call is nearly over. */
     uint64_t t0 = G.launch_cost_ns ? sim_now_ns() : 0;
-    sim_stream_enqueue(s, sim_kernel_sample_ns(node.dur_ns));
     while (G.launch_cost_ns && sim_now_ns() - t0 < G.launch_cost_ns) {
     }
+    sim_stream_enqueue(s, sim_kernel_sample_ns(node.dur_ns));
     return CUDA_SUCCESS;
 }
 

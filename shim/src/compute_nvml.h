@@ -1,38 +1,20 @@
 /*
- * What the two halves of the compute cap share: compute.c (per-device state, the launch gate,
- * the measurements) and compute_nvml.c (the NVML outer loop, on its helper thread). Nothing
- * else includes this header.
+ * The NVML outer loop of the compute cap (compute_nvml.c), as the launch gate (compute.c) uses
+ * it: one direction only, compute.c calls these and compute_nvml.c calls nothing of compute.c
+ * (both take the time from compute_clock.h).
  *
  * compute.c owns the per-device state; it hands the loop a device once, at attach, and reads
  * back only the loop's correction of the cost estimates (vgpu_compute_cost_factor, kept in the
  * slice's shared state). The loop keeps its own per-device NVML state, touched by its helper
  * thread only.
  */
-#ifndef VGPU_COMPUTE_INTERNAL_H
-#define VGPU_COMPUTE_INTERNAL_H
+#ifndef VGPU_COMPUTE_NVML_H
+#define VGPU_COMPUTE_NVML_H
 
-#include <errno.h>
 #include <stdint.h>
-#include <time.h>
 
 #include "vgpu/compute_state.h"
 
-/* CLOCK_MONOTONIC in ns: the clock of tat_ns, want_until_ns and nvml_next_ns. */
-static inline int64_t vgpu_compute_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
-static inline void vgpu_compute_sleep_until(int64_t t)
-{
-    struct timespec ts = {.tv_sec = t / 1000000000LL, .tv_nsec = t % 1000000000LL};
-    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
-        ;
-}
-
-/* ------------------------------------------------------------ compute_nvml.c */
 /* What a launch is charged per ns of estimated device time: the NVML loop's correction of the
  * slice's cost estimates (1.0 until the loop has acted). Any thread, lock-free. */
 double vgpu_compute_cost_factor(const struct vgpu_compute_state *st);
