@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from driver import kubequantity
+from sharing import kubequantity
 
 API_VERSION = "vgpu.sharing.dev/v1alpha1"
 KIND = "VgpuConfig"
