@@ -37,10 +37,11 @@ from typing import Any
 import yaml
 
 from sharing.kubequantity import FORMS, KubeQuantityError, parse_bytes, to_kubernetes
+from sharing.limitsfile import POLICIES
 
 API_VERSION = "vgpu.sharing.dev/v1alpha1"
 KIND = "SharingPolicy"
-COMPUTE_POLICIES = ("hard", "elastic")
+COMPUTE_POLICIES = tuple(p for p in POLICIES if p != "off")  # an admin default caps
 MAX_PARTITIONS = 64
 MAX_SHARERS = 1024
 CORES_TOTAL = 100  # percent of the GPU's SMs

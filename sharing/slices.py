@@ -70,10 +70,7 @@ def slice_limits(s: Slice, counters: SliceCounters, device: int) -> SliceLimits:
     claim, FILE.limits for a `vgpu run --region FILE` slice), never the accounting file (which
     holds usage only). Unknown limits read as none."""
     memory = _int(s.limits.get(f"CUDA_DEVICE_MEMORY_LIMIT_{device}"))
-    if memory is None:
-        memory = _int(s.limits.get("CUDA_DEVICE_MEMORY_LIMIT"))
-    sm_text = s.limits.get(f"CUDA_DEVICE_SM_LIMIT_{device}", s.limits.get("CUDA_DEVICE_SM_LIMIT"))
-    sm = _float(sm_text)
+    sm = _float(s.limits.get(f"CUDA_DEVICE_SM_LIMIT_{device}"))
     policy = s.limits.get("VGPU_COMPUTE_POLICY", "hard")
     ratio = sm / 100.0 if sm is not None and 0 < sm < 100 and policy != "off" else 0.0
     return SliceLimits(memory_bytes=memory or 0, compute_ratio=ratio)
