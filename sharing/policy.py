@@ -139,10 +139,6 @@ class SharingPolicy:
                 return o.rules
         return self.default
 
-    def with_partitions(self, partitions: int) -> SharingPolicy:
-        """The built-in default with another partition count (the --partitions flag)."""
-        return replace(self, default=replace(self.default, partitions=partitions))
-
 
 # --- loading ---------------------------------------------------------------------------------------
 

@@ -61,8 +61,6 @@ void vgpu_devices_discover(void) {
     pthread_mutex_unlock(&mu);
 }
 
-int vgpu_device_count(void) { return __atomic_load_n(&discovered, __ATOMIC_ACQUIRE) ? ndev : 0; }
-
 int vgpu_device_index(CUdevice dev) {
     vgpu_devices_discover();
     if (!__atomic_load_n(&discovered, __ATOMIC_ACQUIRE)) return -1;

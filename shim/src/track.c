@@ -99,7 +99,6 @@ int vgpu_track_take(int kind, uint64_t key, int *dev, uint64_t *bytes) { return 
 int vgpu_track_take_aux(int kind, uint64_t key, int *dev, uint64_t *bytes, uint64_t *aux) {
     return lookup(kind, key, dev, bytes, aux, 1);
 }
-int vgpu_track_find(int kind, uint64_t key, int *dev, uint64_t *bytes) { return lookup(kind, key, dev, bytes, NULL, 0); }
 
 void vgpu_track_reset(void) {
     /* fork child (single-threaded): the parent's entries are not ours; the shard mutexes may have
