@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
+from sharing import kubequantity
 from sharing.policy import BUILTIN, PolicyError, Range, SharingPolicy, from_document, load
 
 GiB = 1024**3
@@ -60,7 +61,20 @@ def test_shipped_configmap_policy_is_valid() -> None:
     """The policy the deploy tree ships in its ConfigMap loads without error."""
     path = REPO / "deploy" / "base" / "policy.yaml"
     [cm] = [d for d in yaml.safe_load_all(path.read_text()) if d and d["kind"] == "ConfigMap"]
-    from_document(yaml.safe_load(cm["data"]["policy.yaml"]))
+    raw = yaml.safe_load(cm["data"]["policy.yaml"])["default"]
+    d = from_document(yaml.safe_load(cm["data"]["policy.yaml"])).default
+    # every field the file sets is in force, read with Kubernetes' quantity rules
+    assert d.reserved_memory == kubequantity.parse_bytes(raw["reservedMemory"])
+    assert d.memory.min == kubequantity.parse_bytes(raw["memory"]["min"])
+    assert d.memory.default == kubequantity.parse_bytes(raw["memory"]["default"])
+    assert (d.cores.min, d.cores.step, d.cores.default) == tuple(
+        raw["cores"][k] for k in ("min", "step", "default")
+    )
+    assert (d.max_sharers, d.compute_policy, d.partitions) == (
+        raw["maxSharers"],
+        raw["computePolicy"],
+        raw["partitions"],
+    )
 
 
 def test_no_file_means_the_builtin_default() -> None:
