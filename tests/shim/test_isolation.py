@@ -224,7 +224,7 @@ def test_moving_the_plugins_mounts_aside(
 ) -> None:
     """Container root renames the directory holding the plugin's read-only mounts (allowed: it
     is not itself a mount point) and puts its own in its place."""
-    write_limits(shim_dir, f"CUDA_DEVICE_MEMORY_LIMIT={16 * MiB}\n")
+    write_limits(shim_dir, complete(16 * MiB, shim_dir.parent / "acct"))
     d = shlex.quote(str(shim_dir))
     setup = plugin_mounts(shim_dir) + " && " + MOVE_ASIDE.format(d=d)
     if forged:

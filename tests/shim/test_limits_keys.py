@@ -13,6 +13,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from sharing import region
 from sharing.limitsfile import LimitsFileError, parse_limits_file
 from sharing.paths import shim_library
