@@ -9,7 +9,7 @@ files; 64 per GPU; each file with busy counters and 4 process slots in use, of p
 are gone, so every scrape also runs the liveness check), and "empty" with the same devices and
 no slice: the baseline measured in the same run. Each scrape is a real HTTP GET of /metrics read
 to the end; the exporters are scraped in turn so that load on the machine hits all alike.
-Target (issue 10): full scrape p99 under 50 ms. Reported: p50/p99/max, the ratio to the empty
+Target: full scrape p99 under 50 ms. Reported: p50/p99/max, the ratio to the empty
 scrape, the exporter's own vgpu_exporter_scrape_duration_seconds, series count and the exporter
 processes' RSS. `--update-md` rewrites the exporter section of BENCHMARKS.md.
 """

@@ -19,14 +19,14 @@ from typing import Any
 
 from kubernetes import client as k8s
 
-from driver import devicenames, kubequantity
+from driver import devicenames
+from driver.devicenames import CORES_CAPACITY, MEMORY_CAPACITY
 from driver.vgpuconfig import ConfigError, EffectiveConfig, VgpuConfig, decode
+from sharing import kubequantity
 from sharing.gpus import GpuInfo
 from sharing.policy import BUILTIN, Rules
 from sharing.quantity import format_bytes
 
-MEMORY_CAPACITY = "memory"
-CORES_CAPACITY = "cores"  # percent of the GPU's SMs
 RulesFor = Callable[[GpuInfo], Rules]  # the admin policy's rules of one GPU
 
 
@@ -223,7 +223,7 @@ def plan_claim(
         _check_policy_override(configs, rules, where)
         admin = VgpuConfig(compute_policy=rules.compute_policy)
         config = EffectiveConfig.of([admin, *(c for _, c in configs)])
-        if config.exclusive and mode == "sharing":
+        if config.exclusive and mode == devicenames.SHARING:
             if cores != 100:
                 raise ClaimError(
                     f"{where}: a whole-GPU claim (VgpuConfig exclusive, the "
@@ -287,7 +287,11 @@ def _limits(
 ) -> tuple[GpuInfo, int, int]:
     parsed = devicenames.parse(name, mode)
     if parsed is None:
-        form = devicenames.PARTITION_FORM if mode == "partition" else devicenames.SHARING_FORM
+        form = (
+            devicenames.PARTITION_FORM
+            if mode == devicenames.PARTITION
+            else devicenames.SHARING_FORM
+        )
         raise ClaimError(f"{where}: not a device of this node in {mode} mode; allowed: {form}")
     gpu = by_index.get(parsed.gpu_index)
     if gpu is None:
@@ -300,7 +304,7 @@ def _limits(
             f"{where}: GPU {gpu.index} ({gpu.uuid}) has MIG mode enabled; MIG is not supported "
             "yet (the plugin no longer offers this GPU)"
         )
-    if mode == "partition":
+    if mode == devicenames.PARTITION:
         rules = rules_for(gpu)
         if parsed.partition is None or not parsed.partition < rules.partitions:
             raise ClaimError(

@@ -16,17 +16,10 @@ Construction (by driver/main.py):
   health      the HealthBroadcaster whose device list the health stream serves; when nobody has
               published yet, start() publishes every device of `gpus` as healthy
 
-Files, under settings.data_dir (mode 0700: containers reach what they need through bind mounts,
-which the runtime resolves as root; nobody else needs anything in it):
-  checkpoint.json        prepared claims (driver/checkpoint.py)
-  lib/libvgpu.so         copy of the shim, mounted read-only into containers
-  lib/ld.so.preload      names the container path of the shim; mounted at /etc/ld.so.preload
-  claims/<uid>/          one claim: `limits` (read-only mount) and `shared/` (read-write mount at
-                         /run/vgpu-sharing, the accounting file); see driver/state.py
-  node-state/            0755: one demand file per claim, `<uid>.demand`; the directory is
-                         mounted read-only into every claim at /run/vgpu-node, each claim's own
-                         file writable at /run/vgpu-demand (docs/compute.md)
-and CDI specs in settings.cdi_root: k8s.<driver>-claim_<uid>.json.
+Files: under settings.data_dir (mode 0700: containers reach what they need through bind mounts,
+which the runtime resolves as root; nobody else needs anything in it) as sharing/claimlayout.py
+lays them out (the shim's copy and preload list, the checkpoint, one directory per claim, the
+demand records), and CDI specs in settings.cdi_root: k8s.<driver>-claim_<uid>.json.
 """
 
 from __future__ import annotations
@@ -42,31 +35,30 @@ from driver.flags import Settings
 from driver.health import HealthBroadcaster
 from driver.injection import DriverInjector
 from driver.kubelet import KubeletPlugin, PluginSockets
-from driver.state import CONTAINER_LIB, DeviceState, HostPaths
+from driver.state import DeviceState, HostPaths
+from sharing import claimlayout as layout
 from sharing.fsutil import atomic_write
 from sharing.gpus import GpuInfo
 from sharing.paths import shim_library
 
 log = logging.getLogger(__name__)
 
-MODES = ("sharing", "partition")
-
 
 def install_shim(source: Path, lib_dir: Path) -> Path:
-    """Copy the shim to lib_dir/libvgpu.so (atomically, only if changed) and write
-    lib_dir/ld.so.preload naming its container path. Returns the installed library path.
+    """Copy the shim into lib_dir (atomically, only if changed) and write the preload list
+    beside it naming its container path (sharing/claimlayout.py). Returns the installed library path.
 
     A copy, not the package's own path, because the CDI mount needs a stable host path that
     survives reinstalls, and replacing it by rename never changes a file a container has open.
     """
     lib_dir.mkdir(parents=True, exist_ok=True)
-    target = lib_dir / "libvgpu.so"
+    target = lib_dir / layout.SHIM_LIBRARY
     data = source.read_bytes()
     if _current(target) != data:
         atomic_write(target, data, mode=0o755)
         log.info("installed shim %s -> %s", source, target)
-    preload = lib_dir / "ld.so.preload"
-    text = f"{CONTAINER_LIB}\n".encode()
+    preload = lib_dir / layout.PRELOAD_FILE
+    text = f"{layout.CONTAINER_LIB}\n".encode()
     if _current(preload) != text:
         atomic_write(preload, text, mode=0o644)
     return target
@@ -103,8 +95,8 @@ class Driver:
         default <data dir>/node-state) exist for tests; main.py leaves them alone. rules_for: the
         admin sharing policy's rules per GPU (driver/policy.py; None: the built-in policy); injector:
         the driver's files for CDI-only runtimes (driver/injection.py; None: not injected)."""
-        if mode not in MODES:
-            raise ValueError(f"mode {mode!r} unknown; allowed: {', '.join(MODES)}")
+        if mode not in devicenames.MODES:
+            raise ValueError(f"mode {mode!r} unknown; allowed: {', '.join(devicenames.MODES)}")
         if partitions < 1:
             raise ValueError(f"partitions {partitions} invalid; allowed: 1 or more")
         self.settings = settings
@@ -115,10 +107,10 @@ class Driver:
         self._shim_source = shim_source
         data_dir = settings.data_dir
         self.paths = HostPaths(
-            shim_library=data_dir / "lib" / "libvgpu.so",
-            preload_file=data_dir / "lib" / "ld.so.preload",
-            claims_dir=data_dir / "claims",
-            node_state_dir=node_state_dir or data_dir / "node-state",
+            shim_library=data_dir / layout.LIB_DIR / layout.SHIM_LIBRARY,
+            preload_file=data_dir / layout.LIB_DIR / layout.PRELOAD_FILE,
+            claims_dir=data_dir / layout.CLAIMS_DIR,
+            node_state_dir=node_state_dir or data_dir / layout.NODE_STATE_DIR,
             dev_root=dev_root,
         )
         self.state = DeviceState(
@@ -128,7 +120,7 @@ class Driver:
             mode=mode,
             partitions=partitions,
             cdi_root=settings.cdi_root,
-            checkpoint_path=data_dir / "checkpoint.json",
+            checkpoint_path=data_dir / layout.CHECKPOINT_FILE,
             paths=self.paths,
             read=DeviceState.api_reader(api_client),
             rules_for=rules_for,

@@ -17,10 +17,10 @@ from typing import TextIO
 
 import yaml
 
+from driver.devicenames import PARTITION, SHARING, Mode
 from driver.discovery import Discovery, NvmlBackend
 from driver.flags import Settings
 from driver.resourceslices import (
-    Mode,
     RulesFor,
     describe_error,
     pool_slices,
@@ -46,7 +46,7 @@ def dry_run(
     except Exception as e:
         log.error("NVML: cannot list GPUs (%s); %s", describe_error(e), nvml_hint)
         return 1
-    mode: Mode = "partition" if settings.sharing_mode == "partition" else "sharing"
+    mode: Mode = PARTITION if settings.sharing_mode == PARTITION else SHARING
     if settings.sharing_mode == "auto":
         log.info("--dry-run: no API server to ask; printing sharing-mode slices")
     inv = Discovery(backend, sysfs_root=sysfs_root).inventory(gpus, {})

@@ -14,10 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar, cast
 
+from driver.devicenames import MODES, Mode
 from driver.simulated import DEFAULT_SIM_MODEL, MAX_SIM_GPUS, SIM_MODELS
+from sharing import claimlayout
 
-SharingMode = Literal["auto", "sharing", "partition"]
-SHARING_MODES: tuple[str, ...] = ("auto", "sharing", "partition")
+SharingMode = Literal["auto", Mode]
+SHARING_MODES: tuple[str, ...] = ("auto", *MODES)
 DEFAULT_DRIVER_NAME = "vgpu.sharing.dev"
 MAX_PARTITIONS = 64  # 64 slices of one GPU is already under 1.3 GiB on an 80 GB card
 
@@ -121,7 +123,7 @@ _FLAGS: tuple[_Flag, ...] = (
         "data-dir",
         "DATA_DIR",
         "directory for the driver's state (checkpoint)",
-        "/var/lib/vgpu-sharing",
+        claimlayout.DEFAULT_DATA_DIR,
     ),
     _Flag(
         "sharing-mode",

@@ -84,13 +84,6 @@ class Kube:
         items = _json(resp).get("items") or []
         return [i for i in items if isinstance(i, dict)]
 
-    def read_slice(self, name: str) -> dict[str, Any]:
-        return _json(
-            self.resource.read_resource_slice(
-                name, _preload_content=False, _request_timeout=self.timeout
-            )
-        )
-
     def create_slice(self, body: dict[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
         return _json(
             self.resource.create_resource_slice(

@@ -20,12 +20,12 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
-from typing import cast
 
 from driver import hostfs, simulated
 from driver.backoff import Backoff
 from driver.checkpoint import CheckpointError
 from driver.claim_pods import ClaimPods
+from driver.devicenames import Mode, as_mode
 from driver.discovery import Discovery, Inventory, NvmlBackend, PynvmlBackend, Rediscovery
 from driver.driver import Driver
 from driver.dryrun import dry_run
@@ -37,12 +37,12 @@ from driver.injection import DriverInjector, DriverRoot, SimulatorInjector, load
 from driver.kube import Kube, KubeConfigError, make_api_client
 from driver.policy import PolicyView, PolicyWatcher, initial_policy
 from driver.resourceslices import (
-    Mode,
     PublishLoop,
     SlicePublisher,
     describe_error,
     health_map,
 )
+from sharing import claimlayout
 from sharing.exporter import Exporter, ExporterConfig
 from sharing.fsutil import atomic_write
 from sharing.policy import PolicyError, SharingPolicy
@@ -53,7 +53,6 @@ EXIT_OK = 0
 EXIT_STARTUP = 1
 EXIT_USAGE = 2
 EXIT_MODE_CHANGED = 3
-MODE_FILE = "publish-mode"  # under --data-dir: the mode auto last decided
 CLEANUP_TIMEOUT = 10.0  # seconds of retrying the slice deletion at shutdown
 
 
@@ -94,14 +93,14 @@ class Plugin:
     # -- mode --
 
     def _mode_file(self) -> Path:
-        return self.settings.data_dir / MODE_FILE
+        return self.settings.data_dir / claimlayout.MODE_FILE
 
     def _remembered_mode(self) -> Mode | None:
         try:
             text = hostfs.read_file(self._mode_file()).decode(errors="replace").strip()
         except OSError:
             return None
-        return cast(Mode, text) if text in ("sharing", "partition") else None
+        return as_mode(text)
 
     def _remember_mode(self, mode: Mode) -> None:
         try:

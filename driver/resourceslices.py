@@ -24,25 +24,29 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, cast
+from typing import Any
 
 from driver import devicenames
 from driver.backoff import Backoff
+from driver.devicenames import (
+    CORES_CAPACITY,
+    MEMORY_CAPACITY,
+    PARTITION,
+    SHARERS_CAPACITY,
+    SHARING,
+    Mode,
+    as_mode,
+)
 from driver.discovery import DiscoveredGpu, Inventory, semver
 from driver.kube import ApiException, Kube
 from sharing.gpus import GpuInfo
-from sharing.policy import BUILTIN, Rules
-from sharing.quantity import to_kubernetes
+from sharing.kubequantity import to_kubernetes
+from sharing.policy import BUILTIN, CORES_TOTAL, Rules
 
 log = logging.getLogger(__name__)
 
-Mode = Literal["sharing", "partition"]
-
 MAX_DEVICES_PER_SLICE = 128
 MEMORY_MIN = BUILTIN.memory.min
-MEMORY_STEP = BUILTIN.memory.step
-CORES_TOTAL = 100  # percent of the GPU's SMs
-SHARERS_CAPACITY = "sharers"  # allocations on one GPU; each consumes exactly 1
 MAX_NAME_LENGTH = 253  # object names are DNS subdomains
 PCIE_ROOT_ATTRIBUTE = "resource.kubernetes.io/pcieRoot"
 
@@ -130,8 +134,11 @@ def sharing_device(g: DiscoveredGpu, rules: Rules = BUILTIN) -> dict[str, Any]:
         "allowMultipleAllocations": True,
         "attributes": _attributes(g),
         "capacity": {
-            "memory": memory,
-            "cores": {"value": str(CORES_TOTAL), "requestPolicy": sharing_cores_policy(rules)},
+            MEMORY_CAPACITY: memory,
+            CORES_CAPACITY: {
+                "value": str(CORES_TOTAL),
+                "requestPolicy": sharing_cores_policy(rules),
+            },
             # Every allocation consumes exactly one: a request naming no amount gets the
             # default, and any other amount is above the only valid value (no match).
             SHARERS_CAPACITY: {
@@ -157,8 +164,10 @@ def partition_devices(
                 "name": devicenames.partition_name(g.index, k),
                 "attributes": attrs,
                 "capacity": {
-                    "memory": {"value": to_kubernetes(rules.partition_memory(g.info.memory_total))},
-                    "cores": {"value": str(rules.partition_cores())},
+                    MEMORY_CAPACITY: {
+                        "value": to_kubernetes(rules.partition_memory(g.info.memory_total))
+                    },
+                    CORES_CAPACITY: {"value": str(rules.partition_cores())},
                 },
             }
         )
@@ -183,7 +192,7 @@ def build_devices(
             continue
         devices.extend(
             [sharing_device(g, rules)]
-            if mode == "sharing"
+            if mode == SHARING
             else partition_devices(g, rules.partitions, rules)
         )
     return devices
@@ -193,7 +202,7 @@ def too_small(info: GpuInfo, mode: Mode, rules: Rules) -> bool:
     """True when the policy leaves the GPU nothing to offer: its memory after reservedMemory is
     below one memory step above the minimum (sharing) or zero per partition (partition)."""
     shareable = rules.shareable_memory(info.memory_total)
-    if mode == "sharing":
+    if mode == SHARING:
         return rules.memory.bounds(shareable) is None
     return rules.partition_memory(info.memory_total) == 0
 
@@ -358,9 +367,7 @@ class SlicePublisher:
         self.requested_mode = requested_mode
         self.partitions = partitions
         self.reprobe_interval = reprobe_interval
-        self._mode: Mode | None = (
-            cast(Mode, requested_mode) if requested_mode in ("sharing", "partition") else None
-        )
+        self._mode: Mode | None = as_mode(requested_mode)
         self._server_mode: Mode | None = None
         self._probed_at = 0.0
         self.generation = 0
@@ -483,14 +490,14 @@ class SlicePublisher:
                     self.partitions,
                     self.partitions,
                 )
-            self._server_mode = "partition"
+            self._server_mode = PARTITION
         else:
-            if previous != "sharing":
+            if previous != SHARING:
                 log.info(
                     "node %s: the API server keeps consumable capacity: sharing mode",
                     self.node_name,
                 )
-            self._server_mode = "sharing"
+            self._server_mode = SHARING
         return self._server_mode
 
     def decide_mode(self) -> Mode:
@@ -558,7 +565,7 @@ class SlicePublisher:
             else:
                 resp = self.kube.create_slice(body)
             written[name] = _Written(name, str(resp["metadata"]["resourceVersion"]), devs)
-            if mode == "sharing" and self.requested_mode == "sharing" and not self._dropped_warned:
+            if mode == SHARING and self.requested_mode == SHARING and not self._dropped_warned:
                 stored = (resp.get("spec") or {}).get("devices") or []
                 if consumable_capacity_dropped(devs, stored):
                     # Explicit --sharing-mode=sharing on a server without the gate: claims

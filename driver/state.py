@@ -1,6 +1,7 @@
 """Prepare and unprepare of claims on this node: the DeviceState.
 
-Files of one claim (DATA = the plugin's data dir, 0700 root):
+Files of one claim (DATA = the plugin's data dir, 0700 root; the names and container paths are
+sharing/claimlayout.py's):
 
     <cdi root>/k8s.<driver>-claim_<uid>.json  the CDI spec (one device named by the claim UID)
     DATA/claims/<uid>/                   0755 root, never mounted writable
@@ -81,6 +82,20 @@ from driver.claims import ClaimError, ClaimPlan, ClaimRef, RulesFor, plan_claim,
 from driver.injection import NO_INJECTION, DriverInjector, Injection
 from driver.injection import apply as apply_injection
 from sharing import region
+from sharing.claimlayout import (
+    ACCOUNTING_FILE,
+    CONTAINER_ACCOUNTING,
+    CONTAINER_DEMAND_FILE,
+    CONTAINER_LIB,
+    CONTAINER_LIMITS,
+    CONTAINER_NODE_STATE_DIR,
+    CONTAINER_PRELOAD,
+    DEMAND_SUFFIX,
+    LIMITS_FILE,
+    SHARED_DIR,
+    TRASH_DIR,
+    demand_name,
+)
 from sharing.fsutil import atomic_write
 from sharing.gpus import GpuInfo
 from sharing.limitsfile import render_limits_file
@@ -98,19 +113,6 @@ CRASH_STEPS = (
     "unprepare-dir",  # after the directory and demand file are removed, before the entry goes
 )
 
-# Where things appear inside the container.
-CONTAINER_LIB = "/usr/local/lib/vgpu-sharing/libvgpu.so"
-CONTAINER_LIMITS = "/usr/local/lib/vgpu-sharing/limits"
-CONTAINER_PRELOAD = "/etc/ld.so.preload"
-CONTAINER_CLAIM_DIR = "/run/vgpu-sharing"
-# The node's demand records (docs/compute.md), read-only: elastic slices see every claim's demand.
-NODE_STATE_DIR = "/run/vgpu-node"
-# This claim's own demand record, the only one it can write.
-DEMAND_FILE = "/run/vgpu-demand"
-ACCOUNTING_FILE = "accounting"
-LIMITS_FILE = "limits"
-SHARED_DIR = "shared"
-DEMAND_SUFFIX = ".demand"
 CLAIM_CLASS = "claim"
 
 # Kubernetes UIDs are UUIDs (36 characters); the bound keeps every derived file name short.
@@ -164,7 +166,7 @@ class HostPaths:
     @property
     def trash_dir(self) -> Path:
         """Claim directories moved aside, removed outside the lock (same file system)."""
-        return self.data_dir / "trash"
+        return self.data_dir / TRASH_DIR
 
 
 @dataclass(frozen=True)
@@ -239,7 +241,7 @@ class DeviceState:
         return ClaimFiles(
             spec=self.writer.path_for(self.kind, uid),
             claim_dir=self.paths.claims_dir / uid,
-            demand=self.paths.node_state_dir / f"{uid}{DEMAND_SUFFIX}",
+            demand=self.paths.node_state_dir / demand_name(uid),
         )
 
     # --- startup -----------------------------------------------------------------------------
@@ -551,9 +553,9 @@ class DeviceState:
             sm_limits=[g.sm_limit for g in limits],
             policy=plan.config.compute_policy,
             priority=plan.config.priority,
-            shared_cache=f"{CONTAINER_CLAIM_DIR}/{ACCOUNTING_FILE}",
-            node_state_dir=NODE_STATE_DIR,
-            demand_file=DEMAND_FILE,
+            shared_cache=CONTAINER_ACCOUNTING,
+            node_state_dir=CONTAINER_NODE_STATE_DIR,
+            demand_file=CONTAINER_DEMAND_FILE,
         )
 
     def _injection(self, plan: ClaimPlan) -> Injection:
@@ -575,11 +577,11 @@ class DeviceState:
             env.append((f"CUDA_DEVICE_MEMORY_LIMIT_{i}", str(g.memory_limit)))
             env.append((f"CUDA_DEVICE_SM_LIMIT_{i}", str(g.sm_limit)))
         env += [
-            ("CUDA_DEVICE_MEMORY_SHARED_CACHE", f"{CONTAINER_CLAIM_DIR}/{ACCOUNTING_FILE}"),
+            ("CUDA_DEVICE_MEMORY_SHARED_CACHE", CONTAINER_ACCOUNTING),
             ("VGPU_COMPUTE_POLICY", plan.config.compute_policy),
             ("VGPU_PRIORITY", str(plan.config.priority)),
-            ("VGPU_NODE_STATE_DIR", NODE_STATE_DIR),
-            ("VGPU_DEMAND_FILE", DEMAND_FILE),
+            ("VGPU_NODE_STATE_DIR", CONTAINER_NODE_STATE_DIR),
+            ("VGPU_DEMAND_FILE", CONTAINER_DEMAND_FILE),
         ]
         uid = plan.ref.uid
         files = self.files(uid)
@@ -588,13 +590,9 @@ class DeviceState:
             Mount(str(claim_dir / LIMITS_FILE), CONTAINER_LIMITS, _RO),
             Mount(str(self.paths.preload_file), CONTAINER_PRELOAD, _RO),
             # the accounting file alone: a tenant cannot create files on the host or rename it
-            Mount(
-                str(claim_dir / SHARED_DIR / ACCOUNTING_FILE),
-                f"{CONTAINER_CLAIM_DIR}/{ACCOUNTING_FILE}",
-                _RW,
-            ),
-            Mount(str(self.paths.node_state_dir), NODE_STATE_DIR, _RO),
-            Mount(str(files.demand), DEMAND_FILE, _RW),
+            Mount(str(claim_dir / SHARED_DIR / ACCOUNTING_FILE), CONTAINER_ACCOUNTING, _RW),
+            Mount(str(self.paths.node_state_dir), CONTAINER_NODE_STATE_DIR, _RO),
+            Mount(str(files.demand), CONTAINER_DEMAND_FILE, _RW),
         )
         nodes: list[DeviceNode] = []
         names = [f"nvidia{g.gpu.minor}" for g in limits] + ["nvidiactl", "nvidia-uvm"]

@@ -29,11 +29,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from driver import kubequantity
+from sharing import kubequantity
+from sharing.limitsfile import POLICIES
 
 API_VERSION = "vgpu.sharing.dev/v1alpha1"
 KIND = "VgpuConfig"
-COMPUTE_POLICIES = ("hard", "elastic", "off")
+COMPUTE_POLICIES = POLICIES
 PRIORITY_MIN, PRIORITY_MAX = -100, 100
 PRIORITY_DEFAULT = 1  # the shim's default: normal
 _FIELDS = ("apiVersion", "kind", "computePolicy", "priority", "memoryLimitOverride", "exclusive")

@@ -23,10 +23,13 @@ def _cffi_part(header: Path) -> str:
 
 
 # The shim's own creation code (shim/src/region_init.c) compiled into the binding: one
-# implementation of a new file's contents for the shim and for sharing.region.create().
+# implementation of a new file's contents for the shim and for sharing.region.create(). And its
+# check of the limits file (shim/src/limitkeys.c, vgpu/limits.def): one set of rules for the
+# plugin's writer and the shim's reader.
 _SHIM_SRC = _INCLUDE.parent / "src"
 _HELPERS_CDEF = """
 int vgpu_region_init(struct vgpu_region *r);
+int vgpu_limits_check(char **entries, char *why, size_t len);
 """
 
 
@@ -38,8 +41,8 @@ ffibuilder = FFI()
 ffibuilder.cdef(_cdef_text() + _HELPERS_CDEF)
 ffibuilder.set_source(
     "sharing._region_cffi",
-    '#include "region_init.h"',
-    sources=[os.path.relpath(_SHIM_SRC / "region_init.c")],  # setuptools wants it relative
+    '#include "region_init.h"\n#include "limitkeys.h"',
+    sources=[os.path.relpath(_SHIM_SRC / n) for n in ("region_init.c", "limitkeys.c")],
     include_dirs=[str(_INCLUDE), str(_SHIM_SRC)],
 )
 

@@ -19,6 +19,8 @@ An override applies to a GPU when every key of its `match` matches (`modelName`:
 on the NVML name; `nodeLabels`: each key has that value on the Node); the first match wins and
 its fields replace the default's (inside `memory`/`cores`, field by field).
 
+Memory sizes are Kubernetes quantities (sharing/kubequantity.py: `1500k` is 1,500,000 bytes,
+`1e9` a billion; a value that is not a whole number of bytes, such as `512m`, is refused).
 Loading is strict: unknown fields and bad values raise PolicyError, whose str() is one line
 naming the field path (`overrides[0].memory.step`) and what is allowed. Both the plugin
 (driver/) and the CLI can use this module; it imports nothing of `driver`.
@@ -34,11 +36,12 @@ from typing import Any
 
 import yaml
 
-from sharing.quantity import ACCEPTED_FORMS, QuantityError, parse_bytes, to_kubernetes
+from sharing.kubequantity import FORMS, KubeQuantityError, parse_bytes, to_kubernetes
+from sharing.limitsfile import POLICIES
 
 API_VERSION = "vgpu.sharing.dev/v1alpha1"
 KIND = "SharingPolicy"
-COMPUTE_POLICIES = ("hard", "elastic")
+COMPUTE_POLICIES = tuple(p for p in POLICIES if p != "off")  # an admin default caps
 MAX_PARTITIONS = 64
 MAX_SHARERS = 1024
 CORES_TOTAL = 100  # percent of the GPU's SMs
@@ -136,10 +139,6 @@ class SharingPolicy:
                 return o.rules
         return self.default
 
-    def with_partitions(self, partitions: int) -> SharingPolicy:
-        """The built-in default with another partition count (the --partitions flag)."""
-        return replace(self, default=replace(self.default, partitions=partitions))
-
 
 # --- loading ---------------------------------------------------------------------------------------
 
@@ -159,10 +158,10 @@ def _object(value: Any, path: str, allowed: tuple[str, ...]) -> dict[str, Any]:
 
 def _memory(value: Any, path: str, allow_zero: bool = False) -> int:
     if isinstance(value, bool) or not isinstance(value, str | int):
-        raise _fail(path, f"{value!r} is not a memory size; allowed: {ACCEPTED_FORMS}")
+        raise _fail(path, f"{value!r} is not a memory size; allowed: {FORMS}")
     try:
-        n = parse_bytes(str(value), path)
-    except QuantityError as e:
+        n = parse_bytes(value, path)
+    except KubeQuantityError as e:
         raise PolicyError(str(e)) from None
     if n == 0 and not allow_zero:
         raise _fail(path, "must be more than 0 bytes")

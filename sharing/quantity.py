@@ -1,6 +1,7 @@
 """Memory quantities as people write them in the shim's environment and on the `vgpu` CLI.
 
-Accepted forms (the shim's C parser accepts exactly the same set: tests/shim/quantity_cases.py):
+Accepted forms (the shim's C parser accepts exactly the same set; both rules' cases are one table:
+tests/shim/quantity_cases.py):
   plain bytes          "1073741824"
   binary suffixes      "512Ki", "4Mi", "4Gi", "1Ti", "1Pi"   (powers of 1024)
   decimal suffixes     "500K", "4M", "4G", "1T", "1P"        (upper case: powers of 1000)
@@ -8,8 +9,8 @@ Accepted forms (the shim's C parser accepts exactly the same set: tests/shim/qua
 Lower-case "m" is mebibytes here, as HAMi-core has it (never Kubernetes' milli). Fractions are
 allowed with a suffix ("1.5Gi") and must come out as whole bytes.
 
-Values that come from the Kubernetes API are Kubernetes quantities ("1500k" is 1500000 bytes
-there) and are parsed with Kubernetes' rules by the driver (driver/kubequantity.py), not here.
+Values that come from Kubernetes (the policy, claims) are Kubernetes quantities ("1500k" is
+1500000 bytes there) and are parsed with Kubernetes' rules (sharing/kubequantity.py), not here.
 """
 
 from __future__ import annotations
@@ -73,11 +74,3 @@ def format_bytes(n: int) -> str:
             v = n / size
             return f"{v:.2f} {unit}" if v < 10 else f"{v:.1f} {unit}"
     raise AssertionError("unreachable")
-
-
-def to_kubernetes(n: int) -> str:
-    """The shortest exact Kubernetes quantity for a byte count (e.g. 4294967296 -> '4Gi')."""
-    for suffix, size in (("Ti", 1024**4), ("Gi", 1024**3), ("Mi", 1024**2), ("Ki", 1024)):
-        if n and n % size == 0:
-            return f"{n // size}{suffix}"
-    return str(n)

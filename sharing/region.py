@@ -56,8 +56,8 @@ class DeviceUsage:
     used: int  # bytes charged by live and not-yet-reclaimed processes
     peak: int
     denials: int
-    denied_bytes: int = 0  # bytes asked for by the refused allocations (layout 4)
-    # a context's device memory as the slice learned it (layout 5; 0: not yet); tenant-written
+    denied_bytes: int = 0  # bytes asked for by the refused allocations
+    # a context's device memory as the slice learned it (0: not yet); tenant-written
     context_bytes: int = 0
 
 

@@ -13,7 +13,6 @@ value, which is reported before the command starts.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 from collections.abc import Mapping
@@ -21,10 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from sharing import region
+from sharing.claimlayout import REGION_LIMITS_SUFFIX
 from sharing.compute_run import COMPUTE
 from sharing.context_cache import CacheUntrusted, ContextCache, model_key
 from sharing.fsutil import atomic_write
-from sharing.limitsfile import LimitsFileError, parse_limits_file
+from sharing.limitsfile import HAMI_POLICIES, LimitsFileError, render_limits_file
 from sharing.paths import shim_library, sim_lib_dir
 from sharing.quantity import QuantityError, parse_bytes
 from sharing.run_flags import EnvContributor, RunConfigError, add_per_device, per_device_env
@@ -136,7 +136,7 @@ def prepare_region(args: argparse.Namespace, env: dict[str, str]) -> int | None:
             # Only observers read it (the shim takes the limits from CMD's environment): a file
             # shared from a directory this user may not write still runs, limited as asked.
             reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-            print(f"vgpu run: --region: cannot write {path}.limits ({reason}); "
+            print(f"vgpu run: --region: cannot write {path}{REGION_LIMITS_SUFFIX} ({reason}); "
                   "`vgpu top` and the exporter will show this slice without limits",
                   file=sys.stderr)  # fmt: skip
         env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = path
@@ -151,37 +151,49 @@ def prepare_region(args: argparse.Namespace, env: dict[str, str]) -> int | None:
 
 
 def write_region_limits(path: str, env: Mapping[str, str]) -> None:
-    """FILE.limits beside a --region FILE: the limits this run gives CMD, in the limits-file
-    format, for observers (`vgpu top`, the exporter; the accounting file holds usage only). The
-    shim does not read it: CMD's environment carries the limits. Written atomically, never
-    through a link (sharing.fsutil.atomic_write), in the region's checked directory."""
+    """FILE.limits beside a --region FILE: the limits this run gives CMD, read from its
+    environment as the shim reads them (docs/shim.md), in the limits-file format, for observers
+    (`vgpu top`, the exporter; the accounting file holds usage only). The shim does not read it:
+    CMD's environment carries the limits. Written atomically, never through a link
+    (sharing.fsutil.atomic_write), in the region's checked directory."""
+
+    def per_device(prefix: str, i: int, default: str) -> str:
+        return env.get(f"{prefix}_{i}", env.get(prefix, default))
+
     indexed = [
         int(k.rsplit("_", 1)[1])
         for k in env
         if k.startswith(("CUDA_DEVICE_MEMORY_LIMIT_", "CUDA_DEVICE_SM_LIMIT_"))
         and k.rsplit("_", 1)[1].isdigit()
     ]
-    lines = ["# written by vgpu run: the limits of the processes sharing this accounting file"]
-    for i in range(max(indexed, default=0) + 1):
-        memory = env.get(f"CUDA_DEVICE_MEMORY_LIMIT_{i}", env.get("CUDA_DEVICE_MEMORY_LIMIT", "0"))
-        with contextlib.suppress(QuantityError):  # else refused below, as a reader would
-            memory = str(parse_bytes(memory, f"CUDA_DEVICE_MEMORY_LIMIT_{i}"))
-        sm = env.get(f"CUDA_DEVICE_SM_LIMIT_{i}", env.get("CUDA_DEVICE_SM_LIMIT", "100"))
-        pct = sm.strip().rstrip("%")
-        lines += [
-            f"CUDA_DEVICE_MEMORY_LIMIT_{i}={memory}",
-            f"CUDA_DEVICE_SM_LIMIT_{i}={'100' if pct in ('', '0') else pct}",
+    devices = range(max(indexed, default=0) + 1)
+    try:
+        memory = [
+            parse_bytes(per_device("CUDA_DEVICE_MEMORY_LIMIT", i, "0"), f"memory of device {i}")
+            for i in devices
         ]
-    priority = env.get("VGPU_PRIORITY") or env.get("CUDA_TASK_PRIORITY") or "1"
-    lines += [
-        f"VGPU_COMPUTE_POLICY={env.get('VGPU_COMPUTE_POLICY') or 'hard'}",
-        f"CUDA_TASK_PRIORITY={priority}",
-        f"CUDA_DEVICE_MEMORY_SHARED_CACHE={path}",
-    ]
-    text = "\n".join(lines) + "\n"
-    parse_limits_file(text)  # never write what a reader would refuse
-    os.close(region.open_dir(path + ".limits")[0])  # the region's directory, checked as for it
-    atomic_write(Path(path + ".limits"), text.encode())
+    except QuantityError as e:
+        raise LimitsFileError(str(e)) from e
+    sm = [per_device("CUDA_DEVICE_SM_LIMIT", i, "100").strip() for i in devices]
+    policy = (env.get("VGPU_COMPUTE_POLICY") or "").lower()
+    if not policy:
+        hami = (env.get("GPU_CORE_UTILIZATION_POLICY") or "").lower()
+        policy = HAMI_POLICIES.get(hami, hami) if hami else "hard"
+    priority_text = env.get("VGPU_PRIORITY") or env.get("CUDA_TASK_PRIORITY") or "1"
+    try:
+        priority = int(priority_text)
+    except ValueError:
+        raise LimitsFileError(f"priority {priority_text!r} is not an integer") from None
+    text = render_limits_file(
+        memory_limits=memory,
+        sm_limits=sm,
+        policy=policy,
+        priority=priority,
+        shared_cache=path,
+        header="written by vgpu run for observers; the shim reads CMD's environment",
+    )
+    os.close(region.open_dir(path + REGION_LIMITS_SUFFIX)[0])  # the region's checked directory
+    atomic_write(Path(path + REGION_LIMITS_SUFFIX), text.encode())
 
 
 def hand_over_context_size(args: argparse.Namespace, env: dict[str, str]) -> None:

@@ -1,15 +1,11 @@
 """The slices of this node, found from outside: the DRA plugin's data directory, plus any
 accounting files named on the command line (`vgpu run --region FILE`).
 
-Driver layout (driver/state.py, driver/checkpoint.py), read here without importing the driver:
-
-    <data-dir>/checkpoint.json               {"claims": {"<uid>": {"namespace", "name", "state",
-                                               "cdi_spec", "claim_dir", ...}}}
-    <data-dir>/claims/<uid>/limits             the claim's limits (sharing/limitsfile.py): the
-                                               authority, the one the shim enforces
-    <data-dir>/claims/<uid>/shared/accounting  the slice's accounting file (its region; usage only)
-    <cdi_spec>                                 the claim's CDI spec: CUDA_VISIBLE_DEVICES (the
-                                               GPUs of the slice, in slice-device order)
+The plugin's data directory as sharing/claimlayout.py lays it out: the checkpoint
+(`{"claims": {"<uid>": {"namespace", "name", "state", "cdi_spec", "claim_dir", ...}}}`,
+driver/checkpoint.py), each claim's limits file (sharing/limitsfile.py: the authority, the one the
+shim enforces) and accounting file (usage only), and each claim's CDI spec, whose
+CUDA_VISIBLE_DEVICES names the GPUs of the slice in slice-device order.
 
 A `vgpu run --region FILE` slice has its limits beside it in FILE.limits (same format, written
 by `vgpu run`; the shim itself takes them from the command's environment).
@@ -31,17 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sharing import claimlayout as layout
 from sharing.counters import SliceCounters
 from sharing.limitsfile import MAX_FILE_BYTES, LimitsFileError, parse_limits_file
 
 log = logging.getLogger(__name__)
 
-DEFAULT_DATA_DIR = Path("/var/lib/vgpu-sharing")  # the plugin's --data-dir default
-ACCOUNTING_FILE = "accounting"  # driver/state.py: claims/<uid>/shared/accounting
-SHARED_DIR = "shared"
-LIMITS_FILE = "limits"
-REGION_LIMITS_SUFFIX = ".limits"  # `vgpu run --region FILE` writes FILE.limits
-CHECKPOINT_FILE = "checkpoint.json"
+DEFAULT_DATA_DIR = Path(layout.DEFAULT_DATA_DIR)  # the plugin's --data-dir default
 
 
 # (namespace, claim name, claim uid) -> the pod(s) the claim is reserved for, "" when unknown.
@@ -78,10 +70,7 @@ def slice_limits(s: Slice, counters: SliceCounters, device: int) -> SliceLimits:
     claim, FILE.limits for a `vgpu run --region FILE` slice), never the accounting file (which
     holds usage only). Unknown limits read as none."""
     memory = _int(s.limits.get(f"CUDA_DEVICE_MEMORY_LIMIT_{device}"))
-    if memory is None:
-        memory = _int(s.limits.get("CUDA_DEVICE_MEMORY_LIMIT"))
-    sm_text = s.limits.get(f"CUDA_DEVICE_SM_LIMIT_{device}", s.limits.get("CUDA_DEVICE_SM_LIMIT"))
-    sm = _float(sm_text)
+    sm = _float(s.limits.get(f"CUDA_DEVICE_SM_LIMIT_{device}"))
     policy = s.limits.get("VGPU_COMPUTE_POLICY", "hard")
     ratio = sm / 100.0 if sm is not None and 0 < sm < 100 and policy != "off" else 0.0
     return SliceLimits(memory_bytes=memory or 0, compute_ratio=ratio)
@@ -132,7 +121,7 @@ def region_slice(path: str) -> Slice:
         region_path=p,
         gpu_uuids=(),
         env={},
-        limits=read_limits(p + REGION_LIMITS_SUFFIX),
+        limits=read_limits(p + layout.REGION_LIMITS_SUFFIX),
     )
 
 
@@ -201,18 +190,18 @@ class SliceFinder:
         return out
 
     def _claims(self, data_dir: Path) -> list[Slice]:
-        claims_dir = os.path.join(data_dir, "claims")
+        claims_dir = os.path.join(data_dir, layout.CLAIMS_DIR)
         try:
             with os.scandir(claims_dir) as it:
                 uids = sorted(e.name for e in it if e.is_dir(follow_symlinks=False))
         except OSError:
             return []
-        ckpt = self._json.get(os.path.join(data_dir, CHECKPOINT_FILE))
+        ckpt = self._json.get(os.path.join(data_dir, layout.CHECKPOINT_FILE))
         if ckpt is not self._ckpt:  # the checkpoint changed (every prepare and unprepare does)
             self._ckpt, self._meta = ckpt, {}
         out = []
         for uid in uids:
-            acct = f"{claims_dir}/{uid}/{SHARED_DIR}/{ACCOUNTING_FILE}"
+            acct = layout.claim_accounting(claims_dir, uid)
             try:
                 st = os.stat(acct, follow_symlinks=False)
             except OSError:
@@ -235,7 +224,7 @@ class SliceFinder:
                     gpu_uuids=tuple(u for u in uuids.split(",") if u),
                     env=env,
                     region_id=(st.st_dev, st.st_ino),
-                    limits=self._limits.get(f"{claims_dir}/{uid}/{LIMITS_FILE}") or {},
+                    limits=self._limits.get(layout.claim_limits(claims_dir, uid)) or {},
                 )
             )
         return out

@@ -61,7 +61,7 @@ class Library:
         return lib_root / self.subdir / self.filename
 
     def headers(self) -> list[Path]:
-        hs = sorted(INCLUDE_DIR.rglob("*.h"))
+        hs = sorted([*INCLUDE_DIR.rglob("*.h"), *INCLUDE_DIR.rglob("*.def")])
         for d in self.source_dirs:
             hs.extend(sorted((SHIM_DIR / d).glob("*.h")))
         return hs

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
+from sharing import kubequantity
 from sharing.policy import BUILTIN, PolicyError, Range, SharingPolicy, from_document, load
 
 GiB = 1024**3
@@ -59,10 +60,21 @@ def test_the_issue_example_loads(tmp_path: Path) -> None:
 def test_shipped_configmap_policy_is_valid() -> None:
     """The policy the deploy tree ships in its ConfigMap loads without error."""
     path = REPO / "deploy" / "base" / "policy.yaml"
-    if not path.exists():
-        pytest.skip("deploy/base/policy.yaml not present on this branch yet")
     [cm] = [d for d in yaml.safe_load_all(path.read_text()) if d and d["kind"] == "ConfigMap"]
-    from_document(yaml.safe_load(cm["data"]["policy.yaml"]))
+    raw = yaml.safe_load(cm["data"]["policy.yaml"])["default"]
+    d = from_document(yaml.safe_load(cm["data"]["policy.yaml"])).default
+    # every field the file sets is in force, read with Kubernetes' quantity rules
+    assert d.reserved_memory == kubequantity.parse_bytes(raw["reservedMemory"])
+    assert d.memory.min == kubequantity.parse_bytes(raw["memory"]["min"])
+    assert d.memory.default == kubequantity.parse_bytes(raw["memory"]["default"])
+    assert (d.cores.min, d.cores.step, d.cores.default) == tuple(
+        raw["cores"][k] for k in ("min", "step", "default")
+    )
+    assert (d.max_sharers, d.compute_policy, d.partitions) == (
+        raw["maxSharers"],
+        raw["computePolicy"],
+        raw["partitions"],
+    )
 
 
 def test_no_file_means_the_builtin_default() -> None:
@@ -102,6 +114,14 @@ def test_range_bounds_round_onto_the_step_grid() -> None:
     assert Range(min=5, step=10).bounds(100) == (5, 95, 95)
 
 
+def test_memory_sizes_are_kubernetes_quantities() -> None:
+    """A ConfigMap speaks Kubernetes: k is 1000, exponents work (not HAMi's binary k)."""
+    p = from_document(doc(reservedMemory="1500k", memory={"min": "1e9", "step": "1G"})).default
+    assert p.reserved_memory == 1_500_000
+    assert (p.memory.min, p.memory.step) == (10**9, 10**9)
+    assert from_document(doc(reservedMemory=1073741824)).default.reserved_memory == GiB
+
+
 def test_reserved_memory_and_partitions() -> None:
     p = from_document(doc(reservedMemory="2Gi", partitions=3)).default
     assert p.shareable_memory(80 * GiB) == 78 * GiB
@@ -120,7 +140,10 @@ def test_reserved_memory_and_partitions() -> None:
         ),
         (doc() | {"kind": "Policy"}, "kind: 'Policy' unsupported; allowed: SharingPolicy"),
         (doc() | {"extra": 1}, "policy.extra: unknown field; allowed: apiVersion, kind"),
-        (doc(reservedMemory="2 GB"), "default.reservedMemory: '2 GB' is not a memory size"),
+        (doc(reservedMemory="2 GB"), "default.reservedMemory: '2 GB' is not a quantity"),
+        (doc(reservedMemory="512m"), "default.reservedMemory: '512m' is 0.512 bytes, not a whole"),
+        (doc(reservedMemory="4g"), "default.reservedMemory: '4g' is not a quantity"),
+        (doc(reservedMemory="-1Gi"), "default.reservedMemory: '-1Gi' is negative"),
         (doc(reservedMemory=True), "default.reservedMemory: True is not a memory size"),
         (doc(memory={"min": "0"}), "default.memory.min: must be more than 0 bytes"),
         (

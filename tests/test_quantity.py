@@ -1,37 +1,23 @@
-"""Memory quantities: the forms users write, and one-line errors for everything else."""
+"""Memory quantities, both rules from one table (tests/shim/quantity_cases.py): HAMi's for the
+shim's environment and `vgpu run` (sharing/quantity.py), Kubernetes' for everything that comes
+from Kubernetes (sharing/kubequantity.py). Every refusal is one line naming the value."""
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 import pytest
 
-from sharing.quantity import QuantityError, format_bytes, parse_bytes, to_kubernetes
-
-GOOD = [
-    ("0", 0),
-    ("1073741824", 1 << 30),
-    ("4Gi", 4 << 30),
-    ("512Mi", 512 << 20),
-    ("64Ki", 64 << 10),
-    ("1Ti", 1 << 40),
-    ("1.5Gi", 3 << 29),
-    ("4G", 4_000_000_000),
-    ("500k", 500 * 1024),
-    ("500K", 500_000),
-    ("512m", 512 << 20),
-    ("4g", 4 << 30),
-    (" 8Gi ", 8 << 30),
-]
-
-BAD = ["", "-1", "-4Gi", "4GB", "4 Gi", "Gi", "1.5", "0.3Ki", "4gi", "abc", "1e9", "4Gi!", "0x10"]
+from sharing import kubequantity
+from sharing.quantity import QuantityError, format_bytes, parse_bytes
+from tests.shim.quantity_cases import HAMI, KUBE
 
 
-@pytest.mark.parametrize(("text", "expected"), GOOD)
-def test_accepted_forms(text: str, expected: int) -> None:
-    assert parse_bytes(text) == expected
-
-
-@pytest.mark.parametrize("text", BAD)
-def test_rejected_with_one_line_naming_value_and_forms(text: str) -> None:
+@pytest.mark.parametrize(("text", "expected"), HAMI)
+def test_hami_rules(text: str, expected: int | None) -> None:
+    if expected is not None:
+        assert parse_bytes(text) == expected
+        return
     with pytest.raises(QuantityError) as e:
         parse_bytes(text, "--memory")
     msg = str(e.value)
@@ -40,11 +26,44 @@ def test_rejected_with_one_line_naming_value_and_forms(text: str) -> None:
     assert repr(text) in msg
 
 
+@pytest.mark.parametrize(("text", "expected"), KUBE)
+def test_kubernetes_rules(text: str, expected: int | None) -> None:
+    if expected is not None:
+        assert kubequantity.parse_bytes(text, "memory") == expected
+        return
+    with pytest.raises(kubequantity.KubeQuantityError) as e:
+        kubequantity.parse_bytes(text, "default.memory.min")
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert msg.startswith(f"default.memory.min: {text!r} is ")
+    assert "allowed:" in msg
+
+
+def test_kubernetes_fractions_name_the_bytes() -> None:
+    with pytest.raises(
+        kubequantity.KubeQuantityError, match=r"'512m' is 0\.512 bytes, not a whole"
+    ):
+        kubequantity.parse_bytes("512m", "reservedMemory")
+    assert kubequantity.parse("500m") == Decimal("0.5")  # cores and other fractional amounts
+
+
+def test_kubernetes_numbers_from_yaml() -> None:
+    assert kubequantity.parse_bytes(4096, "x") == 4096
+    assert kubequantity.parse(1.5) == Decimal("1.5")
+    for bad in (True, None, [1], {"a": 1}):
+        with pytest.raises(kubequantity.KubeQuantityError, match="is not a quantity"):
+            kubequantity.parse(bad, "x")
+
+
 def test_format_and_kubernetes_forms() -> None:
     assert format_bytes(512) == "512 B"
     assert format_bytes(64 << 20) == "64.0 MiB"
     assert format_bytes(4 << 30) == "4.00 GiB"
     assert format_bytes(4_262_000_000) == "3.97 GiB"
-    assert to_kubernetes(4 << 30) == "4Gi"
-    assert to_kubernetes(3 << 29) == "1536Mi"
-    assert to_kubernetes(1000) == "1000"
+    assert kubequantity.to_kubernetes(4 << 30) == "4Gi"
+    assert kubequantity.to_kubernetes(3 << 29) == "1536Mi"
+    assert kubequantity.to_kubernetes(1000) == "1000"
+    assert kubequantity.format_quantity(Decimal("0.5")) == "500m"
+    # what is published reads back as the same number
+    for n in (0, 1, 1000, 3 << 29, 80 * 10**9, 2**64 - 1):
+        assert kubequantity.parse_bytes(kubequantity.to_kubernetes(n)) == n

@@ -10,7 +10,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_setup_skips_a_current_build() -> None:
     # The test run itself follows a set-up (scripts/test, .ci/run), so the build is current: a
-    # second set-up must say so and install nothing (it used to re-run two pip installs, ~20 s).
+    # second set-up must say so and install nothing (a pip run costs ~20 s even with nothing to do).
     r = subprocess.run(
         [str(REPO / "scripts" / "setup")], cwd=REPO, capture_output=True, text=True, timeout=600
     )

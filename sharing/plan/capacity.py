@@ -17,8 +17,8 @@ import math
 from dataclasses import dataclass
 from decimal import Decimal
 
+from sharing.kubequantity import format_quantity
 from sharing.plan.model import Capacity, Device, RequestPolicy, qualify
-from sharing.plan.quantity import format_quantity
 
 
 def consumed_amount(requested: Decimal | None, cap: Capacity) -> Decimal:

@@ -35,8 +35,9 @@ from celpy.adapter import json_to_cel
 from celpy.celparser import CELParseError
 from celpy.evaluation import CELEvalError
 
+from sharing.kubequantity import KubeQuantityError as QuantityError
+from sharing.kubequantity import parse
 from sharing.plan.model import AttrValue, Device
-from sharing.plan.quantity import QuantityError, parse
 
 MAX_INT64 = 2**63 - 1
 

@@ -15,6 +15,8 @@ from typing import Any, cast
 
 import yaml
 
+from sharing.kubequantity import KubeQuantityError as QuantityError
+from sharing.kubequantity import parse
 from sharing.plan.model import (
     Allocated,
     AttrKind,
@@ -34,7 +36,6 @@ from sharing.plan.model import (
     Workload,
     qualify,
 )
-from sharing.plan.quantity import QuantityError, parse
 from sharing.plan.yamlread import load_all
 
 _SUFFIXES = (".yaml", ".yml", ".json")

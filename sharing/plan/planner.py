@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 
+from sharing.kubequantity import format_quantity
 from sharing.plan.allocator import Allocator, Alternative, Placement, PreparedClaim, Usage
 from sharing.plan.cel_eval import CelError, Selector, SelectorEvaluator
 from sharing.plan.loader import InputError
 from sharing.plan.model import Allocated, Device, DeviceClass, Inventory, Workload, qualify
-from sharing.plan.quantity import format_quantity
 
 PROGRESS_EVERY = 1000  # replicas between progress reports
 

@@ -6,8 +6,8 @@ from collections import Counter
 from decimal import Decimal
 from typing import Any
 
+from sharing.kubequantity import format_quantity
 from sharing.plan.planner import Plan
-from sharing.plan.quantity import format_quantity
 
 
 def _amounts(device_caps: dict[str, Any], values: dict[str, Decimal]) -> dict[str, str]:

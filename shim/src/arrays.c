@@ -86,8 +86,10 @@ static uint64_t pitch_alignment(CUdevice cud) {
     static attr_fn attr;
     if (attr == NULL) attr = (attr_fn)vgpu_cuda_sym("cuDeviceGetAttribute");
     int v = 0;
-    if (attr != NULL && attr(&v, CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT, cud) == CUDA_SUCCESS && v > 0) return (uint64_t)v;
-    if (attr != NULL && attr(&v, CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT, cud) == CUDA_SUCCESS && v > 0) return (uint64_t)v;
+    if (attr != NULL && attr(&v, CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT, cud) == CUDA_SUCCESS && v > 0)
+        return (uint64_t)v;
+    if (attr != NULL && attr(&v, CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT, cud) == CUDA_SUCCESS && v > 0)
+        return (uint64_t)v;
     return 0;
 }
 
@@ -143,8 +145,10 @@ static CUresult charged_create(int kind, const CUDA_ARRAY3D_DESCRIPTOR *d3, unsi
     }
     if (vgpu_track_add(kind, (uint64_t)(uintptr_t)*handle_out, dev, bytes) != 0) {
         /* out of host memory: keep the array, uncharged would be unlimited; give it back */
-        if (kind == VGPU_TRACK_MIPMAP) real_cuMipmappedArrayDestroy((CUmipmappedArray)*handle_out);
-        else real_cuArrayDestroy((CUarray)*handle_out);
+        if (kind == VGPU_TRACK_MIPMAP)
+            real_cuMipmappedArrayDestroy((CUmipmappedArray)*handle_out);
+        else
+            real_cuArrayDestroy((CUarray)*handle_out);
         vgpu_mem_release(dev, bytes);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -152,21 +156,52 @@ static CUresult charged_create(int kind, const CUDA_ARRAY3D_DESCRIPTOR *d3, unsi
 }
 
 /* small adaptors so one charging path serves the five creators */
-struct a2 { CUarray *h; const CUDA_ARRAY_DESCRIPTOR *d; };
-struct a1 { CUarray *h; const CUDA_ARRAY_DESCRIPTOR_v1 *d; };
-struct a3 { CUarray *h; const CUDA_ARRAY3D_DESCRIPTOR *d; };
-struct a31 { CUarray *h; const CUDA_ARRAY3D_DESCRIPTOR_v1 *d; };
-struct mm { CUmipmappedArray *h; const CUDA_ARRAY3D_DESCRIPTOR *d; unsigned n; };
-static CUresult c_a2(const void *p) { const struct a2 *a = p; return real_cuArrayCreate_v2(a->h, a->d); }
-static CUresult c_a1(const void *p) { const struct a1 *a = p; return real_cuArrayCreate(a->h, a->d); }
-static CUresult c_a3(const void *p) { const struct a3 *a = p; return real_cuArray3DCreate_v2(a->h, a->d); }
-static CUresult c_a31(const void *p) { const struct a31 *a = p; return real_cuArray3DCreate(a->h, a->d); }
-static CUresult c_mm(const void *p) { const struct mm *a = p; return real_cuMipmappedArrayCreate(a->h, a->d, a->n); }
+struct a2 {
+    CUarray *h;
+    const CUDA_ARRAY_DESCRIPTOR *d;
+};
+struct a1 {
+    CUarray *h;
+    const CUDA_ARRAY_DESCRIPTOR_v1 *d;
+};
+struct a3 {
+    CUarray *h;
+    const CUDA_ARRAY3D_DESCRIPTOR *d;
+};
+struct a31 {
+    CUarray *h;
+    const CUDA_ARRAY3D_DESCRIPTOR_v1 *d;
+};
+struct mm {
+    CUmipmappedArray *h;
+    const CUDA_ARRAY3D_DESCRIPTOR *d;
+    unsigned n;
+};
+static CUresult c_a2(const void *p) {
+    const struct a2 *a = p;
+    return real_cuArrayCreate_v2(a->h, a->d);
+}
+static CUresult c_a1(const void *p) {
+    const struct a1 *a = p;
+    return real_cuArrayCreate(a->h, a->d);
+}
+static CUresult c_a3(const void *p) {
+    const struct a3 *a = p;
+    return real_cuArray3DCreate_v2(a->h, a->d);
+}
+static CUresult c_a31(const void *p) {
+    const struct a31 *a = p;
+    return real_cuArray3DCreate(a->h, a->d);
+}
+static CUresult c_mm(const void *p) {
+    const struct mm *a = p;
+    return real_cuMipmappedArrayCreate(a->h, a->d, a->n);
+}
 
-#define PRELUDE(real, ...)                                                                         \
-    CUresult st = vgpu_init();                                                                     \
-    if (st != CUDA_SUCCESS) return st;                                                             \
-    if (real == NULL) return CUDA_ERROR_NOT_SUPPORTED;                                             \
+#define PRELUDE(real, ...)                                                                                             \
+    CUresult st = vgpu_init();                                                                                         \
+    if (st != CUDA_SUCCESS) return st;                                                                                 \
+    if (real == NULL) return CUDA_ERROR_NOT_SUPPORTED;                                                                 \
     if (!vgpu_mem_active() || pHandle == NULL || desc == NULL) return real(__VA_ARGS__);
 
 CUresult hook_cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *desc) {
@@ -211,8 +246,10 @@ CUresult hook_cuArrayDestroy(CUarray hArray) {
     uint64_t bytes, key = (uint64_t)(uintptr_t)hArray;
     if (!vgpu_mem_active() || !vgpu_track_take(VGPU_TRACK_ARRAY, key, &dev, &bytes)) return real_cuArrayDestroy(hArray);
     CUresult rc = real_cuArrayDestroy(hArray);
-    if (rc == CUDA_SUCCESS) vgpu_mem_release(dev, bytes);
-    else vgpu_track_add(VGPU_TRACK_ARRAY, key, dev, bytes);
+    if (rc == CUDA_SUCCESS)
+        vgpu_mem_release(dev, bytes);
+    else
+        vgpu_track_add(VGPU_TRACK_ARRAY, key, dev, bytes);
     return rc;
 }
 
@@ -222,9 +259,12 @@ CUresult hook_cuMipmappedArrayDestroy(CUmipmappedArray h) {
     if (real_cuMipmappedArrayDestroy == NULL) return CUDA_ERROR_NOT_SUPPORTED;
     int dev;
     uint64_t bytes, key = (uint64_t)(uintptr_t)h;
-    if (!vgpu_mem_active() || !vgpu_track_take(VGPU_TRACK_MIPMAP, key, &dev, &bytes)) return real_cuMipmappedArrayDestroy(h);
+    if (!vgpu_mem_active() || !vgpu_track_take(VGPU_TRACK_MIPMAP, key, &dev, &bytes))
+        return real_cuMipmappedArrayDestroy(h);
     CUresult rc = real_cuMipmappedArrayDestroy(h);
-    if (rc == CUDA_SUCCESS) vgpu_mem_release(dev, bytes);
-    else vgpu_track_add(VGPU_TRACK_MIPMAP, key, dev, bytes);
+    if (rc == CUDA_SUCCESS)
+        vgpu_mem_release(dev, bytes);
+    else
+        vgpu_track_add(VGPU_TRACK_MIPMAP, key, dev, bytes);
     return rc;
 }

@@ -82,7 +82,8 @@ static void load_lib(int lib) {
     }
     /* libdl itself: through the old C library's internal loader entry (GLIBC_PRIVATE, glibc
      * <= 2.33, the one NSS and iconv use), from its own symbol table: no reference to it */
-    void *(*libc_dlopen)(const char *, int) = (void *(*)(const char *, int))loaded_sym("__libc_dlopen_mode", "GLIBC_PRIVATE");
+    void *(*libc_dlopen)(const char *, int) =
+        (void *(*)(const char *, int))loaded_sym("__libc_dlopen_mode", "GLIBC_PRIVATE");
     if (libc_dlopen != NULL && libc_dlopen(lib_names[lib], RTLD_NOW) != NULL) atomic_store(&libdl_loaded_here, 1);
 }
 
@@ -101,18 +102,18 @@ void *vgpu_compat_dl_sym(const char *name, const char *version) { return resolve
 int vgpu_compat_libdl_loaded_here(void) { return atomic_load(&libdl_loaded_here); }
 
 /* One forwarding function per call: weak reference, else the cached resolution. */
-#define COMPAT(lib, version, ret, name, params, args, fail)                                        \
-    extern __typeof__(vgpu_compat_##name) name __attribute__((weak));                              \
-    static _Atomic(__typeof__(vgpu_compat_##name) *) resolved_##name;                              \
-    ret vgpu_compat_##name params {                                                                \
-        __typeof__(vgpu_compat_##name) *f = name;                                                  \
-        if (f == NULL) f = atomic_load_explicit(&resolved_##name, memory_order_acquire);           \
-        if (f == NULL) {                                                                           \
-            f = (__typeof__(vgpu_compat_##name) *)resolve(lib, #name, version);                    \
-            if (f == NULL) return fail;                                                            \
-            atomic_store_explicit(&resolved_##name, f, memory_order_release);                      \
-        }                                                                                          \
-        return f args;                                                                             \
+#define COMPAT(lib, version, ret, name, params, args, fail)                                                            \
+    extern __typeof__(vgpu_compat_##name) name __attribute__((weak));                                                  \
+    static _Atomic(__typeof__(vgpu_compat_##name) *) resolved_##name;                                                  \
+    ret vgpu_compat_##name params {                                                                                    \
+        __typeof__(vgpu_compat_##name) *f = name;                                                                      \
+        if (f == NULL) f = atomic_load_explicit(&resolved_##name, memory_order_acquire);                               \
+        if (f == NULL) {                                                                                               \
+            f = (__typeof__(vgpu_compat_##name) *)resolve(lib, #name, version);                                        \
+            if (f == NULL) return fail;                                                                                \
+            atomic_store_explicit(&resolved_##name, f, memory_order_release);                                          \
+        }                                                                                                              \
+        return f args;                                                                                                 \
     }
 
 #undef dlopen
@@ -159,8 +160,10 @@ long vgpu_compat_lround(double x) {
     if (!(x > -9.2233720368547758e18 && x < 9.2233720368547758e18)) return LONG_MIN;
     long t = (long)x;
     double f = x - (double)t;
-    if (f >= 0.5) t++;
-    else if (f <= -0.5) t--;
+    if (f >= 0.5)
+        t++;
+    else if (f <= -0.5)
+        t--;
     return t;
 }
 

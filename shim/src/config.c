@@ -1,5 +1,5 @@
 /*
- * The environment contract (REFERENCE.md section 4, docs/shim.md): parsed once, fail closed.
+ * The environment contract (docs/shim.md): parsed once, fail closed.
  * A malformed value is never ignored: the process must not run unlimited because of a typo.
  */
 #include <ctype.h>

@@ -27,17 +27,17 @@
 #include "demand.h"
 #include "shim_internal.h"
 
-#define MAX_PEERS 64
-#define SCAN_NS (250 * 1000000LL)      /* re-list the directory at most this often */
+#define MAX_PEERS    64
+#define SCAN_NS      (250 * 1000000LL) /* re-list the directory at most this often */
 #define STALE_FILE_S 3600              /* vgpu run: another slice's file untouched this long is removed */
 
-static char g_dir[512];                /* "" = no node state */
-static char g_own_path[512];           /* VGPU_DEMAND_FILE, "" = create <dir>/<id>.demand */
-static int g_default_dir;              /* the default directory: this user's own, never a link */
+static char g_dir[512];      /* "" = no node state */
+static char g_own_path[512]; /* VGPU_DEMAND_FILE, "" = create <dir>/<id>.demand */
+static int g_default_dir;    /* the default directory: this user's own, never a link */
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
-static int g_dfd = -1;                 /* the checked directory (-1: not opened yet; -2: unusable) */
-static int g_dir_shared;               /* others may write it (sticky) */
+static int g_dfd = -1;                                   /* the checked directory (-1: not opened yet; -2: unusable) */
+static int g_dir_shared;                                 /* others may write it (sticky) */
 static struct vgpu_demand_file *g_own[VGPU_MAX_DEVICES]; /* mapped own file per device index */
 static dev_t g_own_dev[VGPU_MAX_DEVICES];
 static ino_t g_own_ino[VGPU_MAX_DEVICES];
@@ -138,8 +138,8 @@ static struct vgpu_demand_file *map_own(int dev, uint64_t slice_id) {
     }
     struct stat st;
     /* Growing to the exact size by racing processes of the slice is harmless. */
-    if (vgpu_fstat(fd, &st) != 0 || (st.st_size < (off_t)sizeof(struct vgpu_demand_file) &&
-                                ftruncate(fd, sizeof(struct vgpu_demand_file)) != 0)) {
+    if (vgpu_fstat(fd, &st) != 0 ||
+        (st.st_size < (off_t)sizeof(struct vgpu_demand_file) && ftruncate(fd, sizeof(struct vgpu_demand_file)) != 0)) {
         vgpu_log(VGPU_LOG_WARN, "compute cap: demand file %s: cannot size it: %s", shown, strerror(errno));
         close(fd);
         return NULL;
@@ -219,8 +219,10 @@ static void scan(int dfd) {
             unlinkat(dfd, de->d_name, 0); /* a slice of ours that ended long ago */
             keep = 0;
         }
-        if (keep) g_peer_fd[g_npeers++] = fd;
-        else close(fd);
+        if (keep)
+            g_peer_fd[g_npeers++] = fd;
+        else
+            close(fd);
     }
     closedir(d);
 }

@@ -16,9 +16,9 @@ typedef CUresult (*get_fn)(CUdevice *, int);
 typedef CUresult (*ctxdev_fn)(CUdevice *);
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-static int discovered; /* set once the map is built (cuDeviceGetCount succeeded) */
-static int ndev;        /* devices mapped: min(driver's count, VGPU_MAX_DEVICES) */
-static int ndev_driver; /* the driver's count: ordinals [ndev, ndev_driver) have no account */
+static int discovered;          /* set once the map is built (cuDeviceGetCount succeeded) */
+static int ndev;                /* devices mapped: min(driver's count, VGPU_MAX_DEVICES) */
+static int ndev_driver;         /* the driver's count: ordinals [ndev, ndev_driver) have no account */
 static int unaccounted_ordinal; /* the last ordinal vgpu_device_index found unaccounted (for the log line;
                                 * no thread-local storage in a preloaded library) */
 static CUdevice handles[VGPU_MAX_DEVICES];
@@ -60,8 +60,6 @@ void vgpu_devices_discover(void) {
     }
     pthread_mutex_unlock(&mu);
 }
-
-int vgpu_device_count(void) { return __atomic_load_n(&discovered, __ATOMIC_ACQUIRE) ? ndev : 0; }
 
 int vgpu_device_index(CUdevice dev) {
     vgpu_devices_discover();
@@ -120,11 +118,14 @@ static int parse_gpu_uuid(const char *s, unsigned char out[16]) {
     for (; *s && n < 32; s++) {
         if (*s == '-') continue;
         int v = isdigit((unsigned char)*s) ? *s - '0'
-              : (*s >= 'a' && *s <= 'f') ? *s - 'a' + 10
-              : (*s >= 'A' && *s <= 'F') ? *s - 'A' + 10 : -1;
+                : (*s >= 'a' && *s <= 'f') ? *s - 'a' + 10
+                : (*s >= 'A' && *s <= 'F') ? *s - 'A' + 10
+                                           : -1;
         if (v < 0) return -1;
-        if (n % 2 == 0) out[n / 2] = (unsigned char)(v << 4);
-        else out[n / 2] |= (unsigned char)v;
+        if (n % 2 == 0)
+            out[n / 2] = (unsigned char)(v << 4);
+        else
+            out[n / 2] |= (unsigned char)v;
         n++;
     }
     return n == 32 && *s == '\0' ? 0 : -1;

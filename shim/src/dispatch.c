@@ -24,8 +24,8 @@
 
 /* ---- the exported wrappers, with hidden aliases so our own maps take their address directly
  * (not through the GOT, which an interposer loaded before us could redirect) ---- */
-#define VGPU_HOOK(lib, ret, name, params, args)                                                     \
-    VGPU_EXPORT ret name params { return hook_##name args; }                                       \
+#define VGPU_HOOK(lib, ret, name, params, args)                                                                        \
+    VGPU_EXPORT ret name params { return hook_##name args; }                                                           \
     extern __typeof__(name) vgpu_wrap_##name __attribute__((alias(#name), visibility("hidden")));
 #include "hooks.def"
 #undef VGPU_HOOK
@@ -40,7 +40,8 @@ struct entry {
 };
 
 static const struct entry entries[] = {
-#define VGPU_HOOK(lib, ret, name, params, args) {#name, VGPU_LIB_##lib, (void **)&real_##name, (void *)&vgpu_wrap_##name},
+#define VGPU_HOOK(lib, ret, name, params, args)                                                                        \
+    {#name, VGPU_LIB_##lib, (void **)&real_##name, (void *)&vgpu_wrap_##name},
 #include "hooks.def"
 #undef VGPU_HOOK
 };
@@ -76,11 +77,12 @@ static const char *const dlsym_versions[] = {
 EARLY_SAFE static void report_no_dlsym(void) {
     static atomic_int reported;
     if (atomic_exchange(&reported, 1)) return;
-    static const char msg[] = "vgpu: cannot resolve the C library's dlsym (dlvsym found none of its versions: GLIBC_2.34"
+    static const char msg[] =
+        "vgpu: cannot resolve the C library's dlsym (dlvsym found none of its versions: GLIBC_2.34"
 #ifdef VGPU_GLIBC_BASE
-                              ", " VGPU_GLIBC_BASE
+        ", " VGPU_GLIBC_BASE
 #endif
-                              "): every dlsym answers NULL and CUDA calls fail\n";
+        "): every dlsym answers NULL and CUDA calls fail\n";
     long r = syscall(SYS_write, 2, msg, sizeof msg - 1);
     (void)r;
 }
@@ -143,7 +145,8 @@ EARLY_SAFE static dlsym_fn real_dlsym(void) {
      * of the very object whose dlvsym this is (a dlvsym that answers nothing stays alone). */
     void *d = NULL;
     for (size_t i = 0; vsym != NULL && f == NULL && atomic_load(&dlvsym_object_ok) && i < N_DLSYM_VERSIONS; i++)
-        if (vgpu_elf_find(&dlvsym_object, "dlsym", dlsym_versions[i], VGPU_ELF_DLVSYM, &d) == VGPU_ELF_FOUND) f = (dlsym_fn)d;
+        if (vgpu_elf_find(&dlvsym_object, "dlsym", dlsym_versions[i], VGPU_ELF_DLVSYM, &d) == VGPU_ELF_FOUND)
+            f = (dlsym_fn)d;
 #ifdef VGPU_GLIBC_BASE
     if (f == NULL && vsym != NULL && vgpu_compat_libdl_loaded_here())
         f = (dlsym_fn)vgpu_compat_dl_sym("dlsym", VGPU_GLIBC_BASE);
@@ -173,7 +176,8 @@ static _Atomic int resolving[2];
 static pthread_t resolving_thread[2];
 
 static int resolving_here(int lib) {
-    return atomic_load_explicit(&resolving[lib], memory_order_acquire) && pthread_equal(resolving_thread[lib], pthread_self());
+    return atomic_load_explicit(&resolving[lib], memory_order_acquire) &&
+           pthread_equal(resolving_thread[lib], pthread_self());
 }
 
 /* Each driver library's own symbol table (elfsym.c): its entry points are looked up there, a
@@ -210,9 +214,10 @@ static void open_table(int lib, void *h, dlsym_fn sym) {
         dl_iterate_phdr(find_object_step, &f);
         void *check;
         /* the table must give the anchor back, or it is not the one dlsym reads */
-        lib_table_ok[lib] = f.found &&
-                            vgpu_elf_find(&lib_table[lib], entries[i].name, NULL, VGPU_ELF_DLSYM, &check) == VGPU_ELF_FOUND &&
-                            check == anchor;
+        lib_table_ok[lib] =
+            f.found &&
+            vgpu_elf_find(&lib_table[lib], entries[i].name, NULL, VGPU_ELF_DLSYM, &check) == VGPU_ELF_FOUND &&
+            check == anchor;
         return;
     }
 }
@@ -236,8 +241,10 @@ static void resolve_lib(int lib, const char *soname, int *ok) {
     void *h = dlopen(soname, RTLD_NOW | RTLD_LOCAL);
     atomic_store_explicit(&resolving[lib], 0, memory_order_release);
     if (h == NULL) return;
-    if (lib == VGPU_LIB_CUDA) cuda_handle = h;
-    else nvml_handle = h;
+    if (lib == VGPU_LIB_CUDA)
+        cuda_handle = h;
+    else
+        nvml_handle = h;
     dlsym_fn sym = real_dlsym();
     if (sym == NULL) return; /* not ok: cuInit fails closed */
     open_table(lib, h, sym);
@@ -312,7 +319,7 @@ __attribute__((noinline)) static void *vgpu_next_vhook(const char *name, const c
  * would hand its definitions out through dlvsym, which the shim's unversioned exports never
  * answer: every answer that is the driver's definition of a hooked name becomes its hook. */
 EARLY_SAFE __attribute__((optimize("optimize-sibling-calls"))) VGPU_EXPORT void *dlvsym(void *handle, const char *name,
-                                                                                     const char *version) {
+                                                                                        const char *version) {
     dlvsym_fn real = real_dlvsym();
     if (real == NULL) {
         report_no_dlsym();
@@ -420,10 +427,10 @@ static void *vgpu_next_vhook(const char *name, const char *version, const void *
 static const char *procaddr_symbol(const char *base, int version, cuuint64_t flags) {
     const char *best = NULL;
     int best_ver = -1;
-#define CU_PROC(b, ver, sym, ptds)                                                                 \
-    if (strcmp(base, #b) == 0 && ver <= version && ver > best_ver) {                               \
-        best_ver = ver;                                                                            \
-        best = (sizeof(#ptds) > 1 && (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)) ? #ptds : #sym; \
+#define CU_PROC(b, ver, sym, ptds)                                                                                     \
+    if (strcmp(base, #b) == 0 && ver <= version && ver > best_ver) {                                                   \
+        best_ver = ver;                                                                                                \
+        best = (sizeof(#ptds) > 1 && (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)) ? #ptds : #sym;          \
     }
 #include "vgpu/cuda_procaddr.def"
 #undef CU_PROC

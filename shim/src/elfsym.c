@@ -27,7 +27,7 @@ EARLY_SAFE static int streq(const char *a, const char *b) {
  * leave them as offsets: an object's own offsets are always below its load address. */
 EARLY_SAFE static uintptr_t at(uintptr_t base, ElfW(Addr) p) { return p < base ? base + p : p; }
 
-EARLY_SAFE int vgpu_elf_open(struct vgpu_elf *e, uintptr_t base, const ElfW(Dyn) *dynamic) {
+EARLY_SAFE int vgpu_elf_open(struct vgpu_elf *e, uintptr_t base, const ElfW(Dyn) * dynamic) {
     *e = (struct vgpu_elf){.base = base};
     if (dynamic == NULL) return -1;
     for (const ElfW(Dyn) *d = dynamic; d->d_tag != DT_NULL; d++) {
@@ -62,9 +62,9 @@ EARLY_SAFE static const char *version_name(const struct vgpu_elf *e, ElfW(Half) 
 struct pick {
     const char *name, *version;
     enum vgpu_elf_match how;
-    const ElfW(Sym) *sym; /* the answer so far */
-    int exact; /* an unversioned definition (dlsym) or the version asked (dlvsym): final */
-    int defaults; /* dlsym: non-hidden versioned definitions seen */
+    const ElfW(Sym) * sym; /* the answer so far */
+    int exact;             /* an unversioned definition (dlsym) or the version asked (dlvsym): final */
+    int defaults;          /* dlsym: non-hidden versioned definitions seen */
 };
 
 /* Symbol `i` of the object, whose name matched: is it the definition asked for? */
@@ -78,7 +78,8 @@ EARLY_SAFE static void consider(const struct vgpu_elf *e, uint32_t i, struct pic
     if (s->st_value == 0 && s->st_shndx != SHN_ABS && type != STT_TLS) return;
     ElfW(Half) v = e->versym ? e->versym[i] : 1, ndx = v & 0x7fff;
     if (p->how != VGPU_ELF_DLSYM) {
-        if (e->versym == NULL || (ndx < 2 && p->how == VGPU_ELF_REFERENCE)) p->sym = s, p->exact = 1;
+        if (e->versym == NULL || (ndx < 2 && p->how == VGPU_ELF_REFERENCE))
+            p->sym = s, p->exact = 1;
         else if (ndx >= 2) {
             const char *vn = version_name(e, ndx);
             if (vn != NULL && streq(vn, p->version)) p->sym = s, p->exact = 1;
@@ -128,7 +129,8 @@ EARLY_SAFE static void search(const struct vgpu_elf *e, struct pick *p) {
         hash &= ~g;
     }
     const uint32_t *chain = &h[2 + nbucket];
-    for (uint32_t i = h[2 + hash % nbucket], steps = 0; i != STN_UNDEF && i < nchain && steps < nchain; i = chain[i], steps++) {
+    for (uint32_t i = h[2 + hash % nbucket], steps = 0; i != STN_UNDEF && i < nchain && steps < nchain;
+         i = chain[i], steps++) {
         if (streq(p->name, e->strtab + e->symtab[i].st_name)) {
             consider(e, i, p);
             if (p->exact) return;

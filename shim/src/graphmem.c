@@ -54,7 +54,7 @@ static struct exec_rec **bucket(CUgraphExec e) {
 
 static struct {
     pthread_mutex_t mu;
-    int known;       /* a graph allocation was seen on this device: dev is its CUdevice */
+    int known; /* a graph allocation was seen on this device: dev is its CUdevice */
     CUdevice dev;
     uint64_t charged; /* bytes charged for the device's graph memory pool */
 } gdev[VGPU_MAX_DEVICES];
@@ -296,11 +296,11 @@ static CUresult instantiated(CUresult rc, CUgraphExec *e, CUgraph g, unsigned lo
     return rc;
 }
 
-#define NEEDS_DRIVER(sym)                             \
-    do {                                              \
-        CUresult st_ = vgpu_init();                   \
-        if (st_ != CUDA_SUCCESS) return st_;          \
-        if (real_##sym == NULL) return CUDA_ERROR_NOT_SUPPORTED; \
+#define NEEDS_DRIVER(sym)                                                                                              \
+    do {                                                                                                               \
+        CUresult st_ = vgpu_init();                                                                                    \
+        if (st_ != CUDA_SUCCESS) return st_;                                                                           \
+        if (real_##sym == NULL) return CUDA_ERROR_NOT_SUPPORTED;                                                       \
     } while (0)
 
 CUresult hook_cuGraphInstantiate(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode, char *logBuffer,
@@ -324,10 +324,12 @@ CUresult hook_cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGra
 
 CUresult hook_cuGraphInstantiateWithParams(CUgraphExec *phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS *p) {
     NEEDS_DRIVER(cuGraphInstantiateWithParams);
-    return instantiated(real_cuGraphInstantiateWithParams(phGraphExec, hGraph, p), phGraphExec, hGraph, p ? p->flags : 0);
+    return instantiated(real_cuGraphInstantiateWithParams(phGraphExec, hGraph, p), phGraphExec, hGraph,
+                        p ? p->flags : 0);
 }
 
-CUresult hook_cuGraphInstantiateWithParams_ptsz(CUgraphExec *phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS *p) {
+CUresult hook_cuGraphInstantiateWithParams_ptsz(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                                CUDA_GRAPH_INSTANTIATE_PARAMS *p) {
     NEEDS_DRIVER(cuGraphInstantiateWithParams_ptsz);
     return instantiated(real_cuGraphInstantiateWithParams_ptsz(phGraphExec, hGraph, p), phGraphExec, hGraph,
                         p ? p->flags : 0);
@@ -365,7 +367,8 @@ CUresult hook_cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream) {
 
 int vgpu_graphmem_capturing(CUstream s, int ptsz) {
     static void *f, *fp;
-    is_capturing_fn is = (is_capturing_fn)(ptsz ? sym(&fp, "cuStreamIsCapturing_ptsz") : sym(&f, "cuStreamIsCapturing"));
+    is_capturing_fn is =
+        (is_capturing_fn)(ptsz ? sym(&fp, "cuStreamIsCapturing_ptsz") : sym(&f, "cuStreamIsCapturing"));
     CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
     return is != NULL && is(s, &st) == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE;
 }

@@ -28,8 +28,10 @@ void vgpu_log(int level, const char *fmt, ...) {
 }
 
 void vgpu_format_bytes(uint64_t n, char *buf, size_t len) {
-    static const struct { const char *unit; double size; } units[] = {
-        {"TiB", 1099511627776.0}, {"GiB", 1073741824.0}, {"MiB", 1048576.0}, {"KiB", 1024.0}};
+    static const struct {
+        const char *unit;
+        double size;
+    } units[] = {{"TiB", 1099511627776.0}, {"GiB", 1073741824.0}, {"MiB", 1048576.0}, {"KiB", 1024.0}};
     if (n < 1024) {
         snprintf(buf, len, "%llu B", (unsigned long long)n);
         return;

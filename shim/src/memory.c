@@ -194,15 +194,16 @@ static CUresult record(int kind, uint64_t key, int dev, uint64_t bytes, uint64_t
  * is the driver's own 32-bit answer, a v1 size is clamped (never wrapped). The real function is
  * read through the adapter after vgpu_init() has resolved it, never before. */
 
-#define PRESENT(sym) static int has_##sym(void) { return real_##sym != NULL; }
+#define PRESENT(sym)                                                                                                   \
+    static int has_##sym(void) { return real_##sym != NULL; }
 
 /* cuMemAlloc-like: out is the caller's CUdeviceptr * (v1: CUdeviceptr_v1 *); size and flags are
  * the caller's, widened. */
 struct alloc_abi {
     int (*has)(void);
     CUresult (*call)(void *out, uint64_t size, unsigned int flags);
-    uint64_t (*got)(const void *out);  /* the pointer the driver stored, widened */
-    CUresult (*undo)(uint64_t p);      /* the matching free */
+    uint64_t (*got)(const void *out); /* the pointer the driver stored, widened */
+    CUresult (*undo)(uint64_t p);     /* the matching free */
 };
 
 static CUresult undo_free_v2(uint64_t p) { return real_cuMemFree_v2((CUdeviceptr)p); }
@@ -250,7 +251,9 @@ static const struct alloc_abi ALLOC_V1 = {has_cuMemAlloc, alloc_v1, got_v1, undo
 static const struct alloc_abi ALLOC_MANAGED = {has_cuMemAllocManaged, alloc_managed, got_v2, undo_free_v2};
 
 CUresult hook_cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) { return mem_alloc(&ALLOC_V2, dptr, bytesize, 0); }
-CUresult hook_cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize) { return mem_alloc(&ALLOC_V1, dptr, bytesize, 0); }
+CUresult hook_cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize) {
+    return mem_alloc(&ALLOC_V1, dptr, bytesize, 0);
+}
 CUresult hook_cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags) {
     return mem_alloc(&ALLOC_MANAGED, dptr, bytesize, flags);
 }
@@ -368,8 +371,10 @@ static CUresult mem_free(int (*has)(void), CUresult (*real_free)(uint64_t), CUre
     if (!vgpu_mem_active()) return real_free(p);
     if (!vgpu_track_take_aux(VGPU_TRACK_PTR, p, &dev, &bytes, &unit)) return untracked(p);
     CUresult rc = real_free(p);
-    if (rc == CUDA_SUCCESS) give_back(dev, bytes, unit);
-    else vgpu_track_add_aux(VGPU_TRACK_PTR, p, dev, bytes, unit);
+    if (rc == CUDA_SUCCESS)
+        give_back(dev, bytes, unit);
+    else
+        vgpu_track_add_aux(VGPU_TRACK_PTR, p, dev, bytes, unit);
     return rc;
 }
 
@@ -379,7 +384,9 @@ PRESENT(cuMemFree)
  * one (they are 64-bit only): it goes straight to the driver */
 static CUresult free_untracked_v2(uint64_t p) { return vgpu_pools_free_sync((CUdeviceptr)p, real_cuMemFree_v2); }
 
-CUresult hook_cuMemFree_v2(CUdeviceptr dptr) { return mem_free(has_cuMemFree_v2, undo_free_v2, free_untracked_v2, dptr); }
+CUresult hook_cuMemFree_v2(CUdeviceptr dptr) {
+    return mem_free(has_cuMemFree_v2, undo_free_v2, free_untracked_v2, dptr);
+}
 CUresult hook_cuMemFree(CUdeviceptr_v1 dptr) { return mem_free(has_cuMemFree, undo_free_v1, undo_free_v1, dptr); }
 
 /* ---- reporting: the slice, not the GPU ---- */
@@ -393,7 +400,7 @@ static int slice_view(int dev, uint64_t drv_total, uint64_t drv_free, uint64_t *
     uint64_t used = vgpu_region_used(dev);
     uint64_t t = limit < drv_total ? limit : drv_total;
     uint64_t f = used >= limit ? 0 : limit - used; /* never negative, never wrapped */
-    if (f > drv_free) f = drv_free; /* the GPU itself may have less left (other tenants) */
+    if (f > drv_free) f = drv_free;                /* the GPU itself may have less left (other tenants) */
     if (f > t) f = t;
     *total = t;
     *free_out = f;
@@ -413,14 +420,15 @@ static void set_v2(void *a, uint64_t v) { *(size_t *)a = (size_t)v; }
 static void set_v1(void *a, uint64_t v) { *(unsigned int *)a = (unsigned int)(v > UINT_MAX ? UINT_MAX : v); }
 static const struct size_io SIZE_V2 = {get_v2, set_v2}, SIZE_V1 = {get_v1, set_v1};
 
-static CUresult mem_get_info(int (*has)(void), CUresult (*real)(void *, void *), const struct size_io *io,
-                             void *free, void *total) {
+static CUresult mem_get_info(int (*has)(void), CUresult (*real)(void *, void *), const struct size_io *io, void *free,
+                             void *total) {
     CUresult st = vgpu_init();
     if (st != CUDA_SUCCESS) return st;
     if (!has()) return CUDA_ERROR_NOT_SUPPORTED;
     CUresult rc = real(free, total);
     int dev;
-    if (rc != CUDA_SUCCESS || free == NULL || total == NULL || !vgpu_mem_active() || (dev = vgpu_current_device_index()) < 0)
+    if (rc != CUDA_SUCCESS || free == NULL || total == NULL || !vgpu_mem_active() ||
+        (dev = vgpu_current_device_index()) < 0)
         return rc;
     uint64_t t, f;
     if (slice_view(dev, io->get(total), io->get(free), &t, &f)) {
@@ -468,5 +476,7 @@ CUresult hook_cuDeviceTotalMem(unsigned int *bytes, CUdevice dev) {
 
 /* What an allocation of `size` takes, reserved / given back as cuMemAlloc's are (modules.c:
  * a module's globals are allocations the driver makes at load). */
-CUresult vgpu_mem_take(int dev, uint64_t size, uint64_t *charged, uint64_t *unit) { return take(dev, size, charged, unit); }
+CUresult vgpu_mem_take(int dev, uint64_t size, uint64_t *charged, uint64_t *unit) {
+    return take(dev, size, charged, unit);
+}
 void vgpu_mem_give_back(int dev, uint64_t bytes, uint64_t unit) { give_back(dev, bytes, unit); }

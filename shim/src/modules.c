@@ -28,9 +28,9 @@ struct global {
 };
 
 struct mod_rec {
-    void *handle;          /* CUmodule or CUlibrary */
-    CUcontext ctx;         /* a module's context (libraries: the one current at load) */
-    int primary;           /* that context is its device's primary context */
+    void *handle;  /* CUmodule or CUlibrary */
+    CUcontext ctx; /* a module's context (libraries: the one current at load) */
+    int primary;   /* that context is its device's primary context */
     int dev;
     size_t n;
     struct global *g;
@@ -63,8 +63,10 @@ static void ptx_names(const char *t, size_t len, name_cb cb, void *arg) {
             const char *w = p;
             while (p < le && *p != ' ' && *p != '\t') p++;
             size_t n = (size_t)(p - w);
-            if ((n == 7 && !memcmp(w, ".global", 7)) || (n == 6 && !memcmp(w, ".const", 6))) decl = 1;
-            else if (n == 7 && !memcmp(w, ".extern", 7)) break;
+            if ((n == 7 && !memcmp(w, ".global", 7)) || (n == 6 && !memcmp(w, ".const", 6)))
+                decl = 1;
+            else if (n == 7 && !memcmp(w, ".extern", 7))
+                break;
             while (p < le && (*p == ' ' || *p == '\t')) p++;
             if (n == 6 && !memcmp(w, ".align", 6))
                 while (p < le && *p >= '0' && *p <= '9') p++;
@@ -130,9 +132,12 @@ static void fatbin_names(const unsigned char *f, size_t len, name_cb cb, void *a
 
 static void image_names(const unsigned char *img, size_t len, name_cb cb, void *arg, int depth) {
     if (depth > 2 || len < 4) return;
-    if (img[0] == 0x7f && img[1] == 'E' && img[2] == 'L' && img[3] == 'F') elf_names(img, len, cb, arg);
-    else if (rd(img, 4) == 0xBA55ED50u) fatbin_names(img, len, cb, arg, depth);
-    else ptx_names((const char *)img, len, cb, arg);
+    if (img[0] == 0x7f && img[1] == 'E' && img[2] == 'L' && img[3] == 'F')
+        elf_names(img, len, cb, arg);
+    else if (rd(img, 4) == 0xBA55ED50u)
+        fatbin_names(img, len, cb, arg, depth);
+    else
+        ptx_names((const char *)img, len, cb, arg);
 }
 
 /* The length of an image given by pointer only: ELF and fatbin headers say; PTX is text. */
@@ -194,12 +199,14 @@ static int is_primary(CUcontext c, CUdevice d) {
     int active = 0;
     static void *state_fn;
     if (state_fn == NULL) state_fn = vgpu_cuda_sym("cuDevicePrimaryCtxGetState");
-    if (state_fn == NULL || ((CUresult(*)(CUdevice, unsigned *, int *))state_fn)(d, &flags, &active) != CUDA_SUCCESS ||
+    if (state_fn == NULL || ((CUresult (*)(CUdevice, unsigned *, int *))state_fn)(d, &flags, &active) != CUDA_SUCCESS ||
         !active || real_cuDevicePrimaryCtxRetain == NULL || real_cuDevicePrimaryCtxRetain(&p, d) != CUDA_SUCCESS)
         return 0;
     /* active already: this retain creates nothing, and is given back at once */
-    if (real_cuDevicePrimaryCtxRelease_v2) real_cuDevicePrimaryCtxRelease_v2(d);
-    else if (real_cuDevicePrimaryCtxRelease) real_cuDevicePrimaryCtxRelease(d);
+    if (real_cuDevicePrimaryCtxRelease_v2)
+        real_cuDevicePrimaryCtxRelease_v2(d);
+    else if (real_cuDevicePrimaryCtxRelease)
+        real_cuDevicePrimaryCtxRelease(d);
     return p == c;
 }
 
@@ -214,8 +221,9 @@ static CUresult charge_loaded(void *handle, const void *img, size_t len, const c
     CUcontext ctx = NULL;
     CUdevice d;
     int dev;
-    if (img == NULL || get == NULL || get_ctx == NULL || get_dev == NULL || ((ctx_get_fn)get_ctx)(&ctx) != CUDA_SUCCESS ||
-        ((ctx_dev_fn)get_dev)(&d) != CUDA_SUCCESS || (dev = vgpu_device_index(d)) < 0)
+    if (img == NULL || get == NULL || get_ctx == NULL || get_dev == NULL ||
+        ((ctx_get_fn)get_ctx)(&ctx) != CUDA_SUCCESS || ((ctx_dev_fn)get_dev)(&d) != CUDA_SUCCESS ||
+        (dev = vgpu_device_index(d)) < 0)
         return CUDA_SUCCESS;
     struct mod_rec *m = calloc(1, sizeof *m);
     if (m == NULL) return CUDA_SUCCESS;
@@ -277,7 +285,8 @@ CUresult vgpu_modules_primary_gone(CUdevice d, int reset, CUresult rc) {
     static void *state_fn;
     if (state_fn == NULL) state_fn = vgpu_cuda_sym("cuDevicePrimaryCtxGetState");
     if (rc != CUDA_SUCCESS || dev < 0) return rc;
-    if (!reset && (state_fn == NULL || ((CUresult(*)(CUdevice, unsigned *, int *))state_fn)(d, &flags, &active) != CUDA_SUCCESS || active))
+    if (!reset && (state_fn == NULL ||
+                   ((CUresult (*)(CUdevice, unsigned *, int *))state_fn)(d, &flags, &active) != CUDA_SUCCESS || active))
         return rc; /* still alive (other retains) */
     release_recs(take_recs(NULL, NULL, dev));
     return rc;
@@ -286,7 +295,9 @@ CUresult vgpu_modules_primary_gone(CUdevice d, int reset, CUresult rc) {
 /* ---- hooks ---- */
 
 static CUresult unload_module(void *h) { return real_cuModuleUnload ? real_cuModuleUnload((CUmodule)h) : CUDA_SUCCESS; }
-static CUresult unload_library(void *h) { return real_cuLibraryUnload ? real_cuLibraryUnload((CUlibrary)h) : CUDA_SUCCESS; }
+static CUresult unload_library(void *h) {
+    return real_cuLibraryUnload ? real_cuLibraryUnload((CUlibrary)h) : CUDA_SUCCESS;
+}
 
 /* cudart's wrapper around a fatbin (__fatBinC_Wrapper_t: magic, version, the fatbin) */
 static const void *unwrap(const void *img) {
@@ -295,14 +306,14 @@ static const void *unwrap(const void *img) {
     return img;
 }
 
-#define LOAD_HOOK(sym, out, call, img, len, getter, unload)                                   \
-    do {                                                                                      \
-        CUresult st_ = vgpu_init();                                                           \
-        if (st_ != CUDA_SUCCESS) return st_;                                                  \
-        if (real_##sym == NULL) return CUDA_ERROR_NOT_SUPPORTED;                              \
-        CUresult rc_ = call;                                                                  \
-        if (rc_ != CUDA_SUCCESS || (out) == NULL || !vgpu_mem_active()) return rc_;         \
-        return charge_loaded((void *)*(out), (img), (len), (getter), (unload));              \
+#define LOAD_HOOK(sym, out, call, img, len, getter, unload)                                                            \
+    do {                                                                                                               \
+        CUresult st_ = vgpu_init();                                                                                    \
+        if (st_ != CUDA_SUCCESS) return st_;                                                                           \
+        if (real_##sym == NULL) return CUDA_ERROR_NOT_SUPPORTED;                                                       \
+        CUresult rc_ = call;                                                                                           \
+        if (rc_ != CUDA_SUCCESS || (out) == NULL || !vgpu_mem_active()) return rc_;                                    \
+        return charge_loaded((void *)*(out), (img), (len), (getter), (unload));                                        \
     } while (0)
 
 CUresult hook_cuModuleLoadData(CUmodule *module, const void *image) {
@@ -364,13 +375,14 @@ CUresult hook_cuModuleLoad(CUmodule *module, const char *fname) {
 }
 
 CUresult hook_cuLibraryLoadFromFile(CUlibrary *library, const char *fileName, CUjit_option *jitOptions,
-                                    void **jitOptionsValues, unsigned int numJitOptions, CUlibraryOption *libraryOptions,
-                                    void **libraryOptionValues, unsigned int numLibraryOptions) {
+                                    void **jitOptionsValues, unsigned int numJitOptions,
+                                    CUlibraryOption *libraryOptions, void **libraryOptionValues,
+                                    unsigned int numLibraryOptions) {
     CUresult st = vgpu_init();
     if (st != CUDA_SUCCESS) return st;
     if (real_cuLibraryLoadFromFile == NULL) return CUDA_ERROR_NOT_SUPPORTED;
-    CUresult rc = real_cuLibraryLoadFromFile(library, fileName, jitOptions, jitOptionsValues, numJitOptions, libraryOptions,
-                                             libraryOptionValues, numLibraryOptions);
+    CUresult rc = real_cuLibraryLoadFromFile(library, fileName, jitOptions, jitOptionsValues, numJitOptions,
+                                             libraryOptions, libraryOptionValues, numLibraryOptions);
     if (rc != CUDA_SUCCESS || library == NULL || !vgpu_mem_active()) return rc;
     return charge_file((void *)*library, fileName, "cuLibraryGetGlobal", unload_library);
 }

@@ -35,7 +35,8 @@ static nvmlReturn_t memory_info(const struct memory_abi *abi, nvmlDevice_t devic
     if (vgpu_resolve_nvml() != 0) return NVML_ERROR_FUNCTION_NOT_FOUND;
     nvmlReturn_t rc = abi->call(device, memory);
     uint64_t t, u, f;
-    if (rc == NVML_SUCCESS && memory != NULL && slice_of(device, abi->total(memory), &t, &u, &f)) abi->set(memory, t, u, f);
+    if (rc == NVML_SUCCESS && memory != NULL && slice_of(device, abi->total(memory), &t, &u, &f))
+        abi->set(memory, t, u, f);
     return rc;
 }
 

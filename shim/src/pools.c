@@ -28,11 +28,11 @@
 
 struct pool_acct {
     CUmemoryPool pool;
-    int dev;             /* app-visible device index */
-    int destroyed;       /* cuMemPoolDestroy returned while allocations were outstanding */
-    uint64_t charged;    /* bytes charged to the region for this pool */
-    uint64_t live;       /* bytes of its allocations not yet freed (what a destroyed pool keeps) */
-    pthread_mutex_t mu;  /* serialises this pool's allocate/settle in this process */
+    int dev;            /* app-visible device index */
+    int destroyed;      /* cuMemPoolDestroy returned while allocations were outstanding */
+    uint64_t charged;   /* bytes charged to the region for this pool */
+    uint64_t live;      /* bytes of its allocations not yet freed (what a destroyed pool keeps) */
+    pthread_mutex_t mu; /* serialises this pool's allocate/settle in this process */
     struct pool_acct *next;
 };
 
@@ -257,8 +257,10 @@ static CUresult free_async(free_async_fn real, CUdeviceptr dptr, CUstream s) {
     uint64_t size, pa;
     if (!vgpu_mem_active() || !vgpu_track_take_aux(VGPU_TRACK_ASYNC, dptr, &dev, &size, &pa)) return real(dptr, s);
     CUresult rc = real(dptr, s);
-    if (rc != CUDA_SUCCESS) vgpu_track_add_aux(VGPU_TRACK_ASYNC, dptr, dev, size, pa);
-    else after_free((struct pool_acct *)(uintptr_t)pa, size);
+    if (rc != CUDA_SUCCESS)
+        vgpu_track_add_aux(VGPU_TRACK_ASYNC, dptr, dev, size, pa);
+    else
+        after_free((struct pool_acct *)(uintptr_t)pa, size);
     return rc;
 }
 
@@ -267,8 +269,10 @@ CUresult vgpu_pools_free_sync(CUdeviceptr dptr, CUresult (*real_free)(CUdevicept
     uint64_t size, pa;
     if (!vgpu_track_take_aux(VGPU_TRACK_ASYNC, dptr, &dev, &size, &pa)) return real_free(dptr);
     CUresult rc = real_free(dptr);
-    if (rc != CUDA_SUCCESS) vgpu_track_add_aux(VGPU_TRACK_ASYNC, dptr, dev, size, pa);
-    else after_free((struct pool_acct *)(uintptr_t)pa, size);
+    if (rc != CUDA_SUCCESS)
+        vgpu_track_add_aux(VGPU_TRACK_ASYNC, dptr, dev, size, pa);
+    else
+        after_free((struct pool_acct *)(uintptr_t)pa, size);
     return rc;
 }
 
@@ -284,7 +288,9 @@ CUresult hook_cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemo
 CUresult hook_cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream) {
     return alloc_pool(real_cuMemAllocFromPoolAsync_ptsz, dptr, bytesize, pool, hStream);
 }
-CUresult hook_cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) { return free_async(real_cuMemFreeAsync, dptr, hStream); }
+CUresult hook_cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
+    return free_async(real_cuMemFreeAsync, dptr, hStream);
+}
 CUresult hook_cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
     return free_async(real_cuMemFreeAsync_ptsz, dptr, hStream);
 }

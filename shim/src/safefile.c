@@ -52,9 +52,12 @@ int vgpu_dir_open(const char *path, char *base, size_t baselen, char *why, size_
     }
     snprintf(base, baselen, "%s", name);
     char dir[4096];
-    if (slash == NULL) snprintf(dir, sizeof dir, ".");
-    else if (slash == path) snprintf(dir, sizeof dir, "/");
-    else if ((size_t)(slash - path) < sizeof dir) snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    if (slash == NULL)
+        snprintf(dir, sizeof dir, ".");
+    else if (slash == path)
+        snprintf(dir, sizeof dir, "/");
+    else if ((size_t)(slash - path) < sizeof dir)
+        snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
     else {
         snprintf(why, len, "path too long");
         errno = ENAMETOOLONG;
@@ -65,9 +68,12 @@ int vgpu_dir_open(const char *path, char *base, size_t baselen, char *why, size_
     int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd < 0) {
         int e = errno;
-        if (e == ENOENT) snprintf(why, len, "its directory does not exist");
-        else if (e == ENOTDIR) snprintf(why, len, "its directory is not a directory");
-        else snprintf(why, len, "cannot open its directory: %s", strerror(e));
+        if (e == ENOENT)
+            snprintf(why, len, "its directory does not exist");
+        else if (e == ENOTDIR)
+            snprintf(why, len, "its directory is not a directory");
+        else
+            snprintf(why, len, "cannot open its directory: %s", strerror(e));
         errno = e;
         return -1;
     }

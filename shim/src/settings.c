@@ -35,6 +35,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include "limitkeys.h"
 #include "shim_internal.h"
 
 extern char **environ;
@@ -315,7 +316,20 @@ static int try_file(const char *path) {
     text[(size_t)got] = '\0'; /* kept for the life of the process: the entries point into it */
     uint64_t h = 0xcbf29ce484222325ULL; /* FNV-1a 64, of the bytes before parsing writes into them */
     for (ssize_t i = 0; i < got; i++) h = (h ^ (unsigned char)text[i]) * 0x100000001b3ULL;
+    if (memchr(text, '\0', (size_t)got) != NULL) {
+        free(text);
+        vgpu_config_error(path, "(limits file)", "a NUL byte", "the keys and forms of vgpu/limits.def");
+        return -1;
+    }
     if (parse_file(path, text) != 0) {
+        free(text);
+        return -1;
+    }
+    char bad[1024];
+    if (vgpu_limits_check(file_entries, bad, sizeof bad) != 0) {
+        vgpu_config_error(path, "(limits file)", bad, "the keys and forms of vgpu/limits.def");
+        free(file_entries);
+        file_entries = NULL;
         free(text);
         return -1;
     }

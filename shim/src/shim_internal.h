@@ -168,7 +168,6 @@ int vgpu_device_handle(int idx, CUdevice *out); /* the CUdevice of index idx: 0,
  * against the map when CUDA is initialised in the process; else from CUDA_VISIBLE_DEVICES (UUID
  * entries; numeric ones only when CUDA's order is known to be NVML's). Never initialises CUDA. */
 int vgpu_nvml_device_index(nvmlDevice_t dev);
-int vgpu_device_count(void);            /* devices mapped (<= VGPU_MAX_DEVICES), 0 before cuInit */
 
 /* ---- the accounting region (region.c) ---- */
 struct vgpu_region *vgpu_region(void);  /* NULL when no region is in use */
@@ -215,7 +214,6 @@ enum vgpu_track_kind {
 };
 int vgpu_track_add(int kind, uint64_t key, int dev, uint64_t bytes); /* 0, or -1 out of memory */
 int vgpu_track_take(int kind, uint64_t key, int *dev, uint64_t *bytes); /* 1 found+removed, 0 not */
-int vgpu_track_find(int kind, uint64_t key, int *dev, uint64_t *bytes); /* 1 found, 0 not */
 /* The same with one more word per record (pools.c: the allocation's pool). */
 int vgpu_track_add_aux(int kind, uint64_t key, int dev, uint64_t bytes, uint64_t aux);
 int vgpu_track_take_aux(int kind, uint64_t key, int *dev, uint64_t *bytes, uint64_t *aux);

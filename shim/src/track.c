@@ -8,7 +8,7 @@
 
 #include "shim_internal.h"
 
-#define SHARDS 64
+#define SHARDS            64
 #define BUCKETS_PER_SHARD 256
 
 struct node {
@@ -43,7 +43,9 @@ static uint64_t mix(int kind, uint64_t key) {
 static struct shard *shard_of(uint64_t h) { return &shards[h % SHARDS]; }
 static struct node **bucket_of(struct shard *s, uint64_t h) { return &s->buckets[(h / SHARDS) % BUCKETS_PER_SHARD]; }
 
-int vgpu_track_add(int kind, uint64_t key, int dev, uint64_t bytes) { return vgpu_track_add_aux(kind, key, dev, bytes, 0); }
+int vgpu_track_add(int kind, uint64_t key, int dev, uint64_t bytes) {
+    return vgpu_track_add_aux(kind, key, dev, bytes, 0);
+}
 
 int vgpu_track_add_aux(int kind, uint64_t key, int dev, uint64_t bytes, uint64_t aux) {
     uint64_t h = mix(kind, key);
@@ -95,11 +97,12 @@ static int lookup(int kind, uint64_t key, int *dev, uint64_t *bytes, uint64_t *a
     return found;
 }
 
-int vgpu_track_take(int kind, uint64_t key, int *dev, uint64_t *bytes) { return lookup(kind, key, dev, bytes, NULL, 1); }
+int vgpu_track_take(int kind, uint64_t key, int *dev, uint64_t *bytes) {
+    return lookup(kind, key, dev, bytes, NULL, 1);
+}
 int vgpu_track_take_aux(int kind, uint64_t key, int *dev, uint64_t *bytes, uint64_t *aux) {
     return lookup(kind, key, dev, bytes, aux, 1);
 }
-int vgpu_track_find(int kind, uint64_t key, int *dev, uint64_t *bytes) { return lookup(kind, key, dev, bytes, NULL, 0); }
 
 void vgpu_track_reset(void) {
     /* fork child (single-threaded): the parent's entries are not ours; the shard mutexes may have

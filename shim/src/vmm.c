@@ -51,9 +51,12 @@ CUresult hook_cuMemRelease(CUmemGenericAllocationHandle handle) {
     if (real_cuMemRelease == NULL) return CUDA_ERROR_NOT_SUPPORTED;
     int dev;
     uint64_t bytes;
-    if (!vgpu_mem_active() || !vgpu_track_take(VGPU_TRACK_HANDLE, handle, &dev, &bytes)) return real_cuMemRelease(handle);
+    if (!vgpu_mem_active() || !vgpu_track_take(VGPU_TRACK_HANDLE, handle, &dev, &bytes))
+        return real_cuMemRelease(handle);
     CUresult rc = real_cuMemRelease(handle);
-    if (rc == CUDA_SUCCESS) vgpu_mem_release(dev, bytes);
-    else vgpu_track_add(VGPU_TRACK_HANDLE, handle, dev, bytes);
+    if (rc == CUDA_SUCCESS)
+        vgpu_mem_release(dev, bytes);
+    else
+        vgpu_track_add(VGPU_TRACK_HANDLE, handle, dev, bytes);
     return rc;
 }

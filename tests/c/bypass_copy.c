@@ -52,13 +52,12 @@ int main(int argc, char **argv) {
         fprintf(stderr, "cannot load a copy of libcuda.so.1: %s\n", copy ? dlerror() : "copy failed");
         return 1;
     }
-    CUresult (*init)(unsigned) = (CUresult(*)(unsigned))dlsym(cuda, "cuInit");
-    CUresult (*dev_get)(CUdevice *, int) = (CUresult(*)(CUdevice *, int))dlsym(cuda, "cuDeviceGet");
+    CUresult (*init)(unsigned) = (CUresult (*)(unsigned))dlsym(cuda, "cuInit");
+    CUresult (*dev_get)(CUdevice *, int) = (CUresult (*)(CUdevice *, int))dlsym(cuda, "cuDeviceGet");
     CUresult (*retain)(CUcontext *, CUdevice) =
-        (CUresult(*)(CUcontext *, CUdevice))dlsym(cuda, "cuDevicePrimaryCtxRetain");
-    CUresult (*set_current)(CUcontext) = (CUresult(*)(CUcontext))dlsym(cuda, "cuCtxSetCurrent");
-    CUresult (*alloc)(CUdeviceptr *, size_t) =
-        (CUresult(*)(CUdeviceptr *, size_t))dlsym(cuda, "cuMemAlloc_v2");
+        (CUresult (*)(CUcontext *, CUdevice))dlsym(cuda, "cuDevicePrimaryCtxRetain");
+    CUresult (*set_current)(CUcontext) = (CUresult (*)(CUcontext))dlsym(cuda, "cuCtxSetCurrent");
+    CUresult (*alloc)(CUdeviceptr *, size_t) = (CUresult (*)(CUdeviceptr *, size_t))dlsym(cuda, "cuMemAlloc_v2");
     if (!init || !dev_get || !retain || !set_current || !alloc) {
         fprintf(stderr, "libcuda.so.1 lacks a driver function\n");
         return 1;

@@ -23,13 +23,20 @@ static int flags_of(const char *s) {
     char buf[128];
     snprintf(buf, sizeof buf, "%s", s);
     for (char *save = NULL, *t = strtok_r(buf, "+", &save); t; t = strtok_r(NULL, "+", &save)) {
-        if (!strcmp(t, "lazy")) f |= RTLD_LAZY;
-        else if (!strcmp(t, "now")) f |= RTLD_NOW;
-        else if (!strcmp(t, "global")) f |= RTLD_GLOBAL;
-        else if (!strcmp(t, "local")) f |= RTLD_LOCAL;
-        else if (!strcmp(t, "nodelete")) f |= RTLD_NODELETE;
-        else if (!strcmp(t, "noload")) f |= RTLD_NOLOAD;
-        else if (!strcmp(t, "deepbind")) f |= RTLD_DEEPBIND;
+        if (!strcmp(t, "lazy"))
+            f |= RTLD_LAZY;
+        else if (!strcmp(t, "now"))
+            f |= RTLD_NOW;
+        else if (!strcmp(t, "global"))
+            f |= RTLD_GLOBAL;
+        else if (!strcmp(t, "local"))
+            f |= RTLD_LOCAL;
+        else if (!strcmp(t, "nodelete"))
+            f |= RTLD_NODELETE;
+        else if (!strcmp(t, "noload"))
+            f |= RTLD_NOLOAD;
+        else if (!strcmp(t, "deepbind"))
+            f |= RTLD_DEEPBIND;
     }
     if ((f & (RTLD_LAZY | RTLD_NOW)) == 0) f |= RTLD_NOW;
     return f;
@@ -59,17 +66,23 @@ void *bypass_resolve(const char *route, const char *name) {
     if (!strncmp(route, "vdefault:", 9)) return dlvsym(RTLD_DEFAULT, name, route + 9);
     size_t i = 0;
     for (; i < sizeof opened / sizeof opened[0] && opened[i].handle; i++)
-        if (!strcmp(opened[i].route, route) && opened[i].soname == soname_of(name)) return dlsym(opened[i].handle, name);
-    if (!strcmp(route, "global")) h = dlopen(NULL, RTLD_NOW);
-    else if (!strcmp(route, "self")) h = dlopen("libvgpu_bypass_test.so", RTLD_NOW | RTLD_NOLOAD);
+        if (!strcmp(opened[i].route, route) && opened[i].soname == soname_of(name))
+            return dlsym(opened[i].handle, name);
+    if (!strcmp(route, "global"))
+        h = dlopen(NULL, RTLD_NOW);
+    else if (!strcmp(route, "self"))
+        h = dlopen("libvgpu_bypass_test.so", RTLD_NOW | RTLD_NOLOAD);
     else if (!strncmp(route, "cuda:", 5) || !strncmp(route, "nvml:", 5))
         h = dlopen(soname_of(name), flags_of(route + 5));
     else if (!strncmp(route, "vsym:", 5)) {
         h = dlopen(soname_of(name), RTLD_NOW);
         return h ? dlvsym(h, name, route + 5) : NULL;
-    } else if (!strcmp(route, "dlmopen_base")) h = dlmopen(LM_ID_BASE, soname_of(name), RTLD_NOW);
-    else if (!strcmp(route, "dlmopen_new")) h = dlmopen(LM_ID_NEWLM, soname_of(name), RTLD_NOW);
-    else if (!strncmp(route, "dlmopen_dep:", 12)) h = dlmopen(LM_ID_NEWLM, route + 12, RTLD_NOW);
+    } else if (!strcmp(route, "dlmopen_base"))
+        h = dlmopen(LM_ID_BASE, soname_of(name), RTLD_NOW);
+    else if (!strcmp(route, "dlmopen_new"))
+        h = dlmopen(LM_ID_NEWLM, soname_of(name), RTLD_NOW);
+    else if (!strncmp(route, "dlmopen_dep:", 12))
+        h = dlmopen(LM_ID_NEWLM, route + 12, RTLD_NOW);
     else {
         printf("route=%s unknown\n", route);
         return NULL;

@@ -27,11 +27,12 @@ typedef void *(*resolve_fn)(const char *route, const char *name);
 /* The whole of an allocation through one route: cuInit, a context, cuMemAlloc_v2 (a driver
  * copy in another namespace needs its own initialisation). -1: the route has no such function. */
 static int route_alloc(resolve_fn resolve, const char *route, size_t n) {
-    CUresult (*init)(unsigned) = (CUresult(*)(unsigned))resolve(route, "cuInit");
-    CUresult (*get)(CUdevice *, int) = (CUresult(*)(CUdevice *, int))resolve(route, "cuDeviceGet");
-    CUresult (*retain)(CUcontext *, CUdevice) = (CUresult(*)(CUcontext *, CUdevice))resolve(route, "cuDevicePrimaryCtxRetain");
-    CUresult (*set)(CUcontext) = (CUresult(*)(CUcontext))resolve(route, "cuCtxSetCurrent");
-    CUresult (*alloc)(CUdeviceptr *, size_t) = (CUresult(*)(CUdeviceptr *, size_t))resolve(route, "cuMemAlloc_v2");
+    CUresult (*init)(unsigned) = (CUresult (*)(unsigned))resolve(route, "cuInit");
+    CUresult (*get)(CUdevice *, int) = (CUresult (*)(CUdevice *, int))resolve(route, "cuDeviceGet");
+    CUresult (*retain)(CUcontext *, CUdevice) =
+        (CUresult (*)(CUcontext *, CUdevice))resolve(route, "cuDevicePrimaryCtxRetain");
+    CUresult (*set)(CUcontext) = (CUresult (*)(CUcontext))resolve(route, "cuCtxSetCurrent");
+    CUresult (*alloc)(CUdeviceptr *, size_t) = (CUresult (*)(CUdeviceptr *, size_t))resolve(route, "cuMemAlloc_v2");
     if (!init || !get || !retain || !set || !alloc) return -1;
     CUdevice dev;
     CUcontext ctx;
@@ -73,16 +74,16 @@ int main(int argc, char **argv) {
             size_t n = strtoull(route, &end, 0);
             printf("op=alloc route=%s rc=%d\n", end + 1, route_alloc(resolve, end + 1, n));
         } else if (!strcmp(op, "info")) {
-            CUresult (*fn)(size_t *, size_t *) = (CUresult(*)(size_t *, size_t *))resolve(route, "cuMemGetInfo_v2");
+            CUresult (*fn)(size_t *, size_t *) = (CUresult (*)(size_t *, size_t *))resolve(route, "cuMemGetInfo_v2");
             size_t free_b = 0, total = 0;
             int rc = fn ? (int)fn(&free_b, &total) : -1;
             printf("op=info route=%s rc=%d free=%zu total=%zu\n", route, rc, free_b, total);
         } else if (!strcmp(op, "nvml")) {
-            nvmlReturn_t (*init)(void) = (nvmlReturn_t(*)(void))resolve(route, "nvmlInit_v2");
+            nvmlReturn_t (*init)(void) = (nvmlReturn_t (*)(void))resolve(route, "nvmlInit_v2");
             nvmlReturn_t (*get)(unsigned, nvmlDevice_t *) =
-                (nvmlReturn_t(*)(unsigned, nvmlDevice_t *))resolve(route, "nvmlDeviceGetHandleByIndex_v2");
+                (nvmlReturn_t (*)(unsigned, nvmlDevice_t *))resolve(route, "nvmlDeviceGetHandleByIndex_v2");
             nvmlReturn_t (*mem)(nvmlDevice_t, nvmlMemory_t *) =
-                (nvmlReturn_t(*)(nvmlDevice_t, nvmlMemory_t *))resolve(route, "nvmlDeviceGetMemoryInfo");
+                (nvmlReturn_t (*)(nvmlDevice_t, nvmlMemory_t *))resolve(route, "nvmlDeviceGetMemoryInfo");
             nvmlDevice_t d;
             nvmlMemory_t m = {0};
             int rc = -1;

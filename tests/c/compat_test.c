@@ -23,11 +23,27 @@ static int ran;
 static void once_routine(void) { ran++; }
 
 int main(void) {
-    static const double cases[] = {0, 0.5, -0.5, 1.5, -1.5, 2.5, -2.5, 0.49999999999999994, -0.49999999999999994,
-                                   1e15 + 0.5, 4503599627370497.0, 123456.4999, -7.5, 9.2e18, -9.2e18, 1e300, -1e300};
+    static const double cases[] = {0,
+                                   0.5,
+                                   -0.5,
+                                   1.5,
+                                   -1.5,
+                                   2.5,
+                                   -2.5,
+                                   0.49999999999999994,
+                                   -0.49999999999999994,
+                                   1e15 + 0.5,
+                                   4503599627370497.0,
+                                   123456.4999,
+                                   -7.5,
+                                   9.2e18,
+                                   -9.2e18,
+                                   1e300,
+                                   -1e300};
     for (unsigned i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         double x = cases[i];
-        if (vgpu_compat_lround(x) != lround(x)) return printf("lround(%.17g): %ld, libm %ld\n", x, vgpu_compat_lround(x), lround(x)), 1;
+        if (vgpu_compat_lround(x) != lround(x))
+            return printf("lround(%.17g): %ld, libm %ld\n", x, vgpu_compat_lround(x), lround(x)), 1;
         float f = (float)x;
         if (vgpu_compat_llroundf(f) != llroundf(f)) return printf("llroundf(%.9g) differs\n", f), 1;
     }
@@ -41,7 +57,8 @@ int main(void) {
     /* the loaded-object lookup (what an old glibc without libdl at start uses) */
     void *mine = vgpu_compat_dl_sym("dlsym", VGPU_GLIBC_BASE);
     void *theirs = dlvsym(RTLD_DEFAULT, "dlsym", VGPU_GLIBC_BASE);
-    if (mine == NULL || mine != theirs) return printf("dlsym@%s: %p, dynamic linker %p\n", VGPU_GLIBC_BASE, mine, theirs), 1;
+    if (mine == NULL || mine != theirs)
+        return printf("dlsym@%s: %p, dynamic linker %p\n", VGPU_GLIBC_BASE, mine, theirs), 1;
     printf("ok\n");
     return 0;
 }

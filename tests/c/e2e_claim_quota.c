@@ -16,13 +16,13 @@
 
 #include "vgpu/cuda_api.h"
 
-#define CHECK(call)                                                      \
-    do {                                                                 \
-        CUresult rc_ = (call);                                           \
-        if (rc_ != CUDA_SUCCESS) {                                       \
-            fprintf(stderr, "%s failed: %d\n", #call, (int)rc_);         \
-            return 2;                                                    \
-        }                                                                \
+#define CHECK(call)                                                                                                    \
+    do {                                                                                                               \
+        CUresult rc_ = (call);                                                                                         \
+        if (rc_ != CUDA_SUCCESS) {                                                                                     \
+            fprintf(stderr, "%s failed: %d\n", #call, (int)rc_);                                                       \
+            return 2;                                                                                                  \
+        }                                                                                                              \
     } while (0)
 
 static int setup(void) {

@@ -4,8 +4,7 @@
 
 /* The function an entry point from cuGetProcAddress jumps to: the simulator, like NVIDIA's driver,
  * hands out internal entry points (trampolines) rather than its exported symbols. */
-static inline void *entry_target(void *fn)
-{
+static inline void *entry_target(void *fn) {
     const unsigned char *b = (const unsigned char *)fn;
 #if defined(__x86_64__)
     if (b && b[0] == 0xff && b[1] == 0x25 && b[2] == 0 && b[3] == 0 && b[4] == 0 && b[5] == 0) {
@@ -14,7 +13,7 @@ static inline void *entry_target(void *fn)
         return t;
     }
 #elif defined(__aarch64__)
-    static const unsigned int code[2] = { 0x58000050u, 0xd61f0200u };
+    static const unsigned int code[2] = {0x58000050u, 0xd61f0200u};
     if (b && __builtin_memcmp(b, code, sizeof code) == 0) {
         void *t;
         __builtin_memcpy(&t, b + 8, sizeof t);

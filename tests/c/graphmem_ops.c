@@ -87,11 +87,11 @@ typedef CUresult (*trim_fn)(CUdevice);
 typedef CUresult (*load_data_fn)(CUmodule *, const void *);
 typedef CUresult (*load_file_fn)(CUmodule *, const char *);
 typedef CUresult (*unload_fn)(CUmodule);
-typedef CUresult (*lib_load_fn)(CUlibrary *, const void *, CUjit_option *, void **, unsigned int, CUlibraryOption *, void **,
-                               unsigned int);
+typedef CUresult (*lib_load_fn)(CUlibrary *, const void *, CUjit_option *, void **, unsigned int, CUlibraryOption *,
+                                void **, unsigned int);
 typedef CUresult (*lib_unload_fn)(CUlibrary);
-typedef CUresult (*lib_file_fn)(CUlibrary *, const char *, CUjit_option *, void **, unsigned int, CUlibraryOption *, void **,
-                               unsigned int);
+typedef CUresult (*lib_file_fn)(CUlibrary *, const char *, CUjit_option *, void **, unsigned int, CUlibraryOption *,
+                                void **, unsigned int);
 typedef CUresult (*ctx_destroy_fn)(CUcontext);
 
 int main(int argc, char **argv) {
@@ -118,8 +118,7 @@ int main(int argc, char **argv) {
         } else if (!strcmp(op, "ready")) {
             printf("ready\n");
             char c;
-            while (read(0, &c, 1) > 0) {
-            }
+            while (read(0, &c, 1) > 0) {}
         } else if (!strcmp(op, "freeall")) {
         } else if (!strcmp(op, "route")) {
             snprintf(route, sizeof route, "%s", arg);

@@ -24,11 +24,12 @@ int main(int argc, char **argv) {
     CUdevice dev;
     CUcontext ctx;
     CUdeviceptr p;
-    CUresult rc = CALL(cuInit, CUresult(*)(unsigned))(0);
-    if (rc == CUDA_SUCCESS) rc = CALL(cuDeviceGet, CUresult(*)(CUdevice *, int))(&dev, 0);
-    if (rc == CUDA_SUCCESS) rc = CALL(cuDevicePrimaryCtxRetain, CUresult(*)(CUcontext *, CUdevice))(&ctx, dev);
-    if (rc == CUDA_SUCCESS) rc = CALL(cuCtxSetCurrent, CUresult(*)(CUcontext))(ctx);
-    if (rc == CUDA_SUCCESS) rc = CALL(cuMemAlloc_v2, CUresult(*)(CUdeviceptr *, size_t))(&p, strtoull(argv[1], NULL, 0));
+    CUresult rc = CALL(cuInit, CUresult (*)(unsigned))(0);
+    if (rc == CUDA_SUCCESS) rc = CALL(cuDeviceGet, CUresult (*)(CUdevice *, int))(&dev, 0);
+    if (rc == CUDA_SUCCESS) rc = CALL(cuDevicePrimaryCtxRetain, CUresult (*)(CUcontext *, CUdevice))(&ctx, dev);
+    if (rc == CUDA_SUCCESS) rc = CALL(cuCtxSetCurrent, CUresult (*)(CUcontext))(ctx);
+    if (rc == CUDA_SUCCESS)
+        rc = CALL(cuMemAlloc_v2, CUresult (*)(CUdeviceptr *, size_t))(&p, strtoull(argv[1], NULL, 0));
     printf("alloc=%d\n", (int)rc);
     return 0;
 }

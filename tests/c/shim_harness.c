@@ -66,8 +66,10 @@ int main(int argc, char **argv) {
         for (int i = 2; i < argc; i++) {
             uint64_t v;
             const char *why;
-            if (vgpu_parse_bytes(argv[i], &v, &why) == 0) printf("OK %llu\n", (unsigned long long)v);
-            else printf("ERR %s\n", why);
+            if (vgpu_parse_bytes(argv[i], &v, &why) == 0)
+                printf("OK %llu\n", (unsigned long long)v);
+            else
+                printf("ERR %s\n", why);
         }
         return 0;
     }

@@ -170,7 +170,8 @@ int main(int argc, char **argv) {
         } else if (!strcmp(op, "release") || !strcmp(op, "reset")) { /* the primary context */
             CUdevice d;
             rc = cuDeviceGet(&d, nf > 1 ? atoi(f[1]) : 0);
-            if (rc == CUDA_SUCCESS) rc = !strcmp(op, "release") ? cuDevicePrimaryCtxRelease_v2(d) : cuDevicePrimaryCtxReset_v2(d);
+            if (rc == CUDA_SUCCESS)
+                rc = !strcmp(op, "release") ? cuDevicePrimaryCtxRelease_v2(d) : cuDevicePrimaryCtxReset_v2(d);
         } else if (!strcmp(op, "info")) {
             size_t fr = 0, t = 0;
             rc = cuMemGetInfo_v2(&fr, &t);
@@ -188,8 +189,7 @@ int main(int argc, char **argv) {
         } else if (!strcmp(op, "ready")) {
             printf("ready\n");
             char c;
-            while (read(0, &c, 1) > 0) {
-            }
+            while (read(0, &c, 1) > 0) {}
         } else if (!strcmp(op, "alloc")) {
             CUdeviceptr p;
             rc = cuMemAlloc_v2(&p, num(f[1]));
@@ -248,8 +248,8 @@ int main(int argc, char **argv) {
                 rc = cuArrayCreate_v2(&a, &d);
                 if (rc == CUDA_SUCCESS) push(K_ARRAY, (uintptr_t)a);
             } else {
-                CUDA_ARRAY3D_DESCRIPTOR d = {num(f[1]), num(f[2]), !strcmp(op, "array3d") ? num(f[3]) : 0,
-                                             CU_AD_FORMAT_FLOAT, 4, 0};
+                CUDA_ARRAY3D_DESCRIPTOR d = {num(f[1]),          num(f[2]), !strcmp(op, "array3d") ? num(f[3]) : 0,
+                                             CU_AD_FORMAT_FLOAT, 4,         0};
                 if (!strcmp(op, "array3d")) {
                     CUarray a;
                     rc = cuArray3DCreate_v2(&a, &d);
@@ -307,7 +307,7 @@ int main(int argc, char **argv) {
             CUdeviceptr va = 0;
             size_t size = num(f[1]);
             rc = top > 0 && stack[top - 1].kind == K_HANDLE ? cuMemAddressReserve(&va, size, 0, 0, 0)
-                                                           : CUDA_ERROR_INVALID_VALUE;
+                                                            : CUDA_ERROR_INVALID_VALUE;
             if (rc == CUDA_SUCCESS) rc = cuMemMap(va, size, 0, (CUmemGenericAllocationHandle)stack[top - 1].h, 0);
             if (rc == CUDA_SUCCESS) rc = cuMemUnmap(va, size);
             if (va) cuMemAddressFree(va, size);
@@ -352,7 +352,7 @@ int main(int argc, char **argv) {
             }
         } else if (!strcmp(op, "freeasync")) { /* cuMemFreeAsync of the top object, no synchronisation */
             rc = top > 0 && stack[top - 1].kind == K_ASYNC ? cuMemFreeAsync((CUdeviceptr)stack[--top].h, stream)
-                                                          : CUDA_ERROR_INVALID_VALUE;
+                                                           : CUDA_ERROR_INVALID_VALUE;
         } else if (!strcmp(op, "freeall")) {
             while (top > 0 && rc == CUDA_SUCCESS) rc = release(stack[--top]);
         } else if (!strcmp(op, "dlsym") || !strcmp(op, "dlsym_is")) {
@@ -376,8 +376,8 @@ int main(int argc, char **argv) {
                 Dl_info info;
                 void *t = entry_target(fn);
                 int real = t && dladdr(t, &info) && info.dli_fname && strstr(info.dli_fname, "libcuda.so");
-                snprintf(extra, sizeof extra, "same=%d real=%d status=%d internal=%d", t != NULL && t == dlsym(RTLD_DEFAULT, f[4]),
-                         real, (int)st, t != fn);
+                snprintf(extra, sizeof extra, "same=%d real=%d status=%d internal=%d",
+                         t != NULL && t == dlsym(RTLD_DEFAULT, f[4]), real, (int)st, t != fn);
             }
         } else if (!strcmp(op, "stress")) {
             int nt = atoi(f[1]);

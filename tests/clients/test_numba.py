@@ -4,6 +4,7 @@ cap held for its kernel launches (programs/numba_client.py)."""
 
 from __future__ import annotations
 
+import json
 import re
 
 from tests.clients.conftest import Client
@@ -11,8 +12,12 @@ from tests.sim.simhelp import CONTEXT_MEMORY
 
 
 def test_jit_kernels_forall_pinned_and_mapped_arrays(client: Client) -> None:
-    out = client.run("numba_client.py", "basic")
-    assert "basic ok" in out
+    """Data round-trips through device, pinned and mapped arrays; a kernel of one wave of
+    sim_2000us takes its 2 ms on the device timeline; the context reports its memory."""
+    got = json.loads(client.run("numba_client.py", "basic").splitlines()[-1])
+    assert got["roundtrip"] is True and got["pinned_value"] == 3.0, got
+    assert 1.9 < got["kernel_ms"] < 2.5, got  # one wave of sim_2000us
+    assert 0 < got["free"] < got["total"], got
 
 
 def test_device_arrays_up_to_and_past_the_quota(client: Client) -> None:

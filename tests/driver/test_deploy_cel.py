@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 import yaml
 
+from sharing.kubequantity import parse_bytes
 from sharing.plan.cel_eval import SelectorEvaluator
 from sharing.plan.loader import load_slices
 from sharing.plan.model import Device
 from sharing.policy import from_document
-from sharing.quantity import parse_bytes
 from tests.driver.test_deploy import DEPLOY, examples, of_kind
 from tests.driver.test_main_e2e import (
     DRIVER,

@@ -220,7 +220,7 @@ def test_open_health_streams_do_not_starve_prepare(root: Path, server: FakeApiSe
         assert kubelet.unprepare([c]) == {c.uid: ""}
         # A closed stream frees its slot for the next one.
         streams[0].cancel()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60  # a liveness bound (a slot never freed), not a speed one
         while True:
             again = stub.NodeWatchResources(pb.NodeWatchResourcesRequest(), timeout=30)
             try:

@@ -29,10 +29,10 @@ from driver.main import (
     EXIT_OK,
     EXIT_STARTUP,
     EXIT_USAGE,
-    MODE_FILE,
     Plugin,
     main,
 )
+from sharing.claimlayout import MODE_FILE
 from sharing.gpus import GpuInfo
 from tests.fakes.apiserver import FakeApiServer
 from tests.fakes.nvml import FakeNvml

@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
+from sharing.claimlayout import MODE_FILE
 from sharing.paths import ArtefactMissingError, sim_lib_dir
 from tests.driver.kubelet_standin import KubeletStandin, allocated_claim, claim_id, result
 from tests.fakes.apiserver import FakeApiServer, RecordedRequest, free_port, parse_quantity
@@ -297,7 +298,7 @@ def test_sigterm_while_api_server_is_down(
 ) -> None:
     write_config(root / "simgpu.json", [device(0)])
     (root / "data").mkdir()
-    (root / "data" / "publish-mode").write_text("sharing\n")
+    (root / "data" / MODE_FILE).write_text("sharing\n")
     server.down()
     p = PluginProcess(server, root)
     try:

@@ -142,7 +142,7 @@ def test_prepare_sharing_v1_writes_valid_spec_with_limits(world: World) -> None:
         "CUDA_DEVICE_MEMORY_LIMIT_0": str(4 * GiB),
         "CUDA_DEVICE_SM_LIMIT_0": "30",
         "VGPU_COMPUTE_POLICY": "hard",
-        "CUDA_TASK_PRIORITY": "1",
+        "VGPU_PRIORITY": "1",
         "CUDA_DEVICE_MEMORY_SHARED_CACHE": "/run/vgpu-sharing/accounting",
         "VGPU_NODE_STATE_DIR": "/run/vgpu-node",
         "VGPU_DEMAND_FILE": "/run/vgpu-demand",

@@ -54,12 +54,12 @@ def test_fractional_cores_rejected() -> None:
     [
         ({"memory": "lots"}, "consumed memory: 'lots' is not a quantity"),
         ({"memory": "4g"}, "consumed memory: '4g' is not a quantity"),  # the shim's g
-        ({"memory": "1500m"}, "consumed memory: '1500m' is not a whole number of bytes"),
+        ({"memory": "1500m"}, "consumed memory: '1500m' is 1.5 bytes, not a whole number of bytes"),
         ({"memory": "81Gi"}, "outside 1 B..80.0 GiB"),
         ({"cores": "0"}, "cores '0' invalid"),
         ({"cores": "101"}, "cores '101' invalid"),
         ({"cores": "x"}, "cores 'x' is not a number"),
-        ({"memory": "Infinity"}, "consumed memory: 'Infinity' is out of range"),
+        ({"memory": "Infinity"}, "consumed memory: 'Infinity' is not a quantity"),
         ({"memory": "1e400"}, "consumed memory: '1e400' is out of range"),
         # turned into an int, this one would take the plugin's memory and time
         ({"memory": "1e4000000000"}, "consumed memory: '1e4000000000' is out of range"),
@@ -146,9 +146,9 @@ def test_conflicting_policies_between_requests() -> None:
         ({"apiVersion": "vgpu.sharing.dev/v1alpha1", "kind": "VgpuConfig", "priority": 1.5}, "priority 1.5 invalid"),
         ({"apiVersion": "vgpu.sharing.dev/v1alpha1", "kind": "VgpuConfig", "memoryLimitOverride": "0"}, "more than 0 bytes"),
         ({"apiVersion": "vgpu.sharing.dev/v1alpha1", "kind": "VgpuConfig", "memoryLimitOverride": "1.5x"}, "'1.5x' is not a quantity"),
-        ({"apiVersion": "vgpu.sharing.dev/v1alpha1", "kind": "VgpuConfig", "memoryLimitOverride": "512m"}, "'512m' is not a whole number of bytes"),
+        ({"apiVersion": "vgpu.sharing.dev/v1alpha1", "kind": "VgpuConfig", "memoryLimitOverride": "512m"}, "'512m' is 0.512 bytes, not a whole number of bytes"),
         ({"apiVersion": "vgpu.sharing.dev/v1alpha1", "kind": "VgpuConfig", "memoryLimitOverride": [1]}, "memoryLimitOverride [1] invalid"),
-        ({"apiVersion": "vgpu.sharing.dev/v1alpha1", "kind": "VgpuConfig", "memoryLimitOverride": "Infinity"}, "'Infinity' is out of range"),
+        ({"apiVersion": "vgpu.sharing.dev/v1alpha1", "kind": "VgpuConfig", "memoryLimitOverride": "Infinity"}, "'Infinity' is not a quantity"),
         ({"apiVersion": "vgpu.sharing.dev/v1alpha1", "kind": "VgpuConfig", "memoryLimitOverride": "1e400"}, "'1e400' is out of range"),
     ],
 )  # fmt: skip

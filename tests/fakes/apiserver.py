@@ -55,6 +55,8 @@ import kubernetes.client
 import kubernetes_validate
 import yaml
 
+from sharing import kubequantity
+
 VALIDATE_VERSIONS: tuple[str, ...] = ("1.34", "1.35")
 
 
@@ -156,39 +158,11 @@ def _invalid(rt: ResourceType, name: str, causes: list[tuple[str, str]]) -> ApiE
 
 # --- quantities, names and semver, as the real validation defines them ---------------------------
 
-_QUANTITY = re.compile(
-    r"^([+-]?[0-9]+(?:\.[0-9]*)?|[+-]?\.[0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?$"
-)
-_SUFFIX: dict[str, Fraction] = {
-    "": Fraction(1),
-    "n": Fraction(1, 10**9),
-    "u": Fraction(1, 10**6),
-    "m": Fraction(1, 1000),
-    "k": Fraction(10**3),
-    "M": Fraction(10**6),
-    "G": Fraction(10**9),
-    "T": Fraction(10**12),
-    "P": Fraction(10**15),
-    "E": Fraction(10**18),
-    "Ki": Fraction(2**10),
-    "Mi": Fraction(2**20),
-    "Gi": Fraction(2**30),
-    "Ti": Fraction(2**40),
-    "Pi": Fraction(2**50),
-    "Ei": Fraction(2**60),
-}
-
 
 def parse_quantity(value: Any) -> Fraction:
-    """A Kubernetes quantity (string or number) as an exact fraction; ValueError if malformed."""
-    if isinstance(value, bool):
-        raise ValueError(f"{value!r} is not a quantity")
-    if isinstance(value, int | float):
-        return Fraction(value)
-    m = _QUANTITY.match(str(value))
-    if not m:
-        raise ValueError(f"{value!r} is not a quantity")
-    return Fraction(m.group(1)) * _SUFFIX[m.group(2) or ""]
+    """A Kubernetes quantity (string or number) as an exact fraction; ValueError if malformed
+    (the project's one Kubernetes-quantity rule, sharing/kubequantity.py)."""
+    return Fraction(kubequantity.parse(value))
 
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")

@@ -55,6 +55,7 @@ def _promtool() -> str:
 def test_promtool_checks_the_rules() -> None:
     r = subprocess.run([_promtool(), "check", "rules", str(RULES)], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
+    assert f"SUCCESS: {len(rules())} rules found" in r.stdout, r.stdout
 
 
 def test_promtool_unit_tests_every_alert() -> None:

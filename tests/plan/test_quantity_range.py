@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from sharing.plan.quantity import QuantityError, parse
+from sharing.kubequantity import KubeQuantityError as QuantityError
+from sharing.kubequantity import parse
 
 
 @pytest.mark.parametrize("text", ["Infinity", "-Infinity", "NaN", "1e400", "1e4000000000",
@@ -14,7 +15,8 @@ from sharing.plan.quantity import QuantityError, parse
 def test_out_of_range_quantities_are_one_line(text: str) -> None:
     with pytest.raises(QuantityError) as e:
         parse(text)
-    assert str(e.value) == f"{text!r} is out of range (a quantity below 2^64, e.g. 4Gi)"
+    assert str(e.value).startswith(f"{text!r} is ")
+    assert "\n" not in str(e.value) and "below 2^64" in str(e.value)
 
 
 def test_the_largest_quantity_still_parses() -> None:

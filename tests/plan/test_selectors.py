@@ -137,7 +137,7 @@ def test_runtime_errors_say_what_went_wrong() -> None:
     ev = SelectorEvaluator()
     d = _device("GPU-0", 1)
     assert ev.matches(ev.compile('quantity("abc") == quantity("1")'), d) == (
-        "CEL runtime error: return error for overflow: 'abc' is not a quantity (e.g. 4Gi, 100, 500m)"
+        "CEL runtime error: return error for overflow: 'abc' is not a quantity; allowed: a Kubernetes quantity (e.g. 4Gi, 512Mi, 4G, 1500k, 1e9) below 2^64"
     )
     assert ev.matches(ev.compile("1/0 == 1"), d) == (
         "CEL runtime error: modulus or divide by zero: integer division or modulo by zero"

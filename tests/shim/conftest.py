@@ -22,7 +22,11 @@ def _build_harness(out_dir: Path, extra: list[str]) -> Path:
     sources = sorted(SHIM_SRC.glob("*.c"))
     src = REPO / "tests" / "c" / "shim_harness.c"
     key = hashlib.sha256(
-        b"".join(p.read_bytes() for p in [src, *sources, *sorted(SHIM_SRC.glob("*.[hd]*"))])
+        b"".join(
+            p.read_bytes()
+            for p in [src, *sources, *sorted(SHIM_SRC.glob("*.[hd]*")), *sorted(INCLUDE.rglob("*"))]
+            if p.is_file()
+        )
         + " ".join(extra).encode()
     ).hexdigest()[:12]
     out = out_dir / f"shim_harness-{key}"

@@ -1,4 +1,4 @@
-"""The observers' counters in the accounting file (layout 4): denials in count and bytes, peak,
+"""The observers' counters in the accounting file: denials in count and bytes, peak,
 and the compute gate's launches / charged time / held-back time, read without the lock."""
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ import pytest
 from sharing._region_cffi import ffi
 
 from sharing import region
+from sharing.limitsfile import render_limits_file
 from sharing.paths import shim_library
 from tests.shim.conftest import parse_ops
 
@@ -93,16 +94,19 @@ def write_limits(shim_dir: Path, text: str) -> Path:
     return p
 
 
+def complete(memory: int, acct: Path, **extra: str) -> str:
+    """A limits file as the plugin writes it (every required key), with extra entries."""
+    text = render_limits_file(
+        memory_limits=[memory], sm_limits=[100], policy="hard", priority=1, shared_cache=str(acct)
+    )
+    return text + "".join(f"{k}={v}\n" for k, v in extra.items())
+
+
 def test_limits_file_overrides_every_tenant_setting(
     shim_ops: Path, shim_env: dict[str, str], shim_dir: Path, tmp_path: Path
 ) -> None:
     acct = tmp_path / "acct"
-    write_limits(
-        shim_dir,
-        "# written by the plugin\n"
-        f"CUDA_DEVICE_MEMORY_LIMIT_0={64 * MiB}\n"
-        f"CUDA_DEVICE_MEMORY_SHARED_CACHE={acct}\n",
-    )
+    write_limits(shim_dir, complete(64 * MiB, acct))
     elsewhere = tmp_path / "tenant.region"
     env = dict(shim_env, **HOSTILE_ENV, LD_PRELOAD=str(shim_dir / "libvgpu.so"))
     env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = str(elsewhere)
@@ -119,11 +123,11 @@ def test_limits_file_overrides_every_tenant_setting(
     assert "CUDA_DEVICE_MEMORY_SHARED_CACHE" in ignored[0]
 
 
-def test_limits_file_without_a_limit_still_ignores_the_kill_switch(
-    shim_ops: Path, shim_env: dict[str, str], shim_dir: Path
+def test_limits_file_still_ignores_the_kill_switch(
+    shim_ops: Path, shim_env: dict[str, str], shim_dir: Path, tmp_path: Path
 ) -> None:
     """CUDA_DISABLE_CONTROL=1 from the tenant: not honoured when the plugin's file is there."""
-    write_limits(shim_dir, f"CUDA_DEVICE_MEMORY_LIMIT={16 * MiB}\n")
+    write_limits(shim_dir, complete(16 * MiB, tmp_path / "acct"))
     env = dict(shim_env, CUDA_DISABLE_CONTROL="1", LD_PRELOAD=str(shim_dir / "libvgpu.so"))
     res, _ = run(shim_ops, env, "init", "ctx", f"alloc:{32 * MiB}", setup=plugin_mounts(shim_dir))
     assert res[2]["rc"] == "2"
@@ -132,16 +136,23 @@ def test_limits_file_without_a_limit_still_ignores_the_kill_switch(
 @pytest.mark.parametrize(
     ("content", "message"),
     [
-        ("CUDA_DEVICE_MEMORY_LIMIT_0=lots\n", 'CUDA_DEVICE_MEMORY_LIMIT_0="lots" is invalid'),
-        ("just words\n", "not a KEY=VALUE line"),
-        ("CUDA_DEVICE_SM_LIMIT_64=30\n", "not a device index"),
-        ("CUDA_DEVICE_SM_LIMIT_0=\n", "not a percentage"),
+        ({"CUDA_DEVICE_MEMORY_LIMIT_1": "lots"}, "CUDA_DEVICE_MEMORY_LIMIT_1=lots invalid"),
+        ({"just words": ""}, "not a KEY=VALUE line"),
+        ({"CUDA_DEVICE_SM_LIMIT_64": "30"}, "key CUDA_DEVICE_SM_LIMIT_64 unknown"),
+        ({"CUDA_DISABLE_CONTROL": "1"}, "key CUDA_DISABLE_CONTROL unknown"),
+        ({"CUDA_DEVICE_MEMORY_LIMIT_1": "1"}, "must name the same devices"),
     ],
 )
 def test_a_bad_limits_file_fails_closed(
-    shim_ops: Path, shim_env: dict[str, str], shim_dir: Path, content: str, message: str
+    shim_ops: Path,
+    shim_env: dict[str, str],
+    shim_dir: Path,
+    tmp_path: Path,
+    content: dict[str, str],
+    message: str,
 ) -> None:
-    write_limits(shim_dir, content)
+    text = complete(MiB, tmp_path / "acct", **content).replace("just words=\n", "just words\n")
+    write_limits(shim_dir, text)
     env = dict(shim_env, CUDA_DISABLE_CONTROL="1", LD_PRELOAD=str(shim_dir / "libvgpu.so"))
     res, lines = run(shim_ops, env, "init", f"alloc:{MiB}", setup=plugin_mounts(shim_dir))
     assert res[0]["rc"] == "1" and res[1]["rc"] != "0"
@@ -213,7 +224,7 @@ def test_moving_the_plugins_mounts_aside(
 ) -> None:
     """Container root renames the directory holding the plugin's read-only mounts (allowed: it
     is not itself a mount point) and puts its own in its place."""
-    write_limits(shim_dir, f"CUDA_DEVICE_MEMORY_LIMIT={16 * MiB}\n")
+    write_limits(shim_dir, complete(16 * MiB, shim_dir.parent / "acct"))
     d = shlex.quote(str(shim_dir))
     setup = plugin_mounts(shim_dir) + " && " + MOVE_ASIDE.format(d=d)
     if forged:

@@ -44,7 +44,7 @@ def test_shim_environment_agrees_with_the_table(shim_harness: Path) -> None:
 def _limits_file(value: str) -> str:
     return (
         f"CUDA_DEVICE_MEMORY_LIMIT_0=1024\nCUDA_DEVICE_SM_LIMIT_0={value}\n"
-        "VGPU_COMPUTE_POLICY=hard\nCUDA_TASK_PRIORITY=1\nCUDA_DEVICE_MEMORY_SHARED_CACHE=/r\n"
+        "VGPU_COMPUTE_POLICY=hard\nVGPU_PRIORITY=1\nCUDA_DEVICE_MEMORY_SHARED_CACHE=/r\n"
     )
 
 

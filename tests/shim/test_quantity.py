@@ -10,7 +10,8 @@ import pytest
 
 from sharing import run
 from sharing.quantity import QuantityError, parse_bytes
-from tests.shim.quantity_cases import C_ONLY_REJECTED, CASES
+from tests.shim.quantity_cases import C_ONLY_REJECTED
+from tests.shim.quantity_cases import HAMI as CASES
 
 
 def _python(text: str) -> int | None:
@@ -44,7 +45,10 @@ def test_c_parser_agrees_with_the_table(shim_harness: Path) -> None:
 @pytest.mark.parametrize(("text", "expected"), CASES)
 def test_vgpu_run_memory_agrees_with_the_table(text: str, expected: int | None) -> None:
     """`vgpu run --memory` takes what the shim takes and passes it on as bytes; 0 is the
-    shim's "no limit" and reaches it as 0."""
+    shim's "no limit" and reaches it as 0; a quota below any allocation (a missing unit) is
+    refused."""
+    if expected is not None and 0 < expected < run.MIN_QUOTA:
+        expected = None
     ap = argparse.ArgumentParser()
     run.register(ap.add_subparsers())
     args = ap.parse_args(["run", f"--memory={text}", "--", "true"])

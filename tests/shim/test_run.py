@@ -229,3 +229,35 @@ def test_region_limits_beside_the_file_for_observers(
     assert r.returncode == 0 and parse_ops(r.stdout)[2]["rc"] == "2", r.stdout + r.stderr
     assert r.stderr.count("cannot write") == 1, r.stderr
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp file
+
+
+@pytest.mark.parametrize(
+    ("extra", "policy", "priority"),
+    [
+        ({}, "hard", "1"),
+        ({"GPU_CORE_UTILIZATION_POLICY": "disable"}, "off", "1"),
+        ({"GPU_CORE_UTILIZATION_POLICY": "DEFAULT", "CUDA_TASK_PRIORITY": "3"}, "elastic", "3"),
+        (
+            {"VGPU_COMPUTE_POLICY": "Elastic", "GPU_CORE_UTILIZATION_POLICY": "force"},
+            "elastic",
+            "1",
+        ),
+        ({"VGPU_PRIORITY": "-2", "CUDA_TASK_PRIORITY": "3"}, "hard", "-2"),
+    ],
+)
+def test_region_limits_show_the_policy_the_shim_enforces(
+    tmp_path: Path, extra: dict[str, str], policy: str, priority: str
+) -> None:
+    """FILE.limits says what the shim reads from CMD's environment, HAMi's spellings included
+    (VGPU_COMPUTE_POLICY over GPU_CORE_UTILIZATION_POLICY, VGPU_PRIORITY over CUDA_TASK_PRIORITY)."""
+    from sharing.limitsfile import parse_limits_file
+    from sharing.run import write_region_limits
+
+    reg = tmp_path / "r.region"
+    env = {"CUDA_DEVICE_MEMORY_LIMIT": "1g", "CUDA_DEVICE_SM_LIMIT_1": "20", **extra}
+    write_region_limits(str(reg), env)
+    limits = parse_limits_file((tmp_path / "r.region.limits").read_text())
+    assert limits["VGPU_COMPUTE_POLICY"] == policy
+    assert limits["VGPU_PRIORITY"] == priority
+    assert limits["CUDA_DEVICE_MEMORY_LIMIT_1"] == str(1024 * MiB)
+    assert (limits["CUDA_DEVICE_SM_LIMIT_0"], limits["CUDA_DEVICE_SM_LIMIT_1"]) == ("100", "20")

@@ -148,36 +148,53 @@ def test_killed_process_memory_returns_at_next_allocation(
     assert res[2]["rc"] == "0"
 
 
-def test_startup_does_not_serialise(
+def test_64_processes_start_at_once(
     shim_ops: Path, shim_env: dict[str, str], tmp_path: Path
 ) -> None:
-    """64 processes starting at once: each one's first-call shim setup stays small."""
+    """64 processes of one slice starting at once: every one sets up, claims a slot of its own
+    and is charged exactly once, and none had to take the accounting lock over from another (a
+    start that waited on a stuck neighbour would). How long set-up takes under such a start is
+    measured, not asserted: benchmarks/bench_shim_memory.py, BENCHMARKS.md."""
     reg = tmp_path / "slice.region"
     env = dict(
         shim_env,
-        CUDA_DEVICE_MEMORY_LIMIT="64Mi",
+        CUDA_DEVICE_MEMORY_LIMIT="1Gi",
         CUDA_DEVICE_MEMORY_SHARED_CACHE=str(reg),
         LIBCUDA_LOG_LEVEL="4",
+        SIMGPU_CONTEXT_MEMORY="0",
     )
     procs = [
         subprocess.Popen(
-            [str(shim_ops), "init"],
+            [str(shim_ops), "init", "ctx", f"alloc:{MiB}", "ready", "freeall"],
             env=env,
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
         for _ in range(64)
     ]
-    setup = []
-    for p in procs:
-        _, err = p.communicate(timeout=60)
-        assert p.returncode == 0
-        setup += [int(x.split()[-2]) for x in err.splitlines() if x.startswith("vgpu: setup took")]
-    assert len(setup) == 64
-    setup.sort()
-    # generous bounds for a loaded 2-core test machine; benchmarks/ measures the real figures
-    assert setup[32] < 2_000_000 and setup[63] < 50_000_000
+    try:
+        for p in procs:  # every one is up and holds its MiB before any lets go
+            assert p.stdout is not None
+            lines = []
+            for line in p.stdout:
+                if line.strip() == "ready":
+                    break
+                lines.append(line)
+            assert [r["rc"] for r in parse_ops("".join(lines))] == ["0", "0", "0"], lines
+        snap = region.read(reg)
+        live = [x for x in snap.processes if x.alive]
+        assert sorted(x.pid for x in live) == sorted(p.pid for p in procs)
+        assert len({x.slot for x in live}) == 64
+        [each] = {x.used[0] for x in live}  # one MiB as the driver takes it (its page)
+        assert each >= MiB and snap.devices[0].used == snap.used_by_live(0) == 64 * each
+        assert snap.lock_recoveries == 0
+    finally:
+        errs = [p.communicate(timeout=60)[1] for p in procs]
+    assert all(p.returncode == 0 for p in procs), errs
+    assert sum(1 for e in errs for x in e.splitlines() if x.startswith("vgpu: setup took")) == 64
+    assert not [x for e in errs for x in e.splitlines() if "taken over" in x]
 
 
 def test_fork_child_does_not_keep_the_parent_alive(

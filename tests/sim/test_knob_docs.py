@@ -1,5 +1,5 @@
 """docs/simulator.md's knob table lists every knob the simulator reads, each with the
-real-hardware fact it stands for (issue 12: a fidelity knob without its fact is a guess)."""
+real-hardware fact it stands for (a fidelity knob without its fact is a guess)."""
 
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ cuda_core_client.py graphquota N   such graphs of 128 MiB each until a launch is
 
 from __future__ import annotations
 
+import json
 import sys
 
 from cuda.core import (
@@ -44,6 +45,7 @@ def basic() -> None:
     stream = dev.create_stream()
     arch = "".join(str(v) for v in dev.compute_capability)
     opts = ProgramOptions(std="c++17", arch=f"sm_{arch}")
+    seen: dict[str, object] = {}
     for target in ("ptx", "cubin"):
         prog = Program(SOURCE, code_type="c++", options=opts)  # one compilation per program
         mod = prog.compile(target, name_expressions=("sim_300us<float>",))
@@ -51,23 +53,30 @@ def basic() -> None:
         t = mod.get_kernel("sim_300us<float>")  # a mangled template instance
         buf = dev.memory_resource.allocate(4 * 132 * 128, stream=stream)
         cfg = LaunchConfig(grid=132, block=128)
+        # The device is kept busy (100 ms of kernels) while the host enqueues what is measured:
+        # each event is then taken when the kernel before it ends, not when a slow host gets
+        # to it, so the durations are the kernels' own however loaded the machine is.
+        for _ in range(100):
+            launch(stream, cfg, k, buf, 132 * 128)
         e0 = stream.record(options={"timing_enabled": True})
         launch(stream, cfg, k, buf, 132 * 128)
         e1 = stream.record(options={"timing_enabled": True})
         launch(stream, cfg, t, buf)
         e2 = stream.record(options={"timing_enabled": True})
         e2.sync()
-        k_ms, t_ms = e1 - e0, e2 - e1
-        assert 0.95 < k_ms < 1.3 and 0.28 < t_ms < 0.45, (target, k_ms, t_ms)
-        assert k.attributes.max_threads_per_block == 1024
+        seen[target] = {
+            "kernel_ms": e1 - e0,
+            "template_ms": e2 - e1,
+            "max_threads_per_block": k.attributes.max_threads_per_block,
+        }
         buf.close(stream)
-        print(f"{target} ok kernel_ms={k_ms:.3f} template_ms={t_ms:.3f}")
     pinned = LegacyPinnedMemoryResource().allocate(4 * MiB)
+    seen["pinned_bytes"] = pinned.size
     pinned.close()
     prio = dev.create_stream(options={"priority": -1})
     prio.sync()
     stream.sync()
-    print("basic ok")
+    print(json.dumps(seen))
 
 
 def pool(n: int) -> None:
@@ -76,10 +85,11 @@ def pool(n: int) -> None:
     stream = dev.create_stream()
     mr = DeviceMemoryResource(dev.device_id)  # the default pool, release threshold UINT64_MAX
     bufs = [mr.allocate(128 * MiB, stream=stream) for _ in range(n)]
+    freed = int(bufs[-1].handle)
     bufs.pop().close(stream)
-    bufs.append(mr.allocate(128 * MiB, stream=stream))  # reuses the pool's freed block
+    bufs.append(mr.allocate(128 * MiB, stream=stream))  # the pool's freed block, or refused
     stream.sync()
-    print(f"pool ok {len(bufs)} buffers")
+    print(json.dumps({"buffers": len(bufs), "freed": freed, "next": int(bufs[-1].handle)}))
 
 
 def quota(limit: int) -> None:
@@ -111,18 +121,22 @@ def graphmem() -> None:
     stream = dev.create_stream()
     gmr = GraphMemoryResource(dev.device_id)
     graph, buf = graph_with_allocation(dev, gmr)
-    assert gmr.attributes.reserved_mem_current == 0
+    steps = []
+
+    def step(name: str) -> None:
+        a = gmr.attributes
+        steps.append([name, a.reserved_mem_current, a.used_mem_current])
+
+    step("built")
     graph.launch(stream)  # type: ignore[attr-defined]
     stream.sync()
-    assert gmr.attributes.reserved_mem_current == 128 * MiB
-    assert gmr.attributes.used_mem_current == 128 * MiB
+    step("launched")
     buf.close(stream)  # type: ignore[attr-defined]
     stream.sync()
-    assert gmr.attributes.used_mem_current == 0
-    assert gmr.attributes.reserved_mem_current == 128 * MiB  # the graph pool keeps it
+    step("freed")
     gmr.trim()
-    assert gmr.attributes.reserved_mem_current == 0
-    print("graphmem ok")
+    step("trimmed")
+    print(json.dumps(steps))
 
 
 def graphquota(limit: int) -> None:

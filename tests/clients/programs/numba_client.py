@@ -7,6 +7,7 @@ numba_client.py compute S   launch sim_2000us for S seconds; print the device sh
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from typing import Any
@@ -37,13 +38,13 @@ def basic() -> None:
     scale.forall(d.size)(d, 2.0)
     cuda.synchronize()
     # Data round-trips (the simulator runs no device code: the kernels leave it unchanged).
-    assert np.array_equal(d.copy_to_host(), host)
+    roundtrip = bool(np.array_equal(d.copy_to_host(), host))
     pinned = cuda.pinned_array(1 << 16, dtype=np.float32)
     pinned[:] = 3.0
     d2 = cuda.to_device(pinned)
     out = cuda.pinned_array_like(pinned)
     d2.copy_to_host(out)
-    assert float(out[123]) == 3.0
+    pinned_value = float(out[123])
     mapped = cuda.mapped_array(1024, dtype=np.int32)
     mapped[:] = 5
     scale[8, 128](mapped, 2)
@@ -53,14 +54,18 @@ def basic() -> None:
     sim_2000us[4, 256, stream](d3)
     stream.synchronize()
     ev0, ev1 = cuda.event(), cuda.event()
+    # The device is kept busy (100 ms) while the host records and launches what is measured, so
+    # the events time the kernel, not how late a loaded host got to it.
+    for _ in range(50):
+        sim_2000us[132, 128](d)
     ev0.record()
     sim_2000us[132, 128](d)
     ev1.record()
     ev1.synchronize()
     ms = cuda.event_elapsed_time(ev0, ev1)
-    assert 1.9 < ms < 2.5, ms  # one wave of sim_2000us
     free, total = cuda.current_context().get_memory_info()
-    print(f"basic ok kernel_ms={ms:.3f} free={free} total={total}")
+    print(json.dumps({"roundtrip": roundtrip, "pinned_value": pinned_value, "kernel_ms": ms,
+                      "free": free, "total": total}))  # fmt: skip
 
 
 def quota(limit: int) -> None:
