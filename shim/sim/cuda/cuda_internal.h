@@ -29,6 +29,7 @@
 #define SIM_EXPORT __attribute__((visibility("protected")))
 #define VGPU_CUDA_API extern SIM_EXPORT
 #include "vgpu/cuda_api.h"
+#include "sim_api_ext.h"
 #include "../common/sim_common.h"
 
 #include <pthread.h>
@@ -87,6 +88,7 @@ struct CUctx_st {
     size_t limits[CU_LIMIT_MAX];     /* cuCtxSetLimit values (ctxinfo.c) */
     unsigned char limit_set[CU_LIMIT_MAX];
     int cache_config;                /* cuCtxSetCacheConfig */
+    struct sim_cls *cls;             /* context-local storage (ctxstore.c) */
 };
 
 struct CUgraph_st;
@@ -247,6 +249,15 @@ struct CUctx_st *sim_current_ctx(void);
 CUresult sim_get_ctx(struct CUctx_st **out); /* current context or CUDA_ERROR_INVALID_CONTEXT */
 void sim_contexts_after_fork(void);
 
+/* ctxstore.c: context-local storage of the runtime's private table */
+const void *sim_ctxstore_table(void);
+void sim_ctxstore_end(struct CUctx_st *c);   /* run the destructors: the context ends (no lock held) */
+
+/* integrity.c */
+void sim_md2(const void *data, size_t len, unsigned char out[16]);
+void sim_integrity_digest(uint32_t version, uint64_t unix_seconds, uint32_t driver_version, uint32_t pid, uint32_t thread,
+                          const void *cudart_table, const void *integrity_table, const void *check_fn, uint64_t out[2]);
+
 /* stream.c */
 /* Resolve a stream handle (NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD or a created stream);
  * `ptds`: the per-thread-default-stream variant of the API is being called. */
@@ -283,6 +294,7 @@ typedef struct {
     struct CUmemPoolHandle_st *pool;
     unsigned host_flags;             /* cuMemHostAlloc / cuMemHostRegister flags */
     int small;                       /* sub-allocated from shared pages (charged bytes: its share) */
+    CUmemGenericAllocationHandle handle; /* VMM maps: the handle mapped */
 } sim_alloc;
 int sim_alloc_insert(const sim_alloc *a);           /* G.lock held */
 int sim_alloc_remove(uintptr_t base, sim_alloc *out); /* exact base; G.lock held */
