@@ -136,6 +136,7 @@ struct CUfunc_st {
     int max_dyn_smem;                /* CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES */
     int carveout;                    /* CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT */
     int cache_config;                /* CUfunc_cache */
+    int nonportable_cluster;         /* CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED */
 };
 
 struct CUkern_st {
@@ -162,6 +163,9 @@ struct CUlib_st {
     uint32_t magic, gen;
     struct CUkern_st *kernels;
     struct CUmod_st *mod;            /* its globals, in the context current at load (or NULL) */
+    const void *fatbin;              /* a fat binary's globals are found at the first lookup (fatbin.c) */
+    void *fatbin_copy;               /* the copy kept when the caller did not promise to keep it */
+    int fatbin_parsed;
 };
 
 enum { NODE_KERNEL = 1, NODE_MEMCPY, NODE_MEMSET, NODE_MEM_ALLOC, NODE_MEM_FREE };
@@ -327,6 +331,12 @@ struct CUfunc_st *sim_func_resolve(CUfunction f);   /* a function or a kernel; N
 /* Scan a PTX image (text) for .global variables; each is allocated (charged) in the module's
  * context. Returns CUDA_SUCCESS for images without any (cubins, fatbins). */
 CUresult sim_module_globals(struct CUmod_st *m, const void *image);
+
+/* fatbin.c */
+const unsigned char *sim_fatbin_header(const void *image); /* the container of a fat binary (or its wrapper), else NULL */
+size_t sim_fatbin_size(const unsigned char *fb);            /* header and entries, in bytes */
+unsigned char *sim_fatbin_cubin(const void *image, int sm);  /* the ELF cubin for SM `sm` (malloc'ed, NUL-ended), or NULL */
+CUresult sim_module_globals_fatbin(struct CUmod_st *m, const void *image, int sm);
 
 /* launch.c */
 uint64_t sim_kernel_ns(const struct CUfunc_st *f, uint64_t blocks, int dev);

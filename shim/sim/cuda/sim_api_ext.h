@@ -57,6 +57,10 @@ VGPU_CUDA_API CUresult cuLogsUnregisterCallback(CUlogsCallbackHandle callback);
 VGPU_CUDA_API CUresult cuLogsCurrent(CUlogIterator *iterator_out, unsigned int flags);
 VGPU_CUDA_API CUresult cuLogsDumpToMemory(CUlogIterator *iterator, char *buffer, size_t *size, unsigned int flags);
 
+/* thread block clusters (funcattr.c) */
+VGPU_CUDA_API CUresult cuOccupancyMaxPotentialClusterSize(int *clusterSize, CUfunction func, const CUlaunchConfig *config);
+VGPU_CUDA_API CUresult cuOccupancyMaxActiveClusters(int *numClusters, CUfunction func, const CUlaunchConfig *config);
+
 /* context and stream identity (ctxinfo.c) */
 VGPU_CUDA_API CUresult cuCtxGetId(CUcontext ctx, unsigned long long *ctxId);
 
