@@ -61,6 +61,11 @@ VGPU_CUDA_API CUresult cuLogsDumpToMemory(CUlogIterator *iterator, char *buffer,
 VGPU_CUDA_API CUresult cuOccupancyMaxPotentialClusterSize(int *clusterSize, CUfunction func, const CUlaunchConfig *config);
 VGPU_CUDA_API CUresult cuOccupancyMaxActiveClusters(int *numClusters, CUfunction func, const CUlaunchConfig *config);
 
+/* events and capture (stream.c, graph.c) */
+VGPU_CUDA_API CUresult cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned int flags);
+VGPU_CUDA_API CUresult cuEventRecordWithFlags_ptsz(CUevent hEvent, CUstream hStream, unsigned int flags);
+VGPU_CUDA_API CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode);
+
 /* context and stream identity (ctxinfo.c) */
 VGPU_CUDA_API CUresult cuCtxGetId(CUcontext ctx, unsigned long long *ctxId);
 
