@@ -74,9 +74,10 @@ def graph() -> None:
     )
 
 
-def child(chunk: int, q: object) -> None:
+def child(q: object) -> None:
     torch.cuda.init()
     free, total = torch.cuda.mem_get_info()
+    chunk = free + 64 * MiB  # more than the slice has left beside the parent's tensor
     try:
         t = torch.empty(chunk, dtype=torch.uint8, device="cuda")
         del t
@@ -90,11 +91,10 @@ def shared() -> None:
 
     free, _ = info()
     held = torch.empty(free // 2, dtype=torch.uint8, device="cuda")  # half of what is left
+    print(f"parent holds {held.numel()}", flush=True)
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    p = ctx.Process(
-        target=child, args=(free // 2, q)
-    )  # the other half: cannot fit beside a context
+    p = ctx.Process(target=child, args=(q,))
     p.start()
     print(q.get(timeout=120), flush=True)
     p.join(120)
