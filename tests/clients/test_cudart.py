@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.clients.conftest import PROGRAMS, Client
+from tests.sim.simhelp import CONTEXT_MEMORY
 from tests.support import nvidia_headers
 
 CUDA_ERROR_MEMORY_ALLOCATION = 2  # cudaErrorMemoryAllocation
@@ -66,7 +67,7 @@ def test_runtime_sees_the_slice_and_is_refused_past_it(
     assert m, out
     total, free, prop_total = (int(x) for x in m.groups())
     assert total == quota and prop_total == quota, out
-    assert 0 < free <= quota, out
+    assert free == quota - CONTEXT_MEMORY, out  # the runtime's primary context is charged
     fit = int(re.search(r"fit=(\d+)", out).group(1))  # type: ignore[union-attr]
     assert fit == free // (64 << 20), out  # every 64 MiB buffer that fits, and not one more
     assert f"oom_error={CUDA_ERROR_MEMORY_ALLOCATION}" in out, out

@@ -3,15 +3,20 @@ scripts/setup into .venv/frameworks) on the simulated GPU under `vgpu run --sim 
 slice is the device torch sees, its caching allocator (and the expandable-segments path on the
 virtual memory API) meets torch.cuda.OutOfMemoryError at the quota and recovers after
 empty_cache(), two processes share one quota, NVML inside shows the slice, and a vLLM-style pool
-sized from mem_get_info() fits (programs/torch_client.py)."""
+sized from mem_get_info() fits (programs/torch_client.py). The context the CUDA runtime creates
+through its private table is charged: mem_get_info() shows the quota less it, and the driver,
+read from outside the slice, never holds more than the quota for the slice's process."""
 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 
 import pytest
 
-from tests.clients.conftest import Client, frameworks_python
+from tests.clients.conftest import PROGRAMS, Client, frameworks_python
+from tests.sim.simhelp import CONTEXT_MEMORY, run_python
 
 MiB = 1 << 20
 QUOTA = 2 << 30
@@ -38,7 +43,8 @@ def test_caching_allocator_meets_the_quota_and_recovers(
     )
     assert "available=True" in out, out
     free, total = _free_total(out)
-    assert total == QUOTA and 0 < free <= QUOTA, out
+    # the runtime's primary context is charged before torch sees the slice
+    assert (free, total) == (QUOTA - CONTEXT_MEMORY, QUOTA), out
     m = re.search(r"oom after (\d+) tensors: (.*)", out)
     assert m and "CUDA out of memory" in m.group(2), out
     n = int(m.group(1))
@@ -92,3 +98,45 @@ def test_vllm_style_pool_fits_the_slice(client: Client, torch_python: str) -> No
     assert "pool ok" in out, out
     m = re.search(r"pool=(\d+) of total=(\d+)", out)
     assert m and int(m.group(2)) == QUOTA, out
+
+
+NVML_USED = """
+nv.nvmlInit()
+h = nv.nvmlDeviceGetHandleByIndex(0)
+print(json.dumps({"used": nv.nvmlDeviceGetMemoryInfo(h).used,
+                  "procs": [p.usedGpuMemory for p in nv.nvmlDeviceGetComputeRunningProcesses(h)]}))
+"""
+
+
+def test_the_driver_never_holds_more_than_the_quota(client: Client, torch_python: str) -> None:
+    """torch fills the slice to OOM and holds it: the simulator's NVML, read from this process
+    (no shim), shows the slice's process at most at the quota, context included."""
+    cmd = [sys.executable, "-m", "sharing.cli", "run", "--sim", "--memory", str(QUOTA), "--"]
+    cmd += [torch_python, str(PROGRAMS / "torch_client.py"), "hold"]
+    p = subprocess.Popen(
+        cmd, env=client.env, text=True,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert p.stdout is not None and p.stdin is not None
+        lines = []
+        for line in p.stdout:
+            lines.append(line)
+            if line.startswith("holding"):
+                break
+        out = "".join(lines)
+        assert "holding" in out, out + (p.stderr.read() if p.stderr else "")
+        free, _ = _free_total(out)
+        assert free == QUOTA - CONTEXT_MEMORY, out
+        seen = run_python(client.env, NVML_USED)  # client.env has no LD_PRELOAD: the driver's view
+        assert len(seen["procs"]) == 1, seen
+        # filled: within one 64 MiB tensor (and torch's rounding) of the quota, never above it
+        assert QUOTA - 128 * MiB < seen["procs"][0] <= QUOTA, (seen, out)
+        assert seen["used"] <= QUOTA, seen
+        p.stdin.write("done\n")
+        p.stdin.flush()
+        assert p.wait(timeout=120) == 0, p.stderr.read() if p.stderr else ""
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()

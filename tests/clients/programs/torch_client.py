@@ -9,6 +9,8 @@ torch_client.py graph         CUDA graph capture and replay (its memory pool cha
 torch_client.py shared        a second process (torch.multiprocessing) shares the slice's quota
 torch_client.py nvml          what NVML shows inside the slice
 torch_client.py pool F        the vLLM pattern: a pool of F x total minus what is used, filled
+torch_client.py hold          mem_get_info, 64 MiB tensors up to torch.cuda.OutOfMemoryError, then
+                              "holding" and the tensors kept until a line arrives on stdin
 """
 
 from __future__ import annotations
@@ -129,9 +131,24 @@ def pool(fraction: float) -> None:
     print("pool ok", flush=True)
 
 
+def hold() -> None:
+    info()
+    held = fill(64 * MiB)
+    print(f"holding {len(held)}", flush=True)
+    sys.stdin.readline()
+    del held
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "pool":
         pool(float(sys.argv[2]))
     else:
-        {"memory": memory, "matmul": matmul, "graph": graph, "shared": shared, "nvml": nvml}[mode]()
+        {
+            "memory": memory,
+            "matmul": matmul,
+            "graph": graph,
+            "shared": shared,
+            "nvml": nvml,
+            "hold": hold,
+        }[mode]()
