@@ -198,7 +198,12 @@ void vgpu_primary_adopt(int idx) {
     if (__atomic_load_n(&primary_refs[idx], __ATOMIC_ACQUIRE) > 0 || ctx_mine()) return; /* charged already */
     CUdevice dev;
     if (vgpu_device_handle(idx, &dev) != 0) return;
-    ctx_lock();
+    /* Called with other locks held (a pool's, a device's graph pool's) that a context's charge
+     * path takes after ctx_mu: never wait for it here. Busy means another thread is creating,
+     * retaining or destroying a context: the next charge or cuMemGetInfo adopts. */
+    if (pthread_mutex_trylock(&ctx_mu) != 0) return;
+    ctx_owner = pthread_self();
+    __atomic_store_n(&ctx_held, 1, __ATOMIC_RELEASE);
     if (primary_refs[idx] == 0 && primary_active(dev)) adopt_locked(idx, dev);
     ctx_unlock();
 }
