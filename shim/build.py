@@ -92,7 +92,11 @@ LIBRARIES: tuple[Library, ...] = (
     ),
     # The simulated NVIDIA driver: a stand-in for the real one, knows nothing of the shim.
     Library(
-        "libcuda.so.1", "sim", ("sim/common", "sim/cuda"), "libcuda.so.1", ("pthread", "m", "rt")
+        "libcuda.so.1",
+        "sim",
+        ("sim/common", "sim/cuda"),
+        "libcuda.so.1",
+        ("pthread", "m", "rt", "dl"),
     ),
     Library(
         "libnvidia-ml.so.1",

@@ -10,6 +10,18 @@
  * other processes wait for it before creating theirs (ctxmem.c). The charge is returned when the context is destroyed, when
  * the primary context is released to inactive or reset, and when the process dies (its slot).
  * Primary contexts are charged at the process's first retain of a device.
+ *
+ * NVIDIA's CUDA runtime (PyTorch, CuPy, anything on libcudart) retains the primary context
+ * through its private table (exporttab.c), out of the shim's sight; the table cannot be wrapped
+ * (the runtime's integrity check covers its address). In a process that was handed that table,
+ * a primary context the shim did not charge is adopted at first sight: before the process's next
+ * charge or cuMemGetInfo on the device (vgpu_primary_adopt), and in any process at its first
+ * cuDevicePrimaryCtxRetain of a device whose primary context is active already, that context is
+ * charged as it is: this process's NVML entry less what the process charged, else the size a
+ * context on the device is expected to take (learned by the slice, handed over, or the floor);
+ * even past the quota (it exists). It counts as one retain. Such a context is charged after it
+ * was created, not admitted before: the slice can exceed its quota by one context when it was
+ * full already (logged), never by more.
  */
 #include <pthread.h>
 
@@ -18,9 +30,27 @@
 /* One context creation or teardown at a time in the process: the driver's readings around a
  * creation must not include another one. */
 static pthread_mutex_t ctx_mu = PTHREAD_MUTEX_INITIALIZER;
-static int primary_refs[VGPU_MAX_DEVICES];
+static int primary_refs[VGPU_MAX_DEVICES]; /* written under ctx_mu, read atomically */
 static uint64_t primary_charge[VGPU_MAX_DEVICES];
+static pthread_t ctx_owner; /* the thread holding ctx_mu (valid while ctx_held) */
+static int ctx_held;
+static int runtime_route; /* the runtime's private table was handed out: adopt its contexts */
 static int created[VGPU_MAX_DEVICES]; /* live cuCtxCreate* contexts */
+
+static void ctx_lock(void) {
+    pthread_mutex_lock(&ctx_mu);
+    ctx_owner = pthread_self();
+    __atomic_store_n(&ctx_held, 1, __ATOMIC_RELEASE);
+}
+static void ctx_unlock(void) {
+    __atomic_store_n(&ctx_held, 0, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&ctx_mu);
+}
+static void adopt_locked(int idx, CUdevice dev);
+static int primary_active(CUdevice dev);
+
+/* This thread holds ctx_mu (it is charging a context): nothing to adopt, and no lock to take. */
+static int ctx_mine(void) { return __atomic_load_n(&ctx_held, __ATOMIC_ACQUIRE) && pthread_equal(ctx_owner, pthread_self()); }
 
 /* Before a context is created on idx: reserve what it is expected to take (the slice's learned
  * size: all there is to do), else read the driver. On failure nothing is held. */
@@ -63,12 +93,19 @@ CUresult hook_cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
         if (idx == VGPU_DEVICE_UNACCOUNTED && (st = vgpu_mem_unaccounted()) != CUDA_SUCCESS) return st;
         return real_cuDevicePrimaryCtxRetain(pctx, dev);
     }
-    pthread_mutex_lock(&ctx_mu);
+    ctx_lock();
     CUresult rc;
     if (primary_refs[idx] > 0) { /* charged at the first retain */
         rc = real_cuDevicePrimaryCtxRetain(pctx, dev);
-        if (rc == CUDA_SUCCESS) primary_refs[idx]++;
-        pthread_mutex_unlock(&ctx_mu);
+        if (rc == CUDA_SUCCESS) __atomic_store_n(&primary_refs[idx], primary_refs[idx] + 1, __ATOMIC_RELEASE);
+        ctx_unlock();
+        return rc;
+    }
+    if (primary_active(dev)) { /* retained already, out of sight: charged as it is, then this retain */
+        adopt_locked(idx, dev);
+        rc = real_cuDevicePrimaryCtxRetain(pctx, dev);
+        if (rc == CUDA_SUCCESS) __atomic_store_n(&primary_refs[idx], primary_refs[idx] + 1, __ATOMIC_RELEASE);
+        ctx_unlock();
         return rc;
     }
     struct vgpu_ctxmem_probe probe;
@@ -84,13 +121,13 @@ CUresult hook_cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
                 primary_release_real(dev);
                 vgpu_mem_release(idx, held);
             } else {
-                primary_refs[idx] = 1;
                 primary_charge[idx] = held;
+                __atomic_store_n(&primary_refs[idx], 1, __ATOMIC_RELEASE);
             }
             vgpu_ctxmem_done(&probe); /* charged or gone: the slice's others may go on */
         }
     }
-    pthread_mutex_unlock(&ctx_mu);
+    ctx_unlock();
     return rc;
 }
 
@@ -100,16 +137,16 @@ static CUresult primary_drop(CUresult (*real)(CUdevice), CUdevice dev, int reset
     if (real == NULL) return CUDA_ERROR_NOT_SUPPORTED;
     int idx;
     if (!vgpu_mem_active() || (idx = vgpu_device_index(dev)) < 0) return real(dev);
-    pthread_mutex_lock(&ctx_mu);
+    ctx_lock();
     CUresult rc = real(dev);
     if (rc == CUDA_SUCCESS && primary_refs[idx] > 0) {
-        primary_refs[idx] = reset ? 0 : primary_refs[idx] - 1;
+        __atomic_store_n(&primary_refs[idx], reset ? 0 : primary_refs[idx] - 1, __ATOMIC_RELEASE);
         if (primary_refs[idx] == 0) {
             vgpu_mem_release(idx, primary_charge[idx]);
             primary_charge[idx] = 0;
         }
     }
-    pthread_mutex_unlock(&ctx_mu);
+    ctx_unlock();
     return rc;
 }
 
@@ -117,6 +154,59 @@ CUresult hook_cuDevicePrimaryCtxRelease_v2(CUdevice dev) { return vgpu_modules_p
 CUresult hook_cuDevicePrimaryCtxRelease(CUdevice dev) { return vgpu_modules_primary_gone(dev, 0, primary_drop(real_cuDevicePrimaryCtxRelease, dev, 0)); }
 CUresult hook_cuDevicePrimaryCtxReset_v2(CUdevice dev) { return vgpu_modules_primary_gone(dev, 1, primary_drop(real_cuDevicePrimaryCtxReset_v2, dev, 1)); }
 CUresult hook_cuDevicePrimaryCtxReset(CUdevice dev) { return vgpu_modules_primary_gone(dev, 1, primary_drop(real_cuDevicePrimaryCtxReset, dev, 1)); }
+
+/* ---- primary contexts retained out of sight (the CUDA runtime's private table) ---- */
+
+void vgpu_primary_runtime_route(void) { __atomic_store_n(&runtime_route, 1, __ATOMIC_RELEASE); }
+
+/* Charge idx's primary context, which exists but was not charged (under ctx_mu, refs 0): what
+ * this process's NVML entry says it takes, else what a context on the device is expected to
+ * take; even past the quota (it exists). It then counts as one retain. */
+static void adopt_locked(int idx, CUdevice dev) {
+    struct vgpu_ctxmem_probe probe;
+    uint64_t bytes = vgpu_ctxmem_expect(&probe, idx, dev), used = 0;
+    if (!probe.learned) {
+        uint64_t m = vgpu_ctxmem_existing(&probe, dev), floor = vgpu_config()->context_reserve;
+        if (m != 0) bytes = m > floor ? m : floor;
+    }
+    int over = vgpu_region_charge(idx, bytes, vgpu_region_limit(idx), &used) != 0;
+    if (over) vgpu_region_charge(idx, bytes, 0, &used);
+    vgpu_ctxmem_done(&probe); /* publishes a measurement, or drops the claim */
+    primary_charge[idx] = bytes;
+    __atomic_store_n(&primary_refs[idx], 1, __ATOMIC_RELEASE);
+    char b[32];
+    vgpu_format_bytes(bytes, b, sizeof b);
+    vgpu_log(over ? VGPU_LOG_WARN : VGPU_LOG_DEBUG,
+             "device %d: a primary context was retained out of the shim's sight (the CUDA runtime's private "
+             "table): charged %s%s",
+             idx, b, over ? ", past the quota (allocations are refused until the slice is back under it)" : "");
+}
+
+typedef CUresult (*state_fn)(CUdevice, unsigned int *, int *);
+
+/* Is dev's primary context active (retained by someone)? 0 when the driver cannot tell. */
+static int primary_active(CUdevice dev) {
+    static state_fn state;
+    if (state == NULL) state = (state_fn)vgpu_cuda_sym("cuDevicePrimaryCtxGetState");
+    unsigned int flags = 0;
+    int active = 0;
+    return state != NULL && state(dev, &flags, &active) == CUDA_SUCCESS && active;
+}
+
+void vgpu_primary_adopt(int idx) {
+    if (!__atomic_load_n(&runtime_route, __ATOMIC_ACQUIRE) || idx < 0 || idx >= VGPU_MAX_DEVICES) return;
+    if (__atomic_load_n(&primary_refs[idx], __ATOMIC_ACQUIRE) > 0 || ctx_mine()) return; /* charged already */
+    CUdevice dev;
+    if (vgpu_device_handle(idx, &dev) != 0) return;
+    /* Called with other locks held (a pool's, a device's graph pool's) that a context's charge
+     * path takes after ctx_mu: never wait for it here. Busy means another thread is creating,
+     * retaining or destroying a context: the next charge or cuMemGetInfo adopts. */
+    if (pthread_mutex_trylock(&ctx_mu) != 0) return;
+    ctx_owner = pthread_self();
+    __atomic_store_n(&ctx_held, 1, __ATOMIC_RELEASE);
+    if (primary_refs[idx] == 0 && primary_active(dev)) adopt_locked(idx, dev);
+    ctx_unlock();
+}
 
 /* ---- created contexts ---- */
 
@@ -145,7 +235,7 @@ static CUresult ctx_create(const struct ctx_create_call *c) {
         if (idx == VGPU_DEVICE_UNACCOUNTED && (st = vgpu_mem_unaccounted()) != CUDA_SUCCESS) return st;
         return c->create(c);
     }
-    pthread_mutex_lock(&ctx_mu);
+    ctx_lock();
     struct vgpu_ctxmem_probe probe;
     uint64_t held;
     CUresult rc = charge_begin(idx, c->dev, &probe, &held);
@@ -167,7 +257,7 @@ static CUresult ctx_create(const struct ctx_create_call *c) {
             vgpu_ctxmem_done(&probe); /* charged or gone: the slice's others may go on */
         }
     }
-    pthread_mutex_unlock(&ctx_mu);
+    ctx_unlock();
     return rc;
 }
 
@@ -209,7 +299,7 @@ static CUresult ctx_destroy(CUresult (*real)(CUcontext), CUcontext ctx) {
     int idx;
     uint64_t bytes, key = (uint64_t)(uintptr_t)ctx;
     if (!vgpu_mem_active()) return real(ctx);
-    pthread_mutex_lock(&ctx_mu);
+    ctx_lock();
     CUresult rc;
     if (!vgpu_track_take(VGPU_TRACK_CTX, key, &idx, &bytes)) {
         rc = real(ctx);
@@ -219,7 +309,7 @@ static CUresult ctx_destroy(CUresult (*real)(CUcontext), CUcontext ctx) {
     } else {
         vgpu_track_add(VGPU_TRACK_CTX, key, idx, bytes);
     }
-    pthread_mutex_unlock(&ctx_mu);
+    ctx_unlock();
     return rc;
 }
 

@@ -238,6 +238,27 @@ static uint64_t measure(struct vgpu_ctxmem_probe *p, const char **src) {
     return m;
 }
 
+/* A context that exists already (retained out of the shim's sight, context.c): what it takes,
+ * from this process's NVML entry less what the process has charged on the device, 0 when that
+ * cannot tell (our host PID unknown, no entry). p comes from vgpu_ctxmem_expect, not learned;
+ * a measurement is what vgpu_ctxmem_done then publishes. */
+uint64_t vgpu_ctxmem_existing(struct vgpu_ctxmem_probe *p, CUdevice cudev) {
+    int dev = p->dev;
+    p->hinted = 0; /* measured here: no verifier */
+    unsigned self = known_host_pid();
+    if (self == 0 || !device_handle(dev, cudev)) return 0;
+    uint64_t used = 0, mine = vgpu_region_mine(dev);
+    int n = read_procs(dev);
+    if (n < 0 || mine == UINT64_MAX || self_used(n, self, &used) <= 0) return 0;
+    uint64_t m = used > mine ? used - mine : 0;
+    if (m == 0 || (p->cuda_total != 0 && m >= p->cuda_total)) return 0;
+    memo[dev] = m;
+    memo_exact[dev] = 1;
+    p->pub_source = VGPU_CONTEXT_EXACT;
+    p->pub_bytes = m;
+    return m;
+}
+
 /* ---- a handed-over size (VGPU_CONTEXT_SIZE), verified against the driver off the start-up path ----
  * The slice's first process charges the plugin's size for its context before creating it, and a
  * thread of its own then measures the context through NVML (this process's entry) while the

@@ -157,6 +157,7 @@ CUresult vgpu_mem_unaccounted(void) {
 }
 
 CUresult vgpu_mem_reserve(int dev, uint64_t bytes) {
+    vgpu_primary_adopt(dev); /* a context the CUDA runtime retained out of sight is charged first */
     uint64_t limit = vgpu_region_limit(dev), used = 0;
     int rc = vgpu_region_charge(dev, bytes, limit, &used);
     /* before refusing: memory our pools merely cache goes back to the device, then retry */
@@ -430,6 +431,7 @@ static CUresult mem_get_info(int (*has)(void), CUresult (*real)(void *, void *),
     if (rc != CUDA_SUCCESS || free == NULL || total == NULL || !vgpu_mem_active() ||
         (dev = vgpu_current_device_index()) < 0)
         return rc;
+    vgpu_primary_adopt(dev); /* the runtime's context is charged before free memory is shown */
     uint64_t t, f;
     if (slice_view(dev, io->get(total), io->get(free), &t, &f)) {
         io->set(total, t);

@@ -206,7 +206,7 @@ void vgpu_region_atfork_child(void);
 /* ---- per-process record of what was charged (track.c) ---- */
 enum vgpu_track_kind {
     VGPU_TRACK_PTR = 1,    /* cuMemAlloc*, cuMemAllocManaged, cuMemAllocPitch, async allocations */
-    VGPU_TRACK_HANDLE = 2, /* cuMemCreate handles */
+    VGPU_TRACK_HANDLE = 2, /* cuMemCreate handles: aux = cuMemRetainAllocationHandle references (vmm.c) */
     VGPU_TRACK_ARRAY = 3,
     VGPU_TRACK_MIPMAP = 4,
     VGPU_TRACK_CTX = 5,    /* contexts' reserve */
@@ -263,6 +263,9 @@ void vgpu_ctxmem_before(struct vgpu_ctxmem_probe *p, CUdevice cudev, int first);
 void vgpu_ctxmem_cancel(struct vgpu_ctxmem_probe *p);
 /* After the context was created: the bytes to charge for it (at least VGPU_CONTEXT_RESERVE). */
 uint64_t vgpu_ctxmem_after(struct vgpu_ctxmem_probe *p);
+/* A context that exists already (created out of the shim's sight): its size from this
+ * process's NVML entry, 0 unknown; instead of vgpu_ctxmem_before/after, then vgpu_ctxmem_done. */
+uint64_t vgpu_ctxmem_existing(struct vgpu_ctxmem_probe *p, CUdevice cudev);
 /* After the caller settled the charge (or destroyed a context that did not fit): publish what
  * was measured for the slice and wake the processes waiting for it. Until then nobody else of
  * the slice creates a context on the device, so a context never exists uncharged beside them. */
@@ -270,6 +273,13 @@ void vgpu_ctxmem_done(struct vgpu_ctxmem_probe *p);
 /* At a normal exit, before the slot is given back: conclude (briefly) or drop a verification of
  * a handed-over size that is under way. */
 void vgpu_ctxmem_at_exit(void);
+
+/* ---- primary contexts the CUDA runtime retains out of the shim's sight (context.c) ---- */
+/* The runtime's private table was handed out (exporttab.c): from now on adopt such contexts. */
+void vgpu_primary_runtime_route(void);
+/* Before a charge or a cuMemGetInfo on device index idx: charge its primary context if it is
+ * active and the process has not charged it (a no-op outside runtime processes). */
+void vgpu_primary_adopt(int idx);
 
 /* ---- memory pools (pools.c) ---- */
 /* Settle every (idle) pool of device index dev to what it reserves; trim them first if trim.

@@ -4,8 +4,18 @@
  * A handle takes its size in whole units of the granularity the driver reports for its
  * properties (cuMemGetAllocationGranularity, minimum; the driver refuses other sizes, so this
  * is the size itself whenever the driver accepts it).
+ * A handle is counted by the driver: cuMemRetainAllocationHandle (the handle of a mapped address)
+ * adds a reference that a cuMemRelease drops, and the memory goes only at the last release. So
+ * the shim counts the retains of each handle it charged (the record's aux word) and returns the
+ * charge at the release that drops the last reference.
  */
+#include <pthread.h>
+
 #include "shim_internal.h"
+
+/* A retain or release of a charged handle and its record change together: a release racing a
+ * retain must not see the driver's count and ours disagree. */
+static pthread_mutex_t handles_mu = PTHREAD_MUTEX_INITIALIZER;
 
 typedef CUresult (*gran_fn)(size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags);
 
@@ -49,14 +59,37 @@ CUresult hook_cuMemRelease(CUmemGenericAllocationHandle handle) {
     CUresult st = vgpu_init();
     if (st != CUDA_SUCCESS) return st;
     if (real_cuMemRelease == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+    if (!vgpu_mem_active()) return real_cuMemRelease(handle);
     int dev;
-    uint64_t bytes;
-    if (!vgpu_mem_active() || !vgpu_track_take(VGPU_TRACK_HANDLE, handle, &dev, &bytes))
+    uint64_t bytes, retains;
+    pthread_mutex_lock(&handles_mu);
+    if (!vgpu_track_take_aux(VGPU_TRACK_HANDLE, handle, &dev, &bytes, &retains)) {
+        pthread_mutex_unlock(&handles_mu);
         return real_cuMemRelease(handle);
+    }
     CUresult rc = real_cuMemRelease(handle);
-    if (rc == CUDA_SUCCESS)
-        vgpu_mem_release(dev, bytes);
-    else
-        vgpu_track_add(VGPU_TRACK_HANDLE, handle, dev, bytes);
+    if (rc == CUDA_SUCCESS && retains == 0) {
+        vgpu_mem_release(dev, bytes); /* the last reference: the memory is gone */
+    } else {
+        /* still referenced (or not released): the record stays, one retain fewer on success;
+         * the node just taken is reused, so this cannot fail for want of memory */
+        vgpu_track_add_aux(VGPU_TRACK_HANDLE, handle, dev, bytes, rc == CUDA_SUCCESS ? retains - 1 : retains);
+    }
+    pthread_mutex_unlock(&handles_mu);
+    return rc;
+}
+
+CUresult hook_cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr) {
+    CUresult st = vgpu_init();
+    if (st != CUDA_SUCCESS) return st;
+    if (real_cuMemRetainAllocationHandle == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+    if (!vgpu_mem_active() || handle == NULL) return real_cuMemRetainAllocationHandle(handle, addr);
+    pthread_mutex_lock(&handles_mu);
+    CUresult rc = real_cuMemRetainAllocationHandle(handle, addr);
+    int dev;
+    uint64_t bytes, retains;
+    if (rc == CUDA_SUCCESS && vgpu_track_take_aux(VGPU_TRACK_HANDLE, *handle, &dev, &bytes, &retains))
+        vgpu_track_add_aux(VGPU_TRACK_HANDLE, *handle, dev, bytes, retains + 1);
+    pthread_mutex_unlock(&handles_mu);
     return rc;
 }

@@ -9,6 +9,12 @@
  *   array:W:H | array3d:W:H:D | mipmap:W:H:LEVELS | ctxcreate[:ORD] | fill:N (allocate N-byte
  *   chunks until refused: count=...) | free | freeall | freeasync (top async object, no sync) | swap
  *   freesync (cuMemFree_v2 of the top object, e.g. a stream-ordered one) | mapunmap:N (top handle)
+ *   retainrelease:N         map the top handle (N bytes), cuMemRetainAllocationHandle of the mapped
+ *                           address (same=1 if it is that handle), unmap, cuMemRelease of that extra
+ *                           reference: the handle stays on the stack
+ *   rtctx[:ORD]             the primary context as NVIDIA's runtime retains it: slot 2 of the private
+ *                           table cuGetExportTable answers for 6bd5fb6c-5bf4-e74a-8987-d93912fd9df9,
+ *                           made current (slots=.. the table's size slot / pointer size)
  *   threshold:V             the default pool's release threshold (V bytes, or "max" = UINT64_MAX)
  *   deferred:W:H:LEVELS     a CUDA_ARRAY3D_DEFERRED_MAPPING float4 array (LEVELS 0) or mipmapped
  *                           array: its requirements (size=.. alignment=..), then destroyed;
@@ -311,6 +317,38 @@ int main(int argc, char **argv) {
             if (rc == CUDA_SUCCESS) rc = cuMemMap(va, size, 0, (CUmemGenericAllocationHandle)stack[top - 1].h, 0);
             if (rc == CUDA_SUCCESS) rc = cuMemUnmap(va, size);
             if (va) cuMemAddressFree(va, size);
+        } else if (!strcmp(op, "retainrelease")) {
+            CUdeviceptr va = 0;
+            size_t size = num(f[1]);
+            CUmemGenericAllocationHandle h = 0, again = 0;
+            rc = top > 0 && stack[top - 1].kind == K_HANDLE ? cuMemAddressReserve(&va, size, 0, 0, 0)
+                                                            : CUDA_ERROR_INVALID_VALUE;
+            if (rc == CUDA_SUCCESS) h = (CUmemGenericAllocationHandle)stack[top - 1].h;
+            if (rc == CUDA_SUCCESS) rc = cuMemMap(va, size, 0, h, 0);
+            if (rc == CUDA_SUCCESS) {
+                rc = cuMemRetainAllocationHandle(&again, (void *)(uintptr_t)va);
+                cuMemUnmap(va, size);
+            }
+            if (va) cuMemAddressFree(va, size);
+            if (rc == CUDA_SUCCESS) rc = cuMemRelease(again);
+            snprintf(extra, sizeof extra, "same=%d", again == h);
+        } else if (!strcmp(op, "rtctx")) {
+            static const unsigned char id[16] = {0x6b, 0xd5, 0xfb, 0x6c, 0x5b, 0xf4, 0xe7, 0x4a,
+                                                 0x89, 0x87, 0xd9, 0x39, 0x12, 0xfd, 0x9d, 0xf9};
+            CUuuid rt;
+            memcpy(rt.bytes, id, sizeof id);
+            const void *table = NULL;
+            CUdevice d;
+            rc = cuDeviceGet(&d, nf > 1 ? atoi(f[1]) : 0);
+            if (rc == CUDA_SUCCESS) rc = cuGetExportTable(&table, &rt);
+            if (rc == CUDA_SUCCESS) {
+                const void *const *t = table;
+                CUresult (*retain)(CUcontext *, CUdevice) = (CUresult (*)(CUcontext *, CUdevice))(uintptr_t)t[2];
+                snprintf(extra, sizeof extra, "slots=%zu", (size_t)(uintptr_t)t[0] / sizeof(void *));
+                rc = retain(&ctx, d);
+            }
+            if (rc == CUDA_SUCCESS) rc = cuCtxSetCurrent(ctx);
+            if (rc == CUDA_SUCCESS && stream == NULL) rc = cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING);
         } else if (!strcmp(op, "threshold")) {
             CUmemoryPool pool = NULL;
             CUdevice d;

@@ -286,3 +286,31 @@ def test_vmm_memory_is_returned_at_release_not_at_unmap(
         assert region.read(reg).devices[0].used == device_used(shim_ops, env) == 0
     finally:
         held.release()
+
+
+def test_vmm_retained_handle_is_returned_at_its_last_release(
+    shim_ops: Path, shim_env: dict[str, str], tmp_path: Path
+) -> None:
+    """cuMemRetainAllocationHandle adds a reference: the memory stays until the last release."""
+    env, reg = slice_env(shim_env, tmp_path, "64Mi")
+    ops = [
+        "init",
+        "ctx",
+        f"create:{8 * MiB}",
+        f"retainrelease:{8 * MiB}",
+        f"retainrelease:{8 * MiB}",
+    ]
+    held = Held(shim_ops, env, *ops)
+    try:
+        assert [r["rc"] for r in held.results] == ["0"] * 5, held.results
+        assert held.results[-1]["same"] == "1"
+        # two retains, each released: the handle's own reference holds the memory, still charged
+        assert region.read(reg).devices[0].used == device_used(shim_ops, env) == 8 * MiB
+    finally:
+        held.release()
+    held = Held(shim_ops, env, *ops, "free")
+    try:
+        assert held.results[-1]["rc"] == "0"
+        assert region.read(reg).devices[0].used == device_used(shim_ops, env) == 0
+    finally:
+        held.release()

@@ -82,8 +82,8 @@ def test_pynvml_reads_every_field(sim_tool: Path, sim_env: dict[str, str]) -> No
     finally:
         holder.finish()
         load.finish(timeout=60)
-    assert got["driver"] == "570.172.08" and got["cuda"] == 12080 and got["cuda_v2"] == 12080
-    assert got["nvml_version"] == "12.570.172.08"
+    assert got["driver"] == "580.95.05" and got["cuda"] == 13000 and got["cuda_v2"] == 13000
+    assert got["nvml_version"] == "13.580.95.05"
     assert got["count"] == 1 and got["index"] == 0
     assert got["name"] == "NVIDIA H100 80GB HBM3"
     assert got["uuid"].startswith("GPU-") and len(got["uuid"]) == 40

@@ -621,6 +621,7 @@ VGPU_CUDA_API CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attrib
 VGPU_CUDA_API CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value);
 VGPU_CUDA_API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop, unsigned long long flags);
 VGPU_CUDA_API CUresult cuMemRelease(CUmemGenericAllocationHandle handle);
+VGPU_CUDA_API CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr);
 VGPU_CUDA_API CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr, unsigned long long flags);
 VGPU_CUDA_API CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size);
 VGPU_CUDA_API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle, unsigned long long flags);

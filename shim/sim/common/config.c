@@ -19,8 +19,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#define DEFAULT_DRIVER "570.172.08"
-#define DEFAULT_CUDA 12080
+#define DEFAULT_DRIVER "580.95.05"
+#define DEFAULT_CUDA 13000
 
 static void default_device(sim_device_cfg *d, int i)
 {
@@ -352,6 +352,23 @@ static int parse_path(const char *path, sim_config *cfg)
     return rc;
 }
 
+/* SIMGPU_CUDA_VERSION ("13.0" or 13000): the CUDA version the driver reports, over the file's.
+ * 0 when unset; a malformed value prints one line and is ignored. */
+static int cuda_version_knob(void)
+{
+    const char *v = getenv("SIMGPU_CUDA_VERSION");
+    if (!v || !*v)
+        return 0;
+    int maj, min, n;
+    char tail;
+    if (sscanf(v, "%d.%d%c", &maj, &min, &tail) == 2 && maj >= 2 && maj <= 99 && min >= 0 && min <= 99)
+        return maj * 1000 + min * 10;
+    if (sscanf(v, "%d%c", &n, &tail) == 1 && n >= 2000 && n <= 99990)
+        return n;
+    sim_log("SIMGPU_CUDA_VERSION=%s: allowed: \"major.minor\" such as \"13.0\", or an integer such as 13000; ignored", v);
+    return 0;
+}
+
 int sim_config_load(sim_config *out)
 {
     sim_config *cfg = calloc(1, sizeof *cfg);
@@ -369,6 +386,9 @@ int sim_config_load(sim_config *out)
         sim_copy_str(cfg->path, sizeof cfg->path, path);
         rc = parse_path(path, cfg);
     }
+    int knob = cuda_version_knob();
+    if (knob)
+        cfg->cuda_version = knob;
     if (rc == 0)
         *out = *cfg;
     free(cfg);

@@ -205,6 +205,7 @@ SIM_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
     if (!SIM_VALID(ctx, MAGIC_CTX) || ctx->is_primary)
         return CUDA_ERROR_INVALID_CONTEXT;
     wait_ctx_idle(ctx);
+    sim_ctxstore_end(ctx);
     pthread_mutex_lock(&G.lock);
     if (ctx->magic == MAGIC_CTX) {
         ctx_deactivate_locked(ctx);
@@ -261,8 +262,10 @@ static CUresult primary_release(CUdevice dev, int reset)
     pthread_mutex_unlock(&G.lock);
     if (!active)
         return reset ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
-    if (reset || c->retain == 1)
+    if (reset || c->retain == 1) {
         wait_ctx_idle(c);
+        sim_ctxstore_end(c);
+    }
     pthread_mutex_lock(&G.lock);
     if (c->retain > 0) {
         c->retain = reset ? 0 : c->retain - 1;

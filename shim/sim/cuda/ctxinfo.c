@@ -101,6 +101,22 @@ SIM_EXPORT CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *version)
     return CUDA_SUCCESS;
 }
 
+SIM_EXPORT CUresult cuCtxGetId(CUcontext ctx, unsigned long long *ctxId)
+{
+    if (!ctxId)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUctx_st *c = ctx;
+    if (!c) {
+        CUresult rc = sim_get_ctx(&c);
+        if (rc != CUDA_SUCCESS)
+            return rc;
+    } else if (!SIM_VALID(c, MAGIC_CTX)) {
+        return CUDA_ERROR_INVALID_CONTEXT;
+    }
+    *ctxId = c->serial; /* unique in the process: a new activation of a primary context is a new id */
+    return CUDA_SUCCESS;
+}
+
 SIM_EXPORT CUresult cuCtxGetStreamPriorityRange(int *leastPriority, int *greatestPriority)
 {
     struct CUctx_st *c;

@@ -29,6 +29,7 @@
 #define SIM_EXPORT __attribute__((visibility("protected")))
 #define VGPU_CUDA_API extern SIM_EXPORT
 #include "vgpu/cuda_api.h"
+#include "sim_api_ext.h"
 #include "../common/sim_common.h"
 
 #include <pthread.h>
@@ -87,6 +88,7 @@ struct CUctx_st {
     size_t limits[CU_LIMIT_MAX];     /* cuCtxSetLimit values (ctxinfo.c) */
     unsigned char limit_set[CU_LIMIT_MAX];
     int cache_config;                /* cuCtxSetCacheConfig */
+    struct sim_cls *cls;             /* context-local storage (ctxstore.c) */
 };
 
 struct CUgraph_st;
@@ -134,6 +136,7 @@ struct CUfunc_st {
     int max_dyn_smem;                /* CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES */
     int carveout;                    /* CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT */
     int cache_config;                /* CUfunc_cache */
+    int nonportable_cluster;         /* CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED */
 };
 
 struct CUkern_st {
@@ -160,6 +163,9 @@ struct CUlib_st {
     uint32_t magic, gen;
     struct CUkern_st *kernels;
     struct CUmod_st *mod;            /* its globals, in the context current at load (or NULL) */
+    const void *fatbin;              /* a fat binary's globals are found at the first lookup (fatbin.c) */
+    void *fatbin_copy;               /* the copy kept when the caller did not promise to keep it */
+    int fatbin_parsed;
 };
 
 enum { NODE_KERNEL = 1, NODE_MEMCPY, NODE_MEMSET, NODE_MEM_ALLOC, NODE_MEM_FREE };
@@ -247,6 +253,15 @@ struct CUctx_st *sim_current_ctx(void);
 CUresult sim_get_ctx(struct CUctx_st **out); /* current context or CUDA_ERROR_INVALID_CONTEXT */
 void sim_contexts_after_fork(void);
 
+/* ctxstore.c: context-local storage of the runtime's private table */
+const void *sim_ctxstore_table(void);
+void sim_ctxstore_end(struct CUctx_st *c);   /* run the destructors: the context ends (no lock held) */
+
+/* integrity.c */
+void sim_md2(const void *data, size_t len, unsigned char out[16]);
+void sim_integrity_digest(uint32_t version, uint64_t unix_seconds, uint32_t driver_version, uint32_t pid, uint32_t thread,
+                          const void *cudart_table, const void *integrity_table, const void *check_fn, uint64_t out[2]);
+
 /* stream.c */
 /* Resolve a stream handle (NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD or a created stream);
  * `ptds`: the per-thread-default-stream variant of the API is being called. */
@@ -283,6 +298,7 @@ typedef struct {
     struct CUmemPoolHandle_st *pool;
     unsigned host_flags;             /* cuMemHostAlloc / cuMemHostRegister flags */
     int small;                       /* sub-allocated from shared pages (charged bytes: its share) */
+    CUmemGenericAllocationHandle handle; /* VMM maps: the handle mapped */
 } sim_alloc;
 int sim_alloc_insert(const sim_alloc *a);           /* G.lock held */
 int sim_alloc_remove(uintptr_t base, sim_alloc *out); /* exact base; G.lock held */
@@ -315,6 +331,12 @@ struct CUfunc_st *sim_func_resolve(CUfunction f);   /* a function or a kernel; N
 /* Scan a PTX image (text) for .global variables; each is allocated (charged) in the module's
  * context. Returns CUDA_SUCCESS for images without any (cubins, fatbins). */
 CUresult sim_module_globals(struct CUmod_st *m, const void *image);
+
+/* fatbin.c */
+const unsigned char *sim_fatbin_header(const void *image); /* the container of a fat binary (or its wrapper), else NULL */
+size_t sim_fatbin_size(const unsigned char *fb);            /* header and entries, in bytes */
+unsigned char *sim_fatbin_cubin(const void *image, int sm);  /* the ELF cubin for SM `sm` (malloc'ed, NUL-ended), or NULL */
+CUresult sim_module_globals_fatbin(struct CUmod_st *m, const void *image, int sm);
 
 /* launch.c */
 uint64_t sim_kernel_ns(const struct CUfunc_st *f, uint64_t blocks, int dev);

@@ -29,8 +29,8 @@ static CUresult func_get(int *pi, CUfunction_attribute attrib, struct CUfunc_st 
     case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH:
     case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT:
     case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH:
-    case CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED:
     case CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE: *pi = 0; break;
+    case CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED: *pi = f->nonportable_cluster; break;
     case CU_FUNC_ATTRIBUTE_NUM_REGS: *pi = FN_REGS; break;
     case CU_FUNC_ATTRIBUTE_PTX_VERSION:
     case CU_FUNC_ATTRIBUTE_BINARY_VERSION: *pi = d->cc_major * 10 + d->cc_minor; break;
@@ -54,10 +54,14 @@ static CUresult func_set(struct CUfunc_st *f, CUfunction_attribute attrib, int v
             return CUDA_ERROR_INVALID_VALUE;
         f->carveout = value;
         return CUDA_SUCCESS;
+    case CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED:
+        if (value < 0 || value > 1)
+            return CUDA_ERROR_INVALID_VALUE;
+        f->nonportable_cluster = value;
+        return CUDA_SUCCESS;
     case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH:
     case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT:
     case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH:
-    case CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED:
     case CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE:
         return value < 0 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
     default:
@@ -194,7 +198,9 @@ SIM_EXPORT CUresult cuKernelSetCacheConfig(CUkernel kernel, CUfunc_cache config,
 /* Resident blocks of blockSize threads per SM (0: the block cannot run). */
 static int blocks_per_sm(const struct CUfunc_st *f, int blockSize, size_t smem)
 {
-    if (blockSize <= 0 || blockSize > BLOCK_THREADS || smem > (size_t)f->max_dyn_smem)
+    /* the hardware's answer: the function's dynamic shared memory limit is checked at launch,
+     * not here (cuBLAS sizes its kernels by asking before it raises the limit) */
+    if (blockSize <= 0 || blockSize > BLOCK_THREADS || smem > BLOCK_SMEM_OPTIN)
         return 0;
     int warps = (blockSize + 31) / 32;
     int by_threads = SM_THREADS / (warps * 32);
@@ -281,8 +287,77 @@ SIM_EXPORT CUresult cuOccupancyAvailableDynamicSMemPerBlock(size_t *dynamicSmemS
         return rc;
     if (numBlocks <= 0 || blockSize <= 0 || blockSize > BLOCK_THREADS || blocks_per_sm(f, blockSize, 0) < numBlocks)
         return CUDA_ERROR_INVALID_VALUE;
+    /* what the hardware leaves each block: the function's opt-in limit does not cap the answer
+     * (cuBLAS asks first, then raises CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES to it) */
     size_t per = SM_SMEM / (size_t)numBlocks;
     per = per > 1024 ? (per - 1024) / 1024 * 1024 : 0;
-    *dynamicSmemSize = per < (size_t)f->max_dyn_smem ? per : (size_t)f->max_dyn_smem;
+    *dynamicSmemSize = per < BLOCK_SMEM_OPTIN ? per : BLOCK_SMEM_OPTIN;
+    return CUDA_SUCCESS;
+}
+
+/* Thread block clusters (compute capability 9.0 and later): at most 8 blocks portably, 16 when
+ * the function allows a non-portable size; a cluster runs on the SMs of one GPC (the simulated
+ * devices have GPCs of CLUSTER_GPC_SMS SMs). */
+#define CLUSTER_PORTABLE 8
+#define CLUSTER_NONPORTABLE 16
+#define CLUSTER_GPC_SMS 16
+#define LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION 4 /* CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION */
+#define ERROR_INVALID_CLUSTER_SIZE 912      /* CUDA_ERROR_INVALID_CLUSTER_SIZE */
+
+static CUresult cluster_args(CUfunction func, const CUlaunchConfig *config, struct CUfunc_st **f, int *dev, int *blocks, unsigned *size)
+{
+    if (!config)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = resolve(func, f, dev);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    const sim_device_cfg *d = &G.cfg->dev[*dev];
+    if (d->cc_major < 9)
+        return CUDA_ERROR_NOT_SUPPORTED; /* no clusters before Hopper */
+    int threads = (int)(config->blockDimX * config->blockDimY * config->blockDimZ);
+    if (threads <= 0 || threads > BLOCK_THREADS || (config->numAttrs && !config->attrs))
+        return CUDA_ERROR_INVALID_VALUE;
+    *size = 0;
+    for (unsigned i = 0; i < config->numAttrs; i++)
+        if ((int)config->attrs[i].id == LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION)
+            *size = config->attrs[i].value.clusterDim.x * config->attrs[i].value.clusterDim.y * config->attrs[i].value.clusterDim.z;
+    *blocks = blocks_per_sm(*f, threads, config->sharedMemBytes);
+    return CUDA_SUCCESS;
+}
+
+static int cluster_limit(const struct CUfunc_st *f) { return f->nonportable_cluster ? CLUSTER_NONPORTABLE : CLUSTER_PORTABLE; }
+
+SIM_EXPORT CUresult cuOccupancyMaxPotentialClusterSize(int *clusterSize, CUfunction func, const CUlaunchConfig *config)
+{
+    if (!clusterSize)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUfunc_st *f;
+    int dev, blocks;
+    unsigned size;
+    CUresult rc = cluster_args(func, config, &f, &dev, &blocks, &size);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    int per_gpc = blocks * CLUSTER_GPC_SMS, lim = cluster_limit(f);
+    *clusterSize = blocks == 0 ? 0 : (per_gpc < lim ? per_gpc : lim);
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuOccupancyMaxActiveClusters(int *numClusters, CUfunction func, const CUlaunchConfig *config)
+{
+    if (!numClusters)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUfunc_st *f;
+    int dev, blocks;
+    unsigned size;
+    CUresult rc = cluster_args(func, config, &f, &dev, &blocks, &size);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (size == 0)
+        size = 1;
+    if ((int)size > cluster_limit(f))
+        return (CUresult)ERROR_INVALID_CLUSTER_SIZE;
+    int sms = G.cfg->dev[dev].sm_count, gpcs = sms / CLUSTER_GPC_SMS, rest = sms % CLUSTER_GPC_SMS;
+    /* whole clusters per GPC (a cluster never spans GPCs), over every GPC */
+    *numClusters = gpcs * (blocks * CLUSTER_GPC_SMS / (int)size) + blocks * rest / (int)size;
     return CUDA_SUCCESS;
 }

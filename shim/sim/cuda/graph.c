@@ -406,3 +406,17 @@ static CUresult graph_launch(CUgraphExec e, CUstream h, int ptds)
 
 SIM_EXPORT CUresult cuGraphLaunch(CUgraphExec hGraph, CUstream hStream) { return graph_launch(hGraph, hStream, 0); }
 SIM_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream) { return graph_launch(hGraphExec, hStream, 1); }
+
+/* The calling thread's capture interaction mode (cudaThreadExchangeStreamCaptureMode): kept and
+ * exchanged; the simulator does not refuse unsafe calls during another thread's capture. */
+static __thread CUstreamCaptureMode thread_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+
+SIM_EXPORT CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)
+{
+    if (!mode || (unsigned)*mode > CU_STREAM_CAPTURE_MODE_RELAXED)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUstreamCaptureMode old = thread_capture_mode;
+    thread_capture_mode = *mode;
+    *mode = old;
+    return CUDA_SUCCESS;
+}

@@ -203,16 +203,22 @@ SIM_EXPORT CUresult cuDriverGetVersion(int *driverVersion)
 {
     if (!driverVersion)
         return CUDA_ERROR_INVALID_VALUE;
-    /* Works before cuInit, as the real one does; the configured version once initialised. */
-    *driverVersion = sim_check_init() == CUDA_SUCCESS ? G.cfg->cuda_version : 12080;
+    /* Works before cuInit, as the real one does (CUDA 13's runtime asks first and refuses an
+     * older driver): the configured version either way. */
+    if (sim_check_init() == CUDA_SUCCESS) {
+        *driverVersion = G.cfg->cuda_version;
+        return CUDA_SUCCESS;
+    }
+    static _Atomic int early; /* read once: the file is re-read at cuInit */
+    int v = atomic_load(&early);
+    if (!v) {
+        sim_config *cfg = calloc(1, sizeof *cfg);
+        v = cfg && sim_config_load(cfg) == 0 ? cfg->cuda_version : 0;
+        free(cfg);
+        if (!v)
+            return CUDA_ERROR_NOT_INITIALIZED; /* a malformed config: cuInit will say why */
+        atomic_store(&early, v);
+    }
+    *driverVersion = v;
     return CUDA_SUCCESS;
-}
-
-SIM_EXPORT CUresult cuGetExportTable(const void **ppExportTable, const CUuuid *pExportTableId)
-{
-    if (!ppExportTable || !pExportTableId)
-        return CUDA_ERROR_INVALID_VALUE;
-    /* The simulator has no private export tables (those serve NVIDIA's runtime and tools). */
-    *ppExportTable = NULL;
-    return CUDA_ERROR_INVALID_VALUE;
 }

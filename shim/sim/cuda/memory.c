@@ -281,8 +281,10 @@ SIM_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
     CUresult rc = sim_check_init();
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (dptr == 0)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (dptr == 0) { /* as free(NULL): the runtime's cudaFree(0) idiom (cuBLAS relies on it) */
+        struct CUctx_st *c;
+        return sim_get_ctx(&c);
+    }
     pthread_mutex_lock(&G.lock);
     sim_alloc a;
     if (sim_alloc_find((uintptr_t)dptr, &a) != 0 || a.base != (uintptr_t)dptr ||

@@ -5,8 +5,9 @@
  * them as `[.visible|.weak] .global|.const [.align N] .<type> name[dims] [= init];`; each is
  * allocated (zeroed, charged like cuMemAlloc) in the module's context and freed at unload. An ELF
  * cubin (NVRTC's and nvcc's device code) names them in its symbol table: data objects in its
- * .nv.global (zero-initialised) and .nv.constant<N> sections, with their sizes. Fatbins are not
- * parsed: they load with no globals (a documented limit).
+ * .nv.global (zero-initialised) and .nv.constant<N> sections, with their sizes. A fat binary's
+ * globals are those of its cubin for the device (fatbin.c); a module loads them at load, a
+ * library at its first cuLibraryGetGlobal (the real driver loads a library lazily too).
  */
 #include "cuda_internal.h"
 
@@ -183,9 +184,23 @@ static CUresult elf_globals(struct CUmod_st *m, const unsigned char *e)
     return CUDA_SUCCESS;
 }
 
+CUresult sim_module_globals_fatbin(struct CUmod_st *m, const void *image, int sm)
+{
+    unsigned char *cubin = sim_fatbin_cubin(image, sm);
+    if (!cubin)
+        return CUDA_SUCCESS; /* PTX only, or not decodable here: no globals */
+    CUresult rc = elf_globals(m, cubin);
+    free(cubin);
+    return rc;
+}
+
 CUresult sim_module_globals(struct CUmod_st *m, const void *image)
 {
     const unsigned char *img = image;
+    if (sim_fatbin_header(image)) {
+        const sim_device_cfg *d = &G.cfg->dev[m->ctx->dev];
+        return sim_module_globals_fatbin(m, image, d->cc_major * 10 + d->cc_minor);
+    }
     if (img[0] == 0x7f && img[1] == 'E' && img[2] == 'L' && img[3] == 'F')
         return elf_globals(m, img);
     if (!is_ptx(img))

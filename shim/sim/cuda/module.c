@@ -257,9 +257,32 @@ SIM_EXPORT CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUji
     struct CUlib_st *l = calloc(1, sizeof *l);
     if (!l)
         return CUDA_ERROR_OUT_OF_MEMORY;
+    const unsigned char *fb = sim_fatbin_header(code);
+    if (fb) {
+        /* A fat binary (the runtime's and the CUDA libraries' form): its globals are found at
+         * the first lookup, as the real driver loads a library lazily. The image is kept: the
+         * caller's, when it promised to keep it (CU_LIBRARY_BINARY_IS_PRESERVED), else a copy. */
+        int preserved = 0;
+        for (unsigned i = 0; i < numLibraryOptions; i++)
+            if ((int)libraryOptions[i] == 1 && libraryOptionValues[i])
+                preserved = 1;
+        if (preserved) {
+            l->fatbin = code;
+        } else {
+            size_t n = sim_fatbin_size(fb);
+            l->fatbin_copy = malloc(n);
+            if (!l->fatbin_copy) {
+                free(l);
+                return CUDA_ERROR_OUT_OF_MEMORY;
+            }
+            memcpy(l->fatbin_copy, fb, n);
+            l->fatbin = l->fatbin_copy;
+        }
+    }
     /* its globals are allocated in the context current at load, if any (a library loaded with
      * no context has none here: the real driver loads it into each context as it is used) */
-    if (sim_current_ctx() && (rc = module_new(&l->mod, code)) != CUDA_SUCCESS) {
+    if (sim_current_ctx() && (rc = module_new(&l->mod, fb ? NULL : code)) != CUDA_SUCCESS) {
+        free(l->fatbin_copy);
         free(l);
         return rc;
     }
@@ -304,6 +327,9 @@ SIM_EXPORT CUresult cuLibraryUnload(CUlibrary library)
         library->mod->magic = MAGIC_DEAD;
         module_free_globals_locked(library->mod);
     }
+    free(library->fatbin_copy);
+    library->fatbin_copy = NULL;
+    library->fatbin = NULL;
     pthread_mutex_unlock(&G.lock);
     return CUDA_SUCCESS;
 }
@@ -388,6 +414,24 @@ SIM_EXPORT CUresult cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, CUmod
     return get_global(dptr, bytes, hmod, name);
 }
 
+/* The first lookup in a fat binary library loads its cubin's globals into the current context. */
+static void library_load_fatbin(struct CUlib_st *l)
+{
+    struct CUctx_st *c = sim_current_ctx();
+    if (!c)
+        return;
+    pthread_mutex_lock(&G.lock);
+    int todo = !l->fatbin_parsed && l->fatbin;
+    l->fatbin_parsed = 1;
+    pthread_mutex_unlock(&G.lock);
+    if (!todo)
+        return;
+    if (!l->mod && module_new(&l->mod, NULL) != CUDA_SUCCESS)
+        return;
+    const sim_device_cfg *d = &G.cfg->dev[l->mod->ctx->dev];
+    sim_module_globals_fatbin(l->mod, l->fatbin, d->cc_major * 10 + d->cc_minor);
+}
+
 SIM_EXPORT CUresult cuLibraryGetGlobal(CUdeviceptr *dptr, size_t *bytes, CUlibrary library, const char *name)
 {
     CUresult rc = sim_check_init();
@@ -395,5 +439,6 @@ SIM_EXPORT CUresult cuLibraryGetGlobal(CUdeviceptr *dptr, size_t *bytes, CUlibra
         return rc;
     if (!SIM_VALID(library, MAGIC_LIB))
         return CUDA_ERROR_INVALID_HANDLE;
+    library_load_fatbin(library);
     return library->mod ? get_global(dptr, bytes, library->mod, name) : CUDA_ERROR_NOT_FOUND;
 }

@@ -26,7 +26,7 @@ typedef struct {
     void *fn_ptds; /* NULL: no per-thread variant */
 } proc_row;
 
-static proc_row rows[512];
+static proc_row rows[640];
 static size_t nrows;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static void build_rows(void);
@@ -108,6 +108,7 @@ static void build_rows(void)
             rows[i++] = (proc_row){ #b, v, (void *)s, pt_[0] };               \
     } while (0);
 #include "vgpu/cuda_procaddr.def"
+#include "procaddr_ext.def"
 #undef CU_PROC
     nrows = i;
 }

@@ -433,6 +433,12 @@ static int event_done(struct CUevent_st *e)
 
 SIM_EXPORT CUresult cuEventRecord(CUevent hEvent, CUstream hStream) { return event_record(hEvent, hStream, 0); }
 SIM_EXPORT CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream) { return event_record(hEvent, hStream, 1); }
+/* flags: CU_EVENT_RECORD_DEFAULT (0) or CU_EVENT_RECORD_EXTERNAL (1: a node of its own in a
+ * captured graph; captured event records add no nodes here, so it records as the default does) */
+SIM_EXPORT CUresult cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned int flags)
+{ return flags > 1 ? CUDA_ERROR_INVALID_VALUE : event_record(hEvent, hStream, 0); }
+SIM_EXPORT CUresult cuEventRecordWithFlags_ptsz(CUevent hEvent, CUstream hStream, unsigned int flags)
+{ return flags > 1 ? CUDA_ERROR_INVALID_VALUE : event_record(hEvent, hStream, 1); }
 
 SIM_EXPORT CUresult cuEventSynchronize(CUevent hEvent)
 {

@@ -11,12 +11,23 @@
  *  - A reservation is a PROT_NONE mapping; cuMemMap maps the memfd over part of it (still no
  *    access); cuMemSetAccess makes it readable/writable; cuMemUnmap puts PROT_NONE back.
  *    Copies into a mapped range without access are CUDA_ERROR_INVALID_VALUE, not a fault.
+ *  - A handle is counted: cuMemRetainAllocationHandle (the handle of a mapped address) adds a
+ *    reference, each cuMemRelease drops one; the memory is returned at the last.
+ *  - Shareable handles (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, if requested at cuMemCreate):
+ *    the export is a descriptor of the memfd, named for the physical device; an import (in this
+ *    or another process, the descriptor passed over a unix socket) is a new handle of the same
+ *    pages, charged nowhere: the memory stays charged to the process that created it, as the
+ *    real driver counts it once on the device. Other handle types: CUDA_ERROR_NOT_SUPPORTED.
  */
 #define _GNU_SOURCE 1 /* memfd_create */
 #include "cuda_internal.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -26,6 +37,8 @@ typedef struct vmm_handle {
     size_t size;
     int dev;
     uint64_t charged;
+    int refs;                        /* cuMemCreate / import 1, + each retain */
+    CUmemAllocationProp prop;
     struct vmm_handle *next;
 } vmm_handle;
 
@@ -103,7 +116,9 @@ SIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t siz
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     vmm_handle *h = calloc(1, sizeof *h);
-    int fd = memfd_create("simgpu-vmm", MFD_CLOEXEC);
+    char name[32];
+    snprintf(name, sizeof name, "simgpu-vmm-dev%d", sim_phys(dev)); /* an importer learns the device */
+    int fd = memfd_create(name, MFD_CLOEXEC);
     if (!h || fd < 0 || ftruncate(fd, (off_t)size) != 0) {
         if (fd >= 0)
             close(fd);
@@ -117,6 +132,8 @@ SIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t siz
     h->size = size;
     h->dev = dev;
     h->charged = size;
+    h->refs = 1;
+    h->prop = *prop;
     h->next = handles;
     handles = h;
     pthread_mutex_unlock(&G.lock);
@@ -138,6 +155,10 @@ SIM_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
         return CUDA_ERROR_INVALID_VALUE;
     }
     vmm_handle *h = *pp;
+    if (--h->refs > 0) {
+        pthread_mutex_unlock(&G.lock);
+        return CUDA_SUCCESS;
+    }
     *pp = h->next;
     sim_mem_uncharge(G.slot, sim_phys(h->dev), h->charged);
     close(h->fd); /* live mappings keep the pages until unmapped */
@@ -246,7 +267,7 @@ SIM_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemG
         }
     }
     void *m = mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, h->fd, (off_t)offset);
-    sim_alloc a = { .base = (uintptr_t)ptr, .size = size, .dev = h->dev, .kind = ALLOC_VMM_MAP, .ctx = sim_current_ctx() };
+    sim_alloc a = { .base = (uintptr_t)ptr, .size = size, .dev = h->dev, .kind = ALLOC_VMM_MAP, .ctx = sim_current_ctx(), .handle = h->id };
     if (m == MAP_FAILED || sim_alloc_insert(&a) != 0) {
         if (m != MAP_FAILED)
             mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
@@ -315,5 +336,121 @@ SIM_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAcce
         cur = a.base + a.size;
     }
     pthread_mutex_unlock(&G.lock);
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
+{
+    if (!handle || !addr)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = sim_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    pthread_mutex_lock(&G.lock);
+    sim_alloc a;
+    vmm_handle *h = NULL;
+    if (sim_alloc_find((uintptr_t)addr, &a) == 0 && a.kind == ALLOC_VMM_MAP)
+        h = find_handle(a.handle);
+    if (h) {
+        h->refs++;
+        *handle = h->id;
+    }
+    pthread_mutex_unlock(&G.lock);
+    return h ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+SIM_EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop, CUmemGenericAllocationHandle handle)
+{
+    if (!prop)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = sim_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    pthread_mutex_lock(&G.lock);
+    vmm_handle *h = find_handle(handle);
+    if (h)
+        *prop = h->prop;
+    pthread_mutex_unlock(&G.lock);
+    return h ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+SIM_EXPORT CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle handle, CUmemAllocationHandleType handleType,
+                                                 unsigned long long flags)
+{
+    if (!shareableHandle || flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = sim_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        return CUDA_ERROR_NOT_SUPPORTED; /* Win32 / fabric handles: not on this system */
+    pthread_mutex_lock(&G.lock);
+    vmm_handle *h = find_handle(handle);
+    int fd = -1;
+    if (!h)
+        rc = CUDA_ERROR_INVALID_VALUE;
+    else if (!(h->prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
+        rc = CUDA_ERROR_NOT_PERMITTED; /* not requested at cuMemCreate */
+    else if ((fd = fcntl(h->fd, F_DUPFD_CLOEXEC, 0)) < 0)
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_unlock(&G.lock);
+    if (rc == CUDA_SUCCESS)
+        *(int *)shareableHandle = fd;
+    return rc;
+}
+
+/* The physical device a simulator memfd was created for; -1 if fd is not one. */
+static int memfd_device(int fd)
+{
+    char path[64], target[256];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(path, target, sizeof target - 1);
+    if (n <= 0)
+        return -1;
+    target[n] = '\0';
+    int phys;
+    if (sscanf(target, "/memfd:simgpu-vmm-dev%d", &phys) != 1)
+        return -1;
+    return phys;
+}
+
+SIM_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle, CUmemAllocationHandleType shHandleType)
+{
+    if (!handle)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = sim_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (shHandleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    int in = (int)(intptr_t)osHandle, phys = memfd_device(in), dev = -1;
+    struct stat st;
+    for (int d = 0; phys >= 0 && d < G.cfg->ndev; d++)
+        if (sim_phys(d) == phys)
+            dev = d;
+    if (dev < 0 || fstat(in, &st) != 0 || st.st_size <= 0)
+        return CUDA_ERROR_INVALID_VALUE; /* not an exported allocation of a visible device */
+    vmm_handle *h = calloc(1, sizeof *h);
+    int fd = fcntl(in, F_DUPFD_CLOEXEC, 0);
+    if (!h || fd < 0) {
+        free(h);
+        if (fd >= 0)
+            close(fd);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    h->fd = fd;
+    h->size = (size_t)st.st_size;
+    h->dev = dev;
+    h->refs = 1;
+    h->prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    h->prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    h->prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    h->prop.location.id = dev;
+    pthread_mutex_lock(&G.lock);
+    h->id = next_id++;
+    h->next = handles;
+    handles = h;
+    pthread_mutex_unlock(&G.lock);
+    *handle = h->id;
     return CUDA_SUCCESS;
 }

@@ -1,0 +1,72 @@
+/*
+ * Driver entry points the simulator exports beyond vgpu/cuda_api.h (the declarations the shim
+ * shares): those NVIDIA's CUDA runtime and PyTorch resolve through cuGetProcAddress. Their
+ * cuGetProcAddress rows are in procaddr_ext.def. Types the simulator never looks inside are
+ * opaque here; the argument lists follow cuda.h (C linkage: only the register classes matter).
+ */
+#ifndef VGPU_SIM_API_EXT_H
+#define VGPU_SIM_API_EXT_H
+
+typedef struct CUgreenCtx_st *CUgreenCtx;
+typedef struct CUdevResourceDesc_st *CUdevResourceDesc;
+typedef struct CUdevResource_st CUdevResource;   /* never dereferenced */
+typedef struct CUmulticastObjectProp_st CUmulticastObjectProp;
+typedef struct CUlogsCallbackEntry_st *CUlogsCallbackHandle;
+typedef void (*CUlogsCallback)(void *data, int logLevel, char *message, size_t length);
+typedef unsigned int CUlogIterator;
+typedef struct CUstreamBatchMemOpParams_st CUstreamBatchMemOpParams;
+typedef enum { CU_MODULE_EAGER_LOADING_SIM = 1, CU_MODULE_LAZY_LOADING_SIM = 2 } CUmoduleLoadingMode_sim;
+
+/* shareable handles and allocation handles (vmm.c) */
+VGPU_CUDA_API CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle handle, CUmemAllocationHandleType handleType,
+                                                    unsigned long long flags);
+VGPU_CUDA_API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle, CUmemAllocationHandleType shHandleType);
+VGPU_CUDA_API CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr);
+VGPU_CUDA_API CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop, CUmemGenericAllocationHandle handle);
+
+/* stream memory operations (memops.c) */
+VGPU_CUDA_API CUresult cuStreamWriteValue32(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags);
+VGPU_CUDA_API CUresult cuStreamWriteValue32_ptsz(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags);
+VGPU_CUDA_API CUresult cuStreamWriteValue32_v2(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags);
+VGPU_CUDA_API CUresult cuStreamWriteValue32_v2_ptsz(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags);
+VGPU_CUDA_API CUresult cuStreamWriteValue64(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags);
+VGPU_CUDA_API CUresult cuStreamWriteValue64_ptsz(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags);
+VGPU_CUDA_API CUresult cuStreamWriteValue64_v2(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags);
+VGPU_CUDA_API CUresult cuStreamWriteValue64_v2_ptsz(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags);
+
+/* multicast objects and green contexts: not supported by the simulated devices (unsupported.c) */
+VGPU_CUDA_API CUresult cuMulticastCreate(CUmemGenericAllocationHandle *mcHandle, const CUmulticastObjectProp *prop);
+VGPU_CUDA_API CUresult cuMulticastAddDevice(CUmemGenericAllocationHandle mcHandle, CUdevice dev);
+VGPU_CUDA_API CUresult cuMulticastBindMem(CUmemGenericAllocationHandle mcHandle, size_t mcOffset, CUmemGenericAllocationHandle memHandle, size_t memOffset,
+                                          size_t size, unsigned long long flags);
+VGPU_CUDA_API CUresult cuMulticastBindAddr(CUmemGenericAllocationHandle mcHandle, size_t mcOffset, CUdeviceptr memptr, size_t size, unsigned long long flags);
+VGPU_CUDA_API CUresult cuMulticastUnbind(CUmemGenericAllocationHandle mcHandle, CUdevice dev, size_t mcOffset, size_t size);
+VGPU_CUDA_API CUresult cuMulticastGetGranularity(size_t *granularity, const CUmulticastObjectProp *prop, int option);
+VGPU_CUDA_API CUresult cuGreenCtxCreate(CUgreenCtx *phCtx, CUdevResourceDesc desc, CUdevice dev, unsigned int flags);
+VGPU_CUDA_API CUresult cuGreenCtxDestroy(CUgreenCtx hCtx);
+VGPU_CUDA_API CUresult cuGreenCtxStreamCreate(CUstream *phStream, CUgreenCtx greenCtx, unsigned int flags, int priority);
+VGPU_CUDA_API CUresult cuCtxFromGreenCtx(CUcontext *pContext, CUgreenCtx hCtx);
+VGPU_CUDA_API CUresult cuDeviceGetDevResource(CUdevice device, CUdevResource *resource, int type);
+VGPU_CUDA_API CUresult cuDevSmResourceSplitByCount(CUdevResource *result, unsigned int *nbGroups, const CUdevResource *input, CUdevResource *remaining,
+                                                   unsigned int useFlags, unsigned int minCount);
+VGPU_CUDA_API CUresult cuDevResourceGenerateDesc(CUdevResourceDesc *phDesc, CUdevResource *resources, unsigned int nbResources);
+
+/* driver logs (logs.c): callbacks are kept; the simulated driver logs nothing */
+VGPU_CUDA_API CUresult cuLogsRegisterCallback(CUlogsCallback callbackFunc, void *userData, CUlogsCallbackHandle *callback_out);
+VGPU_CUDA_API CUresult cuLogsUnregisterCallback(CUlogsCallbackHandle callback);
+VGPU_CUDA_API CUresult cuLogsCurrent(CUlogIterator *iterator_out, unsigned int flags);
+VGPU_CUDA_API CUresult cuLogsDumpToMemory(CUlogIterator *iterator, char *buffer, size_t *size, unsigned int flags);
+
+/* thread block clusters (funcattr.c) */
+VGPU_CUDA_API CUresult cuOccupancyMaxPotentialClusterSize(int *clusterSize, CUfunction func, const CUlaunchConfig *config);
+VGPU_CUDA_API CUresult cuOccupancyMaxActiveClusters(int *numClusters, CUfunction func, const CUlaunchConfig *config);
+
+/* events and capture (stream.c, graph.c) */
+VGPU_CUDA_API CUresult cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned int flags);
+VGPU_CUDA_API CUresult cuEventRecordWithFlags_ptsz(CUevent hEvent, CUstream hStream, unsigned int flags);
+VGPU_CUDA_API CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode);
+
+/* context and stream identity (ctxinfo.c) */
+VGPU_CUDA_API CUresult cuCtxGetId(CUcontext ctx, unsigned long long *ctxId);
+
+#endif

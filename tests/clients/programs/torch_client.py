@@ -1,0 +1,154 @@
+"""PyTorch (the default PyPI build, CUDA 13.0) on the simulated GPU; run by tests/clients/test_torch.py
+with .venv/frameworks' interpreter, usually under `vgpu run --sim --memory Q`. Kernels compute
+nothing on the simulator: these programs check memory, errors and timing, never values.
+
+torch_client.py memory        mem_get_info, then 64 MiB tensors through the caching allocator up to
+                              torch.cuda.OutOfMemoryError; empty_cache(); the memory is usable again
+torch_client.py matmul        a @ a (cuBLAS)
+torch_client.py graph         CUDA graph capture and replay (its memory pool charged)
+torch_client.py shared        a second process (torch.multiprocessing) shares the slice's quota
+torch_client.py nvml          what NVML shows inside the slice
+torch_client.py pool F        the vLLM pattern: a pool of F x total minus what is used, filled
+torch_client.py hold          mem_get_info, 64 MiB tensors up to torch.cuda.OutOfMemoryError, then
+                              "holding" and the tensors kept until a line arrives on stdin
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+MiB = 1 << 20
+
+
+def info() -> tuple[int, int]:
+    free, total = torch.cuda.mem_get_info()
+    print(f"free={free} total={total}", flush=True)
+    return free, total
+
+
+def fill(chunk: int) -> list[torch.Tensor]:
+    held: list[torch.Tensor] = []
+    try:
+        while True:
+            held.append(torch.empty(chunk, dtype=torch.uint8, device="cuda"))
+    except torch.cuda.OutOfMemoryError as e:
+        print(f"oom after {len(held)} tensors: {str(e).splitlines()[0][:120]}", flush=True)
+    return held
+
+
+def memory() -> None:
+    assert torch.cuda.is_available() and torch.cuda.device_count() == 1
+    print(f"available={torch.cuda.is_available()}")
+    info()
+    held = fill(64 * MiB)
+    print(f"allocated={len(held) * 64 * MiB} reserved={torch.cuda.memory_reserved()}")
+    del held
+    torch.cuda.empty_cache()
+    info()
+    again = fill(64 * MiB)
+    print(f"again={len(again)}")
+
+
+def matmul() -> None:
+    a = torch.ones(256, 256, device="cuda")
+    b = a @ a
+    torch.cuda.synchronize()
+    print(f"matmul ok {tuple(b.shape)}")
+
+
+def graph() -> None:
+    x = torch.ones(1 << 20, device="cuda")
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        y = x * 2  # warm-up on a side stream, as torch's docs ask
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = x * 2 + 1
+    before = torch.cuda.mem_get_info()[0]
+    for _ in range(3):
+        g.replay()
+    torch.cuda.synchronize()
+    print(
+        f"graph ok replays=3 out={y.numel()} free_before={before} free_after={torch.cuda.mem_get_info()[0]}"
+    )
+
+
+def child(q: object) -> None:
+    torch.cuda.init()
+    free, total = torch.cuda.mem_get_info()
+    chunk = free + 64 * MiB  # more than the slice has left beside the parent's tensor
+    try:
+        t = torch.empty(chunk, dtype=torch.uint8, device="cuda")
+        del t
+        q.put(f"child fit free={free} total={total}")  # type: ignore[attr-defined]
+    except torch.cuda.OutOfMemoryError:
+        q.put(f"child oom free={free} total={total}")  # type: ignore[attr-defined]
+
+
+def shared() -> None:
+    import torch.multiprocessing as mp
+
+    free, _ = info()
+    held = torch.empty(free // 2, dtype=torch.uint8, device="cuda")  # half of what is left
+    print(f"parent holds {held.numel()}", flush=True)
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=child, args=(q,))
+    p.start()
+    print(q.get(timeout=120), flush=True)
+    p.join(120)
+    del held
+
+
+def nvml() -> None:
+    import pynvml
+
+    torch.ones(1, device="cuda")
+    pynvml.nvmlInit()
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    m = pynvml.nvmlDeviceGetMemoryInfo(h)
+    print(f"nvml_total={m.total} nvml_used={m.used}")
+    info()
+
+
+def pool(fraction: float) -> None:
+    free, total = info()
+    used = total - free
+    size = (
+        int(total * fraction) - used
+    )  # vLLM: gpu_memory_utilization x total, minus what is in use
+    kv = torch.empty(size, dtype=torch.uint8, device="cuda")
+    kv.fill_(0)
+    torch.cuda.synchronize()
+    print(f"pool={size} of total={total}", flush=True)
+    for _ in range(20):  # work beside the pool
+        a = torch.ones(1 << 20, device="cuda")
+        (a * 2).sum()
+    torch.cuda.synchronize()
+    print("pool ok", flush=True)
+
+
+def hold() -> None:
+    info()
+    held = fill(64 * MiB)
+    print(f"holding {len(held)}", flush=True)
+    sys.stdin.readline()
+    del held
+
+
+if __name__ == "__main__":
+    mode = sys.argv[1]
+    if mode == "pool":
+        pool(float(sys.argv[2]))
+    else:
+        {
+            "memory": memory,
+            "matmul": matmul,
+            "graph": graph,
+            "shared": shared,
+            "nvml": nvml,
+            "hold": hold,
+        }[mode]()
