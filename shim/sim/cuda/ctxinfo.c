@@ -85,18 +85,25 @@ SIM_EXPORT CUresult cuCtxGetFlags(unsigned int *flags)
     return rc;
 }
 
+/* ctx itself when given (validated), else the calling thread's current context. */
+static CUresult given_or_current(CUcontext ctx, struct CUctx_st **out)
+{
+    if (!ctx)
+        return sim_get_ctx(out);
+    if (!SIM_VALID(ctx, MAGIC_CTX))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    *out = ctx;
+    return CUDA_SUCCESS;
+}
+
 SIM_EXPORT CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *version)
 {
     if (!version)
         return CUDA_ERROR_INVALID_VALUE;
-    struct CUctx_st *c = ctx;
-    if (!c) {
-        CUresult rc = sim_get_ctx(&c);
-        if (rc != CUDA_SUCCESS)
-            return rc;
-    } else if (!SIM_VALID(c, MAGIC_CTX)) {
-        return CUDA_ERROR_INVALID_CONTEXT;
-    }
+    struct CUctx_st *c;
+    CUresult rc = given_or_current(ctx, &c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
     *version = 3020; /* every context created through the _v2 API reports 3020 */
     return CUDA_SUCCESS;
 }
@@ -105,14 +112,10 @@ SIM_EXPORT CUresult cuCtxGetId(CUcontext ctx, unsigned long long *ctxId)
 {
     if (!ctxId)
         return CUDA_ERROR_INVALID_VALUE;
-    struct CUctx_st *c = ctx;
-    if (!c) {
-        CUresult rc = sim_get_ctx(&c);
-        if (rc != CUDA_SUCCESS)
-            return rc;
-    } else if (!SIM_VALID(c, MAGIC_CTX)) {
-        return CUDA_ERROR_INVALID_CONTEXT;
-    }
+    struct CUctx_st *c;
+    CUresult rc = given_or_current(ctx, &c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
     *ctxId = c->serial; /* unique in the process: a new activation of a primary context is a new id */
     return CUDA_SUCCESS;
 }
