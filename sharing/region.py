@@ -211,16 +211,22 @@ def _check_file(p: str, fd: int, shared: bool) -> os.stat_result:
     return st
 
 
+def _open_for_reading(p: str) -> int:
+    """A descriptor to read the file at p through (never a link at its last component, never
+    blocking on a FIFO), or RegionError in one line."""
+    try:
+        return os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise RegionError(f"{p}: {_why(e)}") from e
+
+
 def read(path: str | os.PathLike[str]) -> RegionSnapshot:
     """Snapshot the region at path. Raises RegionError (one line) if it is missing or not valid.
 
     The file is read with pread into a private copy, never mapped: a file truncated while it is
     read (any process of the slice may do it) is a RegionError, not a SIGBUS."""
     p = os.fspath(path)
-    try:
-        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as e:
-        raise RegionError(f"{p}: {_why(e)}") from e
+    fd = _open_for_reading(p)
     try:
         size = _check_file(p, fd, False).st_size
         if size != FILE_SIZE:
@@ -359,10 +365,7 @@ def read_slot_limits(path: str | os.PathLike[str]) -> list[SlotLimits]:
     truncate the file, and a read past its end is a short read, not a fault). RegionError (one
     line) for a file that is missing, of another layout or size, or being truncated."""
     p = os.fspath(path)
-    try:
-        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as e:
-        raise RegionError(f"{p}: {_why(e)}") from e
+    fd = _open_for_reading(p)
     try:
         st = os.fstat(fd)
         head = os.pread(fd, ffi.sizeof("struct vgpu_region_header"), 0)
