@@ -2,7 +2,7 @@
 
 The DRA plugin creates them (driver/state.py, driver/driver.py), the observers find them
 (sharing/slices.py), and the shim reads the limits file at CONTAINER_LIMITS (shim/src/
-shim_internal.h's VGPU_LIMITS_CONTAINER_PATH; tests/test_claimlayout.py ties the two).
+shim_internal.h's VGPU_LIMITS_CONTAINER_PATH; tests/sharing/test_claimlayout.py ties the two).
 
 On the node, under the plugin's data directory (`--data-dir`, DEFAULT_DATA_DIR):
 

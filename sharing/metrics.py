@@ -5,7 +5,7 @@ prometheus-client custom collector (the reference: register it in any CollectorR
 render_text(), the exposition the exporter serves, written directly in the text format 0.0.4
 with each series' label string built once per scrape. prometheus-client's generic encoder
 escapes every label of every sample (about 0.3 s for 512 slices on the 2-core machine);
-render_text() does the same in a few milliseconds. tests/obs/test_metrics_text.py checks that
+render_text() does the same in a few milliseconds. tests/sharing/test_metrics_text.py checks that
 both give the same samples.
 
 Names, units and labels are documented in docs/metrics.md. Label keys reuse dcgm-exporter's

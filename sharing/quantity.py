@@ -1,7 +1,7 @@
 """Memory quantities as people write them in the shim's environment and on the `vgpu` CLI.
 
 Accepted forms (the shim's C parser accepts exactly the same set; both rules' cases are one table:
-tests/shim/quantity_cases.py):
+tests/support/quantity_cases.py):
   plain bytes          "1073741824"
   binary suffixes      "512Ki", "4Mi", "4Gi", "1Ti", "1Pi"   (powers of 1024)
   decimal suffixes     "500K", "4M", "4G", "1T", "1P"        (upper case: powers of 1000)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sharing.paths import sim_lib_dir
+from sharing.paths import shim_library, sim_lib_dir
 from tests.support.cbuild import compile_program
 
 
@@ -56,3 +56,21 @@ def sim_env(tmp_path: Path) -> Iterator[dict[str, str]]:
 def graphmem_ops(build_c: Callable[..., Path]) -> Path:
     """tests/c/graphmem_ops.c: graph memory nodes, captured allocations and module loads, by op."""
     return build_c("graphmem_ops.c", ["-ldl"])
+
+
+@pytest.fixture
+def shim_env(sim_env: dict[str, str]) -> dict[str, str]:
+    """sim_env with the shim preloaded and no limits or region set yet."""
+    env = {
+        k: v for k, v in sim_env.items() if not k.startswith(("CUDA_DEVICE_", "LIBCUDA_", "VGPU_"))
+    }
+    env.pop("CUDA_DISABLE_CONTROL", None)
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    env["LD_PRELOAD"] = str(shim_library())
+    return env
+
+
+@pytest.fixture
+def shim_ops(build_c: Callable[..., Path]) -> Path:
+    """tests/c/shim_ops.c: CUDA calls by op, one "op=... rc=..." line each."""
+    return build_c("shim_ops.c")

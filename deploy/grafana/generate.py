@@ -3,8 +3,8 @@
     python deploy/grafana/generate.py            # rewrite the committed JSON
     python deploy/grafana/generate.py --check    # exit 1 if the committed JSON is out of date
 
-Edit this file, not the JSON: tests/obs/test_dashboard.py checks that the committed JSON is this
-script's output, and tests/obs/test_prometheus.py sends every panel query to a real Prometheus.
+Edit this file, not the JSON: tests/deploy/test_dashboard.py checks that the committed JSON is this
+script's output, and tests/deploy/test_prometheus.py sends every panel query to a real Prometheus.
 Metrics: docs/metrics.md; recording rules: deploy/prometheus/rules.yaml.
 """
 

@@ -16,7 +16,7 @@
 #include "demand.h"
 #include "shim_internal.h"
 
-/* == sharing.percent.FORMS; the cases both sides accept: tests/shim/percent_cases.py */
+/* == sharing.percent.FORMS; the cases both sides accept: tests/support/percent_cases.py */
 static const char cap_forms[] = "a percentage 0-100 (e.g. 30 or 12.5; 0 or 100 = no cap)";
 
 /* Percent -> permille: [0-9]+(.[0-9]+)? with an optional '%' and surrounding blanks (no hex, no

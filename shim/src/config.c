@@ -20,7 +20,7 @@ static int py_space(unsigned char c) { return c == ' ' || (c >= '\t' && c <= '\r
 
 typedef unsigned __int128 u128;
 
-/* Keep in step with sharing/quantity.py (_MULTIPLIERS, _PATTERN); tests/shim/quantity_cases.py
+/* Keep in step with sharing/quantity.py (_MULTIPLIERS, _PATTERN); tests/support/quantity_cases.py
  * runs the same table through both. Two-letter suffixes first so "Ki" is not read as "K". */
 static const struct { const char *suffix; uint64_t mult; } multipliers[] = {
     {"Ki", 1024ULL}, {"Mi", 1048576ULL}, {"Gi", 1073741824ULL}, {"Ti", 1099511627776ULL},

@@ -6,12 +6,9 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
-from sharing.paths import shim_library
 
 REPO = Path(__file__).resolve().parents[2]
 SHIM_SRC = REPO / "shim" / "src"
@@ -46,18 +43,6 @@ def shim_harness(cbin_dir: Path) -> Path:
     return _build_harness(cbin_dir, [])
 
 
-@pytest.fixture
-def shim_env(sim_env: dict[str, str]) -> dict[str, str]:
-    """sim_env with the shim preloaded and no limits or region set yet."""
-    env = {
-        k: v for k, v in sim_env.items() if not k.startswith(("CUDA_DEVICE_", "LIBCUDA_", "VGPU_"))
-    }
-    env.pop("CUDA_DISABLE_CONTROL", None)
-    env.pop("CUDA_VISIBLE_DEVICES", None)
-    env["LD_PRELOAD"] = str(shim_library())
-    return env
-
-
 def kv(stdout: str) -> dict[str, str]:
     """Parse 'key=value' tokens of a test program's output (last occurrence wins)."""
     out: dict[str, str] = {}
@@ -82,11 +67,6 @@ def clean_env() -> dict[str, str]:
 def parse_ops(stdout: str) -> list[dict[str, str]]:
     """One dict per 'op=... rc=...' line of shim_ops."""
     return [kv(line) for line in stdout.splitlines() if line.startswith("op=")]
-
-
-@pytest.fixture
-def shim_ops(build_c: Callable[..., Path]) -> Path:
-    return build_c("shim_ops.c")
 
 
 def run_ops(

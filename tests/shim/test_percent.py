@@ -12,7 +12,7 @@ import pytest
 from sharing import run
 from sharing.limitsfile import LimitsFileError, parse_limits_file
 from sharing.percent import FORMS, PercentError, parse_permille
-from tests.shim.percent_cases import CASES
+from tests.support.percent_cases import CASES
 
 
 def _python(text: str) -> int | None:

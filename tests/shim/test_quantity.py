@@ -10,8 +10,8 @@ import pytest
 
 from sharing import run
 from sharing.quantity import QuantityError, parse_bytes
-from tests.shim.quantity_cases import C_ONLY_REJECTED
-from tests.shim.quantity_cases import HAMI as CASES
+from tests.support.quantity_cases import C_ONLY_REJECTED
+from tests.support.quantity_cases import HAMI as CASES
 
 
 def _python(text: str) -> int | None:

@@ -14,9 +14,9 @@ import pytest
 
 from shim.build import SANITIZER_FLAGS, build_with_gcc
 from tests.shim.conftest import REPO, _build_harness, parse_ops
-from tests.shim.quantity_cases import HAMI as CASES
 from tests.shim.test_lock_garbage import garbage_patterns, hold_hung_slot, scribble
 from tests.support.cbuild import compile_shared_library
+from tests.support.quantity_cases import HAMI as CASES
 
 MiB = 1 << 20
 SIM_LSAN_SUPP = Path(__file__).resolve().parents[1] / "sim" / "lsan.supp"

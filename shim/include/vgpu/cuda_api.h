@@ -1,7 +1,7 @@
 /*
  * The CUDA driver API as far as vgpu-sharing uses it: types, constants and prototypes with the
  * exact names, versions and signatures of NVIDIA's cuda.h, so the project builds without a CUDA
- * toolkit. tests/test_cuda_header.py proves each prototype against NVIDIA's cuda.h (CUDA 12 and 13, pinned wheels)
+ * toolkit. tests/shim/test_cuda_header.py proves each prototype against NVIDIA's cuda.h (CUDA 12 and 13, pinned wheels)
  * (compiled with -DVGPU_CHECK_AGAINST_CUDA_H after #include <cuda.h>, which then supplies the types).
  *
  * Versioned names are declared explicitly (cuMemAlloc_v2, cuLaunchKernel_ptsz): a binary calls the

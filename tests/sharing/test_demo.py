@@ -9,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.obs.helpers import only, scrape
 from tests.sim.simhelp import CONTEXT_MEMORY
+from tests.support.observers import only, scrape
 
 DEMO = [sys.executable, "-m", "sharing.cli", "demo"]
 

@@ -14,7 +14,7 @@ from sharing.policy import BUILTIN, PolicyError, Range, SharingPolicy, from_docu
 
 GiB = 1024**3
 MiB = 1024**2
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 EXAMPLE = """\
 apiVersion: vgpu.sharing.dev/v1alpha1

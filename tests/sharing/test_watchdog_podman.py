@@ -24,8 +24,8 @@ from sharing.paths import sim_lib_dir
 from tests.driver.kubelet_standin import KubeletStandin, allocated_claim, claim_id, result
 from tests.driver.test_e2e_podman import Podman, _missing_cuda, rootfs, world
 from tests.fakes.apiserver import FakeApiServer
-from tests.obs.helpers import ExporterProcess, only, scrape
 from tests.support.cbuild import compile_program
+from tests.support.observers import ExporterProcess, only, scrape
 
 __all__ = ["rootfs", "world"]  # fixtures used by name
 pytestmark = pytest.mark.slow

@@ -37,8 +37,8 @@ from tests.driver.test_e2e_podman import (
     world,
 )
 from tests.fakes.apiserver import FakeApiServer
-from tests.obs.helpers import ExporterProcess, only, scrape
-from tests.obs.test_watchdog_podman import bypass_in_rootfs
+from tests.sharing.test_watchdog_podman import bypass_in_rootfs
+from tests.support.observers import ExporterProcess, only, scrape
 
 __all__ = ["bypass_in_rootfs", "rootfs", "world"]  # fixtures used by name
 pytestmark = pytest.mark.slow

@@ -29,8 +29,8 @@ from tests.driver.test_main_e2e import (
 )
 from tests.driver.test_policy_e2e import probe
 from tests.fakes.apiserver import FakeApiServer, free_port
-from tests.obs.helpers import only, scrape, scrape_until, value
 from tests.shim.conftest import Held
+from tests.support.observers import only, scrape, scrape_until, value
 
 __all__ = ["root", "server", "sim_ready"]  # fixtures used by name
 GiB = 1 << 30
@@ -163,7 +163,7 @@ def test_a_claims_process_without_the_shim_is_reported_under_its_quota(
         )
         # a process of the claim without the shim, far under the quota (64 MiB of 4 GiB). (A
         # shimmed neighbour must be the plugin's shim with the claim's mounted limits file, as
-        # only a container has them: tests/obs/test_watchdog_attacks_podman.py.)
+        # only a container has them: tests/sharing/test_watchdog_attacks_podman.py.)
         bare = Held(ops, env, "init", "ctx", f"alloc:{64 << 20}")
         try:
             s = scrape_until(url, lambda s: value(s, "vgpu_slice_processes_without_shim",

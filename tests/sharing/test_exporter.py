@@ -16,7 +16,9 @@ from sharing.exporter import Exporter, ExporterConfig, ListenError, parse_listen
 from sharing.metrics import SLICE_LABELS
 from sharing.nvml_reader import GpuProcess, GpuReading, NvmlReading
 from sharing.paths import shim_library
-from tests.obs.helpers import (
+from tests.shim.conftest import Held
+from tests.sim.simhelp import CONTEXT_MEMORY
+from tests.support.observers import (
     ExporterProcess,
     MiB,
     Sample,
@@ -28,8 +30,6 @@ from tests.obs.helpers import (
     start_tenant,
     value,
 )
-from tests.shim.conftest import Held
-from tests.sim.simhelp import CONTEXT_MEMORY
 
 GiB = 1 << 30
 SLICE_METRICS = (

@@ -1,4 +1,4 @@
-"""Memory quantities, both rules from one table (tests/shim/quantity_cases.py): HAMi's for the
+"""Memory quantities, both rules from one table (tests/support/quantity_cases.py): HAMi's for the
 shim's environment and `vgpu run` (sharing/quantity.py), Kubernetes' for everything that comes
 from Kubernetes (sharing/kubequantity.py). Every refusal is one line naming the value."""
 
@@ -10,7 +10,7 @@ import pytest
 
 from sharing import kubequantity
 from sharing.quantity import QuantityError, format_bytes, parse_bytes
-from tests.shim.quantity_cases import HAMI, KUBE
+from tests.support.quantity_cases import HAMI, KUBE
 
 
 @pytest.mark.parametrize(("text", "expected"), HAMI)

@@ -10,7 +10,15 @@ import pytest
 
 from sharing.plan.cel_eval import CelError, SelectorEvaluator
 from sharing.plan.model import Capacity, Device
-from tests.plan.build import DRIVER, gpu, placements, request, resource_slice, run_plan, workload
+from tests.sharing.plan.build import (
+    DRIVER,
+    gpu,
+    placements,
+    request,
+    resource_slice,
+    run_plan,
+    workload,
+)
 
 A100 = gpu("gpu-0", "40Gi", product="NVIDIA A100-SXM4-40GB", cc="8.0.0")
 H100 = gpu("gpu-0", "80Gi", product="NVIDIA H100 80GB HBM3", cc="9.0.0")
@@ -120,7 +128,7 @@ def test_a_selector_that_does_not_compile_is_bad_input(
     with pytest.raises(CelError):
         SelectorEvaluator().compile("device.driver ==")
     from sharing.cli import main
-    from tests.plan.build import write_inputs
+    from tests.sharing.plan.build import write_inputs
 
     s, w = write_inputs(
         tmp_path, SLICES, [workload("w", 1, [request(selectors=["device.driver =="])])]

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 import yaml
 
-from tests.obs.dashboard_queries import (
+from tests.deploy.dashboard_queries import (
     DASHBOARD,
     RULES,
     RULES_TEST,

@@ -16,10 +16,10 @@ import pytest
 import yaml
 
 from sharing.paths import ArtefactMissingError, sim_lib_dir
-from tests.plan.build import CLASS, request, workload
+from tests.sharing.plan.build import CLASS, request, workload
 
 BIN = Path(sys.executable).parent
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _sim_device(i: int, memory: str, name: str) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from sharing.context_cache import ContextCache
-from tests.shim.test_run import vgpu_run
+from tests.sharing.test_run import vgpu_run
 from tests.sim.simhelp import CONTEXT_MEMORY
 
 SHOW = ["--", "sh", "-c", 'echo "size=${VGPU_CONTEXT_SIZE:-none}"']

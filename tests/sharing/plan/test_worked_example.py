@@ -10,7 +10,7 @@ import pytest
 
 from sharing.cli import main
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 EXAMPLE = REPO / "docs" / "examples" / "plan"
 ARGS = ["plan", "--slices", str(EXAMPLE / "slices"), "--workloads", str(EXAMPLE / "workloads.yaml")]
 
@@ -93,14 +93,15 @@ def example_slices(node: str) -> str:
     return (
         f"# What `vgpu-kubelet-plugin --dry-run --node-name {node}{flags}` prints on a node with "
         f"{DESCRIPTION[node]}\n# (the plugin's own slice code, for made-up GPUs: "
-        "tests/plan/test_worked_example.py checks it).\n" + yaml.safe_dump(doc, sort_keys=False)
+        "tests/sharing/plan/test_worked_example.py checks it).\n"
+        + yaml.safe_dump(doc, sort_keys=False)
     )
 
 
 @pytest.mark.parametrize("node", sorted(EXAMPLE_NODES))
 def test_example_slices_are_what_the_plugin_builds(node: str) -> None:
     """Guards against drift: when the plugin's slices change, rewrite the files with
-    `.venv/bin/python -m tests.plan.test_worked_example` and update docs/plan.md."""
+    `.venv/bin/python -m tests.sharing.plan.test_worked_example` and update docs/plan.md."""
     assert (EXAMPLE / "slices" / f"{node}.yaml").read_text() == example_slices(node)
 
 

@@ -9,7 +9,15 @@ from typing import Any
 
 import pytest
 
-from tests.plan.build import free, gpu, placements, request, resource_slice, run_plan, workload
+from tests.sharing.plan.build import (
+    free,
+    gpu,
+    placements,
+    request,
+    resource_slice,
+    run_plan,
+    workload,
+)
 
 ROOT = "resource.kubernetes.io/pcieRoot"
 SAME_ROOT = {"matchAttribute": ROOT}
@@ -228,7 +236,7 @@ def test_an_incomplete_pool_is_left_out_with_a_warning(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from sharing.cli import main
-    from tests.plan.build import write_inputs
+    from tests.sharing.plan.build import write_inputs
 
     s, w = write_inputs(
         tmp_path,
@@ -276,7 +284,7 @@ def test_existing_claims_allocations_are_planned_around(
     import yaml
 
     from sharing.cli import main
-    from tests.plan.build import write_inputs
+    from tests.sharing.plan.build import write_inputs
 
     def claim(name: str, results: list[dict[str, Any]] | None) -> dict[str, Any]:
         status = {"allocation": {"devices": {"results": results}}} if results else {}
@@ -359,7 +367,7 @@ def test_progress_is_reported_every_thousand_replicas_and_at_the_end(tmp_path: P
     from sharing.plan.cel_eval import SelectorEvaluator
     from sharing.plan.loader import load_slices, load_workloads
     from sharing.plan.planner import plan, prepare
-    from tests.plan.build import write_inputs
+    from tests.sharing.plan.build import write_inputs
 
     s, w = write_inputs(
         tmp_path,

@@ -52,7 +52,7 @@ def examples() -> list[tuple[str, dict[str, Any]]]:
     out = []
     for path in sorted((DEPLOY / "examples").rglob("*.yaml")):
         if path.relative_to(DEPLOY / "examples").parts[0] == "plan":
-            continue  # `vgpu plan` inputs (docs/plan.md, tested in tests/plan), not cluster objects
+            continue  # `vgpu plan` inputs (docs/plan.md, tested in tests/sharing/plan), not cluster objects
         for i, doc in enumerate(yaml.safe_load_all(path.read_text())):
             if doc is not None:
                 out.append((f"{path.relative_to(DEPLOY)}#{i}", doc))

@@ -31,7 +31,7 @@ import pytest
 # 2-core machine: past the suite's 300 s default.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BASE = "localhost/debian:bookworm-slim"
 IMAGE = "localhost/vgpu-sharing:test"
 RUNC = "/usr/sbin/runc"

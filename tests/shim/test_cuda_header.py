@@ -14,7 +14,7 @@ import pytest
 
 from tests.support.nvidia_headers import cuda_include, cuda_includes
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 INCLUDE = REPO / "shim" / "include"
 
 # Structs we define ourselves: their size and field offsets must equal cuda.h's.

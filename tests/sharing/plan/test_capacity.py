@@ -8,7 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.plan.build import free, gpu, placements, request, resource_slice, run_plan, workload
+from tests.sharing.plan.build import (
+    free,
+    gpu,
+    placements,
+    request,
+    resource_slice,
+    run_plan,
+    workload,
+)
 
 RANGE = {"default": "40Gi", "validRange": {"min": "256Mi", "max": "40Gi", "step": "256Mi"}}
 CORES = {"default": "100", "validRange": {"min": "1", "max": "100", "step": "5"}}

@@ -9,7 +9,7 @@ from pathlib import Path
 from driver.flags import parse
 from sharing import claimlayout
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_shim_reads_the_limits_file_where_the_plugin_mounts_it() -> None:

@@ -19,7 +19,7 @@ from sharing.plan.cel_eval import SelectorEvaluator
 from sharing.plan.loader import load_slices
 from sharing.plan.model import Device
 from sharing.policy import from_document
-from tests.driver.test_deploy import DEPLOY, examples, of_kind
+from tests.deploy.test_deploy import DEPLOY, examples, of_kind
 from tests.driver.test_main_e2e import (
     DRIVER,
     PluginProcess,
@@ -30,7 +30,7 @@ from tests.driver.test_main_e2e import (
     write_config,
 )
 from tests.fakes.apiserver import FakeApiServer, parse_quantity
-from tests.plan.build import resource_slice
+from tests.sharing.plan.build import resource_slice
 
 pytestmark = pytest.mark.slow
 

@@ -37,7 +37,7 @@ from tests.driver.test_main_e2e import (
     write_config,
 )
 from tests.fakes.apiserver import FakeApiServer, free_port
-from tests.obs.helpers import ExporterProcess, Sample, add_claim, only, scrape, sim_gpu_uuid
+from tests.support.observers import ExporterProcess, Sample, add_claim, only, scrape, sim_gpu_uuid
 
 __all__ = ["root", "server", "sim_ready"]  # fixtures used by name
 GiB = 1 << 30

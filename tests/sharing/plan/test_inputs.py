@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from sharing.cli import main
-from tests.plan.build import CLASS, gpu, request, resource_slice, workload, write_inputs
+from tests.sharing.plan.build import CLASS, gpu, request, resource_slice, workload, write_inputs
 
 GOOD = [resource_slice("node-a", [gpu("gpu-0")])]
 
