@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/bench_plan.py [--nodes 1000] [--gpus 8] [--claims 20000]
         [--format yaml|json] [--json]
 
-The slices are what the plugin publishes (driver.resourceslices.pool_slices, sharing mode) for
+The slices are what the plugin publishes (driver.slicebuild.pool_slices, sharing mode) for
 nodes of A100 40GB (first half) and H100 80GB GPUs (second half), written as one YAML (or
 JSON) file per node and read back by the planner's loader. The workloads mix CEL selectors on
 attributes, capacity and versions, a two-request claim with matchAttribute, and whole-GPU
@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from driver.discovery import DiscoveredGpu, Inventory  # noqa: E402
-from driver.resourceslices import pool_slices  # noqa: E402
+from driver.slicebuild import pool_slices  # noqa: E402
 from sharing.gpus import GpuInfo  # noqa: E402
 from sharing.plan.cel_eval import SelectorEvaluator  # noqa: E402
 from sharing.plan.loader import _Ctx, load_slices, parse_claim_spec  # noqa: E402

@@ -3,7 +3,7 @@
 The claim is read as raw JSON (`_preload_content=False`): the kubelet-side logic needs only a
 few fields, and raw JSON keeps unknown/new fields from breaking deserialisation.
 
-Device names (driver/devicenames.py, published by driver/resourceslices.py):
+Device names (driver/devicenames.py, published by driver/slicebuild.py):
   sharing mode    `gpu-<index>`              limits = the result's `consumedCapacity`
                                              (memory, cores), or the whole GPU when the
                                              allocation carries none (DRAConsumableCapacity off)
@@ -214,7 +214,7 @@ def plan_claim(
         name = str(r.get("device"))
         where = f"device {name}"
         pool = str(r.get("pool"))
-        if pool != node_name:  # our pool is named after its node (driver/resourceslices.py)
+        if pool != node_name:  # our pool is named after its node (driver/slicebuild.py)
             raise ClaimError(f"{where}: pool {pool} is not this node's pool {node_name}")
         gpu, memory, cores = _limits(r, name, where, by_index, mode, rules_for)
         request = str(r.get("request"))

@@ -3,7 +3,7 @@
   sharing mode    `gpu-<index>`            one device per GPU, shared by consumable capacity
   partition mode  `gpu-<index>-slice-<k>`  N fixed devices per GPU, k in 0..N-1
 
-The publishing side (driver/resourceslices.py, the plugin's first health report) and the prepare
+The publishing side (driver/slicebuild.py, the plugin's first health report) and the prepare
 side (driver/claims.py) both use this module (device names, publishing modes, capacity names), so
 a name one writes is a name the other reads.
 The partition arithmetic (memory and cores of a slice) is the policy's: sharing.policy.Rules.

@@ -20,12 +20,8 @@ import yaml
 from driver.devicenames import PARTITION, SHARING, Mode
 from driver.discovery import Discovery, NvmlBackend
 from driver.flags import Settings
-from driver.resourceslices import (
-    RulesFor,
-    describe_error,
-    pool_slices,
-    too_small_messages,
-)
+from driver.publishloop import describe_error
+from driver.slicebuild import RulesFor, pool_slices, too_small_messages
 
 log = logging.getLogger(__name__)
 

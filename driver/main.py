@@ -36,12 +36,9 @@ from driver.healthz import HealthServer, Status, socket_serves_grpc
 from driver.injection import DriverInjector, DriverRoot, SimulatorInjector, load_driver_nvml
 from driver.kube import Kube, KubeConfigError, make_api_client
 from driver.policy import PolicyView, PolicyWatcher, initial_policy
-from driver.resourceslices import (
-    PublishLoop,
-    SlicePublisher,
-    describe_error,
-    health_map,
-)
+from driver.publishloop import PublishLoop, describe_error
+from driver.slicebuild import health_map
+from driver.slicepublisher import SlicePublisher
 from sharing import claimlayout
 from sharing.exporter import Exporter, ExporterConfig
 from sharing.fsutil import atomic_write

@@ -12,7 +12,7 @@ import pytest
 
 from driver.claims import ClaimError, ClaimRef, plan_claim
 from driver.discovery import MIG_REASON, Discovery
-from driver.resourceslices import build_devices, health_map
+from driver.slicebuild import build_devices, health_map
 from sharing.gpus import GpuInfo, list_gpus, use_simulator
 from tests.driver.test_discovery import gpu
 from tests.fakes.nvml import FakeNvml

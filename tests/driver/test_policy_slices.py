@@ -13,7 +13,7 @@ import pytest
 from driver.claims import ClaimError, ClaimRef, plan_claim
 from driver.kube import Kube
 from driver.policy import PolicyView
-from driver.resourceslices import SlicePublisher
+from driver.slicepublisher import SlicePublisher
 from sharing.gpus import GpuInfo
 from sharing.policy import SharingPolicy, from_document
 from tests.driver.test_resourceslices import DRIVER, NODE, gpu, inventory

@@ -13,14 +13,14 @@ import pytest
 from driver.backoff import Backoff
 from driver.discovery import Discovery, Inventory
 from driver.kube import Kube
-from driver.resourceslices import (
+from driver.publishloop import PublishLoop
+from driver.slicebuild import (
     MAX_DEVICES_PER_SLICE,
-    PublishLoop,
-    SlicePublisher,
     build_devices,
     health_map,
     sharing_memory_policy,
 )
+from driver.slicepublisher import SlicePublisher
 from sharing.gpus import GpuInfo
 from tests.fakes.apiserver import FakeApiServer, parse_quantity, validate_resource_slice
 
@@ -133,7 +133,7 @@ def test_sharing_mode_slice_content(server: FakeApiServer) -> None:
 def test_auto_mode_falls_back_to_partition_with_one_warning(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="driver.resourceslices")
+    caplog.set_level(logging.WARNING, logger="driver.sliceprobe")
     with FakeApiServer(drop_consumable_capacity=True) as server:
         server.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
         p = publisher(server, "auto", partitions=4)
@@ -297,7 +297,7 @@ def test_unhealthy_devices_left_out_and_health_map() -> None:
 def test_publish_loop_retries_while_api_down_then_recovers(
     server: FakeApiServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="driver.resourceslices")
+    caplog.set_level(logging.INFO, logger="driver.publishloop")
     loop = PublishLoop(
         publisher(server, "auto"), backoff=Backoff(initial=0.05, factor=2.0, maximum=0.2), resync=60
     )

@@ -67,7 +67,7 @@ def example_slices(node: str) -> str:
     import yaml
 
     from driver.discovery import DiscoveredGpu, Inventory
-    from driver.resourceslices import pool_slices
+    from driver.slicebuild import pool_slices
     from sharing.gpus import GpuInfo
 
     mode, gpus = EXAMPLE_NODES[node]
