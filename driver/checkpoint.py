@@ -13,7 +13,7 @@ create) -> PrepareCompleted (with the answer given to the kubelet) -> UnprepareS
 before anything is removed) -> gone. At startup a PrepareStarted entry is a prepare that died
 half-way: it is rolled back; an UnprepareStarted entry is an unprepare that died half-way: it is
 finished. Either way the claim's files are found from its UID, inside the plugin's own
-directories; the paths recorded here are only compared with those (driver/state.py).
+directories; the paths recorded here are only compared with those (driver/claimfiles.py).
 """
 
 from __future__ import annotations

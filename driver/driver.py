@@ -30,12 +30,13 @@ from pathlib import Path
 from typing import Any
 
 from driver import devicenames, hostfs
+from driver.claimfiles import HostPaths
 from driver.claims import RulesFor
 from driver.flags import Settings
 from driver.health import HealthBroadcaster
 from driver.injection import DriverInjector
 from driver.kubelet import KubeletPlugin, PluginSockets
-from driver.state import DeviceState, HostPaths
+from driver.state import DeviceState
 from sharing import claimlayout as layout
 from sharing.fsutil import atomic_write
 from sharing.gpus import GpuInfo

@@ -11,7 +11,7 @@ Per claim, one of:
            directories (the version NVML reports; the NVIDIA installer names every user-space
            library so) under its own name and its soname links' names, the `nvidia-*` tools of
            the bin directories (nvidia-smi, ...), and the `/dev/nvidia*` control nodes (the GPUs'
-           own nodes are the claim's, added by driver/state.py). NVIDIA_VISIBLE_DEVICES=void
+           own nodes are the claim's, added by driver/claimspec.py). NVIDIA_VISIBLE_DEVICES=void
            then keeps a runtime hook, where one is installed, from injecting a second time.
   nothing  no driver files under the driver root (a node without the driver, the tests'
            default): the spec is left as it was and a warning logged once.

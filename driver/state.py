@@ -1,24 +1,8 @@
-"""Prepare and unprepare of claims on this node: the DeviceState.
+"""Prepare and unprepare of claims on this node: the DeviceState, the checkpointed state machine.
 
-Files of one claim (DATA = the plugin's data dir, 0700 root; the names and container paths are
-sharing/claimlayout.py's):
-
-    <cdi root>/k8s.<driver>-claim_<uid>.json  the CDI spec (one device named by the claim UID)
-    DATA/claims/<uid>/                   0755 root, never mounted writable
-    DATA/claims/<uid>/limits             0444: the claim's limits (sharing/limitsfile.py), mounted
-                                         read-only beside the shim; the shim takes every limit
-                                         from it, whatever the container's environment says
-    DATA/claims/<uid>/shared/            0755 root, never mounted
-    DATA/claims/<uid>/shared/accounting  0666: the slice's accounting file, created at prepare
-                                         and bind-mounted alone, read-write, at
-                                         /run/vgpu-sharing/accounting (a single-file mount: the
-                                         tenant can write it but not rename, replace or add
-                                         files beside it on the host)
-    DATA/trash/                          0700 root: claim directories moved aside, removed
-                                         outside the lock (below)
-    DATA/node-state/<uid>.demand         0666, created empty: the claim's elastic-demand record,
-                                         mounted writable only into this claim (/run/vgpu-demand);
-                                         DATA/node-state is mounted read-only into every claim
+A claim's files and paths are driver/claimfiles.py's; its limits file text is
+driver/claimlimits.py's and its CDI spec driver/claimspec.py's; removed claim directories go
+through driver/trash.py, and what no checkpoint entry owns is swept by driver/orphans.py.
 
 Prepare of one claim:
   1. a PrepareCompleted checkpoint entry whose files all exist -> return its recorded answer (no
@@ -34,40 +18,22 @@ A failure after 3 removes what was created and the entry; a crash after 3 is rol
 next start (recover()). Unprepare checkpoints UnprepareStarted before removing anything, so a
 crash half-way is finished at the next start, never taken for a prepared claim.
 
-A claim directory is removed in two steps: under the lock it is renamed into DATA/trash (one
-system call, whatever it holds: a claim prepared by an older layout had a tenant-writable
-directory); after the lock one background thread removes the moved tree
-(driver/hostfs.remove_tree: iterative, bounded descriptors), so a huge tree never holds up other
-claims nor the kubelet's call. What a stop or crash leaves in the trash is removed after the next
-start.
-
-Every path is derived from the claim UID (validated: letters, digits, '-', at most 128) inside
-the plugin's own directories; nothing under DATA is opened through a link (driver/hostfs.py).
-
 One claim = one CDI device `k8s.<driver>/claim=<claim-uid>` carrying every GPU of the claim, and
 one accounting directory: all containers of a pod that use the claim share one quota; two claims
 never share a directory, even on the same GPU.
 
-Test hook: VGPU_TEST_CRASH_AT=<step> makes the process SIGKILL itself at that step (steps:
-CRASH_STEPS). It is read from the environment on each call; production never sets it.
+Crash points for tests: driver/crashpoints.py.
 """
 
 from __future__ import annotations
 
-import errno
 import logging
-import os
-import queue
-import re
-import signal
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from cdi.spec import ContainerEdits, Device, DeviceNode, Mount, Spec
 from cdi.writer import SpecWriter
 from driver import hostfs
 from driver.checkpoint import (
@@ -78,116 +44,26 @@ from driver.checkpoint import (
     ClaimEntry,
     PreparedDevice,
 )
+from driver.claimfiles import ClaimFiles, HostPaths, cdi_kind, uid_error, write_claim_dir
+from driver.claimlimits import render_limits
 from driver.claims import ClaimError, ClaimPlan, ClaimRef, RulesFor, plan_claim, read_claim
+from driver.claimspec import build_spec
+from driver.crashpoints import maybe_crash
 from driver.injection import NO_INJECTION, DriverInjector, Injection
-from driver.injection import apply as apply_injection
-from sharing import region
-from sharing.claimlayout import (
-    ACCOUNTING_FILE,
-    CONTAINER_ACCOUNTING,
-    CONTAINER_DEMAND_FILE,
-    CONTAINER_LIB,
-    CONTAINER_LIMITS,
-    CONTAINER_NODE_STATE_DIR,
-    CONTAINER_PRELOAD,
-    DEMAND_SUFFIX,
-    LIMITS_FILE,
-    SHARED_DIR,
-    TRASH_DIR,
-    demand_name,
-)
-from sharing.fsutil import atomic_write
+from driver.orphans import remove_orphans
+from driver.trash import Trash
+from sharing.claimlayout import demand_name
 from sharing.gpus import GpuInfo
-from sharing.limitsfile import render_limits_file
 
 log = logging.getLogger(__name__)
 
-CRASH_ENV = "VGPU_TEST_CRASH_AT"
-CRASH_STEPS = (
-    "prepare-started",  # after the PrepareStarted checkpoint
-    "prepare-dir",  # after the claim directory, limits, shared dir and demand file exist
-    "prepare-cdi",  # after the CDI spec is written
-    "prepare-completed",  # after the PrepareCompleted checkpoint, before answering
-    "unprepare-started",  # after the UnprepareStarted checkpoint
-    "unprepare-cdi",  # after the CDI spec is removed
-    "unprepare-dir",  # after the directory and demand file are removed, before the entry goes
-)
-
-CLAIM_CLASS = "claim"
-
-# Kubernetes UIDs are UUIDs (36 characters); the bound keeps every derived file name short.
-MAX_UID = 128
-_UID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9\-]*")
-_RO = ("ro", "nosuid", "nodev", "bind")
-_RW = ("rw", "nosuid", "nodev", "bind")
-
 ClaimReader = Callable[[ClaimRef], dict[str, Any]]
-
-
-def _maybe_crash(step: str) -> None:
-    if os.environ.get(CRASH_ENV) == step:
-        log.warning("test hook %s=%s: killing this process", CRASH_ENV, step)
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-def cdi_kind(driver_name: str) -> str:
-    return f"k8s.{driver_name}/{CLAIM_CLASS}"
-
-
-def uid_error(uid: str) -> str | None:
-    """Why `uid` cannot be a claim UID, or None. Whole-string match: a trailing newline fails."""
-    if len(uid) > MAX_UID:
-        return f"claim UID of {len(uid)} characters invalid; allowed: at most {MAX_UID}"
-    if not _UID_RE.fullmatch(uid):
-        return f"claim UID {uid!r} invalid; allowed: letters, digits and '-', not starting with '-'"
-    return None
 
 
 @dataclass(frozen=True)
 class PrepareResult:
     devices: tuple[PreparedDevice, ...] = ()
     error: str = ""
-
-
-@dataclass(frozen=True)
-class HostPaths:
-    """Host-side paths the CDI specs point at."""
-
-    shim_library: Path  # <data dir>/lib/libvgpu.so
-    preload_file: Path  # <data dir>/lib/ld.so.preload
-    claims_dir: Path  # <data dir>/claims; one sub-directory per claim UID
-    node_state_dir: Path  # <data dir>/node-state: one demand file per claim
-    dev_root: Path = Path("/dev")
-
-    @property
-    def data_dir(self) -> Path:
-        return self.claims_dir.parent
-
-    @property
-    def trash_dir(self) -> Path:
-        """Claim directories moved aside, removed outside the lock (same file system)."""
-        return self.data_dir / TRASH_DIR
-
-
-@dataclass(frozen=True)
-class ClaimFiles:
-    """Where one claim's files are, derived from its (validated) UID."""
-
-    spec: Path
-    claim_dir: Path
-    demand: Path
-
-    @property
-    def limits(self) -> Path:
-        return self.claim_dir / LIMITS_FILE
-
-    @property
-    def shared(self) -> Path:
-        return self.claim_dir / SHARED_DIR
-
-    @property
-    def accounting(self) -> Path:
-        return self.claim_dir / SHARED_DIR / ACCOUNTING_FILE
 
 
 class DeviceState:
@@ -222,8 +98,7 @@ class DeviceState:
         self.rules_for = rules_for  # the admin policy per GPU (None: built-in)
         self.injector = injector  # the driver's files for CDI-only runtimes (driver/injection.py)
         self._lock = threading.Lock()
-        self._trash: list[str] = []  # names moved into the trash under the lock, not yet queued
-        self._remover = _TrashRemover(paths.trash_dir)
+        self._trash = Trash(paths.claims_dir, paths.trash_dir)
 
     def set_gpus(self, gpus: Sequence[GpuInfo]) -> None:
         """Plan later claims on these GPUs (rediscovery saw GPUs appear or go). Prepared claims
@@ -265,12 +140,19 @@ class DeviceState:
                         entry.uid,
                         e,
                     )
-            self._remove_orphans()
+            remove_orphans(
+                {e.uid for e in self.checkpoint.entries()},
+                kind=self.kind,
+                cdi_root=self.writer.cdi_root,
+                checkpoint_path=self.checkpoint.path,
+                paths=self.paths,
+                trash=self._trash,
+            )
             log.info("checkpoint %s: %d prepared claims", self.checkpoint.path,
                      len(self.checkpoint.entries()))  # fmt: skip
-            self._trash = []
-            leftovers = self._list_trash()  # this start's moves and what a crash left
-        self._remover.put(leftovers)
+            self._trash.take()
+            leftovers = self._trash.listing()  # this start's moves and what a crash left
+        self._trash.remove_later(leftovers)
 
     def _recover_entry(self, entry: ClaimEntry) -> None:
         what = f"claim {entry.namespace}/{entry.name} ({entry.uid!r})"
@@ -288,76 +170,13 @@ class DeviceState:
         self._remove_artifacts(entry)
         self.checkpoint.delete(entry.uid)
 
-    def _remove_orphans(self) -> None:
-        """Files of ours that no checkpoint entry owns (defence in depth), and temporary files
-        of writes a crash cut short. One failure is logged; the sweep goes on."""
-        known = {e.uid for e in self.checkpoint.entries()}
-        prefix = f"{self.kind.replace('/', '-')}_"
-        sweeps: list[tuple[Path, Callable[[str], bool]]] = [
-            (self.writer.cdi_root, lambda n: (n.startswith(prefix) and n.endswith(".json")
-                                              and n[len(prefix) : -len(".json")] not in known)
-                                             or (n.startswith(f".{prefix}") and n.endswith(".tmp"))),
-            (self.paths.claims_dir, lambda n: n not in known),
-            (self.paths.node_state_dir, lambda n: n.endswith(DEMAND_SUFFIX)
-                                                  and n[: -len(DEMAND_SUFFIX)] not in known),
-            (self.checkpoint.path.parent, lambda n: n.startswith(f".{self.checkpoint.path.name}.")
-                                                    and n.endswith(".tmp")),
-        ]  # fmt: skip
-        for root, orphan in sweeps:
-            try:
-                names = sorted(os.listdir(root))
-            except FileNotFoundError:
-                continue
-            except OSError as e:
-                log.error("cannot list %s for orphans: %s", root, e)
-                continue
-            for name in filter(orphan, names):
-                try:
-                    if root == self.paths.claims_dir:
-                        removed = self._move_to_trash(root / name)
-                    else:
-                        removed = hostfs.remove(root / name, root)
-                    if removed:
-                        log.warning("removed orphan %s", root / name)
-                except Exception as e:
-                    log.error("cannot remove orphan %s: %s; continuing", root / name, e)
-
-    # --- the trash ---------------------------------------------------------------------------
-
-    def _move_to_trash(self, path: Path) -> bool:
-        """Move the claim directory `path` into the trash (call with the lock held); True if
-        something was there. The caller hands the moved names to the remover after the lock."""
-        trash = self.paths.trash_dir
-        trash.mkdir(mode=0o700, exist_ok=True)
-        try:
-            name = hostfs.move_aside(path, self.paths.claims_dir, trash)
-        except OSError as e:
-            if e.errno != errno.EXDEV:
-                raise
-            # claims/ is another file system than DATA (an admin's mount): removed in place
-            return hostfs.remove(path, self.paths.claims_dir)
-        if name is None:
-            return False
-        self._trash.append(name)
-        return True
+    def trash_idle(self, timeout: float) -> bool:
+        """Wait until every queued removal is done (tests; False on timeout)."""
+        return self._trash.idle(timeout)
 
     def _take_trash(self) -> list[str]:
         with self._lock:
-            names, self._trash = self._trash, []
-        return names
-
-    def _list_trash(self) -> list[str]:
-        try:
-            return sorted(os.listdir(self.paths.trash_dir))
-        except FileNotFoundError:
-            return []
-        except OSError as e:
-            log.error("cannot list %s: %s", self.paths.trash_dir, e)
-            return []
-
-    def trash_idle(self, timeout: float) -> bool:
-        """Wait until every queued removal is done (tests; False on timeout)."""
-        return self._remover.idle(timeout)
+            return self._trash.take()
 
     # --- prepare -----------------------------------------------------------------------------
 
@@ -373,18 +192,8 @@ class DeviceState:
             except Exception as e:
                 log.exception("claim %s: prepare failed", ref)
                 out[ref.uid] = PrepareResult(error=f"prepare failed: {e}")
-        self._remover.put(self._take_trash())  # leftovers under these claims' names
+        self._trash.remove_later(self._take_trash())  # leftovers under these claims' names
         return out
-
-    def _missing(self, uid: str) -> list[str]:
-        """The files of a prepared claim that are not (or not as regular files) in place."""
-        f = self.files(uid)
-        missing = [str(p) for p in (f.spec, f.limits, f.demand) if not _is_regular(p)]
-        if not hostfs.is_real_dir(f.shared):
-            missing.append(str(f.shared))
-        elif not _is_regular(f.accounting):  # a bind-mount source: must exist
-            missing.append(str(f.accounting))
-        return missing
 
     def _completed(self, ref: ClaimRef) -> tuple[tuple[PreparedDevice, ...] | None, list[str]]:
         """The recorded answer of a completed prepare whose files all exist, else None and the
@@ -392,7 +201,7 @@ class DeviceState:
         entry = self.checkpoint.get(ref.uid)
         if entry is None or entry.state != PREPARE_COMPLETED:
             return None, []
-        missing = self._missing(ref.uid)
+        missing = self.files(ref.uid).missing()
         if missing:
             return None, missing
         log.debug("claim %s: already prepared", ref)
@@ -456,7 +265,7 @@ class DeviceState:
             claim_dir=str(files.claim_dir),
         )
         self.checkpoint.put(started)
-        _maybe_crash("prepare-started")
+        maybe_crash("prepare-started")
         try:
             self._remove_files(files)  # leftovers of anything earlier under these names
             devices = self._write_files(ref, plan, files)
@@ -465,7 +274,7 @@ class DeviceState:
             self._remove_artifacts(started)
             self.checkpoint.delete(ref.uid)
             raise
-        _maybe_crash("prepare-completed")
+        maybe_crash("prepare-completed")
         for d in plan.devices:
             log.info(
                 "claim %s: prepared device %s (GPU %s %s): memory %d bytes, SM %d%%, policy %s",
@@ -500,31 +309,12 @@ class DeviceState:
     ) -> tuple[PreparedDevice, ...]:
         """Create (or complete) the claim's files; existing ones are kept, except the limits
         file and the spec, which are rewritten atomically. Returns the answer's devices."""
-        for d in (self.paths.claims_dir, self.paths.node_state_dir):
-            d.mkdir(mode=0o755, parents=True, exist_ok=True)  # gone since start (an operator?)
-        with hostfs.open_dir(self.paths.claims_dir) as cfd:
-            hostfs.make_dir(cfd, ref.uid, 0o755)
-        atomic_write(files.limits, self.render_limits(plan).encode(), mode=0o444)
-        with hostfs.open_dir(files.claim_dir) as dfd:
-            # root's: the tenant gets the accounting file alone (a single-file bind mount), so
-            # it can neither add files here nor rename or replace the file
-            hostfs.make_dir(dfd, SHARED_DIR, 0o755)
-        with hostfs.open_dir(files.shared) as sfd:
-            if not hostfs.is_regular(sfd, ACCOUNTING_FILE):
-                # an existing file is the slice's usage: kept
-                hostfs.remove(files.accounting, files.shared)  # not a file of ours
-                self._create_accounting(files.accounting)
-        with hostfs.open_dir(self.paths.node_state_dir) as nfd:
-            name = files.demand.name
-            if not hostfs.is_regular(nfd, name):
-                hostfs.remove(files.demand, self.paths.node_state_dir)  # not a file of ours
-                hostfs.create_empty(nfd, name, 0o666)
-            os.fsync(nfd)
-        _maybe_crash("prepare-dir")
+        write_claim_dir(self.paths, ref.uid, files, render_limits(plan))
+        maybe_crash("prepare-dir")
         inj = self._injection(plan)
-        spec = self.build_spec(plan, files.claim_dir, inj)
+        spec = build_spec(self.kind, plan, files, self.paths, inj)
         self.writer.write(spec, ref.uid)
-        _maybe_crash("prepare-cdi")
+        maybe_crash("prepare-cdi")
         cdi_id = spec.qualified_name(ref.uid)
         return tuple(
             PreparedDevice(
@@ -537,72 +327,10 @@ class DeviceState:
             for d in plan.devices
         )
 
-    @staticmethod
-    def _create_accounting(path: Path) -> None:
-        """Create the slice's accounting file (usage only, shared by the slice's processes; 0666:
-        they may run as any user). sharing.region.create makes it through an O_EXCL temporary
-        file and link(), neither of which follows a link, in a directory it checks (root's)."""
-        region.create(path, mode=0o666)
-
-    @staticmethod
-    def render_limits(plan: ClaimPlan) -> str:
-        """The claim's limits file (sharing/limitsfile.py), in container device order."""
-        limits = plan.gpu_limits()
-        return render_limits_file(
-            memory_limits=[g.memory_limit for g in limits],
-            sm_limits=[g.sm_limit for g in limits],
-            policy=plan.config.compute_policy,
-            priority=plan.config.priority,
-            shared_cache=CONTAINER_ACCOUNTING,
-            node_state_dir=CONTAINER_NODE_STATE_DIR,
-            demand_file=CONTAINER_DEMAND_FILE,
-        )
-
     def _injection(self, plan: ClaimPlan) -> Injection:
         if self.injector is None:
             return NO_INJECTION
         return self.injector.for_gpus([g.gpu for g in plan.gpu_limits()])
-
-    def build_spec(self, plan: ClaimPlan, claim_dir: Path, inj: Injection = NO_INJECTION) -> Spec:
-        """The claim's CDI spec: one device named by the claim UID."""
-        limits = plan.gpu_limits()
-        uuids = ",".join(g.gpu.uuid for g in limits)
-        env: list[tuple[str, str]] = [
-            ("CUDA_VISIBLE_DEVICES", uuids),
-            ("NVIDIA_VISIBLE_DEVICES", uuids),
-        ]
-        # Indices as the container sees them: positions in CUDA_VISIBLE_DEVICES. For tools that
-        # read them; the shim takes its limits from the limits file.
-        for i, g in enumerate(limits):
-            env.append((f"CUDA_DEVICE_MEMORY_LIMIT_{i}", str(g.memory_limit)))
-            env.append((f"CUDA_DEVICE_SM_LIMIT_{i}", str(g.sm_limit)))
-        env += [
-            ("CUDA_DEVICE_MEMORY_SHARED_CACHE", CONTAINER_ACCOUNTING),
-            ("VGPU_COMPUTE_POLICY", plan.config.compute_policy),
-            ("VGPU_PRIORITY", str(plan.config.priority)),
-            ("VGPU_NODE_STATE_DIR", CONTAINER_NODE_STATE_DIR),
-            ("VGPU_DEMAND_FILE", CONTAINER_DEMAND_FILE),
-        ]
-        uid = plan.ref.uid
-        files = self.files(uid)
-        mounts = (
-            Mount(str(self.paths.shim_library), CONTAINER_LIB, _RO),
-            Mount(str(claim_dir / LIMITS_FILE), CONTAINER_LIMITS, _RO),
-            Mount(str(self.paths.preload_file), CONTAINER_PRELOAD, _RO),
-            # the accounting file alone: a tenant cannot create files on the host or rename it
-            Mount(str(claim_dir / SHARED_DIR / ACCOUNTING_FILE), CONTAINER_ACCOUNTING, _RW),
-            Mount(str(self.paths.node_state_dir), CONTAINER_NODE_STATE_DIR, _RO),
-            Mount(str(files.demand), CONTAINER_DEMAND_FILE, _RW),
-        )
-        nodes: list[DeviceNode] = []
-        names = [f"nvidia{g.gpu.minor}" for g in limits] + ["nvidiactl", "nvidia-uvm"]
-        for n in names:
-            host = self.paths.dev_root / n
-            if host.exists():  # no GPU (or no UVM module) on this host: nothing to expose
-                nodes.append(DeviceNode(path=f"/dev/{n}", host_path=str(host)))
-        edits = ContainerEdits(env=tuple(env), device_nodes=tuple(nodes), mounts=mounts)
-        edits = apply_injection(edits, inj)
-        return Spec(kind=self.kind, devices=(Device(name=uid, edits=edits),))
 
     # --- unprepare ---------------------------------------------------------------------------
 
@@ -621,8 +349,8 @@ class DeviceState:
                 except Exception as e:
                     log.exception("claim %s: unprepare failed", ref)
                     out[ref.uid] = f"unprepare failed: {e}"
-            trash, self._trash = self._trash, []  # these claims' directories: removed below
-        self._remover.put(trash)
+            trash = self._trash.take()  # these claims' directories: removed below
+        self._trash.remove_later(trash)
         return out
 
     def _unprepare_one(self, ref: ClaimRef) -> None:
@@ -639,7 +367,7 @@ class DeviceState:
             # never mistaken for a prepared claim whose files are gone.
             entry = replace(entry, state=UNPREPARE_STARTED)
             self.checkpoint.put(entry)
-            _maybe_crash("unprepare-started")
+            maybe_crash("unprepare-started")
         self._remove_artifacts(entry, crash_hooks=True)
         self.checkpoint.delete(ref.uid)
         log.info("claim %s: unprepared", ref)
@@ -666,60 +394,12 @@ class DeviceState:
     def _remove_files(self, files: ClaimFiles, crash_hooks: bool = False) -> None:
         hostfs.remove(files.spec, self.writer.cdi_root)
         if crash_hooks:
-            _maybe_crash("unprepare-cdi")
-        self._move_to_trash(files.claim_dir)  # removed after the lock, by the remover
+            maybe_crash("unprepare-cdi")
+        self._trash.move(files.claim_dir)  # removed after the lock (driver/trash.py)
         hostfs.remove(files.demand, self.paths.node_state_dir)
         if crash_hooks:
-            _maybe_crash("unprepare-dir")
+            maybe_crash("unprepare-dir")
 
     def prepared(self) -> list[ClaimEntry]:
         with self._lock:
             return self.checkpoint.entries()
-
-
-class _TrashRemover:
-    """One thread that removes the trash entries it is given, in order, outside every lock of
-    the plugin (started at the first entry). An entry that cannot be removed is one log line and
-    stays for the next start."""
-
-    def __init__(self, trash: Path) -> None:
-        self.trash = trash
-        self._queue: queue.Queue[str] = queue.Queue()
-        self._thread: threading.Thread | None = None
-        self._start_lock = threading.Lock()
-
-    def put(self, names: list[str]) -> None:
-        if not names:
-            return
-        for name in names:
-            self._queue.put(name)
-        with self._start_lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="trash", daemon=True)
-                self._thread.start()
-
-    def idle(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while self._queue.unfinished_tasks:
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.02)
-        return True
-
-    def _run(self) -> None:
-        while True:
-            name = self._queue.get()
-            try:
-                hostfs.remove(self.trash / name, self.trash)
-            except Exception as e:
-                log.error("cannot remove %s: %s; left for the next start", self.trash / name, e)
-            finally:
-                self._queue.task_done()
-
-
-def _is_regular(path: Path) -> bool:
-    try:
-        with hostfs.open_dir(path.parent) as dfd:
-            return hostfs.is_regular(dfd, path.name)
-    except FileNotFoundError:
-        return False

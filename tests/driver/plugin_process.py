@@ -5,7 +5,7 @@
 
 DIR gets registry/ (registration socket), plugins/ (DRA socket), cdi/, data/ and dev/ (the
 device-node root); the NVIDIA Container Toolkit's CDI specs are looked for in DIR/cdi-static/. Prints READY once serving; SIGTERM stops it cleanly. The environment
-variable VGPU_TEST_CRASH_AT is honoured by the driver itself (driver/state.py).
+variable VGPU_TEST_CRASH_AT is honoured by the driver itself (driver/crashpoints.py).
 """
 
 from __future__ import annotations

@@ -93,7 +93,7 @@ def test_ours_when_no_toolkit_spec(tmp_path: Path) -> None:
     assert not {"/usr/bin/bash", "/usr/bin/nvidia-notes.txt", f"/{ARCH}/libcuda.so"} & set(mounts)
     assert not any("i386" in p or "470" in p for p in mounts.values())
     assert all(m.options == ("ro", "nosuid", "nodev", "bind") for m in inj.mounts)
-    # Control nodes only: the GPUs' own nodes are the claim's (driver/state.py adds them).
+    # Control nodes only: the GPUs' own nodes are the claim's (driver/claimspec.py adds them).
     assert sorted(n.path for n in inj.device_nodes) == [
         "/dev/nvidia-caps/nvidia-cap1",
         "/dev/nvidia-uvm",

@@ -114,7 +114,7 @@ def add_claim(
     data_dir: Path, uid: str, name: str, uuid: str, memory: int, sm: int, ns: str = "team"
 ) -> Path:
     """What the plugin leaves for a prepared claim: checkpoint entry, CDI spec, limits file and
-    accounting file (driver/state.py's layout). Returns the claim's shared/ directory (the one
+    accounting file (driver/claimfiles.py's layout). Returns the claim's shared/ directory (the one
     holding the accounting file)."""
     d = data_dir / "claims" / uid
     (d / "shared").mkdir(parents=True)

@@ -1,0 +1,26 @@
+"""A claim's limits file text (sharing/limitsfile.py's format) from its plan: the per-GPU
+limits in container device order, the compute policy and priority, and the container paths of
+the slice's shared files."""
+
+from __future__ import annotations
+
+from driver.claims import ClaimPlan
+from sharing.claimlayout import (
+    CONTAINER_ACCOUNTING,
+    CONTAINER_DEMAND_FILE,
+    CONTAINER_NODE_STATE_DIR,
+)
+from sharing.limitsfile import render_limits_file
+
+
+def render_limits(plan: ClaimPlan) -> str:
+    limits = plan.gpu_limits()
+    return render_limits_file(
+        memory_limits=[g.memory_limit for g in limits],
+        sm_limits=[g.sm_limit for g in limits],
+        policy=plan.config.compute_policy,
+        priority=plan.config.priority,
+        shared_cache=CONTAINER_ACCOUNTING,
+        node_state_dir=CONTAINER_NODE_STATE_DIR,
+        demand_file=CONTAINER_DEMAND_FILE,
+    )
