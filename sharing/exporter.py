@@ -4,6 +4,11 @@ The same Exporter serves `vgpu-kubelet-plugin --metrics-address`. Pieces: SliceF
 slices exist: the plugin's data dir, --region files), NvmlPoller (NVML in a background thread:
 a scrape never waits on NVML), ViewBuilder (the node now), VgpuCollector (the metric families),
 and the watchdog (sharing/watchdog.py) fed by every NVML pass.
+
+Device health: `vgpu_device_healthy` is 0 for a GPU NVML cannot read, one it no longer lists
+(lost), every GPU it listed while NVML itself does not answer (`vgpu_nvml_up` 0), and, in the
+plugin, every GPU its health monitor holds unhealthy (critical XID): `device_health`, the same
+source as the kubelet's health stream and the ResourceSlice taints (driver/main.py).
 """
 
 from __future__ import annotations
@@ -15,18 +20,25 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from sharing.gpus import use_simulator
 from sharing.metrics import CONTENT_TYPE, VgpuCollector, render_text
 from sharing.nodeview import LineLog, NodeView, ViewBuilder, ViolationCounts
-from sharing.nvml_reader import DEFAULT_INTERVAL, DEFAULT_STALE_AFTER, NvmlPoller, NvmlReading
+from sharing.nvml_reader import (
+    DEFAULT_INTERVAL,
+    DEFAULT_STALE_AFTER,
+    GpuReading,
+    NvmlPoller,
+    NvmlReading,
+)
 from sharing.quantity import parse_bytes
 from sharing.slices import DEFAULT_DATA_DIR, PodLookup, SliceFinder
 from sharing.watchdog import DEFAULT_MARGIN, ENFORCE_MODES, EventSink, Watchdog
@@ -36,6 +48,79 @@ log = logging.getLogger(__name__)
 DEFAULT_PORT = 9402  # dcgm-exporter has 9400
 DEFAULT_CACHE_SECONDS = 1.0  # a served exposition is at most about this old
 ACTIVE_WINDOW = 300.0  # seconds after the last scrape the cache is kept warm
+
+
+NVML_UP = "vgpu_nvml_up"
+_NVML_UP_HELP = (
+    "1 if NVML answered the exporter's last pass in time, else 0 (no NVML figure is current)."
+)
+GPU_LOST = "GPU lost: NVML no longer reports it"
+
+# GPU UUID -> why it is unhealthy ("" or absent: healthy), from the plugin's health monitor.
+DeviceHealth = Callable[[], Mapping[str, str]]
+
+
+class HealthView:
+    """NVML's latest reading with device health applied: keeps every GPU NVML once listed, so
+    a lost GPU, or every GPU while NVML is down, still has its series (healthy 0)."""
+
+    def __init__(self, latest: Callable[[], NvmlReading], device_health: DeviceHealth | None):
+        self._latest = latest
+        self._device_health = device_health
+        self._known: dict[str, GpuReading] = {}
+        self._lock = threading.Lock()
+
+    def nvml_up(self) -> bool:
+        r = self._latest()
+        return not r.error and not r.stale
+
+    def latest(self) -> NvmlReading:
+        r = self._latest()
+        causes = dict(self._device_health()) if self._device_health is not None else {}
+        with self._lock:
+            if not r.error:
+                self._known.update({g.uuid: g for g in r.gpus})
+            known = dict(self._known)
+        listed = {g.uuid for g in r.gpus}
+        gpus = list(r.gpus)
+        for uuid, g in sorted(known.items(), key=lambda kv: kv[1].index):
+            if uuid not in listed:
+                why = r.error or GPU_LOST
+                gpus.append(_unhealthy(g, why))
+        # NVML still reads a GPU with a critical XID: its figures stay, only its health changes
+        gpus = [
+            replace(g, healthy=False, error=causes[g.uuid]) if causes.get(g.uuid) else g
+            for g in gpus
+        ]
+        by_uuid = {g.uuid: g for g in gpus}
+        return NvmlReading(r.taken, tuple(gpus), r.error, r.stale, by_uuid)
+
+
+def _unhealthy(g: GpuReading, why: str) -> GpuReading:
+    return replace(g, healthy=False, utilization=None, processes=(), error=why)
+
+
+class _NvmlUpCollector:
+    def __init__(self, health: HealthView, hostname: str) -> None:
+        self._health = health
+        self._hostname = hostname
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        fam = GaugeMetricFamily(NVML_UP, _NVML_UP_HELP, labels=["Hostname"])
+        fam.add_metric([self._hostname], 1.0 if self._health.nvml_up() else 0.0)
+        yield fam
+
+
+def nvml_up_text(up: bool, hostname: str) -> bytes:
+    """The vgpu_nvml_up series in the text format."""
+    host = hostname.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return (
+        f"# HELP {NVML_UP} {_NVML_UP_HELP}\n# TYPE {NVML_UP} gauge\n"
+        f'{NVML_UP}{{Hostname="{host}"}} {1 if up else 0}\n'
+    ).encode()
 
 
 class ListenError(ValueError):
@@ -77,7 +162,9 @@ class Exporter:
         nvml_reader: Callable[[], NvmlReading] | None = None,
         events: EventSink | None = None,
         pods: PodLookup | None = None,
+        device_health: DeviceHealth | None = None,
     ) -> None:
+        """device_health: the plugin's GPU health (UUID -> cause), applied to the NVML view."""
         self.config = config
         self.hostname = config.hostname or socket.gethostname()
         self.violations = ViolationCounts()
@@ -89,10 +176,11 @@ class Exporter:
         if nvml_reader is not None:
             kw["reader"] = nvml_reader
         self.poller = NvmlPoller(**kw)
+        self.health = HealthView(self.poller.latest, device_health)
         lines = LineLog()  # an unreadable slice is one log line, whichever builder sees it
         self.view = ViewBuilder(
             SliceFinder(config.data_dir, config.regions, pods),
-            self.poller.latest,
+            self.health.latest,
             self.violations,
             lines,
         )
@@ -115,6 +203,7 @@ class Exporter:
         self.registry = CollectorRegistry(auto_describe=False)
         self.collector = VgpuCollector(self.view.build, self.hostname)
         self.registry.register(self.collector)
+        self.registry.register(_NvmlUpCollector(self.health, self.hostname))
         self._server: Any = None
         self._thread: threading.Thread | None = None
         self._cache: tuple[float, bytes, NodeView] | None = None  # (taken, text, view)
@@ -131,7 +220,8 @@ class Exporter:
     def _refresh(self) -> tuple[float, bytes, NodeView]:
         started, taken = time.perf_counter(), time.monotonic()
         view = self.view.build(commit=False)
-        entry = (taken, render_text(view, self.hostname, started), view)
+        text = render_text(view, self.hostname, started)
+        entry = (taken, text + nvml_up_text(self.health.nvml_up(), self.hostname), view)
         with self._cache_lock:
             self._cache = entry
         return entry
