@@ -6,8 +6,12 @@ rediscovery round registers a fresh event set (the simulator, like a GPU that ke
 delivers the error to it again) and then waits on it for the rest of the interval, so a new
 error is noticed at once. An error seen while waiting keeps the GPU unhealthy through the next
 round too; a GPU recovers after a whole round without a critical XID. A GPU that NVML stops
-reporting is absent. Where NVML has no events (some vGPU/MIG setups), health is presence only,
-logged once.
+reporting is lost: it stays in the inventory, unhealthy, until NVML reports it again (unless
+another GPU took its index). While NVML itself does not answer, every GPU it reported is
+unhealthy. Where NVML has no events (some vGPU/MIG setups), health is presence only, logged once.
+
+The cause of each unhealthy GPU is one of xid_cause(n), GPU_LOST, nvml_cause(error) or
+MIG_REASON; cause_code() turns it into the short form a device taint's value carries.
 """
 
 from __future__ import annotations
@@ -32,6 +36,32 @@ log = logging.getLogger(__name__)
 APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 
 MIG_REASON = "MIG mode enabled (not supported yet)"
+GPU_LOST = "GPU lost: NVML no longer reports it"
+_NVML_UNREACHABLE = "NVML unreachable"
+
+
+def xid_cause(xid: int) -> str:
+    return f"critical XID {xid}"
+
+
+def nvml_cause(error: object) -> str:
+    return f"{_NVML_UNREACHABLE}: {error}"
+
+
+def cause_code(cause: str) -> str:
+    """The cause as a label value (a device taint's value): xid-79, gpu-lost, nvml-unreachable,
+    mig-enabled; "unhealthy" for anything else."""
+    if m := re.fullmatch(r"critical XID (\d+)", cause):
+        return f"xid-{m.group(1)}"
+    if cause == GPU_LOST:
+        return "gpu-lost"
+    if cause.startswith(_NVML_UNREACHABLE):
+        return "nvml-unreachable"
+    if cause == MIG_REASON:
+        return "mig-enabled"
+    return "unhealthy"
+
+
 _PCI_ROOT = re.compile(r"^pci[0-9a-f]{4}:[0-9a-f]{2}$")
 _BUS_ID = re.compile(r"^(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.([0-7])$")
 
@@ -62,11 +92,60 @@ class NvmlBackend(Protocol):
         ...
 
 
+# nvmlBrandType as NVIDIA's DRA driver spells it in its `brand` attribute (go-nvlib's names).
+BRANDS = (
+    "Unknown", "Quadro", "Tesla", "NVS", "Grid", "GeForce", "Titan", "NvidiaVApps", "NvidiaVPC",
+    "NvidiaVCS", "NvidiaVWS", "NvidiaCloudGaming", "QuadroRTX", "NvidiaRTX", "Nvidia",
+    "GeForceRTX", "TitanRTX",
+)  # fmt: skip
+
+# CUDA compute capability (major, minor) -> architecture, as NVIDIA's DRA driver names them.
+_ARCHITECTURES = {
+    3: "Kepler", 5: "Maxwell", 6: "Pascal", 7: "Volta", 8: "Ampere", 9: "Hopper",
+    10: "Blackwell", 11: "Blackwell", 12: "Blackwell",
+}  # fmt: skip
+
+
+def architecture(compute_capability: str) -> str | None:
+    """The GPU architecture of a compute capability ('8.9' -> 'Ada Lovelace'); None if unknown.
+    The capability determines it, so no NVML call (nvmlDeviceGetArchitecture) is needed."""
+    try:
+        major, minor = (int(p) for p in compute_capability.split("."))
+    except ValueError:
+        return None
+    if (major, minor) == (7, 5):
+        return "Turing"
+    if (major, minor) == (8, 9):
+        return "Ada Lovelace"
+    return _ARCHITECTURES.get(major)
+
+
 class PynvmlBackend:
     """NVML through pynvml (libnvidia-ml.so.1: the real one on a GPU node, or the simulator)."""
 
     def list_gpus(self) -> list[GpuInfo]:
         return list_gpus()
+
+    def brands(self) -> dict[str, str]:
+        """UUID -> product brand (nvmlDeviceGetBrand); GPUs whose NVML lacks it are left out."""
+        import pynvml
+
+        out: dict[str, str] = {}
+        pynvml.nvmlInit()
+        try:
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                try:
+                    h = pynvml.nvmlDeviceGetHandleByIndex(i)
+                    brand = int(pynvml.nvmlDeviceGetBrand(h))
+                    uuid = pynvml.nvmlDeviceGetUUID(h)
+                except pynvml.NVMLError as e:
+                    log.debug("GPU %d: no brand: %s", i, e)
+                    continue
+                if 0 < brand < len(BRANDS):
+                    out[uuid.decode() if isinstance(uuid, bytes) else str(uuid)] = BRANDS[brand]
+        finally:
+            pynvml.nvmlShutdown()
+        return out
 
     def open_events(self) -> EventSource | None:
         import pynvml
@@ -154,6 +233,12 @@ class DiscoveredGpu:
     pcie_root: str | None  # None: unknown, attribute left out
     healthy: bool = True
     reason: str = ""  # why it is unhealthy
+    brand: str | None = None  # NVML's product brand, where it reports one
+
+    @property
+    def excluded(self) -> bool:
+        """Not offered at all, even tainted: MIG mode (not a health problem of the GPU)."""
+        return self.reason == MIG_REASON
 
     @property
     def index(self) -> int:
@@ -181,6 +266,8 @@ class Discovery:
         self.sysfs_root = sysfs_root
         self._fallback_logged = False
         self._mig_logged: set[str] = set()
+        self._brands: dict[str, str] = {}  # by UUID; a GPU's brand does not change
+        self._brand_asked: set[str] = set()
 
     def pcie_root(self, gpu: GpuInfo) -> str | None:
         """The PCIe root complex ('pci0000:00') the GPU hangs off, for resource.kubernetes.io/pcieRoot.
@@ -220,6 +307,17 @@ class Discovery:
             )
         return fallback
 
+    def _learn_brands(self, gpus: Sequence[GpuInfo]) -> None:
+        brands = getattr(self.backend, "brands", None)
+        if brands is None or all(g.uuid in self._brand_asked for g in gpus):
+            return
+        try:
+            self._brands.update(brands())
+        except Exception as e:  # NVML down: the brand is looked up again next round
+            log.debug("NVML brands: %s", e)
+            return
+        self._brand_asked.update(g.uuid for g in gpus)
+
     def inventory(self, gpus: Sequence[GpuInfo], unhealthy: dict[str, str]) -> Inventory:
         """A MIG-enabled GPU is left out of the offer like an unhealthy one: its memory and SMs
         belong to MIG instances, which the shim cannot share (MIG is not supported yet)."""
@@ -237,6 +335,7 @@ class Discovery:
                         g.uuid,
                         g.index,
                     )
+        self._learn_brands(gpus)
         return Inventory(
             tuple(
                 DiscoveredGpu(
@@ -244,6 +343,7 @@ class Discovery:
                     pcie_root=self.pcie_root(g),
                     healthy=g.uuid not in excluded,
                     reason=excluded.get(g.uuid, ""),
+                    brand=self._brands.get(g.uuid),
                 )
                 for g in sorted(gpus, key=lambda g: g.index)
             )
@@ -264,18 +364,19 @@ class Rediscovery:
     _last: Inventory | None = None
     _events_unavailable_logged: bool = False
     _last_gpus: list[GpuInfo] = field(default_factory=list)
+    _seen: dict[str, GpuInfo] = field(default_factory=dict)  # every GPU NVML reported, by UUID
 
     def round(self, carried: dict[str, str]) -> tuple[dict[str, str], EventSource | None]:
         """One discovery pass; returns the unhealthy map and the open event set (if any)."""
         unhealthy = dict(carried)
         try:
-            gpus = self.discovery.backend.list_gpus()
+            gpus = self._with_lost(self.discovery.backend.list_gpus(), unhealthy)
             self._last_gpus = gpus
-        except Exception as e:  # NVML gone (driver unloaded, GPU lost): offer nothing it knew
+        except Exception as e:  # NVML gone (driver unloaded, hung): nothing it knew is usable
             log.error("NVML discovery failed: %s; marking every known GPU unhealthy", e)
             gpus = self._last_gpus
             for g in gpus:
-                unhealthy.setdefault(g.uuid, f"NVML unavailable: {e}")
+                unhealthy[g.uuid] = nvml_cause(e)
             self._emit(self.discovery.inventory(gpus, unhealthy))
             return unhealthy, None
         events = None
@@ -327,6 +428,30 @@ class Rediscovery:
                 if events is not None:
                     events.close()
 
+    def _with_lost(self, gpus: list[GpuInfo], unhealthy: dict[str, str]) -> list[GpuInfo]:
+        """gpus plus every GPU seen before that NVML no longer reports (marked GPU_LOST in
+        unhealthy), unless a reported GPU has its index now (device names are by index)."""
+        present = {g.uuid for g in gpus}
+        taken = {g.index for g in gpus}
+        out = list(gpus)
+        for uuid, old in sorted(self._seen.items(), key=lambda kv: kv[1].index):
+            if uuid in present:
+                continue
+            if old.index in taken:
+                log.warning(
+                    "GPU %d (%s) is gone and another GPU has its index; no longer reported",
+                    old.index,
+                    uuid,
+                )
+                del self._seen[uuid]
+                continue
+            unhealthy[uuid] = GPU_LOST
+            taken.add(old.index)
+            out.append(old)
+        for g in gpus:
+            self._seen[g.uuid] = g
+        return out
+
     def _note(self, events: list[XidEvent], into: dict[str, str], gpus: Sequence[GpuInfo]) -> None:
         index = {g.uuid: g.index for g in gpus}
         for ev in events:
@@ -340,7 +465,7 @@ class Rediscovery:
                     ev.uuid,
                     ev.xid,
                 )
-            into[ev.uuid] = f"critical XID {ev.xid}"
+            into[ev.uuid] = xid_cause(ev.xid)
 
     def _emit(self, inv: Inventory) -> None:
         if inv == self._last:

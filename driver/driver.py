@@ -156,7 +156,7 @@ class Driver:
         if not self.health.snapshot().devices:
             self.health.publish(
                 {
-                    name: True
+                    name: ""  # healthy
                     for g in self.gpus
                     for name in devicenames.names(g.index, self.mode, self.partitions)
                 }

@@ -1,21 +1,32 @@
 """Device health broadcaster: one publisher (discovery), many subscribers (health streams).
 
-`publish({device_name: healthy})` replaces the full list; every subscriber gets the full list,
-at subscription and after each change, as the kubelet's NodeWatchResources stream requires.
+`publish({device_name: cause})` replaces the full list (cause "" = healthy, else why the device
+is unhealthy: "critical XID 79", "GPU lost", "NVML unreachable: ..."); every subscriber gets the
+full list, at subscription, after each change and again every `resend` seconds, as the kubelet's
+NodeWatchResources stream requires. The same Inventory feeds the slices' taints
+(driver/slicebuild.py) and the exporter's vgpu_device_healthy, so the three never disagree.
 """
 
 from __future__ import annotations
 
 import threading
-import time
+from collections.abc import Mapping
 from dataclasses import dataclass
+
+MAX_MESSAGE = 1024  # characters the kubelet keeps of DeviceHealth.message
+
+
+def message(cause: str) -> str:
+    """`cause` as the health stream's message: one line, at most MAX_MESSAGE characters."""
+    text = " ".join(cause.split())
+    return text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 3] + "..."
 
 
 @dataclass(frozen=True)
 class DeviceHealth:
     device: str
     healthy: bool
-    last_updated: int  # Unix seconds of the last change of this device's status
+    message: str = ""  # why it is unhealthy ("" when healthy)
 
 
 @dataclass(frozen=True)
@@ -31,17 +42,14 @@ class HealthBroadcaster:
         self._version = 0
         self._closed = False
 
-    def publish(self, health: dict[str, bool]) -> bool:
-        """Replace the device list; wake subscribers if anything changed. True if it did."""
-        now = int(time.time())
+    def publish(self, causes: Mapping[str, str]) -> bool:
+        """Replace the device list (name -> cause, "" when healthy); wake subscribers if
+        anything changed. True if it did."""
+        new = {
+            name: DeviceHealth(name, not cause, message(cause))
+            for name, cause in sorted(causes.items())
+        }
         with self._cond:
-            new: dict[str, DeviceHealth] = {}
-            for name, healthy in sorted(health.items()):
-                old = self._devices.get(name)
-                if old is not None and old.healthy == healthy:
-                    new[name] = old
-                else:
-                    new[name] = DeviceHealth(name, healthy, now)
             if new == self._devices and self._version > 0:
                 return False
             self._devices = new

@@ -4,7 +4,15 @@
                                       (GetInfo, NotifyRegistrationStatus)
   <plugins dir>/<driver>/dra.sock     k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin
                                       k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin
-                                      v1alpha1.DRAResourceHealth (NodeWatchResources stream)
+                                      v1.DRAResourceHealth, v1alpha1.DRAResourceHealth
+                                      (NodeWatchResources streams)
+
+Health streams: the kubelet takes v1 when both versions are advertised; kubelets before 1.36
+know only v1alpha1. Every message carries the complete device list with each device's cause in
+`message`, and is sent at the start, on every change and again every `health_resend` seconds,
+each time with a fresh last_updated_time: the kubelet turns a device Unknown when its last report
+is older than the health check timeout (ours: HEALTH_CHECK_TIMEOUT_SECONDS; its own default of
+30 s where it ignores that field), so an idle stream must keep re-asserting the list.
 
 A failed registration (NotifyRegistrationStatus with plugin_registered=false) is logged and
 retried: the registration socket is re-created after a backoff, which the kubelet's plugin
@@ -17,6 +25,7 @@ import importlib
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
 from dataclasses import dataclass
@@ -47,11 +56,19 @@ def _grpc_module(name: str) -> Any:
 dra_v1_pb2 = _generated("dra_v1_pb2")
 dra_v1beta1_pb2 = _generated("dra_v1beta1_pb2")
 health_v1alpha1_pb2 = _generated("health_v1alpha1_pb2")
+health_v1_pb2 = _generated("health_v1_pb2")
 pluginregistration_pb2 = _generated("pluginregistration_pb2")
 
 
-SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth")
+SUPPORTED_VERSIONS = (
+    "v1.DRAPlugin",
+    "v1beta1.DRAPlugin",
+    "v1.DRAResourceHealth",
+    "v1alpha1.DRAResourceHealth",
+)
 HEALTH_CHECK_TIMEOUT_SECONDS = 60
+# Re-send the full list this often: well within our timeout and the kubelet's 30 s default.
+HEALTH_RESEND_SECONDS = 10.0
 _UNIX_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
 _HEALTH_POLL_SECONDS = 0.5  # how often an idle health stream checks that its client is still there
 # The DRA server's worker threads: a gRPC (sync) server runs every call, streams included, on one
@@ -128,21 +145,38 @@ class _DraService:
 
 
 class _HealthService:
-    def __init__(self, health: HealthBroadcaster, pool_name: str, stopping: threading.Event):
+    """NodeWatchResources for one API version (`pb` = its messages); the streams of both
+    versions share one admission limit."""
+
+    def __init__(
+        self,
+        pb: ModuleType,
+        version: str,
+        health: HealthBroadcaster,
+        pool_name: str,
+        stopping: threading.Event,
+        slots: threading.BoundedSemaphore,
+        resend: float,
+    ):
+        self._pb = pb
+        self._version = version
         self._health = health
         self._pool = pool_name
         self._stopping = stopping
-        self._slots = threading.BoundedSemaphore(MAX_HEALTH_STREAMS)
+        self._slots = slots
+        self._resend = resend
 
     def _message(self, devices: Sequence[Any]) -> Any:
-        pb = health_v1alpha1_pb2
+        pb = self._pb
+        now = int(time.time())  # the list is re-asserted now (the kubelet times reports out)
         resp = pb.NodeWatchResourcesResponse()
         for d in devices:
             resp.devices.add(
                 device=pb.DeviceIdentifier(pool_name=self._pool, device_name=d.device),
                 health=pb.HEALTHY if d.healthy else pb.UNHEALTHY,
-                last_updated_time=d.last_updated,
+                last_updated_time=now,
                 health_check_timeout_seconds=HEALTH_CHECK_TIMEOUT_SECONDS,
+                message=d.message,
             )
         return resp
 
@@ -160,18 +194,23 @@ class _HealthService:
 
     def _watch(self, context: Any) -> Iterator[Any]:
         snap = self._health.snapshot()
-        log.info("health stream opened (%d devices)", len(snap.devices))
+        log.info("%s health stream opened (%d devices)", self._version, len(snap.devices))
         yield self._message(snap.devices)
         version = snap.version
+        next_send = time.monotonic() + self._resend
         while context.is_active() and not self._stopping.is_set():
-            newer = self._health.wait_newer(version, _HEALTH_POLL_SECONDS)
+            wait = min(_HEALTH_POLL_SECONDS, max(0.0, next_send - time.monotonic()))
+            newer = self._health.wait_newer(version, wait)
             if newer is None:
                 if self._health.closed:
                     break
-                continue
+                if time.monotonic() < next_send:
+                    continue
+                newer = self._health.snapshot()  # nothing changed: re-assert the list
             version = newer.version
+            next_send = time.monotonic() + self._resend
             yield self._message(newer.devices)
-        log.info("health stream closed")
+        log.info("%s health stream closed", self._version)
 
 
 class _RegistrationService:
@@ -206,6 +245,7 @@ class KubeletPlugin:
         health: HealthBroadcaster,
         pool_name: str,
         retry_backoff: tuple[float, float] = (1.0, 60.0),
+        health_resend: float = HEALTH_RESEND_SECONDS,
     ) -> None:
         self.driver_name = driver_name
         self.sockets = sockets
@@ -213,6 +253,7 @@ class KubeletPlugin:
         self._unprepare = unprepare
         self._health = health
         self._pool_name = pool_name
+        self._health_resend = health_resend
         self._backoff = Backoff(retry_backoff[0], 2.0, retry_backoff[1])
         self._retry_delays = self._backoff.delays()
         self._stopping = threading.Event()
@@ -235,7 +276,7 @@ class KubeletPlugin:
             self.sockets.dra.unlink(missing_ok=True)
             raise
         log.info(
-            "serving DRA (v1, v1beta1, health v1alpha1) on %s, registration on %s",
+            "serving DRA (v1, v1beta1, health v1 and v1alpha1) on %s, registration on %s",
             self.sockets.dra,
             self.sockets.registration,
         )
@@ -280,9 +321,20 @@ class KubeletPlugin:
         _grpc_module("dra_v1beta1").add_DRAPluginServicer_to_server(
             _DraService(dra_v1beta1_pb2, "v1beta1", self._prepare, self._unprepare), server
         )
-        _grpc_module("health_v1alpha1").add_DRAResourceHealthServicer_to_server(
-            _HealthService(self._health, self._pool_name, self._stopping), server
-        )
+        slots = threading.BoundedSemaphore(MAX_HEALTH_STREAMS)
+        for version, pb in (("v1", health_v1_pb2), ("v1alpha1", health_v1alpha1_pb2)):
+            _grpc_module(f"health_{version}").add_DRAResourceHealthServicer_to_server(
+                _HealthService(
+                    pb,
+                    version,
+                    self._health,
+                    self._pool_name,
+                    self._stopping,
+                    slots,
+                    self._health_resend,
+                ),
+                server,
+            )
         self._bind(server, self.sockets.dra)
         return server
 

@@ -186,6 +186,14 @@ class Plugin:
                 health_map(inv, mode, self.settings.partitions, self.policy.rules)
             )
 
+    def _gpu_causes(self) -> dict[str, str]:
+        """GPU UUID -> why it is unhealthy, for vgpu_device_healthy: the Inventory the slices'
+        taints and the health stream come from (a MIG-enabled GPU is not unhealthy)."""
+        inv = self._inventory
+        if inv is None:
+            return {}
+        return {g.info.uuid: g.reason for g in inv.gpus if not g.healthy and not g.excluded}
+
     # -- liveness --
 
     def _health_status(self) -> Status:
@@ -409,7 +417,9 @@ class Plugin:
                 s.node_name,
             )
         events = EventPoster(api_client, s.driver_name, s.node_name)
-        self.metrics = Exporter(config, events=events, pods=ClaimPods(api_client))
+        self.metrics = Exporter(
+            config, events=events, pods=ClaimPods(api_client), device_health=self._gpu_causes
+        )
         host, port = s.metrics_address
         try:
             bound = self.metrics.start(host, port)

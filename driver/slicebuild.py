@@ -10,9 +10,14 @@ One pool per node (pool name = node name), slices of at most 128 devices. Modes:
   partition  each GPU is N fixed devices `gpu-<index>-slice-<k>` with memory/N and 100/N cores,
              for clusters whose API server drops consumable capacity (the 1.34/1.35 default).
 
-Unhealthy GPUs are removed from the slices (not tainted): device taints need the
-DRADeviceTaints gate, off by default on 1.34/1.35, where the server would silently drop them
-and the scheduler would keep allocating the broken GPU.
+Unhealthy GPUs: where the API server keeps device taints (DRADeviceTaints: GA in 1.37, on by
+default from 1.36; driver/sliceprobe.py finds out), an unhealthy GPU's devices stay in the slice
+with the taint `<driver>/unhealthy=<cause>:NoSchedule` (cause_code(): xid-79, gpu-lost,
+nvml-unreachable), removed when it recovers; slices hold at most 64 devices while any is
+tainted (128 otherwise). Where the
+server drops taints, the devices are left out instead, or the scheduler would keep allocating
+the broken GPU. The taint and the kubelet's health stream (health_map) come from the same
+Inventory. MIG-enabled GPUs are never offered.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from driver.devicenames import (
     SHARING,
     Mode,
 )
-from driver.discovery import DiscoveredGpu, Inventory, semver
+from driver.discovery import DiscoveredGpu, Inventory, architecture, cause_code, semver, sysfs_bdf
 from sharing.gpus import GpuInfo
 from sharing.kubequantity import to_kubernetes
 from sharing.policy import BUILTIN, CORES_TOTAL, Rules
@@ -39,24 +44,38 @@ from sharing.policy import BUILTIN, CORES_TOTAL, Rules
 log = logging.getLogger(__name__)
 
 MAX_DEVICES_PER_SLICE = 128
+MAX_TAINTED_DEVICES_PER_SLICE = 64  # when any device of the slice may carry taints
 MEMORY_MIN = BUILTIN.memory.min
 MAX_NAME_LENGTH = 253  # object names are DNS subdomains
 PCIE_ROOT_ATTRIBUTE = "resource.kubernetes.io/pcieRoot"
+PCI_BUS_ID_ATTRIBUTE = "resource.kubernetes.io/pciBusID"
+NUMA_NODE_ATTRIBUTE = "resource.kubernetes.io/numaNode"
+DEVICE_TYPE = "gpu"  # the `type` attribute, as NVIDIA's DRA driver names a full GPU
+UNHEALTHY_TAINT = "unhealthy"  # the taint key's name in the driver's domain
+
+
+def taint_key(driver_name: str) -> str:
+    return f"{driver_name}/{UNHEALTHY_TAINT}"
 
 
 # --- devices ---------------------------------------------------------------------------------------
 
 
 def _attributes(g: DiscoveredGpu) -> dict[str, Any]:
+    """NVIDIA's DRA driver's attribute names (in our domain) plus the standard ones, so that a
+    selector written for NVIDIA's driver ports by changing the domain (docs/driver.md)."""
     info = g.info
     attrs: dict[str, Any] = {
+        "type": {"string": DEVICE_TYPE},
         "uuid": {"string": info.uuid},
         "index": {"int": info.index},
         "minor": {"int": info.minor},
         "productName": {"string": info.name[:64]},
     }
-    if g.pcie_root is not None:
-        attrs[PCIE_ROOT_ATTRIBUTE] = {"string": g.pcie_root}
+    if g.brand:
+        attrs["brand"] = {"string": g.brand}
+    if arch := architecture(info.compute_capability):
+        attrs["architecture"] = {"string": arch}
     for key, text in (
         ("cudaComputeCapability", info.compute_capability),
         ("driverVersion", info.driver_version),
@@ -73,9 +92,20 @@ def _attributes(g: DiscoveredGpu) -> dict[str, Any]:
             )
         else:
             attrs[key] = {"version": version}
+    if (bdf := sysfs_bdf(info.pci_bus_id)) is not None:
+        attrs[PCI_BUS_ID_ATTRIBUTE] = {"string": bdf[0]}
+    if g.pcie_root is not None:
+        attrs[PCIE_ROOT_ATTRIBUTE] = {"string": g.pcie_root}
     if info.numa_node is not None and info.numa_node >= 0:
         attrs["numaNode"] = {"int": info.numa_node}
+        attrs[NUMA_NODE_ATTRIBUTE] = {"int": info.numa_node}
     return attrs
+
+
+def _taints(g: DiscoveredGpu, key: str | None) -> list[dict[str, Any]]:
+    if g.healthy or key is None:
+        return []
+    return [{"key": key, "value": cause_code(g.reason), "effect": "NoSchedule"}]
 
 
 RulesFor = Callable[[GpuInfo], Rules]  # the admin policy's rules of one GPU (driver/policy.py)
@@ -173,22 +203,28 @@ def build_devices(
     mode: Mode,
     partitions: int,
     rules_for: RulesFor | None = None,
+    taint: str | None = None,
 ) -> list[dict[str, Any]]:
-    """The devices to offer: healthy GPUs only, in index order, each by its policy rules
-    (rules_for; default: the built-in policy with `partitions`)."""
+    """The devices to offer, in index order, each by its policy rules (rules_for; default: the
+    built-in policy with `partitions`). Unhealthy GPUs carry the NoSchedule taint `taint`
+    (a key, see taint_key()); with taint None they are left out."""
     rules_of = rules_for or builtin_rules(partitions)
     devices: list[dict[str, Any]] = []
     for g in sorted(gpus, key=lambda g: g.index):
-        if not g.healthy:
+        if g.excluded or (not g.healthy and taint is None):
             continue
         rules = rules_of(g.info)
         if too_small(g.info, mode, rules):
             continue
-        devices.extend(
+        devs = (
             [sharing_device(g, rules)]
             if mode == SHARING
             else partition_devices(g, rules.partitions, rules)
         )
+        if taints := _taints(g, taint):
+            for d in devs:
+                d["taints"] = taints
+        devices.extend(devs)
     return devices
 
 
@@ -225,22 +261,25 @@ def too_small_messages(
 
 def health_map(
     inv: Inventory, mode: Mode, partitions: int, rules_for: RulesFor | None = None
-) -> dict[str, bool]:
-    """Device name -> healthy, for every device of every GPU NVML reports."""
+) -> dict[str, str]:
+    """Device name -> why it is unhealthy ("" when healthy), for every device of every GPU of
+    the inventory: the kubelet's health stream (driver/health.py)."""
     rules_of = rules_for or builtin_rules(partitions)
     return {
-        name: g.healthy
+        name: "" if g.healthy else (g.reason or "unhealthy")
         for g in inv.gpus
         for name in devicenames.names(g.index, mode, rules_of(g.info).partitions)
     }
 
 
-def chunk(
-    devices: Sequence[dict[str, Any]], size: int = MAX_DEVICES_PER_SLICE
-) -> list[list[dict[str, Any]]]:
-    """Devices split into slices of at most `size`; an empty pool is still one (empty) slice."""
+def chunk(devices: Sequence[dict[str, Any]], size: int | None = None) -> list[list[dict[str, Any]]]:
+    """Devices split into slices of at most `size` (default: 128, or 64 when any device carries
+    taints, the API's limits); an empty pool is still one (empty) slice."""
     if not devices:
         return [[]]
+    if size is None:
+        tainted = any(d.get("taints") for d in devices)
+        size = MAX_TAINTED_DEVICES_PER_SLICE if tainted else MAX_DEVICES_PER_SLICE
     return [list(devices[i : i + size]) for i in range(0, len(devices), size)]
 
 
@@ -292,9 +331,12 @@ def pool_slices(
     node_name: str,
     generation: int,
     rules_for: RulesFor | None = None,
+    taints: bool = False,
 ) -> list[dict[str, Any]]:
-    """Every ResourceSlice of the node's pool for this inventory, without owner references."""
-    chunks = chunk(build_devices(inv.gpus, mode, partitions, rules_for))
+    """Every ResourceSlice of the node's pool for this inventory, without owner references
+    (taints: unhealthy GPUs tainted rather than left out)."""
+    key = taint_key(driver_name) if taints else None
+    chunks = chunk(build_devices(inv.gpus, mode, partitions, rules_for, key))
     return [
         slice_body(
             slice_name(node_name, driver_name, k),

@@ -1,5 +1,10 @@
 """Which publishing mode the API server supports: a dry-run write that shows whether it keeps
-consumable capacity (allowMultipleAllocations, requestPolicy), and the mode decision.
+consumable capacity (allowMultipleAllocations, requestPolicy) and device taints, and the mode
+decision.
+
+Device taints (DRADeviceTaints: GA in 1.37, off by default before 1.36) decide how an unhealthy
+GPU is published: tainted where the server keeps taints, left out where it drops them
+(`taints`). Every mode asks; a real write that comes back without its taints says so too.
 
 In `auto` the publisher writes sharing-mode slices when the server keeps those fields and
 partition-mode slices when it drops them (DRAConsumableCapacity off: the default before
@@ -9,6 +14,7 @@ cluster upgraded or downgraded under a running plugin is noticed (`server_mode`)
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Sequence
@@ -17,7 +23,7 @@ from typing import Any
 from driver.devicenames import PARTITION, SHARING, Mode, as_mode
 from driver.discovery import DiscoveredGpu
 from driver.kube import Kube
-from driver.slicebuild import MEMORY_MIN, sharing_device
+from driver.slicebuild import MAX_NAME_LENGTH, MEMORY_MIN, sharing_device, taint_key
 from sharing.gpus import GpuInfo
 
 log = logging.getLogger(__name__)
@@ -40,9 +46,9 @@ def consumable_capacity_dropped(
     return False
 
 
-def _probe_device() -> dict[str, Any]:
-    """A sharing-mode device of a made-up GPU, large enough for every request policy."""
-    return sharing_device(
+def _probe_device(driver_name: str) -> dict[str, Any]:
+    """A sharing-mode device of a made-up GPU, large enough for every request policy, tainted."""
+    device = sharing_device(
         DiscoveredGpu(
             info=GpuInfo(
                 index=0,
@@ -60,6 +66,8 @@ def _probe_device() -> dict[str, Any]:
             pcie_root="pci0000:00",
         )
     )
+    device["taints"] = [{"key": taint_key(driver_name), "value": "probe", "effect": "NoSchedule"}]
+    return device
 
 
 class ModeProbe:
@@ -83,21 +91,22 @@ class ModeProbe:
         self.reprobe_interval = reprobe_interval
         self.mode: Mode | None = as_mode(requested_mode)
         self.server_mode: Mode | None = None
+        self.taints: bool | None = None  # the server keeps device taints (None: not asked yet)
         self._probed_at = 0.0
         self.dropped_warned = False
 
-    def probe(self) -> Mode:
-        """Ask the API server whether it keeps consumable capacity. Raises on API errors.
+    def _dry_run(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """The probe device, and what the server would store of a slice holding it.
 
-        The probe is a dry-run create of a slice with one sharing-mode device: the server runs
-        it through the same field dropping as a real write and answers with what it would store,
-        without any transient sharing-mode devices for the scheduler to allocate.
+        A dry-run create runs through the same field dropping as a real write and answers
+        with what it would store, without any transient devices for the scheduler to allocate.
+        Raises on API errors.
         """
-        probe_device = _probe_device()
+        probe_device = _probe_device(self.driver_name)
         body = {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceSlice",
-            "metadata": {"generateName": f"{self.node_name}-{self.driver_name}-probe-"},
+            "metadata": {"generateName": self._probe_prefix()},
             "spec": {
                 "driver": self.driver_name,
                 "nodeName": self.node_name,
@@ -107,8 +116,42 @@ class ModeProbe:
         }
         stored = self.kube.create_slice(body, dry_run=True)
         self._probed_at = time.monotonic()
+        devices: list[dict[str, Any]] = stored["spec"].get("devices") or []
+        self._note_taints(bool(devices and devices[0].get("taints")))
+        return probe_device, devices
+
+    def _probe_prefix(self) -> str:
+        """generateName of the probe: <node>-<driver>-probe-, shortened (by a digest of the node
+        name) where the server's 5 random characters would take it past 253."""
+        prefix = f"{self.node_name}-{self.driver_name}-probe-"
+        if len(prefix) <= MAX_NAME_LENGTH - 5:
+            return prefix
+        digest = hashlib.sha256(self.node_name.encode()).hexdigest()[:10]
+        return f"{digest}-{self.driver_name}-probe-"
+
+    def _note_taints(self, kept: bool) -> None:
+        if kept != self.taints:
+            if kept:
+                log.info(
+                    "node %s: the API server keeps device taints: an unhealthy GPU is tainted "
+                    "%s:NoSchedule",
+                    self.node_name,
+                    taint_key(self.driver_name),
+                )
+            else:
+                log.warning(
+                    "node %s: the API server drops device taints (DRADeviceTaints is off: the "
+                    "default before Kubernetes 1.36); an unhealthy GPU is left out of the "
+                    "ResourceSlices instead",
+                    self.node_name,
+                )
+        self.taints = kept
+
+    def probe(self) -> Mode:
+        """Ask the API server whether it keeps consumable capacity (and device taints)."""
+        probe_device, stored = self._dry_run()
         previous = self.server_mode
-        if consumable_capacity_dropped([probe_device], stored["spec"].get("devices") or []):
+        if consumable_capacity_dropped([probe_device], stored):
             if not self.dropped_warned:
                 self.dropped_warned = True
                 log.warning(
@@ -137,23 +180,30 @@ class ModeProbe:
         return self.mode
 
     def for_publish(self) -> Mode:
-        """decide(), and in auto mode a new probe every `reprobe_interval` (see server_mode);
-        the publishing mode itself does not change."""
+        """decide(), and a new probe every `reprobe_interval` (auto: see server_mode; an explicit
+        mode asks about taints only); the publishing mode itself does not change."""
         probed_now = self.mode is None
         mode = self.decide()
         stale = time.monotonic() - self._probed_at >= self.reprobe_interval
-        if self.requested_mode == "auto" and not probed_now and (self.server_mode is None or stale):
-            self.probe()
+        if self.requested_mode == "auto":
+            if not probed_now and (self.server_mode is None or stale):
+                self.probe()
+        elif self.taints is None or stale:
+            self._dry_run()
         return mode
 
     def note_stored(
         self, slice_name: str, sent: list[dict[str, Any]], resp: dict[str, Any]
     ) -> None:
-        """After a real write: an explicit --sharing-mode=sharing on a server without the gate
-        gives claims whole GPUs. Said once; the operator chose this mode."""
+        """After a real write: taints that did not stick (the server changed since the probe)
+        mean unhealthy GPUs must be left out; an explicit --sharing-mode=sharing on a server
+        without the consumable-capacity gate gives claims whole GPUs (said once; the operator
+        chose this mode)."""
+        stored = (resp.get("spec") or {}).get("devices") or []
+        if any(d.get("taints") for d in sent) and not any(d.get("taints") for d in stored):
+            self._note_taints(False)
         if self.mode != SHARING or self.requested_mode != SHARING or self.dropped_warned:
             return
-        stored = (resp.get("spec") or {}).get("devices") or []
         if consumable_capacity_dropped(sent, stored):
             self.dropped_warned = True
             log.error(

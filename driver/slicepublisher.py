@@ -24,6 +24,7 @@ from driver.slicebuild import (
     chunk,
     slice_body,
     slice_name,
+    taint_key,
     too_small,
     too_small_message,
 )
@@ -153,12 +154,20 @@ class SlicePublisher:
         In auto mode the server is probed again every `reprobe_interval` (see server_mode);
         the publishing mode itself does not change.
         """
-        return self._publish(inv, self.probe_.for_publish())
+        mode = self.probe_.for_publish()
+        taints = self.probe_.taints
+        wrote = self._publish(inv, mode, bool(taints))
+        if taints and not self.probe_.taints:
+            # The server dropped the taints just written: leave the unhealthy GPUs out now.
+            self._publish(inv, mode, False)
+        return wrote
 
-    def _publish(self, inv: Inventory, mode: Mode) -> bool:
+    def _publish(self, inv: Inventory, mode: Mode, taints: bool) -> bool:
+        """Unhealthy GPUs tainted (taints) or left out."""
         node = self._read_node() if self.rules_for is not None else None
         self._warn_too_small(inv, mode)
-        devices = build_devices(inv.gpus, mode, self.partitions, self.rules_for)
+        key = taint_key(self.driver_name) if taints else None
+        devices = build_devices(inv.gpus, mode, self.partitions, self.rules_for, key)
         chunks = chunk(devices)
         names = [self._slice_name(k) for k in range(len(chunks))]
         existing = self._existing()

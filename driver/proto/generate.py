@@ -16,7 +16,13 @@ from pathlib import Path
 
 PROTO_DIR = Path(__file__).resolve().parent
 REPO_ROOT = PROTO_DIR.parent.parent
-PROTOS = ("pluginregistration.proto", "dra_v1.proto", "dra_v1beta1.proto", "health_v1alpha1.proto")
+PROTOS = (
+    "pluginregistration.proto",
+    "dra_v1.proto",
+    "dra_v1beta1.proto",
+    "health_v1alpha1.proto",
+    "health_v1.proto",
+)
 
 
 def generate(out_root: Path) -> list[Path]:

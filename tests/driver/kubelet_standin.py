@@ -130,10 +130,10 @@ class KubeletStandin:
         )
         return {uid: r.error for uid, r in resp.claims.items()}
 
-    def watch_health(self) -> Iterator[dict[str, tuple[str, str]]]:
+    def watch_health(self, version: str = "v1alpha1") -> Iterator[dict[str, tuple[str, str]]]:
         """Each message as {device_name: (pool_name, "HEALTHY"|"UNHEALTHY"|"UNKNOWN")}."""
-        pb = _pb("health_v1alpha1_pb2")
-        stub = _pb("health_v1alpha1_pb2_grpc").DRAResourceHealthStub(self._channel())
+        pb = _pb(f"health_{version}_pb2")
+        stub = _pb(f"health_{version}_pb2_grpc").DRAResourceHealthStub(self._channel())
         stream = stub.NodeWatchResources(pb.NodeWatchResourcesRequest())
         try:
             for msg in stream:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from driver.discovery import (
+    GPU_LOST,
     Discovery,
     Inventory,
     Rediscovery,
@@ -169,10 +170,17 @@ def test_presence_change_is_reported(loop_factory: LoopFactory) -> None:
     _, rec = loop_factory(nvml, interval=0.1)
     rec.wait_for(lambda inv: len(inv.gpus) == 2)
     nvml.gpus = [gpu(0)]
-    rec.wait_for(lambda inv: [g.index for g in inv.gpus] == [0])
+    # A GPU NVML stops listing is lost: still there, unhealthy, with the cause.
+    inv = rec.wait_for(lambda inv: health(inv) == {0: True, 1: False})
+    assert inv.gpus[1].reason == GPU_LOST
+    nvml.gpus = [gpu(0), gpu(1)]  # back: healthy again
+    rec.wait_for(lambda inv: health(inv) == {0: True, 1: True})
+    nvml.gpus = [gpu(0)]
+    rec.wait_for(lambda inv: health(inv) == {0: True, 1: False})
+    # Another GPU at its index replaces the lost one (device names are by index).
     nvml.gpus = [gpu(0), replace(gpu(1), uuid="GPU-new")]
-    inv = rec.wait_for(lambda inv: len(inv.gpus) == 2)
-    assert inv.gpus[1].info.uuid == "GPU-new"
+    inv = rec.wait_for(lambda inv: health(inv) == {0: True, 1: True})
+    assert [g.info.uuid for g in inv.gpus] == [gpu(0).uuid, "GPU-new"]
     # Unchanged rounds are not reported.
     n = len(rec.seen)
     threading.Event().wait(0.5)
@@ -187,7 +195,7 @@ def test_nvml_failure_marks_known_gpus_unhealthy(
     rec.wait_for(lambda inv: health(inv) == {0: True})
     nvml.broken = RuntimeError("NVML_ERROR_DRIVER_NOT_LOADED")
     inv = rec.wait_for(lambda inv: health(inv) == {0: False})
-    assert "NVML unavailable" in inv.gpus[0].reason
+    assert inv.gpus[0].reason == "NVML unreachable: NVML_ERROR_DRIVER_NOT_LOADED"
     nvml.broken = None
     rec.wait_for(lambda inv: health(inv) == {0: True})
 

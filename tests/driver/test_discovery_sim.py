@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from driver.discovery import Discovery, Inventory, PynvmlBackend, Rediscovery
+from driver.discovery import GPU_LOST, Discovery, Inventory, PynvmlBackend, Rediscovery
 from sharing.gpus import use_simulator
 from sharing.paths import ArtefactMissingError
 
@@ -116,8 +116,11 @@ def test_rediscovery_follows_simulated_health(
             assert time.monotonic() < deadline, "the simulator's XID 31 never arrived"
             threading.Event().wait(0.05)
         assert len(rec.seen) == n
-        write(sim, [dev(0)])  # gpu 1 gone (read at the next nvmlInit)
-        rec.wait_health({0: True})
+        write(sim, [dev(0)])  # gpu 1 gone (read at the next nvmlInit): lost
+        rec.wait_health({0: True, 1: False})
+        assert rec.seen[-1].gpus[1].reason == GPU_LOST
+        write(sim, [dev(0), dev(1)])  # back
+        rec.wait_health({0: True, 1: True})
     finally:
         r.stop_event.set()
         t.join(10)

@@ -56,6 +56,7 @@ def test_get_info_advertises_dra_socket_and_versions(root: Path, server: FakeApi
         assert list(info.supported_versions) == [
             "v1.DRAPlugin",
             "v1beta1.DRAPlugin",
+            "v1.DRAResourceHealth",
             "v1alpha1.DRAResourceHealth",
         ]
         assert plugin.driver.plugin.registered.wait(5)
@@ -113,13 +114,17 @@ def test_health_stream_full_list_at_start_and_on_change(root: Path, server: Fake
             "gpu-0": ("node-a", "HEALTHY"),
             "gpu-1": ("node-a", "HEALTHY"),
         }
-        plugin.health.publish({"gpu-0": True, "gpu-1": False})
+        plugin.health.publish({"gpu-0": "", "gpu-1": "critical XID 79"})
         second = got.get(timeout=10)
+        while second == first:  # a periodic re-send of the first list may come in between
+            second = got.get(timeout=10)
         assert second == {"gpu-0": ("node-a", "HEALTHY"), "gpu-1": ("node-a", "UNHEALTHY")}
-        plugin.health.publish({"gpu-0": True, "gpu-1": False})  # no change: no message
-        plugin.health.publish({"gpu-0": True})  # a device gone: the full list again
-        assert got.get(timeout=10) == {"gpu-0": ("node-a", "HEALTHY")}
-        assert got.empty()
+        plugin.health.publish({"gpu-0": "", "gpu-1": "critical XID 79"})  # no change
+        plugin.health.publish({"gpu-0": ""})  # a device gone: the full list again
+        third = got.get(timeout=10)
+        while third == second:  # only periodic re-sends of the same list, never another
+            third = got.get(timeout=10)
+        assert third == {"gpu-0": ("node-a", "HEALTHY")}
     finally:
         kubelet.close()
         plugin.driver.stop()
@@ -142,6 +147,7 @@ def test_proto_full_method_names() -> None:
     from driver.proto import (
         dra_v1_pb2,
         dra_v1beta1_pb2,
+        health_v1_pb2,
         health_v1alpha1_pb2,
         pluginregistration_pb2,
     )
@@ -155,6 +161,9 @@ def test_proto_full_method_names() -> None:
     assert health_v1alpha1_pb2.DESCRIPTOR.services_by_name["DRAResourceHealth"].full_name == (
         "v1alpha1.DRAResourceHealth"
     )
+    assert health_v1_pb2.DESCRIPTOR.services_by_name["DRAResourceHealth"].full_name == (
+        "v1.DRAResourceHealth"
+    )
     assert pluginregistration_pb2.DESCRIPTOR.services_by_name["Registration"].full_name == (
         "pluginregistration.Registration"
     )
@@ -167,13 +176,15 @@ def test_proto_full_method_names() -> None:
         "share_id": 5,
     }
     assert "share_id" not in dra_v1beta1_pb2.Device.DESCRIPTOR.fields_by_name
-    h = health_v1alpha1_pb2.DeviceHealth.DESCRIPTOR.fields_by_name
-    assert {f: h[f].number for f in h} == {
-        "device": 1,
-        "health": 2,
-        "last_updated_time": 3,
-        "health_check_timeout_seconds": 4,
-    }
+    for pb in (health_v1_pb2, health_v1alpha1_pb2):
+        h = pb.DeviceHealth.DESCRIPTOR.fields_by_name
+        assert {f: h[f].number for f in h} == {
+            "device": 1,
+            "health": 2,
+            "last_updated_time": 3,
+            "health_check_timeout_seconds": 4,
+            "message": 5,
+        }
 
 
 def test_socket_path_too_long_is_a_clear_error(server: FakeApiServer) -> None:

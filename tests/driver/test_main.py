@@ -122,6 +122,19 @@ def wait_devices(server: FakeApiServer, names: list[str], timeout: float = 15.0)
     server.wait_for(lambda s: device_names(s) == names, timeout, f"devices {names}")
 
 
+def wait_taints(server: FakeApiServer, want: dict[str, str | None], timeout: float = 15.0) -> None:
+    """Until the pool's devices are `want`: device name -> its unhealthy taint's value or None."""
+
+    def taints(s: FakeApiServer) -> dict[str, str | None]:
+        return {
+            d["name"]: (d["taints"][0]["value"] if d.get("taints") else None)
+            for sl in s.objects("ResourceSlice")
+            for d in sl["spec"].get("devices") or []
+        }
+
+    server.wait_for(lambda s: taints(s) == want, timeout, f"taints {want}")
+
+
 def healthz(plugin: Plugin) -> tuple[int, dict[str, Any]]:
     assert plugin.healthz is not None
     url = f"http://127.0.0.1:{plugin.healthz.port}/healthz"
@@ -166,26 +179,29 @@ def test_publishes_serves_and_follows_health(server: FakeApiServer, short_tmp: P
         assert body["grpc"] == {"registration": True, "dra": True}
         assert body["registered"] is False  # no kubelet here
         assert body["mode"] == "sharing" and body["apiServerReachable"] is True
-        # A critical XID: the device leaves the slice and the health stream says unhealthy.
+        # A critical XID: the device is tainted and the health stream says unhealthy.
         gen = server.objects("ResourceSlice")[0]["spec"]["pool"]["generation"]
         nvml.inject(XidEvent("GPU-1", 79))
-        wait_devices(server, ["gpu-0"])
+        wait_taints(server, {"gpu-0": None, "gpu-1": "xid-79"})
         assert server.objects("ResourceSlice")[0]["spec"]["pool"]["generation"] > gen
         assert p.driver is not None
+        wait_until(
+            lambda: (
+                {d.device: (d.healthy, d.message) for d in p.driver.health.snapshot().devices}
+                == {"gpu-0": (True, ""), "gpu-1": (False, "critical XID 79")}
+            ),
+            what="health stream",
+        )
+        # It recovers; then it disappears from NVML altogether: lost, still listed, tainted.
+        wait_taints(server, {"gpu-0": None, "gpu-1": None})
+        nvml.gpus = [gpu(0)]
+        wait_taints(server, {"gpu-0": None, "gpu-1": "gpu-lost"})
         wait_until(
             lambda: (
                 {d.device: d.healthy for d in p.driver.health.snapshot().devices}
                 == {"gpu-0": True, "gpu-1": False}
             ),
-            what="health stream",
-        )
-        # It recovers; then it disappears from NVML altogether.
-        wait_devices(server, ["gpu-0", "gpu-1"])
-        nvml.gpus = [gpu(0)]
-        wait_devices(server, ["gpu-0"])
-        wait_until(
-            lambda: [d.device for d in p.driver.health.snapshot().devices] == ["gpu-0"],
-            what="gpu-1 gone from the health stream",
+            what="gpu-1 lost on the health stream",
         )
         # GPUs that appear later (gpu-1 back, gpu-2 new) are offered, and the Driver knows them
         # first so that claims on them can be prepared.

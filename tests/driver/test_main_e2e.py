@@ -253,13 +253,14 @@ def test_sharing_mode_end_to_end(sim_ready: None, server: FakeApiServer, root: P
         kubelet.close()
         assert p.healthz()[1]["registered"] is True
 
-        # The simulator reports gpu-1 unhealthy: it leaves the slice; healthy again: it is back.
+        # The simulator reports gpu-1 unhealthy: it is tainted; healthy again: the taint goes
+        # (tests/driver/test_health_e2e.py follows the cause to the stream, metric and alert).
         gen = server.objects("ResourceSlice")[0]["spec"]["pool"]["generation"]
         write_config(config, [device(0), device(1, healthy=False)])
-        wait_names(server, p, ["gpu-0"])
+        server.wait_for(lambda s: bool(devices_of(s)["gpu-1"].get("taints")), 30, "a taint")
         assert server.objects("ResourceSlice")[0]["spec"]["pool"]["generation"] > gen
         write_config(config, [device(0), device(1)])
-        wait_names(server, p, ["gpu-0", "gpu-1"])
+        server.wait_for(lambda s: not devices_of(s)["gpu-1"].get("taints"), 30, "no taint")
     finally:
         code = p.terminate()
     out = p.output()

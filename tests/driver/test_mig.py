@@ -31,7 +31,10 @@ def test_mig_gpu_is_left_out_with_one_warning(caplog: pytest.LogCaptureFixture) 
     assert caplog.text.count("MIG mode is enabled; not offered") == 1
     assert "nvidia-smi -i 1 -mig 0" in caplog.text
     assert [dev["name"] for dev in build_devices(inv.gpus, "sharing", 4)] == ["gpu-0"]
-    assert health_map(inv, "sharing", 4) == {"gpu-0": True, "gpu-1": False}
+    assert health_map(inv, "sharing", 4) == {"gpu-0": "", "gpu-1": MIG_REASON}
+    # never offered, not even tainted where the server keeps taints
+    tainted = build_devices(inv.gpus, "sharing", 4, taint="vgpu.sharing.dev/unhealthy")
+    assert [dev["name"] for dev in tainted] == ["gpu-0"]
 
 
 def test_claim_on_a_mig_gpu_fails_prepare() -> None:

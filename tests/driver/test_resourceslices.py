@@ -164,10 +164,12 @@ def test_explicit_partition_mode_with_three_partitions(server: FakeApiServer) ->
     assert [d["name"] for d in devs] == ["gpu-0-slice-0", "gpu-0-slice-1", "gpu-0-slice-2"]
     assert parse_quantity(devs[0]["capacity"]["memory"]["value"]) == 8 * GiB
     assert devs[0]["capacity"]["cores"]["value"] == "33"
-    assert not any(r.query.get("dryRun") for r in server.requests)
+    # An explicit mode asks the server about device taints only (one dry run), never the mode.
+    assert len([r for r in server.requests if r.query.get("dryRun")]) == 1
+    assert (p.server_mode, p.probe_.taints) == (None, True)
 
 
-def test_generation_bumps_only_on_change_and_health_removes_device(server: FakeApiServer) -> None:
+def test_generation_bumps_only_on_change_and_health_taints_device(server: FakeApiServer) -> None:
     p = publisher(server, "sharing")
     gpus = [gpu(0), gpu(1)]
     assert p.publish(inventory(gpus))
@@ -178,9 +180,15 @@ def test_generation_bumps_only_on_change_and_health_removes_device(server: FakeA
     assert p.publish(inventory(gpus, unhealthy={gpus[1].uuid: "critical XID 79"}))
     [s] = slices(server)
     assert s["spec"]["pool"]["generation"] == 2
-    assert [d["name"] for d in s["spec"]["devices"]] == ["gpu-0"]
-    assert p.publish(inventory(gpus))  # healthy again
-    assert slices(server)[0]["spec"]["pool"]["generation"] == 3
+    assert [(d["name"], d.get("taints")) for d in s["spec"]["devices"]] == [
+        ("gpu-0", None),
+        ("gpu-1", [{"key": f"{DRIVER}/unhealthy", "value": "xid-79", "effect": "NoSchedule"}]),
+    ]
+    assert validate_resource_slice(s) == []
+    assert p.publish(inventory(gpus))  # healthy again: the taint goes
+    [s] = slices(server)
+    assert s["spec"]["pool"]["generation"] == 3
+    assert not any(d.get("taints") for d in s["spec"]["devices"])
     assert p.publish(inventory([gpu(0)]))  # gpu-1 gone
     [s] = slices(server)
     assert s["spec"]["pool"]["generation"] == 4
@@ -287,10 +295,10 @@ def test_unhealthy_devices_left_out_and_health_map() -> None:
     assert [d["name"] for d in build_devices(inv.gpus, "sharing", 4)] == ["gpu-1"]
     hm = health_map(inv, "partition", 2)
     assert hm == {
-        "gpu-0-slice-0": False,
-        "gpu-0-slice-1": False,
-        "gpu-1-slice-0": True,
-        "gpu-1-slice-1": True,
+        "gpu-0-slice-0": "critical XID 48",
+        "gpu-0-slice-1": "critical XID 48",
+        "gpu-1-slice-0": "",
+        "gpu-1-slice-1": "",
     }
 
 
@@ -385,7 +393,8 @@ def test_explicit_sharing_on_a_server_that_drops_fields_errors_once(
         p.publish(inventory([gpu(0), gpu(1)]))
         assert p.mode == "sharing"  # the operator's choice stands
         assert [d["name"] for d in all_devices(server)] == ["gpu-0", "gpu-1"]
-        assert not any(r.query.get("dryRun") for r in server.requests)
+        assert len([r for r in server.requests if r.query.get("dryRun")]) == 1  # taints only
+        assert p.server_mode is None
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1 and "use --sharing-mode=auto or partition" in errors[0].getMessage()
 
