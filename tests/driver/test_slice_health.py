@@ -16,7 +16,14 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from driver.discovery import GPU_LOST, DiscoveredGpu, Inventory, architecture, cause_code
+from driver.discovery import (
+    GPU_LOST,
+    DiscoveredGpu,
+    Discovery,
+    Inventory,
+    architecture,
+    cause_code,
+)
 from driver.slicebuild import pool_slices
 from sharing.plan.cel_eval import SelectorEvaluator
 from sharing.plan.loader import load_slices
@@ -234,3 +241,34 @@ def test_the_device_taint_rule_in_the_operations_guide_is_valid_for_1_37() -> No
     bad["spec"]["taint"]["efect"] = "NoExecute"  # the check can fail
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(bad, "1.37", strict=True)
+
+
+class BrandedNvml:
+    """An NVML that reports brands (the simulator does not): counts how often it is asked."""
+
+    def __init__(self, gpus: list[Any]) -> None:
+        self.gpus = gpus
+        self.asked = 0
+
+    def list_gpus(self) -> list[Any]:
+        return list(self.gpus)
+
+    def open_events(self) -> None:
+        return None
+
+    def brands(self) -> dict[str, str]:
+        self.asked += 1
+        return {g.uuid: "Nvidia" for g in self.gpus}
+
+
+def test_brand_comes_from_nvml_once_per_gpu(tmp_path: Path) -> None:
+    nvml = BrandedNvml([gpu(0)])
+    d = Discovery(nvml, sysfs_root=tmp_path)
+    inv = d.inventory(nvml.gpus, {})
+    d.inventory(nvml.gpus, {})
+    assert [g.brand for g in inv.gpus] == ["Nvidia"] and nvml.asked == 1
+    [s] = pool_slices(inv, "sharing", 4, DRIVER, NODE, 1)
+    assert s["spec"]["devices"][0]["attributes"]["brand"] == {"string": "Nvidia"}
+    nvml.gpus = [gpu(0), gpu(1)]  # a new GPU: asked again
+    assert [g.brand for g in d.inventory(nvml.gpus, {}).gpus] == ["Nvidia", "Nvidia"]
+    assert nvml.asked == 2
