@@ -30,7 +30,7 @@ from tests.driver.test_main_e2e import (
     write_config,
 )
 from tests.fakes.apiserver import FakeApiServer, free_port
-from tests.obs.helpers import Sample, only, scrape
+from tests.support.observers import Sample, only, scrape
 
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "deploy" / "prometheus" / "rules.yaml"
