@@ -7,8 +7,8 @@
                                       v1.DRAResourceHealth, v1alpha1.DRAResourceHealth
                                       (NodeWatchResources streams)
 
-Health streams: the kubelet takes v1 when both versions are advertised; kubelets before 1.36
-know only v1alpha1. Every message carries the complete device list with each device's cause in
+Health streams: the kubelet takes v1 when both versions are advertised; kubelets older than
+mid-2026 know only v1alpha1. Every message carries the complete device list with each device's cause in
 `message`, and is sent at the start, on every change and again every `health_resend` seconds,
 each time with a fresh last_updated_time: the kubelet turns a device Unknown when its last report
 is older than the health check timeout (ours: HEALTH_CHECK_TIMEOUT_SECONDS; its own default of
