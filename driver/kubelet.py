@@ -8,11 +8,11 @@
                                       (NodeWatchResources streams)
 
 Health streams: the kubelet takes v1 when both versions are advertised; kubelets older than
-mid-2026 know only v1alpha1. Every message carries the complete device list with each device's cause in
-`message`, and is sent at the start, on every change and again every `health_resend` seconds,
-each time with a fresh last_updated_time: the kubelet turns a device Unknown when its last report
-is older than the health check timeout (ours: HEALTH_CHECK_TIMEOUT_SECONDS; its own default of
-30 s where it ignores that field), so an idle stream must keep re-asserting the list.
+mid-2026 know only v1alpha1. Every message carries the complete device list with each device's
+cause in `message`, and is sent at the start, on every change and again every `health_resend`
+seconds, each time with a fresh last_updated_time: the kubelet turns a device Unknown when its
+last report is older than the health check timeout (ours: HEALTH_CHECK_TIMEOUT_SECONDS; its own
+default of 30 s where it ignores that field), so an idle stream must keep re-asserting the list.
 
 A failed registration (NotifyRegistrationStatus with plugin_registered=false) is logged and
 retried: the registration socket is re-created after a backoff, which the kubelet's plugin
