@@ -1,7 +1,8 @@
 """ResourceSlice contents for this node's GPUs: devices, their attributes and capacities, slices.
 
 Pure functions of the inventory and the policy (no API calls): the publisher
-(driver/slicepublisher.py), `--dry-run` (driver/dryrun.py) and `vgpu plan`'s worked example use them.
+(driver/slicepublisher.py), `--dry-run` (driver/dryrun.py) and `vgpu plan`'s worked example use
+them.
 
 One pool per node (pool name = node name), slices of at most 128 devices. Modes:
   sharing    each GPU is one device `gpu-<index>` with allowMultipleAllocations and request

@@ -191,7 +191,8 @@ def test_attributes_carry_nvidias_names_and_the_standard_ones(mode: str) -> None
 
 
 def test_architecture_by_compute_capability() -> None:
-    assert [architecture(cc) for cc in ("7.0", "7.5", "8.0", "8.6", "8.9", "9.0", "10.0", "12.0")] == [
+    ccs = ("7.0", "7.5", "8.0", "8.6", "8.9", "9.0", "10.0", "12.0")
+    assert [architecture(cc) for cc in ccs] == [
         "Volta", "Turing", "Ampere", "Ampere", "Ada Lovelace", "Hopper", "Blackwell", "Blackwell",
     ]  # fmt: skip
     assert architecture("x") is None and architecture("2.0") is None
