@@ -141,14 +141,23 @@ def test_every_panel_query_and_rule_returns_series(
             if not any(s.get(label) for s in series):
                 missing.append(f"variable {var}: no {label} in {selector}")
         assert not missing, "no series for:\n" + "\n".join(missing) + "\n" + prom.output()[-3000:]
-        # the achieved shares reached Prometheus while the tenants ran
-        used = prom.query('max_over_time(vgpu_slice_compute_used_ratio{job="vgpu-sharing"}[1m])')
-        assert used and all(float(s["value"][1]) > 0 for s in used), used
     finally:
         held.release()
         for t in tenants:
             _, err = t.communicate(timeout=60)
             assert t.returncode == 0, err
+    # the achieved shares reached Prometheus while the tenants ran: asked once both have run their
+    # kernels (on a loaded machine every series can exist before either tenant's first launch)
+    share = 'max_over_time(vgpu_slice_compute_used_ratio{job="vgpu-sharing"}[5m])'
+    deadline = time.monotonic() + 30
+    while True:
+        used = prom.query(share)
+        if (
+            len(used) == 2 and all(float(s["value"][1]) > 0 for s in used)
+        ) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert len(used) == 2 and all(float(s["value"][1]) > 0 for s in used), used
     groups = prom.api("rules")["groups"]
     bad = [(r["name"], r.get("lastError")) for g in groups for r in g["rules"]
            if r["health"] != "ok"]  # fmt: skip
