@@ -5,9 +5,13 @@ without, measured in one run. Two shim variants: "shim", a slice's file created 
 plugin does) that has learned nothing yet, recreated before every run and every round (its first
 process measures a context through NVML: docs/shim.md "Contexts"; the others of a round wait for
 that measurement); "shim, size handed over", the same fresh file each time with the context's size
-handed over (VGPU_CONTEXT_SIZE, as the plugin writes it into the limits file: the first process
+handed over in the environment (VGPU_CONTEXT_SIZE, as `vgpu run` hands it over: the first process
 charges it and verifies it through NVML on a thread of its own, off the start-up path); "shim,
-size learned", one file kept for the whole run, whose first process has already run (as in a pod
+size from the plugin", the same with the size in a limits file as the plugin writes it
+(VGPU_CONTEXT_SIZE_0; the shim and the file read-only bind mounts, as CDI makes them: needs root,
+the benchmark then runs in a mount namespace of its own; the first process charges the size and
+never loads NVML), and beside it the same limits file with the size learned (its later processes:
+a limits file costs every process reading it and checking its mounts); "shim, size learned", one file kept for the whole run, whose first process has already run (as in a pod
 after its first process: nobody loads NVML):
 
     .venv/bin/python benchmarks/bench_startup.py [--single 200] [--rounds 8] [--procs 64]
@@ -38,6 +42,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -45,12 +50,22 @@ sys.path.insert(0, str(REPO))
 from bench_shim_memory import pct, variant_envs  # noqa: E402  (this directory: run as a script)
 
 from sharing import region  # noqa: E402
+from sharing.limitsfile import render_limits_file  # noqa: E402
 from tests.support.cbuild import compile_program  # noqa: E402
 
 VARIANTS = {"baseline": "baseline", "shim": "shim, 64 GiB quota"}
-SHIMS = ("shim", "handed", "learned", "before")  # the shim variants, in the order printed
+SHIMS = (
+    "shim",
+    "handed",
+    "plugin",
+    "learned",
+    "plugin_learned",
+    "before",
+)  # the shim variants, in the order printed
 LEARNED = "shim, size learned"
 HANDED = "shim, size handed over (the slice's first process)"
+PLUGIN = "shim, size from the plugin's limits file (the slice's first process)"
+PLUGIN_LEARNED = "shim under the plugin's limits file, size learned (the slice's later processes)"
 CONTEXT_SIZE = "500Mi"  # what a context takes on the simulator's defaults (docs/simulator.md)
 
 
@@ -59,6 +74,46 @@ def fresh_file(env: dict[str, str]) -> None:
     path = Path(env["CUDA_DEVICE_MEMORY_SHARED_CACHE"])
     path.unlink(missing_ok=True)
     region.create(path)
+
+
+def plugin_env(work: Path, shim: dict[str, str], name: str = "plugin") -> dict[str, str]:
+    """The shim as the plugin installs it: a copy beside a limits file carrying the context's
+    size, both read-only bind mounts (what the shim requires of the plugin's files), in a mount
+    namespace of this process's own (--plugin-only runs in one: another shim there, seeing the
+    plugin's mounts, would refuse to run)."""
+    d = work / name
+    d.mkdir()
+    lib = d / "libvgpu.so"
+    shutil.copy(shim["LD_PRELOAD"], lib)
+    acct = d / "slice.region"
+    limits = d / "limits"
+    limits.write_text(
+        render_limits_file(
+            memory_limits=[64 * 1024**3], sm_limits=[0], policy="hard", priority=1,
+            shared_cache=str(acct), context_sizes=[500 * 1024**2],
+        )
+    )  # fmt: skip
+    for f in (lib, limits):
+        subprocess.run(["mount", "--bind", "-o", "ro", str(f), str(f)], check=True)
+    return dict(shim, LD_PRELOAD=str(lib), CUDA_DEVICE_MEMORY_SHARED_CACHE=str(acct))
+
+
+def plugin_variant(args: argparse.Namespace, figures: dict[str, Any]) -> None:
+    """The plugin's variant, measured by this script in a mount namespace of its own
+    (--plugin-only, beside its own baseline) and added to `figures` as what it adds to that
+    baseline plus this run's baseline. Skipped (with a line) without root or unshare(1)."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        print("shim, size from the plugin: skipped (needs root and unshare(1))", file=sys.stderr)
+        return
+    cmd = ["unshare", "--mount", "--propagation", "private", sys.executable, __file__,
+           "--plugin-only", "--json", "--single", str(args.single), "--rounds", str(args.rounds),
+           "--procs", str(args.procs), "--breakdown", "0"]  # fmt: skip
+    sub = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    for name, values in figures.items():
+        theirs = sub[name]
+        for k, ours in (("plugin", "plugin"), ("learned", "plugin_learned")):
+            if k in theirs and "baseline" in values:
+                values[ours] = theirs[k] - theirs["baseline"] + values["baseline"]
 
 
 def spawn_at_once(
@@ -166,6 +221,7 @@ def main() -> int:
         "--breakdown", type=int, default=300, help="runs per step of the CPU breakdown (0: skip)"
     )
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--plugin-only", action="store_true", help=argparse.SUPPRESS)  # see plugin_env
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-startup-"))
     try:
@@ -181,6 +237,12 @@ def main() -> int:
             CUDA_DEVICE_MEMORY_SHARED_CACHE=f"{shared}.handed",
             VGPU_CONTEXT_SIZE=CONTEXT_SIZE,
         )
+        if args.plugin_only:
+            envs = {
+                "baseline": envs["baseline"],
+                "plugin": plugin_env(work, envs["shim"]),
+                "learned": plugin_env(work, envs["shim"], "plugin_learned"),
+            }
         if args.before is not None:
             # its own file, made by its shim (an older build may read another layout)
             envs["before"] = dict(
@@ -191,7 +253,11 @@ def main() -> int:
             spawn_at_once(prog, envs["before"], 1)
         load_before = os.getloadavg()
         spawn_at_once(prog, envs["learned"], 1)  # the pod's first process: the size is learned
-        fresh = {"shim", "handed"}  # variants whose slice's file is recreated before every run
+        fresh = {
+            "shim",
+            "handed",
+            "plugin",
+        }  # variants whose slice's file is recreated before every run
         single: dict[str, list[float]] = {k: [] for k in envs}
         cpu: dict[str, list[float]] = {k: [] for k in envs}
         for _ in range(args.single):  # alternate, so drift hits both alike
@@ -201,7 +267,7 @@ def main() -> int:
         for _ in range(args.rounds):
             for k, env in envs.items():
                 many[k] += spawn_at_once(prog, env, args.procs, None, k in fresh)
-        steps = breakdown_envs(work, envs) if args.breakdown else {}
+        steps = breakdown_envs(work, envs) if args.breakdown and not args.plugin_only else {}
         step_cpu: dict[str, list[float]] = {k: [] for k in steps}
         for _ in range(args.breakdown):
             for k, env in steps.items():
@@ -218,10 +284,14 @@ def main() -> int:
         shutil.rmtree(work, ignore_errors=True)
     one = {k: statistics.median(v) for k, v in single.items()}
     cpu_mean = {k: statistics.fmean(v) for k, v in cpu.items()}
-    queue = args.procs / 2 / (os.cpu_count() or 1)  # processes ahead of the median one, per CPU
-    shims = [k for k in SHIMS if k in envs]
     p50 = {k: pct(v, 50) for k, v in many.items()}
     p99 = {k: pct(v, 99) for k, v in many.items()}
+    if not args.plugin_only:
+        plugin_variant(args, {"one_process_ms_median": one, "cpu_ms_mean": cpu_mean,
+                              "at_once_ms_p50": p50, "at_once_ms_p99": p99, "instructions": ins,
+                              "instructions_main_thread": ins_main})  # fmt: skip
+    queue = args.procs / 2 / (os.cpu_count() or 1)  # processes ahead of the median one, per CPU
+    shims = [k for k in SHIMS if k in one]
     report: dict[str, object] = {
         "one_process_ms_median": one,
         "one_process_added_ms": {k: one[k] - one["baseline"] for k in shims},
@@ -248,9 +318,13 @@ def main() -> int:
         print(json.dumps(report, indent=2))
         return 0
     for k in shims:
-        name = {"shim": "shim (nothing learned)", "learned": LEARNED, "handed": HANDED}.get(
-            k, f"shim ({k})"
-        )
+        name = {
+            "shim": "shim (nothing learned)",
+            "learned": LEARNED,
+            "handed": HANDED,
+            "plugin": PLUGIN,
+            "plugin_learned": PLUGIN_LEARNED,
+        }.get(k, f"shim ({k})")
         c_add = cpu_mean[k] - cpu_mean["baseline"]
         print(f"== {name} against no shim")
         print(

@@ -4,6 +4,8 @@ the slice's shared files."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from driver.claims import ClaimPlan
 from sharing.claimlayout import (
     CONTAINER_ACCOUNTING,
@@ -13,7 +15,8 @@ from sharing.claimlayout import (
 from sharing.limitsfile import render_limits_file
 
 
-def render_limits(plan: ClaimPlan) -> str:
+def render_limits(plan: ClaimPlan, context_sizes: Sequence[int | None] = ()) -> str:
+    """context_sizes: what a context takes on each GPU (driver/contextsize.py), None unknown."""
     limits = plan.gpu_limits()
     return render_limits_file(
         memory_limits=[g.memory_limit for g in limits],
@@ -23,4 +26,5 @@ def render_limits(plan: ClaimPlan) -> str:
         shared_cache=CONTAINER_ACCOUNTING,
         node_state_dir=CONTAINER_NODE_STATE_DIR,
         demand_file=CONTAINER_DEMAND_FILE,
+        context_sizes=context_sizes,
     )

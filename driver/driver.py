@@ -32,6 +32,7 @@ from typing import Any
 from driver import devicenames, hostfs
 from driver.claimfiles import HostPaths
 from driver.claims import RulesFor
+from driver.contextsize import ContextSizes
 from driver.flags import Settings
 from driver.health import HealthBroadcaster
 from driver.injection import DriverInjector
@@ -126,6 +127,7 @@ class Driver:
             read=DeviceState.api_reader(api_client),
             rules_for=rules_for,
             injector=injector,
+            context_sizes=ContextSizes(data_dir),
         )
         self.plugin = KubeletPlugin(
             driver_name=settings.driver_name,

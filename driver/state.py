@@ -48,6 +48,7 @@ from driver.claimfiles import ClaimFiles, HostPaths, cdi_kind, uid_error, write_
 from driver.claimlimits import render_limits
 from driver.claims import ClaimError, ClaimPlan, ClaimRef, RulesFor, plan_claim, read_claim
 from driver.claimspec import build_spec
+from driver.contextsize import ContextSizes
 from driver.crashpoints import maybe_crash
 from driver.injection import NO_INJECTION, DriverInjector, Injection
 from driver.orphans import remove_orphans
@@ -84,6 +85,7 @@ class DeviceState:
         read: ClaimReader,
         rules_for: RulesFor | None = None,
         injector: DriverInjector | None = None,
+        context_sizes: ContextSizes | None = None,
     ) -> None:
         self.driver_name = driver_name
         self.node_name = node_name
@@ -97,6 +99,7 @@ class DeviceState:
         self._read = read
         self.rules_for = rules_for  # the admin policy per GPU (None: built-in)
         self.injector = injector  # the driver's files for CDI-only runtimes (driver/injection.py)
+        self.context_sizes = context_sizes  # VGPU_CONTEXT_SIZE_<i> (driver/contextsize.py)
         self._lock = threading.Lock()
         self._trash = Trash(paths.claims_dir, paths.trash_dir)
 
@@ -309,7 +312,9 @@ class DeviceState:
     ) -> tuple[PreparedDevice, ...]:
         """Create (or complete) the claim's files; existing ones are kept, except the limits
         file and the spec, which are rewritten atomically. Returns the answer's devices."""
-        write_claim_dir(self.paths, ref.uid, files, render_limits(plan))
+        gpus = [g.gpu for g in plan.gpu_limits()]
+        sizes = self.context_sizes.for_gpus(gpus) if self.context_sizes else []
+        write_claim_dir(self.paths, ref.uid, files, render_limits(plan, sizes))
         maybe_crash("prepare-dir")
         inj = self._injection(plan)
         spec = build_spec(self.kind, plan, files, self.paths, inj)

@@ -96,6 +96,7 @@ static struct {
 } drv;
 static pthread_once_t drv_once = PTHREAD_ONCE_INIT;
 static int drv_ok;
+static int drv_done; /* drv_resolve has run: launches skip pthread_once (a call) */
 
 /* The driver's own functions, resolved as every other part of the shim resolves them
  * (vgpu_cuda_sym: dlsym on the driver's handle, so neither the shim's dlsym map nor another
@@ -404,7 +405,10 @@ static uint32_t effective_cap(struct cdev *cd, int dev, int64_t now)
  * mode): our own event records could disturb that capture, so the launch is charged, not measured. */
 static int gate_target(CUstream stream, CUcontext *ctx, CUdevice *cudev, int *dev, int *may_measure)
 {
-    pthread_once(&drv_once, drv_resolve);
+    if (!__atomic_load_n(&drv_done, __ATOMIC_ACQUIRE)) {
+        pthread_once(&drv_once, drv_resolve);
+        __atomic_store_n(&drv_done, 1, __ATOMIC_RELEASE);
+    }
     if (!drv.ctx_get_current || !drv.ctx_get_device)
         return 0;
     if (drv.ctx_get_current(ctx) != CUDA_SUCCESS || !*ctx || drv.ctx_get_device(cudev) != CUDA_SUCCESS)
@@ -413,6 +417,14 @@ static int gate_target(CUstream stream, CUcontext *ctx, CUdevice *cudev, int *de
     if (*dev < 0 || *dev >= VGPU_MAX_DEVICES || !g_cfg.cap[*dev])
         return 0;
     *may_measure = 1;
+    if (stream == NULL || stream == CU_STREAM_LEGACY) {
+        /* The legacy default stream cannot be captured (CUDA refuses to begin a capture on it),
+         * so the launch is charged without asking. Our events on it could still disturb another
+         * thread's capture in global mode (the driver then fails the query): asked only before
+         * measuring (capture_allows_events). */
+        *may_measure = 2;
+        return 1;
+    }
     if (drv.stream_is_capturing) {
         CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
         CUresult cr = drv.stream_is_capturing(stream, &cs);
@@ -422,6 +434,16 @@ static int gate_target(CUstream stream, CUcontext *ctx, CUdevice *cudev, int *de
             *may_measure = 0;
     }
     return 1;
+}
+
+/* A launch on the legacy default stream about to be measured (may_measure 2, gate_target):
+ * whether recording our events on it is allowed (no capture in another thread forbids it). */
+static int capture_allows_events(CUstream stream)
+{
+    if (!drv.stream_is_capturing)
+        return 1;
+    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+    return drv.stream_is_capturing(stream, &cs) == CUDA_SUCCESS && cs == CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
 /* Phase "prepare": the device attached (once per process), the NVML loop running (started at the
@@ -484,7 +506,8 @@ static int gate_estimate(struct vgpu_launch *L, struct cdev *cd, CUcontext ctx, 
             /* Every launch while learning a key and while running uncapped (the queue bound needs
              * them), then a sample. */
             int measure = drv_ok && may_measure && cx && cx->tail - cx->head < RING &&
-                          (e->samples < MEASURE_ALL_FIRST || L->eff >= VC_PERMILLE_FULL || measure_draw(e));
+                          (e->samples < MEASURE_ALL_FIRST || L->eff >= VC_PERMILLE_FULL || measure_draw(e)) &&
+                          (may_measure != 2 || capture_allows_events(L->stream));
             if (measure)
                 e->in_flight++;
             pthread_mutex_unlock(&g_mu);
@@ -573,7 +596,11 @@ static void gate_measure(struct vgpu_launch *L, int slept)
         return;
     CUresult q = drv.event_query(s->start);
     int64_t t = recorded_at;
-    while (q == CUDA_ERROR_NOT_READY && (t = vgpu_compute_now_ns()) - recorded_at < START_WAIT_NS) {
+    /* The kernel ahead, when it is this key's (a launch-bound loop), ends within about its
+     * estimate: no longer (behind a neighbour's time slice or a long kernel it would wait in
+     * vain, and the pair is then charged whole: the charge errs high, never low). */
+    int64_t wait = (int64_t)L->cost + 1000 < START_WAIT_NS ? (int64_t)L->cost + 1000 : START_WAIT_NS;
+    while (q == CUDA_ERROR_NOT_READY && (t = vgpu_compute_now_ns()) - recorded_at < wait) {
         q = drv.event_query(s->start);
         if (q == CUDA_SUCCESS)
             t = vgpu_compute_now_ns();

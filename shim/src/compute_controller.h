@@ -49,7 +49,10 @@ static inline int64_t vc_wall_ns(int64_t cost_ns, uint32_t permille)
 {
     if (permille == 0)
         permille = 1;
-    /* cost < 2^53 ns in practice; __int128 keeps the multiply exact for any input. */
+    /* 64-bit when the multiply cannot overflow (every real cost: a launch's is far below 2^53
+     * ns), else __int128 (exact for any input); both truncate alike. */
+    if (cost_ns > -(INT64_MAX / VC_PERMILLE_FULL) && cost_ns < INT64_MAX / VC_PERMILLE_FULL)
+        return cost_ns * VC_PERMILLE_FULL / (int64_t)permille;
     return (int64_t)(((__int128)cost_ns * VC_PERMILLE_FULL) / permille);
 }
 

@@ -154,6 +154,7 @@ static int self_used(int n, unsigned pid, uint64_t *used) { return self_used_in(
 void vgpu_ctxmem_before(struct vgpu_ctxmem_probe *p, CUdevice cudev, int first_on_device) {
     int dev = p->dev;
     p->first = first_on_device;
+    if (p->plugin) return; /* the plugin measured it: nothing to read */
     if (p->hinted) {
         if (start_verifier(p, cudev)) return;
         p->hinted = 0; /* no thread: measured here, the handed-over size only reserved */
@@ -244,6 +245,7 @@ static uint64_t measure(struct vgpu_ctxmem_probe *p, const char **src) {
  * a measurement is what vgpu_ctxmem_done then publishes. */
 uint64_t vgpu_ctxmem_existing(struct vgpu_ctxmem_probe *p, CUdevice cudev) {
     int dev = p->dev;
+    if (p->plugin) return 0; /* the plugin's size (vgpu_ctxmem_expect's) is charged */
     p->hinted = 0; /* measured here: no verifier */
     unsigned self = known_host_pid();
     if (self == 0 || !device_handle(dev, cudev)) return 0;
@@ -501,6 +503,19 @@ uint64_t vgpu_ctxmem_expect(struct vgpu_ctxmem_probe *p, int dev, CUdevice cudev
         }
         vgpu_region_context_wait(dev, seen, LEARN_POLL_NS); /* woken at its publication */
     }
+    uint64_t h = handed_over(dev, p->cuda_total);
+    if (h != 0 && vgpu_settings_file() != NULL && !vgpu_config()->disabled) {
+        /* The plugin's size (VGPU_CONTEXT_SIZE_<i> of its read-only limits file): the plugin
+         * measured a context of this GPU model and driver itself, so it is charged as a learned
+         * size would be and published for the slice (when this process claimed the measurement),
+         * without loading NVML: the slice's first process starts as its later ones do. */
+        uint64_t floor = vgpu_config()->context_reserve;
+        p->plugin = 1;
+        p->charge = h > floor ? h : floor;
+        p->pub_source = VGPU_CONTEXT_EXACT;
+        p->pub_bytes = h;
+        return p->charge;
+    }
     uint64_t e = estimate(dev, p->cuda_total);
     /* measuring for the slice with a size handed over: that is charged before the context is
      * created and verified against the driver off the start-up path (start_verifier) */
@@ -521,6 +536,12 @@ void vgpu_ctxmem_cancel(struct vgpu_ctxmem_probe *p) {
 uint64_t vgpu_ctxmem_after(struct vgpu_ctxmem_probe *p) {
     int dev = p->dev;
     char a[32], b[32];
+    if (p->plugin) {
+        vgpu_format_bytes(p->charge, b, sizeof b);
+        vgpu_log(VGPU_LOG_DEBUG, "context on device %d: charged %s, the plugin's VGPU_CONTEXT_SIZE_%d (NVML not asked)",
+                 dev, b, dev);
+        return p->charge;
+    }
     if (p->learned || p->hinted) {
         if (p->hinted) return p->charge; /* the verifier says what it was */
         vgpu_format_bytes(p->charge, b, sizeof b);
@@ -561,6 +582,7 @@ void vgpu_ctxmem_done(struct vgpu_ctxmem_probe *p) {
         verifier_go(p, 1);
         return;
     }
+    if (p->plugin && !p->claimed) return; /* another process of the slice measures or has published */
     if (p->learned || p->pub_source == VGPU_CONTEXT_UNKNOWN) {
         vgpu_ctxmem_cancel(p); /* nothing measured: the claim (if any) goes to the next process */
         return;

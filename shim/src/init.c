@@ -82,8 +82,12 @@ static void init_once(void) {
     if (measure_cpu) setup_cpu_ns = cpu_ns() - c0;
 }
 
+static int init_done; /* init_once has run: every later hook call is one atomic load */
+
 CUresult vgpu_init(void) {
+    if (__atomic_load_n(&init_done, __ATOMIC_ACQUIRE)) return init_status;
     pthread_once(&init_once_ctl, init_once);
+    __atomic_store_n(&init_done, 1, __ATOMIC_RELEASE);
     return init_status;
 }
 

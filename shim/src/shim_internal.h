@@ -243,6 +243,7 @@ struct vgpu_ctxmem_probe { /* the driver's readings before a context is created 
     int dev, first, have_dev, have_self, have_pids, exact;
     int learned; /* the slice knew the size: charge is charged, nothing is read */
     int hinted;  /* measuring for the slice with VGPU_CONTEXT_SIZE charged: verified by a thread */
+    int plugin;  /* the plugin's VGPU_CONTEXT_SIZE_<i> (limits file) charged: NVML not asked */
     int claimed; /* this process measures for the slice: publish (or drop) the claim */
     uint64_t charge, cuda_total; /* cuda_total: the device's memory by the driver, 0 unknown */
     uint64_t dev_used, total, self_used;

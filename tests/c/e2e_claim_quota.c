@@ -2,7 +2,9 @@
  * Runs inside a container started with a claim's CDI device (tests/driver/test_e2e_podman.py).
  * It sees only what the CDI spec gave it: CUDA_VISIBLE_DEVICES, the limits and the shim.
  *
- *   e2e_claim_quota info                   print "total=<bytes> free=<bytes>" of device 0
+ *   e2e_claim_quota info                   print "total=<bytes> free=<bytes>" of device 0, then
+ *                                          "nvml=<0|1>": whether NVML is loaded in the process
+ *                                          (nothing here asks it: only the shim could have)
  *   e2e_claim_quota alloc <bytes>          try cuMemAlloc_v2; print "alloc=<CUresult>"; exit 0
  *   e2e_claim_quota hold <bytes> <dir>     allocate, create <dir>/held, wait for <dir>/release
  *                                          (at most 60 s), free, exit 0; exit 3 if the
@@ -50,6 +52,17 @@ static int exists(const char *dir, const char *name) {
     return access(path, F_OK) == 0;
 }
 
+/* Whether libnvidia-ml.so.1 is mapped into this process. */
+static int nvml_loaded(void) {
+    FILE *f = fopen("/proc/self/maps", "r");
+    char line[1024];
+    int found = 0;
+    if (f == NULL) return -1;
+    while (!found && fgets(line, sizeof line, f) != NULL) found = strstr(line, "libnvidia-ml.so") != NULL;
+    fclose(f);
+    return found;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: %s info | alloc <bytes> | hold <bytes> <dir>\n", argv[0]);
@@ -61,6 +74,7 @@ int main(int argc, char **argv) {
         size_t free_b = 0, total_b = 0;
         CHECK(cuMemGetInfo_v2(&free_b, &total_b));
         printf("total=%zu free=%zu\n", total_b, free_b);
+        printf("nvml=%d\n", nvml_loaded());
         return 0;
     }
     if (argc >= 3 && strcmp(argv[1], "alloc") == 0) {

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from driver.injection import SIM_CONFIG_PATH, SIM_STATE_PATH, multiarch_lib_dir
+from sharing.limitsfile import parse_limits_file
 from sharing.paths import sim_lib_dir
 from tests.driver.kubelet_standin import KubeletStandin, allocated_claim, claim_id, result
 from tests.driver.test_e2e_podman import (
@@ -38,6 +39,7 @@ from tests.driver.test_e2e_podman import (
     wait_held,
 )
 from tests.fakes.apiserver import FakeApiServer
+from tests.sim.simhelp import CONTEXT_MEMORY
 from tests.support.cbuild import compile_program
 
 pytestmark = pytest.mark.slow
@@ -268,3 +270,26 @@ def test_claims_see_their_quota_and_share_one_simulated_gpu(
     assert holder.returncode == 0, holder.stderr.read()  # type: ignore[union-attr]
     # The holder's memory went back to the simulated GPU when it exited.
     assert node_memory_used(root / "data") <= before
+
+
+def test_limits_carry_the_context_size_and_the_first_process_does_not_measure(
+    world: tuple[FakeApiServer, SimPlugin, KubeletStandin, Path], rootfs: Path
+) -> None:
+    """The plugin learns what a context takes on the simulated L4 (a helper process creates one
+    and reads NVML) and writes it into the limits file (VGPU_CONTEXT_SIZE_<i>), kept in its data
+    dir for the next claims; a fresh claim's first process charges it without loading NVML."""
+    server, plugin, kubelet, root = world
+    a = prepare(server, kubelet, "a", "2Gi")
+    [limits] = (root / "data" / "claims").glob("*/limits")
+    values = parse_limits_file(limits.read_text())
+    context = int(values["VGPU_CONTEXT_SIZE_0"])
+    assert context == CONTEXT_MEMORY, limits.read_text()  # the simulator's default
+    cache = json.loads((root / "data" / "context-sizes.json").read_text())
+    assert list(cache.values()) == [context], cache
+    info = run(root, rootfs, a, "/bin/e2e_claim_quota", "info")
+    assert _value(info, "nvml") == 0, info  # nothing in the process loaded NVML
+    assert _value(info, "free") == 2 * GiB - context, info  # its context is charged, that size
+    assert _value(run(root, rootfs, a, "/bin/e2e_claim_quota", "info"), "nvml") == 0
+    # a second claim's limits come from the learned size: no second helper
+    prepare(server, kubelet, "b", "2Gi")
+    assert plugin.output().count("learned by a helper process") == 1, plugin.output()
