@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import socket
 import sys
@@ -29,6 +30,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from sharing.containers import ContainerUsage
 from sharing.gpus import use_simulator
 from sharing.metrics import CONTENT_TYPE, VgpuCollector, render_text
 from sharing.nodeview import LineLog, NodeView, ViewBuilder, ViolationCounts
@@ -46,6 +48,7 @@ from sharing.watchdog import DEFAULT_MARGIN, ENFORCE_MODES, EventSink, Watchdog
 log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 9402  # dcgm-exporter has 9400
+DEFAULT_DRIVER_NAME = "vgpu.sharing.dev"  # the plugin's default --driver-name
 DEFAULT_CACHE_SECONDS = 1.0  # a served exposition is at most about this old
 ACTIVE_WINDOW = 300.0  # seconds after the last scrape the cache is kept warm
 
@@ -150,6 +153,7 @@ class ExporterConfig:
     kill_grace: float = 5.0
     cache_seconds: float = DEFAULT_CACHE_SECONDS  # 0: read the node at every scrape
     watchdog: bool = True  # False: metrics only (the watchdog needs the host's PIDs)
+    driver_name: str = DEFAULT_DRIVER_NAME  # the dra_driver_name label of claims' series
 
 
 class Exporter:
@@ -163,9 +167,13 @@ class Exporter:
         events: EventSink | None = None,
         pods: PodLookup | None = None,
         device_health: DeviceHealth | None = None,
+        extra: Callable[[], bytes] | None = None,
     ) -> None:
-        """device_health: the plugin's GPU health (UUID -> cause), applied to the NVML view."""
+        """device_health: the plugin's GPU health (UUID -> cause), applied to the NVML view.
+        extra: more exposition appended to every scrape, read at the scrape (the plugin's
+        operation metrics)."""
         self.config = config
+        self.extra = extra
         self.hostname = config.hostname or socket.gethostname()
         self.violations = ViolationCounts()
         kw: dict[str, Any] = {
@@ -178,11 +186,14 @@ class Exporter:
         self.poller = NvmlPoller(**kw)
         self.health = HealthView(self.poller.latest, device_health)
         lines = LineLog()  # an unreadable slice is one log line, whichever builder sees it
+        # memory by container, from the watchdog's NVML passes (host PIDs: with the watchdog)
+        self.containers = ContainerUsage()
         self.view = ViewBuilder(
             SliceFinder(config.data_dir, config.regions, pods),
             self.health.latest,
             self.violations,
             lines,
+            self.containers,
         )
         # the watchdog's own builder: its samples must not shorten the scrapes' rate windows
         self._wd_view = ViewBuilder(
@@ -201,7 +212,7 @@ class Exporter:
             shim_file=config.data_dir / "lib" / "libvgpu.so" if config.data_dir else None,
         )
         self.registry = CollectorRegistry(auto_describe=False)
-        self.collector = VgpuCollector(self.view.build, self.hostname)
+        self.collector = VgpuCollector(self.view.build, self.hostname, config.driver_name)
         self.registry.register(self.collector)
         self.registry.register(_NvmlUpCollector(self.health, self.hostname))
         self._server: Any = None
@@ -215,12 +226,14 @@ class Exporter:
 
     def _on_reading(self, reading: NvmlReading) -> None:
         if self.config.watchdog:
-            self.watchdog.check(self._wd_view.build(rates=False), reading)
+            view = self._wd_view.build(rates=False)
+            self.watchdog.check(view, reading)
+            self.containers.update(view, reading, skip_pid=os.getpid())
 
     def _refresh(self) -> tuple[float, bytes, NodeView]:
         started, taken = time.perf_counter(), time.monotonic()
         view = self.view.build(commit=False)
-        text = render_text(view, self.hostname, started)
+        text = render_text(view, self.hostname, started, self.config.driver_name)
         entry = (taken, text + nvml_up_text(self.health.nvml_up(), self.hostname), view)
         with self._cache_lock:
             self._cache = entry
@@ -243,7 +256,7 @@ class Exporter:
             entry = self._refresh()
         self.view.commit(entry[2])
         self._wake.set()
-        return entry[1]
+        return entry[1] + self.extra() if self.extra is not None else entry[1]
 
     def _keep_warm(self) -> None:
         period = self.config.cache_seconds * 0.8  # + one read of the node: stays under the bound
@@ -339,7 +352,15 @@ def register(sub: Any) -> None:
         metavar="HOST:PORT",
         help=f"address to serve /metrics on (default :{DEFAULT_PORT}, all interfaces)",
     )
-    p.add_argument("--hostname", default="", help="the Hostname label (default: this host's name)")
+    p.add_argument(
+        "--hostname", default="", help="the Hostname/hostname label (default: this host's name)"
+    )
+    p.add_argument(
+        "--driver-name",
+        default=DEFAULT_DRIVER_NAME,
+        help="the DRA driver the claims' slices belong to: their dra_driver_name label (default "
+        f"{DEFAULT_DRIVER_NAME}, the plugin's default --driver-name)",
+    )
     p.add_argument(
         "--cache",
         type=float,
@@ -391,6 +412,7 @@ def config_from_args(args: argparse.Namespace) -> ExporterConfig:
         data_dir=args.data_dir,
         regions=tuple(args.region),
         hostname=getattr(args, "hostname", ""),
+        driver_name=getattr(args, "driver_name", DEFAULT_DRIVER_NAME),
         enforce=getattr(args, "enforce", "none"),
         margin=margin,
         cache_seconds=_cache_seconds(getattr(args, "cache", DEFAULT_CACHE_SECONDS)),

@@ -9,24 +9,42 @@ render_text() does the same in a few milliseconds. tests/sharing/test_metrics_te
 both give the same samples.
 
 Names, units and labels are documented in docs/metrics.md. Label keys reuse dcgm-exporter's
-(`gpu`, `UUID`, `modelName`, `Hostname`, `pci_bus_id`) so that dashboards join the two; every
-slice series carries the same label set (DEVICE_LABELS + SLICE_LABELS, "" where unknown) so
-slice series join one-to-one.
+(`gpu`, `UUID`, `modelName`, `Hostname` and its 2026 spelling `hostname`, `pci_bus_id`; its pod
+labels `pod`, `namespace`, `container` and DRA labels `dra_*`) so that dashboards join the two;
+every slice series carries the same label set (SLICE_LABELS, "" where unknown) so slice series
+join one-to-one. The per-container families (vgpu_container_*, and HAMi's hami_* names with
+HAMi's labels, so HAMi's published dashboard renders) come from sharing/containers.py.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from sharing import __version__, region
+from sharing.containers import ContainerMemory
 from sharing.nodeview import DeviceView, NodeView, SliceDeviceView, UnreadableSlice
+from sharing.slices import Slice
 
-DEVICE_LABELS = ("gpu", "UUID", "modelName", "Hostname", "pci_bus_id")
-SLICE_LABELS = (*DEVICE_LABELS, "claim_uid", "namespace", "claim", "pod")
+DEVICE_LABELS = ("gpu", "UUID", "modelName", "Hostname", "hostname", "pci_bus_id")
+# who the slice is: ours, then dcgm-exporter's pod and DRA labels
+OWNER_LABELS = (
+    "claim_uid", "namespace", "claim", "pod", "container",
+    "dra_claim_name", "dra_claim_namespace", "dra_driver_name", "dra_pool_name", "dra_device_name",
+)  # fmt: skip
+SLICE_LABELS = (*DEVICE_LABELS, *OWNER_LABELS)
+# HAMi's labels (Project-HAMi/HAMi cmd/vGPUmonitor/metrics.go, cmd/scheduler/metrics.go), plus
+# node and claim_uid: a container with two claims on one GPU has a series per claim
+HAMI_CONTAINER_LABELS = (
+    "namespace", "pod", "container", "vdevice_index", "device_uuid", "node", "claim_uid",
+)  # fmt: skip
+HAMI_DEVICE_LABELS = ("node", "device_uuid", "device_index", "device_type")
+HAMI_CORES_TOTAL = "100"  # HAMi counts a GPU's cores in percent
 
 # (name, help, kind, value of a device view)
 _DEVICE: tuple[tuple[str, str, str, Callable[[DeviceView], float | None]], ...] = (
@@ -104,34 +122,170 @@ def _family(
     return GaugeMetricFamily(name, doc, labels=labels)
 
 
+def _gpu_labels(index: int, uuid: str, name: str, pci: str, hostname: str) -> list[str]:
+    return [str(index) if index >= 0 else "", uuid, name, hostname, hostname, pci]
+
+
 def device_labels(d: DeviceView, hostname: str) -> list[str]:
     g = d.gpu
-    return [str(g.index) if g.index >= 0 else "", g.uuid, g.name, hostname, g.pci_bus_id]
+    return _gpu_labels(g.index, g.uuid, g.name, g.pci_bus_id, hostname)
 
 
-def slice_labels(d: DeviceView, s: SliceDeviceView, hostname: str) -> list[str]:
-    sl = s.slice
-    return [*device_labels(d, hostname), sl.claim_uid, sl.namespace, sl.claim, sl.pod]
+# the GPU index in our device names (driver/devicenames.py: gpu-<index>, gpu-<index>-slice-<k>)
+_DEVICE_GPU = re.compile(r"gpu-(0|[1-9][0-9]*)(?:-slice-[0-9]+)?")
 
 
-def unreadable_labels(u: UnreadableSlice, hostname: str) -> list[list[str]]:
+def _dra_device(sl: Slice, gpu_index: int) -> tuple[str, str]:
+    """(pool, device) names of the claim's devices on GPU `gpu_index`, comma-joined when the
+    claim has several there (two partitions of one GPU)."""
+    pools: list[str] = []
+    names: list[str] = []
+    for pool, name in sl.dra_devices:
+        m = _DEVICE_GPU.fullmatch(name)
+        if m is not None and int(m.group(1)) == gpu_index:
+            pools += [pool] if pool not in pools else []
+            names.append(name)
+    return ",".join(pools), ",".join(names)
+
+
+def owner_labels(
+    sl: Slice, gpu_index: int, driver: str, pod: str | None = None, container: str = ""
+) -> list[str]:
+    """OWNER_LABELS of a slice on GPU `gpu_index` (-1: unknown)."""
+    claim = bool(sl.claim_uid)
+    pool, device = _dra_device(sl, gpu_index) if claim and gpu_index >= 0 else ("", "")
+    return [sl.claim_uid, sl.namespace, sl.claim, sl.pod if pod is None else pod, container,
+            sl.claim if claim else "", sl.namespace if claim else "", driver if claim else "",
+            pool, device]  # fmt: skip
+
+
+def slice_labels(d: DeviceView, s: SliceDeviceView, hostname: str, driver: str = "") -> list[str]:
+    return [*device_labels(d, hostname), *owner_labels(s.slice, d.gpu.index, driver)]
+
+
+def unreadable_labels(u: UnreadableSlice, hostname: str, driver: str = "") -> list[list[str]]:
     """One label set per GPU of an unreadable slice (its CDI spec's GPUs NVML knows), or one
     with empty device labels when none is known."""
     sl = u.slice
-    own = [sl.claim_uid, sl.namespace, sl.claim, sl.pod]
     out = [
-        [str(g.index) if g.index >= 0 else "", g.uuid, g.name, hostname, g.pci_bus_id, *own]
+        [*_gpu_labels(g.index, g.uuid, g.name, g.pci_bus_id, hostname),
+         *owner_labels(sl, g.index, driver)]
         for g in u.gpus
-    ]
-    return out or [["", "", "", hostname, "", *own]]
+    ]  # fmt: skip
+    return out or [[*_gpu_labels(-1, "", "", "", hostname), *owner_labels(sl, -1, driver)]]
+
+
+def container_pod(sl: Slice) -> str:
+    """The pod of a container of the slice: the claim's pod when it is reserved for one; ""
+    for a claim shared by several pods (the cgroup gives the pod's UID, not its name)."""
+    return "" if "," in sl.pod else sl.pod
+
+
+@dataclass(frozen=True)
+class Family:
+    """A metric family both renderings write the same way."""
+
+    name: str
+    doc: str
+    kind: str
+    labels: tuple[str, ...]
+    rows: list[tuple[list[str], float]]
+
+
+_CONTAINER_HELP = (
+    "Device memory the processes of one container of the slice hold on the GPU, by NVML's count "
+    "(with their contexts), as the last NVML pass saw it."
+)
+
+
+def container_families(view: NodeView, hostname: str, driver: str) -> list[Family]:
+    """The per-container series (vgpu_container_*; HAMi's hami_vgpu_*/hami_container_*)."""
+    ours: list[tuple[list[str], float]] = []
+    used: list[tuple[list[str], float]] = []
+    limit: list[tuple[list[str], float]] = []
+    util: list[tuple[list[str], float]] = []
+    for d in view.devices:
+        dl = device_labels(d, hostname)
+        for s in d.slices:
+            sl = s.slice
+            pod = container_pod(sl)
+            c: ContainerMemory
+            for c in s.containers:
+                cid = c.container.short_id
+                ours.append(([*dl, *owner_labels(sl, d.gpu.index, driver, pod, cid)], c.used_bytes))
+                hl = [sl.namespace, pod, cid, str(s.device), d.gpu.uuid, hostname, sl.claim_uid]
+                used.append((hl, c.used_bytes))
+                limit.append((hl, s.memory_limit))
+                util.append((hl, s.compute_used_ratio * 100))
+    return [
+        Family("vgpu_container_memory_used_bytes", _CONTAINER_HELP, "gauge", SLICE_LABELS, ours),
+        Family("hami_vgpu_memory_used_bytes",
+               "HAMi's name: device memory a container's processes hold (NVML's count).",
+               "gauge", HAMI_CONTAINER_LABELS, used),
+        Family("hami_container_device_memory_bytes",
+               "HAMi's name: device memory a container's processes hold (NVML's count).",
+               "gauge", HAMI_CONTAINER_LABELS, used),
+        Family("hami_vgpu_memory_limit_bytes",
+               "HAMi's name: the memory quota of the container's claim on the device (0 = none).",
+               "gauge", HAMI_CONTAINER_LABELS, limit),
+        Family("hami_container_device_utilization_ratio",
+               "HAMi's name: compute share achieved by the container's claim on the device over "
+               "the last scrape interval, 0-100 (HAMi's scale).",
+               "gauge", HAMI_CONTAINER_LABELS, util),
+    ]  # fmt: skip
+
+
+def hami_device_families(view: NodeView, hostname: str) -> list[Family]:
+    """HAMi's per-device series (its vGPU monitor's and scheduler's names), 0-100 where HAMi's
+    are."""
+    fams: dict[str, tuple[str, list[tuple[list[str], float]]]] = {
+        "hami_host_gpu_memory_used_bytes": ("Device memory in use, as NVML reports it.", []),
+        "hami_host_gpu_utilization_ratio": ("Device utilization (NVML), 0-100.", []),
+        "hami_gpu_memory_limit_bytes": ("Device memory NVML reports (schedulable memory).", []),
+        "hami_gpu_core_limit_ratio": ("The device's cores in percent (always 100).", []),
+        "hami_gpu_shared_count": ("Claims (slices) with a share of the device.", []),
+        "hami_gpu_core_allocated_ratio": ("Sum of the compute caps of the device's claims, "
+                                          "0-100 per device.", []),
+        "hami_node_gpu_memory_allocated_ratio": ("Memory quotas allocated / device memory "
+                                                 "(0..1, as HAMi computes it).", []),
+    }  # fmt: skip
+    cores: list[tuple[list[str], float]] = []
+    for d in view.devices:
+        g = d.gpu
+        if g.index < 0:
+            continue  # a GPU NVML does not report
+        ls = [hostname, g.uuid, str(g.index), f"NVIDIA-{g.name}"]
+
+        def add(name: str, v: float, labels: list[str] = ls) -> None:
+            fams[name][1].append((labels, v))
+
+        if g.healthy:
+            add("hami_host_gpu_memory_used_bytes", g.memory_used)
+            if g.utilization is not None:
+                add("hami_host_gpu_utilization_ratio", g.utilization * 100)
+        if g.memory_total > 0:
+            add("hami_gpu_memory_limit_bytes", g.memory_total)
+            add("hami_node_gpu_memory_allocated_ratio", d.memory_allocated / g.memory_total)
+        add("hami_gpu_core_limit_ratio", 100)
+        add("hami_gpu_shared_count", len(d.slices))
+        add("hami_gpu_core_allocated_ratio", d.cores_allocated_ratio * 100)
+        cores.append(([*ls, HAMI_CORES_TOTAL], d.memory_allocated))
+    out = [Family(n, doc, "gauge", HAMI_DEVICE_LABELS, rows) for n, (doc, rows) in fams.items()]
+    out.append(Family("hami_gpu_memory_allocated_bytes",
+                      "Sum of the memory quotas of the device's claims.", "gauge",
+                      (*HAMI_DEVICE_LABELS, "device_cores"), cores))  # fmt: skip
+    return out
 
 
 class VgpuCollector(Collector):
     """Reads the node at every scrape (build_view), so a scrape always sees the present."""
 
-    def __init__(self, build_view: Callable[[], NodeView], hostname: str) -> None:
+    def __init__(
+        self, build_view: Callable[[], NodeView], hostname: str, driver_name: str = ""
+    ) -> None:
         self.build_view = build_view
         self.hostname = hostname
+        self.driver_name = driver_name  # the dra_driver_name label of claims' series
 
     def describe(self) -> list[Metric]:
         return []  # families depend on the node: do not let the registry call collect() early
@@ -150,7 +304,7 @@ class VgpuCollector(Collector):
         )
         info.add_metric([__version__, str(region.LAYOUT_VERSION)], 1.0)
         yield info
-        host = self.hostname
+        host, drv = self.hostname, self.driver_name
         for name, doc, kind, dget in _DEVICE:
             fam = _family(name, doc, kind, DEVICE_LABELS)
             for d in view.devices:
@@ -162,24 +316,29 @@ class VgpuCollector(Collector):
             fam = _family(name, doc, kind, SLICE_LABELS)
             for d in view.devices:
                 for s in d.slices:
-                    fam.add_metric(slice_labels(d, s, host), float(sget(s)))
+                    fam.add_metric(slice_labels(d, s, host, drv), float(sget(s)))
             yield fam
         viol = CounterMetricFamily(VIOLATIONS, _VIOLATIONS_HELP, labels=SLICE_LABELS)
         for d in view.devices:
             for s in d.slices:
-                viol.add_metric(slice_labels(d, s, host), float(s.violations))
+                viol.add_metric(slice_labels(d, s, host, drv), float(s.violations))
             if d.slices or d.unattributed_violations:
-                viol.add_metric([*device_labels(d, host), "", "", "", ""],
+                viol.add_metric([*device_labels(d, host), *[""] * len(OWNER_LABELS)],
                                 float(d.unattributed_violations))  # fmt: skip
         yield viol
         bad = GaugeMetricFamily(UNREADABLE, _UNREADABLE_HELP, labels=SLICE_LABELS)
         for u in view.unreadable:
-            for labels in unreadable_labels(u, host):
+            for labels in unreadable_labels(u, host, drv):
                 bad.add_metric(labels, 1.0)
         yield bad
         count = GaugeMetricFamily(UNREADABLE_COUNT, _UNREADABLE_COUNT_HELP)
         count.add_metric([], float(len(view.unreadable)))
         yield count
+        for f in (*container_families(view, host, drv), *hami_device_families(view, host)):
+            fam = _family(f.name, f.doc, f.kind, f.labels)
+            for labels, v in f.rows:
+                fam.add_metric(labels, float(v))
+            yield fam
 
 
 # ---- the served exposition ---------------------------------------------------------------------
@@ -211,14 +370,14 @@ def _head(out: list[str], name: str, doc: str, kind: str) -> str:
     return sample
 
 
-def render_text(view: NodeView, hostname: str, started: float) -> bytes:
+def render_text(view: NodeView, hostname: str, started: float, driver_name: str = "") -> bytes:
     """The exposition of `view` (started: time.perf_counter() when the scrape began)."""
     out: list[str] = []
     s = _head(out, "vgpu_build_info", _BUILD_INFO_HELP, "gauge")
     out.append(f'{s}{{version="{_esc(__version__)}",region_layout="{region.LAYOUT_VERSION}"}} 1\n')
     devs = [(d, _labels(DEVICE_LABELS, device_labels(d, hostname))) for d in view.devices]
     slices = [
-        (sl, _labels(SLICE_LABELS, slice_labels(d, sl, hostname)))
+        (sl, _labels(SLICE_LABELS, slice_labels(d, sl, hostname, driver_name)))
         for d in view.devices
         for sl in d.slices
     ]
@@ -235,15 +394,20 @@ def render_text(view: NodeView, hostname: str, started: float) -> bytes:
     out.extend(f"{s}{{{ls}}} {_num(sl.violations)}\n" for sl, ls in slices)
     for d, ls in devs:
         if d.slices or d.unattributed_violations:
-            empty = "".join(f',{k}=""' for k in SLICE_LABELS[len(DEVICE_LABELS) :])
+            empty = "".join(f',{k}=""' for k in OWNER_LABELS)
             out.append(f"{s}{{{ls}{empty}}} {_num(d.unattributed_violations)}\n")
     s = _head(out, UNREADABLE, _UNREADABLE_HELP, "gauge")
     for u in view.unreadable:
         out.extend(
-            f"{s}{{{_labels(SLICE_LABELS, ls)}}} 1\n" for ls in unreadable_labels(u, hostname)
+            f"{s}{{{_labels(SLICE_LABELS, ls)}}} 1\n"
+            for ls in unreadable_labels(u, hostname, driver_name)
         )
     s = _head(out, UNREADABLE_COUNT, _UNREADABLE_COUNT_HELP, "gauge")
     out.append(f"{s} {len(view.unreadable)}\n")
+    for f in (*container_families(view, hostname, driver_name),
+              *hami_device_families(view, hostname)):  # fmt: skip
+        s = _head(out, f.name, f.doc, f.kind)
+        out.extend(f"{s}{{{_labels(f.labels, ls)}}} {_num(v)}\n" for ls, v in f.rows)
     s = _head(out, "vgpu_exporter_scrape_duration_seconds", _DURATION_HELP, "gauge")
     out.append(f"{s} {time.perf_counter() - started!r}\n")
     return "".join(out).encode()

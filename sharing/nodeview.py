@@ -17,12 +17,15 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sharing import region
 from sharing.counters import CounterReader, DeviceCounters, SliceCounters
 from sharing.nvml_reader import GpuReading, NvmlReading
 from sharing.slices import Slice, SliceFinder, slice_limits
+
+if TYPE_CHECKING:
+    from sharing.containers import ContainerMemory, ContainerUsage
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +44,8 @@ class SliceDeviceView:
     violations: int  # watchdog findings so far
     without_shim: int = 0  # watchdog: the slice's GPU processes there that run without the shim
     untrusted: bool = False  # its counters claimed the impossible here and were clamped
+    # the memory its containers hold there, as the last NVML pass saw it (sharing/containers.py)
+    containers: tuple[ContainerMemory, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -186,8 +191,10 @@ class ViewBuilder:
         latest: Any,  # Callable[[], NvmlReading]
         violations: ViolationCounts | None = None,
         lines: LineLog | None = None,
+        containers: ContainerUsage | None = None,
     ) -> None:
         self.finder = finder
+        self.containers = containers
         self.latest = latest
         self.violations = violations or ViolationCounts()
         self.rates = RateTracker()
@@ -270,6 +277,7 @@ class ViewBuilder:
                         violations=self.violations.slice(s.key, dc.index),
                         without_shim=self.violations.without_shim(s.key, dc.index),
                         untrusted=untrusted,
+                        containers=self.containers.get(s.key, dc.index) if self.containers else (),
                     )
                 )
                 samples[(s.key, dc.index)] = (now, dc.charged_ns)

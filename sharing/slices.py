@@ -55,6 +55,9 @@ class Slice:
     env: Mapping[str, str]  # the env the plugin gave the containers (CDI spec), if known
     region_id: tuple[int, int] | None = None  # (st_dev, st_ino) of region_path when found
     limits: Mapping[str, str] = field(default_factory=dict)  # its limits file, {} if unknown
+    # (pool, device) of each device the plugin prepared for the claim (its checkpoint), as the
+    # claim's allocation names them: the dra_pool_name/dra_device_name labels
+    dra_devices: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -181,7 +184,7 @@ class SliceFinder:
         self._json = _MtimeCache(_load_json)
         self._limits = _MtimeCache(read_limits)
         self._ckpt: Any = None
-        self._meta: dict[str, tuple[str, str, dict[str, str]]] = {}
+        self._meta: dict[str, _ClaimMeta] = {}
 
     def find(self) -> list[Slice]:
         out = [region_slice(p) for p in self.regions]
@@ -211,7 +214,7 @@ class SliceFinder:
             meta = self._meta.get(uid)
             if meta is None:
                 meta = self._meta[uid] = _claim_meta(ckpt, uid)
-            ns, name, env = meta
+            ns, name, env, dra_devices = meta
             uuids = env.get("CUDA_VISIBLE_DEVICES", "")
             out.append(
                 Slice(
@@ -225,17 +228,28 @@ class SliceFinder:
                     env=env,
                     region_id=(st.st_dev, st.st_ino),
                     limits=self._limits.get(layout.claim_limits(claims_dir, uid)) or {},
+                    dra_devices=dra_devices,
                 )
             )
         return out
 
 
-def _claim_meta(ckpt: Any, uid: str) -> tuple[str, str, dict[str, str]]:
-    """(namespace, name, CDI env) of a claim from the checkpoint and its CDI spec. The spec is
-    written once at prepare: it is read again only when the checkpoint changes."""
+_ClaimMeta = tuple[str, str, dict[str, str], tuple[tuple[str, str], ...]]
+
+
+def _claim_meta(ckpt: Any, uid: str) -> _ClaimMeta:
+    """(namespace, name, CDI env, (pool, device) of each prepared device) of a claim from the
+    checkpoint and its CDI spec. The spec is written once at prepare: it is read again only when
+    the checkpoint changes."""
     entries = ckpt.get("claims", {}) if isinstance(ckpt, dict) else {}
     e = entries.get(uid) if isinstance(entries, dict) else None
     e = e if isinstance(e, dict) else {}
     spec = e.get("cdi_spec")
     env = _cdi_env(_load_json(spec)) if isinstance(spec, str) else {}
-    return str(e.get("namespace", "")), str(e.get("name", "")), env
+    devices = e.get("devices")
+    dra = tuple(
+        (str(d.get("pool_name", "")), str(d.get("device_name", "")))
+        for d in (devices if isinstance(devices, list) else [])
+        if isinstance(d, dict)
+    )
+    return str(e.get("namespace", "")), str(e.get("name", "")), env, dra

@@ -187,11 +187,15 @@ def test_claims_appear_and_disappear_without_restart(served: tuple[Exporter, str
     _, url, data = served
     assert only(scrape(url), "vgpu_slice_memory_limit_bytes") == []
     assert value(scrape(url), "vgpu_device_slices", gpu="1") == 0
-    c1 = add_claim(data, "uid-1", "train", UUID1, 8 * GiB, 25)
+    c1 = add_claim(data, "uid-1", "train", UUID1, 8 * GiB, 25, device=("node-a", "gpu-1"))
     s = scrape(url)
+    # ours, and dcgm-exporter's: both spellings of the host, its pod and DRA labels
     lab = {"claim_uid": "uid-1", "namespace": "team", "claim": "train", "pod": "", "gpu": "1",
            "UUID": UUID1, "modelName": "NVIDIA H100 80GB HBM3", "Hostname": "node-a",
-           "pci_bus_id": "00000000:01:00.0"}  # fmt: skip
+           "hostname": "node-a", "pci_bus_id": "00000000:01:00.0", "container": "",
+           "dra_claim_name": "train", "dra_claim_namespace": "team",
+           "dra_driver_name": "vgpu.sharing.dev", "dra_pool_name": "node-a",
+           "dra_device_name": "gpu-1"}  # fmt: skip
     assert only(s, "vgpu_slice_memory_limit_bytes")[0].labels == lab
     assert value(s, "vgpu_slice_memory_limit_bytes", claim_uid="uid-1") == 8 * GiB
     assert value(s, "vgpu_slice_compute_limit_ratio", claim_uid="uid-1") == 0.25

@@ -111,11 +111,18 @@ def scrape_until(
 
 
 def add_claim(
-    data_dir: Path, uid: str, name: str, uuid: str, memory: int, sm: int, ns: str = "team"
+    data_dir: Path,
+    uid: str,
+    name: str,
+    uuid: str,
+    memory: int,
+    sm: int,
+    ns: str = "team",
+    device: tuple[str, str] | None = None,
 ) -> Path:
     """What the plugin leaves for a prepared claim: checkpoint entry, CDI spec, limits file and
-    accounting file (driver/claimfiles.py's layout). Returns the claim's shared/ directory (the one
-    holding the accounting file)."""
+    accounting file (driver/claimfiles.py's layout); device: the (pool, device) the claim was
+    allocated. Returns the claim's shared/ directory (the one holding the accounting file)."""
     d = data_dir / "claims" / uid
     (d / "shared").mkdir(parents=True)
     text = render_limits_file(
@@ -138,6 +145,11 @@ def add_claim(
     )
     doc["claims"][uid] = {"uid": uid, "namespace": ns, "name": name, "state": "PrepareCompleted",
                           "cdi_spec": str(spec), "claim_dir": str(d)}  # fmt: skip
+    if device is not None:
+        doc["claims"][uid]["devices"] = [
+            {"request_names": ["gpu"], "pool_name": device[0], "device_name": device[1],
+             "cdi_device_ids": [f"k8s.vgpu.sharing.dev/claim={uid}"], "share_id": None}
+        ]  # fmt: skip
     ck.write_text(json.dumps(doc))
     return d / "shared"
 
