@@ -38,6 +38,7 @@ import grpc
 from driver.backoff import Backoff
 from driver.claims import ClaimRef
 from driver.health import HealthBroadcaster
+from driver.opmetrics import OperationMetrics
 from driver.state import PrepareResult
 
 log = logging.getLogger(__name__)
@@ -104,9 +105,15 @@ class _DraService:
     """NodePrepareResources/NodeUnprepareResources for one API version (`pb` = its messages)."""
 
     def __init__(
-        self, pb: ModuleType, version: str, prepare: PrepareFn, unprepare: UnprepareFn
+        self,
+        pb: ModuleType,
+        version: str,
+        prepare: PrepareFn,
+        unprepare: UnprepareFn,
+        ops: OperationMetrics,
     ) -> None:
         self._pb = pb
+        self._ops = ops  # requests, durations and errors (driver/opmetrics.py)
         self._version = version
         self._prepare = prepare
         self._unprepare = unprepare
@@ -115,7 +122,7 @@ class _DraService:
     def NodePrepareResources(self, request: Any, context: Any) -> Any:  # gRPC method names
         refs = _refs(request.claims)
         log.debug("%s NodePrepareResources: %s", self._version, ", ".join(map(str, refs)))
-        results = self._prepare(refs)
+        results = self._ops.call("prepare", self._prepare, refs)
         resp = self._pb.NodePrepareResourcesResponse()
         for ref in refs:
             r = results[ref.uid]
@@ -137,7 +144,7 @@ class _DraService:
     def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
         refs = _refs(request.claims)
         log.debug("%s NodeUnprepareResources: %s", self._version, ", ".join(map(str, refs)))
-        errors = self._unprepare(refs)
+        errors = self._ops.call("unprepare", self._unprepare, refs)
         resp = self._pb.NodeUnprepareResourcesResponse()
         for ref in refs:
             resp.claims[ref.uid].error = errors.get(ref.uid, "")
@@ -248,6 +255,7 @@ class KubeletPlugin:
         health_resend: float = HEALTH_RESEND_SECONDS,
     ) -> None:
         self.driver_name = driver_name
+        self.ops = OperationMetrics(driver_name)  # served by the plugin's metrics endpoint
         self.sockets = sockets
         self._prepare = prepare
         self._unprepare = unprepare
@@ -316,10 +324,11 @@ class KubeletPlugin:
             futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dra")
         )
         _grpc_module("dra_v1").add_DRAPluginServicer_to_server(
-            _DraService(dra_v1_pb2, "v1", self._prepare, self._unprepare), server
+            _DraService(dra_v1_pb2, "v1", self._prepare, self._unprepare, self.ops), server
         )
         _grpc_module("dra_v1beta1").add_DRAPluginServicer_to_server(
-            _DraService(dra_v1beta1_pb2, "v1beta1", self._prepare, self._unprepare), server
+            _DraService(dra_v1beta1_pb2, "v1beta1", self._prepare, self._unprepare, self.ops),
+            server,
         )
         slots = threading.BoundedSemaphore(MAX_HEALTH_STREAMS)
         for version, pb in (("v1", health_v1_pb2), ("v1alpha1", health_v1alpha1_pb2)):

@@ -406,6 +406,7 @@ class Plugin:
         config = ExporterConfig(
             data_dir=s.data_dir,
             hostname=s.node_name,
+            driver_name=s.driver_name,
             enforce=s.watchdog_enforce,
             watchdog=s.watchdog,
         )
@@ -417,8 +418,15 @@ class Plugin:
                 s.node_name,
             )
         events = EventPoster(api_client, s.driver_name, s.node_name)
+        assert self.driver is not None
+        ops = self.driver.plugin.ops  # the plugin's own requests, after the node's series
+        ops.track_prepared(s.node_name, self.driver.state.prepared)
         self.metrics = Exporter(
-            config, events=events, pods=ClaimPods(api_client), device_health=self._gpu_causes
+            config,
+            events=events,
+            pods=ClaimPods(api_client),
+            device_health=self._gpu_causes,
+            extra=ops.render,
         )
         host, port = s.metrics_address
         try:
