@@ -7,6 +7,7 @@ plugin without a test hook)."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -104,7 +105,7 @@ def test_in_flight_while_a_call_runs_and_a_failed_call_counts_as_a_request_error
     ops = OperationMetrics("d.example")
     entered, release = threading.Event(), threading.Event()
 
-    def held(refs: list[str]) -> dict[str, str]:
+    def held(refs: Sequence[str]) -> dict[str, str]:
         entered.set()
         release.wait()
         return {r: "" for r in refs}
@@ -121,7 +122,7 @@ def test_in_flight_while_a_call_runs_and_a_failed_call_counts_as_a_request_error
     assert _get(s, "nvidia_dra_requests_inflight", driver="d.example", operation="unprepare") == 0
     assert _get(s, "nvidia_dra_requests_total", driver="d.example", operation="unprepare") == 1
 
-    def broken(refs: list[str]) -> dict[str, str]:
+    def broken(refs: Sequence[str]) -> dict[str, str]:
         raise OSError("disk gone")
 
     with pytest.raises(OSError):
