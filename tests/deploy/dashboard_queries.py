@@ -62,3 +62,30 @@ def variable_queries() -> list[tuple[str, str, str]]:
 def rules() -> list[dict[str, Any]]:
     doc = yaml.safe_load(RULES.read_text())
     return [r for g in doc["groups"] for r in g["rules"]]
+
+
+HAMI_QUERIES = Path(__file__).parent / "fixtures" / "hami-vgpu-dashboard.queries.json"
+
+
+def hami_dashboard() -> dict[str, Any]:
+    """HAMi's published dashboard's queries (the fixture names its source and commit)."""
+    doc: dict[str, Any] = json.loads(HAMI_QUERIES.read_text())
+    return doc
+
+
+def hami_panel_queries() -> list[tuple[str, str]]:
+    """(panel title, PromQL) of HAMi's dashboard, its variables at "All"."""
+    return [
+        (p["title"], re.sub(r"\$(node|namespace)\b", ".*", p["expr"]))
+        for p in hami_dashboard()["panels"]
+    ]
+
+
+def hami_variable_queries() -> list[tuple[str, str, str]]:
+    """(variable, series selector, label) of HAMi's label_values() variables."""
+    out = []
+    for v in hami_dashboard()["variables"]:
+        m = re.fullmatch(r"label_values\((.*), (\w+)\)", v["query"])
+        assert m, v["query"]
+        out.append((v["name"], m.group(1), m.group(2)))
+    return out

@@ -1,6 +1,8 @@
 """A real Prometheus (Debian's package) scrapes a real `vgpu exporter` while two tenants run under
 the shim on the simulated GPU: every dashboard panel query, every variable and every recording
-rule returns at least one series through Prometheus' HTTP API, and every rule evaluates cleanly."""
+rule returns at least one series through Prometheus' HTTP API, and every rule evaluates cleanly.
+The same for HAMi's published dashboard (its queries kept in tests/deploy/fixtures with their
+source): every panel renders from our exporter."""
 
 from __future__ import annotations
 
@@ -18,7 +20,15 @@ import pytest
 import yaml
 
 from sharing.paths import shim_library
-from tests.deploy.dashboard_queries import RULES, panel_queries, rules, variable_queries
+from tests.deploy.dashboard_queries import (
+    RULES,
+    hami_dashboard,
+    hami_panel_queries,
+    hami_variable_queries,
+    panel_queries,
+    rules,
+    variable_queries,
+)
 from tests.fakes.apiserver import free_port
 from tests.shim.conftest import Held
 from tests.support.observers import ExporterProcess, MiB, add_claim, sim_gpu_uuid, start_tenant
@@ -164,3 +174,40 @@ def test_every_panel_query_and_rule_returns_series(
     assert not bad, bad
     [up] = prom.query(f'up{{job="{JOB}"}}')
     assert up["value"][1] == "1"
+
+
+def test_every_query_of_hamis_dashboard_returns_series(
+    prometheus_setup: tuple[Prometheus, Path, Path], sim_env: dict[str, str]
+) -> None:
+    prom, a, b = prometheus_setup
+    assert hami_dashboard()["commit"] and hami_dashboard()["source"].startswith("https://")
+    work = ["--chunk-mib", "256", "--max-chunks", "4", "--seconds", "8"]
+    tenants = [
+        start_tenant(sim_env, a, "2Gi", 30, *work),
+        start_tenant(sim_env, b, "2Gi", 50, *work),
+    ]
+    try:
+        deadline = time.monotonic() + 40
+        missing = [f"panel {t!r}: {q}" for t, q in hami_panel_queries()
+                   if not _eventually(prom, q, deadline)]  # fmt: skip
+        for var, selector, label in hami_variable_queries():
+            series = prom.api("series", **{"match[]": selector})
+            if not any(s.get(label) for s in series):
+                missing.append(f"variable {var}: no {label} in {selector}")
+        assert not missing, "no series for:\n" + "\n".join(missing) + "\n" + prom.output()[-3000:]
+        # per container: the tenants' memory (each its own process here, in no container), under
+        # their claims' namespaces, against their claims' quotas
+        seen = "max by (namespace) (max_over_time(hami_vgpu_memory_used_bytes[5m]))"
+        while len(used := prom.query(seen)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert {s["metric"]["namespace"] for s in used} == {"team-a", "team-b"}, used
+        assert all(float(s["value"][1]) > 0 for s in used), used
+        limits = {s["metric"]["namespace"]: float(s["value"][1]) for s in
+                  prom.query("max by (namespace) (max_over_time(hami_vgpu_memory_limit_bytes[5m]))")}  # fmt: skip
+        assert limits == {"team-a": 1 << 30, "team-b": 2 << 30}, limits
+        [node] = {s["metric"]["node"] for s in prom.query("hami_gpu_memory_limit_bytes")}
+        assert node == "node-1"
+    finally:
+        for t in tenants:
+            _, err = t.communicate(timeout=60)
+            assert t.returncode == 0, err
