@@ -28,9 +28,9 @@ from sharing.nvml_reader import NvmlReading
 from sharing.watchdog import attribute
 
 SHORT_ID = 12  # hex digits of a container ID shown, as container tools show them
-_CONTAINER = re.compile(
-    r"(?:^|[-/])(?:cri-containerd-|crio-|docker-|libpod-)?([0-9a-f]{64})(?:\.scope)?$"
-)
+# one path component naming a container (the innermost such component is the container's: podman
+# may put the container's processes in a `container` leaf below it)
+_CONTAINER = re.compile(r"(?:cri-containerd-|crio-|docker-|libpod-)?([0-9a-f]{64})(?:\.scope)?")
 _POD = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
 
 
@@ -51,12 +51,12 @@ def container_of_cgroup(text: str) -> Container:
     """The container a /proc/<pid>/cgroup file names (any hierarchy's path: v1 or v2)."""
     found = NO_CONTAINER
     for line in text.splitlines():
-        path = line.split(":", 2)[-1].rstrip("/")
-        m = _CONTAINER.search(path)
-        if m is None:
+        path = line.split(":", 2)[-1]
+        ids = [m.group(1) for part in path.split("/") if (m := _CONTAINER.fullmatch(part))]
+        if not ids:
             continue
         pod = _POD.search(path)
-        found = Container(m.group(1), pod.group(1).replace("_", "-") if pod else "")
+        found = Container(ids[-1], pod.group(1).replace("_", "-") if pod else "")
         if found.pod_uid:
             break
     return found
