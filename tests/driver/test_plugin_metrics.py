@@ -82,7 +82,12 @@ def test_plugin_serves_claims_and_reports_a_bypass(
         assert limit.value == GiB
         assert limit.labels["namespace"] == "team-a" and limit.labels["claim"] == "share"
         assert limit.labels["UUID"] == device(1)["uuid"] and limit.labels["gpu"] == "1"
-        assert limit.labels["Hostname"] == "node-a"
+        assert limit.labels["Hostname"] == "node-a" and limit.labels["hostname"] == "node-a"
+        # dcgm-exporter's DRA labels, from the plugin's checkpoint of the prepared claim
+        assert {k: v for k, v in limit.labels.items() if k.startswith("dra_")} == {
+            "dra_claim_name": "share", "dra_claim_namespace": "team-a", "dra_driver_name": DRIVER,
+            "dra_pool_name": "node-a", "dra_device_name": "gpu-1",
+        }  # fmt: skip
         assert value(s, "vgpu_slice_compute_limit_ratio", claim_uid=uid) == pytest.approx(0.3)
         assert value(s, "vgpu_device_slices", gpu="1") == 1
 
