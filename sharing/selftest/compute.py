@@ -1,0 +1,105 @@
+"""Compute: the share of the device a capped slice achieves, measured by the driver.
+
+Each slice runs the probe's spin kernel (PTX that reads the GPU's global timer until the time it
+is given has passed, compiled by the driver at load) back to back, one block per SM; the host's
+NVML (nvmlDeviceGetProcessUtilization, without the shim) samples the process's share once a
+second after a warm-up (the median of the samples). Checks: one slice at each cap alone, then two slices side by side; the
+error against the cap within the project's targets (BENCHMARKS.md: a cap alone +-2 points, two
+slices +-3 each)."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from dataclasses import dataclass
+
+from sharing.selftest.nvml_view import NvmlView
+from sharing.selftest.probe import ProbeError, Runner, last_line, parse_kv
+from sharing.selftest.report import FAIL, PASS, Check, Report
+
+CAPS = (20, 50, 80)
+PAIR = (30, 60)
+ALONE_POINTS = 2.0
+PAIR_POINTS = 3.0
+KERNEL_NS = 1_000_000  # each launch spins 1 ms on every SM
+
+
+@dataclass(frozen=True)
+class Timing:
+    warmup_s: float
+    window_s: float
+
+
+FULL = Timing(warmup_s=2.0, window_s=8.0)
+QUICK = Timing(warmup_s=1.0, window_s=4.0)
+
+
+def check_caps(report: Report, runner: Runner, device: int, timing: Timing) -> None:
+    for cap in CAPS:
+        name = f"compute.cap_{cap}"
+        try:
+            (share,) = _measure(runner, device, [cap], timing)
+        except ProbeError as e:
+            report.add(Check(name, FAIL, str(e), f"within +-{ALONE_POINTS:g} points of {cap}%"))
+            continue
+        report.add(_judge(name, cap, share, ALONE_POINTS, "alone"))
+    names = [f"compute.pair_{PAIR[0]}_{PAIR[1]}.{c}" for c in PAIR]
+    try:
+        shares = _measure(runner, device, list(PAIR), timing)
+    except ProbeError as e:
+        for n, c in zip(names, PAIR, strict=True):
+            report.add(Check(n, FAIL, str(e), f"within +-{PAIR_POINTS:g} points of {c}%"))
+        return
+    for n, c, s in zip(names, PAIR, shares, strict=True):
+        report.add(_judge(n, c, s, PAIR_POINTS, f"beside a {sum(PAIR) - c}% slice"))
+
+
+def _judge(name: str, cap: int, share: float | None, points: float, where: str) -> Check:
+    threshold = f"within +-{points:g} points of {cap}% (the driver's measurement)"
+    if share is None:
+        return Check(name, FAIL, f"cap {cap}% {where}: host NVML never listed the process "
+                     "(run on the node: the driver names host PIDs)", threshold)  # fmt: skip
+    err = share - cap
+    ok = abs(err) <= points
+    detail = f"cap {cap}% {where}: the driver measured {share:.1f}% ({err:+.1f} points)"
+    return Check(name, PASS if ok else FAIL, detail, threshold,
+                 {"cap": cap, "achieved": round(share, 2), "error_points": round(err, 2)})  # fmt: skip
+
+
+def _measure(runner: Runner, device: int, caps: list[int], timing: Timing) -> list[float | None]:
+    """Start one spinning slice per cap at once; the driver's mean share of each."""
+    seconds = timing.warmup_s + timing.window_s + 1.0
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        for i, cap in enumerate(caps):
+            env = runner.slice_env(f"cpu-{i}-{cap}", compute=cap, CUDA_DEVICE_ORDER="PCI_BUS_ID")
+            procs.append(runner.start(env, "spin", str(device), str(KERNEL_NS), str(seconds)))
+        pids = [_started(p) for p in procs]
+        time.sleep(timing.warmup_s)
+        view = NvmlView(device)
+        try:
+            shares = view.share_of(pids, timing.window_s)
+        finally:
+            view.close()
+        for p in procs:
+            _, err = p.communicate(timeout=seconds + 120)
+            if p.returncode != 0:
+                raise ProbeError(f"probe spin exited {p.returncode}: {last_line(err)}")
+        return [shares[pid] for pid in pids]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def _started(p: subprocess.Popen[str]) -> int:
+    """The probe's PID once its kernel is loaded and it starts launching."""
+    assert p.stdout is not None
+    line = p.stdout.readline()
+    kv = parse_kv(line)
+    if "pid" not in kv:
+        p.wait()
+        err = p.stderr.read() if p.stderr else ""
+        raise ProbeError(f"probe spin did not start: {last_line(err)}")
+    return int(kv["pid"])
