@@ -18,13 +18,14 @@ from sharing.gpus import use_simulator
 from sharing.paths import ArtefactMissingError
 from sharing.selftest import compute, cost, environment, memory
 from sharing.selftest.probe import Runner
-from sharing.selftest.report import Report
+from sharing.selftest.report import FAIL, Report
 
 log = logging.getLogger(__name__)
 
 GIB = 1 << 30
 QUOTA = 2 * GIB  # the memory checks' slice: a few GiB, less on a GPU with less free memory
 MIN_QUOTA = 1 * GIB
+SECTIONS = ("environment", "memory", "compute", "cost")
 
 
 def register(sub: Any) -> None:
@@ -42,6 +43,9 @@ def register(sub: Any) -> None:
     p.add_argument("--sim", action="store_true", help="run on the simulated GPU")
     p.add_argument("--shim", metavar="PATH",
                    help="the libvgpu.so to test instead of the installed one (a new build)")  # fmt: skip
+    p.add_argument("--only", metavar="SECTIONS",
+                   help="run only these sections, comma-separated: " + ", ".join(SECTIONS)
+                   + " (the environment's facts are always gathered)")  # fmt: skip
     p.set_defaults(func=run)
 
 
@@ -49,6 +53,14 @@ def run(args: argparse.Namespace) -> int:
     if args.device < 0:
         print(f"vgpu selftest: --device {args.device}: must be 0 or more", file=sys.stderr)
         return 2
+    sections = set(SECTIONS)
+    if args.only is not None:
+        sections = {s.strip() for s in args.only.split(",") if s.strip()}
+        unknown = sorted(sections - set(SECTIONS))
+        if unknown or not sections:
+            print(f"vgpu selftest: --only {args.only!r}: allowed sections are "
+                  f"{', '.join(SECTIONS)}, comma-separated", file=sys.stderr)  # fmt: skip
+            return 2
     shim = None
     if args.shim is not None:
         shim = Path(args.shim).resolve()
@@ -64,7 +76,13 @@ def run(args: argparse.Namespace) -> int:
             os.environ["SIMGPU_STATE"] = str(workdir / "simgpu")
             use_simulator()
         try:
-            report = selftest(Runner(workdir, args.sim, shim), args.device, args.quick, args.sim)
+            report = selftest(
+                Runner(workdir, args.sim, shim),
+                args.device,
+                args.quick,
+                args.sim,
+                frozenset(sections),
+            )
         except ArtefactMissingError as e:
             print(f"vgpu selftest: {e}", file=sys.stderr)
             return 2
@@ -72,7 +90,13 @@ def run(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
-def selftest(runner: Runner, device: int, quick: bool, sim: bool) -> Report:
+def selftest(
+    runner: Runner,
+    device: int,
+    quick: bool,
+    sim: bool,
+    sections: frozenset[str] = frozenset(SECTIONS),
+) -> Report:
     report = Report(sim=sim, device=device, quick=quick)
     facts = environment.nvml_facts(report, device)
     if not facts:  # no GPU to test: the NVML check says why
@@ -88,16 +112,22 @@ def selftest(runner: Runner, device: int, quick: bool, sim: bool) -> Report:
     }
     if not drv:
         return report
-    environment.cudart_check(report, runner, device, int(drv.get("cuda_driver", "0")))
+    if "environment" in sections:
+        environment.cudart_check(report, runner, device, int(drv.get("cuda_driver", "0")))
+    else:  # its facts only: the load check stays, it is what every other check stands on
+        report.checks = [c for c in report.checks if c.status == FAIL]
     quota = max(MIN_QUOTA, min(QUOTA, int(facts["memory free"]) // 4 // GIB * GIB))
     report.environment["memory quota tested"] = quota
-    log.info("selftest: memory routes in a %d-byte slice", quota)
-    memory.check_routes(report, runner, device, quota)
-    log.info("selftest: compute caps")
-    compute.check_caps(report, runner, device, compute.QUICK if quick else compute.FULL)
-    log.info("selftest: cost")
-    cost.check_startup(report, runner, device, 10 if quick else 40, quota)
-    cost.check_calls(report, runner, device, 2000 if quick else 20000, quota)
+    if "memory" in sections:
+        log.info("selftest: memory routes in a %d-byte slice", quota)
+        memory.check_routes(report, runner, device, quota)
+    if "compute" in sections:
+        log.info("selftest: compute caps")
+        compute.check_caps(report, runner, device, compute.QUICK if quick else compute.FULL)
+    if "cost" in sections:
+        log.info("selftest: cost")
+        cost.check_startup(report, runner, device, 10 if quick else 40, quota)
+        cost.check_calls(report, runner, device, 2000 if quick else 20000, quota)
     return report
 
 
