@@ -18,7 +18,7 @@ from sharing.gpus import use_simulator
 from sharing.paths import ArtefactMissingError
 from sharing.selftest import compute, cost, environment, memory
 from sharing.selftest.probe import Runner
-from sharing.selftest.report import FAIL, Report
+from sharing.selftest.report import FAIL, Check, Report
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +100,12 @@ def selftest(
     report = Report(sim=sim, device=device, quick=quick)
     facts = environment.nvml_facts(report, device)
     if not facts:  # no GPU to test: the NVML check says why
+        return report
+    if facts.get("mig mode") == "enabled":
+        report.add(Check("environment.mig", FAIL, "MIG mode is enabled on this GPU: vgpu-sharing "
+                         "does not share MIG GPUs (docs/operations.md, MIG); disable MIG or test "
+                         "another --device"))  # fmt: skip
+        report.environment = facts
         return report
     drv = environment.driver_api_facts(report, runner, device)
     report.environment = {

@@ -13,9 +13,9 @@ import subprocess
 import time
 from dataclasses import dataclass
 
-from sharing.selftest.nvml_view import NvmlView
+from sharing.selftest.nvml_view import NvmlView, UtilizationUnavailable
 from sharing.selftest.probe import ProbeError, Runner, last_line, parse_kv
-from sharing.selftest.report import FAIL, PASS, Check, Report
+from sharing.selftest.report import FAIL, PASS, SKIP, Check, Report
 
 CAPS = (20, 50, 80)
 PAIR = (30, 60)
@@ -35,6 +35,14 @@ QUICK = Timing(warmup_s=1.0, window_s=4.0)
 
 
 def check_caps(report: Report, runner: Runner, device: int, timing: Timing) -> None:
+    try:
+        _check_caps(report, runner, device, timing)
+    except UtilizationUnavailable as e:
+        report.add(Check("compute.caps", SKIP, f"skipped: the driver cannot measure a process's "
+                         f"share on this GPU ({e})"))  # fmt: skip
+
+
+def _check_caps(report: Report, runner: Runner, device: int, timing: Timing) -> None:
     for cap in CAPS:
         name = f"compute.cap_{cap}"
         try:
@@ -72,7 +80,7 @@ def _measure(runner: Runner, device: int, caps: list[int], timing: Timing) -> li
     procs: list[subprocess.Popen[str]] = []
     try:
         for i, cap in enumerate(caps):
-            env = runner.slice_env(f"cpu-{i}-{cap}", compute=cap, CUDA_DEVICE_ORDER="PCI_BUS_ID")
+            env = runner.slice_env(f"cpu-{i}-{cap}", compute=cap)
             procs.append(runner.start(env, "spin", str(device), str(KERNEL_NS), str(seconds)))
         pids = [_started(p) for p in procs]
         time.sleep(timing.warmup_s)

@@ -28,7 +28,7 @@ def _pct(values: list[float], q: float) -> float:
 def check_startup(report: Report, runner: Runner, device: int, starts: int, quota: int) -> None:
     wall: list[float] = []
     cpu: list[float] = []
-    env = runner.slice_env("cost-start", memory=quota, CUDA_DEVICE_ORDER="PCI_BUS_ID",
+    env = runner.slice_env("cost-start", memory=quota,
                            LIBCUDA_LOG_LEVEL="4")  # fmt: skip
     threshold = f"the shim's on-CPU set-up p50 <= {P50_MS} ms, p99 <= {P99_MS} ms"
     for _ in range(starts):
@@ -56,8 +56,8 @@ def check_startup(report: Report, runner: Runner, device: int, starts: int, quot
 
 
 def check_calls(report: Report, runner: Runner, device: int, calls: int, quota: int) -> None:
-    base = runner.base_env() | {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
-    shim = runner.slice_env("cost-calls", memory=quota, CUDA_DEVICE_ORDER="PCI_BUS_ID")
+    base = runner.base_env()
+    shim = runner.slice_env("cost-calls", memory=quota)
     try:
         runs = [(runner.run(base, "cost", str(device), str(calls)),
                  runner.run(shim, "cost", str(device), str(calls))) for _ in range(3)]  # fmt: skip

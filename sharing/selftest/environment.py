@@ -65,11 +65,11 @@ def driver_api_facts(report: Report, runner: Runner, device: int) -> dict[str, s
     """The device as the driver API reports it (no shim), then the shim loaded into the same
     driver-API program: it must see its slice's quota as the GPU's memory."""
     try:
-        kv = runner.run(runner.base_env() | {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}, "env", str(device))
+        kv = runner.run(runner.base_env(), "env", str(device))
     except ProbeError as e:
         report.add(Check("environment.driver_api", FAIL, f"the driver API does not answer: {e}"))
         return {}
-    env = runner.slice_env("load", memory=LOAD_QUOTA, CUDA_DEVICE_ORDER="PCI_BUS_ID")
+    env = runner.slice_env("load", memory=LOAD_QUOTA)
     try:
         seen = runner.run(env, "env", str(device))
     except ProbeError as e:
@@ -113,7 +113,7 @@ def cudart_check(report: Report, runner: Runner, device: int, cuda_driver: int) 
                          "nvidia-cuda-runtime-cu12 wheel to run this check)"))  # fmt: skip
         return
     lib = libs[0]
-    env = runner.slice_env("load", memory=LOAD_QUOTA, CUDA_DEVICE_ORDER="PCI_BUS_ID")
+    env = runner.slice_env("load", memory=LOAD_QUOTA)
     try:
         kv = runner.run(env, "cudart", str(lib), str(device))
     except ProbeError as e:

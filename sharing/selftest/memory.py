@@ -48,7 +48,7 @@ def check_routes(
 
 
 def _route(runner: Runner, device: int, quota: int, route: str) -> Check:
-    env = runner.slice_env(f"mem-{route}", memory=quota, CUDA_DEVICE_ORDER="PCI_BUS_ID")
+    env = runner.slice_env(f"mem-{route}", memory=quota)
     chunk = min(CHUNK, quota // 4)
     p = runner.start(env, "fill", str(device), route, str(chunk), str(quota + chunk))
     assert p.stdout is not None and p.stdin is not None

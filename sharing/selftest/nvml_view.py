@@ -10,6 +10,10 @@ from typing import Any
 import pynvml
 
 
+class UtilizationUnavailable(RuntimeError):
+    """This GPU's NVML does not give per-process utilisation. str() is one line."""
+
+
 class NvmlView:
     """One NVML session on one device (its NVML index)."""
 
@@ -23,7 +27,10 @@ class NvmlView:
     def used_by(self, pid: int) -> int | None:
         """Device memory NVML charges to `pid`; None when NVML does not list it (a process in
         another PID namespace than this one, on a real driver: NVML names host PIDs)."""
-        procs = pynvml.nvmlDeviceGetComputeRunningProcesses(self.handle)
+        try:
+            procs = pynvml.nvmlDeviceGetComputeRunningProcesses(self.handle)
+        except pynvml.NVMLError:
+            return None
         for p in procs:
             if int(p.pid) == pid:
                 return int(p.usedGpuMemory or 0)
@@ -44,7 +51,9 @@ class NvmlView:
             try:
                 got = pynvml.nvmlDeviceGetProcessUtilization(self.handle, last_us)
             except pynvml.NVMLError_NotFound:
-                got = []
+                got = []  # no process ran a kernel in the period
+            except pynvml.NVMLError as e:
+                raise UtilizationUnavailable(f"nvmlDeviceGetProcessUtilization: {e}") from e
             by_pid = {int(s.pid): int(s.smUtil) for s in got}
             seen |= by_pid.keys()
             for p in pids:

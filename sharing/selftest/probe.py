@@ -41,7 +41,14 @@ class Runner:
     shim: Path | None  # None: the installed libvgpu.so
 
     def base_env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_DEVICE_", "VGPU_"))}
+        # No limits of an enclosing slice, and every GPU visible: --device names the physical GPU
+        # by NVML index, which is the CUDA ordinal under CUDA_DEVICE_ORDER=PCI_BUS_ID.
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("CUDA_DEVICE_", "VGPU_")) and k != "CUDA_VISIBLE_DEVICES"
+        }
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         if self.sim:
             libs = [
                 str(sim_lib_dir()),

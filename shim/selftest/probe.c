@@ -57,7 +57,7 @@ static const char SPIN_PTX[] = ".version 6.0\n"
 
 #define CU_FUNCS(X)                                                                                \
     X(cuInit) X(cuDriverGetVersion) X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceGetAttribute)      \
-    X(cuDeviceTotalMem_v2) X(cuDevicePrimaryCtxRetain) X(cuCtxSetCurrent) X(cuCtxCreate_v2)        \
+    X(cuDeviceTotalMem_v2) X(cuDeviceGetPCIBusId) X(cuDevicePrimaryCtxRetain) X(cuCtxSetCurrent) X(cuCtxCreate_v2)        \
     X(cuCtxSynchronize) X(cuMemGetInfo_v2) X(cuMemAlloc_v2) X(cuMemFree_v2) X(cuMemAllocPitch_v2)  \
     X(cuMemAllocManaged) X(cuMemAllocAsync) X(cuMemPoolCreate) X(cuMemAllocFromPoolAsync)          \
     X(cuStreamSynchronize) X(cuMemCreate) X(cuMemGetAllocationGranularity) X(cuArray3DCreate_v2)   \
@@ -120,13 +120,20 @@ static CUdevice open_device(int ordinal)
     return dev;
 }
 
-static size_t page_of(CUdevice dev)
+/* Pinned device memory on `dev`: what cuMemCreate allocates and its granularity is asked of. */
+static CUmemAllocationProp device_prop(CUdevice dev)
 {
     CUmemAllocationProp prop;
     memset(&prop, 0, sizeof prop);
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = dev;
+    return prop;
+}
+
+static size_t page_of(CUdevice dev)
+{
+    CUmemAllocationProp prop = device_prop(dev);
     size_t g = 0;
     if (!p_cuMemGetAllocationGranularity ||
         p_cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS || !g)
@@ -134,21 +141,24 @@ static size_t page_of(CUdevice dev)
     return g;
 }
 
-/* What NVML in this process says of the device with this CUDA device's name (the shim's NVML
- * view); -1 when NVML is not there. */
-static void nvml_in_process(unsigned long long *total, unsigned long long *used)
+/* What NVML in this process (through the shim: the slice's view) says of the CUDA device `dev`,
+ * found by its PCI bus id; 0 and 0 when NVML is not there or does not know the device. */
+static void nvml_in_process(CUdevice dev, unsigned long long *total, unsigned long long *used)
 {
     *total = *used = 0;
+    char bus[64] = "";
+    if (!p_cuDeviceGetPCIBusId || p_cuDeviceGetPCIBusId(bus, sizeof bus, dev) != CUDA_SUCCESS)
+        return;
     void *h = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!h)
         return;
     __typeof__(&nvmlInit_v2) init = (__typeof__(&nvmlInit_v2))dlsym(h, "nvmlInit_v2");
-    __typeof__(&nvmlDeviceGetHandleByIndex_v2) get =
-        (__typeof__(&nvmlDeviceGetHandleByIndex_v2))dlsym(h, "nvmlDeviceGetHandleByIndex_v2");
+    __typeof__(&nvmlDeviceGetHandleByPciBusId_v2) get =
+        (__typeof__(&nvmlDeviceGetHandleByPciBusId_v2))dlsym(h, "nvmlDeviceGetHandleByPciBusId_v2");
     __typeof__(&nvmlDeviceGetMemoryInfo) mem = (__typeof__(&nvmlDeviceGetMemoryInfo))dlsym(h, "nvmlDeviceGetMemoryInfo");
     nvmlDevice_t d;
     nvmlMemory_t m;
-    if (init && get && mem && init() == NVML_SUCCESS && get(0, &d) == NVML_SUCCESS && mem(d, &m) == NVML_SUCCESS) {
+    if (init && get && mem && init() == NVML_SUCCESS && get(bus, &d) == NVML_SUCCESS && mem(d, &m) == NVML_SUCCESS) {
         *total = m.total;
         *used = m.used;
     }
@@ -196,11 +206,7 @@ static CUresult alloc_one(const char *route, CUdevice dev, size_t size, size_t p
         return rc != CUDA_SUCCESS ? rc : p_cuStreamSynchronize(stream0);
     }
     if (!strcmp(route, "vmm")) {
-        CUmemAllocationProp prop;
-        memset(&prop, 0, sizeof prop);
-        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-        prop.location.id = dev;
+        CUmemAllocationProp prop = device_prop(dev);
         CUmemGenericAllocationHandle h;
         return p_cuMemCreate(&h, (size + page - 1) / page * page, &prop, 0);
     }
@@ -295,7 +301,7 @@ static int cmd_fill(int ordinal, const char *route, size_t chunk, size_t max)
     size_t free_ = 0;
     p_cuMemGetInfo_v2(&free_, &total);
     unsigned long long nvml_total, nvml_used;
-    nvml_in_process(&nvml_total, &nvml_used);
+    nvml_in_process(dev, &nvml_total, &nvml_used);
     const char *last_name = "CUDA_SUCCESS";
     p_cuGetErrorName(last, &last_name);
     printf("route=%s granted=%zu allocs=%d refusals=%d unit=%zu page=%zu last=%s free_before=%zu free=%zu "

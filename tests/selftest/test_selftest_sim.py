@@ -3,6 +3,8 @@ shim broken on purpose fails it with the right check named."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -61,9 +63,6 @@ def test_an_ignored_cap_fails_the_compute_checks(
 
 
 def test_bad_arguments_are_one_line_errors(selftest_env: dict[str, str], tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
     for args, needle in (
         (["--only", "memory,gpu"], "allowed sections are environment, memory, compute, cost"),
         (["--shim", str(tmp_path / "none.so")], "no such file"),
@@ -74,3 +73,20 @@ def test_bad_arguments_are_one_line_errors(selftest_env: dict[str, str], tmp_pat
         assert p.returncode == 2, (args, p.stderr)
         lines = p.stderr.strip().splitlines()
         assert len(lines) == 1 and needle in lines[0], (args, p.stderr)
+
+
+def test_the_text_report_ends_with_the_verdict_and_where_to_send_it(
+    selftest_env: dict[str, str],
+) -> None:
+    p = subprocess.run(
+        [sys.executable, "-m", "sharing.cli", "selftest", "--sim", "--only", "environment"],
+        capture_output=True, text=True, timeout=120, env=selftest_env,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stdout + p.stderr
+    lines = p.stdout.strip().splitlines()
+    assert lines[-2] == "VERDICT: PASS (every check held)", p.stdout
+    assert lines[-1].startswith("Please send this report to the vgpu-sharing issue tracker"), (
+        p.stdout
+    )
+    assert any(ln.split()[:2] == ["PASS", "environment.shim_driver_api"] for ln in lines), p.stdout
+    assert not any("memory." in ln or "compute." in ln for ln in lines), p.stdout
