@@ -77,7 +77,10 @@ class Report:
             if c.threshold:
                 lines.append(f"        {'':<24} threshold: {c.threshold}")
         lines.append("")
-        if self.ok:
+        skipped = [c.name for c in self.checks if c.status == SKIP]
+        if self.ok and skipped:
+            lines.append("VERDICT: PASS, but not checked here: " + ", ".join(skipped))
+        elif self.ok:
             lines.append("VERDICT: PASS (every check held)")
         else:
             lines.append("VERDICT: FAIL: " + ", ".join(c.name for c in self.failed))

@@ -29,7 +29,10 @@ def test_quick_selftest_passes_on_the_simulated_gpu(selftest_env: dict[str, str]
     # every check ran here: the simulator has a driver, NVML, libcudart (the test extras) and
     # the host's PID namespace
     for c in r.report["checks"]:
-        assert c["status"] in ("pass", "info"), c
+        # a share below its cap while the machine kept the probe off its CPUs is not judged
+        # (compute._judge); anything else must have been checked and held
+        inconclusive = c["name"].startswith("compute.") and c["detail"].startswith("inconclusive")
+        assert c["status"] in ("pass", "info") or (c["status"] == "skip" and inconclusive), c
     env = r.report["environment"]
     assert env["gpu"] and env["sms"] and env["glibc"].startswith("glibc")
     for route in ROUTES:  # the driver's view was read for every route and held the quota
