@@ -30,9 +30,9 @@
 #include "vgpu/cuda_api.h"
 #include "vgpu/nvml_api.h"
 
-#define CU_JIT_ERROR_LOG_BUFFER_ 5
+#define CU_JIT_ERROR_LOG_BUFFER_            5
 #define CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES_ 6
-#define MAX_HELD 8192
+#define MAX_HELD                            8192
 
 /* The spin kernel: every thread reads %globaltimer until NS ns have passed since its start. Its
  * name follows the simulator's convention for kernels whose duration is an argument
@@ -55,39 +55,61 @@ static const char SPIN_PTX[] = ".version 6.0\n"
                                "  ret;\n"
                                "}\n";
 
-#define CU_FUNCS(X)                                                                                \
-    X(cuInit) X(cuDriverGetVersion) X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceGetAttribute)      \
-    X(cuDeviceTotalMem_v2) X(cuDeviceGetPCIBusId) X(cuDevicePrimaryCtxRetain) X(cuCtxSetCurrent) X(cuCtxCreate_v2)        \
-    X(cuCtxSynchronize) X(cuMemGetInfo_v2) X(cuMemAlloc_v2) X(cuMemFree_v2) X(cuMemAllocPitch_v2)  \
-    X(cuMemAllocManaged) X(cuMemAllocAsync) X(cuMemPoolCreate) X(cuMemAllocFromPoolAsync)          \
-    X(cuStreamSynchronize) X(cuMemCreate) X(cuMemGetAllocationGranularity) X(cuArray3DCreate_v2)   \
-    X(cuGraphCreate) X(cuGraphAddMemAllocNode) X(cuGraphInstantiateWithFlags) X(cuGraphLaunch)     \
-    X(cuModuleLoadData) X(cuModuleLoadDataEx) X(cuModuleGetFunction) X(cuLaunchKernel)             \
+// clang-format off: one driver function a line (the X-macro list of what the probe resolves)
+#define CU_FUNCS(X) \
+    X(cuInit) \
+    X(cuDriverGetVersion) \
+    X(cuDeviceGet) \
+    X(cuDeviceGetName) \
+    X(cuDeviceGetAttribute) \
+    X(cuDeviceTotalMem_v2) \
+    X(cuDeviceGetPCIBusId) \
+    X(cuDevicePrimaryCtxRetain) \
+    X(cuCtxSetCurrent) \
+    X(cuCtxCreate_v2) \
+    X(cuCtxSynchronize) \
+    X(cuMemGetInfo_v2) \
+    X(cuMemAlloc_v2) \
+    X(cuMemFree_v2) \
+    X(cuMemAllocPitch_v2) \
+    X(cuMemAllocManaged) \
+    X(cuMemAllocAsync) \
+    X(cuMemPoolCreate) \
+    X(cuMemAllocFromPoolAsync) \
+    X(cuStreamSynchronize) \
+    X(cuMemCreate) \
+    X(cuMemGetAllocationGranularity) \
+    X(cuArray3DCreate_v2) \
+    X(cuGraphCreate) \
+    X(cuGraphAddMemAllocNode) \
+    X(cuGraphInstantiateWithFlags) \
+    X(cuGraphLaunch) \
+    X(cuModuleLoadData) \
+    X(cuModuleLoadDataEx) \
+    X(cuModuleGetFunction) \
+    X(cuLaunchKernel) \
     X(cuGetErrorName)
+// clang-format on
 
 #define DECLARE(f) static __typeof__(&f) p_##f;
 CU_FUNCS(DECLARE)
 
 static void *cuda_lib;
 
-static void die(const char *what, CUresult rc)
-{
+static void die(const char *what, CUresult rc) {
     const char *name = NULL;
-    if (p_cuGetErrorName)
-        p_cuGetErrorName(rc, &name);
+    if (p_cuGetErrorName) p_cuGetErrorName(rc, &name);
     fprintf(stderr, "vgpu-selftest-probe: %s: %s (%d)\n", what, name ? name : "unknown error", (int)rc);
     exit(1);
 }
 
-#define CHECK(call)                                                                                \
-    do {                                                                                           \
-        CUresult rc_ = (call);                                                                     \
-        if (rc_ != CUDA_SUCCESS)                                                                   \
-            die(#call, rc_);                                                                       \
+#define CHECK(call)                                                                                                    \
+    do {                                                                                                               \
+        CUresult rc_ = (call);                                                                                         \
+        if (rc_ != CUDA_SUCCESS) die(#call, rc_);                                                                      \
     } while (0)
 
-static void load_cuda(void)
-{
+static void load_cuda(void) {
     cuda_lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!cuda_lib) {
         fprintf(stderr, "vgpu-selftest-probe: cannot load libcuda.so.1: %s\n", dlerror());
@@ -101,16 +123,14 @@ static void load_cuda(void)
     }
 }
 
-static uint64_t now_ns(clockid_t clk)
-{
+static uint64_t now_ns(clockid_t clk) {
     struct timespec ts;
     clock_gettime(clk, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
 /* cuInit, the device, and its primary context made current (as the CUDA runtime does). */
-static CUdevice open_device(int ordinal)
-{
+static CUdevice open_device(int ordinal) {
     CUdevice dev;
     CUcontext ctx;
     CHECK(p_cuInit(0));
@@ -121,8 +141,7 @@ static CUdevice open_device(int ordinal)
 }
 
 /* Pinned device memory on `dev`: what cuMemCreate allocates and its granularity is asked of. */
-static CUmemAllocationProp device_prop(CUdevice dev)
-{
+static CUmemAllocationProp device_prop(CUdevice dev) {
     CUmemAllocationProp prop;
     memset(&prop, 0, sizeof prop);
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -131,8 +150,7 @@ static CUmemAllocationProp device_prop(CUdevice dev)
     return prop;
 }
 
-static size_t page_of(CUdevice dev)
-{
+static size_t page_of(CUdevice dev) {
     CUmemAllocationProp prop = device_prop(dev);
     size_t g = 0;
     if (!p_cuMemGetAllocationGranularity ||
@@ -143,19 +161,17 @@ static size_t page_of(CUdevice dev)
 
 /* What NVML in this process (through the shim: the slice's view) says of the CUDA device `dev`,
  * found by its PCI bus id; 0 and 0 when NVML is not there or does not know the device. */
-static void nvml_in_process(CUdevice dev, unsigned long long *total, unsigned long long *used)
-{
+static void nvml_in_process(CUdevice dev, unsigned long long *total, unsigned long long *used) {
     *total = *used = 0;
     char bus[64] = "";
-    if (!p_cuDeviceGetPCIBusId || p_cuDeviceGetPCIBusId(bus, sizeof bus, dev) != CUDA_SUCCESS)
-        return;
+    if (!p_cuDeviceGetPCIBusId || p_cuDeviceGetPCIBusId(bus, sizeof bus, dev) != CUDA_SUCCESS) return;
     void *h = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!h)
-        return;
+    if (!h) return;
     __typeof__(&nvmlInit_v2) init = (__typeof__(&nvmlInit_v2))dlsym(h, "nvmlInit_v2");
     __typeof__(&nvmlDeviceGetHandleByPciBusId_v2) get =
         (__typeof__(&nvmlDeviceGetHandleByPciBusId_v2))dlsym(h, "nvmlDeviceGetHandleByPciBusId_v2");
-    __typeof__(&nvmlDeviceGetMemoryInfo) mem = (__typeof__(&nvmlDeviceGetMemoryInfo))dlsym(h, "nvmlDeviceGetMemoryInfo");
+    __typeof__(&nvmlDeviceGetMemoryInfo) mem =
+        (__typeof__(&nvmlDeviceGetMemoryInfo))dlsym(h, "nvmlDeviceGetMemoryInfo");
     nvmlDevice_t d;
     nvmlMemory_t m;
     if (init && get && mem && init() == NVML_SUCCESS && get(bus, &d) == NVML_SUCCESS && mem(d, &m) == NVML_SUCCESS) {
@@ -164,8 +180,7 @@ static void nvml_in_process(CUdevice dev, unsigned long long *total, unsigned lo
     }
 }
 
-static int cmd_env(int ordinal)
-{
+static int cmd_env(int ordinal) {
     int drv = 0;
     CHECK(p_cuDriverGetVersion(&drv));
     CUdevice dev = open_device(ordinal);
@@ -178,10 +193,9 @@ static int cmd_env(int ordinal)
     CHECK(p_cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev));
     CHECK(p_cuMemGetInfo_v2(&free_, &total));
     for (char *c = name; *c; c++)
-        if (*c == ' ')
-            *c = '_';
-    printf("cuda_driver=%d name=%s sms=%d cc=%d.%d total=%zu free=%zu page=%zu pid=%d\n", drv, name, sms, major,
-           minor, total, free_, page_of(dev), (int)getpid());
+        if (*c == ' ') *c = '_';
+    printf("cuda_driver=%d name=%s sms=%d cc=%d.%d total=%zu free=%zu page=%zu pid=%d\n", drv, name, sms, major, minor,
+           total, free_, page_of(dev), (int)getpid());
     return 0;
 }
 
@@ -189,17 +203,14 @@ static CUstream stream0;
 static CUmemoryPool pool;
 
 /* One allocation of `size` bytes through `route`. */
-static CUresult alloc_one(const char *route, CUdevice dev, size_t size, size_t page)
-{
+static CUresult alloc_one(const char *route, CUdevice dev, size_t size, size_t page) {
     CUdeviceptr p;
-    if (!strcmp(route, "plain"))
-        return p_cuMemAlloc_v2(&p, size);
+    if (!strcmp(route, "plain")) return p_cuMemAlloc_v2(&p, size);
     if (!strcmp(route, "pitch")) {
         size_t pitch;
         return p_cuMemAllocPitch_v2(&p, &pitch, 64u << 10, size / (64u << 10), 16);
     }
-    if (!strcmp(route, "managed"))
-        return p_cuMemAllocManaged(&p, size, CU_MEM_ATTACH_GLOBAL);
+    if (!strcmp(route, "managed")) return p_cuMemAllocManaged(&p, size, CU_MEM_ATTACH_GLOBAL);
     if (!strcmp(route, "async") || !strcmp(route, "pool")) {
         CUresult rc = !strcmp(route, "async") ? p_cuMemAllocAsync(&p, size, stream0)
                                               : p_cuMemAllocFromPoolAsync(&p, size, pool, stream0);
@@ -231,17 +242,15 @@ static CUresult alloc_one(const char *route, CUdevice dev, size_t size, size_t p
         np.poolProps.location.id = dev;
         np.bytesize = size;
         CUresult rc = p_cuGraphCreate(&g, 0);
-        if (rc == CUDA_SUCCESS)
-            rc = p_cuGraphAddMemAllocNode(&n, g, NULL, 0, &np);
-        if (rc == CUDA_SUCCESS)
-            rc = p_cuGraphInstantiateWithFlags(&e, g, 0);
-        if (rc == CUDA_SUCCESS)
-            rc = p_cuGraphLaunch(e, stream0);
+        if (rc == CUDA_SUCCESS) rc = p_cuGraphAddMemAllocNode(&n, g, NULL, 0, &np);
+        if (rc == CUDA_SUCCESS) rc = p_cuGraphInstantiateWithFlags(&e, g, 0);
+        if (rc == CUDA_SUCCESS) rc = p_cuGraphLaunch(e, stream0);
         return rc != CUDA_SUCCESS ? rc : p_cuStreamSynchronize(stream0);
     }
     if (!strcmp(route, "global")) {
         char ptx[256];
-        snprintf(ptx, sizeof ptx, ".version 6.0\n.target sm_50\n.address_size 64\n.global .align 8 .b8 fill[%zu];\n", size);
+        snprintf(ptx, sizeof ptx, ".version 6.0\n.target sm_50\n.address_size 64\n.global .align 8 .b8 fill[%zu];\n",
+                 size);
         CUmodule m;
         return p_cuModuleLoadData(&m, ptx);
     }
@@ -251,16 +260,14 @@ static CUresult alloc_one(const char *route, CUdevice dev, size_t size, size_t p
         if (rc == CUDA_SUCCESS) { /* the primary context stays the current one */
             CUcontext prim;
             rc = p_cuDevicePrimaryCtxRetain(&prim, dev);
-            if (rc == CUDA_SUCCESS)
-                rc = p_cuCtxSetCurrent(prim);
+            if (rc == CUDA_SUCCESS) rc = p_cuCtxSetCurrent(prim);
         }
         return rc;
     }
     return CUDA_ERROR_NOT_SUPPORTED;
 }
 
-static int cmd_fill(int ordinal, const char *route, size_t chunk, size_t max)
-{
+static int cmd_fill(int ordinal, const char *route, size_t chunk, size_t max) {
     CUdevice dev = open_device(ordinal);
     size_t page = page_of(dev);
     if (!strcmp(route, "pool")) {
@@ -294,8 +301,7 @@ static int cmd_fill(int ordinal, const char *route, size_t chunk, size_t max)
         }
         last = rc;
         refusals++;
-        if (rc != CUDA_ERROR_OUT_OF_MEMORY || size <= unit || !strcmp(route, "context"))
-            break;
+        if (rc != CUDA_ERROR_OUT_OF_MEMORY || size <= unit || !strcmp(route, "context")) break;
         size = size / 2 < unit ? unit : size / 2 / page * page;
     }
     size_t free_ = 0;
@@ -306,21 +312,19 @@ static int cmd_fill(int ordinal, const char *route, size_t chunk, size_t max)
     p_cuGetErrorName(last, &last_name);
     printf("route=%s granted=%zu allocs=%d refusals=%d unit=%zu page=%zu last=%s free_before=%zu free=%zu "
            "total=%zu nvml_total=%llu nvml_used=%llu pid=%d\n",
-           route, granted, allocs, refusals, unit ? unit : page, page, last_name ? last_name : "?", free0, free_,
-           total, nvml_total, nvml_used, (int)getpid());
+           route, granted, allocs, refusals, unit ? unit : page, page, last_name ? last_name : "?", free0, free_, total,
+           nvml_total, nvml_used, (int)getpid());
     printf("ready\n");
     fflush(stdout);
     char line[16];
-    if (!fgets(line, sizeof line, stdin))
-        return 0;
+    if (!fgets(line, sizeof line, stdin)) return 0;
     return 0;
 }
 
-static CUfunction spin_function(void)
-{
+static CUfunction spin_function(void) {
     char log[4096] = "";
-    int opts[2] = { CU_JIT_ERROR_LOG_BUFFER_, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES_ };
-    void *vals[2] = { log, (void *)(uintptr_t)sizeof log };
+    int opts[2] = {CU_JIT_ERROR_LOG_BUFFER_, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES_};
+    void *vals[2] = {log, (void *)(uintptr_t)sizeof log};
     CUmodule m;
     CUresult rc = p_cuModuleLoadDataEx(&m, SPIN_PTX, 2, (CUjit_option *)opts, vals);
     if (rc != CUDA_SUCCESS) {
@@ -332,13 +336,12 @@ static CUfunction spin_function(void)
     return f;
 }
 
-static int cmd_spin(int ordinal, unsigned long long ns, double seconds)
-{
+static int cmd_spin(int ordinal, unsigned long long ns, double seconds) {
     CUdevice dev = open_device(ordinal);
     int sms = 0;
     CHECK(p_cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev));
     CUfunction f = spin_function();
-    void *args[1] = { &ns };
+    void *args[1] = {&ns};
     printf("started pid=%d\n", (int)getpid());
     fflush(stdout);
     uint64_t t0 = now_ns(CLOCK_MONOTONIC), end = t0 + (uint64_t)(seconds * 1e9);
@@ -355,18 +358,16 @@ static int cmd_spin(int ordinal, unsigned long long ns, double seconds)
     return 0;
 }
 
-static int cmd_cost(int ordinal, long n)
-{
+static int cmd_cost(int ordinal, long n) {
     CUdevice dev = open_device(ordinal);
     (void)dev;
     CUfunction f = spin_function();
     unsigned long long zero = 0;
-    void *args[1] = { &zero };
+    void *args[1] = {&zero};
     size_t fr, tot;
     CUdeviceptr p;
     uint64_t t = now_ns(CLOCK_THREAD_CPUTIME_ID);
-    for (long i = 0; i < n; i++)
-        CHECK(p_cuMemGetInfo_v2(&fr, &tot));
+    for (long i = 0; i < n; i++) CHECK(p_cuMemGetInfo_v2(&fr, &tot));
     uint64_t meminfo = now_ns(CLOCK_THREAD_CPUTIME_ID) - t;
     t = now_ns(CLOCK_THREAD_CPUTIME_ID);
     for (long i = 0; i < n; i++) {
@@ -375,8 +376,7 @@ static int cmd_cost(int ordinal, long n)
     }
     uint64_t alloc = now_ns(CLOCK_THREAD_CPUTIME_ID) - t;
     t = now_ns(CLOCK_THREAD_CPUTIME_ID);
-    for (long i = 0; i < n; i++)
-        CHECK(p_cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, NULL, args, NULL));
+    for (long i = 0; i < n; i++) CHECK(p_cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, NULL, args, NULL));
     uint64_t launch = now_ns(CLOCK_THREAD_CPUTIME_ID) - t;
     CHECK(p_cuCtxSynchronize());
     printf("meminfo_ns=%.1f alloc_free_ns=%.1f launch_ns=%.1f\n", (double)meminfo / (double)n,
@@ -388,8 +388,7 @@ typedef int (*rt_count_t)(int *);
 typedef int (*rt_setdev_t)(int);
 typedef int (*rt_meminfo_t)(size_t *, size_t *);
 
-static int cmd_cudart(const char *path, int ordinal)
-{
+static int cmd_cudart(const char *path, int ordinal) {
     void *rt = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!rt) {
         fprintf(stderr, "vgpu-selftest-probe: cannot load %s: %s\n", path, dlerror());
@@ -403,11 +402,9 @@ static int cmd_cudart(const char *path, int ordinal)
         return 1;
     }
     int n = 0, rc = count(&n);
-    if (rc == 0)
-        rc = setdev(ordinal);
+    if (rc == 0) rc = setdev(ordinal);
     size_t fr = 0, tot = 0;
-    if (rc == 0)
-        rc = meminfo(&fr, &tot);
+    if (rc == 0) rc = meminfo(&fr, &tot);
     if (rc != 0) {
         fprintf(stderr, "vgpu-selftest-probe: CUDA runtime error %d\n", rc);
         return 1;
@@ -416,29 +413,23 @@ static int cmd_cudart(const char *path, int ordinal)
     return 0;
 }
 
-static int usage(void)
-{
-    fprintf(stderr, "usage: vgpu-selftest-probe env DEV | fill DEV ROUTE CHUNK MAX | spin DEV NS SECONDS | cost DEV N | "
-                    "cudart LIB DEV\n");
+static int usage(void) {
+    fprintf(stderr,
+            "usage: vgpu-selftest-probe env DEV | fill DEV ROUTE CHUNK MAX | spin DEV NS SECONDS | cost DEV N | "
+            "cudart LIB DEV\n");
     return 2;
 }
 
-int main(int argc, char **argv)
-{
+int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
-    if (argc < 3)
-        return usage();
-    if (!strcmp(argv[1], "cudart") && argc == 4)
-        return cmd_cudart(argv[2], atoi(argv[3]));
+    if (argc < 3) return usage();
+    if (!strcmp(argv[1], "cudart") && argc == 4) return cmd_cudart(argv[2], atoi(argv[3]));
     load_cuda();
     int dev = atoi(argv[2]);
-    if (!strcmp(argv[1], "env") && argc == 3)
-        return cmd_env(dev);
+    if (!strcmp(argv[1], "env") && argc == 3) return cmd_env(dev);
     if (!strcmp(argv[1], "fill") && argc == 6)
         return cmd_fill(dev, argv[3], (size_t)strtoull(argv[4], NULL, 10), (size_t)strtoull(argv[5], NULL, 10));
-    if (!strcmp(argv[1], "spin") && argc == 5)
-        return cmd_spin(dev, strtoull(argv[3], NULL, 10), atof(argv[4]));
-    if (!strcmp(argv[1], "cost") && argc == 4)
-        return cmd_cost(dev, atol(argv[3]));
+    if (!strcmp(argv[1], "spin") && argc == 5) return cmd_spin(dev, strtoull(argv[3], NULL, 10), atof(argv[4]));
+    if (!strcmp(argv[1], "cost") && argc == 4) return cmd_cost(dev, atol(argv[3]));
     return usage();
 }
