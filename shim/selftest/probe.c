@@ -14,6 +14,8 @@
  *                                     (PTX compiled by the driver) back to back for SECONDS
  *   probe cost DEV N                  thread CPU ns per call of cuMemGetInfo, cuMemAlloc+Free
  *                                     and an empty-spin cuLaunchKernel, N calls each
+ *   probe ptx spin | ptx global SIZE  print the PTX the probe gives the driver (to check it with
+ *                                     NVIDIA's ptxas)
  *   probe cudart LIB DEV              the CUDA runtime LIB (a libcudart path): device count and
  *                                     cudaMemGetInfo
  * Exit 0 on success, 1 on a CUDA error (named on stderr), 2 on bad usage.
@@ -199,6 +201,11 @@ static int cmd_env(int ordinal) {
     return 0;
 }
 
+/* A module whose only content is a `size`-byte global: loading it allocates that much. */
+static void global_ptx(char *buf, size_t n, size_t size) {
+    snprintf(buf, n, ".version 6.0\n.target sm_50\n.address_size 64\n.global .align 8 .b8 fill[%zu];\n", size);
+}
+
 static CUstream stream0;
 static CUmemoryPool pool;
 
@@ -249,8 +256,7 @@ static CUresult alloc_one(const char *route, CUdevice dev, size_t size, size_t p
     }
     if (!strcmp(route, "global")) {
         char ptx[256];
-        snprintf(ptx, sizeof ptx, ".version 6.0\n.target sm_50\n.address_size 64\n.global .align 8 .b8 fill[%zu];\n",
-                 size);
+        global_ptx(ptx, sizeof ptx, size);
         CUmodule m;
         return p_cuModuleLoadData(&m, ptx);
     }
@@ -416,7 +422,7 @@ static int cmd_cudart(const char *path, int ordinal) {
 static int usage(void) {
     fprintf(stderr,
             "usage: vgpu-selftest-probe env DEV | fill DEV ROUTE CHUNK MAX | spin DEV NS SECONDS | cost DEV N | "
-            "cudart LIB DEV\n");
+            "cudart LIB DEV | ptx spin | ptx global SIZE\n");
     return 2;
 }
 
@@ -424,6 +430,12 @@ int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc < 3) return usage();
     if (!strcmp(argv[1], "cudart") && argc == 4) return cmd_cudart(argv[2], atoi(argv[3]));
+    if (!strcmp(argv[1], "ptx") && argc == 3 && !strcmp(argv[2], "spin")) return fputs(SPIN_PTX, stdout) < 0;
+    if (!strcmp(argv[1], "ptx") && argc == 4 && !strcmp(argv[2], "global")) {
+        char ptx[256];
+        global_ptx(ptx, sizeof ptx, (size_t)strtoull(argv[3], NULL, 10));
+        return fputs(ptx, stdout) < 0;
+    }
     load_cuda();
     int dev = atoi(argv[2]);
     if (!strcmp(argv[1], "env") && argc == 3) return cmd_env(dev);
