@@ -39,7 +39,7 @@ def register(sub: Any) -> None:
                    help="the GPU to test, by NVML index as nvidia-smi numbers it (default 0)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--quick", action="store_true",
-                   help="shorter compute windows and fewer cost samples (about a minute)")  # fmt: skip
+                   help="shorter compute windows and fewer cost samples")  # fmt: skip
     p.add_argument("--sim", action="store_true", help="run on the simulated GPU")
     p.add_argument("--shim", metavar="PATH",
                    help="the libvgpu.so to test instead of the installed one (a new build)")  # fmt: skip
