@@ -16,11 +16,11 @@ from setuptools.command.build_ext import build_ext
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
-from shim.build import CFLAGS, INCLUDE_DIR, LIBRARIES, link_args  # noqa: E402
+from shim.build import CFLAGS, INCLUDE_DIR, LIBRARIES, PROGRAMS, link_args  # noqa: E402
 
 
 class BuildWithSharedLibraries(build_ext):
-    """build_ext that also produces the plain shared libraries under sharing/_lib."""
+    """build_ext that also produces the plain shared libraries and programs under sharing/_lib."""
 
     def run(self) -> None:
         super().run()
@@ -56,6 +56,19 @@ class BuildWithSharedLibraries(build_ext):
                 str(target),
                 libraries=list(lib.libs),
                 extra_postargs=link_args(lib),
+            )
+        for prog in PROGRAMS:
+            target = prog.output_path(lib_root)
+            temp = Path(self.build_temp) / "plain" / prog.filename
+            objects = compiler.compile(
+                [str(s) for s in prog.sources()],
+                output_dir=str(temp),
+                include_dirs=[str(INCLUDE_DIR)],
+                extra_postargs=[*CFLAGS],
+                depends=[str(h) for h in INCLUDE_DIR.rglob("*.h")],
+            )
+            compiler.link_executable(
+                objects, prog.filename, output_dir=str(target.parent), libraries=list(prog.libs)
             )
 
 

@@ -10,9 +10,10 @@ from collections.abc import Sequence
 
 from sharing import __version__, demo, exporter, info, run, top
 from sharing.plan import command as plan
+from sharing.selftest import command as selftest
 
 # Subcommand modules: each has register(subparsers) which sets `func` on its parser.
-_SUBCOMMANDS = (info, run, demo, exporter, top, plan)
+_SUBCOMMANDS = (info, run, demo, exporter, top, plan, selftest)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -108,6 +108,28 @@ LIBRARIES: tuple[Library, ...] = (
 )
 
 
+@dataclass(frozen=True)
+class Program:
+    """One C executable shipped in the package (sharing/_lib), run by the Python tools."""
+
+    filename: str
+    source_dir: str  # relative to shim/
+    libs: tuple[str, ...] = ()
+
+    def sources(self) -> list[Path]:
+        return sorted((SHIM_DIR / self.source_dir).glob("*.c"))
+
+    def output_path(self, lib_root: Path) -> Path:
+        return lib_root / self.filename
+
+
+PROGRAMS: tuple[Program, ...] = (
+    # `vgpu selftest`'s driver-API program (sharing/selftest/): loads the driver with dlopen, so
+    # it links against nothing of CUDA and runs on any node.
+    Program("vgpu-selftest-probe", "selftest", ("dl",)),
+)
+
+
 def link_args(lib: Library) -> list[str]:
     needed = [f"-l:{n}" for n in lib.needed]
     if needed:  # whatever the toolchain's --as-needed default

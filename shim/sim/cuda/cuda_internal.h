@@ -130,6 +130,7 @@ struct CUevent_st {
 struct CUfunc_st {
     uint32_t magic;
     uint64_t us_per_wave;
+    int dur_arg;                     /* 1 + the parameter holding ns per wave (sim_arg<K>ns, argdur.c), 0: none */
     char *name;
     struct CUfunc_st *next;
     struct CUmod_st *mod;            /* NULL for a library kernel */
@@ -340,6 +341,9 @@ CUresult sim_module_globals_fatbin(struct CUmod_st *m, const void *image, int sm
 
 /* launch.c */
 uint64_t sim_kernel_ns(const struct CUfunc_st *f, uint64_t blocks, int dev);
+/* argdur.c: kernels named sim_arg<K>ns run, per wave, the ns in their parameter K */
+int sim_dur_arg_of_name(const char *name);
+uint64_t sim_arg_kernel_ns(const struct CUfunc_st *f, void **params, uint64_t blocks, int dev);
 
 /* graph.c */
 int sim_capture_add(struct CUstream_st *s, const struct CUgraphNode_st *tmpl); /* 1 if captured */

@@ -157,6 +157,8 @@ static CUresult launch(CUfunction fn, unsigned gx, unsigned gy, unsigned gz, uns
             return CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE;
     }
     struct CUgraphNode_st node = { .type = NODE_KERNEL, .dur_ns = sim_kernel_ns(f, blocks, dev) };
+    if (f->dur_arg && params)
+        node.dur_ns = sim_arg_kernel_ns(f, params, blocks, dev);
     if (s->capturing) {
         sim_capture_add(s, &node);
         return CUDA_SUCCESS;

@@ -204,6 +204,7 @@ static void func_init(struct CUfunc_st *f, char *name, uint32_t magic)
 {
     f->name = name;
     f->us_per_wave = parse_sim_us(name);
+    f->dur_arg = sim_dur_arg_of_name(name);
     f->max_dyn_smem = 49152; /* the default dynamic shared memory limit (48 KiB) */
     f->carveout = -1;
     f->magic = magic;
