@@ -14,6 +14,8 @@ import sys
 import time
 from typing import Any
 
+from sharing.cpuwait import cpu_wait_ns
+
 CUDA_SUCCESS = 0
 CUDA_ERROR_OUT_OF_MEMORY = 2
 CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16
@@ -86,6 +88,7 @@ def run(chunk_mib: int, max_chunks: int, kernel: str, seconds: float) -> int:
     fn = ctypes.c_void_p()
     cu.check("cuModuleGetFunction", ctypes.byref(fn), mod, kernel.encode())
     launches = 0
+    waited = cpu_wait_ns()
     start = time.monotonic()
     deadline = start + seconds
     while time.monotonic() < deadline:
@@ -95,7 +98,10 @@ def run(chunk_mib: int, max_chunks: int, kernel: str, seconds: float) -> int:
         if launches % 8 == 0:
             cu.check("cuCtxSynchronize")
     cu.check("cuCtxSynchronize")
-    emit("done", launches=launches, seconds=time.monotonic() - start)
+    elapsed = time.monotonic() - start
+    emit(
+        "done", launches=launches, seconds=elapsed, cpu_wait_seconds=(cpu_wait_ns() - waited) / 1e9
+    )
     return 0
 
 

@@ -9,11 +9,11 @@ slices +-3 each)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import time
 from dataclasses import dataclass
 
+from sharing.cpuwait import cpu_wait_ns
 from sharing.selftest.nvml_view import NvmlView, UtilizationUnavailable
 from sharing.selftest.probe import ProbeError, Runner, last_line, parse_kv
 from sharing.selftest.report import FAIL, PASS, SKIP, Check, Report
@@ -137,20 +137,3 @@ def _started(p: subprocess.Popen[str]) -> int:
         err = p.stderr.read() if p.stderr else ""
         raise ProbeError(f"probe spin did not start: {last_line(err)}")
     return int(kv["pid"])
-
-
-def cpu_wait_ns(pid: int) -> int:
-    """Nanoseconds the threads of `pid` have spent runnable but waiting for a CPU
-    (/proc/PID/task/*/schedstat, second field); 0 where the kernel does not keep it."""
-    total = 0
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return 0
-    for t in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{t}/schedstat") as f:
-                total += int(f.read().split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-    return total
