@@ -62,7 +62,7 @@ def test_promtool_unit_tests_every_alert() -> None:
     alerts = {r["alert"] for r in rules() if "alert" in r}
     assert alerts >= {
         "VgpuSliceNearMemoryQuota", "VgpuSliceThrottled", "VgpuQuotaViolation", "VgpuExporterDown",
-        "VgpuShimNotLoaded",
+        "VgpuShimNotLoaded", "VgpuSliceUnreadable",
     }  # fmt: skip
     tested = {
         t["alertname"]

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tempfile
 from functools import cache
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import kubernetes_validate
@@ -19,6 +19,17 @@ import pytest
 import yaml
 
 from driver.flags import parse
+from driver.injection import SIM_CONFIG_PATH, SIM_STATE_PATH
+from sharing.claimlayout import (
+    CONTAINER_ACCOUNTING,
+    CONTAINER_CLAIM_DIR,
+    CONTAINER_DEMAND_FILE,
+    CONTAINER_LIB,
+    CONTAINER_LIB_DIR,
+    CONTAINER_LIMITS,
+    CONTAINER_NODE_STATE_DIR,
+    CONTAINER_PRELOAD,
+)
 from sharing.plan.cel_eval import evaluate
 from sharing.policy import from_document
 
@@ -26,6 +37,8 @@ DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 OVERLAYS = ("base", "overlays/sharing", "overlays/partition", "overlays/sim")
 VERSIONS = ("1.34", "1.35", "1.36", "1.37")
 SA_USER = "system:serviceaccount:vgpu-sharing:vgpu-kubelet-plugin"
+SLICES_POLICY = "vgpu-sharing-resourceslices"
+MOUNTS_POLICY = "vgpu-sharing-pod-mounts"
 NODE_NAME_KEY = "authentication.kubernetes.io/node-name"
 IMAGE = "localhost/vgpu-sharing:0.1.0"  # scripts/build-image's default name
 
@@ -80,6 +93,8 @@ def test_overlay_renders_with_every_object(overlay: str) -> None:
             "ClusterRoleBinding",
             "ValidatingAdmissionPolicy",
             "ValidatingAdmissionPolicyBinding",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
             "ConfigMap",
             "DaemonSet",
             "Service",
@@ -119,8 +134,8 @@ def test_every_object_is_valid_strict(version: str) -> None:
 
 def test_validation_covers_overlays_and_examples() -> None:
     ids = [c.id for c in _validation_cases()]
-    assert sum(i.startswith("overlays/partition#") for i in ids) == 11
-    assert sum(i.startswith("overlays/sim#") for i in ids) == 11
+    assert sum(i.startswith("overlays/partition#") for i in ids) == 13
+    assert sum(i.startswith("overlays/sim#") for i in ids) == 13
     assert sum(i.startswith("examples/sharing/") for i in ids) == 14
     assert sum(i.startswith("examples/partition/") for i in ids) == 14
 
@@ -318,22 +333,33 @@ def admission(
     }
 
 
-def admits(activation: dict[str, Any]) -> bool:
+def policy(kind: str, name: str) -> dict[str, Any]:
+    [obj] = [d for d in of_kind("base", kind) if d["metadata"]["name"] == name]
+    return obj
+
+
+def refusal(activation: dict[str, Any], name: str = SLICES_POLICY) -> str | None:
     """The policy's decision as the API server makes it: matchConditions, then variables,
-    then every validation."""
-    [vap] = of_kind("base", "ValidatingAdmissionPolicy")
-    spec = vap["spec"]
+    then every validation. None when admitted, else the refusal's message."""
+    spec = policy("ValidatingAdmissionPolicy", name)["spec"]
     for cond in spec["matchConditions"]:
         if not evaluate(cond["expression"], activation):
-            return True  # not the plugin: the policy does not apply
+            return None  # not a request the policy is about
     variables: dict[str, Any] = {}
     for v in spec["variables"]:
         variables[v["name"]] = evaluate(v["expression"], {**activation, "variables": variables})
     for rule in spec["validations"]:
-        value = evaluate(rule["expression"], {**activation, "variables": variables})
+        env = {**activation, "variables": variables}
+        value = evaluate(rule["expression"], env)
         if value is not True and str(value) != "True":
-            return False
-    return True
+            if "messageExpression" in rule:
+                return str(evaluate(rule["messageExpression"], env))
+            return str(rule["message"])
+    return None
+
+
+def admits(activation: dict[str, Any]) -> bool:
+    return refusal(activation) is None
 
 
 @pytest.mark.parametrize(
@@ -361,15 +387,121 @@ def test_admission_policy_admits_only_own_node_slices(
 
 
 def test_admission_policy_matches_every_served_version() -> None:
-    [vap] = of_kind("base", "ValidatingAdmissionPolicy")
+    vap = policy("ValidatingAdmissionPolicy", SLICES_POLICY)
     [rule] = vap["spec"]["matchConstraints"]["resourceRules"]
     assert set(rule["apiVersions"]) >= {"v1", "v1beta1", "v1beta2"}
     assert set(rule["operations"]) == {"CREATE", "UPDATE", "DELETE"}
     assert vap["spec"]["failurePolicy"] == "Fail"
-    [binding] = of_kind("base", "ValidatingAdmissionPolicyBinding")
+    binding = policy("ValidatingAdmissionPolicyBinding", SLICES_POLICY)
     assert binding["spec"]["policyName"] == vap["metadata"]["name"]
     assert binding["spec"]["validationActions"] == ["Deny"]
     assert vap["spec"]["matchConditions"][0]["expression"].count(SA_USER) == 1
+
+
+# The paths the plugin injects into a claim's containers (every CDI mount of driver/claimspec.py
+# and driver/injection.py's simulator files), as directories or files the policy guards.
+GUARDED = (
+    CONTAINER_LIB_DIR, CONTAINER_PRELOAD, CONTAINER_CLAIM_DIR, CONTAINER_NODE_STATE_DIR,
+    CONTAINER_DEMAND_FILE, str(PurePosixPath(SIM_CONFIG_PATH).parent), SIM_STATE_PATH,
+)  # fmt: skip
+INJECTED = (CONTAINER_LIB, CONTAINER_LIMITS, CONTAINER_ACCOUNTING, SIM_CONFIG_PATH)
+
+
+def _refused_paths() -> list[str]:
+    out: set[str] = set()
+    for g in GUARDED + INJECTED:
+        out |= {g, g + "/", f"{g}/x", f"{g}/./x/y", "/" + g, g.replace("/", "/./", 1)}
+        out |= {g.replace("/", "//"), g + "/."}
+        for a in map(str, PurePosixPath(g).parents):  # "/", "/etc", "/run", "/usr", ...
+            out |= {a, a + "/", a + "/.", "/" + a}
+    return sorted(out)
+
+
+ALLOWED_PATHS = (
+    "/data", "/etc/ld.so.preload.d", "/etc/ld.so.preloadx", "/etc/config", "/run/secrets",
+    "/run/vgpu-sharing2", "/run/vgpu", "/usr/local/lib64", "/usr/local/lib/python3",
+    "/usr/local/libvgpu-sharing", "/usr/share", "/.etc", "/etc.d", "/var/run",
+    "/home/etc/ld.so.preload", "/workspace/run/vgpu-sharing",
+)  # fmt: skip
+
+
+def pod(
+    mounts: list[str],
+    devices: list[str] | None = None,
+    uses_claim: bool = True,
+    init: bool = False,
+    pod_claims: bool = True,
+) -> dict[str, Any]:
+    """A CREATE request for a pod whose container `worker` (an init container if `init`) mounts
+    volumes at `mounts`; a plain sidecar mounts /etc (it uses no claim)."""
+    c: dict[str, Any] = {
+        "name": "worker",
+        "image": "i",
+        "volumeMounts": [{"name": f"v{i}", "mountPath": m} for i, m in enumerate(mounts)],
+    }
+    if devices:
+        c["volumeDevices"] = [{"name": f"d{i}", "devicePath": d} for i, d in enumerate(devices)]
+    if uses_claim:
+        c["resources"] = {"claims": [{"name": "gpu"}]}
+    sidecar = {
+        "name": "sidecar",
+        "image": "i",
+        "volumeMounts": [{"name": "s", "mountPath": "/etc"}],
+    }
+    spec: dict[str, Any] = {"containers": [sidecar] + ([] if init else [c])}
+    if init:
+        spec["initContainers"] = [c]
+    if pod_claims:
+        spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "t"}]
+    return {
+        "request": {"operation": "CREATE", "userInfo": {"username": "tenant"}},
+        "object": {"apiVersion": "v1", "kind": "Pod", "spec": spec},
+        "oldObject": None,
+    }
+
+
+@pytest.mark.parametrize("path", _refused_paths())
+def test_pod_mount_policy_refuses_a_volume_at_inside_or_above_an_injected_path(path: str) -> None:
+    for request in (pod(["/data", path]), pod([path], init=True), pod([], devices=[path])):
+        msg = refusal(request, MOUNTS_POLICY)
+        assert msg is not None and msg.startswith(f"container worker mounts a volume at {path}, ")
+        assert "over files the vgpu-sharing plugin injects" in msg and "mount it elsewhere" in msg
+
+
+@pytest.mark.parametrize("path", ALLOWED_PATHS)
+def test_pod_mount_policy_admits_other_paths(path: str) -> None:
+    assert refusal(pod([path]), MOUNTS_POLICY) is None
+    assert refusal(pod([], devices=[path]), MOUNTS_POLICY) is None
+
+
+def test_pod_mount_policy_leaves_containers_without_claims_alone() -> None:
+    """The injected files reach only containers that use a claim: a sidecar of the same pod,
+    or a pod with no claim at all, may mount anywhere."""
+    assert refusal(pod([CONTAINER_PRELOAD], uses_claim=False), MOUNTS_POLICY) is None
+    assert refusal(pod(["/etc"], pod_claims=False, uses_claim=False), MOUNTS_POLICY) is None
+    assert refusal(pod(["/data"]), MOUNTS_POLICY) is None  # the sidecar's /etc mount is fine
+
+
+def test_pod_mount_policy_admits_every_example_pod() -> None:
+    pods = [(w, d) for w, d in examples() if d.get("kind") == "Pod"]
+    assert pods
+    for where, d in pods:
+        request = {"request": {"operation": "CREATE"}, "object": d, "oldObject": None}
+        assert refusal(request, MOUNTS_POLICY) is None, where
+
+
+def test_pod_mount_policy_is_bound_and_fails_closed() -> None:
+    vap = policy("ValidatingAdmissionPolicy", MOUNTS_POLICY)
+    [rule] = vap["spec"]["matchConstraints"]["resourceRules"]
+    assert (rule["apiGroups"], rule["resources"], rule["operations"]) == (
+        [""],
+        ["pods"],
+        ["CREATE"],
+    )
+    assert vap["spec"]["failurePolicy"] == "Fail"
+    binding = policy("ValidatingAdmissionPolicyBinding", MOUNTS_POLICY)
+    assert binding["spec"]["policyName"] == MOUNTS_POLICY
+    assert binding["spec"]["validationActions"] == ["Deny"]
 
 
 # --- docs ----------------------------------------------------------------------------------------

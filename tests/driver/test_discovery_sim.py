@@ -63,6 +63,7 @@ def test_list_and_events_on_the_simulator(sim: Path, tmp_path: Path) -> None:
     ]
     inv = Discovery(backend, sysfs_root=tmp_path).inventory(gpus, {})
     assert inv.gpus[1].pcie_root == "pci0000:41"
+    assert [g.brand for g in inv.gpus] == ["Nvidia", "Nvidia"]  # an A100's NVML brand
     events = backend.open_events()
     assert events is not None
     try:

@@ -198,6 +198,7 @@ def test_sim_plugin_publishes_the_simulated_node(
     devs = devices(server)
     assert [d["name"] for d in devs] == ["gpu-0", "gpu-1"]
     assert {d["attributes"]["productName"]["string"] for d in devs} == {"NVIDIA L4"}
+    assert {d["attributes"]["brand"]["string"] for d in devs} == {"Nvidia"}  # NVML's, as an L4's
     uuids = {d["attributes"]["uuid"]["string"] for d in devs}
     assert len(uuids) == 2  # derived from the node name: distinct between nodes too
     config = json.loads((root / "data" / "sim" / "config.json").read_text())

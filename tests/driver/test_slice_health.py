@@ -245,7 +245,7 @@ def test_the_device_taint_rule_in_the_operations_guide_is_valid_for_1_37() -> No
 
 
 class BrandedNvml:
-    """An NVML that reports brands (the simulator does not): counts how often it is asked."""
+    """An NVML that reports brands: counts how often it is asked."""
 
     def __init__(self, gpus: list[Any]) -> None:
         self.gpus = gpus

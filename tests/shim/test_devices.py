@@ -123,3 +123,37 @@ def test_nvml_shows_the_slice(shim_ops: Path, shim_env: dict[str, str], tmp_path
         assert nvml_memory(env, [0])[0] == {"total": GiB, "used": used, "free": GiB - used}
     finally:
         held.release()
+
+
+BRAND_SCRIPT = """
+import ctypes, sys
+ctypes.CDLL(sys.argv[1] + "/libnvidia-ml.so.1", mode=ctypes.RTLD_GLOBAL)
+import pynvml
+pynvml.nvmlInit()
+print(pynvml.nvmlDeviceGetBrand(pynvml.nvmlDeviceGetHandleByIndex(0)))
+"""
+
+
+def test_nvml_calls_the_shim_does_not_hook_reach_the_driver(
+    shim_env: dict[str, str], tmp_path: Path
+) -> None:
+    """nvmlDeviceGetBrand is not in hooks.def: under the shim, with a slice, it answers what the
+    driver answers without the shim (NVML_BRAND_NVIDIA for the simulated H100)."""
+    env = dict(
+        shim_env,
+        CUDA_DEVICE_MEMORY_LIMIT="1Gi",
+        CUDA_DEVICE_MEMORY_SHARED_CACHE=str(tmp_path / "slice.region"),
+    )
+    bare = {k: v for k, v in env.items() if k != "LD_PRELOAD"}
+    got = [
+        subprocess.run(
+            [sys.executable, "-c", BRAND_SCRIPT, str(sim_lib_dir())],
+            env=e,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout.strip()
+        for e in (env, bare)
+    ]
+    assert got == ["14", "14"]

@@ -46,7 +46,7 @@ out.update({
     "bus_id": text(pci.busId), "bus_id_legacy": text(pci.busIdLegacy), "domain": pci.domain, "bus": pci.bus,
     "device": pci.device, "pci_device_id": pci.pciDeviceId,
     "minor": nv.nvmlDeviceGetMinorNumber(h), "numa": nv.nvmlDeviceGetNumaNodeId(h),
-    "cc": list(nv.nvmlDeviceGetCudaComputeCapability(h)),
+    "cc": list(nv.nvmlDeviceGetCudaComputeCapability(h)), "brand": nv.nvmlDeviceGetBrand(h),
     "mem_v1": [m1.total, m1.used, m1.free], "mem_v2": [m2.total, m2.reserved, m2.used, m2.free],
     "util": [u.gpu, u.memory],
     "procs": [[p.pid, p.usedGpuMemory] for p in procs],
@@ -92,6 +92,7 @@ def test_pynvml_reads_every_field(sim_tool: Path, sim_env: dict[str, str]) -> No
     assert (got["domain"], got["bus"], got["device"]) == (0, 0x18, 0)
     assert got["pci_device_id"] == 0x233010DE
     assert got["minor"] == 0 and got["numa"] == 0 and got["cc"] == [9, 0]
+    assert got["brand"] == 14  # NVML_BRAND_NVIDIA, as an H100 reports it
     total = 80 << 30
     used = 3 * GB + 2 * CONTEXT_MEMORY  # the holder's allocation, both processes' contexts
     assert got["mem_v1"] == [total, used, total - used]
@@ -118,6 +119,31 @@ def test_sharing_info_lists_the_simulated_gpu(sim_env: dict[str, str]) -> None:
     )
     assert r.returncode == 0, r.stderr
     assert "NVIDIA H100 80GB HBM3" in r.stdout and "81920 MiB" in r.stdout
+
+
+# Product names and the brand current drivers report for them (nvidia-smi's "Product Brand").
+BRANDS = {
+    "NVIDIA H100 80GB HBM3": 14, "NVIDIA A100-SXM4-40GB": 14, "NVIDIA L4": 14, "Tesla T4": 14,
+    "NVIDIA GeForce RTX 4090": 5, "NVIDIA RTX A6000": 13, "NVIDIA TITAN RTX": 6, "Quadro P4000": 1,
+}  # fmt: skip
+
+
+def test_brand_of_each_simulated_product(sim_env: dict[str, str], tmp_path: Path) -> None:
+    names = list(BRANDS)
+    config = {"devices": [{"name": n} for n in names]}
+    env = {**sim_env, "SIMGPU_CONFIG": str(write_config(tmp_path, config))}
+    got = run_python(
+        env,
+        """
+nv.nvmlInit()
+out = {}
+for i in range(nv.nvmlDeviceGetCount()):
+    h = nv.nvmlDeviceGetHandleByIndex(i)
+    out[text(nv.nvmlDeviceGetName(h))] = nv.nvmlDeviceGetBrand(h)
+print(json.dumps(out))
+""",
+    )
+    assert got == BRANDS
 
 
 XID_CONFIG = {
@@ -226,6 +252,7 @@ calls = {
     "nvmlDeviceGetHandleByPciBusId_v2": (N, N), "nvmlDeviceGetName": (h, N, 96), "nvmlDeviceGetUUID": (h, N, 96),
     "nvmlDeviceGetIndex": (h, N), "nvmlDeviceGetMinorNumber": (h, N), "nvmlDeviceGetNumaNodeId": (h, N),
     "nvmlDeviceGetPciInfo_v3": (h, N), "nvmlDeviceGetCudaComputeCapability": (h, N, N),
+    "nvmlDeviceGetBrand": (h, N),
     "nvmlDeviceGetMemoryInfo": (h, N), "nvmlDeviceGetMemoryInfo_v2": (h, N), "nvmlDeviceGetUtilizationRates": (h, N),
     "nvmlDeviceGetProcessUtilization": (h, N, N, ctypes.c_ulonglong(0)),
     "nvmlDeviceGetComputeRunningProcesses_v3": (h, N, N), "nvmlDeviceGetComputeRunningProcesses_v2": (h, N, N),

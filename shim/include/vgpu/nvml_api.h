@@ -59,6 +59,32 @@ typedef enum nvmlReturn_enum {
     NVML_ERROR_UNKNOWN = 999
 } nvmlReturn_t;
 
+/* The product brand (nvmlDeviceGetBrand). */
+typedef enum nvmlBrandType_enum {
+    NVML_BRAND_UNKNOWN = 0,
+    NVML_BRAND_QUADRO = 1,
+    NVML_BRAND_TESLA = 2,
+    NVML_BRAND_NVS = 3,
+    NVML_BRAND_GRID = 4,
+    NVML_BRAND_GEFORCE = 5,
+    NVML_BRAND_TITAN = 6,
+    NVML_BRAND_NVIDIA_VAPPS = 7,
+    NVML_BRAND_NVIDIA_VPC = 8,
+    NVML_BRAND_NVIDIA_VCS = 9,
+    NVML_BRAND_NVIDIA_VWS = 10,
+    NVML_BRAND_NVIDIA_CLOUD_GAMING = 11,
+    NVML_BRAND_NVIDIA_VGAMING = NVML_BRAND_NVIDIA_CLOUD_GAMING,
+    NVML_BRAND_QUADRO_RTX = 12,
+    NVML_BRAND_NVIDIA_RTX = 13,
+    NVML_BRAND_NVIDIA = 14,
+    NVML_BRAND_GEFORCE_RTX = 15, /* unused: GeForce RTX cards report NVML_BRAND_GEFORCE */
+    NVML_BRAND_TITAN_RTX = 16,   /* unused */
+    NVML_BRAND_NVIDIA_DLA = 17,
+    NVML_BRAND_NVIDIA_VGAMEDEV = 18,
+    NVML_BRAND_NVIDIA_NPU = 19,
+    NVML_BRAND_COUNT = 20
+} nvmlBrandType_t;
+
 typedef struct nvmlDevice_st *nvmlDevice_t;
 typedef struct nvmlEventSet_st *nvmlEventSet_t;
 
@@ -173,6 +199,7 @@ VGPU_NVML_API nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, un
 VGPU_NVML_API nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minorNumber);
 VGPU_NVML_API nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t device, unsigned int *node);
 VGPU_NVML_API nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci);
+VGPU_NVML_API nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t device, nvmlBrandType_t *type);
 VGPU_NVML_API nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major, int *minor);
 VGPU_NVML_API nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory);
 VGPU_NVML_API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory);

@@ -283,6 +283,35 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t device, unsigned in
     return NVML_SUCCESS;
 }
 
+/* The brand current drivers report for a product, from its name, as nvidia-smi -q shows them
+ * ("Product Brand"): NVIDIA for the data-centre GPUs (A100, H100, L4, and "Tesla T4" too),
+ * GeForce for GeForce RTX cards (NVML_BRAND_GEFORCE_RTX is unused), Titan for TITAN RTX,
+ * NVIDIA RTX for the RTX workstation cards (RTX A6000). */
+static nvmlBrandType_t brand_of(const char *name)
+{
+    if (strstr(name, "GeForce"))
+        return NVML_BRAND_GEFORCE;
+    if (strstr(name, "TITAN"))
+        return NVML_BRAND_TITAN;
+    if (strstr(name, "Quadro"))
+        return NVML_BRAND_QUADRO;
+    if (strncmp(name, "NVIDIA RTX", 10) == 0)
+        return NVML_BRAND_NVIDIA_RTX;
+    return NVML_BRAND_NVIDIA;
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t device, nvmlBrandType_t *type)
+{
+    int i;
+    sim_device_cfg d;
+    if (!type)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t rc = sim_nvml_device(device, &i, &d);
+    if (rc == NVML_SUCCESS)
+        *type = brand_of(d.name);
+    return rc;
+}
+
 static nvmlReturn_t pci_info(nvmlDevice_t device, nvmlPciInfo_t *pci)
 {
     int i;
