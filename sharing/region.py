@@ -82,7 +82,7 @@ class ProcessUsage:
 
 @dataclass(frozen=True)
 class SlotLimits:
-    """What a live slot's process says it enforces (layout 6; tenant-written, like `used`)."""
+    """What a live slot's process says it enforces (tenant-written, like `used`)."""
 
     slot: int
     pid: int  # in the process's own PID namespace

@@ -36,7 +36,7 @@ outside, after every NVML pass:
   upgrade replaced it): any other file named libvgpu (a tenant's copy beside a limits file of
   its own, a patched build) counts as no shim. And the shim must enforce the claim's limits: it
   publishes in its slot of the accounting file where its limits come from and a hash of the
-  limits file it read (region.h, layout 6); a process whose slot says the environment, or
+  limits file it read (vgpu/region.h); a process whose slot says the environment, or
   other limits than the claim's limits file, or that has no slot at all (it reached the driver
   without the shim ever starting) is reported and stopped the same way.
 - Stopping a process checks it is still the process the pass saw (its start time in

@@ -15,7 +15,13 @@
  */
 #include <stdatomic.h>
 
-#include "shim_internal.h"
+#include "devices.h"
+#include "hooks.h"
+#include "init.h"
+#include "log.h"
+#include "reserve.h"
+#include "symbols.h"
+#include "track.h"
 
 typedef CUresult (*req_array_fn)(CUDA_ARRAY_MEMORY_REQUIREMENTS *, CUarray, CUdevice);
 typedef CUresult (*req_mipmap_fn)(CUDA_ARRAY_MEMORY_REQUIREMENTS *, CUmipmappedArray, CUdevice);

@@ -31,7 +31,8 @@
 #include <time.h>
 
 #include "elfsym.h"
-#include "shim_internal.h"
+#include "compat.h"
+#include "log.h"
 
 enum { LIB_DL, LIB_PTHREAD };
 static const char *const lib_names[] = {"libdl.so.2", "libpthread.so.0"};

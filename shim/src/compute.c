@@ -45,7 +45,11 @@
 #include "compute_controller.h"
 #include "compute_nvml.h"
 #include "demand.h"
-#include "shim_internal.h"
+#include "compat.h"
+#include "devices.h"
+#include "log.h"
+#include "region.h"
+#include "symbols.h"
 
 _Static_assert(sizeof(struct vgpu_compute_state) == 512, "compute state size is part of the region layout");
 

@@ -37,6 +37,9 @@ struct vgpu_launch {
 /* A cap is configured and the policy is not off (hidden), for the launch hooks' fast path:
  * written once by the init. */
 extern int vgpu_compute_on;
+/* Parse the compute cap's settings, once, from vgpu_init (after the configuration, before the
+ * region is opened; never when control is disabled): 0, or nonzero after the config-error line. */
+int vgpu_compute_init(void);
 uint32_t vgpu_compute_cap_permille(int dev);
 void vgpu_compute_before(struct vgpu_launch *L, uintptr_t key, uint64_t grid, CUstream stream);
 void vgpu_compute_after(struct vgpu_launch *L, CUresult launched);

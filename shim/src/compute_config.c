@@ -11,10 +11,11 @@
 #include <strings.h>
 #include <unistd.h>
 
-#include "compute.h"
 #include "compute_config.h"
 #include "demand.h"
-#include "shim_internal.h"
+#include "config.h"
+#include "log.h"
+#include "settings.h"
 
 /* == sharing.percent.FORMS; the cases both sides accept: tests/support/percent_cases.py */
 static const char cap_forms[] = "a percentage 0-100 (e.g. 30 or 12.5; 0 or 100 = no cap)";

@@ -30,7 +30,9 @@
 #include "compute_controller.h"
 #include "compute_clock.h"
 #include "compute_nvml.h"
-#include "shim_internal.h"
+#include "log.h"
+#include "region.h"
+#include "symbols.h"
 
 /* ------------------------------------------------------------ tunables (docs/compute.md) */
 #define NVML_PERIOD_NS (1000000000LL)      /* one reading per second per slice */

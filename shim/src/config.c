@@ -9,7 +9,9 @@
 #include <string.h>
 #include <strings.h>
 
-#include "shim_internal.h"
+#include "config.h"
+#include "log.h"
+#include "settings.h"
 
 const char vgpu_quantity_forms[] =
     "bytes (e.g. 1073741824), or a number with Ki/Mi/Gi/Ti/Pi (1024), K/M/G/T/P (1000) "
@@ -76,10 +78,6 @@ int vgpu_parse_bytes(const char *text, uint64_t *out, const char **why) {
     if (value > (u128)UINT64_MAX) { *why = "out of range"; return -1; }
     *out = (uint64_t)value;
     return 0;
-}
-
-void vgpu_config_error(const char *var, const char *value, const char *why, const char *forms) {
-    vgpu_log(VGPU_LOG_CONFIG, "%s=\"%s\" is invalid (%s); accepted: %s", var, value, why, forms);
 }
 
 static int parse_bool(const char *var, const char *v, int *out) {
@@ -150,7 +148,11 @@ int vgpu_indexed_settings(const char *prefix, vgpu_setting_parser parse, uint64_
     return 0;
 }
 
-int vgpu_config_load(struct vgpu_config *cfg) {
+static struct vgpu_config loaded;
+
+const struct vgpu_config *vgpu_config(void) { return &loaded; }
+
+static int load(struct vgpu_config *cfg) {
     memset(cfg, 0, sizeof *cfg);
     cfg->log_level = VGPU_LOG_WARN;
     const char *v = getenv("LIBCUDA_LOG_LEVEL"); /* the tenant's to choose, even under a limits file */
@@ -184,3 +186,5 @@ int vgpu_config_load(struct vgpu_config *cfg) {
     cfg->region_path = (v != NULL && *v != '\0') ? strdup(v) : NULL; /* env may change later */
     return 0;
 }
+
+int vgpu_config_load(void) { return load(&loaded); }

@@ -25,7 +25,18 @@
  */
 #include <pthread.h>
 
-#include "shim_internal.h"
+#include "context.h"
+#include "config.h"
+#include "ctxmem.h"
+#include "devices.h"
+#include "hooks.h"
+#include "init.h"
+#include "log.h"
+#include "modules.h"
+#include "region.h"
+#include "reserve.h"
+#include "symbols.h"
+#include "track.h"
 
 /* One context creation or teardown at a time in the process: the driver's readings around a
  * creation must not include another one. */
@@ -157,7 +168,10 @@ CUresult hook_cuDevicePrimaryCtxReset(CUdevice dev) { return vgpu_modules_primar
 
 /* ---- primary contexts retained out of sight (the CUDA runtime's private table) ---- */
 
-void vgpu_primary_runtime_route(void) { __atomic_store_n(&runtime_route, 1, __ATOMIC_RELEASE); }
+void vgpu_primary_runtime_route(void) {
+    __atomic_store_n(&runtime_route, 1, __ATOMIC_RELEASE);
+    vgpu_mem_before_charge(vgpu_primary_adopt); /* every charge adopts first */
+}
 
 /* Charge idx's primary context, which exists but was not charged (under ctx_mu, refs 0): what
  * this process's NVML entry says it takes, else what a context on the device is expected to

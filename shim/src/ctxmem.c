@@ -48,7 +48,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "shim_internal.h"
+#include "ctxmem.h"
+#include "config.h"
+#include "log.h"
+#include "region.h"
+#include "symbols.h"
+#include "settings.h"
 
 /* The initial PID namespace's inode (PROC_PID_INIT_INO, include/linux/proc_ns.h). */
 #define PID_NS_INIT "pid:[4026531836]"
@@ -311,7 +316,13 @@ static void verifier_atfork_child(void) {
     /* the thread does not survive the fork; the claim is its parent's (slot) and dies with it */
     verifying = 0;
 }
-static void verifier_register_fork(void) { pthread_atfork(NULL, NULL, verifier_atfork_child); }
+static void verifier_at_exit(void);
+
+/* Once, before the first verification: a fork child has none, and a normal exit concludes one. */
+static void verifier_register(void) {
+    pthread_atfork(NULL, NULL, verifier_atfork_child);
+    vgpu_region_on_exit(verifier_at_exit);
+}
 
 static void wait_verifier(void) { word_wait(&verifying, 1, 0); }
 
@@ -388,7 +399,7 @@ static void *verifier(void *arg) {
 /* Before the context is created, p->charge reserved: hand the measurement to a thread. 0 when
  * there is none (the caller then measures here, as without a handed-over size). */
 static int start_verifier(struct vgpu_ctxmem_probe *p, CUdevice cudev) {
-    pthread_once(&vfork_once, verifier_register_fork);
+    pthread_once(&vfork_once, verifier_register);
     vjob.dev = p->dev;
     vjob.cudev = cudev;
     vjob.charged = p->charge;
@@ -417,7 +428,9 @@ static int start_verifier(struct vgpu_ctxmem_probe *p, CUdevice cudev) {
     return ok;
 }
 
-void vgpu_ctxmem_at_exit(void) {
+/* At a normal exit, before the slot is given back (region.c runs it): conclude (briefly) or drop
+ * a verification of a handed-over size that is under way. */
+static void verifier_at_exit(void) {
     if (!__atomic_load_n(&verifying, __ATOMIC_ACQUIRE)) return;
     /* A verification under way dies with the process: let it conclude first (what measuring
      * in place would have cost, paid at exit instead of at start-up; a process that exits this

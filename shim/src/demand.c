@@ -25,6 +25,9 @@
 
 #include "compute_controller.h"
 #include "demand.h"
+#include "log.h"
+#include "safefile.h"
+#include "vgpu/region.h"
 #include "shim_internal.h"
 
 #define MAX_PEERS    64

@@ -9,7 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "shim_internal.h"
+#include "devices.h"
+#include "vgpu/region.h"
+#include "log.h"
+#include "symbols.h"
 
 typedef CUresult (*count_fn)(int *);
 typedef CUresult (*get_fn)(CUdevice *, int);

@@ -19,6 +19,10 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "config.h"
+#include "init.h"
+#include "log.h"
+#include "symbols.h"
 #include "shim_internal.h"
 
 typedef void *(*dlmopen_fn)(Lmid_t, const char *, int);

@@ -15,7 +15,10 @@
  */
 #include <string.h>
 
-#include "shim_internal.h"
+#include "context.h"
+#include "hooks.h"
+#include "init.h"
+#include "symbols.h"
 
 static const unsigned char runtime_interface[16] = {0x6b, 0xd5, 0xfb, 0x6c, 0x5b, 0xf4, 0xe7, 0x4a,
                                                     0x89, 0x87, 0xd9, 0x39, 0x12, 0xfd, 0x9d, 0xf9};

@@ -17,14 +17,21 @@
  *     nothing runs; after the launch the device's charge settles to the pool's reserved bytes;
  *   - the charge goes back when the pool does: cuDeviceGraphMemTrim (hooked), and the refusal
  *     path and cuMemGetInfo settle (and the refusal path trims) the graph pool with the stream
- *     pools (vgpu_pools_settle), so memory a graph pool merely caches never causes an OOM.
+ *     pools (reserve.c's settle functions), so memory a graph pool merely caches never causes an OOM.
  * An exec the shim did not see instantiated (cuGraphExecUpdate changing its nodes, a graph
  * uploaded with cuGraphUpload before its launch) cannot be refused beforehand: its launch is settled afterwards (charged, never refused).
  */
 #include <pthread.h>
 #include <stdlib.h>
 
-#include "shim_internal.h"
+#include "graphmem.h"
+#include "devices.h"
+#include "hooks.h"
+#include "init.h"
+#include "launch_hooks.h"
+#include "region.h"
+#include "reserve.h"
+#include "symbols.h"
 
 typedef CUresult (*graph_mem_attr_fn)(CUdevice, CUgraphMem_attribute, void *);
 typedef CUresult (*get_nodes_fn)(CUgraph, CUgraphNode *, size_t *);
@@ -71,9 +78,13 @@ static void atfork_child(void) {
     }
 }
 
+static int graphmem_settle(int dev, int trim);
+
+/* Once, at the first graph allocation seen: settled by reserve.c, forgotten in a fork child. */
 static void gdev_init(void) {
     for (int i = 0; i < VGPU_MAX_DEVICES; i++) pthread_mutex_init(&gdev[i].mu, NULL);
     pthread_atfork(NULL, NULL, atfork_child);
+    vgpu_mem_add_settle(graphmem_settle);
 }
 
 static void *sym(void **cache, const char *name) {
@@ -105,7 +116,9 @@ static void settle_locked(int i) {
     }
 }
 
-int vgpu_graphmem_settle(int dev, int trim) {
+/* Settle device index dev's graph memory pool charge to what it reserves; trim it first if
+ * trim. Nonzero if some charge was returned. */
+static int graphmem_settle(int dev, int trim) {
     if (dev < 0 || dev >= VGPU_MAX_DEVICES) return 0;
     pthread_once(&gdev_once, gdev_init);
     if (pthread_mutex_trylock(&gdev[dev].mu) != 0) return 0; /* busy: its owner settles it */

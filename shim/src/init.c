@@ -8,17 +8,20 @@
 #include <stdio.h>
 #include <time.h>
 
-#include "shim_internal.h"
+#include "init.h"
+#include "compute.h"
+#include "config.h"
+#include "devices.h"
+#include "hooks.h"
+#include "log.h"
+#include "region.h"
+#include "settings.h"
+#include "symbols.h"
+#include "track.h"
 
-static struct vgpu_config cfg;
 static CUresult init_status = CUDA_SUCCESS;
 static pthread_once_t init_once_ctl = PTHREAD_ONCE_INIT;
-static int region_required;
-uint64_t vgpu_setup_ns;
-
-const struct vgpu_config *vgpu_config(void) { return &cfg; }
-
-void vgpu_require_region(void) { region_required = 1; }
+static uint64_t setup_ns; /* what the first-call setup took (init + device map), for the debug line */
 
 static uint64_t clock_ns(clockid_t c) {
     struct timespec ts;
@@ -34,24 +37,24 @@ static int measure_cpu;
 
 static void atfork_child(void) {
     vgpu_track_reset();
-    vgpu_pools_atfork_child();
     vgpu_region_atfork_child();
 }
 
 static void init_once(void) {
     uint64_t t0 = mono_ns();
-    if (vgpu_config_load(&cfg) != 0) {
+    if (vgpu_config_load() != 0) {
         init_status = CUDA_ERROR_INVALID_VALUE;
         return;
     }
-    measure_cpu = cfg.log_level >= VGPU_LOG_DEBUG;
+    const struct vgpu_config *cfg = vgpu_config();
+    measure_cpu = cfg->log_level >= VGPU_LOG_DEBUG;
     uint64_t c0 = measure_cpu ? cpu_ns() : 0;
     if (vgpu_resolve_cuda() != 0) {
         vgpu_log(VGPU_LOG_ERROR, "cannot load libcuda.so.1");
         init_status = CUDA_ERROR_NOT_INITIALIZED;
         return;
     }
-    if (cfg.disabled) {
+    if (cfg->disabled) {
         vgpu_log(VGPU_LOG_INFO, "CUDA_DISABLE_CONTROL=true: passthrough");
         return;
     }
@@ -60,8 +63,11 @@ static void init_once(void) {
         return;
     }
     vgpu_settings_report();
-    if (cfg.any_limit || cfg.region_path != NULL || region_required) {
-        init_status = vgpu_region_open(cfg.region_path);
+    if (cfg->any_limit || cfg->region_path != NULL || vgpu_region_required()) {
+        struct vgpu_region_params rp = {.path = cfg->region_path};
+        for (int d = 0; d < VGPU_MAX_DEVICES; d++) rp.limit[d] = cfg->limit[d];
+        vgpu_settings_publish(&rp.limits_source, &rp.limits_dev, &rp.limits_ino, &rp.limits_hash);
+        init_status = vgpu_region_open(&rp);
         if (init_status != CUDA_SUCCESS) return;
         pthread_atfork(NULL, NULL, atfork_child);
         int same = 1;
@@ -75,10 +81,10 @@ static void init_once(void) {
             if (same) snprintf(who, sizeof who, "every device");
             else snprintf(who, sizeof who, "device %d", d);
             vgpu_log(VGPU_LOG_INFO, "%s: quota %s, accounting file %s", who, q,
-                     cfg.region_path ? cfg.region_path : "(private)");
+                     cfg->region_path ? cfg->region_path : "(private)");
         }
     }
-    vgpu_setup_ns = mono_ns() - t0;
+    setup_ns = mono_ns() - t0;
     if (measure_cpu) setup_cpu_ns = cpu_ns() - c0;
 }
 
@@ -96,7 +102,7 @@ CUresult hook_cuInit(unsigned int Flags) {
     if (st != CUDA_SUCCESS) return st;
     if (real_cuInit == NULL) return CUDA_ERROR_NOT_INITIALIZED;
     CUresult rc = real_cuInit(Flags);
-    if (rc == CUDA_SUCCESS && !cfg.disabled) {
+    if (rc == CUDA_SUCCESS && !vgpu_config()->disabled) {
         uint64_t c0 = measure_cpu ? cpu_ns() : 0, t0 = mono_ns();
         vgpu_devices_discover();
         uint64_t t = mono_ns() - t0;
@@ -104,9 +110,9 @@ CUresult hook_cuInit(unsigned int Flags) {
         /* only the first cuInit's map is setup; later calls find it built */
         static int reported;
         if (!__atomic_exchange_n(&reported, 1, __ATOMIC_RELAXED)) {
-            vgpu_setup_ns += t;
+            setup_ns += t;
             setup_cpu_ns += c;
-            vgpu_log(VGPU_LOG_DEBUG, "setup took %llu ns", (unsigned long long)vgpu_setup_ns);
+            vgpu_log(VGPU_LOG_DEBUG, "setup took %llu ns", (unsigned long long)setup_ns);
             vgpu_log(VGPU_LOG_DEBUG, "setup cpu %llu ns", (unsigned long long)setup_cpu_ns);
         }
     }

@@ -10,7 +10,10 @@
  * reports the error).
  */
 #include "compute.h"
-#include "shim_internal.h"
+#include "launch_hooks.h"
+#include "hooks.h"
+#include "init.h"
+#include "symbols.h"
 
 /* Per-thread default stream: the _ptsz entry points read stream 0 as the calling thread's
  * stream. Our events must go to the same stream through the default-version cuEventRecord. */

@@ -1,9 +1,10 @@
-/* Logging: one "vgpu: ..." line per message on stderr, filtered by LIBCUDA_LOG_LEVEL. */
+/* Logging: one "vgpu: ..." line per message on stderr, filtered by LIBCUDA_LOG_LEVEL; the one line
+ * that names a bad setting (the configuration's and the limits file's). */
 #include <stdarg.h>
 #include <stdio.h>
 #include <unistd.h>
 
-#include "shim_internal.h"
+#include "log.h"
 
 static int log_level = VGPU_LOG_WARN;
 
@@ -43,4 +44,8 @@ void vgpu_format_bytes(uint64_t n, char *buf, size_t len) {
             return;
         }
     }
+}
+
+void vgpu_config_error(const char *var, const char *value, const char *why, const char *forms) {
+    vgpu_log(VGPU_LOG_CONFIG, "%s=\"%s\" is invalid (%s); accepted: %s", var, value, why, forms);
 }

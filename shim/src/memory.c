@@ -6,183 +6,35 @@
  * allocation returns the reservation. There is no window in which two processes both see room
  * for the last bytes (no check-then-act race).
  *
- * What the driver takes is learned from the driver, per device, at the first allocation: its
- * page size G (cuMemGetAllocationGranularity, minimum) and its allocation alignment A
- * (CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT). As NVIDIA's driver allocates, an allocation of at
- * least G/2 takes whole pages of its own (charged its size rounded up to G) and a smaller one is
- * sub-allocated, in units of A, from pages the process's small allocations share: the process
- * is charged whole pages for them (a page more when their sum crosses a page boundary, a page
- * back when it falls below one). Where the driver does not answer, every allocation is charged
- * in whole pages of what it does report (never less than the driver takes).
- * cuMemAllocPitch: the row pitch is the driver's choice; its alignment P is learned from the
- * pitches the driver returns (starting from A): the allocation is reserved for width rounded to
- * P, and settled to the pitch the driver returned if that differs.
- * No size or alignment of any particular driver is written here.
+ * What an allocation takes is reserve.c's to say (the driver's page and alignment, learned).
+ * cuMemAllocPitch: the row pitch is the driver's choice; the allocation is reserved for the pitch
+ * the driver is expected to choose, and settled to the pitch it returned if that differs.
  */
 #include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 
-#include "shim_internal.h"
-
-/* Where the driver answers nothing about its allocation unit: the smallest unit CUDA documents
- * (cudaMalloc's 256-byte alignment). */
-#define DOCUMENTED_MIN_ALIGN 256ULL
+#include "context.h"
+#include "devices.h"
+#include "hooks.h"
+#include "init.h"
+#include "pools.h"
+#include "region.h"
+#include "reserve.h"
+#include "symbols.h"
+#include "track.h"
 
 static uint64_t mul_sat(uint64_t a, uint64_t b) {
     uint64_t r;
     return __builtin_mul_overflow(a, b, &r) ? UINT64_MAX : r;
 }
 
-int vgpu_mem_active(void) { return vgpu_region() != NULL && !vgpu_config()->disabled; }
-
-/* ---- what the driver takes: learned per device ---- */
-
-typedef CUresult (*gran_fn)(size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags);
-typedef CUresult (*attr_fn)(int *, CUdevice_attribute, CUdevice);
-static struct {
-    pthread_mutex_t mu;
-    uint64_t page, unit; /* G and A; 0 until learned */
-    uint64_t pitch;      /* P: the pitch alignment seen in the driver's answers (0: none yet) */
-    uint64_t small_live; /* bytes of the process's sub-allocated (small) allocations, in units */
-} takes[VGPU_MAX_DEVICES];
-static pthread_once_t takes_once = PTHREAD_ONCE_INIT;
-static void takes_init(void) {
-    for (int i = 0; i < VGPU_MAX_DEVICES; i++) pthread_mutex_init(&takes[i].mu, NULL);
-}
-
-/* takes[dev].mu held: ask the driver about device index dev */
-static void learn_locked(int dev) {
-    if (takes[dev].page != 0) return;
-    gran_fn gran = (gran_fn)vgpu_cuda_sym("cuMemGetAllocationGranularity");
-    attr_fn attr = (attr_fn)vgpu_cuda_sym("cuDeviceGetAttribute");
-    CUdevice d;
-    size_t g = 0;
-    int a = 0;
-    if (vgpu_device_handle(dev, &d) != 0) return;
-    CUmemAllocationProp prop = {0};
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = d;
-    if (gran == NULL || gran(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS) g = 0;
-    if (attr == NULL || attr(&a, CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT, d) != CUDA_SUCCESS) a = 0;
-    if (g == 0 && a <= 0) return; /* nothing learned: ask again next time */
-    /* one missing answer: the other one is used for both (whole units, never less than taken) */
-    takes[dev].page = g ? g : (uint64_t)a;
-    takes[dev].unit = a > 0 && (uint64_t)a <= takes[dev].page ? (uint64_t)a : takes[dev].page;
-}
-
-static uint64_t round_to(uint64_t n, uint64_t g) {
-    if (g <= 1) return n;
-    if (n > UINT64_MAX - (g - 1)) return UINT64_MAX;
-    return (n + g - 1) / g * g;
-}
-
-static uint64_t pages_of(uint64_t bytes, uint64_t page) { return round_to(bytes, page) / page; }
-
-/* Reserve what an allocation of `size` on device `dev` takes. *unit: its share of the shared
- * pages if it is sub-allocated (0 if it has pages of its own); *charged: bytes reserved now. */
-static CUresult take(int dev, uint64_t size, uint64_t *charged, uint64_t *unit) {
-    pthread_once(&takes_once, takes_init);
-    pthread_mutex_lock(&takes[dev].mu);
-    learn_locked(dev);
-    uint64_t g = takes[dev].page, a = takes[dev].unit;
-    CUresult rc;
-    *unit = 0;
-    if (g == 0) { /* the driver told us nothing */
-        *charged = round_to(size, DOCUMENTED_MIN_ALIGN);
-        rc = vgpu_mem_reserve(dev, *charged);
-    } else if (g > a && size < g / 2) {
-        uint64_t u = round_to(size, a), live = takes[dev].small_live;
-        *charged = (pages_of(live + u, g) - pages_of(live, g)) * g;
-        rc = *charged ? vgpu_mem_reserve(dev, *charged) : CUDA_SUCCESS;
-        if (rc == CUDA_SUCCESS) {
-            takes[dev].small_live = live + u;
-            *unit = u;
-        }
-    } else {
-        *charged = round_to(size, g);
-        rc = vgpu_mem_reserve(dev, *charged);
-    }
-    pthread_mutex_unlock(&takes[dev].mu);
-    return rc;
-}
-
-/* Give back what take() reserved: `bytes` for an allocation with pages of its own, or the pages
- * its sub-allocated `unit` no longer fills. */
-static void give_back(int dev, uint64_t bytes, uint64_t unit) {
-    if (unit == 0) {
-        vgpu_mem_release(dev, bytes);
-        return;
-    }
-    pthread_once(&takes_once, takes_init);
-    pthread_mutex_lock(&takes[dev].mu);
-    uint64_t g = takes[dev].page, live = takes[dev].small_live;
-    uint64_t after = live > unit ? live - unit : 0;
-    takes[dev].small_live = after;
-    uint64_t back = g ? (pages_of(live, g) - pages_of(after, g)) * g : 0;
-    pthread_mutex_unlock(&takes[dev].mu);
-    if (back) vgpu_mem_release(dev, back);
-}
-
-/* The device's page G as learned from the driver (0: it answered nothing). */
-uint64_t vgpu_mem_page(int dev) {
-    pthread_once(&takes_once, takes_init);
-    pthread_mutex_lock(&takes[dev].mu);
-    learn_locked(dev);
-    uint64_t g = takes[dev].page;
-    pthread_mutex_unlock(&takes[dev].mu);
-    return g;
-}
-
-uint64_t vgpu_mem_estimate(int dev, uint64_t size) {
-    pthread_once(&takes_once, takes_init);
-    pthread_mutex_lock(&takes[dev].mu);
-    learn_locked(dev);
-    uint64_t g = takes[dev].page, a = takes[dev].unit;
-    pthread_mutex_unlock(&takes[dev].mu);
-    if (g == 0) return round_to(size, DOCUMENTED_MIN_ALIGN);
-    return g > a && size < g / 2 ? round_to(size, a) : round_to(size, g);
-}
-
-CUresult vgpu_mem_unaccounted(void) {
-    if (!vgpu_config()->any_limit) return CUDA_SUCCESS;
-    static atomic_flag said = ATOMIC_FLAG_INIT;
-    if (!atomic_flag_test_and_set(&said))
-        vgpu_log(VGPU_LOG_WARN,
-                 "device ordinal %d: memory refused: a memory limit is set and only the first %d devices of a "
-                 "process are accounted",
-                 vgpu_device_unaccounted_ordinal(), VGPU_MAX_DEVICES);
-    return CUDA_ERROR_OUT_OF_MEMORY;
-}
-
-CUresult vgpu_mem_reserve(int dev, uint64_t bytes) {
-    vgpu_primary_adopt(dev); /* a context the CUDA runtime retained out of sight is charged first */
-    uint64_t limit = vgpu_region_limit(dev), used = 0;
-    int rc = vgpu_region_charge(dev, bytes, limit, &used);
-    /* before refusing: memory our pools merely cache goes back to the device, then retry */
-    if (rc == -1 && vgpu_pools_settle(dev, 1)) rc = vgpu_region_charge(dev, bytes, limit, &used);
-    if (rc == 0) return CUDA_SUCCESS;
-    if (rc == -2) return CUDA_ERROR_OPERATING_SYSTEM; /* region unusable: reported already */
-    static atomic_flag said = ATOMIC_FLAG_INIT;
-    if (!atomic_flag_test_and_set(&said)) {
-        char want[32], u[32], l[32];
-        vgpu_format_bytes(bytes, want, sizeof want);
-        vgpu_format_bytes(used, u, sizeof u);
-        vgpu_format_bytes(limit, l, sizeof l);
-        vgpu_log(VGPU_LOG_WARN, "device %d: %s denied, slice uses %s of %s", dev, want, u, l);
-    }
-    return CUDA_ERROR_OUT_OF_MEMORY;
-}
-
-void vgpu_mem_release(int dev, uint64_t bytes) { vgpu_region_uncharge(dev, bytes); }
-
 /* Record a successful allocation (its charge, or its sub-allocated unit in aux); if even that
  * fails (out of host memory), undo it all. */
 static CUresult record(int kind, uint64_t key, int dev, uint64_t bytes, uint64_t unit, CUresult (*undo)(uint64_t)) {
     if (vgpu_track_add_aux(kind, key, dev, bytes, unit) == 0) return CUDA_SUCCESS;
     undo(key);
-    give_back(dev, bytes, unit);
+    vgpu_mem_give_back(dev, bytes, unit);
     return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
@@ -224,10 +76,10 @@ static CUresult mem_alloc(const struct alloc_abi *abi, void *out, uint64_t size,
     if (dev == VGPU_DEVICE_UNACCOUNTED)
         return (st = vgpu_mem_unaccounted()) != CUDA_SUCCESS ? st : abi->call(out, size, flags);
     uint64_t charged, unit;
-    if ((st = take(dev, size, &charged, &unit)) != CUDA_SUCCESS) return st;
+    if ((st = vgpu_mem_take(dev, size, &charged, &unit)) != CUDA_SUCCESS) return st;
     CUresult rc = abi->call(out, size, flags);
     if (rc != CUDA_SUCCESS) {
-        give_back(dev, charged, unit);
+        vgpu_mem_give_back(dev, charged, unit);
         return rc;
     }
     return record(VGPU_TRACK_PTR, abi->got(out), dev, charged, unit, abi->undo);
@@ -263,33 +115,6 @@ CUresult hook_cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int
  * the pitch alignment P learned from its answers); if it chose another, take for that instead
  * and learn from it ---- */
 
-/* The pitch the driver is expected to choose for width (P learned so far, else A). */
-static uint64_t expected_pitch(int dev, uint64_t width) {
-    pthread_once(&takes_once, takes_init);
-    pthread_mutex_lock(&takes[dev].mu);
-    learn_locked(dev);
-    uint64_t p = takes[dev].pitch ? takes[dev].pitch : takes[dev].unit;
-    pthread_mutex_unlock(&takes[dev].mu);
-    return round_to(width, p ? p : DOCUMENTED_MIN_ALIGN);
-}
-
-/* The driver answered pitch for width: the alignment is the smallest power of two that rounds
- * width to pitch, among those dividing pitch, searched from the one assumed so far (from 1 if
- * that one was too coarse). */
-static void learn_pitch(int dev, uint64_t width, uint64_t pitch) {
-    pthread_mutex_lock(&takes[dev].mu);
-    uint64_t p = takes[dev].pitch ? takes[dev].pitch : (takes[dev].unit ? takes[dev].unit : 1);
-    if (round_to(width, p) != pitch) {
-        for (uint64_t q = round_to(width, p) > pitch ? 1 : p; q && q <= pitch && pitch % q == 0; q <<= 1)
-            if (round_to(width, q) == pitch) {
-                p = q;
-                break;
-            }
-    }
-    takes[dev].pitch = p;
-    pthread_mutex_unlock(&takes[dev].mu);
-}
-
 /* out/pitch_out: the caller's CUdeviceptr * and size_t * (v1: CUdeviceptr_v1 * and unsigned int *) */
 struct pitch_abi {
     int (*has)(void);
@@ -303,8 +128,8 @@ static CUresult pitch_taken(int dev, uint64_t p, uint64_t pitch, uint64_t height
                             uint64_t *charged, uint64_t *unit, CUresult (*undo)(uint64_t)) {
     uint64_t actual = mul_sat(pitch, height);
     if (actual == expected_bytes) return CUDA_SUCCESS;
-    give_back(dev, *charged, *unit);
-    if (take(dev, actual, charged, unit) == CUDA_SUCCESS) return CUDA_SUCCESS;
+    vgpu_mem_give_back(dev, *charged, *unit);
+    if (vgpu_mem_take(dev, actual, charged, unit) == CUDA_SUCCESS) return CUDA_SUCCESS;
     undo(p); /* a wider pitch than expected, over quota */
     return CUDA_ERROR_OUT_OF_MEMORY;
 }
@@ -321,15 +146,15 @@ static CUresult mem_alloc_pitch(const struct pitch_abi *abi, void *out, void *pi
         return abi->call(out, pitch_out, width, height, elem);
     if (dev == VGPU_DEVICE_UNACCOUNTED)
         return (st = vgpu_mem_unaccounted()) != CUDA_SUCCESS ? st : abi->call(out, pitch_out, width, height, elem);
-    uint64_t expected = mul_sat(expected_pitch(dev, width), height), charged, unit;
-    if ((st = take(dev, expected, &charged, &unit)) != CUDA_SUCCESS) return st;
+    uint64_t expected = mul_sat(vgpu_mem_pitch_expected(dev, width), height), charged, unit;
+    if ((st = vgpu_mem_take(dev, expected, &charged, &unit)) != CUDA_SUCCESS) return st;
     CUresult rc = abi->call(out, pitch_out, width, height, elem);
     if (rc != CUDA_SUCCESS) {
-        give_back(dev, charged, unit);
+        vgpu_mem_give_back(dev, charged, unit);
         return rc;
     }
     uint64_t p = abi->got(out), pitch = abi->got_pitch(pitch_out);
-    learn_pitch(dev, width, pitch);
+    vgpu_mem_pitch_learn(dev, width, pitch);
     if ((rc = pitch_taken(dev, p, pitch, height, expected, &charged, &unit, abi->undo)) != CUDA_SUCCESS) return rc;
     return record(VGPU_TRACK_PTR, p, dev, charged, unit, abi->undo);
 }
@@ -373,7 +198,7 @@ static CUresult mem_free(int (*has)(void), CUresult (*real_free)(uint64_t), CUre
     if (!vgpu_track_take_aux(VGPU_TRACK_PTR, p, &dev, &bytes, &unit)) return untracked(p);
     CUresult rc = real_free(p);
     if (rc == CUDA_SUCCESS)
-        give_back(dev, bytes, unit);
+        vgpu_mem_give_back(dev, bytes, unit);
     else
         vgpu_track_add_aux(VGPU_TRACK_PTR, p, dev, bytes, unit);
     return rc;
@@ -397,7 +222,7 @@ static int slice_view(int dev, uint64_t drv_total, uint64_t drv_free, uint64_t *
     uint64_t limit = vgpu_region_limit(dev);
     if (limit == 0) return 0;
     vgpu_region_reclaim_dead(); /* what dead processes held is free again */
-    vgpu_pools_settle(dev, 0);  /* pools that released cached memory at a synchronisation */
+    vgpu_mem_settle(dev, 0);    /* caches that released cached memory at a synchronisation */
     uint64_t used = vgpu_region_used(dev);
     uint64_t t = limit < drv_total ? limit : drv_total;
     uint64_t f = used >= limit ? 0 : limit - used; /* never negative, never wrapped */
@@ -475,10 +300,3 @@ CUresult hook_cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
 CUresult hook_cuDeviceTotalMem(unsigned int *bytes, CUdevice dev) {
     return device_total_mem(has_cuDeviceTotalMem, total_v1, &SIZE_V1, bytes, dev);
 }
-
-/* What an allocation of `size` takes, reserved / given back as cuMemAlloc's are (modules.c:
- * a module's globals are allocations the driver makes at load). */
-CUresult vgpu_mem_take(int dev, uint64_t size, uint64_t *charged, uint64_t *unit) {
-    return take(dev, size, charged, unit);
-}
-void vgpu_mem_give_back(int dev, uint64_t bytes, uint64_t unit) { give_back(dev, bytes, unit); }

@@ -20,7 +20,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "shim_internal.h"
+#include "modules.h"
+#include "devices.h"
+#include "hooks.h"
+#include "init.h"
+#include "log.h"
+#include "reserve.h"
+#include "symbols.h"
 
 struct global {
     CUdeviceptr ptr;

@@ -5,7 +5,12 @@
  * that only uses NVML (no CUDA context) still gets the slice's view, since the region does not
  * need CUDA.
  */
-#include "shim_internal.h"
+#include "devices.h"
+#include "hooks.h"
+#include "init.h"
+#include "region.h"
+#include "reserve.h"
+#include "symbols.h"
 
 static int slice_of(nvmlDevice_t device, uint64_t drv_total, uint64_t *total, uint64_t *used, uint64_t *free_out) {
     if (vgpu_init() != CUDA_SUCCESS || !vgpu_mem_active()) return 0;

@@ -24,7 +24,15 @@
 #include <pthread.h>
 #include <stdlib.h>
 
-#include "shim_internal.h"
+#include "pools.h"
+#include "devices.h"
+#include "graphmem.h"
+#include "hooks.h"
+#include "init.h"
+#include "region.h"
+#include "reserve.h"
+#include "symbols.h"
+#include "track.h"
 
 struct pool_acct {
     CUmemoryPool pool;
@@ -38,6 +46,7 @@ struct pool_acct {
 
 static pthread_mutex_t list_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct pool_acct *pools;
+static pthread_once_t pools_once = PTHREAD_ONCE_INIT;
 
 typedef CUresult (*pool_attr_fn)(CUmemoryPool, CUmemPool_attribute, void *);
 typedef CUresult (*ctx_dev_fn)(CUdevice *);
@@ -48,7 +57,10 @@ static pool_attr_fn get_attr(void) {
     return f;
 }
 
+static void pools_register(void);
+
 static struct pool_acct *pool_acct(CUmemoryPool pool, int dev) {
+    if (dev >= 0) pthread_once(&pools_once, pools_register);
     pthread_mutex_lock(&list_mu);
     struct pool_acct *a = pools;
     while (a && a->pool != pool) a = a->next;
@@ -79,7 +91,9 @@ static void settle_locked(struct pool_acct *a) {
     }
 }
 
-int vgpu_pools_settle(int dev, int trim) {
+/* Settle every (idle) pool of device index dev to what it reserves; trim them first if trim.
+ * Nonzero if some charge was returned (reserve.c calls it before a refusal and for cuMemGetInfo). */
+static int pools_settle(int dev, int trim) {
     int released = 0;
     pthread_mutex_lock(&list_mu);
     for (struct pool_acct *a = pools; a; a = a->next) {
@@ -91,14 +105,19 @@ int vgpu_pools_settle(int dev, int trim) {
         pthread_mutex_unlock(&a->mu);
     }
     pthread_mutex_unlock(&list_mu);
-    released |= vgpu_graphmem_settle(dev, trim); /* and the device's graph memory pool */
     return released;
 }
 
-void vgpu_pools_atfork_child(void) {
+static void pools_atfork_child(void) {
     /* the parent's pools are not the child's (and their mutexes may be held by parent threads) */
     pthread_mutex_init(&list_mu, NULL);
     pools = NULL;
+}
+
+/* Once, at the first pool: settled by reserve.c, forgotten in a fork child. */
+static void pools_register(void) {
+    vgpu_mem_add_settle(pools_settle);
+    pthread_atfork(NULL, NULL, pools_atfork_child);
 }
 
 typedef CUresult (*alloc_async_fn)(CUdeviceptr *, size_t, CUstream);

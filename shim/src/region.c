@@ -28,7 +28,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "region.h"
+#include "log.h"
 #include "region_init.h"
+#include "safefile.h"
 #include "shim_internal.h"
 
 _Static_assert(sizeof(pthread_mutex_t) <= sizeof(((struct vgpu_region *)0)->lock), "mutex does not fit");
@@ -40,6 +43,9 @@ static struct vgpu_region *R;       /* the mapping, NULL when no region is in us
 static int region_fd = -1;          /* O_CLOEXEC; its open file description holds our slot lock */
 static int my_slot = -1;            /* -1: not claimed yet (or dropped in a fork child) */
 static int region_broken;           /* fork child could not reopen: fail closed */
+static struct vgpu_region_params params; /* what vgpu_region_open was given */
+static int region_required;                /* the compute cap needs the region without a memory limit */
+static void (*on_exit_fn)(void);           /* run at a normal exit while the slot is held */
 /* Process-local: byte locks belong to our open file description, not to a thread, so two of our
  * threads would both "get" the same slot's lock. Claims and scans take this mutex so that a slot's
  * byte lock is only ever tested by one of our threads at a time, and never our own slot. */
@@ -53,6 +59,10 @@ static uint64_t now_ns(void) {
 }
 
 struct vgpu_region *vgpu_region(void) { return R; }
+
+void vgpu_require_region(void) { region_required = 1; }
+int vgpu_region_required(void) { return region_required; }
+void vgpu_region_on_exit(void (*fn)(void)) { __atomic_store_n(&on_exit_fn, fn, __ATOMIC_RELEASE); }
 
 /* ---- creation ---- */
 
@@ -249,7 +259,10 @@ static int claim_slot_locked_local(void) {
     }
     s->pid = (int32_t)getpid();
     s->generation++;
-    vgpu_settings_publish(&s->limits_source, &s->limits_dev, &s->limits_ino, &s->limits_hash);
+    s->limits_source = params.limits_source;
+    s->limits_dev = params.limits_dev;
+    s->limits_ino = params.limits_ino;
+    s->limits_hash = params.limits_hash;
     memset(s->used, 0, sizeof s->used);
     s->state = VGPU_SLOT_LIVE;
     if ((uint32_t)got >= R->slots_hwm) __atomic_store_n(&R->slots_hwm, (uint32_t)got + 1, __ATOMIC_RELEASE);
@@ -363,7 +376,8 @@ static int open_path(const char *path, CUresult *err) {
     return fd;
 }
 
-CUresult vgpu_region_open(const char *path) {
+CUresult vgpu_region_open(const struct vgpu_region_params *p) {
+    const char *path = p->path;
     int fd = -1;
     const char *shown = path ? path : "(private)";
     if (path == NULL) {
@@ -426,6 +440,7 @@ CUresult vgpu_region_open(const char *path) {
         return open_fail(shown, "cannot open a second descriptor", e);
     }
     close(fd);
+    params = *p;
     R = r;
     region_fd = lock_fd;
     pthread_mutex_lock(&slot_mu);
@@ -447,7 +462,7 @@ CUresult vgpu_region_open(const char *path) {
 
 /* ---- charging ---- */
 
-uint64_t vgpu_region_limit(int dev) { return vgpu_config()->limit[dev]; }
+uint64_t vgpu_region_limit(int dev) { return params.limit[dev]; }
 
 int vgpu_region_charge(int dev, uint64_t bytes, uint64_t limit, uint64_t *used_out) {
     if (ensure_slot() != 0) return -2;
@@ -564,7 +579,7 @@ void vgpu_region_atfork_child(void) {
     if (R == NULL) return;
     /* The inherited descriptor shares the parent's open file description and so its slot lock:
      * open a new description of the same file (works for memfd too) and claim a new slot later. */
-    int fd = reopen_same(region_fd, vgpu_config()->region_path);
+    int fd = reopen_same(region_fd, params.path);
     close(region_fd);
     region_fd = fd;
     my_slot = -1;
@@ -577,7 +592,8 @@ void vgpu_region_atfork_child(void) {
  * process's memory as it exits). A killed process skips this; the byte lock covers that case. */
 __attribute__((destructor)) static void region_at_exit(void) {
     if (R == NULL) return;
-    vgpu_ctxmem_at_exit(); /* needs the slot */
+    void (*fn)(void) = __atomic_load_n(&on_exit_fn, __ATOMIC_ACQUIRE);
+    if (fn != NULL) fn(); /* needs the slot */
     pthread_mutex_lock(&slot_mu);
     if (my_slot >= 0) {
         if (vgpu_region_lock() == 0) {

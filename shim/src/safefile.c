@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "safefile.h"
 #include "shim_internal.h"
 
 int vgpu_dir_check(int dfd, int *shared, char *why, size_t len) {

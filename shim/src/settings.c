@@ -36,6 +36,9 @@
 #include <unistd.h>
 
 #include "limitkeys.h"
+#include "settings.h"
+#include "vgpu/region.h"
+#include "log.h"
 #include "shim_internal.h"
 
 extern char **environ;

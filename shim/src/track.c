@@ -6,7 +6,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 
-#include "shim_internal.h"
+#include "track.h"
 
 #define SHARDS            64
 #define BUCKETS_PER_SHARD 256

@@ -11,7 +11,13 @@
  */
 #include <pthread.h>
 
-#include "shim_internal.h"
+#include "devices.h"
+#include "hooks.h"
+#include "init.h"
+#include "log.h"
+#include "reserve.h"
+#include "symbols.h"
+#include "track.h"
 
 /* A retain or release of a charged handle and its record change together: a release racing a
  * retain must not see the driver's count and ours disagree. */

@@ -11,7 +11,7 @@
 #include <pthread.h>
 #include <stdio.h>
 
-#include "shim_internal.h"
+#include "compat.h"
 
 /* libm's own, for comparison (<math.h> declared them under the compat names) */
 #undef lround

@@ -20,10 +20,16 @@
 #include <unistd.h>
 
 #include "compute.h"
-#include "shim_internal.h"
+#include "config.h"
+#include "region.h"
+#include "settings.h"
 
 /* The region alone, without vgpu_init (which needs a driver): limits are passed explicitly. */
-static int open_region(const char *path) { return vgpu_region_open(path) == CUDA_SUCCESS ? 0 : -1; }
+static int open_region(const char *path) {
+    struct vgpu_region_params p = {.path = path};
+    vgpu_settings_publish(&p.limits_source, &p.limits_dev, &p.limits_ino, &p.limits_hash);
+    return vgpu_region_open(&p) == CUDA_SUCCESS ? 0 : -1;
+}
 
 struct stress_arg {
     int dev;
@@ -74,8 +80,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (!strcmp(argv[1], "cap")) { /* the compute cap of device 0 as the environment sets it */
-        struct vgpu_config c;
-        if (vgpu_config_load(&c) != 0 || vgpu_compute_init() != 0) {
+        if (vgpu_config_load() != 0 || vgpu_compute_init() != 0) {
             printf("ERR\n");
             return 0;
         }
@@ -83,11 +88,11 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (!strcmp(argv[1], "config")) {
-        struct vgpu_config c;
-        if (vgpu_config_load(&c) != 0) return 3;
-        printf("OK disabled=%d any_limit=%d", c.disabled, c.any_limit);
-        for (int i = 0; i < 4; i++) printf(" limit%d=%llu", i, (unsigned long long)c.limit[i]);
-        printf(" reserve=%llu log=%d\n", (unsigned long long)c.context_reserve, c.log_level);
+        if (vgpu_config_load() != 0) return 3;
+        const struct vgpu_config *c = vgpu_config();
+        printf("OK disabled=%d any_limit=%d", c->disabled, c->any_limit);
+        for (int i = 0; i < 4; i++) printf(" limit%d=%llu", i, (unsigned long long)c->limit[i]);
+        printf(" reserve=%llu log=%d\n", (unsigned long long)c->context_reserve, c->log_level);
         return 0;
     }
     if (!strcmp(argv[1], "stress") && argc == 7) {

@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_shim_reads_the_limits_file_where_the_plugin_mounts_it() -> None:
-    header = (REPO / "shim" / "src" / "shim_internal.h").read_text()
+    header = (REPO / "shim" / "src" / "settings.h").read_text()
     [path] = re.findall(r'#define VGPU_LIMITS_CONTAINER_PATH "([^"]+)"', header)
     assert path == claimlayout.CONTAINER_LIMITS
 

@@ -31,7 +31,7 @@
  *    are: every write to devices[].used/peak/denials/denied_bytes is a single __atomic store of
  *    a naturally aligned 64-bit word, so a reader never sees a torn value (it may see `used`
  *    and `peak` of slightly different instants). Readers never take the lock.
- *  - A context's size (devices[d].context_bytes/context_source), layout 5: a process that finds
+ *  - A context's size (devices[d].context_bytes/context_source): a process that finds
  *    none learned claims the measurement by compare-and-swap of context_measurer from 0 to its
  *    slot + 1, measures, publishes under the lock (an exact measurement replaces one from the
  *    device's used memory; between two of one kind the smaller stays), sets context_measurer
@@ -48,7 +48,7 @@
 
 /* CFFI-BEGIN */
 #define VGPU_REGION_MAGIC 0x55504756 /* "VGPU" little-endian */
-#define VGPU_REGION_LAYOUT_VERSION 6 /* 4: usage only (no limit), devices[].denied_bytes; 5: 64 devices, learned context size; 6: procs[].limits_* */
+#define VGPU_REGION_LAYOUT_VERSION 6
 /* Devices of a process that are accounted: 64 covers the largest nodes (16 GPUs; 8 GPUs split into
  * 7 MIG instances each = 56). A device past it is refused memory when a limit is set (devices.c). */
 #define VGPU_MAX_DEVICES 64
@@ -82,10 +82,10 @@ struct vgpu_device_account {
     uint64_t used;    /* bytes charged by all live slots */
     uint64_t peak;    /* highest `used` seen (diagnostics) */
     uint64_t denials; /* allocations refused over quota */
-    /* Counters for observers (exporter, `vgpu top`), layout 4. */
+    /* Counters for observers (exporter, `vgpu top`). */
     uint64_t denied_bytes; /* bytes asked for by the refused allocations */
     /* A context's own device memory on this device, learned by the slice's first process that
-     * measured it (layout 5; shim/src/ctxmem.c): later processes charge it without asking NVML.
+     * measured it (shim/src/ctxmem.c): later processes charge it without asking NVML.
      * Written by the tenant's processes like `used`: the shim bounds it by VGPU_CONTEXT_RESERVE
      * from below and ignores it at or above the device's memory (docs/shim.md, threat model). */
     uint64_t context_bytes;    /* 0: not learned yet */
@@ -97,7 +97,7 @@ struct vgpu_proc_slot {
     int32_t pid;         /* in the owner's PID namespace: informational, never a liveness test */
     uint32_t state;      /* VGPU_SLOT_FREE or VGPU_SLOT_LIVE */
     uint64_t generation; /* bumped at every claim of this slot */
-    /* What the process enforces, written at the claim (layout 6): the watchdog compares it with
+    /* What the process enforces, written at the claim: the watchdog compares it with
      * the claim's limits file (a process enforcing other limits is a violation). Like `used`,
      * the tenant can write it: it catches a genuine shim misled, not a tampered one (the watchdog
      * checks the mapped shim's identity for that). */

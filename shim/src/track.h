@@ -1,0 +1,22 @@
+/* The process's own record of what it charged (track.c), keyed by pointer or handle. */
+#ifndef VGPU_TRACK_H
+#define VGPU_TRACK_H
+
+#include <stdint.h>
+
+enum vgpu_track_kind {
+    VGPU_TRACK_PTR = 1,    /* cuMemAlloc*, cuMemAllocManaged, cuMemAllocPitch, async allocations */
+    VGPU_TRACK_HANDLE = 2, /* cuMemCreate handles: aux = cuMemRetainAllocationHandle references (vmm.c) */
+    VGPU_TRACK_ARRAY = 3,
+    VGPU_TRACK_MIPMAP = 4,
+    VGPU_TRACK_CTX = 5,   /* contexts' reserve */
+    VGPU_TRACK_ASYNC = 6, /* stream-ordered allocations: key ptr, aux = its pool's record (pools.c) */
+};
+int vgpu_track_add(int kind, uint64_t key, int dev, uint64_t bytes);    /* 0, or -1 out of memory */
+int vgpu_track_take(int kind, uint64_t key, int *dev, uint64_t *bytes); /* 1 found+removed, 0 not */
+/* The same with one more word per record (pools.c: the allocation's pool). */
+int vgpu_track_add_aux(int kind, uint64_t key, int dev, uint64_t bytes, uint64_t aux);
+int vgpu_track_take_aux(int kind, uint64_t key, int *dev, uint64_t *bytes, uint64_t *aux);
+void vgpu_track_reset(void); /* fork child: the parent's allocations are not ours */
+
+#endif

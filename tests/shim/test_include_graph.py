@@ -1,0 +1,207 @@
+"""The C code's files depend on each other one way.
+
+A module is a .c file with its header of the same name (x.c + x.h). Its dependencies are the
+`#include "..."` lines of both: in shim/src each file declares what it offers in its own header, so
+the include lines are the dependency graph. This test keeps that graph free of circles (shim/src and
+the simulator), keeps shim/src's graph inside the layers of docs/architecture.md (a module includes
+only modules of its own layer or below), and checks that the include lines tell the truth: every
+function or variable a compiled shim file uses from another file is reachable through its includes.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from collections.abc import Iterable
+from pathlib import Path
+
+import pytest
+
+from shim.build import CFLAGS, INCLUDE_DIR, LIBRARIES, SHIM_DIR
+
+REPO = Path(__file__).resolve().parents[2]
+SRC = SHIM_DIR / "src"
+SIM = SHIM_DIR / "sim"
+INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+
+Graph = dict[str, set[str]]
+
+
+def _module(path: Path, root: Path) -> str:
+    """x.c and x.h are one module, named by its path under root without the suffix."""
+    rel = path.relative_to(root)
+    return str(rel.with_suffix("")) if rel.suffix in (".c", ".h") else str(rel)
+
+
+def include_graph(root: Path, dirs: Iterable[Path]) -> Graph:
+    """Module -> the modules its files include (headers found beside the file or under shim/include)."""
+    graph: Graph = {}
+    for d in dirs:
+        for f in sorted([*d.glob("*.c"), *d.glob("*.h"), *d.glob("*.def")]):
+            mod = _module(f, root)
+            deps = graph.setdefault(mod, set())
+            for name in INCLUDE.findall(f.read_text()):
+                target = (f.parent / name).resolve()
+                if not target.exists():
+                    target = INCLUDE_DIR / name
+                assert target.exists(), (
+                    f'{f}: #include "{name}" found neither beside it nor in shim/include'
+                )
+                if target.is_relative_to(root):
+                    dep = _module(target, root)
+                    if dep != mod:
+                        deps.add(dep)
+                        graph.setdefault(dep, set())
+    return graph
+
+
+def circles(graph: Graph) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def reachable(graph: Graph, start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for w in graph.get(todo.pop(), ()):
+            if w not in seen:
+                seen.add(w)
+                todo.append(w)
+    return seen
+
+
+def test_the_finder_sees_a_circle() -> None:
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_shim_includes_run_one_way() -> None:
+    assert circles(include_graph(SRC, [SRC])) == []
+
+
+def test_the_simulator_includes_run_one_way() -> None:
+    dirs = [SIM / "common", SIM / "cuda", SIM / "nvml"]
+    assert circles(include_graph(SIM, dirs)) == []
+
+
+def doc_layers() -> dict[str, int]:
+    """docs/architecture.md's layer table of shim/src: module -> layer number (1 = bottom)."""
+    doc = (REPO / "docs" / "architecture.md").read_text()
+    section = doc.split("### Layers of the shim", 1)[1].split("\n#", 1)[0]
+    layers: dict[str, int] = {}
+    for number, files in re.findall(r"^\| (\d+) [^|]*\| ([^|]+) \|", section, re.M):
+        for name in re.findall(r"`([\w.]+)`", files):
+            mod = name.rsplit(".", 1)[0] if name.endswith((".c", ".h")) else name
+            assert mod not in layers, f"{name} is in two layers of docs/architecture.md"
+            layers[mod] = int(number)
+    return layers
+
+
+def test_the_layers_of_the_doc_hold() -> None:
+    """Every module of shim/src is in one layer of the doc, and includes nothing above it."""
+    graph = include_graph(SRC, [SRC])
+    layers = doc_layers()
+    assert sorted(set(graph) - set(layers)) == [], "modules missing from the layer table"
+    assert sorted(set(layers) - set(graph)) == [], "layer table names modules that do not exist"
+    upward = [
+        f"{m} (layer {layers[m]}) includes {d} (layer {layers[d]})"
+        for m in sorted(graph)
+        for d in sorted(graph[m])
+        if layers[d] > layers[m]
+    ]
+    assert upward == []
+
+
+def _symbols(obj: Path) -> tuple[set[str], set[str]]:
+    """(defined, undefined) global symbols of an object file."""
+    out = subprocess.run(["nm", str(obj)], capture_output=True, text=True, check=True).stdout
+    defined, undefined = set(), set()
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[1] in "TDBRCGS":
+            defined.add(parts[2])
+        elif len(parts) == 2 and parts[0] == "U":
+            undefined.add(parts[1])
+    return defined, undefined
+
+
+def test_the_includes_name_every_file_a_shim_file_uses(tmp_path: Path) -> None:
+    """A file that uses another's function without including its header (an extern of its own, a
+    header that declares another file's functions) would hide a dependency from the graph."""
+    if shutil.which("gcc") is None or shutil.which("nm") is None:
+        pytest.skip("needs gcc and nm (binutils) to compile the shim and read its objects")
+    shim = next(lib for lib in LIBRARIES if lib.filename == "libvgpu.so")
+    defined_by: dict[str, str] = {}
+    uses: dict[str, set[str]] = {}
+    for src in shim.sources():
+        obj = tmp_path / f"{src.stem}.o"
+        # -O0: the graph does not depend on optimisation, and it compiles fastest
+        cmd = [
+            "gcc",
+            *CFLAGS,
+            *shim.cflags,
+            "-O0",
+            "-g0",
+            f"-I{INCLUDE_DIR}",
+            "-c",
+            str(src),
+            "-o",
+            str(obj),
+        ]
+        subprocess.run(cmd, check=True)
+        defined, undefined = _symbols(obj)
+        for s in defined:
+            defined_by[s] = src.stem
+        uses[src.stem] = undefined
+    graph = include_graph(SRC, [SRC])
+    # the build includes glibc_compat.h into every file: the C library calls it renames (to
+    # compat.c's) are every file's, compat.c being at the bottom
+    forced = set(re.findall(r"\bvgpu_compat_\w+", (SRC / "glibc_compat.h").read_text()))
+
+    def declared(mod: str, sym: str) -> bool:
+        seen = reachable(graph, mod)
+        # hook_<symbol> is declared by hooks.h (from hooks.def) for whichever file defines it
+        return (
+            defined_by[sym] in seen
+            or sym in forced
+            or (sym.startswith("hook_") and "hooks" in seen)
+        )
+
+    hidden = sorted(
+        f"{mod} uses {sym} of {defined_by[sym]}.c without including {defined_by[sym]}.h"
+        for mod, syms in uses.items()
+        for sym in syms
+        if sym in defined_by and defined_by[sym] != mod and not declared(mod, sym)
+    )
+    assert hidden == []
