@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.shim_compute.conftest import Workload
+from tests.support.compute_workload import Workload
 
 SHORT = ("--warmup", "0.5", "--seconds", "2")
 

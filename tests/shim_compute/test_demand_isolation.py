@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.shim_compute.conftest import Result, Workload, compute_state, demand_file
+from tests.support.compute_workload import Result, Workload, compute_state, demand_file
 from tests.support.staging import stage_region_binding
 
 NOBODY = 65534

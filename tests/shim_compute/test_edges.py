@@ -6,7 +6,7 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.shim_compute.conftest import Workload, compute_state
+from tests.support.compute_workload import Workload, compute_state
 
 
 def test_edges_under_a_cap(build_c: Callable[..., Path], workload: Workload) -> None:

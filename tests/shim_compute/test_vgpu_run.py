@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tests.shim_compute.conftest import Workload, parse
+from tests.support.compute_workload import Workload, parse
 
 
 def test_processes_of_one_vgpu_run_share_its_compute_cap(workload: Workload) -> None:
