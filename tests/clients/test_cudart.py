@@ -16,6 +16,8 @@ from tests.sim.simhelp import CONTEXT_MEMORY
 from tests.support import nvidia_headers
 from tests.support.clients import PROGRAMS, Client
 
+pytestmark = pytest.mark.slow
+
 CUDA_ERROR_MEMORY_ALLOCATION = 2  # cudaErrorMemoryAllocation
 
 

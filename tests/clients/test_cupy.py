@@ -12,6 +12,8 @@ import pytest
 from tests.sim.simhelp import CONTEXT_MEMORY
 from tests.support.clients import Client, frameworks_python
 
+pytestmark = pytest.mark.slow
+
 QUOTA = 2 << 30
 
 

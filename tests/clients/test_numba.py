@@ -7,8 +7,12 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+
 from tests.sim.simhelp import CONTEXT_MEMORY
 from tests.support.clients import Client
+
+pytestmark = pytest.mark.slow
 
 
 def test_jit_kernels_forall_pinned_and_mapped_arrays(client: Client) -> None:

@@ -18,6 +18,8 @@ import pytest
 from tests.sim.simhelp import CONTEXT_MEMORY, run_python
 from tests.support.clients import PROGRAMS, Client, frameworks_python
 
+pytestmark = pytest.mark.slow
+
 MiB = 1 << 20
 QUOTA = 2 << 30
 

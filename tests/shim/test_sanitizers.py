@@ -18,6 +18,8 @@ from tests.support.cbuild import compile_shared_library
 from tests.support.quantity_cases import HAMI as CASES
 from tests.support.shim_ops import REPO, build_harness, parse_ops
 
+pytestmark = pytest.mark.slow
+
 MiB = 1 << 20
 SIM_LSAN_SUPP = Path(__file__).resolve().parents[1] / "sim" / "lsan.supp"
 ASAN_ENV = {

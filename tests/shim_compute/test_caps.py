@@ -13,6 +13,8 @@ import pytest
 
 from tests.support.compute_workload import Workload
 
+pytestmark = pytest.mark.slow
+
 SHORT = ("--warmup", "0.5", "--seconds", "2")
 
 

@@ -7,9 +7,12 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from tests.sim.simhelp import EXACT_DURATIONS
 
 
+@pytest.mark.slow
 def test_api_surface(build_c: Callable[..., Path], sim_env: dict[str, str]) -> None:
     """Devices, contexts, memory accounting, copies, pools, VMM, arrays, modules, launches,
     streams, events, graphs, every cuGetProcAddress row, errors (tests/c/sim_api.c)."""

@@ -7,9 +7,11 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from tests.sim.simhelp import EXACT_BYTES, EXACT_DURATIONS, Client, run_python, tool_info
 
-pytestmark = EXACT_BYTES
+pytestmark = [pytest.mark.slow, EXACT_BYTES]
 
 
 GB = 10**9

@@ -19,7 +19,8 @@ from shim.build import INCLUDE_DIR, LIBRARIES, SANITIZER_FLAGS, build_with_gcc, 
 from tests.sim.simhelp import EXACT_BYTES, EXACT_DURATIONS, Client, run_python, tool_info
 from tests.support.cbuild import C_PROGRAMS, CFLAGS, INCLUDE
 
-pytestmark = EXACT_BYTES
+# building the sanitized simulator and programs takes minutes on a loaded machine
+pytestmark = [pytest.mark.slow, EXACT_BYTES, pytest.mark.timeout(1200)]
 
 
 HERE = Path(__file__).resolve().parent

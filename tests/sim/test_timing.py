@@ -18,6 +18,8 @@ import pytest
 
 from tests.sim.simhelp import EXACT_DURATIONS
 
+pytestmark = pytest.mark.slow
+
 # A's events bracket its launch call as well as its kernel (the work is queued at the call's end);
 # without the call's host time (3 us, more when a loaded host deschedules the thread mid-call)
 # they bracket the kernel alone.
