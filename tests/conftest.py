@@ -38,10 +38,12 @@ def build_c(cbin_dir: Path) -> Callable[..., Path]:
 
 
 @pytest.fixture
-def sim_env(tmp_path: Path) -> Iterator[dict[str, str]]:
+def sim_env(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[dict[str, str]]:
     """Environment for a process on the simulated GPU, with its own node state directory.
 
-    Tests add SIMGPU_CONFIG (a JSON file) when they need other devices than the default H100.
+    Tests add SIMGPU_CONFIG (a JSON file) when they need other devices than the default H100. A
+    `simgpu` mark (`pytest.mark.simgpu(SIMGPU_...="...")`, on the module or the test; the closer
+    one wins) sets simulator knobs here, and so in shim_env too.
     """
     state = tmp_path / "simgpu-state"
     state.mkdir()
@@ -49,6 +51,8 @@ def sim_env(tmp_path: Path) -> Iterator[dict[str, str]]:
     env.pop("LD_PRELOAD", None)
     env["LD_LIBRARY_PATH"] = str(sim_lib_dir())
     env["SIMGPU_STATE"] = str(state)
+    for mark in reversed(list(request.node.iter_markers("simgpu"))):
+        env.update(mark.kwargs)
     yield env
 
 

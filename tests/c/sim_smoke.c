@@ -1,5 +1,4 @@
 /* Core smoke test of the simulated libcuda: init, device, context, memory, copies, launches. */
-#include <stdlib.h>
 #include <string.h>
 
 #include "sim_common.h"
@@ -35,6 +34,7 @@ int main(void)
     CHECK(cuMemcpyHtoD_v2(p, buf, sizeof buf));
     CHECK(cuMemcpyDtoH_v2(out, p, sizeof out));
     EXPECT(memcmp(buf, out, sizeof buf) == 0);
+    printf("roundtrip %zu bytes\n", sizeof buf);
     CUmodule m;
     CHECK(cuModuleLoadData(&m, "x"));
     CUfunction f;
@@ -45,12 +45,9 @@ int main(void)
     double t1 = now_s();
     CHECK(cuCtxSynchronize());
     double t2 = now_s();
+    /* tests/sim/test_cuda_api.py checks the total against the device time (100 ms, or 100 draws
+     * of the default 20% spread): a lower bound, which no host load can break */
     printf("100 x 1ms launches: enqueue %.1f ms, total %.1f ms\n", (t1 - t0) * 1e3, (t2 - t0) * 1e3);
-    /* 100 ms of device time: exactly with spread off (SIMGPU_KERNEL_SPREAD_PCT=0); with the
-     * default 20% per-kernel spread the sum of 100 draws has a 2% standard deviation */
-    const char *spread = getenv("SIMGPU_KERNEL_SPREAD_PCT");
-    double least = spread && strcmp(spread, "0") == 0 ? 0.099 : 0.09;
-    EXPECT(t2 - t0 >= least && t2 - t0 < 0.5);
     CHECK(cuMemFree_v2(p));
     CHECK(cuCtxDestroy_v2(ctx));
     printf("OK\n");

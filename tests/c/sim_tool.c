@@ -3,7 +3,8 @@
  *
  *   sim_tool info                       print "free=<bytes> total=<bytes>" (cuMemGetInfo_v2)
  *   sim_tool hold BYTES                 allocate BYTES, print "READY", wait until stdin closes
- *   sim_tool alloc BYTES                try to allocate: exit 0 on success, 2 on out-of-memory
+ *   sim_tool alloc BYTES                try to allocate: exit 0 on success (printing "free=F total=T"
+ *                                       after it), 2 on out-of-memory
  *   sim_tool load US BUSY_MS PERIOD_MS SECONDS
  *                                       launch sim_<US>us kernels: BUSY_MS of device work at the
  *                                       start of every PERIOD_MS (absolute schedule), for SECONDS;
@@ -112,6 +113,9 @@ int main(int argc, char **argv)
         if (rc == CUDA_ERROR_OUT_OF_MEMORY)
             return 2;
         CHECK(rc);
+        size_t free_b, total_b;
+        CHECK(cuMemGetInfo_v2(&free_b, &total_b));
+        printf("free=%zu total=%zu\n", free_b, total_b);
         return 0;
     }
     if (strcmp(cmd, "launches") == 0 && argc == 3) {

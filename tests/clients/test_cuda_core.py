@@ -8,8 +8,12 @@ from __future__ import annotations
 import json
 import re
 
-from tests.clients.conftest import Client
+import pytest
+
 from tests.sim.simhelp import CONTEXT_MEMORY
+from tests.support.clients import Client
+
+pytestmark = pytest.mark.slow
 
 # A slice of 1 GiB for allocations beside the client's context (charged to the slice).
 SLICE = str((1 << 30) + CONTEXT_MEMORY)

@@ -12,9 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.clients.conftest import PROGRAMS, Client
 from tests.sim.simhelp import CONTEXT_MEMORY
 from tests.support import nvidia_headers
+from tests.support.clients import PROGRAMS, Client
+
+pytestmark = pytest.mark.slow
 
 CUDA_ERROR_MEMORY_ALLOCATION = 2  # cudaErrorMemoryAllocation
 

@@ -9,8 +9,10 @@ import re
 
 import pytest
 
-from tests.clients.conftest import Client, frameworks_python
 from tests.sim.simhelp import CONTEXT_MEMORY
+from tests.support.clients import Client, frameworks_python
+
+pytestmark = pytest.mark.slow
 
 QUOTA = 2 << 30
 

@@ -7,8 +7,12 @@ from __future__ import annotations
 import json
 import re
 
-from tests.clients.conftest import Client
+import pytest
+
 from tests.sim.simhelp import CONTEXT_MEMORY
+from tests.support.clients import Client
+
+pytestmark = pytest.mark.slow
 
 
 def test_jit_kernels_forall_pinned_and_mapped_arrays(client: Client) -> None:
@@ -33,6 +37,11 @@ def test_compute_cap_holds_for_jit_kernels(client: Client) -> None:
     # on the default simulator: kernel durations vary, with a rare long tail
     env = {k: v for k, v in client.env.items() if not k.startswith("SIMGPU_KERNEL_")}
     out = Client(env).run("numba_client.py", "compute", "3", vgpu=["--compute", "30"])
-    m = re.search(r"share=([\d.]+)", out)
+    m = re.search(r"share=([\d.]+) launches=(\d+)", out)
     assert m, out
-    assert 22 < float(m.group(1)) < 38, out
+    # The cap holds: 2 ms kernels launched back to back would keep the device busy, and the
+    # share the program measures stays under 30 % plus the controller's tolerance. A loaded host
+    # can only lower it, so there is no lower bound here: how close to the cap a tenant gets is
+    # measured in benchmarks/bench_compute.py.
+    assert float(m.group(1)) < 38, out
+    assert int(m.group(2)) > 0, out

@@ -15,8 +15,10 @@ import sys
 
 import pytest
 
-from tests.clients.conftest import PROGRAMS, Client, frameworks_python
 from tests.sim.simhelp import CONTEXT_MEMORY, run_python
+from tests.support.clients import PROGRAMS, Client, frameworks_python
+
+pytestmark = pytest.mark.slow
 
 MiB = 1 << 20
 QUOTA = 2 << 30

@@ -30,8 +30,8 @@ from tests.deploy.dashboard_queries import (
     variable_queries,
 )
 from tests.fakes.apiserver import free_port
-from tests.shim.conftest import Held
 from tests.support.observers import ExporterProcess, MiB, add_claim, sim_gpu_uuid, start_tenant
+from tests.support.shim_ops import Held
 
 pytestmark = pytest.mark.slow
 JOB = "vgpu-sharing"

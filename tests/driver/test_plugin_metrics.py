@@ -29,8 +29,8 @@ from tests.driver.test_main_e2e import (
 )
 from tests.driver.test_policy_e2e import probe
 from tests.fakes.apiserver import FakeApiServer, free_port
-from tests.shim.conftest import Held
 from tests.support.observers import only, scrape, scrape_until, value
+from tests.support.shim_ops import Held
 
 __all__ = ["root", "server", "sim_ready"]  # fixtures used by name
 GiB = 1 << 30

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+import pytest
 
 from driver.checkpoint import PREPARE_COMPLETED, Checkpoint
 from tests.driver.kubelet_standin import (
@@ -46,6 +47,8 @@ from tests.driver.kubelet_standin import (
 )
 from tests.driver.plugin_process import PluginProcess, fake_gpus
 from tests.fakes.apiserver import FakeApiServer
+
+pytestmark = pytest.mark.slow
 
 CI_SEED = 20261123
 CI_ROUNDS = 25

@@ -16,7 +16,6 @@ from sharing.exporter import Exporter, ExporterConfig, ListenError, parse_listen
 from sharing.metrics import SLICE_LABELS
 from sharing.nvml_reader import GpuProcess, GpuReading, NvmlReading
 from sharing.paths import shim_library
-from tests.shim.conftest import Held
 from tests.sim.simhelp import CONTEXT_MEMORY
 from tests.support.observers import (
     ExporterProcess,
@@ -30,6 +29,7 @@ from tests.support.observers import (
     start_tenant,
     value,
 )
+from tests.support.shim_ops import Held
 
 GiB = 1 << 30
 SLICE_METRICS = (
@@ -248,15 +248,17 @@ def test_a_hung_nvml_never_holds_a_scrape(tmp_path: Path) -> None:
             hang.wait(60)
         return _gpus()
 
-    cfg = ExporterConfig(data_dir=tmp_path, nvml_interval=0.05, nvml_stale_after=0.5)
+    # stale_after leaves a loaded host seconds between the first reading and the first scrape
+    cfg = ExporterConfig(data_dir=tmp_path, nvml_interval=0.05, nvml_stale_after=3.0)
     exp = Exporter(cfg, nvml_reader=reader)
     host, port = exp.start("127.0.0.1", 0)
     try:
         url = f"http://{host}:{port}"
         assert value(scrape(url, timeout=5), "vgpu_device_healthy", gpu="0") == 1
-        time.sleep(1.0)
-        s = scrape(url, timeout=5)  # the poller is stuck inside NVML now
-        assert len(calls) == 2
+        # the poller is stuck inside NVML now; every scrape still answers, and once the last
+        # reading is older than stale_after the device reads unhealthy
+        s = scrape_until(url, lambda s: value(s, "vgpu_device_healthy", gpu="0") == 0, timeout=60)
+        assert len(calls) == 2  # the second call never returned: no third
         assert value(s, "vgpu_device_healthy", gpu="0") == 0
         assert only(s, "vgpu_device_memory_used_bytes") == []  # no frozen numbers
     finally:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from sharing import region
-from tests.shim.conftest import Held, clean_env, parse_ops
 from tests.sim.simhelp import CONTEXT_MEMORY
+from tests.support.shim_ops import Held, clean_env, parse_ops
 
 MiB = 1 << 20
 VGPU = [sys.executable, "-m", "sharing.cli"]
@@ -127,7 +127,11 @@ def test_empty_region_refused_before_cmd(value: str, tmp_path: Path) -> None:
 
 
 def test_missing_command() -> None:
-    assert vgpu_run(["--memory", "1Gi"]).returncode == 2
+    r = vgpu_run(["--memory", "1Gi"])
+    assert (r.returncode, r.stderr) == (
+        2,
+        "vgpu run: no command given (vgpu run [options] -- CMD [ARGS...])\n",
+    )
 
 
 def test_sim_runs_share_one_region(shim_ops: Path, sim_env: dict[str, str], tmp_path: Path) -> None:

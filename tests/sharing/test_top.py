@@ -17,9 +17,9 @@ import pytest
 
 from sharing import region
 from sharing.paths import shim_library
-from tests.shim.conftest import Held
 from tests.sim.simhelp import CONTEXT_MEMORY
 from tests.support.observers import MiB, add_claim, sim_gpu_uuid, start_tenant
+from tests.support.shim_ops import Held
 
 GiB = 1 << 30
 DEVICE_KEYS = {"uuid", "name", "memory_total_bytes", "memory_used_bytes", "utilization_ratio",

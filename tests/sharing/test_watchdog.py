@@ -23,9 +23,9 @@ from sharing.paths import shim_library
 from sharing.region import read_slot_limits
 from sharing.slices import region_slice
 from sharing.watchdog import Watchdog, _stop, attribute, missing_shim, start_time
-from tests.shim.conftest import Held
 from tests.sim.simhelp import CONTEXT_MEMORY
 from tests.support.observers import ExporterProcess, MiB, only, region_with_limits, scrape
+from tests.support.shim_ops import Held
 
 
 def start_bypass(program: Path, env: dict[str, str], nbytes: int) -> subprocess.Popen[str]:

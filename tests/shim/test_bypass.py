@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from sharing.paths import shim_library, sim_lib_dir
-from tests.shim.conftest import kv
 from tests.shim.test_routes import hooked_cuda_symbols
 from tests.support.cbuild import C_PROGRAMS, CFLAGS, compile_shared_library
+from tests.support.shim_ops import kv
 
 GiB = 1 << 30
 QUOTA = 1 * GiB

@@ -13,7 +13,7 @@ import pytest
 
 from sharing import region
 from sharing.quantity import ACCEPTED_FORMS
-from tests.shim.conftest import parse_ops
+from tests.support.shim_ops import parse_ops
 from tests.support.staging import stage_shim_env
 
 MiB = 1 << 20

@@ -23,6 +23,8 @@ from sharing import region
 from tests.shim.test_memory_paths import slice_env
 from tests.sim.simhelp import CONTEXT_MEMORY
 
+pytestmark = pytest.mark.slow
+
 MiB = 1 << 20
 QUOTA = 1 << 30  # 1 GiB: two 500 MiB contexts fit, a third does not
 

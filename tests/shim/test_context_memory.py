@@ -13,9 +13,9 @@ import pytest
 
 from sharing import region
 from sharing.paths import sim_lib_dir
-from tests.shim.conftest import Held
 from tests.shim.test_memory_paths import slice_env
 from tests.sim.simhelp import CONTEXT_MEMORY, run_python
+from tests.support.shim_ops import Held
 
 MiB = 1 << 20
 

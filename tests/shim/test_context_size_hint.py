@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from sharing import region
-from tests.shim.conftest import Held
 from tests.shim.test_context_admission import QUOTA, Sampler, Storm
 from tests.shim.test_context_memory import nvml_procs, rcs
 from tests.shim.test_memory_paths import slice_env
 from tests.sim.simhelp import CONTEXT_MEMORY
+from tests.support.shim_ops import Held
 
 MiB = 1 << 20
 

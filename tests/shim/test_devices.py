@@ -12,8 +12,8 @@ import pytest
 
 from sharing import region
 from sharing.paths import sim_lib_dir
-from tests.shim.conftest import Held, device_used, run_ops
 from tests.sim.simhelp import CONTEXT_MEMORY
+from tests.support.shim_ops import Held, device_used, run_ops
 
 MiB = 1 << 20
 GiB = 1 << 30

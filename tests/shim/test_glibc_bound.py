@@ -15,6 +15,8 @@ from sharing.paths import shim_library
 from tests.support.cbuild import C_PROGRAMS, CFLAGS
 from tests.support.glibc_versions import GLIBC_BOUND, needed_glibc_versions, newer_than
 
+pytestmark = pytest.mark.slow
+
 
 def test_installed_shim_needs_no_glibc_newer_than_the_bound() -> None:
     if platform.machine() not in ("x86_64", "aarch64"):

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from sharing import region
-from tests.shim.conftest import Held
 from tests.sim.simhelp import run_python
+from tests.support.shim_ops import Held
 
 KiB = 1 << 10
 MiB = 1 << 20

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.shim.conftest import Held, run_ops
 from tests.sim.simhelp import run_python
+from tests.support.shim_ops import Held, run_ops
 
 MiB = 1 << 20
 GiB = 1 << 30

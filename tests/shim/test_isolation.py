@@ -27,14 +27,10 @@ from sharing._region_cffi import ffi
 from sharing import region
 from sharing.limitsfile import render_limits_file
 from sharing.paths import shim_library
-from tests.shim.conftest import parse_ops
+from tests.sim.simhelp import NO_CONTEXT_MEMORY
+from tests.support.shim_ops import parse_ops
 
-
-@pytest.fixture
-def shim_env(shim_env: dict[str, str]) -> dict[str, str]:
-    """Contexts that take no device memory: these tests pin allocations' charges against quotas
-    of a few MiB, smaller than a context (context memory: test_context_memory.py)."""
-    return dict(shim_env, SIMGPU_CONTEXT_MEMORY="0")
+pytestmark = NO_CONTEXT_MEMORY
 
 
 MiB = 1 << 20

@@ -18,7 +18,7 @@ import pytest
 from sharing import region
 from sharing.limitsfile import LimitsFileError, parse_limits_file
 from sharing.paths import shim_library
-from tests.shim.conftest import parse_ops
+from tests.support.shim_ops import parse_ops
 
 REPO = Path(__file__).resolve().parents[2]
 TABLE = REPO / "shim" / "include" / "vgpu" / "limits.def"

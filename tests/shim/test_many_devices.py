@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from sharing import region
-from tests.shim.conftest import Held, device_used, run_ops
+from tests.support.shim_ops import Held, device_used, run_ops
 
 MiB = 1 << 20
 GiB = 1 << 30

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.shim.conftest import Held, run_ops
 from tests.shim.test_graphmem import QUOTA, nvml_used, rcs
+from tests.support.shim_ops import Held, run_ops
 
 MiB = 1 << 20
 OK, OUT_OF_MEMORY = "0", "2"

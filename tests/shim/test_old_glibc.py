@@ -21,6 +21,8 @@ from sharing.paths import shim_library
 from shim.build import build_with_gcc
 from tests.support.cbuild import C_PROGRAMS, CFLAGS, INCLUDE
 
+pytestmark = pytest.mark.slow
+
 MiB = 1 << 20
 ROOT_ENV = "VGPU_OLD_GLIBC_ROOT"
 SETUP_ROOT = Path(__file__).resolve().parents[2] / ".venv" / "old-glibc" / "root"  # scripts/setup

@@ -9,14 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.shim.conftest import REPO, run_ops
+from tests.sim.simhelp import NO_CONTEXT_MEMORY
+from tests.support.shim_ops import REPO, run_ops
 
-
-@pytest.fixture
-def shim_env(shim_env: dict[str, str]) -> dict[str, str]:
-    """Contexts that take no device memory: these tests pin allocations' charges against quotas
-    of a few MiB, smaller than a context (context memory: test_context_memory.py)."""
-    return dict(shim_env, SIMGPU_CONTEXT_MEMORY="0")
+pytestmark = NO_CONTEXT_MEMORY
 
 
 MiB = 1 << 20

@@ -13,10 +13,12 @@ from pathlib import Path
 import pytest
 
 from shim.build import SANITIZER_FLAGS, build_with_gcc
-from tests.shim.conftest import REPO, _build_harness, parse_ops
 from tests.shim.test_lock_garbage import garbage_patterns, hold_hung_slot, scribble
 from tests.support.cbuild import compile_shared_library
 from tests.support.quantity_cases import HAMI as CASES
+from tests.support.shim_ops import REPO, build_harness, parse_ops
+
+pytestmark = pytest.mark.slow
 
 MiB = 1 << 20
 SIM_LSAN_SUPP = Path(__file__).resolve().parents[1] / "sim" / "lsan.supp"
@@ -37,7 +39,7 @@ def _libasan() -> str:
 def sanitized(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("asan")
     libs = build_with_gcc(d / "lib", SANITIZER_FLAGS)
-    return {"shim": libs["libvgpu.so"], "harness": _build_harness(d, list(SANITIZER_FLAGS))}
+    return {"shim": libs["libvgpu.so"], "harness": build_harness(d, list(SANITIZER_FLAGS))}
 
 
 def _clean(r: subprocess.CompletedProcess[str]) -> None:

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.shim_compute.conftest import Workload
+from tests.support.compute_workload import Workload
+
+pytestmark = pytest.mark.slow
 
 SHORT = ("--warmup", "0.5", "--seconds", "2")
 

@@ -6,7 +6,11 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.shim_compute.conftest import Workload, compute_state
+import pytest
+
+from tests.support.compute_workload import Workload, compute_state
+
+pytestmark = pytest.mark.slow
 
 
 def test_edges_under_a_cap(build_c: Callable[..., Path], workload: Workload) -> None:

@@ -18,7 +18,9 @@ from typing import Any
 
 import pytest
 
-from tests.shim_compute.conftest import Result, Workload, compute_state
+from tests.support.compute_workload import Result, Workload, compute_state
+
+pytestmark = pytest.mark.slow
 
 HOST_COST = {"SIMGPU_LAUNCH_COST_NS": "20000", "VGPU_COMPUTE_NVML": "0"}
 RUN = ("--warmup", "0.3", "--seconds", "1")

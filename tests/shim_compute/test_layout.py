@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from sharing._region_cffi import ffi
 
-from tests.shim_compute.conftest import Workload, compute_state, demand_file
+from tests.support.compute_workload import Workload, compute_state, demand_file
 
 
 def test_sizes() -> None:

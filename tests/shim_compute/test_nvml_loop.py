@@ -10,8 +10,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from shim.build import build_with_gcc
-from tests.shim_compute.conftest import Workload
+from tests.support.compute_workload import Workload
+
+pytestmark = pytest.mark.slow
 
 
 def test_nvml_loop_corrects_biased_estimates(workload: Workload, tmp_path: Path) -> None:

@@ -5,7 +5,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tests.shim_compute.conftest import Workload, parse
+import pytest
+
+from tests.support.compute_workload import Workload, parse
+
+pytestmark = pytest.mark.slow
 
 
 def test_processes_of_one_vgpu_run_share_its_compute_cap(workload: Workload) -> None:

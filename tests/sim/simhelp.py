@@ -15,11 +15,23 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 # The device memory a context takes on the simulator by default (SIMGPU_CONTEXT_MEMORY, as on an
 # H100: docs/simulator.md): every process holding a context shows it as used.
 CONTEXT_MEMORY = 500 << 20
 # Kernel durations exactly as modelled (no spread, no long tail): for tests that pin durations.
 EXACT_DURATIONS = {"SIMGPU_KERNEL_SPREAD_PCT": "0", "SIMGPU_KERNEL_TAIL_PPM": "0"}
+
+# Module marks (`pytestmark = ...`) that set simulator knobs in sim_env and shim_env
+# (tests/conftest.py reads the `simgpu` mark).
+# Contexts that take no device memory: for tests that pin allocations' charges against quotas of a
+# few MiB, smaller than a context, or count a measuring process's bytes exactly (context memory
+# itself: tests/sim/test_context_memory.py, tests/shim/test_context_memory.py).
+NO_CONTEXT_MEMORY = pytest.mark.simgpu(SIMGPU_CONTEXT_MEMORY="0")
+# Byte counts exact for a driver taking 512 B granules (the page model of the default, 2 MiB
+# pages: tests/sim/test_pages.py) and contexts that take no memory.
+EXACT_BYTES = pytest.mark.simgpu(SIMGPU_ALLOC_GRANULARITY="512", SIMGPU_CONTEXT_MEMORY="0")
 
 PROBE_PRELUDE = """
 import json, sys, time

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.shim.conftest import Held, run_ops
+from tests.support.shim_ops import Held, run_ops
 
 MiB = 1 << 20
 

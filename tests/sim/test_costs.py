@@ -12,7 +12,10 @@ import pytest
 
 from tests.sim.simhelp import Client
 
-pytestmark = pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed"),
+]
 
 
 def _syscalls(

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.shim.conftest import Held, run_ops
 from tests.sim.simhelp import run_python
+from tests.support.shim_ops import Held, run_ops
 
 MiB = 1 << 20
 GiB = 1 << 30

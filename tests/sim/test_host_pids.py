@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.shim.conftest import Held
+from tests.support.shim_ops import Held
 
 LIST = """
 import json, pynvml as nv

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.shim.conftest import run_ops
 from tests.shim.test_module_globals import cubin, ptx
+from tests.support.shim_ops import run_ops
 
 
 @pytest.mark.parametrize(

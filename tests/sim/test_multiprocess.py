@@ -9,18 +9,9 @@ import signal
 import subprocess
 from pathlib import Path
 
-import pytest
+from tests.sim.simhelp import EXACT_BYTES, Client, run_python, tool_info
 
-from tests.sim.simhelp import Client, run_python, tool_info
-
-
-@pytest.fixture
-def sim_env(sim_env: dict[str, str]) -> dict[str, str]:
-    """The byte counts of these tests are exact for a driver taking 512 B granules (the page
-    model of the default, 2 MiB pages, is tested in test_pages.py), and for contexts that take no
-    memory (every measuring process holds one; context memory is tested by
-    test_context_memory_is_charged, here, and tests/sim/test_context_memory.py)."""
-    return dict(sim_env, SIMGPU_ALLOC_GRANULARITY="512", SIMGPU_CONTEXT_MEMORY="0")
+pytestmark = EXACT_BYTES
 
 
 GB = 10**9

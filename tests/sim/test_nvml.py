@@ -11,12 +11,9 @@ import pytest
 
 from tests.sim.simhelp import CONTEXT_MEMORY, Client, run_python, write_config
 
-
-@pytest.fixture
-def sim_env(sim_env: dict[str, str]) -> dict[str, str]:
-    """The byte counts of these tests are exact for a driver taking 512 B granules (the page
-    model of the default, 2 MiB pages, is tested in test_pages.py)."""
-    return dict(sim_env, SIMGPU_ALLOC_GRANULARITY="512")
+# The byte counts of these tests are exact for a driver taking 512 B granules (the page model of
+# the default, 2 MiB pages, is tested in test_pages.py).
+pytestmark = pytest.mark.simgpu(SIMGPU_ALLOC_GRANULARITY="512")
 
 
 GB = 10**9

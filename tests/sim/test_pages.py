@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.shim.conftest import Held
 from tests.sim.simhelp import run_python
+from tests.support.shim_ops import Held
 
 MiB = 1 << 20
 

@@ -9,15 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.sim.simhelp import EXACT_DURATIONS, Client, run_python, tool_info
+from tests.sim.simhelp import EXACT_BYTES, EXACT_DURATIONS, Client, run_python, tool_info
 
-
-@pytest.fixture
-def sim_env(sim_env: dict[str, str]) -> dict[str, str]:
-    """The byte counts of these tests are exact for a driver taking 512 B granules (the page
-    model of the default, 2 MiB pages, is tested in test_pages.py) and contexts that take no
-    memory (the measuring processes hold one; tests/sim/test_context_memory.py tests that)."""
-    return dict(sim_env, SIMGPU_ALLOC_GRANULARITY="512", SIMGPU_CONTEXT_MEMORY="0")
+pytestmark = [pytest.mark.slow, EXACT_BYTES]
 
 
 GB = 10**9

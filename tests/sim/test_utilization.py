@@ -8,7 +8,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.sim.simhelp import Client, run_python
+
+pytestmark = pytest.mark.slow
 
 SAMPLE = """
 nv.nvmlInit()
