@@ -32,6 +32,7 @@ from typing import Any
 from driver import devicenames, hostfs
 from driver.claimfiles import HostPaths
 from driver.claims import RulesFor
+from driver.claimstatus import ClaimStatusWriter
 from driver.flags import Settings
 from driver.health import HealthBroadcaster
 from driver.injection import DriverInjector
@@ -114,6 +115,7 @@ class Driver:
             node_state_dir=node_state_dir or data_dir / layout.NODE_STATE_DIR,
             dev_root=dev_root,
         )
+        self.claim_status = ClaimStatusWriter(api_client, settings.driver_name)
         self.state = DeviceState(
             driver_name=settings.driver_name,
             node_name=settings.node_name,
@@ -126,6 +128,7 @@ class Driver:
             read=DeviceState.api_reader(api_client),
             rules_for=rules_for,
             injector=injector,
+            on_prepared=self.claim_status.submit,
         )
         self.plugin = KubeletPlugin(
             driver_name=settings.driver_name,

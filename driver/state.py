@@ -84,7 +84,10 @@ class DeviceState:
         read: ClaimReader,
         rules_for: RulesFor | None = None,
         injector: DriverInjector | None = None,
+        on_prepared: Callable[[ClaimPlan], None] | None = None,
     ) -> None:
+        """on_prepared: told of every claim whose files were (re)written, e.g. to write its
+        device status (driver/claimstatus.py); it must not block."""
         self.driver_name = driver_name
         self.node_name = node_name
         self.gpus = list(gpus)
@@ -99,6 +102,7 @@ class DeviceState:
         self.injector = injector  # the driver's files for CDI-only runtimes (driver/injection.py)
         self._lock = threading.Lock()
         self._trash = Trash(paths.claims_dir, paths.trash_dir)
+        self._on_prepared = on_prepared
 
     def set_gpus(self, gpus: Sequence[GpuInfo]) -> None:
         """Plan later claims on these GPUs (rediscovery saw GPUs appear or go). Prepared claims
@@ -275,6 +279,8 @@ class DeviceState:
             self.checkpoint.delete(ref.uid)
             raise
         maybe_crash("prepare-completed")
+        if self._on_prepared is not None:
+            self._on_prepared(plan)
         for d in plan.devices:
             log.info(
                 "claim %s: prepared device %s (GPU %s %s): memory %d bytes, SM %d%%, policy %s",
@@ -294,13 +300,16 @@ class DeviceState:
         """Recreate the missing files of a prepared claim. Existing ones (the shared directory
         with the slice's usage, the demand record) are kept; on failure nothing is rolled back,
         the entry stays, and the claim fails with the reason (unprepare still cleans up)."""
+        plan = self._plan(ref, claim)
         try:
-            devices = self._write_files(ref, self._plan(ref, claim), self.files(ref.uid))
+            devices = self._write_files(ref, plan, self.files(ref.uid))
         except ClaimError as e:
             raise ClaimError(
                 f"prepared earlier, but recreating its missing files failed: {e}"
             ) from e
         self.checkpoint.put(replace(entry, devices=devices))
+        if self._on_prepared is not None:
+            self._on_prepared(plan)
         log.info("claim %s: recreated its missing files", ref)
         return devices
 

@@ -38,7 +38,7 @@ POLICY = from_document(
         "default": {
             "memory": {"min": "1Gi", "step": "256Mi", "default": "4Gi"},
             "cores": {"min": 5, "step": 5, "default": 10},
-        }
+        },
     }
 ).default
 
