@@ -33,9 +33,11 @@ from driver import devicenames, hostfs
 from driver.claimfiles import HostPaths
 from driver.claims import RulesFor
 from driver.claimstatus import ClaimStatusWriter
+from driver.devicemetadata import published_attributes
 from driver.flags import Settings
 from driver.health import HealthBroadcaster
 from driver.injection import DriverInjector
+from driver.kube import Kube
 from driver.kubelet import KubeletPlugin, PluginSockets
 from driver.state import DeviceState
 from sharing import claimlayout as layout
@@ -116,6 +118,7 @@ class Driver:
             dev_root=dev_root,
         )
         self.claim_status = ClaimStatusWriter(api_client, settings.driver_name)
+        self._kube = Kube(api_client)
         self.state = DeviceState(
             driver_name=settings.driver_name,
             node_name=settings.node_name,
@@ -129,6 +132,7 @@ class Driver:
             rules_for=rules_for,
             injector=injector,
             on_prepared=self.claim_status.submit,
+            published=self._published,
         )
         self.plugin = KubeletPlugin(
             driver_name=settings.driver_name,
@@ -143,6 +147,12 @@ class Driver:
             pool_name=settings.node_name,
             retry_backoff=registration_backoff,
         )
+
+    def _published(self) -> dict[str, dict[str, Any]]:
+        """This node's devices' attributes as its ResourceSlices on the server publish them."""
+        s = self.settings
+        slices = self._kube.list_slices(f"spec.nodeName={s.node_name},spec.driver={s.driver_name}")
+        return published_attributes(slices)
 
     def start(self) -> None:
         """Raises CheckpointError (corrupt checkpoint) or ArtefactMissingError (no shim)."""
