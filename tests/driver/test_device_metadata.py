@@ -28,7 +28,7 @@ from tests.fakes.apiserver import FakeApiServer
 
 GiB = 1024**3
 ROOT = "/var/run/kubernetes.io/dra-device-attributes"
-ATTRS = {
+ATTRS: dict[str, dict[str, Any]] = {
     "gpu-0": {"uuid": {"string": "GPU-aaaa"}, "productName": {"string": "NVIDIA H100"},
               "driverVersion": {"version": "550.54.15"},
               "resource.kubernetes.io/pcieRoot": {"string": "pci0000:00"}},
@@ -158,18 +158,19 @@ def test_named_claim_path_and_a_forged_pod_claim_name(world: World) -> None:
     assert paths == [f"{ROOT}/resourceclaims/shared-gpu/gpu/{DRIVER}-metadata.json"]
 
 
-def test_slices_unreadable_fails_the_prepare_with_the_reason(world: World) -> None:
+def test_slices_unreadable_fails_the_prepare_with_the_reason(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The attributes must be the published ones: without them the prepare fails (the kubelet
     retries) rather than writing a file that says less than the slice."""
     c = claim_id(world.server.put(allocated_claim("c1")))
-    real = world.plugin.driver._kube.list_slices
 
     def broken(selector: str) -> list[dict[str, Any]]:
         raise ConnectionRefusedError("connection refused")
 
-    world.plugin.driver._kube.list_slices = broken  # type: ignore[method-assign]
-    out = world.kubelet.prepare([c])[c.uid]
+    with monkeypatch.context() as m:
+        m.setattr(world.plugin.driver._kube, "list_slices", broken)
+        out = world.kubelet.prepare([c])[c.uid]
     assert out.error.startswith("reading this node's ResourceSlices for the device metadata: ")
     assert world.plugin.claim_dirs() == []
-    world.plugin.driver._kube.list_slices = real  # type: ignore[method-assign]
-    assert world.kubelet.prepare([c])[c.uid].error == ""
+    assert world.kubelet.prepare([c])[c.uid].error == ""  # the slices readable again
