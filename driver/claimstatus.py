@@ -95,7 +95,7 @@ def parse_version(doc: dict[str, Any]) -> tuple[int, int] | None:
 
 @dataclass
 class _Job:
-    plan: ClaimPlan
+    plan: ClaimPlan | None  # None: the writer is closing
 
 
 class ClaimStatusWriter:
@@ -108,20 +108,44 @@ class ClaimStatusWriter:
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
         self._enabled: bool | None = None  # None: not probed yet
+        self._closed = False
         self.written = 0  # claims whose status the server took (tests, logs)
 
     def submit(self, plan: ClaimPlan) -> None:
         if self._enabled is False:
             return
-        self._queue.put(_Job(plan))
         with self._start_lock:
+            if self._closed:
+                return
+            self._queue.put(_Job(plan))
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="claim-status", daemon=True)
+                # Not a daemon: close() ends it, so it never logs while the interpreter exits.
+                self._thread = threading.Thread(target=self._run, name="claim-status")
                 self._thread.start()
+
+    def close(self) -> None:
+        """Finish the write under way (bounded by the request timeout), drop the rest, and end
+        the thread. Called when the plugin stops."""
+        with self._start_lock:
+            self._closed = True
+            thread = self._thread
+        if thread is None:
+            return
+        while True:  # what is still queued is not written: the plugin is going away
+            try:
+                self._queue.get_nowait()
+                self._queue.task_done()
+            except queue.Empty:
+                break
+        self._queue.put(_Job(None))
+        thread.join(timeout=3 * REQUEST_TIMEOUT)
 
     def _run(self) -> None:
         while True:
             job = self._queue.get()
+            if job.plan is None:
+                self._queue.task_done()
+                return
             try:
                 if self._enabled is None:
                     self._enabled = self._probe()

@@ -191,4 +191,5 @@ class Driver:
 
     def stop(self) -> None:
         self.plugin.stop()
+        self.claim_status.close()
         log.info("driver %s stopped", self.settings.driver_name)
