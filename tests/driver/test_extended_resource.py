@@ -17,6 +17,7 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -109,13 +110,13 @@ def default_share(rules: Rules, memory_total: int) -> dict[str, str]:
 
 
 class World:
-    def __init__(self, mode: str, partitions: int = 4) -> None:
+    def __init__(self, mode: str, partitions: int = 4, policy: Rules = POLICY) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="vgx", dir="/tmp"))  # short socket paths
         self.server = FakeApiServer()
         self.server.up()
         self.plugin = InProcessPlugin(
             self.root, self.server.api_client(), mode=mode, partitions=partitions,
-            rules_for=lambda _gpu: POLICY,
+            rules_for=lambda _gpu: policy,
         )  # fmt: skip
         self.plugin.driver.start()
         self.kubelet = KubeletStandin(self.plugin.registration_socket)
@@ -212,3 +213,41 @@ def test_extended_resource_claim_in_partition_mode_gets_one_slice(partition: Wor
     limits = partition.limits(c.uid)
     assert limits["CUDA_DEVICE_MEMORY_LIMIT_0"] == str(POLICY.partition_memory(gpu.memory_total))
     assert limits["CUDA_DEVICE_SM_LIMIT_0"] == str(POLICY.partition_cores())
+
+
+def test_whole_gpu_extended_resource_in_partition_mode() -> None:
+    """`vgpu.sharing.dev/gpu: 1` (the partition overlay's name for vgpu-whole.sharing.dev): the
+    class's config (VgpuConfig exclusive) reaches the allocation as FromClass with no request
+    list, and the GPU the policy leaves whole is the container's, memory and SMs."""
+    whole = replace(POLICY, partitions=1)
+    w = World("partition", partitions=1, policy=whole)
+    try:
+        gpu = fake_gpus()[1]
+        claim = extended_resource_claim(
+            "solver",
+            [("container-0-request-0", "vgpu-whole.sharing.dev")],
+            [{"request": "container-0-request-0", "driver": DRIVER, "pool": NODE,
+              "device": "gpu-1-slice-0"}],
+            "vgpu-whole.sharing.dev",
+        )  # fmt: skip
+        claim["status"]["allocation"]["devices"]["config"] = [
+            {
+                "source": "FromClass",
+                "opaque": {
+                    "driver": DRIVER,
+                    "parameters": {
+                        "apiVersion": "vgpu.sharing.dev/v1alpha1",
+                        "kind": "VgpuConfig",
+                        "exclusive": True,
+                    },
+                },
+            }
+        ]
+        c = claim_id(w.server.put(claim))
+        out = w.kubelet.prepare([c], "v1")
+        assert out[c.uid].error == ""
+        limits = w.limits(c.uid)
+        assert limits["CUDA_DEVICE_MEMORY_LIMIT_0"] == str(whole.shareable_memory(gpu.memory_total))
+        assert limits["CUDA_DEVICE_SM_LIMIT_0"] == "100"
+    finally:
+        w.close()
