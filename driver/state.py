@@ -326,8 +326,8 @@ class DeviceState:
         """Recreate the missing files of a prepared claim. Existing ones (the shared directory
         with the slice's usage, the demand record) are kept; on failure nothing is rolled back,
         the entry stays, and the claim fails with the reason (unprepare still cleans up)."""
-        plan = self._plan(ref, claim)
         try:
+            plan = self._plan(ref, claim)
             meta = self._metadata(plan, claim, attrs)
             devices = self._write_files(ref, plan, self.files(ref.uid), meta)
         except ClaimError as e:
