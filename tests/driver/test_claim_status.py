@@ -6,10 +6,7 @@ where the server is older than 1.36 or refuses."""
 from __future__ import annotations
 
 import logging
-import shutil
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,33 +15,21 @@ from sharing.kubequantity import to_kubernetes
 from tests.driver.kubelet_standin import (
     DRIVER,
     NODE,
-    KubeletStandin,
     allocated_claim,
     claim_id,
     result,
 )
-from tests.driver.plugin_process import InProcessPlugin, fake_gpus
+from tests.driver.plugin_process import fake_gpus
+from tests.driver.plugin_world import PluginWorld
 from tests.fakes.apiserver import FakeApiServer
 
 GiB = 1024**3
 ALL_VERSIONS = ("1.34", "1.35", "1.36", "1.37")
 
 
-class World:
+class World(PluginWorld):
     def __init__(self, **server: Any) -> None:
-        self.root = Path(tempfile.mkdtemp(prefix="vgs", dir="/tmp"))
-        self.server = FakeApiServer(validate_versions=ALL_VERSIONS, **server)
-        self.server.up()
-        self.plugin = InProcessPlugin(self.root, self.server.api_client())
-        self.plugin.driver.start()
-        self.kubelet = KubeletStandin(self.plugin.registration_socket)
-        self.kubelet.register()
-
-    def close(self) -> None:
-        self.kubelet.close()
-        self.plugin.driver.stop()
-        self.server.down()
-        shutil.rmtree(self.root, ignore_errors=True)
+        super().__init__(FakeApiServer(validate_versions=ALL_VERSIONS, **server))
 
     def status_patches(self) -> list[Any]:
         return [r for r in self.server.requests if r.method == "PATCH"]

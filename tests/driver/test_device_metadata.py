@@ -6,8 +6,6 @@ ResourceSlice publishes and the limits the plugin enforces."""
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,13 +16,11 @@ from cdi.schema import validate
 from tests.driver.kubelet_standin import (
     DRIVER,
     NODE,
-    KubeletStandin,
     allocated_claim,
     claim_id,
     result,
 )
-from tests.driver.plugin_process import InProcessPlugin
-from tests.fakes.apiserver import FakeApiServer
+from tests.driver.plugin_world import PluginWorld
 
 GiB = 1024**3
 ROOT = "/var/run/kubernetes.io/dra-device-attributes"
@@ -51,22 +47,10 @@ def published_slice() -> dict[str, Any]:
     }
 
 
-class World:
+class World(PluginWorld):
     def __init__(self) -> None:
-        self.root = Path(tempfile.mkdtemp(prefix="vgm", dir="/tmp"))
-        self.server = FakeApiServer()
-        self.server.up()
+        super().__init__()
         self.server.put(published_slice())
-        self.plugin = InProcessPlugin(self.root, self.server.api_client())
-        self.plugin.driver.start()
-        self.kubelet = KubeletStandin(self.plugin.registration_socket)
-        self.kubelet.register()
-
-    def close(self) -> None:
-        self.kubelet.close()
-        self.plugin.driver.stop()
-        self.server.down()
-        shutil.rmtree(self.root, ignore_errors=True)
 
     def mounts(self, uid: str) -> dict[str, dict[str, Any]]:
         spec = json.loads((self.root / "cdi" / f"k8s.{DRIVER}-claim_{uid}.json").read_text())

@@ -13,8 +13,6 @@ defaults as consumed capacity, which is what the container must get.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
@@ -26,9 +24,9 @@ import yaml
 
 from sharing.limitsfile import parse_limits_file
 from sharing.policy import Rules, from_document
-from tests.driver.kubelet_standin import DRIVER, KIND, NODE, KubeletStandin, claim_id
-from tests.driver.plugin_process import InProcessPlugin, fake_gpus
-from tests.fakes.apiserver import FakeApiServer
+from tests.driver.kubelet_standin import DRIVER, KIND, NODE, claim_id
+from tests.driver.plugin_process import fake_gpus
+from tests.driver.plugin_world import PluginWorld
 
 GiB = 1024**3
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -109,24 +107,9 @@ def default_share(rules: Rules, memory_total: int) -> dict[str, str]:
     return {"memory": str(mem[2]), "cores": str(cores[2]), "sharers": "1"}
 
 
-class World:
+class World(PluginWorld):
     def __init__(self, mode: str, partitions: int = 4, policy: Rules = POLICY) -> None:
-        self.root = Path(tempfile.mkdtemp(prefix="vgx", dir="/tmp"))  # short socket paths
-        self.server = FakeApiServer()
-        self.server.up()
-        self.plugin = InProcessPlugin(
-            self.root, self.server.api_client(), mode=mode, partitions=partitions,
-            rules_for=lambda _gpu: policy,
-        )  # fmt: skip
-        self.plugin.driver.start()
-        self.kubelet = KubeletStandin(self.plugin.registration_socket)
-        self.kubelet.register()
-
-    def close(self) -> None:
-        self.kubelet.close()
-        self.plugin.driver.stop()
-        self.server.down()
-        shutil.rmtree(self.root, ignore_errors=True)
+        super().__init__(mode=mode, partitions=partitions, rules_for=lambda _gpu: policy)
 
     def limits(self, uid: str) -> dict[str, str]:
         path = self.root / "data" / "claims" / uid / "limits"
