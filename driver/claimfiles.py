@@ -9,6 +9,8 @@ sharing/claimlayout.py's):
     DATA/claims/<uid>/limits             0444: the claim's limits (sharing/limitsfile.py), mounted
                                          read-only beside the shim; the shim takes every limit
                                          from it, whatever the container's environment says
+    DATA/claims/<uid>/metadata/<request>.json  0444: the device metadata of one request
+                                         (driver/devicemetadata.py), mounted read-only alone
     DATA/claims/<uid>/shared/            0755 root, never mounted
     DATA/claims/<uid>/shared/accounting  0666: the slice's accounting file, created at prepare
                                          and bind-mounted alone, read-write, at
@@ -34,7 +36,7 @@ from pathlib import Path
 
 from driver import hostfs
 from sharing import region
-from sharing.claimlayout import ACCOUNTING_FILE, LIMITS_FILE, SHARED_DIR, TRASH_DIR
+from sharing.claimlayout import ACCOUNTING_FILE, LIMITS_FILE, METADATA_DIR, SHARED_DIR, TRASH_DIR
 from sharing.fsutil import atomic_write
 
 CLAIM_CLASS = "claim"
@@ -97,6 +99,10 @@ class ClaimFiles:
     def accounting(self) -> Path:
         return self.claim_dir / SHARED_DIR / ACCOUNTING_FILE
 
+    def metadata(self, request: str) -> Path:
+        """The device metadata file of a (validated) top-level request name."""
+        return self.claim_dir / METADATA_DIR / f"{request}.json"
+
     def missing(self) -> list[str]:
         """The files of a prepared claim that are not (or not as regular files) in place."""
         out = [str(p) for p in (self.spec, self.limits, self.demand) if not _is_regular(p)]
@@ -134,6 +140,20 @@ def write_claim_dir(paths: HostPaths, uid: str, files: ClaimFiles, limits_text: 
             hostfs.remove(files.demand, paths.node_state_dir)  # not a file of ours
             hostfs.create_empty(nfd, name, 0o666)
         os.fsync(nfd)
+
+
+def write_metadata(files: ClaimFiles, contents: dict[str, bytes]) -> None:
+    """The claim's device metadata files (request -> content), root's and read-only; files of
+    requests no longer named are removed."""
+    with hostfs.open_dir(files.claim_dir) as dfd:
+        hostfs.make_dir(dfd, METADATA_DIR, 0o755)
+    meta_dir = files.claim_dir / METADATA_DIR
+    for request, content in contents.items():
+        atomic_write(files.metadata(request), content, mode=0o444)
+    keep = {files.metadata(r).name for r in contents}
+    for name in sorted(os.listdir(meta_dir)):
+        if name not in keep:
+            hostfs.remove(meta_dir / name, meta_dir)
 
 
 def _is_regular(path: Path) -> bool:

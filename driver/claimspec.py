@@ -1,13 +1,16 @@
 """A claim's CDI spec: one device named by the claim UID carrying every GPU of the claim (its
 device nodes, the shim and its preload list, the limits file, the slice's accounting and demand
-files, the environment tools read) plus the driver's files on CDI-only runtimes
+files, the device metadata files, the environment tools read) plus the driver's files on CDI-only runtimes
 (driver/injection.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from cdi.spec import ContainerEdits, Device, DeviceNode, Mount, Spec
 from driver.claimfiles import ClaimFiles, HostPaths
 from driver.claims import ClaimPlan
+from driver.devicemetadata import MetadataFile
 from driver.injection import NO_INJECTION, Injection
 from driver.injection import apply as apply_injection
 from sharing.claimlayout import (
@@ -29,6 +32,7 @@ def build_spec(
     files: ClaimFiles,
     paths: HostPaths,
     inj: Injection = NO_INJECTION,
+    metadata: Sequence[MetadataFile] = (),
 ) -> Spec:
     limits = plan.gpu_limits()
     uuids = ",".join(g.gpu.uuid for g in limits)
@@ -56,6 +60,8 @@ def build_spec(
         Mount(str(files.accounting), CONTAINER_ACCOUNTING, _RW),
         Mount(str(paths.node_state_dir), CONTAINER_NODE_STATE_DIR, _RO),
         Mount(str(files.demand), CONTAINER_DEMAND_FILE, _RW),
+        # the device metadata of each request (KEP-5304), each file alone and read-only
+        *(Mount(str(files.metadata(m.request)), m.container_path, _RO) for m in metadata),
     )
     nodes: list[DeviceNode] = []
     names = [f"nvidia{g.gpu.minor}" for g in limits] + ["nvidiactl", "nvidia-uvm"]

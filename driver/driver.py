@@ -32,10 +32,13 @@ from typing import Any
 from driver import devicenames, hostfs
 from driver.claimfiles import HostPaths
 from driver.claims import RulesFor
+from driver.claimstatus import ClaimStatusWriter
 from driver.contextsize import ContextSizes
+from driver.devicemetadata import published_attributes
 from driver.flags import Settings
 from driver.health import HealthBroadcaster
 from driver.injection import DriverInjector
+from driver.kube import Kube
 from driver.kubelet import KubeletPlugin, PluginSockets
 from driver.state import DeviceState
 from sharing import claimlayout as layout
@@ -115,6 +118,8 @@ class Driver:
             node_state_dir=node_state_dir or data_dir / layout.NODE_STATE_DIR,
             dev_root=dev_root,
         )
+        self.claim_status = ClaimStatusWriter(api_client, settings.driver_name)
+        self._kube = Kube(api_client)
         self.state = DeviceState(
             driver_name=settings.driver_name,
             node_name=settings.node_name,
@@ -128,6 +133,8 @@ class Driver:
             rules_for=rules_for,
             injector=injector,
             context_sizes=ContextSizes(data_dir),
+            on_prepared=self.claim_status.submit,
+            published=self._published,
         )
         self.plugin = KubeletPlugin(
             driver_name=settings.driver_name,
@@ -142,6 +149,12 @@ class Driver:
             pool_name=settings.node_name,
             retry_backoff=registration_backoff,
         )
+
+    def _published(self) -> dict[str, dict[str, Any]]:
+        """This node's devices' attributes as its ResourceSlices on the server publish them."""
+        s = self.settings
+        slices = self._kube.list_slices(f"spec.nodeName={s.node_name},spec.driver={s.driver_name}")
+        return published_attributes(slices)
 
     def start(self) -> None:
         """Raises CheckpointError (corrupt checkpoint) or ArtefactMissingError (no shim)."""
@@ -180,4 +193,5 @@ class Driver:
 
     def stop(self) -> None:
         self.plugin.stop()
+        self.claim_status.close()
         log.info("driver %s stopped", self.settings.driver_name)

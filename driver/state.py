@@ -1,7 +1,8 @@
 """Prepare and unprepare of claims on this node: the DeviceState, the checkpointed state machine.
 
 A claim's files and paths are driver/claimfiles.py's; its limits file text is
-driver/claimlimits.py's and its CDI spec driver/claimspec.py's; removed claim directories go
+driver/claimlimits.py's, its device metadata files driver/devicemetadata.py's and its CDI spec
+driver/claimspec.py's; removed claim directories go
 through driver/trash.py, and what no checkpoint entry owns is swept by driver/orphans.py.
 
 Prepare of one claim:
@@ -11,8 +12,8 @@ Prepare of one claim:
      (the slice's usage) is kept;
   2. read the ResourceClaim, check it and compute the limits (driver/claims.py);
   3. checkpoint PrepareStarted;
-  4. create the claim directory, limits file, shared directory, accounting file, demand file;
-     write the CDI spec;
+  4. create the claim directory, limits file, shared directory, accounting file, demand file,
+     device metadata files (attributes from this node's ResourceSlices); write the CDI spec;
   5. checkpoint PrepareCompleted with the answer, return it.
 A failure after 3 removes what was created and the entry; a crash after 3 is rolled back at the
 next start (recover()). Unprepare checkpoints UnprepareStarted before removing anything, so a
@@ -44,12 +45,20 @@ from driver.checkpoint import (
     ClaimEntry,
     PreparedDevice,
 )
-from driver.claimfiles import ClaimFiles, HostPaths, cdi_kind, uid_error, write_claim_dir
+from driver.claimfiles import (
+    ClaimFiles,
+    HostPaths,
+    cdi_kind,
+    uid_error,
+    write_claim_dir,
+    write_metadata,
+)
 from driver.claimlimits import render_limits
 from driver.claims import ClaimError, ClaimPlan, ClaimRef, RulesFor, plan_claim, read_claim
 from driver.claimspec import build_spec
 from driver.contextsize import ContextSizes
 from driver.crashpoints import maybe_crash
+from driver.devicemetadata import Attributes, MetadataFile, metadata_files
 from driver.injection import NO_INJECTION, DriverInjector, Injection
 from driver.orphans import remove_orphans
 from driver.trash import Trash
@@ -86,7 +95,13 @@ class DeviceState:
         rules_for: RulesFor | None = None,
         injector: DriverInjector | None = None,
         context_sizes: ContextSizes | None = None,
+        on_prepared: Callable[[ClaimPlan], None] | None = None,
+        published: Callable[[], Attributes] | None = None,
     ) -> None:
+        """on_prepared: told of every claim whose files were (re)written, e.g. to write its
+        device status (driver/claimstatus.py); it must not block. published: this node's
+        devices' attributes as its ResourceSlices publish them, for the device metadata files
+        (driver/devicemetadata.py; None: limits only)."""
         self.driver_name = driver_name
         self.node_name = node_name
         self.gpus = list(gpus)
@@ -102,6 +117,8 @@ class DeviceState:
         self.context_sizes = context_sizes  # VGPU_CONTEXT_SIZE_<i> (driver/contextsize.py)
         self._lock = threading.Lock()
         self._trash = Trash(paths.claims_dir, paths.trash_dir)
+        self._on_prepared = on_prepared
+        self._published = published
 
     def set_gpus(self, gpus: Sequence[GpuInfo]) -> None:
         """Plan later claims on these GPUs (rediscovery saw GPUs appear or go). Prepared claims
@@ -224,6 +241,7 @@ class DeviceState:
         # up prepares and unprepares of other pods.
         try:
             claim = self._read(ref)
+            attrs = self._published_attributes()
         except ClaimError as e:
             if missing:
                 raise ClaimError(
@@ -237,8 +255,18 @@ class DeviceState:
                 return done
             entry = self.checkpoint.get(ref.uid)
             if entry is not None and entry.state == PREPARE_COMPLETED:
-                return self._repair(ref, claim, entry)
-            return self._create(ref, claim)
+                return self._repair(ref, claim, entry, attrs)
+            return self._create(ref, claim, attrs)
+
+    def _published_attributes(self) -> Attributes:
+        if self._published is None:
+            return {}
+        try:
+            return self._published()
+        except Exception as e:  # the API server: the kubelet retries the prepare
+            raise ClaimError(
+                f"reading this node's ResourceSlices for the device metadata: {e}"
+            ) from e
 
     def _plan(self, ref: ClaimRef, claim: dict[str, Any]) -> ClaimPlan:
         return plan_claim(
@@ -252,7 +280,9 @@ class DeviceState:
             rules_for=self.rules_for,
         )
 
-    def _create(self, ref: ClaimRef, claim: dict[str, Any]) -> tuple[PreparedDevice, ...]:
+    def _create(
+        self, ref: ClaimRef, claim: dict[str, Any], attrs: Attributes
+    ) -> tuple[PreparedDevice, ...]:
         files = self.files(ref.uid)
         entry = self.checkpoint.get(ref.uid)
         if entry is not None:  # PrepareStarted left by a failure, or UnprepareStarted: start over
@@ -271,13 +301,15 @@ class DeviceState:
         maybe_crash("prepare-started")
         try:
             self._remove_files(files)  # leftovers of anything earlier under these names
-            devices = self._write_files(ref, plan, files)
+            devices = self._write_files(ref, plan, files, self._metadata(plan, claim, attrs))
             self.checkpoint.put(replace(started, state=PREPARE_COMPLETED, devices=devices))
         except BaseException:
             self._remove_artifacts(started)
             self.checkpoint.delete(ref.uid)
             raise
         maybe_crash("prepare-completed")
+        if self._on_prepared is not None:
+            self._on_prepared(plan)
         for d in plan.devices:
             log.info(
                 "claim %s: prepared device %s (GPU %s %s): memory %d bytes, SM %d%%, policy %s",
@@ -292,32 +324,43 @@ class DeviceState:
         return devices
 
     def _repair(
-        self, ref: ClaimRef, claim: dict[str, Any], entry: ClaimEntry
+        self, ref: ClaimRef, claim: dict[str, Any], entry: ClaimEntry, attrs: Attributes
     ) -> tuple[PreparedDevice, ...]:
         """Recreate the missing files of a prepared claim. Existing ones (the shared directory
         with the slice's usage, the demand record) are kept; on failure nothing is rolled back,
         the entry stays, and the claim fails with the reason (unprepare still cleans up)."""
         try:
-            devices = self._write_files(ref, self._plan(ref, claim), self.files(ref.uid))
+            plan = self._plan(ref, claim)
+            meta = self._metadata(plan, claim, attrs)
+            devices = self._write_files(ref, plan, self.files(ref.uid), meta)
         except ClaimError as e:
             raise ClaimError(
                 f"prepared earlier, but recreating its missing files failed: {e}"
             ) from e
         self.checkpoint.put(replace(entry, devices=devices))
+        if self._on_prepared is not None:
+            self._on_prepared(plan)
         log.info("claim %s: recreated its missing files", ref)
         return devices
 
+    def _metadata(
+        self, plan: ClaimPlan, claim: dict[str, Any], attrs: Attributes
+    ) -> list[MetadataFile]:
+        return metadata_files(plan, claim.get("metadata") or {}, self.driver_name, attrs)
+
     def _write_files(
-        self, ref: ClaimRef, plan: ClaimPlan, files: ClaimFiles
+        self, ref: ClaimRef, plan: ClaimPlan, files: ClaimFiles, metadata: list[MetadataFile]
     ) -> tuple[PreparedDevice, ...]:
         """Create (or complete) the claim's files; existing ones are kept, except the limits
-        file and the spec, which are rewritten atomically. Returns the answer's devices."""
+        file, the metadata files and the spec, which are rewritten atomically. Returns the
+        answer's devices."""
         gpus = [g.gpu for g in plan.gpu_limits()]
         sizes = self.context_sizes.for_gpus(gpus) if self.context_sizes else []
         write_claim_dir(self.paths, ref.uid, files, render_limits(plan, sizes))
+        write_metadata(files, {m.request: m.content for m in metadata})
         maybe_crash("prepare-dir")
         inj = self._injection(plan)
-        spec = build_spec(self.kind, plan, files, self.paths, inj)
+        spec = build_spec(self.kind, plan, files, self.paths, inj, metadata)
         self.writer.write(spec, ref.uid)
         maybe_crash("prepare-cdi")
         cdi_id = spec.qualified_name(ref.uid)

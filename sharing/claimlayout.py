@@ -14,6 +14,8 @@ On the node, under the plugin's data directory (`--data-dir`, DEFAULT_DATA_DIR):
     claims/<uid>/shared/             0755 root, never mounted
     claims/<uid>/shared/accounting   0666: the slice's accounting file (usage only), mounted
                                      alone, read-write, at CONTAINER_ACCOUNTING
+    claims/<uid>/metadata/<request>.json  0444: the device metadata of one request (KEP-5304),
+                                     mounted read-only under CONTAINER_METADATA_ROOT
     trash/                           0700: claim directories moved aside before removal
     node-state/<uid>.demand          0666: the claim's elastic-demand record
 
@@ -42,6 +44,7 @@ LIMITS_FILE = "limits"
 SHARED_DIR = "shared"
 ACCOUNTING_FILE = "accounting"  # inside SHARED_DIR
 DEMAND_SUFFIX = ".demand"  # NODE_STATE_DIR/<uid>.demand
+METADATA_DIR = "metadata"  # one <request>.json per top-level request of the claim
 
 # The container side.
 CONTAINER_LIB_DIR = "/usr/local/lib/vgpu-sharing"
@@ -52,6 +55,9 @@ CONTAINER_CLAIM_DIR = "/run/vgpu-sharing"
 CONTAINER_ACCOUNTING = f"{CONTAINER_CLAIM_DIR}/{ACCOUNTING_FILE}"
 CONTAINER_NODE_STATE_DIR = "/run/vgpu-node"
 CONTAINER_DEMAND_FILE = "/run/vgpu-demand"
+# Kubernetes' device metadata (KEP-5304): <root>/resourceclaims/<claim>/<request>/<driver>-metadata.json,
+# or resourceclaimtemplates/<pod claim name>/... for a claim made from a template.
+CONTAINER_METADATA_ROOT = "/var/run/kubernetes.io/dra-device-attributes"
 
 # `vgpu run --region FILE`: FILE.limits.
 REGION_LIMITS_SUFFIX = ".limits"

@@ -1,5 +1,5 @@
 """The kustomize tree in deploy/: every overlay renders with `kubectl kustomize`; every rendered
-object and every example is valid for Kubernetes 1.34, 1.35 and 1.36 (kubernetes-validate's
+object and every example is valid for Kubernetes 1.34, 1.35, 1.36 and 1.37 (kubernetes-validate's
 strict schemas); the objects fit the plugin (RBAC, mounts, env twins, probes, the policy); the
 admission policy's CEL admits and refuses the right requests (cel-python)."""
 
@@ -136,8 +136,8 @@ def test_validation_covers_overlays_and_examples() -> None:
     ids = [c.id for c in _validation_cases()]
     assert sum(i.startswith("overlays/partition#") for i in ids) == 13
     assert sum(i.startswith("overlays/sim#") for i in ids) == 13
-    assert sum(i.startswith("examples/sharing/") for i in ids) == 14
-    assert sum(i.startswith("examples/partition/") for i in ids) == 14
+    assert sum(i.startswith("examples/sharing/") for i in ids) == 15
+    assert sum(i.startswith("examples/partition/") for i in ids) == 15
 
 
 def test_strict_validation_catches_a_typo() -> None:
@@ -160,9 +160,14 @@ def test_rbac_grants_exactly_the_plugin_verbs() -> None:
     assert grants == {
         ("resource.k8s.io", "resourceslices"): {"get", "list", "create", "update", "delete"},
         ("resource.k8s.io", "resourceclaims"): {"get"},
+        ("resource.k8s.io", "resourceclaims/status"): {"patch"},
+        ("resource.k8s.io", "resourceclaims/driver"): {"associated-node:patch"},
         ("", "nodes"): {"get"},
         ("", "events"): {"create"},
     }
+    # the node-scoped status permission names this driver alone
+    [driver_rule] = [r for r in role["rules"] if r["resources"] == ["resourceclaims/driver"]]
+    assert driver_rule["resourceNames"] == ["vgpu.sharing.dev"]
     [binding] = of_kind("base", "ClusterRoleBinding")
     [sa] = of_kind("base", "ServiceAccount")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]

@@ -24,6 +24,7 @@ from typing import Any
 import kubernetes.client
 
 from driver import flags
+from driver.claims import RulesFor
 from driver.driver import Driver
 from driver.flags import Settings
 from driver.health import HealthBroadcaster
@@ -181,14 +182,15 @@ class InProcessPlugin:
 
     def __init__(self, root: Path, api_client: Any, gpus: list[GpuInfo] | None = None,
                  mode: str = "sharing", partitions: int = 4,
-                 registration_backoff: tuple[float, float] = (1.0, 60.0)) -> None:  # fmt: skip
+                 registration_backoff: tuple[float, float] = (1.0, 60.0),
+                 rules_for: RulesFor | None = None) -> None:  # fmt: skip
         self.root = root
         self.settings = settings_for(root)
         self.health = HealthBroadcaster()
         self.driver = Driver(
             self.settings, api_client, gpus if gpus is not None else fake_gpus(), mode,
             partitions, self.health, dev_root=root / "dev",
-            registration_backoff=registration_backoff,
+            registration_backoff=registration_backoff, rules_for=rules_for,
         )  # fmt: skip
 
     @property

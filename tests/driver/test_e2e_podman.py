@@ -258,6 +258,35 @@ def test_cdi_edits_reach_the_container(
     assert kubelet.unprepare([c]) == {c.uid: ""}
 
 
+def test_device_metadata_file_is_readable_and_read_only_in_the_container(
+    world: tuple[FakeApiServer, KubeletStandin, Path, Podman],
+) -> None:
+    """The claim's device metadata (KEP-5304) at its standard path, as podman mounts it from the
+    CDI spec: the workload reads its quota there; root in the container cannot change it."""
+    server, kubelet, root, podman = world
+    c = claim_id(server.put(allocated_claim("meta", results=[result("gpu", "gpu-0", memory="3Gi",
+                                                                    cores="40")])))  # fmt: skip
+    [cdi_id] = kubelet.prepare([c])[c.uid].devices[0].cdi_device_ids
+    path = f"/var/run/kubernetes.io/dra-device-attributes/resourceclaims/meta/gpu/{DRIVER}-metadata.json"
+    script = (
+        f"cat {path}; echo; "
+        f"(echo x > {path}) 2>/dev/null && echo metadata=writable || echo metadata=readonly; "
+        f"rm -f {path} 2>/dev/null; test -f {path} && echo metadata=kept"
+    )
+    out = podman.run(cdi_id, "-c", script, program="/bin/sh")
+    first = json.JSONDecoder().raw_decode(out)[0]
+    assert first["apiVersion"] == "metadata.resource.k8s.io/v1beta1"
+    [req] = first["requests"]
+    [dev] = req["devices"]
+    assert dev["name"] == "gpu-0"
+    assert dev["attributes"]["memoryLimit"] == {"int": 3 * GiB}
+    assert dev["attributes"]["smLimit"] == {"int": 40}
+    assert "metadata=readonly" in out and "metadata=kept" in out, out
+    host = root / "data" / "claims" / c.uid / "metadata" / "gpu.json"
+    assert json.JSONDecoder().raw_decode(host.read_text())[0] == first  # unchanged on the host
+    assert kubelet.unprepare([c]) == {c.uid: ""}
+
+
 def test_the_tenant_cannot_add_rename_or_replace_files_in_the_claims_dir(
     world: tuple[FakeApiServer, KubeletStandin, Path, Podman],
 ) -> None:

@@ -247,7 +247,7 @@ def test_drop_consumable_capacity_on_claims() -> None:
 
 
 def test_what_the_plugin_does_not_use_is_refused(server: FakeApiServer) -> None:
-    """Watch, label selectors, patch and deletecollection are not served: a test that starts
+    """Watch, label selectors, patch (but a claim's status apply) and deletecollection are not served: a test that starts
     to need one fails loudly instead of passing against a half-made feature."""
     api = ResourceV1Api(server.api_client())
     api.create_resource_slice(slice_body("a"))
@@ -259,7 +259,7 @@ def test_what_the_plugin_does_not_use_is_refused(server: FakeApiServer) -> None:
     assert e.value.status == 400 and "watch" in e.value.body
     with pytest.raises(ApiException) as e:
         api.patch_resource_slice("a", {"spec": {"pool": {"generation": 5}}})
-    assert e.value.status == 501
+    assert e.value.status == 405 and "only PATCH of resourceclaims/<name>/status" in e.value.body
     with pytest.raises(ApiException) as e:
         api.delete_collection_resource_slice()
     assert e.value.status == 405

@@ -120,6 +120,11 @@ def test_prepare_sharing_v1_writes_valid_spec_with_limits(world: World) -> None:
         "/run/vgpu-sharing/accounting": (claim_dir / "shared" / "accounting", "rw"),
         "/run/vgpu-node": (data / "node-state", "ro"),
         "/run/vgpu-demand": (demand, "rw"),
+        # the device metadata (KEP-5304) of request "gpu" of claim c1
+        f"/var/run/kubernetes.io/dra-device-attributes/resourceclaims/c1/gpu/{DRIVER}-metadata.json": (
+            claim_dir / "metadata" / "gpu.json",
+            "ro",
+        ),
     }
     assert {k: (Path(m["hostPath"]), m["options"][0]) for k, m in mounts.items()} == expected
     assert all({"nosuid", "nodev", "bind"} <= set(m["options"]) for m in mounts.values())
@@ -136,7 +141,9 @@ def test_prepare_sharing_v1_writes_valid_spec_with_limits(world: World) -> None:
     assert mode(claim_dir / "shared") == 0o755
     assert mode(data / "node-state") == 0o755
     assert mode(demand) == 0o666 and demand.stat().st_size == 0
-    assert sorted(p.name for p in claim_dir.iterdir()) == ["limits", "shared"]
+    assert sorted(p.name for p in claim_dir.iterdir()) == ["limits", "metadata", "shared"]
+    assert mode(claim_dir / "metadata") == 0o755
+    assert mode(claim_dir / "metadata" / "gpu.json") == 0o444
     limits = parse_limits_file((claim_dir / "limits").read_text())
     assert limits == {
         "CUDA_DEVICE_MEMORY_LIMIT_0": str(4 * GiB),
@@ -309,6 +316,7 @@ def test_bad_claims_fail_alone_and_good_ones_succeed(world: World) -> None:
 def test_repeated_prepare_same_answer_without_api_server(world: World) -> None:
     c = world.claim("c1", results=[result("gpu", "gpu-0", memory="2Gi")])
     first = world.kubelet.prepare([c])
+    world.plugin.driver.claim_status.idle()  # the status write of the first prepare is done
     reads = len(world.server.requests)
     world.server.down()  # the API server is gone: the answer must come from the checkpoint
     second = world.kubelet.prepare([c])

@@ -54,7 +54,7 @@ def restart(w: World) -> None:
 
 
 def claim_reads(w: World) -> int:
-    return len([r for r in w.server.requests if "resourceclaims" in r.path])
+    return len([r for r in w.server.requests if r.method == "GET" and "resourceclaims" in r.path])
 
 
 def paths(w: World, uid: str) -> dict[str, Path]:

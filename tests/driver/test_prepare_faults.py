@@ -42,7 +42,11 @@ def artefacts(root: Path) -> tuple[list[str], list[str]]:
     demands = sorted(p.name[: -len(".demand")] for p in node_state.glob("*.demand"))
     assert demands == dirs, f"demand files {demands} != claim dirs {dirs}"
     for uid in dirs:
-        assert sorted(p.name for p in (claims / uid).iterdir()) == ["limits", "shared"], uid
+        assert sorted(p.name for p in (claims / uid).iterdir()) == [
+            "limits",
+            "metadata",
+            "shared",
+        ], uid
     return (sorted(p.name for p in cdi.iterdir()) if cdi.exists() else [], dirs)
 
 

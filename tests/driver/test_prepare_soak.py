@@ -96,7 +96,7 @@ def on_disk(root: Path) -> set[str]:
     assert set(states) == specs == dirs == demands, (states, specs, dirs, demands)
     for uid in dirs:
         d = root / "data" / "claims" / uid
-        assert sorted(p.name for p in d.iterdir()) == ["limits", "shared"], uid
+        assert sorted(p.name for p in d.iterdir()) == ["limits", "metadata", "shared"], uid
         assert (d / "shared" / "accounting").is_file(), uid
     return specs
 

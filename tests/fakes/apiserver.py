@@ -11,10 +11,14 @@ Usage::
         path = server.kubeconfig_path(tmp_path)          # for subprocesses (KUBECONFIG=path)
 
 What it serves (resources in RESOURCES) is what the plugin uses: get, list, create (with
-dryRun), update (PUT) and delete of single objects. List honours fieldSelector (metadata.name,
+dryRun), update (PUT) and delete of single objects; server-side apply (PATCH,
+application/apply-patch+yaml) of a ResourceClaim's `status.devices` on its status subresource;
+GET /version (`server_version`). List honours fieldSelector (metadata.name,
 metadata.namespace and the kind's own fields, e.g. spec.nodeName and spec.driver for
-ResourceSlices; any other field is a 400 as on a real server). Anything else (watch, patch,
-deletecollection, labelSelector, subresources) is refused with an error, never half-served.
+ResourceSlices; any other field is a 400 as on a real server). Anything else (watch, other
+patches, deletecollection, labelSelector, other subresources) is refused with an error, never
+half-served. `claim_status="forbid"` answers that status apply with 403 (the RBAC rule for
+resourceclaims/driver missing), `"absent"` with 404.
 
 Strictness: every write (and put()) is validated against kubernetes-validate's strict schemas of
 every version in VALIDATE_VERSIONS, plus the semantic rules the real server enforces on
@@ -412,8 +416,14 @@ class FakeApiServer:
         drop_device_taints: bool = False,
         validate_versions: tuple[str, ...] = VALIDATE_VERSIONS,
         port: int = 0,
+        server_version: str = "1.36",
+        claim_status: str = "serve",
     ) -> None:
         self.drop_consumable_capacity = drop_consumable_capacity
+        self.server_version = server_version
+        if claim_status not in ("serve", "forbid", "absent"):
+            raise ValueError(f"claim_status {claim_status!r}; allowed: serve, forbid, absent")
+        self.claim_status = claim_status
         self.drop_device_taints = drop_device_taints
         self.validate_versions = validate_versions
         self.requests: list[RecordedRequest] = []
@@ -713,7 +723,8 @@ def _not_found(rt: ResourceType, name: str) -> ApiError:
 
 _PATH = re.compile(
     r"^/(?:api/(?P<cv>v1)|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
-    r"(?:/namespaces/(?P<ns>[^/]+))?/(?P<plural>[^/]+)(?:/(?P<name>[^/]+))?/?$"
+    r"(?:/namespaces/(?P<ns>[^/]+))?/(?P<plural>[^/]+)(?:/(?P<name>[^/]+))?"
+    r"(?:/(?P<sub>status))?/?$"
 )
 
 
@@ -750,6 +761,9 @@ class _Handler(BaseHTTPRequestHandler):
     def do_DELETE(self) -> None:
         self._dispatch("DELETE")
 
+    def do_PATCH(self) -> None:
+        self._dispatch("PATCH")
+
     def _send(self, code: int, body: Mapping[str, Any]) -> None:
         data = json.dumps(body).encode()
         self.send_response(code)
@@ -772,7 +786,12 @@ class _Handler(BaseHTTPRequestHandler):
         ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip()
         self.api.requests.append(RecordedRequest(method, url.path, query, ctype))
         try:
-            body = self._body() if method in ("POST", "PUT", "DELETE") else None
+            body = self._body() if method in ("POST", "PUT", "DELETE", "PATCH") else None
+            if method == "GET" and url.path.rstrip("/") == "/version":
+                major, minor = self.api.server_version.split(".")
+                self._send(200, {"major": major, "minor": minor,
+                                 "gitVersion": f"v{major}.{minor}.0"})  # fmt: skip
+                return
             m = _PATH.match(url.path)
             if not m:
                 raise ApiError(
@@ -800,6 +819,9 @@ class _Handler(BaseHTTPRequestHandler):
                 raise ApiError(
                     404, "NotFound", f"{rt.kind} is namespaced: use /namespaces/<ns>/{rt.plural}"
                 )
+            if m.group("sub") or method == "PATCH":
+                self._status(method, rt, m.group("ns"), m.group("name"), query, ctype, body)
+                return
             self._handle(method, rt, m.group("ns"), m.group("name"), query, body)
         except ApiError as e:
             self._send(e.code, e.status())
@@ -885,6 +907,77 @@ class _Handler(BaseHTTPRequestHandler):
                 obj = api._write(rt, key_ns, body, old, dry_run=dry_run)
                 code = 200
         self._send(code, obj)
+
+    def _status(
+        self,
+        method: str,
+        rt: ResourceType,
+        ns: str | None,
+        name: str | None,
+        query: Mapping[str, list[str]],
+        ctype: str,
+        body: Any,
+    ) -> None:
+        """The ResourceClaim status subresource, server-side apply only (what the plugin uses):
+        our `status.devices` entries are merged by their key (driver, pool, device, shareID);
+        an entry must name an allocated device, as the real server's validation demands."""
+        api = self.api
+        if rt.kind != "ResourceClaim" or method != "PATCH" or name is None or ns is None:
+            raise ApiError(
+                405,
+                "MethodNotAllowed",
+                f"this fake serves only PATCH of resourceclaims/<name>/status, not {method}",
+            )
+        if api.claim_status == "absent":
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        if api.claim_status == "forbid":
+            raise ApiError(
+                403,
+                "Forbidden",
+                f'resourceclaims.resource.k8s.io "{name}" is forbidden: User cannot '
+                'associated-node:patch resource "resourceclaims/driver"',
+            )
+        if ctype != "application/apply-patch+yaml":
+            raise ApiError(415, "UnsupportedMediaType", f"this fake applies only; got {ctype!r}")
+        if not query.get("fieldManager"):
+            raise ApiError(400, "BadRequest", "fieldManager is required for apply patch")
+        if not isinstance(body, dict) or set(body) - {"apiVersion", "kind", "metadata", "status"}:
+            raise ApiError(
+                400,
+                "BadRequest",
+                "an apply of the status sends only the object's identity and status",
+            )
+        if set(body.get("status") or {}) != {"devices"}:
+            raise ApiError(400, "BadRequest", "this fake applies status.devices only")
+
+        def key(e: Mapping[str, Any]) -> tuple[Any, ...]:
+            return (e.get("driver"), e.get("pool"), e.get("device"), e.get("shareID"))
+
+        with api._cond:
+            old = api._store.objects.get((rt.plural, ns, name))
+            if old is None:
+                raise _not_found(rt, name)
+            obj = copy.deepcopy(old)
+            status = obj.setdefault("status", {})
+            results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
+            allocated = {key(r) for r in results}
+            merged = {key(e): e for e in status.get("devices") or []}
+            for i, e in enumerate(body["status"]["devices"]):
+                if key(e) not in allocated:
+                    raise _invalid(
+                        rt, name, [(f"status.devices[{i}]", "Invalid value: device not allocated")]
+                    )
+                if len(json.dumps(e.get("data", {}))) > 10 * 1024:
+                    raise _invalid(
+                        rt,
+                        name,
+                        [(f"status.devices[{i}].data", "Too long: must have at most 10240 bytes")],
+                    )
+                merged[key(e)] = e
+            status["devices"] = list(merged.values())
+            obj["metadata"].pop("resourceVersion", None)
+            out = api._write(rt, ns, obj, old)
+        self._send(200, out)
 
 
 def free_port() -> int:
