@@ -461,3 +461,54 @@ SIM_EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attrib
         return CUDA_ERROR_INVALID_VALUE;
     }
 }
+
+/* Each attribute as cuPointerGetAttribute answers it; for a pointer the driver does not know,
+ * every attribute reads as "not device memory" (0 / NULL) rather than an error, as documented. */
+SIM_EXPORT CUresult cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute *attributes, void **data, CUdeviceptr ptr)
+{
+    if (!numAttributes || !attributes || !data)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = sim_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    sim_alloc a;
+    pthread_mutex_lock(&G.lock);
+    int found = sim_alloc_find((uintptr_t)ptr, &a) == 0;
+    pthread_mutex_unlock(&G.lock);
+    for (unsigned i = 0; i < numAttributes; i++) {
+        if (!data[i])
+            return CUDA_ERROR_INVALID_VALUE;
+        switch ((int)attributes[i]) {
+        case CU_POINTER_ATTRIBUTE_CONTEXT: *(CUcontext *)data[i] = found ? a.ctx : NULL; break;
+        case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+            *(unsigned int *)data[i] = !found ? 0 : a.kind == ALLOC_HOST || a.kind == ALLOC_HOST_REGISTERED ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
+            break;
+        case CU_POINTER_ATTRIBUTE_DEVICE_POINTER: *(CUdeviceptr *)data[i] = found ? ptr : 0; break;
+        case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *(int *)data[i] = found ? a.dev : -1; break;
+        default: return CUDA_ERROR_INVALID_VALUE;
+        }
+    }
+    return CUDA_SUCCESS;
+}
+
+/* A prefetch of managed memory is a hint: the simulated device and the host share one copy, so
+ * there is nothing to move; the range, device and stream are checked as the driver checks them. */
+static CUresult prefetch(CUdeviceptr devPtr, size_t count, CUdevice dstDevice, CUstream hStream, int ptds)
+{
+    CUresult rc = sim_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!devPtr || !count)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (dstDevice != -1 /* CU_DEVICE_CPU */ && (rc = sim_check_device(dstDevice)) != CUDA_SUCCESS)
+        return rc;
+    struct CUstream_st *s;
+    if ((rc = sim_resolve_stream(hStream, ptds, &s)) != CUDA_SUCCESS)
+        return rc;
+    return sim_check_device_range(devPtr, count);
+}
+
+SIM_EXPORT CUresult cuMemPrefetchAsync(CUdeviceptr devPtr, size_t count, CUdevice dstDevice, CUstream hStream)
+{ return prefetch(devPtr, count, dstDevice, hStream, 0); }
+SIM_EXPORT CUresult cuMemPrefetchAsync_ptsz(CUdeviceptr devPtr, size_t count, CUdevice dstDevice, CUstream hStream)
+{ return prefetch(devPtr, count, dstDevice, hStream, 1); }

@@ -360,11 +360,25 @@ SIM_EXPORT CUresult cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, con
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
         func_init(&k->fn, n, MAGIC_KERNEL);
+        k->lib = library;
         k->next = library->kernels;
         library->kernels = k;
     }
     pthread_mutex_unlock(&G.lock);
     *pKernel = k;
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuKernelGetLibrary(CUlibrary *pLib, CUkernel kernel)
+{
+    if (!pLib)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = sim_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!kernel || kernel->fn.magic != MAGIC_KERNEL)
+        return CUDA_ERROR_INVALID_HANDLE;
+    *pLib = kernel->lib;
     return CUDA_SUCCESS;
 }
 
