@@ -512,3 +512,22 @@ SIM_EXPORT CUresult cuMemPrefetchAsync(CUdeviceptr devPtr, size_t count, CUdevic
 { return prefetch(devPtr, count, dstDevice, hStream, 0); }
 SIM_EXPORT CUresult cuMemPrefetchAsync_ptsz(CUdeviceptr devPtr, size_t count, CUdevice dstDevice, CUstream hStream)
 { return prefetch(devPtr, count, dstDevice, hStream, 1); }
+
+/* The CUDA 12.2 form (the only cuMemPrefetchAsync of CUDA 13): a memory location and flags. */
+static CUresult prefetch_v2(CUdeviceptr devPtr, size_t count, CUmemLocation location, unsigned int flags, CUstream hStream, int ptds)
+{
+    if (flags)
+        return CUDA_ERROR_INVALID_VALUE;
+    switch (location.type) {
+    case CU_MEM_LOCATION_TYPE_DEVICE: return prefetch(devPtr, count, location.id, hStream, ptds);
+    case CU_MEM_LOCATION_TYPE_HOST:
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA:
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT: return prefetch(devPtr, count, -1, hStream, ptds);
+    default: return CUDA_ERROR_INVALID_VALUE;
+    }
+}
+
+SIM_EXPORT CUresult cuMemPrefetchAsync_v2(CUdeviceptr devPtr, size_t count, CUmemLocation location, unsigned int flags, CUstream hStream)
+{ return prefetch_v2(devPtr, count, location, flags, hStream, 0); }
+SIM_EXPORT CUresult cuMemPrefetchAsync_v2_ptsz(CUdeviceptr devPtr, size_t count, CUmemLocation location, unsigned int flags, CUstream hStream)
+{ return prefetch_v2(devPtr, count, location, flags, hStream, 1); }

@@ -92,6 +92,8 @@ VGPU_CUDA_API CUresult cuKernelGetLibrary(CUlibrary *pLib, CUkernel kernel);
 /* managed-memory prefetch: a hint, nothing to move (memory.c) */
 VGPU_CUDA_API CUresult cuMemPrefetchAsync(CUdeviceptr devPtr, size_t count, CUdevice dstDevice, CUstream hStream);
 VGPU_CUDA_API CUresult cuMemPrefetchAsync_ptsz(CUdeviceptr devPtr, size_t count, CUdevice dstDevice, CUstream hStream);
+VGPU_CUDA_API CUresult cuMemPrefetchAsync_v2(CUdeviceptr devPtr, size_t count, CUmemLocation location, unsigned int flags, CUstream hStream);
+VGPU_CUDA_API CUresult cuMemPrefetchAsync_v2_ptsz(CUdeviceptr devPtr, size_t count, CUmemLocation location, unsigned int flags, CUstream hStream);
 
 /* kernel-node parameters of graphs (graphnode.c) */
 typedef struct CUDA_KERNEL_NODE_PARAMS_st CUDA_KERNEL_NODE_PARAMS;
