@@ -15,9 +15,11 @@
 
 #include <string.h>
 
-static CUresult write_value(CUstream stream, CUdeviceptr addr, const void *value, size_t n, unsigned flags, int ptds)
+/* The checks every memory operation makes: flags within `allowed`, an aligned word of device
+ * memory, a stream that is not capturing (no memory-operation graph nodes). */
+static CUresult check_word(CUstream stream, CUdeviceptr addr, size_t n, unsigned flags, unsigned allowed, int ptds)
 {
-    if (flags & ~1u) /* CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER */
+    if (flags & ~allowed)
         return CUDA_ERROR_INVALID_VALUE;
     if (!addr || addr % n)
         return CUDA_ERROR_INVALID_VALUE;
@@ -29,9 +31,13 @@ static CUresult write_value(CUstream stream, CUdeviceptr addr, const void *value
         return rc;
     if (s->capturing)
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-    if ((rc = sim_check_device_range(addr, n)) != CUDA_SUCCESS)
-        return rc;
-    return sim_copy_exec(addr, value, 0, NULL, n);
+    return sim_check_device_range(addr, n);
+}
+
+static CUresult write_value(CUstream stream, CUdeviceptr addr, const void *value, size_t n, unsigned flags, int ptds)
+{
+    CUresult rc = check_word(stream, addr, n, flags, 1u /* CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER */, ptds);
+    return rc != CUDA_SUCCESS ? rc : sim_copy_exec(addr, value, 0, NULL, n);
 }
 
 SIM_EXPORT CUresult cuStreamWriteValue32(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
@@ -69,19 +75,8 @@ static int condition_holds(uint64_t word, uint64_t value, unsigned flags, size_t
 
 static CUresult wait_value(CUstream stream, CUdeviceptr addr, uint64_t value, size_t n, unsigned flags, int ptds)
 {
-    if (flags & ~(WAIT_FLAGS_MASK | WAIT_FLAG_FLUSH))
-        return CUDA_ERROR_INVALID_VALUE;
-    if (!addr || addr % n)
-        return CUDA_ERROR_INVALID_VALUE;
-    CUresult rc = sim_check_init();
+    CUresult rc = check_word(stream, addr, n, flags, WAIT_FLAGS_MASK | WAIT_FLAG_FLUSH, ptds);
     if (rc != CUDA_SUCCESS)
-        return rc;
-    struct CUstream_st *s;
-    if ((rc = sim_resolve_stream(stream, ptds, &s)) != CUDA_SUCCESS)
-        return rc;
-    if (s->capturing)
-        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-    if ((rc = sim_check_device_range(addr, n)) != CUDA_SUCCESS)
         return rc;
     uint64_t word = 0;
     sim_copy_exec(0, NULL, addr, &word, n);

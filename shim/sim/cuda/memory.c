@@ -431,6 +431,30 @@ SIM_EXPORT CUresult cuMemGetAddressRange(CUdeviceptr_v1 *pbase, unsigned int *ps
     return CUDA_SUCCESS;
 }
 
+/* The allocation holding ptr (1), or 0 if the driver knows no such pointer. */
+static int pointer_alloc(CUdeviceptr ptr, sim_alloc *a)
+{
+    pthread_mutex_lock(&G.lock);
+    int found = sim_alloc_find((uintptr_t)ptr, a) == 0;
+    pthread_mutex_unlock(&G.lock);
+    return found;
+}
+
+/* One attribute of a known allocation (found) or of an unknown pointer (the "not device memory"
+ * answers of cuPointerGetAttributes); CUDA_ERROR_INVALID_VALUE for an attribute not modelled. */
+static CUresult pointer_attr(void *data, int attribute, CUdeviceptr ptr, const sim_alloc *a, int found)
+{
+    switch (attribute) {
+    case CU_POINTER_ATTRIBUTE_CONTEXT: *(CUcontext *)data = found ? a->ctx : NULL; return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+        *(unsigned int *)data = !found ? 0 : a->kind == ALLOC_HOST || a->kind == ALLOC_HOST_REGISTERED ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER: *(CUdeviceptr *)data = found ? ptr : 0; return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *(int *)data = found ? a->dev : -1; return CUDA_SUCCESS;
+    default: return CUDA_ERROR_INVALID_VALUE;
+    }
+}
+
 SIM_EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr)
 {
     if (!data)
@@ -439,27 +463,9 @@ SIM_EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attrib
     if (rc != CUDA_SUCCESS)
         return rc;
     sim_alloc a;
-    pthread_mutex_lock(&G.lock);
-    int found = sim_alloc_find((uintptr_t)ptr, &a) == 0;
-    pthread_mutex_unlock(&G.lock);
-    if (!found)
+    if (!pointer_alloc(ptr, &a))
         return CUDA_ERROR_INVALID_VALUE;
-    switch ((int)attribute) {
-    case CU_POINTER_ATTRIBUTE_CONTEXT:
-        *(CUcontext *)data = a.ctx;
-        return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
-        *(unsigned int *)data = a.kind == ALLOC_HOST || a.kind == ALLOC_HOST_REGISTERED ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
-        return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
-        *(CUdeviceptr *)data = ptr;
-        return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
-        *(int *)data = a.dev;
-        return CUDA_SUCCESS;
-    default:
-        return CUDA_ERROR_INVALID_VALUE;
-    }
+    return pointer_attr(data, (int)attribute, ptr, &a, 1);
 }
 
 /* Each attribute as cuPointerGetAttribute answers it; for a pointer the driver does not know,
@@ -472,21 +478,12 @@ SIM_EXPORT CUresult cuPointerGetAttributes(unsigned int numAttributes, CUpointer
     if (rc != CUDA_SUCCESS)
         return rc;
     sim_alloc a;
-    pthread_mutex_lock(&G.lock);
-    int found = sim_alloc_find((uintptr_t)ptr, &a) == 0;
-    pthread_mutex_unlock(&G.lock);
+    int found = pointer_alloc(ptr, &a);
     for (unsigned i = 0; i < numAttributes; i++) {
         if (!data[i])
             return CUDA_ERROR_INVALID_VALUE;
-        switch ((int)attributes[i]) {
-        case CU_POINTER_ATTRIBUTE_CONTEXT: *(CUcontext *)data[i] = found ? a.ctx : NULL; break;
-        case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
-            *(unsigned int *)data[i] = !found ? 0 : a.kind == ALLOC_HOST || a.kind == ALLOC_HOST_REGISTERED ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
-            break;
-        case CU_POINTER_ATTRIBUTE_DEVICE_POINTER: *(CUdeviceptr *)data[i] = found ? ptr : 0; break;
-        case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *(int *)data[i] = found ? a.dev : -1; break;
-        default: return CUDA_ERROR_INVALID_VALUE;
-        }
+        if ((rc = pointer_attr(data[i], (int)attributes[i], ptr, &a, found)) != CUDA_SUCCESS)
+            return rc;
     }
     return CUDA_SUCCESS;
 }
