@@ -88,6 +88,7 @@ VGPU_CUDA_API CUresult cuCtxDisablePeerAccess(CUcontext peerContext);
 /* several pointer attributes at once (memory.c); a kernel's library (module.c) */
 VGPU_CUDA_API CUresult cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute *attributes, void **data, CUdeviceptr ptr);
 VGPU_CUDA_API CUresult cuKernelGetLibrary(CUlibrary *pLib, CUkernel kernel);
+VGPU_CUDA_API CUresult cuLibraryGetModule(CUmodule *pMod, CUlibrary library);
 
 /* managed-memory prefetch: a hint, nothing to move (memory.c) */
 VGPU_CUDA_API CUresult cuMemPrefetchAsync(CUdeviceptr devPtr, size_t count, CUdevice dstDevice, CUstream hStream);
