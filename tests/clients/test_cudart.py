@@ -75,10 +75,12 @@ def test_runtime_sees_the_slice_and_is_refused_past_it(
     assert f"oom_error={CUDA_ERROR_MEMORY_ALLOCATION}" in out, out
 
 
-def test_runtime_launches_are_capped(client: Client, tmp_path: Path) -> None:
-    # libcudart 13 (12.9 does not resolve the hand-made fat binary's kernel: docs/simulator.md)
+@pytest.mark.parametrize("version", ["12", "13"])
+def test_runtime_launches_are_capped(client: Client, version: str, tmp_path: Path) -> None:
+    # 12.9 launches through cuLibraryGetModule + cuModuleGetFunction, 13 through cuLibraryGetKernel
     env = {k: v for k, v in client.env.items() if not k.startswith("SIMGPU_KERNEL_")}
-    out = Client(env).run(str(build("13", tmp_path)), "compute", "3", vgpu=["--compute", "30"])
+    exe = str(build(version, tmp_path))
+    out = Client(env).run(exe, "compute", "3", vgpu=["--compute", "30"])
     m = re.search(r"share=([\d.]+)", out)
     assert m, out
     assert 22 < float(m.group(1)) < 38, out

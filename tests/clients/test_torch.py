@@ -58,8 +58,8 @@ def test_caching_allocator_meets_the_quota_and_recovers(
 
 @pytest.mark.xfail(
     strict=True,
-    reason="cublasCreate still answers CUBLAS_STATUS_INTERNAL_ERROR after its cluster discovery and "
-    "global constants on the simulator (docs/simulator.md, 'Real clients'); strict: passes the day it works",
+    reason="cublasCreate succeeds, but cublasSgemm answers CUBLAS_STATUS_NOT_SUPPORTED without a driver "
+    "call on the simulator (docs/simulator.md, 'Real clients'); strict: passes the day it works",
 )
 def test_matmul_launches(client: Client, torch_python: str) -> None:
     out = client.run(

@@ -3,6 +3,8 @@
  *
  *   init.c     cuInit, cuDriverGetVersion, process globals, fork handling
  *   device.c   devices and attributes
+ *   peer.c     peer access (no P2P path between the simulated GPUs)
+ *   smlimits.c per-SM resource limits of a compute capability (attributes, occupancy)
  *   context.c  primary and explicit contexts, the per-thread context stack
  *   memory.c   the allocation table, cuMemAlloc & co, cuMemGetInfo, host memory, pointer queries
  *   copy.c     memcpy / memset, sync and async
@@ -13,6 +15,7 @@
  *   launch.c   kernel launches: the device timeline
  *   stream.c   streams, synchronisation, events
  *   graph.c    stream capture and graphs
+ *   graphnode.c kernel-node parameters (not kept: refused)
  *   procaddr.c cuGetProcAddress from vgpu/cuda_procaddr.def
  *   errors.c   error names and strings
  *
@@ -143,6 +146,7 @@ struct CUfunc_st {
 struct CUkern_st {
     struct CUfunc_st fn;             /* first: a CUkernel may be passed where a CUfunction goes */
     struct CUkern_st *next;
+    struct CUlib_st *lib;            /* the library it came from */
 };
 
 struct CUmod_global {
@@ -368,5 +372,14 @@ void sim_gmem_free_locked(const sim_alloc *a);      /* cuMemFree of a graph allo
  * (*rc then holds the result), 0 if the stream is not capturing. */
 int sim_gmem_capture_alloc(struct CUstream_st *s, int dev, size_t bytes, CUdeviceptr *out, CUresult *rc);
 int sim_gmem_capture_free(struct CUstream_st *s, CUdeviceptr p, CUresult *rc);
+
+/* Per-SM resource limits of a compute capability (smlimits.c). */
+typedef struct {
+    int threads, blocks, regs;     /* per SM */
+    int smem;                      /* shared memory per SM, bytes */
+    int smem_optin;                /* shared memory one block may opt in to */
+    int smem_reserved;             /* shared memory the system reserves per block */
+} sim_sm_limits;
+sim_sm_limits sim_sm_limits_of(int cc_major, int cc_minor);
 
 #endif

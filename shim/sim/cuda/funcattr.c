@@ -3,18 +3,16 @@
  * code, so every kernel reports what a small compiled kernel on the device reports (32 registers,
  * no static shared/constant/local memory, PTX and binary version = the compute capability); the
  * settable attributes (max dynamic shared memory, carveout, cache config) are kept and read back.
- * Occupancy follows the device's per-SM limits (2048 threads, 32 blocks, 65536 registers, 228 KiB
- * shared memory, 227 KiB per block opt-in), as the CUDA occupancy calculator does.
+ * Occupancy follows the per-SM limits of the device's compute capability (smlimits.c; on 9.0:
+ * 2048 threads, 32 blocks, 65536 registers, 228 KiB shared memory, 227 KiB per block opt-in,
+ * 1 KiB reserved per block), as the CUDA occupancy calculator does.
  */
 #include "cuda_internal.h"
 
 #define FN_REGS 32
-#define SM_THREADS 2048
-#define SM_BLOCKS 32
-#define SM_REGS 65536
-#define SM_SMEM (228 * 1024)
-#define BLOCK_SMEM_OPTIN (227 * 1024)
 #define BLOCK_THREADS 1024
+
+static sim_sm_limits limits(int dev) { return sim_sm_limits_of(G.cfg->dev[dev].cc_major, G.cfg->dev[dev].cc_minor); }
 
 static CUresult func_get(int *pi, CUfunction_attribute attrib, struct CUfunc_st *f, int dev)
 {
@@ -41,11 +39,11 @@ static CUresult func_get(int *pi, CUfunction_attribute attrib, struct CUfunc_st 
     return CUDA_SUCCESS;
 }
 
-static CUresult func_set(struct CUfunc_st *f, CUfunction_attribute attrib, int value)
+static CUresult func_set(struct CUfunc_st *f, CUfunction_attribute attrib, int value, int dev)
 {
     switch ((int)attrib) {
     case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES:
-        if (value < 0 || value > BLOCK_SMEM_OPTIN)
+        if (value < 0 || value > limits(dev).smem_optin)
             return CUDA_ERROR_INVALID_VALUE;
         f->max_dyn_smem = value;
         return CUDA_SUCCESS;
@@ -110,7 +108,7 @@ SIM_EXPORT CUresult cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute at
     struct CUfunc_st *f;
     int dev;
     CUresult rc = resolve(hfunc, &f, &dev);
-    return rc != CUDA_SUCCESS ? rc : func_set(f, attrib, value);
+    return rc != CUDA_SUCCESS ? rc : func_set(f, attrib, value, dev);
 }
 
 SIM_EXPORT CUresult cuFuncSetCacheConfig(CUfunction hfunc, CUfunc_cache config)
@@ -180,7 +178,7 @@ SIM_EXPORT CUresult cuKernelSetAttribute(CUfunction_attribute attrib, int val, C
 {
     struct CUfunc_st *f;
     CUresult rc = resolve_kernel(kernel, dev, &f);
-    return rc != CUDA_SUCCESS ? rc : func_set(f, attrib, val);
+    return rc != CUDA_SUCCESS ? rc : func_set(f, attrib, val, dev);
 }
 
 SIM_EXPORT CUresult cuKernelSetCacheConfig(CUkernel kernel, CUfunc_cache config, CUdevice dev)
@@ -196,19 +194,20 @@ SIM_EXPORT CUresult cuKernelSetCacheConfig(CUkernel kernel, CUfunc_cache config,
 }
 
 /* Resident blocks of blockSize threads per SM (0: the block cannot run). */
-static int blocks_per_sm(const struct CUfunc_st *f, int blockSize, size_t smem)
+static int blocks_per_sm(const struct CUfunc_st *f, int dev, int blockSize, size_t smem)
 {
+    sim_sm_limits sm = limits(dev);
     /* the hardware's answer: the function's dynamic shared memory limit is checked at launch,
      * not here (cuBLAS sizes its kernels by asking before it raises the limit) */
-    if (blockSize <= 0 || blockSize > BLOCK_THREADS || smem > BLOCK_SMEM_OPTIN)
+    if (blockSize <= 0 || blockSize > BLOCK_THREADS || smem > (size_t)sm.smem_optin)
         return 0;
     int warps = (blockSize + 31) / 32;
-    int by_threads = SM_THREADS / (warps * 32);
-    int by_regs = SM_REGS / (warps * 32 * FN_REGS);
-    int by_smem = smem ? (int)(SM_SMEM / (sim_align_up(smem, 1024) + 1024)) : SM_BLOCKS; /* 1 KiB reserved per block */
+    int by_threads = sm.threads / (warps * 32);
+    int by_regs = sm.regs / (warps * 32 * FN_REGS);
+    int by_smem = smem ? (int)((size_t)sm.smem / (sim_align_up(smem, 1024) + (size_t)sm.smem_reserved)) : sm.blocks;
     int n = by_threads < by_regs ? by_threads : by_regs;
     n = n < by_smem ? n : by_smem;
-    return n < SM_BLOCKS ? n : SM_BLOCKS;
+    return n < sm.blocks ? n : sm.blocks;
 }
 
 static CUresult occupancy(int *numBlocks, CUfunction func, int blockSize, size_t smem)
@@ -222,7 +221,7 @@ static CUresult occupancy(int *numBlocks, CUfunction func, int blockSize, size_t
         return rc;
     if (blockSize <= 0 || blockSize > BLOCK_THREADS)
         return CUDA_ERROR_INVALID_VALUE;
-    *numBlocks = blocks_per_sm(f, blockSize, smem);
+    *numBlocks = blocks_per_sm(f, dev, blockSize, smem);
     return CUDA_SUCCESS;
 }
 
@@ -251,7 +250,7 @@ static CUresult potential(int *minGridSize, int *blockSize, CUfunction func, CUo
     int max = limit > 0 && limit < BLOCK_THREADS ? limit : BLOCK_THREADS;
     int best = 0, best_blocks = 0, best_threads = 0;
     for (int bs = max; bs > 0; bs -= (bs % 32 ? bs % 32 : 32)) {
-        int n = blocks_per_sm(f, bs, b2d ? b2d(bs) : smem);
+        int n = blocks_per_sm(f, dev, bs, b2d ? b2d(bs) : smem);
         if (n * bs > best_threads) {
             best_threads = n * bs;
             best = bs;
@@ -285,13 +284,14 @@ SIM_EXPORT CUresult cuOccupancyAvailableDynamicSMemPerBlock(size_t *dynamicSmemS
     CUresult rc = resolve(func, &f, &dev);
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (numBlocks <= 0 || blockSize <= 0 || blockSize > BLOCK_THREADS || blocks_per_sm(f, blockSize, 0) < numBlocks)
+    if (numBlocks <= 0 || blockSize <= 0 || blockSize > BLOCK_THREADS || blocks_per_sm(f, dev, blockSize, 0) < numBlocks)
         return CUDA_ERROR_INVALID_VALUE;
     /* what the hardware leaves each block: the function's opt-in limit does not cap the answer
      * (cuBLAS asks first, then raises CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES to it) */
-    size_t per = SM_SMEM / (size_t)numBlocks;
-    per = per > 1024 ? (per - 1024) / 1024 * 1024 : 0;
-    *dynamicSmemSize = per < BLOCK_SMEM_OPTIN ? per : BLOCK_SMEM_OPTIN;
+    sim_sm_limits sm = limits(dev);
+    size_t per = (size_t)sm.smem / (size_t)numBlocks, reserved = (size_t)sm.smem_reserved;
+    per = per > reserved ? (per - reserved) / 1024 * 1024 : 0;
+    *dynamicSmemSize = per < (size_t)sm.smem_optin ? per : (size_t)sm.smem_optin;
     return CUDA_SUCCESS;
 }
 
@@ -321,7 +321,7 @@ static CUresult cluster_args(CUfunction func, const CUlaunchConfig *config, stru
     for (unsigned i = 0; i < config->numAttrs; i++)
         if ((int)config->attrs[i].id == LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION)
             *size = config->attrs[i].value.clusterDim.x * config->attrs[i].value.clusterDim.y * config->attrs[i].value.clusterDim.z;
-    *blocks = blocks_per_sm(*f, threads, config->sharedMemBytes);
+    *blocks = blocks_per_sm(*f, *dev, threads, config->sharedMemBytes);
     return CUDA_SUCCESS;
 }
 

@@ -431,6 +431,30 @@ SIM_EXPORT CUresult cuMemGetAddressRange(CUdeviceptr_v1 *pbase, unsigned int *ps
     return CUDA_SUCCESS;
 }
 
+/* The allocation holding ptr (1), or 0 if the driver knows no such pointer. */
+static int pointer_alloc(CUdeviceptr ptr, sim_alloc *a)
+{
+    pthread_mutex_lock(&G.lock);
+    int found = sim_alloc_find((uintptr_t)ptr, a) == 0;
+    pthread_mutex_unlock(&G.lock);
+    return found;
+}
+
+/* One attribute of a known allocation (found) or of an unknown pointer (the "not device memory"
+ * answers of cuPointerGetAttributes); CUDA_ERROR_INVALID_VALUE for an attribute not modelled. */
+static CUresult pointer_attr(void *data, int attribute, CUdeviceptr ptr, const sim_alloc *a, int found)
+{
+    switch (attribute) {
+    case CU_POINTER_ATTRIBUTE_CONTEXT: *(CUcontext *)data = found ? a->ctx : NULL; return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+        *(unsigned int *)data = !found ? 0 : a->kind == ALLOC_HOST || a->kind == ALLOC_HOST_REGISTERED ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER: *(CUdeviceptr *)data = found ? ptr : 0; return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *(int *)data = found ? a->dev : -1; return CUDA_SUCCESS;
+    default: return CUDA_ERROR_INVALID_VALUE;
+    }
+}
+
 SIM_EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr)
 {
     if (!data)
@@ -439,25 +463,68 @@ SIM_EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attrib
     if (rc != CUDA_SUCCESS)
         return rc;
     sim_alloc a;
-    pthread_mutex_lock(&G.lock);
-    int found = sim_alloc_find((uintptr_t)ptr, &a) == 0;
-    pthread_mutex_unlock(&G.lock);
-    if (!found)
+    if (!pointer_alloc(ptr, &a))
         return CUDA_ERROR_INVALID_VALUE;
-    switch ((int)attribute) {
-    case CU_POINTER_ATTRIBUTE_CONTEXT:
-        *(CUcontext *)data = a.ctx;
-        return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
-        *(unsigned int *)data = a.kind == ALLOC_HOST || a.kind == ALLOC_HOST_REGISTERED ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
-        return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
-        *(CUdeviceptr *)data = ptr;
-        return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
-        *(int *)data = a.dev;
-        return CUDA_SUCCESS;
-    default:
+    return pointer_attr(data, (int)attribute, ptr, &a, 1);
+}
+
+/* Each attribute as cuPointerGetAttribute answers it; for a pointer the driver does not know,
+ * every attribute reads as "not device memory" (0 / NULL) rather than an error, as documented. */
+SIM_EXPORT CUresult cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute *attributes, void **data, CUdeviceptr ptr)
+{
+    if (!numAttributes || !attributes || !data)
         return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = sim_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    sim_alloc a;
+    int found = pointer_alloc(ptr, &a);
+    for (unsigned i = 0; i < numAttributes; i++) {
+        if (!data[i])
+            return CUDA_ERROR_INVALID_VALUE;
+        if ((rc = pointer_attr(data[i], (int)attributes[i], ptr, &a, found)) != CUDA_SUCCESS)
+            return rc;
+    }
+    return CUDA_SUCCESS;
+}
+
+/* A prefetch of managed memory is a hint: the simulated device and the host share one copy, so
+ * there is nothing to move; the range, device and stream are checked as the driver checks them. */
+static CUresult prefetch(CUdeviceptr devPtr, size_t count, CUdevice dstDevice, CUstream hStream, int ptds)
+{
+    CUresult rc = sim_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!devPtr || !count)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (dstDevice != -1 /* CU_DEVICE_CPU */ && (rc = sim_check_device(dstDevice)) != CUDA_SUCCESS)
+        return rc;
+    struct CUstream_st *s;
+    if ((rc = sim_resolve_stream(hStream, ptds, &s)) != CUDA_SUCCESS)
+        return rc;
+    return sim_check_device_range(devPtr, count);
+}
+
+SIM_EXPORT CUresult cuMemPrefetchAsync(CUdeviceptr devPtr, size_t count, CUdevice dstDevice, CUstream hStream)
+{ return prefetch(devPtr, count, dstDevice, hStream, 0); }
+SIM_EXPORT CUresult cuMemPrefetchAsync_ptsz(CUdeviceptr devPtr, size_t count, CUdevice dstDevice, CUstream hStream)
+{ return prefetch(devPtr, count, dstDevice, hStream, 1); }
+
+/* The CUDA 12.2 form (the only cuMemPrefetchAsync of CUDA 13): a memory location and flags. */
+static CUresult prefetch_v2(CUdeviceptr devPtr, size_t count, CUmemLocation location, unsigned int flags, CUstream hStream, int ptds)
+{
+    if (flags)
+        return CUDA_ERROR_INVALID_VALUE;
+    switch (location.type) {
+    case CU_MEM_LOCATION_TYPE_DEVICE: return prefetch(devPtr, count, location.id, hStream, ptds);
+    case CU_MEM_LOCATION_TYPE_HOST:
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA:
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT: return prefetch(devPtr, count, -1, hStream, ptds);
+    default: return CUDA_ERROR_INVALID_VALUE;
     }
 }
+
+SIM_EXPORT CUresult cuMemPrefetchAsync_v2(CUdeviceptr devPtr, size_t count, CUmemLocation location, unsigned int flags, CUstream hStream)
+{ return prefetch_v2(devPtr, count, location, flags, hStream, 0); }
+SIM_EXPORT CUresult cuMemPrefetchAsync_v2_ptsz(CUdeviceptr devPtr, size_t count, CUmemLocation location, unsigned int flags, CUstream hStream)
+{ return prefetch_v2(devPtr, count, location, flags, hStream, 1); }

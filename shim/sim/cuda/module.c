@@ -361,11 +361,25 @@ SIM_EXPORT CUresult cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, con
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
         func_init(&k->fn, n, MAGIC_KERNEL);
+        k->lib = library;
         k->next = library->kernels;
         library->kernels = k;
     }
     pthread_mutex_unlock(&G.lock);
     *pKernel = k;
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuKernelGetLibrary(CUlibrary *pLib, CUkernel kernel)
+{
+    if (!pLib)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = sim_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!kernel || kernel->fn.magic != MAGIC_KERNEL)
+        return CUDA_ERROR_INVALID_HANDLE;
+    *pLib = kernel->lib;
     return CUDA_SUCCESS;
 }
 
@@ -442,4 +456,24 @@ SIM_EXPORT CUresult cuLibraryGetGlobal(CUdeviceptr *dptr, size_t *bytes, CUlibra
         return CUDA_ERROR_INVALID_HANDLE;
     library_load_fatbin(library);
     return library->mod ? get_global(dptr, bytes, library->mod, name) : CUDA_ERROR_NOT_FOUND;
+}
+
+/* The library's module in the current context (its globals, and functions looked up by name):
+ * CUDA 12.9's runtime launches through it when its cuKernelGetFunction probe of the host stub
+ * fails, where CUDA 13's asks cuLibraryGetKernel. */
+SIM_EXPORT CUresult cuLibraryGetModule(CUmodule *pMod, CUlibrary library)
+{
+    if (!pMod)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUctx_st *c;
+    CUresult rc = sim_get_ctx(&c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!SIM_VALID(library, MAGIC_LIB))
+        return CUDA_ERROR_INVALID_HANDLE;
+    library_load_fatbin(library);
+    if (!library->mod && (rc = module_new(&library->mod, NULL)) != CUDA_SUCCESS)
+        return rc;
+    *pMod = library->mod;
+    return CUDA_SUCCESS;
 }

@@ -32,6 +32,18 @@ VGPU_CUDA_API CUresult cuStreamWriteValue64(CUstream stream, CUdeviceptr addr, c
 VGPU_CUDA_API CUresult cuStreamWriteValue64_ptsz(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags);
 VGPU_CUDA_API CUresult cuStreamWriteValue64_v2(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags);
 VGPU_CUDA_API CUresult cuStreamWriteValue64_v2_ptsz(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags);
+VGPU_CUDA_API CUresult cuStreamWaitValue32(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags);
+VGPU_CUDA_API CUresult cuStreamWaitValue32_ptsz(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags);
+VGPU_CUDA_API CUresult cuStreamWaitValue32_v2(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags);
+VGPU_CUDA_API CUresult cuStreamWaitValue32_v2_ptsz(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags);
+VGPU_CUDA_API CUresult cuStreamWaitValue64(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags);
+VGPU_CUDA_API CUresult cuStreamWaitValue64_ptsz(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags);
+VGPU_CUDA_API CUresult cuStreamWaitValue64_v2(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags);
+VGPU_CUDA_API CUresult cuStreamWaitValue64_v2_ptsz(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags);
+VGPU_CUDA_API CUresult cuStreamBatchMemOp(CUstream stream, unsigned int count, CUstreamBatchMemOpParams *paramArray, unsigned int flags);
+VGPU_CUDA_API CUresult cuStreamBatchMemOp_ptsz(CUstream stream, unsigned int count, CUstreamBatchMemOpParams *paramArray, unsigned int flags);
+VGPU_CUDA_API CUresult cuStreamBatchMemOp_v2(CUstream stream, unsigned int count, CUstreamBatchMemOpParams *paramArray, unsigned int flags);
+VGPU_CUDA_API CUresult cuStreamBatchMemOp_v2_ptsz(CUstream stream, unsigned int count, CUstreamBatchMemOpParams *paramArray, unsigned int flags);
 
 /* multicast objects and green contexts: not supported by the simulated devices (unsupported.c) */
 VGPU_CUDA_API CUresult cuMulticastCreate(CUmemGenericAllocationHandle *mcHandle, const CUmulticastObjectProp *prop);
@@ -67,5 +79,28 @@ VGPU_CUDA_API CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mo
 
 /* context and stream identity (ctxinfo.c) */
 VGPU_CUDA_API CUresult cuCtxGetId(CUcontext ctx, unsigned long long *ctxId);
+
+/* peer access: no P2P path between the simulated GPUs (peer.c) */
+VGPU_CUDA_API CUresult cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDev);
+VGPU_CUDA_API CUresult cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int flags);
+VGPU_CUDA_API CUresult cuCtxDisablePeerAccess(CUcontext peerContext);
+
+/* several pointer attributes at once (memory.c); a kernel's library (module.c) */
+VGPU_CUDA_API CUresult cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute *attributes, void **data, CUdeviceptr ptr);
+VGPU_CUDA_API CUresult cuKernelGetLibrary(CUlibrary *pLib, CUkernel kernel);
+VGPU_CUDA_API CUresult cuLibraryGetModule(CUmodule *pMod, CUlibrary library);
+
+/* managed-memory prefetch: a hint, nothing to move (memory.c) */
+VGPU_CUDA_API CUresult cuMemPrefetchAsync(CUdeviceptr devPtr, size_t count, CUdevice dstDevice, CUstream hStream);
+VGPU_CUDA_API CUresult cuMemPrefetchAsync_ptsz(CUdeviceptr devPtr, size_t count, CUdevice dstDevice, CUstream hStream);
+VGPU_CUDA_API CUresult cuMemPrefetchAsync_v2(CUdeviceptr devPtr, size_t count, CUmemLocation location, unsigned int flags, CUstream hStream);
+VGPU_CUDA_API CUresult cuMemPrefetchAsync_v2_ptsz(CUdeviceptr devPtr, size_t count, CUmemLocation location, unsigned int flags, CUstream hStream);
+
+/* kernel-node parameters of graphs (graphnode.c) */
+typedef struct CUDA_KERNEL_NODE_PARAMS_st CUDA_KERNEL_NODE_PARAMS;
+VGPU_CUDA_API CUresult cuGraphKernelNodeGetParams(CUgraphNode hNode, CUDA_KERNEL_NODE_PARAMS *nodeParams);
+VGPU_CUDA_API CUresult cuGraphKernelNodeGetParams_v2(CUgraphNode hNode, CUDA_KERNEL_NODE_PARAMS *nodeParams);
+VGPU_CUDA_API CUresult cuGraphExecKernelNodeSetParams(CUgraphExec hGraphExec, CUgraphNode hNode, const CUDA_KERNEL_NODE_PARAMS *nodeParams);
+VGPU_CUDA_API CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec hGraphExec, CUgraphNode hNode, const CUDA_KERNEL_NODE_PARAMS *nodeParams);
 
 #endif
