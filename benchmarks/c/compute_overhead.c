@@ -11,8 +11,7 @@
 
 #include "vgpu/cuda_api.h"
 
-int main(int argc, char **argv)
-{
+int main(int argc, char **argv) {
     long n = argc > 1 ? atol(argv[1]) : 1000;
     CUdevice dev;
     CUcontext ctx;

@@ -57,25 +57,25 @@ _Static_assert(sizeof(struct vgpu_compute_state) == 512, "compute state size is 
 #ifndef BURST_NS
 #define BURST_NS (20 * 1000000LL) /* how far a slice may run ahead of its schedule */
 #endif
-#define WANT_HOLD_NS (100 * 1000000LL)     /* a slice "wants" time this long after a launch */
-#define NODE_CHECK_NS (1000000LL)          /* elastic: re-read the neighbours' demand at most every 1 ms */
-#define HEARTBEAT_NS (5 * 1000000LL)       /* rewrite want_until when it moved by more than this */
-#define UNKNOWN_WAIT_MAX_NS (200 * 1000000LL) /* first launch of a key: wait this long at most */
-#define INFLIGHT_MAX_NS (8 * 1000000LL)    /* elastic, uncapped: device time queued ahead at most */
+#define WANT_HOLD_NS         (100 * 1000000LL) /* a slice "wants" time this long after a launch */
+#define NODE_CHECK_NS        (1000000LL)       /* elastic: re-read the neighbours' demand at most every 1 ms */
+#define HEARTBEAT_NS         (5 * 1000000LL)   /* rewrite want_until when it moved by more than this */
+#define UNKNOWN_WAIT_MAX_NS  (200 * 1000000LL) /* first launch of a key: wait this long at most */
+#define INFLIGHT_MAX_NS      (8 * 1000000LL)   /* elastic, uncapped: device time queued ahead at most */
 #define INFLIGHT_WAIT_MAX_NS (100 * 1000000LL)
-#define POLL_NS (1000000LL)                /* sleep between completion polls (never spin) */
-#define MIN_SLEEP_NS (2000000LL)           /* a launch due sooner than this goes now: batches wake-ups */
-#define RING 256                           /* measured launches in flight per context */
-#define MAX_CTX 32
-#define MEASURE_ALL_FIRST 32               /* measure every launch of a key until it has this many samples */
-#define MEASURE_EVERY 4                    /* then one launch in this many, at random, */
-#define MEASURE_EVERY_MAX 64               /* or fewer for short kernels: */
-#define MEASURE_SPACING_NS (100 * 1000LL)  /* about one per this much estimated device time */
-#define START_WAIT_NS (5 * 1000LL)         /* a measured launch waits this long at most for its start event */
+#define POLL_NS              (1000000LL) /* sleep between completion polls (never spin) */
+#define MIN_SLEEP_NS         (2000000LL) /* a launch due sooner than this goes now: batches wake-ups */
+#define RING                 256         /* measured launches in flight per context */
+#define MAX_CTX              32
+#define MEASURE_ALL_FIRST    32             /* measure every launch of a key until it has this many samples */
+#define MEASURE_EVERY        4              /* then one launch in this many, at random, */
+#define MEASURE_EVERY_MAX    64             /* or fewer for short kernels: */
+#define MEASURE_SPACING_NS   (100 * 1000LL) /* about one per this much estimated device time */
+#define START_WAIT_NS        (5 * 1000LL)   /* a measured launch waits this long at most for its start event */
 
 /* ------------------------------------------------------------ configuration (compute_config.c) */
 static struct vgpu_compute_config g_cfg = {.policy = VGPU_COMPUTE_POLICY_HARD, .priority = 1, .nvml_loop = 1};
-int vgpu_compute_on;                               /* = g_cfg.enabled, for launch_hooks.c (compute.h) */
+int vgpu_compute_on; /* = g_cfg.enabled, for launch_hooks.c (compute.h) */
 
 /* ------------------------------------------------------------ driver entry points we call */
 typedef CUresult (*pfn_ctx_get_current)(CUcontext *);
@@ -106,8 +106,7 @@ static int drv_done; /* drv_resolve has run: launches skip pthread_once (a call)
  * (vgpu_cuda_sym: dlsym on the driver's handle, so neither the shim's dlsym map nor another
  * interposer hands us a wrapper), by their exported ABI-versioned names, default (legacy-stream)
  * versions. */
-static void drv_resolve(void)
-{
+static void drv_resolve(void) {
     drv.ctx_get_current = (pfn_ctx_get_current)vgpu_cuda_sym("cuCtxGetCurrent");
     drv.ctx_get_device = (pfn_ctx_get_device)vgpu_cuda_sym("cuCtxGetDevice");
     drv.event_create = (pfn_event_create)vgpu_cuda_sym("cuEventCreate");
@@ -117,8 +116,8 @@ static void drv_resolve(void)
     drv.event_elapsed = (pfn_event_elapsed)vgpu_cuda_sym("cuEventElapsedTime");
     drv.stream_is_capturing = (pfn_stream_is_capturing)vgpu_cuda_sym("cuStreamIsCapturing");
     drv.device_get_uuid = (pfn_device_get_uuid)vgpu_cuda_sym("cuDeviceGetUuid_v2");
-    drv_ok = drv.ctx_get_current && drv.ctx_get_device && drv.event_create && drv.event_record &&
-             drv.event_query && drv.event_elapsed;
+    drv_ok = drv.ctx_get_current && drv.ctx_get_device && drv.event_create && drv.event_record && drv.event_query &&
+             drv.event_elapsed;
     if (!drv_ok)
         vgpu_log(VGPU_LOG_ERROR, "compute cap: the driver lacks event functions; launches are charged "
                                  "by estimate only (no measurement)");
@@ -140,7 +139,7 @@ struct ring_slot {
 struct cctx {
     CUcontext ctx; /* NULL = unused */
     int dev;
-    unsigned head, tail; /* ring indices (mod RING); [head, tail) are reserved or pending */
+    unsigned head, tail;    /* ring indices (mod RING); [head, tail) are reserved or pending */
     int64_t outstanding_ns; /* charged device time of pending slots */
     struct ring_slot ring[RING];
 };
@@ -150,7 +149,7 @@ struct cdev {
     struct vgpu_compute_state *st;
     struct vgpu_node_slot *own; /* this slice's demand record on the device (NULL: none) */
     uint8_t uuid_bytes[16];
-    uint64_t slice_id;  /* this slice's id */
+    uint64_t slice_id; /* this slice's id */
     int64_t next_node_check;
     int64_t published_want;
     uint32_t eff;
@@ -163,39 +162,32 @@ static struct cdev g_dev[VGPU_MAX_DEVICES];
 static struct vgpu_compute_state g_private[VGPU_MAX_DEVICES]; /* when no region is mapped */
 static uint64_t g_draw; /* which launches are measured (measure_draw): splitmix64 state, seeded at the first attach */
 
-static void atfork_child(void)
-{
+static void atfork_child(void) {
     pthread_mutex_init(&g_mu, NULL);
     vgpu_demand_atfork_child();
     /* The parent's contexts (and so its events) are not usable here. */
     memset(g_ctx, 0, sizeof g_ctx);
     vgpu_compute_nvml_atfork_child();
-    for (unsigned i = 0; i < VC_EST_SLOTS; i++)
-        g_est.e[i].in_flight = 0;
+    for (unsigned i = 0; i < VC_EST_SLOTS; i++) g_est.e[i].in_flight = 0;
 }
 
-int vgpu_compute_init(void)
-{
-    if (vgpu_compute_config_load(&g_cfg))
-        return 1;
+int vgpu_compute_init(void) {
+    if (vgpu_compute_config_load(&g_cfg)) return 1;
     vgpu_compute_on = g_cfg.enabled;
     if (g_cfg.enabled) {
         vgpu_require_region();
         pthread_atfork(NULL, NULL, atfork_child);
         vgpu_log(VGPU_LOG_INFO, "compute cap: policy %s, priority %d, node state %s",
-                 g_cfg.policy == VGPU_COMPUTE_POLICY_ELASTIC ? "elastic" : "hard", (int)g_cfg.priority, vgpu_demand_dir());
+                 g_cfg.policy == VGPU_COMPUTE_POLICY_ELASTIC ? "elastic" : "hard", (int)g_cfg.priority,
+                 vgpu_demand_dir());
     }
     return 0;
 }
 
-uint32_t vgpu_compute_cap_permille(int dev)
-{
-    return dev >= 0 && dev < VGPU_MAX_DEVICES ? g_cfg.cap[dev] : 0;
-}
+uint32_t vgpu_compute_cap_permille(int dev) { return dev >= 0 && dev < VGPU_MAX_DEVICES ? g_cfg.cap[dev] : 0; }
 
 /* ------------------------------------------------------------ attach a device */
-static uint64_t random_id(void)
-{
+static uint64_t random_id(void) {
     uint64_t x = (uint64_t)vgpu_compute_now_ns() ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)&x;
     x ^= x >> 33;
     x *= 0xff51afd7ed558ccdULL;
@@ -203,17 +195,14 @@ static uint64_t random_id(void)
     return x ? x : 1;
 }
 
-static void attach_device(int dev, CUdevice cudev)
-{
+static void attach_device(int dev, CUdevice cudev) {
     struct cdev *cd = &g_dev[dev];
     struct vgpu_region *r = vgpu_region();
     struct vgpu_compute_state *st = r ? &r->compute[dev] : &g_private[dev];
-    if (!r)
-        vgpu_log(VGPU_LOG_WARN, "compute cap: no accounting region; the cap of device %d is per process", dev);
+    if (!r) vgpu_log(VGPU_LOG_WARN, "compute cap: no accounting region; the cap of device %d is per process", dev);
     uint64_t zero = 0;
     uint64_t id = random_id();
-    if (!__atomic_compare_exchange_n(&st->slice_id, &zero, id, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
-        id = zero;
+    if (!__atomic_compare_exchange_n(&st->slice_id, &zero, id, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) id = zero;
     __atomic_store_n(&st->effective_permille, g_cfg.cap[dev], __ATOMIC_RELAXED);
     __atomic_store_n(&st->version, VGPU_COMPUTE_STATE_VERSION, __ATOMIC_RELEASE);
     __atomic_fetch_add(&st->attached, 1, __ATOMIC_RELAXED);
@@ -224,14 +213,12 @@ static void attach_device(int dev, CUdevice cudev)
     if (drv.device_get_uuid && drv.device_get_uuid(&u, cudev) == CUDA_SUCCESS) {
         const unsigned char *b = (const unsigned char *)u.bytes;
         memcpy(cd->uuid_bytes, b, 16);
-        snprintf(uuid, sizeof uuid,
-                 "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2],
-                 b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+        snprintf(uuid, sizeof uuid, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
+                 b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
         cd->own = vgpu_demand_own(dev, cd->uuid_bytes, id, g_cfg.cap[dev], g_cfg.policy, g_cfg.priority);
     }
     cd->slice_id = id;
-    if (!g_draw)
-        g_draw = random_id();
+    if (!g_draw) g_draw = random_id();
     if (g_cfg.policy == VGPU_COMPUTE_POLICY_ELASTIC && !cd->own)
         vgpu_log(VGPU_LOG_WARN, "compute cap: elastic policy without node state (%s): device %d keeps its cap",
                  vgpu_demand_dir(), dev);
@@ -240,19 +227,16 @@ static void attach_device(int dev, CUdevice cudev)
 }
 
 /* ------------------------------------------------------------ contexts and measurements */
-static struct cctx *ctx_get(CUcontext ctx, int dev)
-{
+static struct cctx *ctx_get(CUcontext ctx, int dev) {
     struct cctx *free_slot = NULL;
     for (int i = 0; i < MAX_CTX; i++) {
         if (g_ctx[i].ctx == ctx) {
             g_ctx[i].dev = dev;
             return &g_ctx[i];
         }
-        if (!g_ctx[i].ctx && !free_slot)
-            free_slot = &g_ctx[i];
+        if (!g_ctx[i].ctx && !free_slot) free_slot = &g_ctx[i];
     }
-    if (!free_slot)
-        return NULL; /* more than MAX_CTX contexts: launches there are charged by estimate only */
+    if (!free_slot) return NULL; /* more than MAX_CTX contexts: launches there are charged by estimate only */
     memset(free_slot, 0, sizeof *free_slot);
     free_slot->ctx = ctx;
     free_slot->dev = dev;
@@ -265,10 +249,8 @@ static struct cctx *ctx_get(CUcontext ctx, int dev)
  * the last thing a launch does), and the pair spans that host time, not device work: for kernels
  * shorter than a launch it would be most of the sample. When the start event was not yet complete
  * the kernel was queued behind other work and starts right after it: the pair is all device time. */
-static uint64_t device_time(uint64_t sample, int64_t host_ns)
-{
-    if (host_ns <= 0)
-        return sample;
+static uint64_t device_time(uint64_t sample, int64_t host_ns) {
+    if (host_ns <= 0) return sample;
     return sample > (uint64_t)host_ns ? sample - (uint64_t)host_ns : 0;
 }
 
@@ -279,26 +261,21 @@ static uint64_t device_time(uint64_t sample, int64_t host_ns)
  * much, never too little). Under g_mu. */
 static int64_t g_call_ns;
 
-static int64_t launch_call_ns(int64_t call)
-{
-    if (call < 0)
-        call = 0;
+static int64_t launch_call_ns(int64_t call) {
+    if (call < 0) call = 0;
     if (!g_call_ns) {
         g_call_ns = call ? call : 1;
         return call;
     }
     int64_t usual = g_call_ns;
     g_call_ns += ((call < 2 * usual ? call : 2 * usual) - usual) / 32;
-    if (g_call_ns < 1)
-        g_call_ns = 1;
+    if (g_call_ns < 1) g_call_ns = 1;
     return call < usual ? call : usual;
 }
 
 /* Read finished measurements of one context, oldest first. Under g_mu; non-blocking calls only. */
-static void drain_ctx(struct cctx *cx, int64_t now, int budget)
-{
-    if (!drv_ok)
-        return;
+static void drain_ctx(struct cctx *cx, int64_t now, int budget) {
+    if (!drv_ok) return;
     struct cdev *cd = &g_dev[cx->dev];
     while (cx->head != cx->tail && budget-- > 0) {
         struct ring_slot *s = &cx->ring[cx->head % RING];
@@ -310,11 +287,9 @@ static void drain_ctx(struct cctx *cx, int64_t now, int budget)
         if (s->state != SLOT_PENDING || now < s->due_ns)
             break; /* reserved by a launch still in progress, or cannot be done yet */
         CUresult q = drv.event_query(s->end);
-        if (q == CUDA_ERROR_NOT_READY)
-            break;
+        if (q == CUDA_ERROR_NOT_READY) break;
         struct vc_est_entry *e = vc_est_lookup(&g_est, s->key, s->grid);
-        if (e->in_flight)
-            e->in_flight--;
+        if (e->in_flight) e->in_flight--;
         float ms = 0;
         if (q == CUDA_SUCCESS && drv.event_elapsed(&ms, s->start, s->end) == CUDA_SUCCESS && ms >= 0 && cd->st) {
             uint64_t sample = device_time((uint64_t)llroundf(ms * 1e6f), s->host_ns);
@@ -325,10 +300,8 @@ static void drain_ctx(struct cctx *cx, int64_t now, int budget)
             uint64_t cost = accepted ? sample : est;
             int64_t delta = (int64_t)((double)cost * vgpu_compute_cost_factor(cd->st) + 0.5) - (int64_t)s->charged;
             uint32_t pm = __atomic_load_n(&cd->eff, __ATOMIC_RELAXED);
-            if (!pm)
-                pm = g_cfg.cap[cx->dev];
-            if (pm && pm < VC_PERMILLE_FULL)
-                vc_correct(&cd->st->tat_ns, now, delta, pm);
+            if (!pm) pm = g_cfg.cap[cx->dev];
+            if (pm && pm < VC_PERMILLE_FULL) vc_correct(&cd->st->tat_ns, now, delta, pm);
             __atomic_fetch_add(&cd->st->charged_ns, delta, __ATOMIC_RELAXED);
             __atomic_fetch_add(&cd->st->measured_ns, sample, __ATOMIC_RELAXED);
             __atomic_fetch_add(&cd->st->measured_launches, 1, __ATOMIC_RELAXED);
@@ -343,60 +316,49 @@ static void drain_ctx(struct cctx *cx, int64_t now, int budget)
 /* Threads of the process call these concurrently without g_mu: the per-process fields they
  * touch (published_want, next_node_check, eff) are only read and written atomically, and a
  * lost update just repeats a cheap step. */
-static void publish_want(struct cdev *cd, int64_t until)
-{
-    if (!cd->own)
-        return;
+static void publish_want(struct cdev *cd, int64_t until) {
+    if (!cd->own) return;
     int64_t pub = __atomic_load_n(&cd->published_want, __ATOMIC_RELAXED);
-    if (until - pub < HEARTBEAT_NS && until <= pub + WANT_HOLD_NS)
-        return;
+    if (until - pub < HEARTBEAT_NS && until <= pub + WANT_HOLD_NS) return;
     struct vgpu_node_slot *s = cd->own;
     int64_t cur = __atomic_load_n(&s->want_until_ns, __ATOMIC_RELAXED);
     /* Processes of a slice race here; only ever move it forward. */
     while (cur < until &&
-           !__atomic_compare_exchange_n(&s->want_until_ns, &cur, until, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
-        ;
+           !__atomic_compare_exchange_n(&s->want_until_ns, &cur, until, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED));
     __atomic_store_n(&cd->published_want, until, __ATOMIC_RELAXED);
 }
 
 /* Elastic: recompute the cap from the neighbours' demand (their records, read as copies). */
-static void node_check(struct cdev *cd, int dev, int64_t now)
-{
+static void node_check(struct cdev *cd, int dev, int64_t now) {
     struct vgpu_node_slot view[1 + 64];
     int n = vgpu_demand_peers(cd->uuid_bytes, now, view + 1, 64);
-    if (n < 0)
-        return; /* nothing to read now: keep the last decision */
+    if (n < 0) return;  /* nothing to read now: keep the last decision */
     view[0] = *cd->own; /* a snapshot: only its settings matter, and they are this process's */
     view[0].cap_permille = g_cfg.cap[dev] ? g_cfg.cap[dev] : VC_PERMILLE_FULL;
     view[0].policy = g_cfg.policy;
     view[0].priority = g_cfg.priority;
     view[0].want_until_ns = now + 1;
     view[0].slice_id = 1;
-    for (int i = 1; i <= n; i++)
-        view[i].slice_id = (uint64_t)i + 1; /* distinct from mine whatever the files say */
+    for (int i = 1; i <= n; i++) view[i].slice_id = (uint64_t)i + 1; /* distinct from mine whatever the files say */
     uint32_t e = vc_elastic_permille(view, (size_t)n + 1, 0, now);
-    if (e < g_cfg.cap[dev])
-        e = g_cfg.cap[dev];
+    if (e < g_cfg.cap[dev]) e = g_cfg.cap[dev];
     uint32_t old = __atomic_exchange_n(&cd->eff, e, __ATOMIC_RELAXED);
     if (e != old) {
         /* Going back to (or towards) the cap: start from now, with neither the debt nor the
          * credit of the uncapped period, and without the burst allowance (tat = now + burst):
          * the newcomer gets its share from the first millisecond. */
-        if (e < old)
-            vc_reset(&cd->st->tat_ns, now + BURST_NS);
+        if (e < old) vc_reset(&cd->st->tat_ns, now + BURST_NS);
         __atomic_store_n(&cd->st->effective_permille, e, __ATOMIC_RELAXED);
     }
 }
 
 /* The cap to apply now on this device (permille, VC_PERMILLE_FULL = none). An elastic slice runs
  * node_check once per NODE_CHECK_NS (the thread of the process that wins the CAS). */
-static uint32_t effective_cap(struct cdev *cd, int dev, int64_t now)
-{
-    if (!cd->own || g_cfg.policy != VGPU_COMPUTE_POLICY_ELASTIC)
-        return g_cfg.cap[dev];
+static uint32_t effective_cap(struct cdev *cd, int dev, int64_t now) {
+    if (!cd->own || g_cfg.policy != VGPU_COMPUTE_POLICY_ELASTIC) return g_cfg.cap[dev];
     int64_t due = __atomic_load_n(&cd->next_node_check, __ATOMIC_RELAXED);
-    if (now >= due && __atomic_compare_exchange_n(&cd->next_node_check, &due, now + NODE_CHECK_NS, 0,
-                                                  __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+    if (now >= due && __atomic_compare_exchange_n(&cd->next_node_check, &due, now + NODE_CHECK_NS, 0, __ATOMIC_RELAXED,
+                                                  __ATOMIC_RELAXED))
         node_check(cd, dev, now);
     return __atomic_load_n(&cd->eff, __ATOMIC_RELAXED);
 }
@@ -407,19 +369,15 @@ static uint32_t effective_cap(struct cdev *cd, int dev, int64_t now)
  * or the stream is capturing: recorded into a graph, not run, cuGraphLaunch pays for it).
  * *may_measure = 0 when asking about the capture failed (e.g. another thread captures in global
  * mode): our own event records could disturb that capture, so the launch is charged, not measured. */
-static int gate_target(CUstream stream, CUcontext *ctx, CUdevice *cudev, int *dev, int *may_measure)
-{
+static int gate_target(CUstream stream, CUcontext *ctx, CUdevice *cudev, int *dev, int *may_measure) {
     if (!__atomic_load_n(&drv_done, __ATOMIC_ACQUIRE)) {
         pthread_once(&drv_once, drv_resolve);
         __atomic_store_n(&drv_done, 1, __ATOMIC_RELEASE);
     }
-    if (!drv.ctx_get_current || !drv.ctx_get_device)
-        return 0;
-    if (drv.ctx_get_current(ctx) != CUDA_SUCCESS || !*ctx || drv.ctx_get_device(cudev) != CUDA_SUCCESS)
-        return 0;
+    if (!drv.ctx_get_current || !drv.ctx_get_device) return 0;
+    if (drv.ctx_get_current(ctx) != CUDA_SUCCESS || !*ctx || drv.ctx_get_device(cudev) != CUDA_SUCCESS) return 0;
     *dev = vgpu_device_index(*cudev);
-    if (*dev < 0 || *dev >= VGPU_MAX_DEVICES || !g_cfg.cap[*dev])
-        return 0;
+    if (*dev < 0 || *dev >= VGPU_MAX_DEVICES || !g_cfg.cap[*dev]) return 0;
     *may_measure = 1;
     if (stream == NULL || stream == CU_STREAM_LEGACY) {
         /* The legacy default stream cannot be captured (CUDA refuses to begin a capture on it),
@@ -432,20 +390,16 @@ static int gate_target(CUstream stream, CUcontext *ctx, CUdevice *cudev, int *de
     if (drv.stream_is_capturing) {
         CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
         CUresult cr = drv.stream_is_capturing(stream, &cs);
-        if (cr == CUDA_SUCCESS && cs != CU_STREAM_CAPTURE_STATUS_NONE)
-            return 0;
-        if (cr != CUDA_SUCCESS)
-            *may_measure = 0;
+        if (cr == CUDA_SUCCESS && cs != CU_STREAM_CAPTURE_STATUS_NONE) return 0;
+        if (cr != CUDA_SUCCESS) *may_measure = 0;
     }
     return 1;
 }
 
 /* A launch on the legacy default stream about to be measured (may_measure 2, gate_target):
  * whether recording our events on it is allowed (no capture in another thread forbids it). */
-static int capture_allows_events(CUstream stream)
-{
-    if (!drv.stream_is_capturing)
-        return 1;
+static int capture_allows_events(CUstream stream) {
+    if (!drv.stream_is_capturing) return 1;
     CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
     return drv.stream_is_capturing(stream, &cs) == CUDA_SUCCESS && cs == CU_STREAM_CAPTURE_STATUS_NONE;
 }
@@ -453,17 +407,14 @@ static int capture_allows_events(CUstream stream)
 /* Phase "prepare": the device attached (once per process), the NVML loop running (started at the
  * first capped launch, and again in a fork child of a process that had it), the cap to apply
  * now, the slice's demand moved forward. */
-static struct cdev *gate_prepare(int dev, CUdevice cudev, int64_t now, uint32_t *eff)
-{
+static struct cdev *gate_prepare(int dev, CUdevice cudev, int64_t now, uint32_t *eff) {
     struct cdev *cd = &g_dev[dev];
     if (!__atomic_load_n(&cd->attached, __ATOMIC_ACQUIRE)) {
         pthread_mutex_lock(&g_mu);
-        if (!cd->attached)
-            attach_device(dev, cudev);
+        if (!cd->attached) attach_device(dev, cudev);
         pthread_mutex_unlock(&g_mu);
     }
-    if (g_cfg.nvml_loop && !vgpu_compute_nvml_started())
-        vgpu_compute_nvml_start();
+    if (g_cfg.nvml_loop && !vgpu_compute_nvml_started()) vgpu_compute_nvml_start();
     *eff = effective_cap(cd, dev, now);
     publish_want(cd, now + WANT_HOLD_NS);
     return cd;
@@ -474,14 +425,11 @@ static struct cdev *gate_prepare(int dev, CUdevice cudev, int64_t now, uint32_t 
  * MEASURE_EVERY .. MEASURE_EVERY_MAX), so that the events cost short kernels little. At random,
  * so that a program cannot tell which of its launches are measured and make only those short.
  * Under g_mu. */
-static int measure_draw(const struct vc_est_entry *e)
-{
+static int measure_draw(const struct vc_est_entry *e) {
     uint64_t est = vc_est_cost(e);
     uint64_t n = est ? (uint64_t)MEASURE_SPACING_NS / est : MEASURE_EVERY_MAX;
-    if (n < MEASURE_EVERY)
-        n = MEASURE_EVERY;
-    if (n > MEASURE_EVERY_MAX)
-        n = MEASURE_EVERY_MAX;
+    if (n < MEASURE_EVERY) n = MEASURE_EVERY;
+    if (n > MEASURE_EVERY_MAX) n = MEASURE_EVERY_MAX;
     uint64_t z = (g_draw += 0x9e3779b97f4a7c15ULL);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
@@ -493,14 +441,12 @@ static int measure_draw(const struct vc_est_entry *e)
  * before guessing twice: a key never measured has one launch in flight, and an elastic slice
  * running uncapped keeps at most INFLIGHT_MAX_NS of estimated work queued. Meanwhile it
  * sleep-polls, holding nothing, and follows the cap (L->eff) as it changes. */
-static int gate_estimate(struct vgpu_launch *L, struct cdev *cd, CUcontext ctx, int may_measure)
-{
+static int gate_estimate(struct vgpu_launch *L, struct cdev *cd, CUcontext ctx, int may_measure) {
     int64_t deadline = L->now + UNKNOWN_WAIT_MAX_NS;
     for (;;) {
         pthread_mutex_lock(&g_mu);
         struct cctx *cx = ctx_get(ctx, L->dev);
-        if (cx)
-            drain_ctx(cx, L->now, 64);
+        if (cx) drain_ctx(cx, L->now, 64);
         struct vc_est_entry *e = vc_est_lookup(&g_est, L->key, L->grid);
         int unknown_busy = e->samples == 0 && e->in_flight > 0 && drv_ok;
         int queue_full = L->eff >= VC_PERMILLE_FULL && cx && cx->outstanding_ns > INFLIGHT_MAX_NS;
@@ -512,8 +458,7 @@ static int gate_estimate(struct vgpu_launch *L, struct cdev *cd, CUcontext ctx, 
             int measure = drv_ok && may_measure && cx && cx->tail - cx->head < RING &&
                           (e->samples < MEASURE_ALL_FIRST || L->eff >= VC_PERMILLE_FULL || measure_draw(e)) &&
                           (may_measure != 2 || capture_allows_events(L->stream));
-            if (measure)
-                e->in_flight++;
+            if (measure) e->in_flight++;
             pthread_mutex_unlock(&g_mu);
             return measure;
         }
@@ -531,13 +476,10 @@ static int gate_estimate(struct vgpu_launch *L, struct cdev *cd, CUcontext ctx, 
  * thread of many tiny kernels then sleeps once per ~2 ms of budget instead of once per kernel
  * (CPU), at the price of running up to 2 ms further ahead of its schedule; the long-run rate is
  * the bucket's either way. Returns 1 when it slept. */
-static int gate_admit(struct vgpu_launch *L, struct cdev *cd)
-{
-    if (L->eff >= VC_PERMILLE_FULL)
-        return 0;
+static int gate_admit(struct vgpu_launch *L, struct cdev *cd) {
+    if (L->eff >= VC_PERMILLE_FULL) return 0;
     int64_t go = vc_reserve(&cd->st->tat_ns, L->now, L->cost, L->eff, BURST_NS);
-    if (go <= L->now + MIN_SLEEP_NS)
-        return 0;
+    if (go <= L->now + MIN_SLEEP_NS) return 0;
     publish_want(cd, go + WANT_HOLD_NS);
     vgpu_compute_sleep_until(go);
     __atomic_fetch_add(&cd->st->throttled, 1, __ATOMIC_RELAXED);
@@ -550,31 +492,25 @@ static int gate_admit(struct vgpu_launch *L, struct cdev *cd)
  * back the reading of everyone's completions, the ring being read in order; none when the ring
  * is full: then the launch is charged by estimate only), the start event recorded on the
  * launch's stream and, for a kernel, whether that event is already complete (device_time). */
-static void gate_measure(struct vgpu_launch *L, int slept)
-{
+static void gate_measure(struct vgpu_launch *L, int slept) {
     struct cctx *cx = L->cx;
     pthread_mutex_lock(&g_mu);
-    if (slept)
-        drain_ctx(cx, L->now, 64);
+    if (slept) drain_ctx(cx, L->now, 64);
     if (cx->tail - cx->head < RING) {
         L->slot = (int)(cx->tail % RING);
         cx->ring[L->slot].state = SLOT_RESERVED;
         cx->tail++;
     } else {
         struct vc_est_entry *e = vc_est_lookup(&g_est, L->key, L->grid);
-        if (e->in_flight)
-            e->in_flight--;
+        if (e->in_flight) e->in_flight--;
     }
     pthread_mutex_unlock(&g_mu);
-    if (L->slot < 0)
-        return;
+    if (L->slot < 0) return;
     struct ring_slot *s = &cx->ring[L->slot];
     /* Only this thread touches a RESERVED slot. Events live in the context: create them here,
      * where that context is current. */
-    if (!s->start && drv.event_create(&s->start, CU_EVENT_DEFAULT) != CUDA_SUCCESS)
-        s->start = NULL;
-    if (!s->end && drv.event_create(&s->end, CU_EVENT_DEFAULT) != CUDA_SUCCESS)
-        s->end = NULL;
+    if (!s->start && drv.event_create(&s->start, CU_EVENT_DEFAULT) != CUDA_SUCCESS) s->start = NULL;
+    if (!s->end && drv.event_create(&s->end, CU_EVENT_DEFAULT) != CUDA_SUCCESS) s->end = NULL;
     int recorded = s->start && s->end && drv.event_record(s->start, L->stream) == CUDA_SUCCESS;
     int64_t recorded_at = vgpu_compute_now_ns();
     if (!recorded) {
@@ -582,10 +518,8 @@ static void gate_measure(struct vgpu_launch *L, int slept)
         /* Maybe events of a destroyed context (whose address a new context now has): replace
          * them next time. Destroying a dead context's event just fails. */
         if (drv.event_destroy) {
-            if (s->start)
-                drv.event_destroy(s->start);
-            if (s->end)
-                drv.event_destroy(s->end);
+            if (s->start) drv.event_destroy(s->start);
+            if (s->end) drv.event_destroy(s->end);
         }
         s->start = s->end = NULL;
         return;
@@ -596,8 +530,7 @@ static void gate_measure(struct vgpu_launch *L, int slept)
      * previous launch's kernel), wait for it a little, polling, and take the time after the
      * query that saw it complete (it was complete by then). Not for graphs: a graph's launch call
      * may run some of its work before it returns, so its pair is charged whole. */
-    if (!L->grid)
-        return;
+    if (!L->grid) return;
     CUresult q = drv.event_query(s->start);
     int64_t t = recorded_at;
     /* The kernel ahead, when it is this key's (a launch-bound loop), ends within about its
@@ -606,23 +539,18 @@ static void gate_measure(struct vgpu_launch *L, int slept)
     int64_t wait = (int64_t)L->cost + 1000 < START_WAIT_NS ? (int64_t)L->cost + 1000 : START_WAIT_NS;
     while (q == CUDA_ERROR_NOT_READY && (t = vgpu_compute_now_ns()) - recorded_at < wait) {
         q = drv.event_query(s->start);
-        if (q == CUDA_SUCCESS)
-            t = vgpu_compute_now_ns();
+        if (q == CUDA_SUCCESS) t = vgpu_compute_now_ns();
     }
-    if (q == CUDA_SUCCESS)
-        L->start_done = t;
+    if (q == CUDA_SUCCESS) L->start_done = t;
 }
 
-void vgpu_compute_before(struct vgpu_launch *L, uintptr_t key, uint64_t grid, CUstream stream)
-{
+void vgpu_compute_before(struct vgpu_launch *L, uintptr_t key, uint64_t grid, CUstream stream) {
     L->active = 0;
-    if (!g_cfg.enabled)
-        return;
+    if (!g_cfg.enabled) return;
     CUcontext ctx = NULL;
     CUdevice cudev = 0;
     int dev = -1, may_measure = 0;
-    if (!gate_target(stream, &ctx, &cudev, &dev, &may_measure))
-        return;
+    if (!gate_target(stream, &ctx, &cudev, &dev, &may_measure)) return;
     L->dev = dev;
     L->key = key;
     L->grid = grid;
@@ -635,15 +563,12 @@ void vgpu_compute_before(struct vgpu_launch *L, uintptr_t key, uint64_t grid, CU
     struct cdev *cd = gate_prepare(dev, cudev, L->now, &L->eff);
     int measure = gate_estimate(L, cd, ctx, may_measure);
     int slept = gate_admit(L, cd);
-    if (measure)
-        gate_measure(L, slept);
+    if (measure) gate_measure(L, slept);
     L->active = 1;
 }
 
-void vgpu_compute_after(struct vgpu_launch *L, CUresult launched)
-{
-    if (!L->active)
-        return;
+void vgpu_compute_after(struct vgpu_launch *L, CUresult launched) {
+    if (!L->active) return;
     struct cdev *cd = &g_dev[L->dev];
     if (L->slot >= 0) {
         /* First the launch's return: the host time the pair spans before the kernel could start. */
@@ -663,16 +588,14 @@ void vgpu_compute_after(struct vgpu_launch *L, CUresult launched)
         } else {
             s->state = SLOT_SKIP; /* not measurable (launch or event record failed) */
             struct vc_est_entry *e = vc_est_lookup(&g_est, L->key, L->grid);
-            if (e->in_flight)
-                e->in_flight--;
+            if (e->in_flight) e->in_flight--;
         }
         pthread_mutex_unlock(&g_mu);
     }
 
     if (launched != CUDA_SUCCESS) {
         /* Nothing ran: give the budget back. */
-        if (L->eff < VC_PERMILLE_FULL)
-            vc_correct(&cd->st->tat_ns, vgpu_compute_now_ns(), -(int64_t)L->cost, L->eff);
+        if (L->eff < VC_PERMILLE_FULL) vc_correct(&cd->st->tat_ns, vgpu_compute_now_ns(), -(int64_t)L->cost, L->eff);
         return;
     }
     __atomic_fetch_add(&cd->st->launches, 1, __ATOMIC_RELAXED);

@@ -45,8 +45,7 @@ void vgpu_compute_before(struct vgpu_launch *L, uintptr_t key, uint64_t grid, CU
 void vgpu_compute_after(struct vgpu_launch *L, CUresult launched);
 
 /* The launch shape as one number: total blocks, and threads per block in the high bits. */
-static inline uint64_t vgpu_launch_shape(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz)
-{
+static inline uint64_t vgpu_launch_shape(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz) {
     uint64_t blocks = (uint64_t)gx * gy * gz;
     uint64_t threads = (uint64_t)bx * by * bz;
     return (blocks & ((1ULL << 44) - 1)) | (threads << 44);

@@ -11,19 +11,16 @@
 #include <stdint.h>
 #include <time.h>
 
-static inline int64_t vgpu_compute_now_ns(void)
-{
+static inline int64_t vgpu_compute_now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
 /* Sleep until CLOCK_MONOTONIC time t (a signal does not cut it short). */
-static inline void vgpu_compute_sleep_until(int64_t t)
-{
+static inline void vgpu_compute_sleep_until(int64_t t) {
     struct timespec ts = {.tv_sec = t / 1000000000LL, .tv_nsec = t % 1000000000LL};
-    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
-        ;
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR);
 }
 
 #endif

@@ -23,51 +23,38 @@ static const char cap_forms[] = "a percentage 0-100 (e.g. 30 or 12.5; 0 or 100 =
 /* Percent -> permille: [0-9]+(.[0-9]+)? with an optional '%' and surrounding blanks (no hex, no
  * exponent, no sign: strtod's extra forms are refused), at most 100: a typo such as 300 must not
  * turn the cap off. 0 ok (*out: 0 = no cap), -1 malformed or above 100. */
-static int parse_percent(const char *v, uint32_t *out)
-{
+static int parse_percent(const char *v, uint32_t *out) {
     const char *p = v;
-    while (*p == ' ' || *p == '\t')
-        p++;
+    while (*p == ' ' || *p == '\t') p++;
     const char *start = p;
-    while (*p >= '0' && *p <= '9')
-        p++;
-    if (p == start)
-        return -1;
+    while (*p >= '0' && *p <= '9') p++;
+    if (p == start) return -1;
     if (*p == '.') {
         const char *frac = ++p;
-        while (*p >= '0' && *p <= '9')
-            p++;
-        if (p == frac)
-            return -1;
+        while (*p >= '0' && *p <= '9') p++;
+        if (p == frac) return -1;
     }
     const char *end = p;
-    if (*p == '%')
-        p++;
-    while (*p == ' ' || *p == '\t')
-        p++;
-    if (*p || end - start > 32)
-        return -1;
+    if (*p == '%') p++;
+    while (*p == ' ' || *p == '\t') p++;
+    if (*p || end - start > 32) return -1;
     char num[40];
     memcpy(num, start, (size_t)(end - start));
     num[end - start] = '\0';
     double d = strtod(num, NULL);
-    if (!isfinite(d) || d > 100.0)
-        return -1;
+    if (!isfinite(d) || d > 100.0) return -1;
     if (d == 100.0 || d == 0.0) {
         *out = 0;
         return 0;
     }
     long pm = lround(d * 10.0);
-    if (pm < 1)
-        pm = 1; /* 0.01% still means "capped", never "uncapped" */
-    if (pm > 999)
-        pm = 999;
+    if (pm < 1) pm = 1; /* 0.01% still means "capped", never "uncapped" */
+    if (pm > 999) pm = 999;
     *out = (uint32_t)pm;
     return 0;
 }
 
-static int parse_cap_setting(const char *var, const char *v, uint64_t *out)
-{
+static int parse_cap_setting(const char *var, const char *v, uint64_t *out) {
     uint32_t pm;
     if (parse_percent(v, &pm)) {
         vgpu_config_error(var, v, "not a percentage", cap_forms);
@@ -77,29 +64,22 @@ static int parse_cap_setting(const char *var, const char *v, uint64_t *out)
     return 0;
 }
 
-static int parse_int(const char *v, long lo, long hi, long *out)
-{
+static int parse_int(const char *v, long lo, long hi, long *out) {
     char *end;
     errno = 0;
     long x = strtol(v, &end, 10);
-    if (errno || end == v)
-        return -1;
-    while (*end == ' ' || *end == '\t')
-        end++;
-    if (*end || x < lo || x > hi)
-        return -1;
+    if (errno || end == v) return -1;
+    while (*end == ' ' || *end == '\t') end++;
+    if (*end || x < lo || x > hi) return -1;
     *out = x;
     return 0;
 }
 
-int vgpu_compute_config_load(struct vgpu_compute_config *c)
-{
+int vgpu_compute_config_load(struct vgpu_compute_config *c) {
     const char *v;
     uint64_t caps[VGPU_MAX_DEVICES];
-    if (vgpu_indexed_settings("CUDA_DEVICE_SM_LIMIT", parse_cap_setting, caps, NULL))
-        return -1;
-    for (int i = 0; i < VGPU_MAX_DEVICES; i++)
-        c->cap[i] = (uint32_t)caps[i];
+    if (vgpu_indexed_settings("CUDA_DEVICE_SM_LIMIT", parse_cap_setting, caps, NULL)) return -1;
+    for (int i = 0; i < VGPU_MAX_DEVICES; i++) c->cap[i] = (uint32_t)caps[i];
 
     c->policy = VGPU_COMPUTE_POLICY_HARD;
     if ((v = vgpu_setting("VGPU_COMPUTE_POLICY")) && *v) {
@@ -185,7 +165,6 @@ int vgpu_compute_config_load(struct vgpu_compute_config *c)
     c->enabled = 0;
     if (c->policy != VGPU_COMPUTE_POLICY_OFF)
         for (int i = 0; i < VGPU_MAX_DEVICES; i++)
-            if (c->cap[i])
-                c->enabled = 1;
+            if (c->cap[i]) c->enabled = 1;
     return 0;
 }

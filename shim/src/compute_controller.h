@@ -45,10 +45,8 @@ void vc_reset(int64_t *tat, int64_t now_ns);
 #define VC_MAX_DEBT_NS 10000000000LL /* 10 s */
 
 /* Wall time a launch of cost_ns occupies in the budget of a cap of permille. */
-static inline int64_t vc_wall_ns(int64_t cost_ns, uint32_t permille)
-{
-    if (permille == 0)
-        permille = 1;
+static inline int64_t vc_wall_ns(int64_t cost_ns, uint32_t permille) {
+    if (permille == 0) permille = 1;
     /* 64-bit when the multiply cannot overflow (every real cost: a launch's is far below 2^53
      * ns), else __int128 (exact for any input); both truncate alike. */
     if (cost_ns > -(INT64_MAX / VC_PERMILLE_FULL) && cost_ns < INT64_MAX / VC_PERMILLE_FULL)
@@ -58,13 +56,13 @@ static inline int64_t vc_wall_ns(int64_t cost_ns, uint32_t permille)
 
 /* ---- 2. estimator ---- */
 
-#define VC_EST_SLOTS 1024 /* power of two */
-#define VC_EST_PROBE 8
+#define VC_EST_SLOTS       1024 /* power of two */
+#define VC_EST_PROBE       8
 #define VC_DEFAULT_COST_NS 20000 /* charged for a key never measured (and only one may be in flight) */
 
 struct vc_est_entry {
-    uintptr_t key;      /* CUfunction / CUgraphExec; 0 = empty */
-    uint64_t grid;      /* total blocks (0 for graphs) */
+    uintptr_t key;        /* CUfunction / CUgraphExec; 0 = empty */
+    uint64_t grid;        /* total blocks (0 for graphs) */
     double est_ns;        /* charged estimate: running mean of the accepted samples */
     double low_ns;        /* smallest sample (diagnostics) */
     double mean_ns;       /* plain EWMA of all samples, for diagnostics */
@@ -77,7 +75,7 @@ struct vc_est_entry {
     uint32_t reject_run;  /* rejected samples in a row */
     uint32_t in_flight;   /* measured launches admitted whose completion was not read yet */
     uint32_t seq;         /* launches of this key (for measuring one in N) */
-    uint64_t last_use;  /* for eviction */
+    uint64_t last_use;    /* for eviction */
 };
 
 struct vc_estimator {
@@ -101,10 +99,10 @@ uint64_t vc_est_cost(const struct vc_est_entry *e);
  * reading's rounding (1 point, +0.5 per further process): a small bias adds up over periods
  * until it is corrected, rounding noise does not. */
 #define VC_NVML_MIN_USAGE_PM 50.0
-#define VC_NVML_DEADBAND_PM 10.0
-#define VC_NVML_GAIN 0.6
-#define VC_NVML_FACTOR_MIN 0.2
-#define VC_NVML_FACTOR_MAX 5.0
+#define VC_NVML_DEADBAND_PM  10.0
+#define VC_NVML_GAIN         0.6
+#define VC_NVML_FACTOR_MIN   0.2
+#define VC_NVML_FACTOR_MAX   5.0
 double vc_nvml_factor(double factor, double usage_pm, double charged_pm, int nprocs);
 
 /* One reading of the NVML outer loop: the slice's usage and charge over the last period

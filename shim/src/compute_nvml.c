@@ -35,18 +35,18 @@
 #include "symbols.h"
 
 /* ------------------------------------------------------------ tunables (docs/compute.md) */
-#define NVML_PERIOD_NS (1000000000LL)      /* one reading per second per slice */
+#define NVML_PERIOD_NS (1000000000LL) /* one reading per second per slice */
 
 /* ------------------------------------------------------------ per-device state */
 /* One per device index, written once by vgpu_compute_nvml_attach (attached last, with release
  * order); nvdev and nvml_state belong to the helper thread. */
 struct nvml_dev {
     int attached;
-    char uuid[48];      /* "GPU-..." for NVML, "" when unknown */
+    char uuid[48]; /* "GPU-..." for NVML, "" when unknown */
     struct vgpu_compute_state *st;
     int64_t attached_ns; /* when this process attached: NVML's window must not reach before it */
-    nvmlDevice_t nvdev; /* NVML handle (helper thread only) */
-    int nvml_state;     /* 0 not tried, 1 usable, -1 off for this device (helper thread only) */
+    nvmlDevice_t nvdev;  /* NVML handle (helper thread only) */
+    int nvml_state;      /* 0 not tried, 1 usable, -1 off for this device (helper thread only) */
     /* Consecutive readings of this process not yet acted on (vc_nvml_step; helper thread only) */
     struct vc_nvml_acc acc;
     int64_t acc_next_ns; /* nvml_next_ns as this process's last reading set it */
@@ -54,8 +54,7 @@ struct nvml_dev {
 static struct nvml_dev g_nd[VGPU_MAX_DEVICES];
 static int g_started; /* this process tried to start the helper thread */
 
-void vgpu_compute_nvml_attach(int dev, const char *uuid, struct vgpu_compute_state *st)
-{
+void vgpu_compute_nvml_attach(int dev, const char *uuid, struct vgpu_compute_state *st) {
     struct nvml_dev *nd = &g_nd[dev];
     snprintf(nd->uuid, sizeof nd->uuid, "%s", uuid);
     nd->st = st;
@@ -75,25 +74,21 @@ static struct {
 } nv;
 static pthread_once_t nv_once = PTHREAD_ONCE_INIT;
 
-static void nv_resolve(void)
-{
+static void nv_resolve(void) {
     pfn_nvml_init init = (pfn_nvml_init)vgpu_nvml_sym("nvmlInit_v2");
     nv.by_uuid = (pfn_nvml_by_uuid)vgpu_nvml_sym("nvmlDeviceGetHandleByUUID");
     nv.proc_util = (pfn_nvml_proc_util)vgpu_nvml_sym("nvmlDeviceGetProcessUtilization");
     nv.ok = init && nv.by_uuid && nv.proc_util && init() == NVML_SUCCESS;
-    if (!nv.ok)
-        vgpu_log(VGPU_LOG_INFO, "compute cap: NVML per-process utilisation unavailable; events only");
+    if (!nv.ok) vgpu_log(VGPU_LOG_INFO, "compute cap: NVML per-process utilisation unavailable; events only");
 }
 
 /* The NVML loop's correction of the slice's cost estimates. */
-static double stored_factor(const struct vgpu_compute_state *st)
-{
+static double stored_factor(const struct vgpu_compute_state *st) {
     uint32_t f = __atomic_load_n(&st->nvml_factor_ppm, __ATOMIC_RELAXED);
     return f ? (double)f / 1e6 : 1.0;
 }
 
-double vgpu_compute_cost_factor(const struct vgpu_compute_state *st)
-{
+double vgpu_compute_cost_factor(const struct vgpu_compute_state *st) {
 #ifdef VGPU_COMPUTE_TEST_BIAS
     /* Test builds only (tests/shim_compute/test_nvml_loop.py): a deliberately wrong estimator,
      * which the NVML loop must correct. Never defined in the product build. */
@@ -103,8 +98,7 @@ double vgpu_compute_cost_factor(const struct vgpu_compute_state *st)
 #endif
 }
 
-static uint64_t realtime_us(void)
-{
+static uint64_t realtime_us(void) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (uint64_t)ts.tv_sec * 1000000ULL + (uint64_t)ts.tv_nsec / 1000;
@@ -113,21 +107,17 @@ static uint64_t realtime_us(void)
 #define NV_MAX_SAMPLES 512
 
 /* The slice's share of the device over the last period, permille; -1 when unknown. */
-static int nvml_slice_usage(struct nvml_dev *cd, int dev, int *nprocs)
-{
+static int nvml_slice_usage(struct nvml_dev *cd, int dev, int *nprocs) {
     *nprocs = 0;
     if (cd->nvml_state == 0) {
         cd->nvml_state = cd->uuid[0] && nv.by_uuid(cd->uuid, &cd->nvdev) == NVML_SUCCESS ? 1 : -1;
-        if (cd->nvml_state < 0)
-            vgpu_log(VGPU_LOG_INFO, "compute cap: device %d (%s) not found in NVML", dev, cd->uuid);
+        if (cd->nvml_state < 0) vgpu_log(VGPU_LOG_INFO, "compute cap: device %d (%s) not found in NVML", dev, cd->uuid);
     }
-    if (cd->nvml_state < 0)
-        return -1;
+    if (cd->nvml_state < 0) return -1;
     static nvmlProcessUtilizationSample_t smp[NV_MAX_SAMPLES]; /* helper thread only */
     unsigned int n = NV_MAX_SAMPLES;
     uint64_t since = realtime_us() - (uint64_t)(NVML_PERIOD_NS / 1000);
-    if (nv.proc_util(cd->nvdev, smp, &n, since) != NVML_SUCCESS || n > NV_MAX_SAMPLES)
-        return -1;
+    if (nv.proc_util(cd->nvdev, smp, &n, since) != NVML_SUCCESS || n > NV_MAX_SAMPLES) return -1;
     struct vgpu_region *r = vgpu_region();
     unsigned self = (unsigned)getpid();
     double total = 0;
@@ -136,17 +126,14 @@ static int nvml_slice_usage(struct nvml_dev *cd, int dev, int *nprocs)
     for (unsigned i = 0; i < n; i++) {
         unsigned pid = smp[i].pid;
         int seen = 0;
-        for (unsigned j = 0; j < i && !seen; j++)
-            seen = smp[j].pid == pid;
-        if (seen)
-            continue;
+        for (unsigned j = 0; j < i && !seen; j++) seen = smp[j].pid == pid;
+        if (seen) continue;
         int mine = pid == self;
         if (!mine && r)
             for (int k = 0; k < VGPU_MAX_PROCS && !mine; k++)
                 mine = __atomic_load_n(&r->procs[k].state, __ATOMIC_RELAXED) == VGPU_SLOT_LIVE &&
                        (unsigned)__atomic_load_n(&r->procs[k].pid, __ATOMIC_RELAXED) == pid;
-        if (!mine)
-            continue;
+        if (!mine) continue;
         found_self |= pid == self;
         double sum = 0;
         unsigned cnt = 0;
@@ -160,22 +147,22 @@ static int nvml_slice_usage(struct nvml_dev *cd, int dev, int *nprocs)
     }
     if (!found_self) {
         /* We launch on this device, so the driver must list us: its PIDs are not ours. */
-        vgpu_log(VGPU_LOG_INFO, "compute cap: NVML does not list this process (PID namespace?); "
-                                "device %d is controlled by events only", dev);
+        vgpu_log(VGPU_LOG_INFO,
+                 "compute cap: NVML does not list this process (PID namespace?); "
+                 "device %d is controlled by events only",
+                 dev);
         cd->nvml_state = -1;
         return -1;
     }
     return (int)(total * 10.0 + 0.5);
 }
 
-static void nvml_step(int dev)
-{
+static void nvml_step(int dev) {
     struct nvml_dev *cd = &g_nd[dev];
     struct vgpu_compute_state *st = cd->st;
     int64_t now = vgpu_compute_now_ns();
     int64_t next = __atomic_load_n(&st->nvml_next_ns, __ATOMIC_ACQUIRE);
-    if (now < next)
-        return;
+    if (now < next) return;
     if (!__atomic_compare_exchange_n(&st->nvml_next_ns, &next, now + NVML_PERIOD_NS, 0, __ATOMIC_ACQ_REL,
                                      __ATOMIC_RELAXED))
         return; /* another process of the slice reads this period */
@@ -190,42 +177,35 @@ static void nvml_step(int dev)
      * reading long ago (an earlier process of the slice, or none since the slice went idle) is
      * only a new starting point: the NVML window is the last period. */
     int64_t span = now - (next - NVML_PERIOD_NS);
-    if (span < NVML_PERIOD_NS / 2 || span > NVML_PERIOD_NS * 3 / 2)
-        return;
+    if (span < NVML_PERIOD_NS / 2 || span > NVML_PERIOD_NS * 3 / 2) return;
     /* This process's utilisation over a period it did not run all of reads low. */
-    if (now - cd->attached_ns < 2 * NVML_PERIOD_NS)
-        return;
+    if (now - cd->attached_ns < 2 * NVML_PERIOD_NS) return;
     double charged = 1000.0 * (double)(ch - ch0) / (double)span;
     int nprocs;
     int usage = nvml_slice_usage(cd, dev, &nprocs);
-    if (usage < 0)
-        return;
+    if (usage < 0) return;
     __atomic_store_n(&st->nvml_usage_permille, (uint32_t)usage, __ATOMIC_RELAXED);
     /* The readings are summed until they disagree by more than the rounding allows: a bias
      * smaller than one reading's rounding (a 70% slice charged 1% too much) adds up over a few
      * periods and is corrected, while rounding noise, which does not add up, is left alone.
      * Only consecutive periods read by this process count. */
-    if (next != cd->acc_next_ns)
-        cd->acc.periods = 0;
+    if (next != cd->acc_next_ns) cd->acc.periods = 0;
     cd->acc_next_ns = now + NVML_PERIOD_NS;
     double old = stored_factor(st);
     double f = vc_nvml_step(&cd->acc, old, (double)usage, charged, nprocs);
-    if (f == old)
-        return;
+    if (f == old) return;
     __atomic_store_n(&st->nvml_factor_ppm, (uint32_t)(f * 1e6 + 0.5), __ATOMIC_RELAXED);
     vgpu_log(VGPU_LOG_DEBUG, "compute cap: device %d NVML share %d.%d%% vs charged %.1f%%: cost factor %.3f -> %.3f",
              dev, usage / 10, usage % 10, charged / 10.0, old, f);
 }
 
-static void *nvml_thread(void *arg)
-{
+static void *nvml_thread(void *arg) {
     (void)arg;
     sigset_t all;
     sigfillset(&all);
     pthread_sigmask(SIG_BLOCK, &all, NULL); /* the application's signals are not for us */
     pthread_once(&nv_once, nv_resolve);
-    if (!nv.ok)
-        return NULL;
+    if (!nv.ok) return NULL;
     for (;;) {
         vgpu_compute_sleep_until(vgpu_compute_now_ns() + NVML_PERIOD_NS / 4);
         for (int d = 0; d < VGPU_MAX_DEVICES; d++)
@@ -235,18 +215,13 @@ static void *nvml_thread(void *arg)
     return NULL;
 }
 
-int vgpu_compute_nvml_started(void)
-{
-    return __atomic_load_n(&g_started, __ATOMIC_RELAXED);
-}
+int vgpu_compute_nvml_started(void) { return __atomic_load_n(&g_started, __ATOMIC_RELAXED); }
 
-void vgpu_compute_nvml_start(void)
-{
+void vgpu_compute_nvml_start(void) {
     int no = 0;
     /* Marked started even if creation fails: no retry on every launch. The exchange makes one
      * thread the starter when several launch at once. */
-    if (!__atomic_compare_exchange_n(&g_started, &no, 1, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
-        return;
+    if (!__atomic_compare_exchange_n(&g_started, &no, 1, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) return;
     pthread_attr_t a;
     pthread_t t;
     if (pthread_attr_init(&a)) {
@@ -260,7 +235,6 @@ void vgpu_compute_nvml_start(void)
     pthread_attr_destroy(&a);
 }
 
-void vgpu_compute_nvml_atfork_child(void)
-{
+void vgpu_compute_nvml_atfork_child(void) {
     g_started = 0; /* threads do not survive fork: start it again when needed */
 }

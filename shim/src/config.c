@@ -13,9 +13,8 @@
 #include "log.h"
 #include "settings.h"
 
-const char vgpu_quantity_forms[] =
-    "bytes (e.g. 1073741824), or a number with Ki/Mi/Gi/Ti/Pi (1024), K/M/G/T/P (1000) "
-    "or k/m/g/t (1024) suffix (e.g. 4Gi, 512m)"; /* == sharing.quantity.ACCEPTED_FORMS */
+const char vgpu_quantity_forms[] = "bytes (e.g. 1073741824), or a number with Ki/Mi/Gi/Ti/Pi (1024), K/M/G/T/P (1000) "
+                                   "or k/m/g/t (1024) suffix (e.g. 4Gi, 512m)"; /* == sharing.quantity.ACCEPTED_FORMS */
 
 /* Python's str.strip() whitespace, restricted to ASCII (includes \x1c-\x1f like Python). */
 static int py_space(unsigned char c) { return c == ' ' || (c >= '\t' && c <= '\r') || (c >= 0x1c && c <= 0x1f); }
@@ -24,13 +23,25 @@ typedef unsigned __int128 u128;
 
 /* Keep in step with sharing/quantity.py (_MULTIPLIERS, _PATTERN); tests/support/quantity_cases.py
  * runs the same table through both. Two-letter suffixes first so "Ki" is not read as "K". */
-static const struct { const char *suffix; uint64_t mult; } multipliers[] = {
-    {"Ki", 1024ULL}, {"Mi", 1048576ULL}, {"Gi", 1073741824ULL}, {"Ti", 1099511627776ULL},
+static const struct {
+    const char *suffix;
+    uint64_t mult;
+} multipliers[] = {
+    {"Ki", 1024ULL},
+    {"Mi", 1048576ULL},
+    {"Gi", 1073741824ULL},
+    {"Ti", 1099511627776ULL},
     {"Pi", 1125899906842624ULL},
-    {"K", 1000ULL}, {"M", 1000000ULL}, {"G", 1000000000ULL}, {"T", 1000000000000ULL},
+    {"K", 1000ULL},
+    {"M", 1000000ULL},
+    {"G", 1000000000ULL},
+    {"T", 1000000000000ULL},
     {"P", 1000000000000000ULL},
     /* the field's lower-case suffixes are binary (HAMi-core) */
-    {"k", 1024ULL}, {"m", 1048576ULL}, {"g", 1073741824ULL}, {"t", 1099511627776ULL},
+    {"k", 1024ULL},
+    {"m", 1048576ULL},
+    {"g", 1073741824ULL},
+    {"t", 1099511627776ULL},
 };
 
 int vgpu_parse_bytes(const char *text, uint64_t *out, const char **why) {
@@ -44,7 +55,10 @@ int vgpu_parse_bytes(const char *text, uint64_t *out, const char **why) {
     int digits = 0, frac_digits = 0;
     const char *p = s;
     while (p < e && isdigit((unsigned char)*p)) {
-        if (mantissa > (((u128)-1) - 9) / 10) { *why = "out of range"; return -1; }
+        if (mantissa > (((u128)-1) - 9) / 10) {
+            *why = "out of range";
+            return -1;
+        }
         mantissa = mantissa * 10 + (u128)(*p - '0');
         digits++;
         p++;
@@ -53,7 +67,10 @@ int vgpu_parse_bytes(const char *text, uint64_t *out, const char **why) {
     if (p < e && *p == '.') {
         p++;
         while (p < e && isdigit((unsigned char)*p)) {
-            if (mantissa > (((u128)-1) - 9) / 10 || frac_digits >= 38) { *why = "out of range"; return -1; }
+            if (mantissa > (((u128)-1) - 9) / 10 || frac_digits >= 38) {
+                *why = "out of range";
+                return -1;
+            }
             mantissa = mantissa * 10 + (u128)(*p - '0');
             frac_digits++;
             p++;
@@ -70,19 +87,34 @@ int vgpu_parse_bytes(const char *text, uint64_t *out, const char **why) {
         if (i == sizeof multipliers / sizeof multipliers[0]) return -1;
         mult = multipliers[i].mult;
     }
-    if (mantissa > ((u128)-1) / mult) { *why = "out of range"; return -1; }
+    if (mantissa > ((u128)-1) / mult) {
+        *why = "out of range";
+        return -1;
+    }
     u128 scaled = mantissa * mult, pow10 = 1;
     for (int i = 0; i < frac_digits; i++) pow10 *= 10;
-    if (scaled % pow10 != 0) { *why = "not a whole number of bytes"; return -1; }
+    if (scaled % pow10 != 0) {
+        *why = "not a whole number of bytes";
+        return -1;
+    }
     u128 value = scaled / pow10;
-    if (value > (u128)UINT64_MAX) { *why = "out of range"; return -1; }
+    if (value > (u128)UINT64_MAX) {
+        *why = "out of range";
+        return -1;
+    }
     *out = (uint64_t)value;
     return 0;
 }
 
 static int parse_bool(const char *var, const char *v, int *out) {
-    if (v == NULL || *v == '\0' || !strcasecmp(v, "false") || !strcmp(v, "0")) { *out = 0; return 0; }
-    if (!strcasecmp(v, "true") || !strcmp(v, "1")) { *out = 1; return 0; }
+    if (v == NULL || *v == '\0' || !strcasecmp(v, "false") || !strcmp(v, "0")) {
+        *out = 0;
+        return 0;
+    }
+    if (!strcasecmp(v, "true") || !strcmp(v, "1")) {
+        *out = 1;
+        return 0;
+    }
     vgpu_config_error(var, v, "not a boolean", "true, false, 1, 0");
     return -1;
 }
@@ -128,7 +160,10 @@ int vgpu_indexed_settings(const char *prefix, vgpu_setting_parser parse, uint64_
         if (idx < eq && (size_t)(eq - idx) <= 2) {
             i = 0;
             for (const char *q = idx; q < eq; q++) {
-                if (!isdigit((unsigned char)*q)) { i = -1; break; }
+                if (!isdigit((unsigned char)*q)) {
+                    i = -1;
+                    break;
+                }
                 i = i * 10 + (*q - '0');
             }
         }
@@ -171,8 +206,7 @@ static int load(struct vgpu_config *cfg) {
     if (parse_bool("CUDA_DISABLE_CONTROL", vgpu_setting("CUDA_DISABLE_CONTROL"), &cfg->disabled) != 0) return -1;
     if (cfg->disabled) return 0; /* pure passthrough: nothing else matters */
 
-    if (vgpu_indexed_settings("CUDA_DEVICE_MEMORY_LIMIT", parse_limit, cfg->limit, NULL) != 0)
-        return -1;
+    if (vgpu_indexed_settings("CUDA_DEVICE_MEMORY_LIMIT", parse_limit, cfg->limit, NULL) != 0) return -1;
     /* 0 means "no limit" (as in HAMi-core): CUDA_DEVICE_MEMORY_LIMIT_1=0 exempts device 1. */
     for (int i = 0; i < VGPU_MAX_DEVICES; i++)
         if (cfg->limit[i] != 0) cfg->any_limit = 1;

@@ -45,7 +45,7 @@ static int primary_refs[VGPU_MAX_DEVICES]; /* written under ctx_mu, read atomica
 static uint64_t primary_charge[VGPU_MAX_DEVICES];
 static pthread_t ctx_owner; /* the thread holding ctx_mu (valid while ctx_held) */
 static int ctx_held;
-static int runtime_route; /* the runtime's private table was handed out: adopt its contexts */
+static int runtime_route;             /* the runtime's private table was handed out: adopt its contexts */
 static int created[VGPU_MAX_DEVICES]; /* live cuCtxCreate* contexts */
 
 static void ctx_lock(void) {
@@ -61,7 +61,9 @@ static void adopt_locked(int idx, CUdevice dev);
 static int primary_active(CUdevice dev);
 
 /* This thread holds ctx_mu (it is charging a context): nothing to adopt, and no lock to take. */
-static int ctx_mine(void) { return __atomic_load_n(&ctx_held, __ATOMIC_ACQUIRE) && pthread_equal(ctx_owner, pthread_self()); }
+static int ctx_mine(void) {
+    return __atomic_load_n(&ctx_held, __ATOMIC_ACQUIRE) && pthread_equal(ctx_owner, pthread_self());
+}
 
 /* Before a context is created on idx: reserve what it is expected to take (the slice's learned
  * size: all there is to do), else read the driver. On failure nothing is held. */
@@ -161,10 +163,18 @@ static CUresult primary_drop(CUresult (*real)(CUdevice), CUdevice dev, int reset
     return rc;
 }
 
-CUresult hook_cuDevicePrimaryCtxRelease_v2(CUdevice dev) { return vgpu_modules_primary_gone(dev, 0, primary_drop(real_cuDevicePrimaryCtxRelease_v2, dev, 0)); }
-CUresult hook_cuDevicePrimaryCtxRelease(CUdevice dev) { return vgpu_modules_primary_gone(dev, 0, primary_drop(real_cuDevicePrimaryCtxRelease, dev, 0)); }
-CUresult hook_cuDevicePrimaryCtxReset_v2(CUdevice dev) { return vgpu_modules_primary_gone(dev, 1, primary_drop(real_cuDevicePrimaryCtxReset_v2, dev, 1)); }
-CUresult hook_cuDevicePrimaryCtxReset(CUdevice dev) { return vgpu_modules_primary_gone(dev, 1, primary_drop(real_cuDevicePrimaryCtxReset, dev, 1)); }
+CUresult hook_cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+    return vgpu_modules_primary_gone(dev, 0, primary_drop(real_cuDevicePrimaryCtxRelease_v2, dev, 0));
+}
+CUresult hook_cuDevicePrimaryCtxRelease(CUdevice dev) {
+    return vgpu_modules_primary_gone(dev, 0, primary_drop(real_cuDevicePrimaryCtxRelease, dev, 0));
+}
+CUresult hook_cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+    return vgpu_modules_primary_gone(dev, 1, primary_drop(real_cuDevicePrimaryCtxReset_v2, dev, 1));
+}
+CUresult hook_cuDevicePrimaryCtxReset(CUdevice dev) {
+    return vgpu_modules_primary_gone(dev, 1, primary_drop(real_cuDevicePrimaryCtxReset, dev, 1));
+}
 
 /* ---- primary contexts retained out of sight (the CUDA runtime's private table) ---- */
 
@@ -285,24 +295,22 @@ static CUresult create_v2(const struct ctx_create_call *c) { return real_cuCtxCr
 static CUresult create_v1(const struct ctx_create_call *c) { return real_cuCtxCreate(c->pctx, c->flags, c->dev); }
 
 /* vgpu_init() resolves the real functions: checked after it (ctx_create), never before. */
-#define CTX_CREATE(real, ...)                                                                      \
-    struct ctx_create_call c = {__VA_ARGS__};                                                      \
-    CUresult st = vgpu_init();                                                                     \
-    if (st != CUDA_SUCCESS) return st;                                                             \
-    if (real == NULL) return CUDA_ERROR_NOT_SUPPORTED;                                             \
+#define CTX_CREATE(real, ...)                                                                                          \
+    struct ctx_create_call c = {__VA_ARGS__};                                                                          \
+    CUresult st = vgpu_init();                                                                                         \
+    if (st != CUDA_SUCCESS) return st;                                                                                 \
+    if (real == NULL) return CUDA_ERROR_NOT_SUPPORTED;                                                                 \
     return ctx_create(&c);
 
-CUresult hook_cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *p, unsigned int flags, CUdevice dev) {
-    CTX_CREATE(real_cuCtxCreate_v4, .create = create_v4, .pctx = pctx, .params = p, .flags = flags, .dev = dev)
-}
-CUresult hook_cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *a, int n, unsigned int flags, CUdevice dev) {
-    CTX_CREATE(real_cuCtxCreate_v3, .create = create_v3, .pctx = pctx, .affinity = a, .naffinity = n, .flags = flags,
-               .dev = dev)
-}
-CUresult hook_cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) {
-    CTX_CREATE(real_cuCtxCreate_v2, .create = create_v2, .pctx = pctx, .flags = flags, .dev = dev)
-}
-CUresult hook_cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev) {
+CUresult hook_cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *p, unsigned int flags,
+                             CUdevice dev){CTX_CREATE(real_cuCtxCreate_v4, .create = create_v4, .pctx = pctx,
+                                                      .params = p, .flags = flags, .dev = dev)} CUresult
+    hook_cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *a, int n, unsigned int flags,
+                        CUdevice dev){CTX_CREATE(real_cuCtxCreate_v3, .create = create_v3, .pctx = pctx, .affinity = a,
+                                                 .naffinity = n, .flags = flags, .dev = dev)} CUresult
+    hook_cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev){
+        CTX_CREATE(real_cuCtxCreate_v2, .create = create_v2, .pctx = pctx, .flags = flags, .dev = dev)} CUresult
+    hook_cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev) {
     CTX_CREATE(real_cuCtxCreate, .create = create_v1, .pctx = pctx, .flags = flags, .dev = dev)
 }
 
@@ -327,5 +335,7 @@ static CUresult ctx_destroy(CUresult (*real)(CUcontext), CUcontext ctx) {
     return rc;
 }
 
-CUresult hook_cuCtxDestroy_v2(CUcontext ctx) { return vgpu_modules_ctx_gone(ctx, ctx_destroy(real_cuCtxDestroy_v2, ctx)); }
+CUresult hook_cuCtxDestroy_v2(CUcontext ctx) {
+    return vgpu_modules_ctx_gone(ctx, ctx_destroy(real_cuCtxDestroy_v2, ctx));
+}
 CUresult hook_cuCtxDestroy(CUcontext ctx) { return vgpu_modules_ctx_gone(ctx, ctx_destroy(real_cuCtxDestroy, ctx)); }

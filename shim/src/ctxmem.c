@@ -56,11 +56,11 @@
 #include "settings.h"
 
 /* The initial PID namespace's inode (PROC_PID_INIT_INO, include/linux/proc_ns.h). */
-#define PID_NS_INIT "pid:[4026531836]"
-#define MAX_PROCS 1024
-#define LEARN_WAIT_NS 2000000000ULL /* a wait for another process's measurement this long is logged */
-#define VERIFY_AT_EXIT_NS 500000000ULL /* the longest an exit waits for a verification under way */
-#define LEARN_POLL_NS 10000000ULL   /* between looks at whether that process is still alive */
+#define PID_NS_INIT       "pid:[4026531836]"
+#define MAX_PROCS         1024
+#define LEARN_WAIT_NS     2000000000ULL /* a wait for another process's measurement this long is logged */
+#define VERIFY_AT_EXIT_NS 500000000ULL  /* the longest an exit waits for a verification under way */
+#define LEARN_POLL_NS     10000000ULL   /* between looks at whether that process is still alive */
 
 typedef nvmlReturn_t (*pfn_init)(void);
 typedef nvmlReturn_t (*pfn_by_uuid)(const char *, nvmlDevice_t *);
@@ -77,10 +77,10 @@ static struct {
 
 static int nvdev_state[VGPU_MAX_DEVICES]; /* 0 not tried, 1 handle found, -1 none */
 static nvmlDevice_t nvdev[VGPU_MAX_DEVICES];
-static uint64_t memo[VGPU_MAX_DEVICES];   /* the smallest credible measurement, 0 none */
-static int memo_exact[VGPU_MAX_DEVICES];  /* memo came from our own process entry */
-static unsigned host_pid;                 /* ours as NVML lists it, 0 unknown */
-static pid_t host_pid_of;                 /* the getpid() it was learned in (a fork child relearns) */
+static uint64_t memo[VGPU_MAX_DEVICES];  /* the smallest credible measurement, 0 none */
+static int memo_exact[VGPU_MAX_DEVICES]; /* memo came from our own process entry */
+static unsigned host_pid;                /* ours as NVML lists it, 0 unknown */
+static pid_t host_pid_of;                /* the getpid() it was learned in (a fork child relearns) */
 static int warned[VGPU_MAX_DEVICES];
 static nvmlProcessInfo_t procs_buf[MAX_PROCS]; /* callers serialise */
 static int start_verifier(struct vgpu_ctxmem_probe *p, CUdevice cudev);
@@ -109,9 +109,8 @@ static int device_handle(int dev, CUdevice cudev) {
         nvdev_state[dev] = -1;
         if (get_uuid != NULL && get_uuid(&u, cudev) == CUDA_SUCCESS) {
             const unsigned char *b = (const unsigned char *)u.bytes;
-            snprintf(s, sizeof s, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
-                     b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
-                     b[14], b[15]);
+            snprintf(s, sizeof s, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
+                     b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
             if (nv.by_uuid(s, &nvdev[dev]) == NVML_SUCCESS) nvdev_state[dev] = 1;
         }
     }
@@ -251,7 +250,7 @@ static uint64_t measure(struct vgpu_ctxmem_probe *p, const char **src) {
 uint64_t vgpu_ctxmem_existing(struct vgpu_ctxmem_probe *p, CUdevice cudev) {
     int dev = p->dev;
     if (p->plugin) return 0; /* the plugin's size (vgpu_ctxmem_expect's) is charged */
-    p->hinted = 0; /* measured here: no verifier */
+    p->hinted = 0;           /* measured here: no verifier */
     unsigned self = known_host_pid();
     if (self == 0 || !device_handle(dev, cudev)) return 0;
     uint64_t used = 0, mine = vgpu_region_mine(dev);
@@ -280,10 +279,10 @@ static struct {
     int dev;
     CUdevice cudev;
     uint64_t charged, cuda_total;
-    unsigned self;             /* our host PID if known before creation */
+    unsigned self; /* our host PID if known before creation */
     int have_pids;
     unsigned npids, pids[VGPU_CTXMEM_PIDS];
-    int created;               /* futex word: 0 pending, 1 the context exists and is charged, -1 not created */
+    int created; /* futex word: 0 pending, 1 the context exists and is charged, -1 not created */
 } vjob;
 /* futex word: a verifier thread owns vjob, the slice's claim and the NVML state (futexes, not
  * condition variables: those are libpthread's before glibc 2.34, which the shim does not need) */
@@ -371,7 +370,8 @@ static void *verifier(void *arg) {
         vgpu_format_bytes(m, a, sizeof a);
         vgpu_format_bytes(vjob.charged, b, sizeof b);
         if (m == 0) {
-            vgpu_log(VGPU_LOG_DEBUG, "context on device %d: charged %s (VGPU_CONTEXT_SIZE); NVML could not verify it", dev, b);
+            vgpu_log(VGPU_LOG_DEBUG, "context on device %d: charged %s (VGPU_CONTEXT_SIZE); NVML could not verify it",
+                     dev, b);
             vgpu_region_context_publish(dev, 0, VGPU_CONTEXT_UNKNOWN, 0, 1); /* the next process tries */
         } else {
             if (m > vjob.charged) {
@@ -379,10 +379,13 @@ static void *verifier(void *arg) {
                 vgpu_region_charge(dev, m - vjob.charged, 0, &used); /* it exists: charged, even past the quota */
                 vgpu_log(VGPU_LOG_WARN,
                          "context on device %d: the driver took %s, more than VGPU_CONTEXT_SIZE (%s): charging %s "
-                         "(until the process ends)", dev, a, b, a);
+                         "(until the process ends)",
+                         dev, a, b, a);
             } else {
-                vgpu_log(VGPU_LOG_DEBUG, "context on device %d: charged %s (VGPU_CONTEXT_SIZE); %s measured from this "
-                         "process's NVML entry", dev, b, a);
+                vgpu_log(VGPU_LOG_DEBUG,
+                         "context on device %d: charged %s (VGPU_CONTEXT_SIZE); %s measured from this "
+                         "process's NVML entry",
+                         dev, b, a);
             }
             uint64_t learned = m > vjob.charged ? m : vjob.charged;
             memo[dev] = learned;
@@ -511,8 +514,9 @@ uint64_t vgpu_ctxmem_expect(struct vgpu_ctxmem_probe *p, int dev, CUdevice cudev
         if (start == 0) start = now;
         if (!said && now - start > LEARN_WAIT_NS) {
             said = 1;
-            vgpu_log(VGPU_LOG_INFO, "context on device %d: waiting for slot %u of the slice to measure a context (over %d ms)",
-                     dev, seen - 1, (int)(LEARN_WAIT_NS / 1000000));
+            vgpu_log(VGPU_LOG_INFO,
+                     "context on device %d: waiting for slot %u of the slice to measure a context (over %d ms)", dev,
+                     seen - 1, (int)(LEARN_WAIT_NS / 1000000));
         }
         vgpu_region_context_wait(dev, seen, LEARN_POLL_NS); /* woken at its publication */
     }
@@ -558,7 +562,8 @@ uint64_t vgpu_ctxmem_after(struct vgpu_ctxmem_probe *p) {
     if (p->learned || p->hinted) {
         if (p->hinted) return p->charge; /* the verifier says what it was */
         vgpu_format_bytes(p->charge, b, sizeof b);
-        vgpu_log(VGPU_LOG_DEBUG, "context on device %d: charged %s, the size the slice learned (NVML not asked)", dev, b);
+        vgpu_log(VGPU_LOG_DEBUG, "context on device %d: charged %s, the size the slice learned (NVML not asked)", dev,
+                 b);
         return p->charge;
     }
     const char *src;

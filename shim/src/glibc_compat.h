@@ -23,10 +23,10 @@
 #define VGPU_GLIBC_COMPAT_H
 
 #if defined(__x86_64__)
-#define VGPU_GLIBC_BASE "GLIBC_2.2.5" /* x86-64's first glibc ABI */
-#define VGPU_GLIBC_ROBUST "GLIBC_2.12" /* robust mutexes reached x86-64 in 2.12 */
+#define VGPU_GLIBC_BASE   "GLIBC_2.2.5" /* x86-64's first glibc ABI */
+#define VGPU_GLIBC_ROBUST "GLIBC_2.12"  /* robust mutexes reached x86-64 in 2.12 */
 #elif defined(__aarch64__)
-#define VGPU_GLIBC_BASE "GLIBC_2.17" /* aarch64's first glibc ABI: everything is 2.17 there */
+#define VGPU_GLIBC_BASE   "GLIBC_2.17" /* aarch64's first glibc ABI: everything is 2.17 there */
 #define VGPU_GLIBC_ROBUST "GLIBC_2.17"
 #endif
 
@@ -53,25 +53,25 @@ VGPU_SYMVER(pthread_mutex_consistent, VGPU_GLIBC_ROBUST)
 VGPU_SYMVER(pthread_mutexattr_setrobust, VGPU_GLIBC_ROBUST)
 
 /* every call of these goes through compat.c (the declarations in the headers are renamed too) */
-#define dlopen vgpu_compat_dlopen
-#define dlclose vgpu_compat_dlclose
-#define dladdr vgpu_compat_dladdr
-#define dlerror vgpu_compat_dlerror
-#define pthread_create vgpu_compat_pthread_create
-#define pthread_once vgpu_compat_pthread_once
-#define pthread_attr_setstacksize vgpu_compat_pthread_attr_setstacksize
-#define pthread_sigmask vgpu_compat_pthread_sigmask
-#define pthread_mutex_trylock vgpu_compat_pthread_mutex_trylock
-#define pthread_mutex_timedlock vgpu_compat_pthread_mutex_timedlock
-#define pthread_mutexattr_init vgpu_compat_pthread_mutexattr_init
-#define pthread_mutexattr_destroy vgpu_compat_pthread_mutexattr_destroy
+#define dlopen                       vgpu_compat_dlopen
+#define dlclose                      vgpu_compat_dlclose
+#define dladdr                       vgpu_compat_dladdr
+#define dlerror                      vgpu_compat_dlerror
+#define pthread_create               vgpu_compat_pthread_create
+#define pthread_once                 vgpu_compat_pthread_once
+#define pthread_attr_setstacksize    vgpu_compat_pthread_attr_setstacksize
+#define pthread_sigmask              vgpu_compat_pthread_sigmask
+#define pthread_mutex_trylock        vgpu_compat_pthread_mutex_trylock
+#define pthread_mutex_timedlock      vgpu_compat_pthread_mutex_timedlock
+#define pthread_mutexattr_init       vgpu_compat_pthread_mutexattr_init
+#define pthread_mutexattr_destroy    vgpu_compat_pthread_mutexattr_destroy
 #define pthread_mutexattr_setpshared vgpu_compat_pthread_mutexattr_setpshared
-#define pthread_mutex_consistent vgpu_compat_pthread_mutex_consistent
-#define pthread_mutexattr_setrobust vgpu_compat_pthread_mutexattr_setrobust
+#define pthread_mutex_consistent     vgpu_compat_pthread_mutex_consistent
+#define pthread_mutexattr_setrobust  vgpu_compat_pthread_mutexattr_setrobust
 
 /* The only libm calls: rounding, done in compat.c, so libm.so.6 is not one more object loaded
  * into every process (the driver loads it where CUDA is used). */
-#define lround vgpu_compat_lround
+#define lround   vgpu_compat_lround
 #define llroundf vgpu_compat_llroundf
 long vgpu_compat_lround(double x);
 long long vgpu_compat_llroundf(float x);

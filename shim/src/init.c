@@ -78,8 +78,10 @@ static void init_once(void) {
             if (l == 0) continue;
             char who[32];
             vgpu_format_bytes(l, q, sizeof q);
-            if (same) snprintf(who, sizeof who, "every device");
-            else snprintf(who, sizeof who, "device %d", d);
+            if (same)
+                snprintf(who, sizeof who, "every device");
+            else
+                snprintf(who, sizeof who, "device %d", d);
             vgpu_log(VGPU_LOG_INFO, "%s: quota %s, accounting file %s", who, q,
                      cfg->region_path ? cfg->region_path : "(private)");
         }

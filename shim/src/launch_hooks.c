@@ -17,39 +17,31 @@
 
 /* Per-thread default stream: the _ptsz entry points read stream 0 as the calling thread's
  * stream. Our events must go to the same stream through the default-version cuEventRecord. */
-static inline CUstream ptsz_stream(CUstream s)
-{
-    return s ? s : CU_STREAM_PER_THREAD;
-}
+static inline CUstream ptsz_stream(CUstream s) { return s ? s : CU_STREAM_PER_THREAD; }
 
-#define PASSTHROUGH_OR_FAIL(sym, args)                                                              \
-    do {                                                                                            \
-        CUresult init_rc_ = vgpu_init();                                                            \
-        if (init_rc_ != CUDA_SUCCESS)                                                               \
-            return init_rc_;                                                                        \
-        if (!real_##sym)                                                                            \
-            return CUDA_ERROR_NOT_SUPPORTED;                                                        \
-        /* vgpu_compute_on stays 0 when control is disabled (the compute init never runs). */     \
-        if (!vgpu_compute_on)                                                                       \
-            return real_##sym args;                                                                 \
+#define PASSTHROUGH_OR_FAIL(sym, args)                                                                                 \
+    do {                                                                                                               \
+        CUresult init_rc_ = vgpu_init();                                                                               \
+        if (init_rc_ != CUDA_SUCCESS) return init_rc_;                                                                 \
+        if (!real_##sym) return CUDA_ERROR_NOT_SUPPORTED;                                                              \
+        /* vgpu_compute_on stays 0 when control is disabled (the compute init never runs). */                          \
+        if (!vgpu_compute_on) return real_##sym args;                                                                  \
     } while (0)
 
 /* A NULL function or graph goes straight to the driver, which reports the error: nothing runs. */
-#define GATED(sym, key, shape, stream, args)                                                        \
-    do {                                                                                            \
-        if (!(key))                                                                                 \
-            return real_##sym args;                                                                 \
-        struct vgpu_launch L_;                                                                      \
-        vgpu_compute_before(&L_, (uintptr_t)(key), (shape), (stream));                              \
-        CUresult r_ = real_##sym args;                                                              \
-        vgpu_compute_after(&L_, r_);                                                                \
-        return r_;                                                                                  \
+#define GATED(sym, key, shape, stream, args)                                                                           \
+    do {                                                                                                               \
+        if (!(key)) return real_##sym args;                                                                            \
+        struct vgpu_launch L_;                                                                                         \
+        vgpu_compute_before(&L_, (uintptr_t)(key), (shape), (stream));                                                 \
+        CUresult r_ = real_##sym args;                                                                                 \
+        vgpu_compute_after(&L_, r_);                                                                                   \
+        return r_;                                                                                                     \
     } while (0)
 
 CUresult hook_cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
                              unsigned int by, unsigned int bz, unsigned int smem, CUstream s, void **params,
-                             void **extra)
-{
+                             void **extra) {
     PASSTHROUGH_OR_FAIL(cuLaunchKernel, (f, gx, gy, gz, bx, by, bz, smem, s, params, extra));
     GATED(cuLaunchKernel, f, vgpu_launch_shape(gx, gy, gz, bx, by, bz), s,
           (f, gx, gy, gz, bx, by, bz, smem, s, params, extra));
@@ -57,39 +49,33 @@ CUresult hook_cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, uns
 
 CUresult hook_cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
                                   unsigned int by, unsigned int bz, unsigned int smem, CUstream s, void **params,
-                                  void **extra)
-{
+                                  void **extra) {
     PASSTHROUGH_OR_FAIL(cuLaunchKernel_ptsz, (f, gx, gy, gz, bx, by, bz, smem, s, params, extra));
     GATED(cuLaunchKernel_ptsz, f, vgpu_launch_shape(gx, gy, gz, bx, by, bz), ptsz_stream(s),
           (f, gx, gy, gz, bx, by, bz, smem, s, params, extra));
 }
 
-CUresult hook_cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **params, void **extra)
-{
+CUresult hook_cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **params, void **extra) {
     PASSTHROUGH_OR_FAIL(cuLaunchKernelEx, (config, f, params, extra));
-    if (!config)
-        return real_cuLaunchKernelEx(config, f, params, extra);
+    if (!config) return real_cuLaunchKernelEx(config, f, params, extra);
     GATED(cuLaunchKernelEx, f,
-          vgpu_launch_shape(config->gridDimX, config->gridDimY, config->gridDimZ, config->blockDimX,
-                            config->blockDimY, config->blockDimZ),
+          vgpu_launch_shape(config->gridDimX, config->gridDimY, config->gridDimZ, config->blockDimX, config->blockDimY,
+                            config->blockDimZ),
           config->hStream, (config, f, params, extra));
 }
 
-CUresult hook_cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f, void **params, void **extra)
-{
+CUresult hook_cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f, void **params, void **extra) {
     PASSTHROUGH_OR_FAIL(cuLaunchKernelEx_ptsz, (config, f, params, extra));
-    if (!config)
-        return real_cuLaunchKernelEx_ptsz(config, f, params, extra);
+    if (!config) return real_cuLaunchKernelEx_ptsz(config, f, params, extra);
     GATED(cuLaunchKernelEx_ptsz, f,
-          vgpu_launch_shape(config->gridDimX, config->gridDimY, config->gridDimZ, config->blockDimX,
-                            config->blockDimY, config->blockDimZ),
+          vgpu_launch_shape(config->gridDimX, config->gridDimY, config->gridDimZ, config->blockDimX, config->blockDimY,
+                            config->blockDimZ),
           ptsz_stream(config->hStream), (config, f, params, extra));
 }
 
 CUresult hook_cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
                                         unsigned int bx, unsigned int by, unsigned int bz, unsigned int smem,
-                                        CUstream s, void **params)
-{
+                                        CUstream s, void **params) {
     PASSTHROUGH_OR_FAIL(cuLaunchCooperativeKernel, (f, gx, gy, gz, bx, by, bz, smem, s, params));
     GATED(cuLaunchCooperativeKernel, f, vgpu_launch_shape(gx, gy, gz, bx, by, bz), s,
           (f, gx, gy, gz, bx, by, bz, smem, s, params));
@@ -97,8 +83,7 @@ CUresult hook_cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned 
 
 CUresult hook_cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
                                              unsigned int bx, unsigned int by, unsigned int bz, unsigned int smem,
-                                             CUstream s, void **params)
-{
+                                             CUstream s, void **params) {
     PASSTHROUGH_OR_FAIL(cuLaunchCooperativeKernel_ptsz, (f, gx, gy, gz, bx, by, bz, smem, s, params));
     GATED(cuLaunchCooperativeKernel_ptsz, f, vgpu_launch_shape(gx, gy, gz, bx, by, bz), ptsz_stream(s),
           (f, gx, gy, gz, bx, by, bz, smem, s, params));
@@ -110,8 +95,7 @@ CUresult vgpu_launch_graph(CUgraphExec g, CUstream s) /* behind graphmem.c's hoo
     GATED(cuGraphLaunch, g, 0, s, (g, s));
 }
 
-CUresult vgpu_launch_graph_ptsz(CUgraphExec g, CUstream s)
-{
+CUresult vgpu_launch_graph_ptsz(CUgraphExec g, CUstream s) {
     PASSTHROUGH_OR_FAIL(cuGraphLaunch_ptsz, (g, s));
     GATED(cuGraphLaunch_ptsz, g, 0, ptsz_stream(s), (g, s));
 }

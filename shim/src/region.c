@@ -39,13 +39,13 @@ _Static_assert(_Alignof(pthread_mutex_t) <= _Alignof(uint64_t), "mutex alignment
 
 #define SCAN_INTERVAL_NS 100000000ULL /* dead-slot scan on allocation at most every 100 ms */
 
-static struct vgpu_region *R;       /* the mapping, NULL when no region is in use */
-static int region_fd = -1;          /* O_CLOEXEC; its open file description holds our slot lock */
-static int my_slot = -1;            /* -1: not claimed yet (or dropped in a fork child) */
-static int region_broken;           /* fork child could not reopen: fail closed */
+static struct vgpu_region *R;            /* the mapping, NULL when no region is in use */
+static int region_fd = -1;               /* O_CLOEXEC; its open file description holds our slot lock */
+static int my_slot = -1;                 /* -1: not claimed yet (or dropped in a fork child) */
+static int region_broken;                /* fork child could not reopen: fail closed */
 static struct vgpu_region_params params; /* what vgpu_region_open was given */
-static int region_required;                /* the compute cap needs the region without a memory limit */
-static void (*on_exit_fn)(void);           /* run at a normal exit while the slot is held */
+static int region_required;              /* the compute cap needs the region without a memory limit */
+static void (*on_exit_fn)(void);         /* run at a normal exit while the slot is held */
 /* Process-local: byte locks belong to our open file description, not to a thread, so two of our
  * threads would both "get" the same slot's lock. Claims and scans take this mutex so that a slot's
  * byte lock is only ever tested by one of our threads at a time, and never our own slot. */
@@ -82,12 +82,18 @@ static int create_atomically(int dfd, const char *base) {
     char tmp[NAME_MAX + 1];
     static _Atomic unsigned counter;
     int n = snprintf(tmp, sizeof tmp, ".%.200s.tmp.%d.%u", base, (int)getpid(), atomic_fetch_add(&counter, 1));
-    if (n < 0 || (size_t)n >= sizeof tmp) { errno = ENAMETOOLONG; return -1; }
+    if (n < 0 || (size_t)n >= sizeof tmp) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
     int fd = openat(dfd, tmp, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
     if (fd < 0) return -1;
     int rc = fill_fd(fd);
     int saved = errno;
-    if (rc == 0 && linkat(dfd, tmp, dfd, base, 0) != 0 && errno != EEXIST) { rc = -1; saved = errno; }
+    if (rc == 0 && linkat(dfd, tmp, dfd, base, 0) != 0 && errno != EEXIST) {
+        rc = -1;
+        saved = errno;
+    }
     unlinkat(dfd, tmp, 0);
     close(fd);
     errno = saved;
@@ -157,12 +163,12 @@ static void recover_locked(void) {
 #define LOCK_TIMEOUT_NS 2000000000ULL
 #define TOKEN_SLOT_BITS 11
 #define TOKEN_SLOT_MASK ((1u << TOKEN_SLOT_BITS) - 1)
-#define TOKEN_UNKNOWN ((uint32_t)VGPU_MAX_PROCS + 1)
+#define TOKEN_UNKNOWN   ((uint32_t)VGPU_MAX_PROCS + 1)
 _Static_assert(VGPU_MAX_PROCS + 1 <= TOKEN_SLOT_MASK, "slot tokens do not fit");
-static int pending_slot = -1;         /* the slot being claimed, whose token the claim locks with */
+static int pending_slot = -1; /* the slot being claimed, whose token the claim locks with */
 static pthread_mutex_t local_mu = PTHREAD_MUTEX_INITIALIZER;
-static uint32_t held_token;           /* the token we hold the word with (under local_mu) */
-static uint32_t token_seq;            /* under local_mu */
+static uint32_t held_token; /* the token we hold the word with (under local_mu) */
+static uint32_t token_seq;  /* under local_mu */
 
 static _Atomic uint32_t *lock_word(void) { return (_Atomic uint32_t *)(void *)R->lock; }
 
@@ -204,8 +210,7 @@ int vgpu_region_lock(void) {
     uint64_t start = 0;
     for (unsigned round = 0;; round++) {
         uint32_t seen = 0;
-        if (atomic_compare_exchange_weak_explicit(w, &seen, mine, memory_order_acquire, memory_order_relaxed))
-            return 0;
+        if (atomic_compare_exchange_weak_explicit(w, &seen, mine, memory_order_acquire, memory_order_relaxed)) return 0;
         if (round < 64) continue; /* held for a few instructions: spin */
         uint64_t now = now_ns();
         if (start == 0) start = now;
@@ -215,12 +220,15 @@ int vgpu_region_lock(void) {
             atomic_compare_exchange_strong_explicit(w, &seen, mine, memory_order_acquire, memory_order_relaxed)) {
             recover_locked();
             if (h != HOLDER_DEAD)
-                vgpu_log(VGPU_LOG_WARN, "accounting lock %s (word %#x): taken over, totals recomputed from the live slots",
+                vgpu_log(VGPU_LOG_WARN,
+                         "accounting lock %s (word %#x): taken over, totals recomputed from the live slots",
                          h == HOLDER_GARBAGE ? "held garbage" : "held for more than 2 s", seen);
             return 0;
         }
-        if (round < 256) sched_yield();
-        else nanosleep(&(struct timespec){0, 100000}, NULL);
+        if (round < 256)
+            sched_yield();
+        else
+            nanosleep(&(struct timespec){0, 100000}, NULL);
     }
 }
 
@@ -242,7 +250,10 @@ static int claim_slot_locked_local(void) {
         uint32_t want = pass == 0 ? VGPU_SLOT_FREE : VGPU_SLOT_LIVE;
         for (int i = 0; i < VGPU_MAX_PROCS; i++) {
             if (__atomic_load_n(&R->procs[i].state, __ATOMIC_RELAXED) != want) continue;
-            if (byte_lock(region_fd, i, F_WRLCK) == 0) { got = i; break; }
+            if (byte_lock(region_fd, i, F_WRLCK) == 0) {
+                got = i;
+                break;
+            }
             if (errno != EAGAIN && errno != EACCES) return -2; /* not "taken": locks do not work here */
         }
     }
@@ -284,7 +295,8 @@ static int ensure_slot(void) {
     int rc = my_slot >= 0 ? 0 : claim_slot_locked_local();
     int e = errno;
     pthread_mutex_unlock(&slot_mu);
-    if (rc == -1) vgpu_log(VGPU_LOG_ERROR, "no free process slot in the accounting file (max %d processes)", VGPU_MAX_PROCS);
+    if (rc == -1)
+        vgpu_log(VGPU_LOG_ERROR, "no free process slot in the accounting file (max %d processes)", VGPU_MAX_PROCS);
     if (rc == -2) vgpu_log(VGPU_LOG_ERROR, "accounting file: byte locks unavailable (%s)", strerror(e));
     return rc;
 }
@@ -321,7 +333,8 @@ static int reopen_same(int fd, const char *path) {
     int nfd = path ? open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC) : -1;
     if (nfd >= 0) {
         struct stat a, b;
-        if (vgpu_fstat(fd, &a) == 0 && vgpu_fstat(nfd, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino) return nfd;
+        if (vgpu_fstat(fd, &a) == 0 && vgpu_fstat(nfd, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino)
+            return nfd;
         close(nfd); /* replaced meanwhile: go through /proc */
     }
     char p[64];
@@ -340,7 +353,10 @@ static CUresult open_fail(const char *path, const char *what, int err) {
 static int open_path(const char *path, CUresult *err) {
     char base[NAME_MAX + 1], why[200];
     int dfd = vgpu_dir_open(path, base, sizeof base, why, sizeof why);
-    if (dfd < 0) { *err = open_fail(path, why, 0); return -1; }
+    if (dfd < 0) {
+        *err = open_fail(path, why, 0);
+        return -1;
+    }
     int shared = 0;
     if (vgpu_dir_check(dfd, &shared, why, sizeof why) != 0) {
         close(dfd);
@@ -365,7 +381,8 @@ static int open_path(const char *path, CUresult *err) {
     int e = errno;
     close(dfd);
     if (fd < 0) {
-        *err = e == ELOOP || e == EISDIR ? open_fail(path, vgpu_open_error(e), 0) : open_fail(path, "cannot open read-write", e);
+        *err = e == ELOOP || e == EISDIR ? open_fail(path, vgpu_open_error(e), 0)
+                                         : open_fail(path, "cannot open read-write", e);
         return -1;
     }
     if (vgpu_file_check(fd, shared, why, sizeof why) != 0) {
@@ -415,9 +432,11 @@ CUresult vgpu_region_open(const struct vgpu_region_params *p) {
     struct vgpu_region *r = m;
     const char *bad = NULL;
     char why[160];
-    if (r->header.magic != VGPU_REGION_MAGIC) bad = "wrong magic (not a vgpu accounting file)";
+    if (r->header.magic != VGPU_REGION_MAGIC)
+        bad = "wrong magic (not a vgpu accounting file)";
     else if (r->header.layout_version != VGPU_REGION_LAYOUT_VERSION) {
-        snprintf(why, sizeof why, "layout version %u, this shim reads %d", r->header.layout_version, VGPU_REGION_LAYOUT_VERSION);
+        snprintf(why, sizeof why, "layout version %u, this shim reads %d", r->header.layout_version,
+                 VGPU_REGION_LAYOUT_VERSION);
         bad = why;
     } else if (r->header.file_size != sizeof *r || r->header.max_devices != VGPU_MAX_DEVICES ||
                r->header.max_procs != VGPU_MAX_PROCS)
@@ -550,7 +569,7 @@ void vgpu_region_context_publish(int dev, uint64_t bytes, uint32_t source, uint6
         /* what is there is worth keeping only if it is a measurement and credible */
         int kept = (cur == VGPU_CONTEXT_DEVICE || cur == VGPU_CONTEXT_EXACT) && (total == 0 || have < total);
         int better = source == VGPU_CONTEXT_FAILED ? !kept && cur != VGPU_CONTEXT_FAILED
-                     : !kept || source > cur || (source == cur && bytes < have);
+                                                   : !kept || source > cur || (source == cur && bytes < have);
         if (better) {
             __atomic_store_n(&a->context_bytes, bytes, __ATOMIC_RELEASE);
             __atomic_store_n(&a->context_source, source, __ATOMIC_RELEASE);
@@ -567,9 +586,7 @@ void vgpu_region_context_publish(int dev, uint64_t bytes, uint32_t source, uint6
     }
 }
 
-uint64_t vgpu_region_used(int dev) {
-    return R ? __atomic_load_n(&R->devices[dev].used, __ATOMIC_RELAXED) : 0;
-}
+uint64_t vgpu_region_used(int dev) { return R ? __atomic_load_n(&R->devices[dev].used, __ATOMIC_RELAXED) : 0; }
 
 uint64_t vgpu_region_mine(int dev) {
     return R && my_slot >= 0 ? __atomic_load_n(&R->procs[my_slot].used[dev], __ATOMIC_RELAXED) : UINT64_MAX;

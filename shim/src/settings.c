@@ -43,20 +43,24 @@
 
 extern char **environ;
 
-#define LIMITS_MAX_BYTES 65536
+#define LIMITS_MAX_BYTES   65536
 #define LIMITS_MAX_ENTRIES 256
 
-static char **file_entries;      /* NULL-terminated "K=V" strings of the limits file, or NULL */
-static char file_path[4096];     /* the limits file in force, "" when none */
-static struct stat file_stat;    /* its identity, for the accounting file (vgpu_settings_publish) */
-static uint64_t file_hash;       /* FNV-1a 64 of its bytes */
+static char **file_entries;   /* NULL-terminated "K=V" strings of the limits file, or NULL */
+static char file_path[4096];  /* the limits file in force, "" when none */
+static struct stat file_stat; /* its identity, for the accounting file (vgpu_settings_publish) */
+static uint64_t file_hash;    /* FNV-1a 64 of its bytes */
 
 /* Names whose value a tenant could use to lift a limit: with a limits file they come from the file
  * only. LIBCUDA_LOG_LEVEL (and CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER: which devices, not how
  * much) stay the environment's. */
 static const char *const controlled_prefixes[] = {
-    "CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT", "CUDA_DEVICE_MEMORY_SHARED_CACHE",
-    "CUDA_DISABLE_CONTROL",     "CUDA_TASK_PRIORITY",   "GPU_CORE_UTILIZATION_POLICY",
+    "CUDA_DEVICE_MEMORY_LIMIT",
+    "CUDA_DEVICE_SM_LIMIT",
+    "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+    "CUDA_DISABLE_CONTROL",
+    "CUDA_TASK_PRIORITY",
+    "GPU_CORE_UTILIZATION_POLICY",
     "VGPU_",
 };
 
@@ -97,7 +101,10 @@ static int parse_file(const char *path, char *text) {
         }
         if (n == cap) {
             char **more = realloc(out, (2 * cap + 1) * sizeof *out);
-            if (more == NULL) { free(out); return -1; }
+            if (more == NULL) {
+                free(out);
+                return -1;
+            }
             out = more;
             cap *= 2;
         }
@@ -138,14 +145,25 @@ static char *read_mountinfo(void) {
         if (buf == NULL) break;
         if (len + 1 >= cap) {
             char *more = cap < (1u << 24) ? realloc(buf, cap * 2) : NULL;
-            if (more == NULL) { free(buf); buf = NULL; break; }
+            if (more == NULL) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
             buf = more;
             cap *= 2;
         }
         ssize_t got = read(fd, buf + len, cap - 1 - len);
         if (got < 0 && errno == EINTR) continue;
-        if (got < 0) { free(buf); buf = NULL; break; }
-        if (got == 0) { buf[len] = '\0'; break; }
+        if (got < 0) {
+            free(buf);
+            buf = NULL;
+            break;
+        }
+        if (got == 0) {
+            buf[len] = '\0';
+            break;
+        }
         len += (size_t)got;
     }
     close(fd);
@@ -182,7 +200,9 @@ static int each_mount(mount_visitor visit, void *arg) {
     return rc;
 }
 
-struct same_file { const struct stat *st; };
+struct same_file {
+    const struct stat *st;
+};
 
 static int is_mount_of(const char *point, int ro, void *arg) {
     const struct stat *want = ((struct same_file *)arg)->st;
@@ -223,7 +243,7 @@ static int own_ro_mount(int fd, const char **why) {
 struct pair_search {
     char shims[8][512]; /* directories of read-only mount points named libvgpu.so */
     int nshims;
-    char found[512];    /* D/limits of the first pair */
+    char found[512]; /* D/limits of the first pair */
 };
 
 static int split_dir(const char *point, const char *name, char *dir, size_t cap) {
@@ -236,7 +256,8 @@ static int split_dir(const char *point, const char *name, char *dir, size_t cap)
 
 static int collect_shims(const char *point, int ro, void *arg) {
     struct pair_search *ps = arg;
-    if (ro && ps->nshims < 8 && split_dir(point, "libvgpu.so", ps->shims[ps->nshims], sizeof ps->shims[0])) ps->nshims++;
+    if (ro && ps->nshims < 8 && split_dir(point, "libvgpu.so", ps->shims[ps->nshims], sizeof ps->shims[0]))
+        ps->nshims++;
     return 0;
 }
 
@@ -280,8 +301,8 @@ static int plugin_limits_mount(char *out, size_t cap) {
 
 /* ---- the limits file ---- */
 
-static const char plugin_forms[] = "the plugin's read-only bind mount at " VGPU_LIMITS_CONTAINER_PATH
-                                   " (or beside the plugin's mounted libvgpu.so)";
+static const char plugin_forms[] =
+    "the plugin's read-only bind mount at " VGPU_LIMITS_CONTAINER_PATH " (or beside the plugin's mounted libvgpu.so)";
 
 /* 1: the file at `path` is in force (parsed); 0: there is none; -1: it exists but is unusable or
  * not the plugin's (reported: the process fails closed, it must not fall back to the tenant's
@@ -316,7 +337,7 @@ static int try_file(const char *path) {
         vgpu_config_error(path, "(limits file)", got < 0 ? strerror(err) : "short read", plugin_forms);
         return -1;
     }
-    text[(size_t)got] = '\0'; /* kept for the life of the process: the entries point into it */
+    text[(size_t)got] = '\0';           /* kept for the life of the process: the entries point into it */
     uint64_t h = 0xcbf29ce484222325ULL; /* FNV-1a 64, of the bytes before parsing writes into them */
     for (ssize_t i = 0; i < got; i++) h = (h ^ (unsigned char)text[i]) * 0x100000001b3ULL;
     if (memchr(text, '\0', (size_t)got) != NULL) {

@@ -23,24 +23,24 @@
 
 #define MAXL 8
 #define MAXQ 64
-#define MS 1000000LL
-#define US 1000LL
+#define MS   1000000LL
+#define US   1000LL
 
 struct kernel {
     int64_t submit, startev, end; /* startev, end: -1 until known */
     uint64_t charged;
     int64_t dur;
-    int64_t rem;                  /* device time still to run */
-    int after_prev;               /* the start event completes when the previous kernel ends */
+    int64_t rem;    /* device time still to run */
+    int after_prev; /* the start event completes when the previous kernel ends */
 };
 
 struct launcher {
     int slice;
-    int64_t dur;       /* true device time of its kernels (ns) */
-    int64_t jitter;    /* +- uniform jitter of dur */
-    int sync;          /* launch-then-synchronize */
-    int qdepth;        /* async queue depth before the launch call blocks */
-    int64_t next;      /* next action time */
+    int64_t dur;        /* true device time of its kernels (ns) */
+    int64_t jitter;     /* +- uniform jitter of dur */
+    int sync;           /* launch-then-synchronize */
+    int qdepth;         /* async queue depth before the launch call blocks */
+    int64_t next;       /* next action time */
     int64_t pending_go; /* >0: sleeping until then, reservation done */
     uint64_t pending_cost;
     struct kernel q[MAXQ];
@@ -60,8 +60,7 @@ struct slice {
 };
 
 static uint64_t rng = 88172645463325252ull;
-static double urand(void)
-{
+static double urand(void) {
     rng ^= rng << 13;
     rng ^= rng >> 7;
     rng ^= rng << 17;
@@ -70,15 +69,11 @@ static double urand(void)
 
 static const int64_t WIN_START = 3000 * MS, WIN_END = 13000 * MS;
 
-static void account(struct slice *s, int64_t a, int64_t b)
-{
+static void account(struct slice *s, int64_t a, int64_t b) {
     s->busy_period += (double)(b - a);
-    if (a < WIN_START)
-        a = WIN_START;
-    if (b > WIN_END)
-        b = WIN_END;
-    if (b > a)
-        s->busy += (double)(b - a);
+    if (a < WIN_START) a = WIN_START;
+    if (b > WIN_END) b = WIN_END;
+    if (b > a) s->busy += (double)(b - a);
 }
 
 /* The device: round robin between launchers with unfinished kernels, SLICE each. */
@@ -90,18 +85,16 @@ struct device {
 static struct device dv;
 
 /* First unfinished kernel of launcher l, or NULL. */
-static struct kernel *head(struct launcher *l)
-{
+static struct kernel *head(struct launcher *l) {
     for (int k = 0; k < l->nq; k++)
-        if (l->q[k].end < 0)
-            return &l->q[k];
+        if (l->q[k].end < 0) return &l->q[k];
     return NULL;
 }
 
 /* Run device `d` over launchers `ls` up to time T (accounting busy time into `ss` if non-NULL),
  * or until kernel `stop` is finished; returns the time reached. */
-static int64_t device_run(struct device *d, struct launcher *ls, int nl, struct slice *ss, int64_t T, const struct kernel *stop)
-{
+static int64_t device_run(struct device *d, struct launcher *ls, int nl, struct slice *ss, int64_t T,
+                          const struct kernel *stop) {
     while (d->t < T && !(stop && stop->end >= 0)) {
         int o = d->owner;
         int own = o >= 0 && head(&ls[o]) != NULL;
@@ -109,8 +102,7 @@ static int64_t device_run(struct device *d, struct launcher *ls, int nl, struct 
             int nx = -1;
             for (int k = 1; k <= nl && nx < 0; k++) {
                 int i = ((o < 0 ? -1 : o) + k + nl) % nl;
-                if (head(&ls[i]))
-                    nx = i;
+                if (head(&ls[i])) nx = i;
             }
             if (nx < 0) {
                 d->owner = -1;
@@ -124,22 +116,17 @@ static int64_t device_run(struct device *d, struct launcher *ls, int nl, struct 
             d->owner = o = nx;
         }
         struct kernel *k = head(&ls[o]);
-        if (k->startev < 0)
-            k->startev = d->t; /* its process got the device: the start event is written */
+        if (k->startev < 0) k->startev = d->t; /* its process got the device: the start event is written */
         int64_t n = k->rem;
-        if (n > d->slice_end - d->t)
-            n = d->slice_end - d->t;
-        if (n > T - d->t)
-            n = T - d->t;
-        if (ss)
-            account(&ss[ls[o].slice], d->t, d->t + n);
+        if (n > d->slice_end - d->t) n = d->slice_end - d->t;
+        if (n > T - d->t) n = T - d->t;
+        if (ss) account(&ss[ls[o].slice], d->t, d->t + n);
         k->rem -= n;
         d->t += n;
         if (k->rem == 0) {
             k->end = d->t;
             struct kernel *nxk = head(&ls[o]);
-            if (nxk && nxk->after_prev)
-                nxk->startev = d->t;
+            if (nxk && nxk->after_prev) nxk->startev = d->t;
         }
     }
     return d->t;
@@ -148,10 +135,8 @@ static int64_t device_run(struct device *d, struct launcher *ls, int nl, struct 
 /* When kernel q of launcher li will be finished with the work queued now (later work of others
  * can only delay it: the caller re-checks when it wakes). */
 static struct launcher scratch[MAXL];
-static int64_t predict_end(struct launcher *ls, int nl, int li, int qi)
-{
-    if (ls[li].q[qi].end >= 0)
-        return ls[li].q[qi].end;
+static int64_t predict_end(struct launcher *ls, int nl, int li, int qi) {
+    if (ls[li].q[qi].end >= 0) return ls[li].q[qi].end;
     struct device d = dv;
     memcpy(scratch, ls, (size_t)nl * sizeof *ls);
     device_run(&d, scratch, nl, NULL, INT64_MAX / 2, &scratch[li].q[qi]);
@@ -159,14 +144,12 @@ static int64_t predict_end(struct launcher *ls, int nl, int li, int qi)
 }
 
 /* Read completions the way the shim does: on the launcher's next action, in order. */
-static void drain(struct launcher *l, struct slice *sl, int64_t now)
-{
+static void drain(struct launcher *l, struct slice *sl, int64_t now) {
     int k = 0;
     while (k < l->nq && l->q[k].end >= 0 && l->q[k].end <= now) {
         struct kernel *kk = &l->q[k];
         struct vc_est_entry *e = vc_est_lookup(l->est, 0x1000, 1);
-        if (e->in_flight)
-            e->in_flight--;
+        if (e->in_flight) e->in_flight--;
         int accepted;
         uint64_t sample = (uint64_t)(kk->end - kk->startev);
         uint64_t est = vc_est_update(e, sample, &accepted);
@@ -180,13 +163,11 @@ static void drain(struct launcher *l, struct slice *sl, int64_t now)
     l->nq -= k;
 }
 
-static void submit(struct launcher *l, int64_t t, uint64_t charged)
-{
+static void submit(struct launcher *l, int64_t t, uint64_t charged) {
     int busy = head(l) != NULL; /* the stream has unfinished work: the start event follows it */
     struct kernel *k = &l->q[l->nq++];
     int64_t d = l->dur;
-    if (l->jitter)
-        d += (int64_t)((urand() * 2 - 1) * (double)l->jitter);
+    if (l->jitter) d += (int64_t)((urand() * 2 - 1) * (double)l->jitter);
     k->submit = t;
     k->startev = -1;
     k->after_prev = busy;
@@ -197,8 +178,7 @@ static void submit(struct launcher *l, int64_t t, uint64_t charged)
 }
 
 /* Returns max |error| in points; prints per-slice shares. */
-static double run(const char *name, struct launcher *ls, int nl, struct slice *ss, int ns, int64_t wake_late)
-{
+static double run(const char *name, struct launcher *ls, int nl, struct slice *ss, int ns, int64_t wake_late) {
     dv = (struct device){.t = 0, .slice_end = 0, .owner = -1};
     for (int i = 0; i < ns; i++) {
         ss[i].tat = 0;
@@ -208,8 +188,7 @@ static double run(const char *name, struct launcher *ls, int nl, struct slice *s
         ss[i].busy_period = ss[i].charged_period = 0;
         ss[i].nprocs = 0;
     }
-    for (int i = 0; i < nl; i++)
-        ss[ls[i].slice].nprocs++;
+    for (int i = 0; i < nl; i++) ss[ls[i].slice].nprocs++;
     int64_t next_reading = 1000 * MS;
     for (int i = 0; i < nl; i++) {
         ls[i].next = (int64_t)(urand() * MS);
@@ -221,13 +200,11 @@ static double run(const char *name, struct launcher *ls, int nl, struct slice *s
     for (;;) {
         int li = 0;
         for (int i = 1; i < nl; i++)
-            if (ls[i].next < ls[li].next)
-                li = i;
+            if (ls[i].next < ls[li].next) li = i;
         struct launcher *l = &ls[li];
         struct slice *sl = &ss[l->slice];
         int64_t now = l->next;
-        if (now > WIN_END)
-            break;
+        if (now > WIN_END) break;
         device_run(&dv, ls, nl, ss, now, NULL);
         if (now >= next_reading) { /* the NVML loop: driver's utilisation vs what was charged */
             for (int i = 0; i < ns; i++) {
@@ -267,8 +244,7 @@ static double run(const char *name, struct launcher *ls, int nl, struct slice *s
         }
         /* Next launch: immediately (async) or after completion (sync); a small CPU gap. */
         l->next = now + 2 * US;
-        if (l->sync && l->nq)
-            l->next = predict_end(ls, nl, li, l->nq - 1) + 2 * US;
+        if (l->sync && l->nq) l->next = predict_end(ls, nl, li, l->nq - 1) + 2 * US;
     }
     double worst = 0;
     printf("%s:", name);
@@ -277,43 +253,48 @@ static double run(const char *name, struct launcher *ls, int nl, struct slice *s
         double cap = ss[i].permille / 10.0;
         double err = share - cap;
         printf(" share=%.2f cap=%.1f err=%+.2f", share, cap, err);
-        if (fabs(err) > worst)
-            worst = fabs(err);
+        if (fabs(err) > worst) worst = fabs(err);
     }
     printf("\n");
-    for (int i = 0; i < nl; i++)
-        free(ls[i].est);
+    for (int i = 0; i < nl; i++) free(ls[i].est);
     return worst;
 }
 
 static int failures;
-static void expect(double worst, double bound, const char *what)
-{
+static void expect(double worst, double bound, const char *what) {
     if (worst > bound) {
         printf("FAIL %s: error %.2f > %.2f points\n", what, worst, bound);
         failures++;
     }
 }
 
-static void test_elastic(void)
-{
+static void test_elastic(void) {
     struct vgpu_node_slot s[4];
     memset(s, 0, sizeof s);
     int64_t now = 1000 * MS;
-    s[0] = (struct vgpu_node_slot){.slice_id = 1, .want_until_ns = now + MS, .cap_permille = 300,
-                                   .policy = VGPU_COMPUTE_POLICY_ELASTIC, .priority = 1};
+    s[0] = (struct vgpu_node_slot){.slice_id = 1,
+                                   .want_until_ns = now + MS,
+                                   .cap_permille = 300,
+                                   .policy = VGPU_COMPUTE_POLICY_ELASTIC,
+                                   .priority = 1};
     /* alone: uncapped */
     assert(vc_elastic_permille(s, 4, 0, now) == 1000);
     /* a hard 600 slice wants time: 300 + the idle 100 */
-    s[1] = (struct vgpu_node_slot){.slice_id = 2, .want_until_ns = now + MS, .cap_permille = 600,
-                                   .policy = VGPU_COMPUTE_POLICY_HARD, .priority = 1};
+    s[1] = (struct vgpu_node_slot){.slice_id = 2,
+                                   .want_until_ns = now + MS,
+                                   .cap_permille = 600,
+                                   .policy = VGPU_COMPUTE_POLICY_HARD,
+                                   .priority = 1};
     assert(vc_elastic_permille(s, 4, 0, now) == 400);
     /* it stops wanting: back to uncapped */
     s[1].want_until_ns = now - 1;
     assert(vc_elastic_permille(s, 4, 0, now) == 1000);
     /* an elastic 200 peer of equal priority: split the idle 500 */
-    s[2] = (struct vgpu_node_slot){.slice_id = 3, .want_until_ns = now + MS, .cap_permille = 200,
-                                   .policy = VGPU_COMPUTE_POLICY_ELASTIC, .priority = 1};
+    s[2] = (struct vgpu_node_slot){.slice_id = 3,
+                                   .want_until_ns = now + MS,
+                                   .cap_permille = 200,
+                                   .policy = VGPU_COMPUTE_POLICY_ELASTIC,
+                                   .priority = 1};
     assert(vc_elastic_permille(s, 4, 0, now) == 550);
     assert(vc_elastic_permille(s, 4, 2, now) == 450);
     /* higher priority (lower number) takes the idle share first; my own cap stays */
@@ -321,8 +302,8 @@ static void test_elastic(void)
     assert(vc_elastic_permille(s, 4, 0, now) == 300);
     assert(vc_elastic_permille(s, 4, 2, now) == 700);
     /* an uncapped/off neighbour: just my cap */
-    s[3] = (struct vgpu_node_slot){.slice_id = 4, .want_until_ns = now + MS, .cap_permille = 0,
-                                   .policy = VGPU_COMPUTE_POLICY_OFF, .priority = 1};
+    s[3] = (struct vgpu_node_slot){
+        .slice_id = 4, .want_until_ns = now + MS, .cap_permille = 0, .policy = VGPU_COMPUTE_POLICY_OFF, .priority = 1};
     assert(vc_elastic_permille(s, 4, 0, now) == 300);
     assert(vc_elastic_permille(s, 4, -1, now) == 0);
     /* a second slot of my own slice (a twin claim) is me, not a neighbour */
@@ -333,8 +314,7 @@ static void test_elastic(void)
     printf("elastic: ok\n");
 }
 
-static void test_peer_demand(void)
-{
+static void test_peer_demand(void) {
     static const uint8_t gpu_a[16] = {1, 2, 3}, gpu_b[16] = {9};
     int64_t now = 100000 * MS;
     struct vgpu_demand_file f;
@@ -344,11 +324,14 @@ static void test_peer_demand(void)
     f.version = VGPU_DEMAND_VERSION;
     f.ndev = 16;
     memcpy(f.dev[3].uuid, gpu_a, 16);
-    f.dev[3].d = (struct vgpu_node_slot){.slice_id = 7, .want_until_ns = now + 50 * MS, .cap_permille = 300,
-                                         .policy = VGPU_COMPUTE_POLICY_ELASTIC, .priority = 1};
+    f.dev[3].d = (struct vgpu_node_slot){.slice_id = 7,
+                                         .want_until_ns = now + 50 * MS,
+                                         .cap_permille = 300,
+                                         .policy = VGPU_COMPUTE_POLICY_ELASTIC,
+                                         .priority = 1};
     assert(vc_peer_demand(&f, sizeof f, gpu_a, now, &out) == 1 && out.cap_permille == 300 && out.slice_id == 7);
-    assert(vc_peer_demand(&f, sizeof f, gpu_b, now, &out) == 0);      /* no record for that device */
-    assert(vc_peer_demand(&f, sizeof f - 1, gpu_a, now, &out) == 0);  /* a truncated file */
+    assert(vc_peer_demand(&f, sizeof f, gpu_b, now, &out) == 0);     /* no record for that device */
+    assert(vc_peer_demand(&f, sizeof f - 1, gpu_a, now, &out) == 0); /* a truncated file */
     /* one file is one slice: a second record for the same device is not counted */
     f.dev[5] = f.dev[3];
     f.dev[5].d.cap_permille = 1000;
@@ -380,14 +363,12 @@ static void test_peer_demand(void)
     printf("peer demand: ok\n");
 }
 
-static void test_bucket(void)
-{
+static void test_bucket(void) {
     int64_t tat = 0;
     /* 1 ms at 50%: 2 ms of wall per launch; first launches go at once (burst 5 ms). */
     int64_t go = vc_reserve(&tat, 100 * MS, 1 * MS, 500, 5 * MS);
     assert(go <= 100 * MS && tat == 102 * MS);
-    for (int i = 0; i < 3; i++)
-        vc_reserve(&tat, 100 * MS, 1 * MS, 500, 5 * MS);
+    for (int i = 0; i < 3; i++) vc_reserve(&tat, 100 * MS, 1 * MS, 500, 5 * MS);
     go = vc_reserve(&tat, 100 * MS, 1 * MS, 500, 5 * MS);
     assert(go == 103 * MS);
     /* a credit never takes tat below now, a debt is bounded */
@@ -413,16 +394,14 @@ static void test_bucket(void)
     assert(rejected > 300); /* nearly all of the ~400 inflated samples */
     assert(llabs((long long)vc_est_cost(e) - 1000000) < 30000);
     /* a kernel that really got 3x slower is re-based on after a run of rejections */
-    for (int i = 0; i < 40; i++)
-        vc_est_update(e, 3000000, NULL);
+    for (int i = 0; i < 40; i++) vc_est_update(e, 3000000, NULL);
     assert(llabs((long long)vc_est_cost(e) - 3000000) < 30000);
     assert(vc_est_lookup(t, 42, 7) == e && vc_est_lookup(t, 42, 8) != e);
     free(t);
     printf("bucket+estimator: ok\n");
 }
 
-int main(void)
-{
+int main(void) {
     test_bucket();
     test_elastic();
     test_peer_demand();
@@ -485,8 +464,7 @@ int main(void)
     expect(run("two slices 30+60 mixed, 2% jitter", ls, 2, ss, 2, 300 * US), 2.0, "two slices mixed");
 
     memset(ls, 0, sizeof ls);
-    for (int i = 0; i < 4; i++)
-        ls[i] = (struct launcher){.slice = 0, .dur = 1 * MS, .qdepth = 8, .sync = i & 1};
+    for (int i = 0; i < 4; i++) ls[i] = (struct launcher){.slice = 0, .dur = 1 * MS, .qdepth = 8, .sync = i & 1};
     ss[0].permille = 400;
     expect(run("four launchers one 40 slice", ls, 4, ss, 1, 300 * US), 1.0, "four launchers");
 

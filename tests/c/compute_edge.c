@@ -12,16 +12,15 @@
 
 #include "vgpu/cuda_api.h"
 
-#define EXPECT(cond)                                                                                \
-    do {                                                                                            \
-        if (!(cond)) {                                                                              \
-            fprintf(stderr, "edge: failed: %s (line %d)\n", #cond, __LINE__);                       \
-            return 1;                                                                               \
-        }                                                                                           \
+#define EXPECT(cond)                                                                                                   \
+    do {                                                                                                               \
+        if (!(cond)) {                                                                                                 \
+            fprintf(stderr, "edge: failed: %s (line %d)\n", #cond, __LINE__);                                          \
+            return 1;                                                                                                  \
+        }                                                                                                              \
     } while (0)
 
-int main(void)
-{
+int main(void) {
     CUdevice dev;
     CUcontext ctx;
     CUmodule mod;
@@ -54,8 +53,7 @@ int main(void)
     EXPECT(cuStreamEndCapture(cs, &g) == CUDA_SUCCESS);
     EXPECT(cuGraphInstantiateWithFlags(&ge, g, 0) == CUDA_SUCCESS);
 
-    for (int i = 0; i < 20; i++)
-        EXPECT(cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL) == CUDA_SUCCESS);
+    for (int i = 0; i < 20; i++) EXPECT(cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL) == CUDA_SUCCESS);
     fflush(NULL);
     pid_t pid = fork();
     EXPECT(pid >= 0);
@@ -66,8 +64,7 @@ int main(void)
         (void)r;
         _exit(0);
     }
-    for (int i = 0; i < 20; i++)
-        EXPECT(cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL) == CUDA_SUCCESS);
+    for (int i = 0; i < 20; i++) EXPECT(cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL) == CUDA_SUCCESS);
     int status = 0;
     EXPECT(waitpid(pid, &status, 0) == pid);
     EXPECT(WIFEXITED(status) && WEXITSTATUS(status) == 0);

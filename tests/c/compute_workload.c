@@ -35,13 +35,13 @@
 
 #include "vgpu/cuda_api.h"
 
-#define CHECK(x)                                                                                    \
-    do {                                                                                            \
-        CUresult r_ = (x);                                                                          \
-        if (r_ != CUDA_SUCCESS) {                                                                   \
-            fprintf(stderr, "workload: %s failed: %d (line %d)\n", #x, (int)r_, __LINE__);          \
-            exit(2);                                                                                \
-        }                                                                                           \
+#define CHECK(x)                                                                                                       \
+    do {                                                                                                               \
+        CUresult r_ = (x);                                                                                             \
+        if (r_ != CUDA_SUCCESS) {                                                                                      \
+            fprintf(stderr, "workload: %s failed: %d (line %d)\n", #x, (int)r_, __LINE__);                             \
+            exit(2);                                                                                                   \
+        }                                                                                                              \
     } while (0)
 
 static const char *kname = "sim_1000us";
@@ -57,27 +57,22 @@ static CUfunction fn;
 static double kernel_us;
 static CUgraphExec gexec;
 
-static int64_t now_ns(void)
-{
+static int64_t now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-static double cpu_s(void)
-{
+static double cpu_s(void) {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + (double)ru.ru_stime.tv_sec +
            ru.ru_stime.tv_usec / 1e6;
 }
 
-static CUresult launch_one(CUstream s, const char *how)
-{
-    if (!strcmp(how, "kernel"))
-        return cuLaunchKernel(fn, grid, 1, 1, 128, 1, 1, 0, s, NULL, NULL);
-    if (!strcmp(how, "ptsz"))
-        return cuLaunchKernel_ptsz(fn, grid, 1, 1, 128, 1, 1, 0, s, NULL, NULL);
+static CUresult launch_one(CUstream s, const char *how) {
+    if (!strcmp(how, "kernel")) return cuLaunchKernel(fn, grid, 1, 1, 128, 1, 1, 0, s, NULL, NULL);
+    if (!strcmp(how, "ptsz")) return cuLaunchKernel_ptsz(fn, grid, 1, 1, 128, 1, 1, 0, s, NULL, NULL);
     if (!strcmp(how, "ex") || !strcmp(how, "ex_ptsz")) {
         CUlaunchConfig c;
         memset(&c, 0, sizeof c);
@@ -88,22 +83,15 @@ static CUresult launch_one(CUstream s, const char *how)
         c.hStream = s;
         return !strcmp(how, "ex") ? cuLaunchKernelEx(&c, fn, NULL, NULL) : cuLaunchKernelEx_ptsz(&c, fn, NULL, NULL);
     }
-    if (!strcmp(how, "coop"))
-        return cuLaunchCooperativeKernel(fn, grid, 1, 1, 128, 1, 1, 0, s, NULL);
-    if (!strcmp(how, "coop_ptsz"))
-        return cuLaunchCooperativeKernel_ptsz(fn, grid, 1, 1, 128, 1, 1, 0, s, NULL);
-    if (!strcmp(how, "graph"))
-        return cuGraphLaunch(gexec, s);
-    if (!strcmp(how, "graph_ptsz"))
-        return cuGraphLaunch_ptsz(gexec, s);
+    if (!strcmp(how, "coop")) return cuLaunchCooperativeKernel(fn, grid, 1, 1, 128, 1, 1, 0, s, NULL);
+    if (!strcmp(how, "coop_ptsz")) return cuLaunchCooperativeKernel_ptsz(fn, grid, 1, 1, 128, 1, 1, 0, s, NULL);
+    if (!strcmp(how, "graph")) return cuGraphLaunch(gexec, s);
+    if (!strcmp(how, "graph_ptsz")) return cuGraphLaunch_ptsz(gexec, s);
     fprintf(stderr, "workload: unknown --path %s\n", how);
     exit(2);
 }
 
-static int is_ptsz(void)
-{
-    return strstr(path, "ptsz") != NULL;
-}
+static int is_ptsz(void) { return strstr(path, "ptsz") != NULL; }
 
 struct worker {
     CUstream stream;
@@ -114,8 +102,7 @@ struct worker {
 
 static volatile int phase; /* 0 warmup, 1 window, 2 done */
 
-static void *work(void *arg)
-{
+static void *work(void *arg) {
     struct worker *w = arg;
     CHECK(cuCtxSetCurrent(ctx));
     long n = 0;
@@ -129,23 +116,19 @@ static void *work(void *arg)
             w->t0 = now_ns();
             in_window = 1;
         }
-        if (t >= end_all)
-            break;
+        if (t >= end_all) break;
         CHECK(launch_one(w->stream, path));
         n++;
-        if (in_window)
-            w->launches_window++;
+        if (in_window) w->launches_window++;
         if (w->tl) {
             long slot = (long)((now_ns() - w->t_start) / ((int64_t)timeline_ms * 1000000));
-            if (slot >= 0 && slot < 100000)
-                __atomic_fetch_add(&w->tl[slot], 1, __ATOMIC_RELAXED);
+            if (slot >= 0 && slot < 100000) __atomic_fetch_add(&w->tl[slot], 1, __ATOMIC_RELAXED);
         }
         if (sync_every > 0 && n % sync_every == 0)
             CHECK(is_ptsz() ? cuStreamSynchronize_ptsz(w->stream) : cuStreamSynchronize(w->stream));
         if (gap_us > 0 && n % burst == 0) {
             int64_t until = now_ns() + (int64_t)(gap_us * 1000);
-            while (now_ns() < until) {
-            }
+            while (now_ns() < until) {}
         }
     }
     w->launches_run = n;
@@ -154,22 +137,33 @@ static void *work(void *arg)
     return NULL;
 }
 
-int main(int argc, char **argv)
-{
+int main(int argc, char **argv) {
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *k = argv[i], *v = argv[i + 1];
-        if (!strcmp(k, "--kernel")) kname = v;
-        else if (!strcmp(k, "--grid")) grid = (unsigned)atoi(v);
-        else if (!strcmp(k, "--path")) path = v;
-        else if (!strcmp(k, "--graph-nodes")) graph_nodes = atoi(v);
-        else if (!strcmp(k, "--seconds")) seconds = atof(v);
-        else if (!strcmp(k, "--warmup")) warmup = atof(v);
-        else if (!strcmp(k, "--sync-every")) sync_every = atoi(v);
-        else if (!strcmp(k, "--device")) device = atoi(v);
-        else if (!strcmp(k, "--timeline-ms")) timeline_ms = atoi(v);
-        else if (!strcmp(k, "--threads")) nthreads = atoi(v);
-        else if (!strcmp(k, "--gap-us")) gap_us = atof(v);
-        else if (!strcmp(k, "--burst")) burst = atoi(v) > 0 ? atoi(v) : 1;
+        if (!strcmp(k, "--kernel"))
+            kname = v;
+        else if (!strcmp(k, "--grid"))
+            grid = (unsigned)atoi(v);
+        else if (!strcmp(k, "--path"))
+            path = v;
+        else if (!strcmp(k, "--graph-nodes"))
+            graph_nodes = atoi(v);
+        else if (!strcmp(k, "--seconds"))
+            seconds = atof(v);
+        else if (!strcmp(k, "--warmup"))
+            warmup = atof(v);
+        else if (!strcmp(k, "--sync-every"))
+            sync_every = atoi(v);
+        else if (!strcmp(k, "--device"))
+            device = atoi(v);
+        else if (!strcmp(k, "--timeline-ms"))
+            timeline_ms = atoi(v);
+        else if (!strcmp(k, "--threads"))
+            nthreads = atoi(v);
+        else if (!strcmp(k, "--gap-us"))
+            gap_us = atof(v);
+        else if (!strcmp(k, "--burst"))
+            burst = atoi(v) > 0 ? atoi(v) : 1;
         else {
             fprintf(stderr, "workload: unknown option %s\n", k);
             return 2;
@@ -190,26 +184,21 @@ int main(int argc, char **argv)
     int sms = 1;
     CHECK(cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev));
     unsigned n_us = 10;
-    if (sscanf(kname, "sim_%uus", &n_us) != 1)
-        n_us = 10;
+    if (sscanf(kname, "sim_%uus", &n_us) != 1) n_us = 10;
     unsigned waves = (grid + (unsigned)sms - 1) / (unsigned)sms;
     kernel_us = (double)n_us * waves;
     double unit_us = kernel_us;
 
     CUstream streams[16] = {0};
-    if (nthreads < 1 || nthreads > 16)
-        nthreads = 1;
-    for (int i = 0; i < nthreads; i++)
-        CHECK(cuStreamCreate(&streams[i], CU_STREAM_NON_BLOCKING));
-    if (is_ptsz() && nthreads == 1)
-        streams[0] = NULL; /* the per-thread default stream */
+    if (nthreads < 1 || nthreads > 16) nthreads = 1;
+    for (int i = 0; i < nthreads; i++) CHECK(cuStreamCreate(&streams[i], CU_STREAM_NON_BLOCKING));
+    if (is_ptsz() && nthreads == 1) streams[0] = NULL; /* the per-thread default stream */
 
     if (!strncmp(path, "graph", 5)) {
         CUstream cs;
         CHECK(cuStreamCreate(&cs, CU_STREAM_NON_BLOCKING));
         CHECK(cuStreamBeginCapture_v2(cs, CU_STREAM_CAPTURE_MODE_GLOBAL));
-        for (int i = 0; i < graph_nodes; i++)
-            CHECK(cuLaunchKernel(fn, grid, 1, 1, 128, 1, 1, 0, cs, NULL, NULL));
+        for (int i = 0; i < graph_nodes; i++) CHECK(cuLaunchKernel(fn, grid, 1, 1, 128, 1, 1, 0, cs, NULL, NULL));
         CUgraph g;
         CHECK(cuStreamEndCapture(cs, &g));
         CHECK(cuGraphInstantiateWithFlags(&gexec, g, 0));
@@ -219,8 +208,7 @@ int main(int argc, char **argv)
     struct worker ws[16];
     memset(ws, 0, sizeof ws);
     long *tl = NULL;
-    if (timeline_ms > 0)
-        tl = calloc(100000, sizeof *tl);
+    if (timeline_ms > 0) tl = calloc(100000, sizeof *tl);
     int64_t start = now_ns();
     printf("start_ns=%lld\n", (long long)start);
     fflush(stdout);
@@ -238,26 +226,27 @@ int main(int argc, char **argv)
         pthread_join(th[i], NULL);
         total += ws[i].launches_window;
         total_run += ws[i].launches_run;
-        if (!t0 || ws[i].t0 < t0)
-            t0 = ws[i].t0;
-        if (ws[i].t1 > t1)
-            t1 = ws[i].t1;
+        if (!t0 || ws[i].t0 < t0) t0 = ws[i].t0;
+        if (ws[i].t1 > t1) t1 = ws[i].t1;
     }
     double c1 = cpu_s();
     double win = (double)(t1 - t0) / 1e9;
     double model_share = 100.0 * (double)total * unit_us / 1e6 / win;
     double share = model_share;
-    typedef CUresult (*busy_fn)(CUdevice, unsigned long long, unsigned long long, unsigned long long *, unsigned long long *);
+    typedef CUresult (*busy_fn)(CUdevice, unsigned long long, unsigned long long, unsigned long long *,
+                                unsigned long long *);
     busy_fn busy = (busy_fn)dlsym(RTLD_DEFAULT, "simgpuProcessBusyNs");
     unsigned long long busy_ns = 0, busy_win = 0;
-    if (busy && busy(device, (unsigned long long)t0, (unsigned long long)t1, &busy_ns, &busy_win) == CUDA_SUCCESS && busy_win)
+    if (busy && busy(device, (unsigned long long)t0, (unsigned long long)t1, &busy_ns, &busy_win) == CUDA_SUCCESS &&
+        busy_win)
         share = 100.0 * (double)busy_ns / (double)busy_win;
     /* The whole run: every bucket that holds any of it (the process had no device work before
      * its start or after its last synchronisation). */
     unsigned long long busy_run = 0, run_win = 0;
     int64_t t_end = now_ns();
     if (busy)
-        busy(device, (unsigned long long)(start - 100000000LL), (unsigned long long)(t_end + 100000000LL), &busy_run, &run_win);
+        busy(device, (unsigned long long)(start - 100000000LL), (unsigned long long)(t_end + 100000000LL), &busy_run,
+             &run_win);
     if (tl) {
         long nslots = (long)((warmup + seconds) * 1000 / timeline_ms);
         for (long i = 0; i < nslots; i++)

@@ -51,7 +51,6 @@ int main(int argc, char **argv) {
     printf("\nready\n");
     fflush(stdout);
     char buf[64];
-    while (fread(buf, 1, sizeof buf, stdin) > 0) {
-    }
+    while (fread(buf, 1, sizeof buf, stdin) > 0) {}
     return 0;
 }

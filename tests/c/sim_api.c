@@ -15,15 +15,13 @@
 #define GiB (1ull << 30)
 #define MiB (1ull << 20)
 
-static size_t free_mem(void)
-{
+static size_t free_mem(void) {
     size_t f, t;
     CHECK(cuMemGetInfo_v2(&f, &t));
     return f;
 }
 
-static void test_before_init(void)
-{
+static void test_before_init(void) {
     int v = 0;
     CUdevice d;
     CUcontext c;
@@ -37,8 +35,7 @@ static void test_before_init(void)
     EXPECT(fn != NULL);
 }
 
-static void test_device(void)
-{
+static void test_device(void) {
     int n, v, major, minor;
     CUdevice dev;
     CHECK(cuDeviceGetCount(&n));
@@ -78,8 +75,7 @@ static void test_device(void)
     EXPECT_RC(cuDeviceGetUuid(NULL, dev), CUDA_ERROR_INVALID_VALUE);
 }
 
-static void test_contexts(void)
-{
+static void test_contexts(void) {
     CUdevice dev = 0;
     CUcontext cur = (CUcontext)1, a, b, p1, p2;
     CHECK(cuCtxGetCurrent(&cur));
@@ -138,8 +134,7 @@ static void test_contexts(void)
     EXPECT_RC(cuDevicePrimaryCtxSetFlags_v2(dev, 0x1000), CUDA_ERROR_INVALID_VALUE);
 }
 
-static void test_memory(void)
-{
+static void test_memory(void) {
     size_t f0 = free_mem();
     CUdeviceptr p, q;
     CHECK(cuMemAlloc_v2(&p, 1));
@@ -227,12 +222,10 @@ static void test_memory(void)
     EXPECT_RC(cuMemGetInfo_v2(NULL, &size), CUDA_ERROR_INVALID_VALUE);
 }
 
-static void test_copies(void)
-{
+static void test_copies(void) {
     enum { N = 1 << 20 };
     unsigned char *a = malloc(N), *b = malloc(N);
-    for (int i = 0; i < N; i++)
-        a[i] = (unsigned char)(i * 7 + 3);
+    for (int i = 0; i < N; i++) a[i] = (unsigned char)(i * 7 + 3);
     CUdeviceptr d1, d2;
     CHECK(cuMemAlloc_v2(&d1, N));
     CHECK(cuMemAlloc_v2(&d2, N));
@@ -283,8 +276,7 @@ static void test_copies(void)
     free(b);
 }
 
-static void test_pools(void)
-{
+static void test_pools(void) {
     size_t f0 = free_mem();
     CUmemoryPool def, cur;
     CHECK(cuDeviceGetDefaultMemPool(&def, 0));
@@ -346,8 +338,7 @@ static void test_pools(void)
     CHECK(cuStreamDestroy_v2(s));
 }
 
-static void test_vmm(void)
-{
+static void test_vmm(void) {
     size_t f0 = free_mem();
     CUmemAllocationProp prop;
     memset(&prop, 0, sizeof prop);
@@ -370,11 +361,11 @@ static void test_vmm(void)
     CHECK(cuMemAddressReserve(&va, 8 * MiB, 0, 0, 0));
     EXPECT(va % page == 0);
     CHECK(cuMemMap(va, 4 * MiB, 0, h, 0));
-    CHECK(cuMemMap(va + 4 * MiB, 2 * MiB, 2 * MiB, h, 0)); /* aliases the second half */
+    CHECK(cuMemMap(va + 4 * MiB, 2 * MiB, 2 * MiB, h, 0));               /* aliases the second half */
     EXPECT_RC(cuMemMap(va, 2 * MiB, 0, h, 0), CUDA_ERROR_INVALID_VALUE); /* already mapped */
     unsigned char x = 7;
     EXPECT_RC(cuMemcpyHtoD_v2(va, &x, 1), CUDA_ERROR_INVALID_VALUE); /* no access yet */
-    CUmemAccessDesc acc = { .location = { CU_MEM_LOCATION_TYPE_DEVICE, 0 }, .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+    CUmemAccessDesc acc = {.location = {CU_MEM_LOCATION_TYPE_DEVICE, 0}, .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
     CHECK(cuMemSetAccess(va, 6 * MiB, &acc, 1));
     x = 42;
     CHECK(cuMemcpyHtoD_v2(va + 2 * MiB + 5, &x, 1));
@@ -384,7 +375,7 @@ static void test_vmm(void)
     CHECK(cuMemUnmap(va, 4 * MiB));
     EXPECT(f0 - free_mem() == 4 * MiB); /* unmapping does not release */
     CHECK(cuMemRelease(h));
-    EXPECT(free_mem() == f0); /* release does */
+    EXPECT(free_mem() == f0);                        /* release does */
     CHECK(cuMemcpyDtoH_v2(&y, va + 4 * MiB + 5, 1)); /* still mapped: pages live on */
     EXPECT(y == 42);
     CHECK(cuMemUnmap(va + 4 * MiB, 2 * MiB));
@@ -396,10 +387,9 @@ static void test_vmm(void)
     EXPECT_RC(cuMemCreate(&h, 82 * GiB, &prop, 0), CUDA_ERROR_OUT_OF_MEMORY);
 }
 
-static void test_arrays(void)
-{
+static void test_arrays(void) {
     size_t f0 = free_mem();
-    CUDA_ARRAY_DESCRIPTOR d = { .Width = 1000, .Height = 1000, .Format = CU_AD_FORMAT_FLOAT, .NumChannels = 4 };
+    CUDA_ARRAY_DESCRIPTOR d = {.Width = 1000, .Height = 1000, .Format = CU_AD_FORMAT_FLOAT, .NumChannels = 4};
     CUarray a;
     CHECK(cuArrayCreate_v2(&a, &d));
     /* pitch align(16000, 512) = 16384, * 1000 rows = 16384000, rounded to 2 MiB = 16777216 */
@@ -407,11 +397,12 @@ static void test_arrays(void)
     CHECK(cuArrayDestroy(a));
     EXPECT(free_mem() == f0);
     EXPECT_RC(cuArrayDestroy(a), CUDA_ERROR_INVALID_HANDLE);
-    CUDA_ARRAY3D_DESCRIPTOR d3 = { .Width = 64, .Height = 64, .Depth = 64, .Format = CU_AD_FORMAT_UNSIGNED_INT8, .NumChannels = 1 };
+    CUDA_ARRAY3D_DESCRIPTOR d3 = {
+        .Width = 64, .Height = 64, .Depth = 64, .Format = CU_AD_FORMAT_UNSIGNED_INT8, .NumChannels = 1};
     CHECK(cuArray3DCreate_v2(&a, &d3));
     EXPECT(f0 - free_mem() == 2 * MiB); /* 512 * 64 * 64 = 2 MiB exactly */
     CHECK(cuArrayDestroy(a));
-    CUDA_ARRAY_DESCRIPTOR_v1 d1 = { .Width = 16, .Height = 0, .Format = CU_AD_FORMAT_HALF, .NumChannels = 2 };
+    CUDA_ARRAY_DESCRIPTOR_v1 d1 = {.Width = 16, .Height = 0, .Format = CU_AD_FORMAT_HALF, .NumChannels = 2};
     CHECK(cuArrayCreate(&a, &d1));
     CHECK(cuArrayDestroy(a));
     d.NumChannels = 3;
@@ -428,19 +419,18 @@ static void test_arrays(void)
     EXPECT(free_mem() == f0);
 }
 
-static CUfunction get_function(const char *name)
-{
+static CUfunction get_function(const char *name) {
     CUmodule m;
     CUfunction f, f2;
-    CHECK(cuModuleLoadData(&m, "\x7f" "ELF any image"));
+    CHECK(cuModuleLoadData(&m, "\x7f"
+                               "ELF any image"));
     CHECK(cuModuleGetFunction(&f, m, name));
     CHECK(cuModuleGetFunction(&f2, m, name));
     EXPECT(f == f2);
     return f;
 }
 
-static void test_modules_and_launches(void)
-{
+static void test_modules_and_launches(void) {
     CUfunction f = get_function("sim_2000us");
     CUfunction quick = get_function("anything_else");
     CUmodule m;
@@ -481,15 +471,23 @@ static void test_modules_and_launches(void)
     memset(&attr, 0, sizeof attr);
     attr.id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
     attr.value.cooperative = 1;
-    CUlaunchConfig cfg = { .gridDimX = 132, .gridDimY = 1, .gridDimZ = 1, .blockDimX = 1024, .blockDimY = 1, .blockDimZ = 1,
-                           .hStream = NULL, .attrs = &attr, .numAttrs = 1 };
+    CUlaunchConfig cfg = {.gridDimX = 132,
+                          .gridDimY = 1,
+                          .gridDimZ = 1,
+                          .blockDimX = 1024,
+                          .blockDimY = 1,
+                          .blockDimZ = 1,
+                          .hStream = NULL,
+                          .attrs = &attr,
+                          .numAttrs = 1};
     CHECK(cuLaunchKernelEx(&cfg, quick, NULL, NULL));
     CHECK(cuLaunchKernelEx_ptsz(&cfg, quick, NULL, NULL));
     cfg.gridDimX = 265;
     EXPECT_RC(cuLaunchKernelEx(&cfg, quick, NULL, NULL), CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE);
     EXPECT_RC(cuLaunchKernelEx(NULL, quick, NULL, NULL), CUDA_ERROR_INVALID_VALUE);
     CHECK(cuLaunchCooperativeKernel(quick, 264, 1, 1, 1024, 1, 1, 0, NULL, NULL));
-    EXPECT_RC(cuLaunchCooperativeKernel_ptsz(quick, 265, 1, 1, 1024, 1, 1, 0, NULL, NULL), CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE);
+    EXPECT_RC(cuLaunchCooperativeKernel_ptsz(quick, 265, 1, 1, 1024, 1, 1, 0, NULL, NULL),
+              CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE);
     CHECK(cuLaunchKernel_ptsz(quick, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
     EXPECT_RC(cuLaunchKernel(quick, 0, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL), CUDA_ERROR_INVALID_VALUE);
     EXPECT_RC(cuLaunchKernel(quick, 1, 1, 1, 1025, 1, 1, 0, NULL, NULL, NULL), CUDA_ERROR_INVALID_VALUE);
@@ -534,8 +532,7 @@ static void test_modules_and_launches(void)
     CHECK(cuEventDestroy(e1));
 }
 
-static void test_graphs(void)
-{
+static void test_graphs(void) {
     CUfunction f = get_function("sim_1000us");
     CUstream s;
     CHECK(cuStreamCreate(&s, 0));
@@ -545,8 +542,7 @@ static void test_graphs(void)
     CUstreamCaptureStatus st;
     CHECK(cuStreamIsCapturing(s, &st));
     EXPECT(st == CU_STREAM_CAPTURE_STATUS_ACTIVE);
-    for (int i = 0; i < 5; i++)
-        CHECK(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
+    for (int i = 0; i < 5; i++) CHECK(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
     CHECK(cuMemsetD32Async(d, 0x11223344, 1024, s));
     unsigned int host = 0;
     CHECK(cuMemcpyDtoHAsync_v2(&host, d + 8, 4, s));
@@ -621,8 +617,7 @@ static void test_graphs(void)
 
 static void *lib_handle;
 
-static void test_procaddr(void)
-{
+static void test_procaddr(void) {
     lib_handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
     EXPECT(lib_handle != NULL);
     int rows = 0;
@@ -630,28 +625,28 @@ static void test_procaddr(void)
     int internal_off = pa && strcmp(pa, "exported") == 0;
     /* Every row: asking at exactly its version yields its symbol (or, with the per-thread flag,
      * its per-thread symbol); asking just below a later row of the same name still yields it. */
-#define CU_PROC(b, v, s, p)                                                                      \
-    do {                                                                                         \
-        void *fn = NULL;                                                                         \
-        CUdriverProcAddressQueryResult qr = (CUdriverProcAddressQueryResult)99;                  \
-        CHECK(cuGetProcAddress_v2(#b, &fn, v, CU_GET_PROC_ADDRESS_DEFAULT, &qr));                \
-        EXPECT(qr == CU_GET_PROC_ADDRESS_SUCCESS);                                               \
-        EXPECT(fn != dlsym(lib_handle, #s) || internal_off);  /* an internal entry point */      \
-        if (entry_target(fn) != dlsym(lib_handle, #s)) {                                         \
-            fprintf(stderr, "FAIL %s@%d -> not %s\n", #b, v, #s);                                \
-            exit(1);                                                                             \
-        }                                                                                        \
-        const char *pt = sizeof(#p) > 1 ? #p : #s;                                               \
-        CHECK(cuGetProcAddress_v2(#b, &fn, v, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &qr)); \
-        if (entry_target(fn) != dlsym(lib_handle, pt)) {                                         \
-            fprintf(stderr, "FAIL %s@%d per-thread -> not %s\n", #b, v, pt);                     \
-            exit(1);                                                                             \
-        }                                                                                        \
-        CHECK(cuGetProcAddress_v2(#b, &fn, v, CU_GET_PROC_ADDRESS_LEGACY_STREAM, &qr));          \
-        EXPECT(entry_target(fn) == dlsym(lib_handle, #s));                                       \
-        CHECK(cuGetProcAddress(#b, &fn, v, 0));                                                  \
-        EXPECT(entry_target(fn) == dlsym(lib_handle, #s));                                       \
-        rows++;                                                                                  \
+#define CU_PROC(b, v, s, p)                                                                                            \
+    do {                                                                                                               \
+        void *fn = NULL;                                                                                               \
+        CUdriverProcAddressQueryResult qr = (CUdriverProcAddressQueryResult)99;                                        \
+        CHECK(cuGetProcAddress_v2(#b, &fn, v, CU_GET_PROC_ADDRESS_DEFAULT, &qr));                                      \
+        EXPECT(qr == CU_GET_PROC_ADDRESS_SUCCESS);                                                                     \
+        EXPECT(fn != dlsym(lib_handle, #s) || internal_off); /* an internal entry point */                             \
+        if (entry_target(fn) != dlsym(lib_handle, #s)) {                                                               \
+            fprintf(stderr, "FAIL %s@%d -> not %s\n", #b, v, #s);                                                      \
+            exit(1);                                                                                                   \
+        }                                                                                                              \
+        const char *pt = sizeof(#p) > 1 ? #p : #s;                                                                     \
+        CHECK(cuGetProcAddress_v2(#b, &fn, v, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &qr));                    \
+        if (entry_target(fn) != dlsym(lib_handle, pt)) {                                                               \
+            fprintf(stderr, "FAIL %s@%d per-thread -> not %s\n", #b, v, pt);                                           \
+            exit(1);                                                                                                   \
+        }                                                                                                              \
+        CHECK(cuGetProcAddress_v2(#b, &fn, v, CU_GET_PROC_ADDRESS_LEGACY_STREAM, &qr));                                \
+        EXPECT(entry_target(fn) == dlsym(lib_handle, #s));                                                             \
+        CHECK(cuGetProcAddress(#b, &fn, v, 0));                                                                        \
+        EXPECT(entry_target(fn) == dlsym(lib_handle, #s));                                                             \
+        rows++;                                                                                                        \
     } while (0);
 #include "vgpu/cuda_procaddr.def"
 #undef CU_PROC
@@ -699,8 +694,7 @@ static void test_procaddr(void)
 }
 
 /* NULL out-pointers (and required in-pointers) are CUDA_ERROR_INVALID_VALUE, never a crash. */
-static void test_null_arguments(void)
-{
+static void test_null_arguments(void) {
     const CUresult IV = CUDA_ERROR_INVALID_VALUE;
     CUstream s;
     CUevent e;
@@ -774,8 +768,7 @@ static void test_null_arguments(void)
     CHECK(cuLibraryUnload(l));
 }
 
-static void test_errors(void)
-{
+static void test_errors(void) {
     const char *s = NULL;
     CHECK(cuGetErrorName(CUDA_ERROR_OUT_OF_MEMORY, &s));
     EXPECT(strcmp(s, "CUDA_ERROR_OUT_OF_MEMORY") == 0);
@@ -787,12 +780,11 @@ static void test_errors(void)
     EXPECT(s == NULL);
     EXPECT_RC(cuGetErrorName(CUDA_SUCCESS, NULL), CUDA_ERROR_INVALID_VALUE);
     const void *tbl;
-    CUuuid id = { { 0 } };
+    CUuuid id = {{0}};
     EXPECT_RC(cuGetExportTable(&tbl, &id), CUDA_ERROR_INVALID_VALUE);
 }
 
-int main(void)
-{
+int main(void) {
     test_before_init();
     CHECK(cuInit(0));
     test_device();

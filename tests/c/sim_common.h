@@ -9,38 +9,35 @@
 #include "entry_target.h"
 #include "vgpu/cuda_api.h"
 
-#define CHECK(call)                                                                           \
-    do {                                                                                      \
-        CUresult rc_ = (call);                                                                \
-        if (rc_ != CUDA_SUCCESS) {                                                            \
-            const char *n_ = NULL;                                                            \
-            cuGetErrorName(rc_, &n_);                                                         \
-            fprintf(stderr, "FAIL %s:%d: %s -> %d (%s)\n", __FILE__, __LINE__, #call, (int)rc_, \
-                    n_ ? n_ : "?");                                                           \
-            exit(1);                                                                          \
-        }                                                                                     \
+#define CHECK(call)                                                                                                    \
+    do {                                                                                                               \
+        CUresult rc_ = (call);                                                                                         \
+        if (rc_ != CUDA_SUCCESS) {                                                                                     \
+            const char *n_ = NULL;                                                                                     \
+            cuGetErrorName(rc_, &n_);                                                                                  \
+            fprintf(stderr, "FAIL %s:%d: %s -> %d (%s)\n", __FILE__, __LINE__, #call, (int)rc_, n_ ? n_ : "?");        \
+            exit(1);                                                                                                   \
+        }                                                                                                              \
     } while (0)
 
-#define EXPECT_RC(call, want)                                                                 \
-    do {                                                                                      \
-        CUresult rc_ = (call);                                                                \
-        if (rc_ != (want)) {                                                                  \
-            fprintf(stderr, "FAIL %s:%d: %s -> %d, expected %d\n", __FILE__, __LINE__, #call,  \
-                    (int)rc_, (int)(want));                                                   \
-            exit(1);                                                                          \
-        }                                                                                     \
+#define EXPECT_RC(call, want)                                                                                          \
+    do {                                                                                                               \
+        CUresult rc_ = (call);                                                                                         \
+        if (rc_ != (want)) {                                                                                           \
+            fprintf(stderr, "FAIL %s:%d: %s -> %d, expected %d\n", __FILE__, __LINE__, #call, (int)rc_, (int)(want));  \
+            exit(1);                                                                                                   \
+        }                                                                                                              \
     } while (0)
 
-#define EXPECT(cond)                                                                          \
-    do {                                                                                      \
-        if (!(cond)) {                                                                        \
-            fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond);                   \
-            exit(1);                                                                          \
-        }                                                                                     \
+#define EXPECT(cond)                                                                                                   \
+    do {                                                                                                               \
+        if (!(cond)) {                                                                                                 \
+            fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond);                                            \
+            exit(1);                                                                                                   \
+        }                                                                                                              \
     } while (0)
 
-static inline double now_s(void)
-{
+static inline double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;

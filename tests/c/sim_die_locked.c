@@ -17,12 +17,10 @@
 
 #include "../../shim/sim/common/sim_common.h"
 
-int main(int argc, char **argv)
-{
+int main(int argc, char **argv) {
     int sched = argc > 1 && argv[1][0] == 's';
     const char *dir = getenv("SIMGPU_STATE");
-    if (!dir)
-        return 2;
+    if (!dir) return 2;
     char path[600];
     snprintf(path, sizeof path, "%s/state-v1-%zu", dir, sizeof(sim_shared));
     int fd = open(path, O_RDWR);
@@ -31,11 +29,9 @@ int main(int argc, char **argv)
         return 3;
     }
     sim_shared *s = mmap(NULL, sizeof *s, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (s == MAP_FAILED)
-        return 4;
+    if (s == MAP_FAILED) return 4;
     int rc = pthread_mutex_lock(sched ? &s->sched[0].lock : &s->lock);
-    if (rc != 0 && rc != EOWNERDEAD)
-        return 5;
+    if (rc != 0 && rc != EOWNERDEAD) return 5;
     if (sched) { /* half-done updates */
         s->sched[0].run.owner = 100000;
         s->sched[0].lane[5].submitted = 1000;

@@ -10,16 +10,14 @@
 
 int interposed_free_calls, interposed_alloc_calls;
 
-CUresult cuMemFree_v2(CUdeviceptr dptr)
-{
+CUresult cuMemFree_v2(CUdeviceptr dptr) {
     interposed_free_calls++;
-    CUresult (*next)(CUdeviceptr) = (CUresult(*)(CUdeviceptr))dlsym(RTLD_NEXT, "cuMemFree_v2");
+    CUresult (*next)(CUdeviceptr) = (CUresult (*)(CUdeviceptr))dlsym(RTLD_NEXT, "cuMemFree_v2");
     return next(dptr);
 }
 
-CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
-{
+CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) {
     interposed_alloc_calls++;
-    CUresult (*next)(CUdeviceptr *, size_t) = (CUresult(*)(CUdeviceptr *, size_t))dlsym(RTLD_NEXT, "cuMemAlloc_v2");
+    CUresult (*next)(CUdeviceptr *, size_t) = (CUresult (*)(CUdeviceptr *, size_t))dlsym(RTLD_NEXT, "cuMemAlloc_v2");
     return next(dptr, bytesize);
 }

@@ -3,8 +3,7 @@
 
 #include "sim_common.h"
 
-int main(void)
-{
+int main(void) {
     int *frees = dlsym(RTLD_DEFAULT, "interposed_free_calls");
     int *allocs = dlsym(RTLD_DEFAULT, "interposed_alloc_calls");
     EXPECT(frees && allocs);
@@ -28,8 +27,8 @@ int main(void)
     EXPECT(sim != NULL);
     printf("cuGetProcAddress(cuMemFree): simulator's=%d interposer's=%d\n",
            entry_target(fn) == dlsym(sim, "cuMemFree_v2"), fn == dlsym(RTLD_DEFAULT, "cuMemFree_v2"));
-    CHECK(((CUresult(*)(CUdeviceptr *, size_t))dlsym(sim, "cuMemAlloc_v2"))(&p, 64));
-    CHECK(((CUresult(*)(CUdeviceptr))fn)(p));
+    CHECK(((CUresult (*)(CUdeviceptr *, size_t))dlsym(sim, "cuMemAlloc_v2"))(&p, 64));
+    CHECK(((CUresult (*)(CUdeviceptr))fn)(p));
     printf("after the simulator's own functions: allocs=%d frees=%d\n", *allocs, *frees);
     return 0;
 }

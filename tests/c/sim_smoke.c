@@ -3,8 +3,7 @@
 
 #include "sim_common.h"
 
-int main(void)
-{
+int main(void) {
     CHECK(cuInit(0));
     int n;
     CHECK(cuDeviceGetCount(&n));
@@ -29,8 +28,7 @@ int main(void)
     printf("free %zu -> %zu (delta %zu)\n", fr, fr2, fr - fr2);
     EXPECT(fr - fr2 == 1024);
     char buf[1000], out[1000];
-    for (int i = 0; i < 1000; i++)
-        buf[i] = (char)i;
+    for (int i = 0; i < 1000; i++) buf[i] = (char)i;
     CHECK(cuMemcpyHtoD_v2(p, buf, sizeof buf));
     CHECK(cuMemcpyDtoH_v2(out, p, sizeof out));
     EXPECT(memcmp(buf, out, sizeof buf) == 0);
@@ -40,8 +38,7 @@ int main(void)
     CUfunction f;
     CHECK(cuModuleGetFunction(&f, m, "sim_1000us"));
     double t0 = now_s();
-    for (int i = 0; i < 100; i++)
-        CHECK(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
+    for (int i = 0; i < 100; i++) CHECK(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
     double t1 = now_s();
     CHECK(cuCtxSynchronize());
     double t2 = now_s();

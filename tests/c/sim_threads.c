@@ -11,13 +11,12 @@
 #include "sim_common.h"
 
 #define THREADS 8
-#define ITERS 150
+#define ITERS   150
 
 static CUcontext primary;
 static CUfunction kern;
 
-static void *worker(void *arg)
-{
+static void *worker(void *arg) {
     unsigned seed = (unsigned)(uintptr_t)arg * 2654435761u + 1;
     CHECK(cuCtxSetCurrent(primary));
     CUstream s;
@@ -60,8 +59,7 @@ static void *worker(void *arg)
     return NULL;
 }
 
-int main(void)
-{
+int main(void) {
     CHECK(cuInit(0));
     CHECK(cuDevicePrimaryCtxRetain(&primary, 0));
     CHECK(cuCtxSetCurrent(primary));
@@ -71,10 +69,8 @@ int main(void)
     size_t f0, t;
     CHECK(cuMemGetInfo_v2(&f0, &t));
     pthread_t th[THREADS];
-    for (int i = 0; i < THREADS; i++)
-        EXPECT(pthread_create(&th[i], NULL, worker, (void *)(uintptr_t)i) == 0);
-    for (int i = 0; i < THREADS; i++)
-        pthread_join(th[i], NULL);
+    for (int i = 0; i < THREADS; i++) EXPECT(pthread_create(&th[i], NULL, worker, (void *)(uintptr_t)i) == 0);
+    for (int i = 0; i < THREADS; i++) pthread_join(th[i], NULL);
     CHECK(cuCtxSynchronize()); /* pools release at synchronisation */
     size_t f1;
     CHECK(cuMemGetInfo_v2(&f1, &t));

@@ -17,15 +17,13 @@
 
 #include "sim_common.h"
 
-static double wall_ms(void)
-{
+static double wall_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-static CUfunction setup(const char *name)
-{
+static CUfunction setup(const char *name) {
     CUdevice dev;
     CUcontext ctx;
     CUmodule m;
@@ -38,13 +36,11 @@ static CUfunction setup(const char *name)
     return f;
 }
 
-static int durations(const char *name, int n)
-{
+static int durations(const char *name, int n) {
     CUfunction f = setup(name);
     CUevent *ev = calloc((size_t)n + 1, sizeof *ev);
     EXPECT(ev != NULL);
-    for (int i = 0; i <= n; i++)
-        CHECK(cuEventCreate(&ev[i], 0));
+    for (int i = 0; i <= n; i++) CHECK(cuEventCreate(&ev[i], 0));
     /* the first event waits for a 100 ms kernel: every later one sits between queued kernels
      * (with a deep queue, SIMGPU_QUEUE_AHEAD_US, the host may be descheduled for a while) */
     CUfunction warm;
@@ -67,8 +63,7 @@ static int durations(const char *name, int n)
 }
 
 /* A context with function sim_<us>us, and two timing events. */
-static CUfunction setup_us(int us, CUevent *a, CUevent *b)
-{
+static CUfunction setup_us(int us, CUevent *a, CUevent *b) {
     char name[64];
     snprintf(name, sizeof name, "sim_%dus", us);
     CUfunction f = setup(name);
@@ -77,8 +72,7 @@ static CUfunction setup_us(int us, CUevent *a, CUevent *b)
     return f;
 }
 
-static int long_kernel(int us, const char *fifo)
-{
+static int long_kernel(int us, const char *fifo) {
     CUevent a, b;
     CUfunction f = setup_us(us, &a, &b);
     CHECK(cuEventRecord(a, NULL));
@@ -89,7 +83,7 @@ static int long_kernel(int us, const char *fifo)
     EXPECT(fd >= 0);
     EXPECT(write(fd, "launched\n", 9) == 9);
     close(fd);
-    struct timespec half = { 0, (long)us * 500L };
+    struct timespec half = {0, (long)us * 500L};
     nanosleep(&half, NULL);
     CUresult q = cuStreamQuery(NULL);
     CHECK(cuStreamSynchronize(NULL));
@@ -100,8 +94,7 @@ static int long_kernel(int us, const char *fifo)
     return 0;
 }
 
-static int short_kernel(int us, const char *fifo)
-{
+static int short_kernel(int us, const char *fifo) {
     CUevent a, b;
     CUfunction f = setup_us(us, &a, &b);
     int fd = open(fifo, O_RDONLY);
@@ -109,7 +102,7 @@ static int short_kernel(int us, const char *fifo)
     char buf[16];
     EXPECT(read(fd, buf, sizeof buf) > 0);
     close(fd);
-    struct timespec two = { 0, 2000000L };
+    struct timespec two = {0, 2000000L};
     nanosleep(&two, NULL);
     CHECK(cuEventRecord(a, NULL));
     double t0 = wall_ms();
@@ -123,14 +116,10 @@ static int short_kernel(int us, const char *fifo)
     return 0;
 }
 
-int main(int argc, char **argv)
-{
-    if (argc == 4 && strcmp(argv[1], "durations") == 0)
-        return durations(argv[2], atoi(argv[3]));
-    if (argc == 4 && strcmp(argv[1], "long") == 0)
-        return long_kernel(atoi(argv[2]), argv[3]);
-    if (argc == 4 && strcmp(argv[1], "short") == 0)
-        return short_kernel(atoi(argv[2]), argv[3]);
+int main(int argc, char **argv) {
+    if (argc == 4 && strcmp(argv[1], "durations") == 0) return durations(argv[2], atoi(argv[3]));
+    if (argc == 4 && strcmp(argv[1], "long") == 0) return long_kernel(atoi(argv[2]), argv[3]);
+    if (argc == 4 && strcmp(argv[1], "short") == 0) return short_kernel(atoi(argv[2]), argv[3]);
     fprintf(stderr, "usage: sim_timing durations NAME N | long US FIFO | short US FIFO\n");
     return 2;
 }

@@ -26,8 +26,7 @@
 
 #include "sim_common.h"
 
-static CUcontext setup(void)
-{
+static CUcontext setup(void) {
     CUdevice dev;
     CUcontext ctx;
     CHECK(cuInit(0));
@@ -37,22 +36,17 @@ static CUcontext setup(void)
     return ctx;
 }
 
-static void wait_stdin_closed(void)
-{
+static void wait_stdin_closed(void) {
     char b[64];
-    while (read(0, b, sizeof b) > 0) {
-    }
+    while (read(0, b, sizeof b) > 0) {}
 }
 
-static void sleep_until(double t)
-{
-    struct timespec ts = { .tv_sec = (time_t)t, .tv_nsec = (long)((t - (double)(time_t)t) * 1e9) };
-    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) != 0) {
-    }
+static void sleep_until(double t) {
+    struct timespec ts = {.tv_sec = (time_t)t, .tv_nsec = (long)((t - (double)(time_t)t) * 1e9)};
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) != 0) {}
 }
 
-static int load(unsigned us, unsigned busy_ms, unsigned period_ms, double seconds)
-{
+static int load(unsigned us, unsigned busy_ms, unsigned period_ms, double seconds) {
     setup();
     CUmodule m;
     CUfunction f;
@@ -70,21 +64,17 @@ static int load(unsigned us, unsigned busy_ms, unsigned period_ms, double second
         unsigned per_period = busy_ms * 1000 / us;
         for (long k = 0;; k++) {
             double t = start + (double)k * period_ms / 1e3;
-            if (t >= end)
-                break;
+            if (t >= end) break;
             sleep_until(t);
-            for (unsigned i = 0; i < per_period; i++)
-                CHECK(cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
+            for (unsigned i = 0; i < per_period; i++) CHECK(cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
         }
     }
     CHECK(cuCtxSynchronize());
     return 0;
 }
 
-int main(int argc, char **argv)
-{
-    if (argc < 2)
-        return 64;
+int main(int argc, char **argv) {
+    if (argc < 2) return 64;
     const char *cmd = argv[1];
     if (strcmp(cmd, "init") == 0) {
         printf("%d\n", (int)cuInit(0));
@@ -110,8 +100,7 @@ int main(int argc, char **argv)
         setup();
         CUdeviceptr p;
         CUresult rc = cuMemAlloc_v2(&p, strtoull(argv[2], NULL, 0));
-        if (rc == CUDA_ERROR_OUT_OF_MEMORY)
-            return 2;
+        if (rc == CUDA_ERROR_OUT_OF_MEMORY) return 2;
         CHECK(rc);
         size_t free_b, total_b;
         CHECK(cuMemGetInfo_v2(&free_b, &total_b));
@@ -126,8 +115,7 @@ int main(int argc, char **argv)
         CHECK(cuModuleGetFunction(&f, m, "sim_0us"));
         long n = atol(argv[2]);
         double t0 = now_s();
-        for (long i = 0; i < n; i++)
-            CHECK(cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
+        for (long i = 0; i < n; i++) CHECK(cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
         double t1 = now_s();
         CHECK(cuCtxSynchronize());
         printf("ns_per_launch=%.1f\n", (t1 - t0) * 1e9 / (double)n);
@@ -150,12 +138,10 @@ int main(int argc, char **argv)
         CUdeviceptr p;
         CHECK(cuMemAlloc_v2(&p, strtoull(argv[2], NULL, 0)));
         pid_t child = fork();
-        if (child < 0)
-            return 1;
+        if (child < 0) return 1;
         if (child == 0) {
             /* inherits the parent's mappings and descriptors, calls nothing of CUDA */
-            for (int i = 0; i < 120; i++)
-                sleep(1);
+            for (int i = 0; i < 120; i++) sleep(1);
             _exit(0);
         }
         printf("child pid=%d\n", (int)child);
@@ -172,8 +158,7 @@ int main(int argc, char **argv)
         CUdeviceptr p;
         CHECK(cuMemAlloc_v2(&p, bytes));
         int fds[2], ready[2];
-        if (pipe(fds) != 0 || pipe(ready) != 0)
-            return 1;
+        if (pipe(fds) != 0 || pipe(ready) != 0) return 1;
         pid_t child = fork();
         if (child == 0) {
             /* the parent's context is not usable here; a new init and context are */
@@ -191,15 +176,13 @@ int main(int argc, char **argv)
             if (write(ready[1], "r", 1) != 1) /* tell the parent the child is set up */
                 _exit(1);
             char b;
-            while (read(fds[0], &b, 1) > 0) {
-            }
+            while (read(fds[0], &b, 1) > 0) {}
             _exit(0);
         }
         close(fds[0]);
         close(ready[1]);
         char r;
-        if (read(ready[0], &r, 1) != 1)
-            return 1;
+        if (read(ready[0], &r, 1) != 1) return 1;
         printf("parent pid=%d child=%d\n", (int)getpid(), (int)child);
         printf("READY\n");
         fflush(stdout);

@@ -21,16 +21,16 @@
 #include <stdint.h>
 
 /* CFFI-BEGIN */
-#define VGPU_COMPUTE_STATE_VERSION 2
-#define VGPU_COMPUTE_POLICY_OFF 0
-#define VGPU_COMPUTE_POLICY_HARD 1
+#define VGPU_COMPUTE_STATE_VERSION  2
+#define VGPU_COMPUTE_POLICY_OFF     0
+#define VGPU_COMPUTE_POLICY_HARD    1
 #define VGPU_COMPUTE_POLICY_ELASTIC 2
 
 /* Usage and controller state only: the cap, policy and priority are each process's configuration
  * (the plugin's limits file or the environment), never read from here, since any process of the
  * slice can write this file. */
 struct vgpu_compute_state {
-    uint32_t version;            /* VGPU_COMPUTE_STATE_VERSION once a capped process initialised it */
+    uint32_t version; /* VGPU_COMPUTE_STATE_VERSION once a capped process initialised it */
     uint32_t reserved_a;
     uint64_t slice_id;           /* random nonzero id, set once by CAS: the slice's name in demand files */
     int64_t tat_ns;              /* virtual-time bucket: theoretical arrival time, CLOCK_MONOTONIC ns */
@@ -50,8 +50,8 @@ struct vgpu_compute_state {
     int64_t nvml_next_ns;         /* CLOCK_MONOTONIC of the next NVML reading */
     uint64_t nvml_launches_snap;  /* `launches` and `throttled` at the previous reading */
     uint64_t nvml_throttled_snap;
-    int64_t nvml_charged_snap;    /* `charged_ns` at the previous reading (0: none yet) */
-    uint64_t reserved[48];        /* zero; room to grow without a layout change */
+    int64_t nvml_charged_snap; /* `charged_ns` at the previous reading (0: none yet) */
+    uint64_t reserved[48];     /* zero; room to grow without a layout change */
 };
 
 /* Elastic demand: one file per slice (per claim under the DRA driver). Each slice writes only its
@@ -63,9 +63,9 @@ struct vgpu_compute_state {
  * Entry d describes the slice's application device d; `uuid` names the physical device, so that
  * readers match entries of different slices by device. A reader trusts nothing in another slice's
  * file: values are clamped, and a lie can only cost its writer (docs/compute.md). */
-#define VGPU_DEMAND_MAGIC 0x44475056 /* "VPGD" */
-#define VGPU_DEMAND_VERSION 2 /* 2: 64 devices */
-#define VGPU_DEMAND_DEVICES 64 /* = VGPU_MAX_DEVICES (vgpu/region.h checks it) */
+#define VGPU_DEMAND_MAGIC       0x44475056 /* "VPGD" */
+#define VGPU_DEMAND_VERSION     2          /* 2: 64 devices */
+#define VGPU_DEMAND_DEVICES     64         /* = VGPU_MAX_DEVICES (vgpu/region.h checks it) */
 #define VGPU_NODE_SLOT_STALE_NS 10000000000
 
 struct vgpu_node_slot {
@@ -78,8 +78,8 @@ struct vgpu_node_slot {
 };
 
 struct vgpu_demand_entry {
-    uint8_t uuid[16];          /* the physical device (cuDeviceGetUuid); all zero = unused */
-    struct vgpu_node_slot d;   /* the slice's demand on it */
+    uint8_t uuid[16];        /* the physical device (cuDeviceGetUuid); all zero = unused */
+    struct vgpu_node_slot d; /* the slice's demand on it */
 };
 
 struct vgpu_demand_file {

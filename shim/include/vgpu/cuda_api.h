@@ -53,23 +53,23 @@ typedef struct CUuuid_st {
     char bytes[16];
 } CUuuid;
 
-#define CU_STREAM_LEGACY ((CUstream)0x1)
-#define CU_STREAM_PER_THREAD ((CUstream)0x2)
-#define CU_STREAM_DEFAULT 0x0
-#define CU_STREAM_NON_BLOCKING 0x1
-#define CU_EVENT_DEFAULT 0x0
-#define CU_EVENT_BLOCKING_SYNC 0x1
-#define CU_EVENT_DISABLE_TIMING 0x2
-#define CU_MEM_ATTACH_GLOBAL 0x1
-#define CU_MEM_ATTACH_HOST 0x2
-#define CU_CTX_SCHED_AUTO 0x0
-#define CUDA_ARRAY3D_LAYERED 0x01
-#define CUDA_ARRAY3D_SURFACE_LDST 0x02
-#define CUDA_ARRAY3D_CUBEMAP 0x04
-#define CUDA_ARRAY3D_DEFERRED_MAPPING 0x80
-#define CU_LAUNCH_PARAM_END ((void *)0x00)
+#define CU_STREAM_LEGACY               ((CUstream)0x1)
+#define CU_STREAM_PER_THREAD           ((CUstream)0x2)
+#define CU_STREAM_DEFAULT              0x0
+#define CU_STREAM_NON_BLOCKING         0x1
+#define CU_EVENT_DEFAULT               0x0
+#define CU_EVENT_BLOCKING_SYNC         0x1
+#define CU_EVENT_DISABLE_TIMING        0x2
+#define CU_MEM_ATTACH_GLOBAL           0x1
+#define CU_MEM_ATTACH_HOST             0x2
+#define CU_CTX_SCHED_AUTO              0x0
+#define CUDA_ARRAY3D_LAYERED           0x01
+#define CUDA_ARRAY3D_SURFACE_LDST      0x02
+#define CUDA_ARRAY3D_CUBEMAP           0x04
+#define CUDA_ARRAY3D_DEFERRED_MAPPING  0x80
+#define CU_LAUNCH_PARAM_END            ((void *)0x00)
 #define CU_LAUNCH_PARAM_BUFFER_POINTER ((void *)0x01)
-#define CU_LAUNCH_PARAM_BUFFER_SIZE ((void *)0x02)
+#define CU_LAUNCH_PARAM_BUFFER_SIZE    ((void *)0x02)
 
 typedef enum cudaError_enum {
     CUDA_SUCCESS = 0,
@@ -263,12 +263,8 @@ typedef enum CUmemPool_attribute_enum {
 } CUmemPool_attribute;
 
 typedef struct CUuserObject_st *CUuserObject;
-typedef enum CUuserObject_flags_enum {
-    CU_USER_OBJECT_NO_DESTRUCTOR_SYNC = 1
-} CUuserObject_flags;
-typedef enum CUuserObjectRetain_flags_enum {
-    CU_GRAPH_USER_OBJECT_MOVE = 1
-} CUuserObjectRetain_flags;
+typedef enum CUuserObject_flags_enum { CU_USER_OBJECT_NO_DESTRUCTOR_SYNC = 1 } CUuserObject_flags;
+typedef enum CUuserObjectRetain_flags_enum { CU_GRAPH_USER_OBJECT_MOVE = 1 } CUuserObjectRetain_flags;
 
 typedef struct CUDA_MEM_ALLOC_NODE_PARAMS_v1_st {
     CUmemPoolProps poolProps;
@@ -497,13 +493,13 @@ typedef size_t (*CUoccupancyB2DSize)(int blockSize);
 typedef void (*CUstreamCallback)(CUstream hStream, CUresult status, void *userData);
 typedef void (*CUhostFn)(void *userData);
 
-#define CU_MEMHOSTALLOC_PORTABLE 0x01
-#define CU_MEMHOSTALLOC_DEVICEMAP 0x02
-#define CU_MEMHOSTALLOC_WRITECOMBINED 0x04
-#define CU_MEMHOSTREGISTER_PORTABLE 0x01
-#define CU_MEMHOSTREGISTER_DEVICEMAP 0x02
-#define CU_MEMHOSTREGISTER_IOMEMORY 0x04
-#define CU_MEMHOSTREGISTER_READ_ONLY 0x08
+#define CU_MEMHOSTALLOC_PORTABLE         0x01
+#define CU_MEMHOSTALLOC_DEVICEMAP        0x02
+#define CU_MEMHOSTALLOC_WRITECOMBINED    0x04
+#define CU_MEMHOSTREGISTER_PORTABLE      0x01
+#define CU_MEMHOSTREGISTER_DEVICEMAP     0x02
+#define CU_MEMHOSTREGISTER_IOMEMORY      0x04
+#define CU_MEMHOSTREGISTER_READ_ONLY     0x08
 #define CU_STREAM_CALLBACK_FLAGS_DEFAULT 0 /* (not a cuda.h name: the only allowed flags value is 0) */
 
 #define CU_IPC_HANDLE_SIZE 64
@@ -591,7 +587,8 @@ VGPU_CUDA_API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev);
 VGPU_CUDA_API CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev);
 VGPU_CUDA_API CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active);
 VGPU_CUDA_API CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags);
-VGPU_CUDA_API CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreateParams, unsigned int flags, CUdevice dev);
+VGPU_CUDA_API CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreateParams, unsigned int flags,
+                                      CUdevice dev);
 VGPU_CUDA_API CUresult cuCtxDestroy_v2(CUcontext ctx);
 VGPU_CUDA_API CUresult cuCtxGetCurrent(CUcontext *pctx);
 VGPU_CUDA_API CUresult cuCtxSetCurrent(CUcontext ctx);
@@ -600,7 +597,8 @@ VGPU_CUDA_API CUresult cuCtxPopCurrent_v2(CUcontext *pctx);
 VGPU_CUDA_API CUresult cuCtxGetDevice(CUdevice *device);
 VGPU_CUDA_API CUresult cuCtxSynchronize(void);
 VGPU_CUDA_API CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize);
-VGPU_CUDA_API CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height, unsigned int ElementSizeBytes);
+VGPU_CUDA_API CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height,
+                                          unsigned int ElementSizeBytes);
 VGPU_CUDA_API CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags);
 VGPU_CUDA_API CUresult cuMemFree_v2(CUdeviceptr dptr);
 VGPU_CUDA_API CUresult cuMemGetInfo_v2(size_t *free, size_t *total);
@@ -613,40 +611,54 @@ VGPU_CUDA_API CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream);
 VGPU_CUDA_API CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps);
 VGPU_CUDA_API CUresult cuMemPoolDestroy(CUmemoryPool pool);
 VGPU_CUDA_API CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream);
-VGPU_CUDA_API CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream);
+VGPU_CUDA_API CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                                    CUstream hStream);
 VGPU_CUDA_API CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev);
 VGPU_CUDA_API CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev);
 VGPU_CUDA_API CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep);
 VGPU_CUDA_API CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value);
 VGPU_CUDA_API CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value);
-VGPU_CUDA_API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop, unsigned long long flags);
+VGPU_CUDA_API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+                                   unsigned long long flags);
 VGPU_CUDA_API CUresult cuMemRelease(CUmemGenericAllocationHandle handle);
 VGPU_CUDA_API CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr);
-VGPU_CUDA_API CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr, unsigned long long flags);
+VGPU_CUDA_API CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                                           unsigned long long flags);
 VGPU_CUDA_API CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size);
-VGPU_CUDA_API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle, unsigned long long flags);
+VGPU_CUDA_API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                                unsigned long long flags);
 VGPU_CUDA_API CUresult cuMemUnmap(CUdeviceptr ptr, size_t size);
 VGPU_CUDA_API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count);
-VGPU_CUDA_API CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop, CUmemAllocationGranularity_flags option);
+VGPU_CUDA_API CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
+                                                     CUmemAllocationGranularity_flags option);
 VGPU_CUDA_API CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *pAllocateArray);
 VGPU_CUDA_API CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pAllocateArray);
 VGPU_CUDA_API CUresult cuArrayDestroy(CUarray hArray);
-VGPU_CUDA_API CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pMipmappedArrayDesc, unsigned int numMipmapLevels);
+VGPU_CUDA_API CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle,
+                                              const CUDA_ARRAY3D_DESCRIPTOR *pMipmappedArrayDesc,
+                                              unsigned int numMipmapLevels);
 VGPU_CUDA_API CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray);
-VGPU_CUDA_API CUresult cuArrayGetMemoryRequirements(CUDA_ARRAY_MEMORY_REQUIREMENTS *memoryRequirements, CUarray array, CUdevice device);
-VGPU_CUDA_API CUresult cuMipmappedArrayGetMemoryRequirements(CUDA_ARRAY_MEMORY_REQUIREMENTS *memoryRequirements, CUmipmappedArray mipmap, CUdevice device);
+VGPU_CUDA_API CUresult cuArrayGetMemoryRequirements(CUDA_ARRAY_MEMORY_REQUIREMENTS *memoryRequirements, CUarray array,
+                                                    CUdevice device);
+VGPU_CUDA_API CUresult cuMipmappedArrayGetMemoryRequirements(CUDA_ARRAY_MEMORY_REQUIREMENTS *memoryRequirements,
+                                                             CUmipmappedArray mipmap, CUdevice device);
 VGPU_CUDA_API CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount);
 VGPU_CUDA_API CUresult cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount);
 VGPU_CUDA_API CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount);
-VGPU_CUDA_API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount, CUstream hStream);
+VGPU_CUDA_API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount,
+                                            CUstream hStream);
 VGPU_CUDA_API CUresult cuMemcpyDtoHAsync_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream);
-VGPU_CUDA_API CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream);
+VGPU_CUDA_API CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount,
+                                            CUstream hStream);
 VGPU_CUDA_API CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount);
 VGPU_CUDA_API CUresult cuMemcpyDtoH_v2_ptds(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount);
 VGPU_CUDA_API CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount);
-VGPU_CUDA_API CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount, CUstream hStream);
-VGPU_CUDA_API CUresult cuMemcpyDtoHAsync_v2_ptsz(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream);
-VGPU_CUDA_API CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream);
+VGPU_CUDA_API CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount,
+                                                 CUstream hStream);
+VGPU_CUDA_API CUresult cuMemcpyDtoHAsync_v2_ptsz(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount,
+                                                 CUstream hStream);
+VGPU_CUDA_API CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount,
+                                                 CUstream hStream);
 VGPU_CUDA_API CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount);
 VGPU_CUDA_API CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream);
 VGPU_CUDA_API CUresult cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N);
@@ -655,22 +667,42 @@ VGPU_CUDA_API CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, 
 VGPU_CUDA_API CUresult cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream hStream);
 VGPU_CUDA_API CUresult cuModuleLoadData(CUmodule *module, const void *image);
 VGPU_CUDA_API CUresult cuModuleLoad(CUmodule *module, const char *fname);
-VGPU_CUDA_API CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int numOptions, CUjit_option *options, void **optionValues);
+VGPU_CUDA_API CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int numOptions,
+                                          CUjit_option *options, void **optionValues);
 VGPU_CUDA_API CUresult cuModuleUnload(CUmodule hmod);
 VGPU_CUDA_API CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name);
-VGPU_CUDA_API CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *jitOptions, void **jitOptionsValues, unsigned int numJitOptions, CUlibraryOption *libraryOptions, void** libraryOptionValues, unsigned int numLibraryOptions);
+VGPU_CUDA_API CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *jitOptions,
+                                         void **jitOptionsValues, unsigned int numJitOptions,
+                                         CUlibraryOption *libraryOptions, void **libraryOptionValues,
+                                         unsigned int numLibraryOptions);
 VGPU_CUDA_API CUresult cuLibraryUnload(CUlibrary library);
 VGPU_CUDA_API CUresult cuLibraryGetGlobal(CUdeviceptr *dptr, size_t *bytes, CUlibrary library, const char *name);
-VGPU_CUDA_API CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *fileName, CUjit_option *jitOptions, void **jitOptionsValues, unsigned int numJitOptions, CUlibraryOption *libraryOptions, void **libraryOptionValues, unsigned int numLibraryOptions);
+VGPU_CUDA_API CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *fileName, CUjit_option *jitOptions,
+                                             void **jitOptionsValues, unsigned int numJitOptions,
+                                             CUlibraryOption *libraryOptions, void **libraryOptionValues,
+                                             unsigned int numLibraryOptions);
 VGPU_CUDA_API CUresult cuModuleLoadFatBinary(CUmodule *module, const void *fatCubin);
 VGPU_CUDA_API CUresult cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, const char *name);
 VGPU_CUDA_API CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel);
-VGPU_CUDA_API CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra);
-VGPU_CUDA_API CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra);
+VGPU_CUDA_API CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
+                                      unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
+                                      unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra);
+VGPU_CUDA_API CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                                           unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
+                                           unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
+                                           void **kernelParams, void **extra);
 VGPU_CUDA_API CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra);
-VGPU_CUDA_API CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra);
-VGPU_CUDA_API CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream, void **kernelParams);
-VGPU_CUDA_API CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream, void **kernelParams);
+VGPU_CUDA_API CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f, void **kernelParams,
+                                             void **extra);
+VGPU_CUDA_API CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                                                 unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
+                                                 unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
+                                                 void **kernelParams);
+VGPU_CUDA_API CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                                                      unsigned int gridDimZ, unsigned int blockDimX,
+                                                      unsigned int blockDimY, unsigned int blockDimZ,
+                                                      unsigned int sharedMemBytes, CUstream hStream,
+                                                      void **kernelParams);
 VGPU_CUDA_API CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags);
 VGPU_CUDA_API CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority);
 VGPU_CUDA_API CUresult cuStreamDestroy_v2(CUstream hStream);
@@ -699,25 +731,44 @@ VGPU_CUDA_API CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStre
 VGPU_CUDA_API CUresult cuGraphGetNodes(CUgraph hGraph, CUgraphNode *nodes, size_t *numNodes);
 VGPU_CUDA_API CUresult cuGraphNodeGetType(CUgraphNode hNode, CUgraphNodeType *type);
 VGPU_CUDA_API CUresult cuGraphExecGetFlags(CUgraphExec hGraphExec, cuuint64_t *flags);
-VGPU_CUDA_API CUresult cuUserObjectCreate(CUuserObject *object_out, void *ptr, CUhostFn destroy, unsigned int initialRefcount, unsigned int flags);
+VGPU_CUDA_API CUresult cuUserObjectCreate(CUuserObject *object_out, void *ptr, CUhostFn destroy,
+                                          unsigned int initialRefcount, unsigned int flags);
 VGPU_CUDA_API CUresult cuUserObjectRetain(CUuserObject object, unsigned int count);
 VGPU_CUDA_API CUresult cuUserObjectRelease(CUuserObject object, unsigned int count);
-VGPU_CUDA_API CUresult cuGraphRetainUserObject(CUgraph graph, CUuserObject object, unsigned int count, unsigned int flags);
+VGPU_CUDA_API CUresult cuGraphRetainUserObject(CUgraph graph, CUuserObject object, unsigned int count,
+                                               unsigned int flags);
 VGPU_CUDA_API CUresult cuGraphReleaseUserObject(CUgraph graph, CUuserObject object, unsigned int count);
-VGPU_CUDA_API CUresult cuGraphInstantiateWithParams(CUgraphExec *phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams);
-VGPU_CUDA_API CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams);
-VGPU_CUDA_API CUresult cuStreamGetCaptureInfo_v2(CUstream hStream, CUstreamCaptureStatus *captureStatus_out, cuuint64_t *id_out, CUgraph *graph_out, const CUgraphNode **dependencies_out, size_t *numDependencies_out);
-VGPU_CUDA_API CUresult cuStreamGetCaptureInfo_v2_ptsz(CUstream hStream, CUstreamCaptureStatus *captureStatus_out, cuuint64_t *id_out, CUgraph *graph_out, const CUgraphNode **dependencies_out, size_t *numDependencies_out);
-VGPU_CUDA_API CUresult cuStreamGetCaptureInfo_v3(CUstream hStream, CUstreamCaptureStatus *captureStatus_out, cuuint64_t *id_out, CUgraph *graph_out, const CUgraphNode **dependencies_out, const CUgraphEdgeData **edgeData_out, size_t *numDependencies_out);
-VGPU_CUDA_API CUresult cuStreamGetCaptureInfo_v3_ptsz(CUstream hStream, CUstreamCaptureStatus *captureStatus_out, cuuint64_t *id_out, CUgraph *graph_out, const CUgraphNode **dependencies_out, const CUgraphEdgeData **edgeData_out, size_t *numDependencies_out);
-VGPU_CUDA_API CUresult cuGraphAddMemAllocNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies, size_t numDependencies, CUDA_MEM_ALLOC_NODE_PARAMS *nodeParams);
+VGPU_CUDA_API CUresult cuGraphInstantiateWithParams(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                                    CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams);
+VGPU_CUDA_API CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                                         CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams);
+VGPU_CUDA_API CUresult cuStreamGetCaptureInfo_v2(CUstream hStream, CUstreamCaptureStatus *captureStatus_out,
+                                                 cuuint64_t *id_out, CUgraph *graph_out,
+                                                 const CUgraphNode **dependencies_out, size_t *numDependencies_out);
+VGPU_CUDA_API CUresult cuStreamGetCaptureInfo_v2_ptsz(CUstream hStream, CUstreamCaptureStatus *captureStatus_out,
+                                                      cuuint64_t *id_out, CUgraph *graph_out,
+                                                      const CUgraphNode **dependencies_out,
+                                                      size_t *numDependencies_out);
+VGPU_CUDA_API CUresult cuStreamGetCaptureInfo_v3(CUstream hStream, CUstreamCaptureStatus *captureStatus_out,
+                                                 cuuint64_t *id_out, CUgraph *graph_out,
+                                                 const CUgraphNode **dependencies_out,
+                                                 const CUgraphEdgeData **edgeData_out, size_t *numDependencies_out);
+VGPU_CUDA_API CUresult cuStreamGetCaptureInfo_v3_ptsz(CUstream hStream, CUstreamCaptureStatus *captureStatus_out,
+                                                      cuuint64_t *id_out, CUgraph *graph_out,
+                                                      const CUgraphNode **dependencies_out,
+                                                      const CUgraphEdgeData **edgeData_out,
+                                                      size_t *numDependencies_out);
+VGPU_CUDA_API CUresult cuGraphAddMemAllocNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                                              size_t numDependencies, CUDA_MEM_ALLOC_NODE_PARAMS *nodeParams);
 VGPU_CUDA_API CUresult cuGraphMemAllocNodeGetParams(CUgraphNode hNode, CUDA_MEM_ALLOC_NODE_PARAMS *params_out);
-VGPU_CUDA_API CUresult cuGraphAddMemFreeNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies, size_t numDependencies, CUdeviceptr dptr);
+VGPU_CUDA_API CUresult cuGraphAddMemFreeNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                                             size_t numDependencies, CUdeviceptr dptr);
 VGPU_CUDA_API CUresult cuGraphMemFreeNodeGetParams(CUgraphNode hNode, CUdeviceptr *dptr_out);
 VGPU_CUDA_API CUresult cuDeviceGraphMemTrim(CUdevice device);
 VGPU_CUDA_API CUresult cuDeviceGetGraphMemAttribute(CUdevice device, CUgraphMem_attribute attr, void *value);
 VGPU_CUDA_API CUresult cuDeviceSetGraphMemAttribute(CUdevice device, CUgraphMem_attribute attr, void *value);
-VGPU_CUDA_API CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags, CUdriverProcAddressQueryResult *symbolStatus);
+VGPU_CUDA_API CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+                                           CUdriverProcAddressQueryResult *symbolStatus);
 VGPU_CUDA_API CUresult cuGetErrorString(CUresult error, const char **pStr);
 VGPU_CUDA_API CUresult cuGetErrorName(CUresult error, const char **pStr);
 VGPU_CUDA_API CUresult cuGetExportTable(const void **ppExportTable, const CUuuid *pExportTableId);
@@ -749,11 +800,20 @@ VGPU_CUDA_API CUresult cuKernelGetAttribute(int *pi, CUfunction_attribute attrib
 VGPU_CUDA_API CUresult cuKernelSetAttribute(CUfunction_attribute attrib, int val, CUkernel kernel, CUdevice dev);
 VGPU_CUDA_API CUresult cuKernelSetCacheConfig(CUkernel kernel, CUfunc_cache config, CUdevice dev);
 VGPU_CUDA_API CUresult cuKernelGetName(const char **name, CUkernel hfunc);
-VGPU_CUDA_API CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *numBlocks, CUfunction func, int blockSize, size_t dynamicSMemSize);
-VGPU_CUDA_API CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *numBlocks, CUfunction func, int blockSize, size_t dynamicSMemSize, unsigned int flags);
-VGPU_CUDA_API CUresult cuOccupancyMaxPotentialBlockSize(int *minGridSize, int *blockSize, CUfunction func, CUoccupancyB2DSize blockSizeToDynamicSMemSize, size_t dynamicSMemSize, int blockSizeLimit);
-VGPU_CUDA_API CUresult cuOccupancyMaxPotentialBlockSizeWithFlags(int *minGridSize, int *blockSize, CUfunction func, CUoccupancyB2DSize blockSizeToDynamicSMemSize, size_t dynamicSMemSize, int blockSizeLimit, unsigned int flags);
-VGPU_CUDA_API CUresult cuOccupancyAvailableDynamicSMemPerBlock(size_t *dynamicSmemSize, CUfunction func, int numBlocks, int blockSize);
+VGPU_CUDA_API CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *numBlocks, CUfunction func, int blockSize,
+                                                                   size_t dynamicSMemSize);
+VGPU_CUDA_API CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *numBlocks, CUfunction func,
+                                                                            int blockSize, size_t dynamicSMemSize,
+                                                                            unsigned int flags);
+VGPU_CUDA_API CUresult cuOccupancyMaxPotentialBlockSize(int *minGridSize, int *blockSize, CUfunction func,
+                                                        CUoccupancyB2DSize blockSizeToDynamicSMemSize,
+                                                        size_t dynamicSMemSize, int blockSizeLimit);
+VGPU_CUDA_API CUresult cuOccupancyMaxPotentialBlockSizeWithFlags(int *minGridSize, int *blockSize, CUfunction func,
+                                                                 CUoccupancyB2DSize blockSizeToDynamicSMemSize,
+                                                                 size_t dynamicSMemSize, int blockSizeLimit,
+                                                                 unsigned int flags);
+VGPU_CUDA_API CUresult cuOccupancyAvailableDynamicSMemPerBlock(size_t *dynamicSmemSize, CUfunction func, int numBlocks,
+                                                               int blockSize);
 VGPU_CUDA_API CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags);
 VGPU_CUDA_API CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flags);
 VGPU_CUDA_API CUresult cuMemHostUnregister(void *p);
@@ -772,8 +832,10 @@ VGPU_CUDA_API CUresult cuStreamGetFlags(CUstream hStream, unsigned int *flags);
 VGPU_CUDA_API CUresult cuStreamGetFlags_ptsz(CUstream hStream, unsigned int *flags);
 VGPU_CUDA_API CUresult cuStreamGetCtx(CUstream hStream, CUcontext *pctx);
 VGPU_CUDA_API CUresult cuStreamGetCtx_ptsz(CUstream hStream, CUcontext *pctx);
-VGPU_CUDA_API CUresult cuStreamAddCallback(CUstream hStream, CUstreamCallback callback, void *userData, unsigned int flags);
-VGPU_CUDA_API CUresult cuStreamAddCallback_ptsz(CUstream hStream, CUstreamCallback callback, void *userData, unsigned int flags);
+VGPU_CUDA_API CUresult cuStreamAddCallback(CUstream hStream, CUstreamCallback callback, void *userData,
+                                           unsigned int flags);
+VGPU_CUDA_API CUresult cuStreamAddCallback_ptsz(CUstream hStream, CUstreamCallback callback, void *userData,
+                                                unsigned int flags);
 VGPU_CUDA_API CUresult cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *userData);
 VGPU_CUDA_API CUresult cuLaunchHostFunc_ptsz(CUstream hStream, CUhostFn fn, void *userData);
 VGPU_CUDA_API CUresult cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, CUmodule hmod, const char *name);
@@ -787,9 +849,13 @@ VGPU_CUDA_API CUresult cuMemcpy2DUnaligned_v2_ptds(const CUDA_MEMCPY2D *pCopy);
 VGPU_CUDA_API CUresult cuMemcpy2DAsync_v2_ptsz(const CUDA_MEMCPY2D *pCopy, CUstream hStream);
 VGPU_CUDA_API CUresult cuMemcpy3D_v2_ptds(const CUDA_MEMCPY3D *pCopy);
 VGPU_CUDA_API CUresult cuMemcpy3DAsync_v2_ptsz(const CUDA_MEMCPY3D *pCopy, CUstream hStream);
-VGPU_CUDA_API CUresult cuLinkCreate_v2(unsigned int numOptions, CUjit_option *options, void **optionValues, CUlinkState *stateOut);
-VGPU_CUDA_API CUresult cuLinkAddData_v2(CUlinkState state, CUjitInputType type, void *data, size_t size, const char *name, unsigned int numOptions, CUjit_option *options, void **optionValues);
-VGPU_CUDA_API CUresult cuLinkAddFile_v2(CUlinkState state, CUjitInputType type, const char *path, unsigned int numOptions, CUjit_option *options, void **optionValues);
+VGPU_CUDA_API CUresult cuLinkCreate_v2(unsigned int numOptions, CUjit_option *options, void **optionValues,
+                                       CUlinkState *stateOut);
+VGPU_CUDA_API CUresult cuLinkAddData_v2(CUlinkState state, CUjitInputType type, void *data, size_t size,
+                                        const char *name, unsigned int numOptions, CUjit_option *options,
+                                        void **optionValues);
+VGPU_CUDA_API CUresult cuLinkAddFile_v2(CUlinkState state, CUjitInputType type, const char *path,
+                                        unsigned int numOptions, CUjit_option *options, void **optionValues);
 VGPU_CUDA_API CUresult cuLinkComplete(CUlinkState state, void **cubinOut, size_t *sizeOut);
 VGPU_CUDA_API CUresult cuLinkDestroy(CUlinkState state);
 VGPU_CUDA_API CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr);
@@ -805,11 +871,13 @@ VGPU_CUDA_API CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev);
 VGPU_CUDA_API CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev);
 VGPU_CUDA_API CUresult cuDevicePrimaryCtxRelease(CUdevice dev);
 VGPU_CUDA_API CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev);
-VGPU_CUDA_API CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams, unsigned int flags, CUdevice dev);
+VGPU_CUDA_API CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams,
+                                      unsigned int flags, CUdevice dev);
 VGPU_CUDA_API CUresult cuMemGetInfo(unsigned int *free, unsigned int *total);
 VGPU_CUDA_API CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize);
 VGPU_CUDA_API CUresult cuMemFree(CUdeviceptr_v1 dptr);
-VGPU_CUDA_API CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pPitch, unsigned int WidthInBytes, unsigned int Height, unsigned int ElementSizeBytes);
+VGPU_CUDA_API CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pPitch, unsigned int WidthInBytes,
+                                       unsigned int Height, unsigned int ElementSizeBytes);
 VGPU_CUDA_API CUresult cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd);
 VGPU_CUDA_API CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
 /* legacy names added with the simulator (same reason as above) */
@@ -826,17 +894,22 @@ VGPU_CUDA_API CUresult cuMemGetAddressRange(CUdeviceptr_v1 *pbase, unsigned int 
 VGPU_CUDA_API CUresult cuMemcpyHtoD(CUdeviceptr_v1 dstDevice, const void *srcHost, unsigned int ByteCount);
 VGPU_CUDA_API CUresult cuMemcpyDtoH(void *dstHost, CUdeviceptr_v1 srcDevice, unsigned int ByteCount);
 VGPU_CUDA_API CUresult cuMemcpyDtoD(CUdeviceptr_v1 dstDevice, CUdeviceptr_v1 srcDevice, unsigned int ByteCount);
-VGPU_CUDA_API CUresult cuMemcpyHtoDAsync(CUdeviceptr_v1 dstDevice, const void *srcHost, unsigned int ByteCount, CUstream hStream);
-VGPU_CUDA_API CUresult cuMemcpyDtoHAsync(void *dstHost, CUdeviceptr_v1 srcDevice, unsigned int ByteCount, CUstream hStream);
-VGPU_CUDA_API CUresult cuMemcpyDtoDAsync(CUdeviceptr_v1 dstDevice, CUdeviceptr_v1 srcDevice, unsigned int ByteCount, CUstream hStream);
+VGPU_CUDA_API CUresult cuMemcpyHtoDAsync(CUdeviceptr_v1 dstDevice, const void *srcHost, unsigned int ByteCount,
+                                         CUstream hStream);
+VGPU_CUDA_API CUresult cuMemcpyDtoHAsync(void *dstHost, CUdeviceptr_v1 srcDevice, unsigned int ByteCount,
+                                         CUstream hStream);
+VGPU_CUDA_API CUresult cuMemcpyDtoDAsync(CUdeviceptr_v1 dstDevice, CUdeviceptr_v1 srcDevice, unsigned int ByteCount,
+                                         CUstream hStream);
 VGPU_CUDA_API CUresult cuMemsetD8(CUdeviceptr_v1 dstDevice, unsigned char uc, unsigned int N);
 VGPU_CUDA_API CUresult cuMemsetD32(CUdeviceptr_v1 dstDevice, unsigned int ui, unsigned int N);
 VGPU_CUDA_API CUresult cuArrayCreate(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR_v1 *pAllocateArray);
 VGPU_CUDA_API CUresult cuArray3DCreate(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR_v1 *pAllocateArray);
 VGPU_CUDA_API CUresult cuStreamBeginCapture(CUstream hStream);
 VGPU_CUDA_API CUresult cuStreamBeginCapture_ptsz(CUstream hStream);
-VGPU_CUDA_API CUresult cuGraphInstantiate(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode, char *logBuffer, size_t bufferSize);
-VGPU_CUDA_API CUresult cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode, char *logBuffer, size_t bufferSize);
+VGPU_CUDA_API CUresult cuGraphInstantiate(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode,
+                                          char *logBuffer, size_t bufferSize);
+VGPU_CUDA_API CUresult cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode,
+                                             char *logBuffer, size_t bufferSize);
 
 #ifdef __cplusplus
 }

@@ -91,23 +91,23 @@ typedef struct nvmlEventSet_st *nvmlEventSet_t;
 /* Versioned structs carry (sizeof | version << 24) in their first field. */
 #define NVML_STRUCT_VERSION(data, ver) (unsigned int)(sizeof(nvml##data##_v##ver##_t) | (ver << 24U))
 
-#define NVML_VALUE_NOT_AVAILABLE (-1)
-#define NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE 32
-#define NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE 16
-#define NVML_DEVICE_PCI_BUS_ID_LEGACY_FMT "%04X:%02X:%02X.0"
-#define NVML_DEVICE_PCI_BUS_ID_FMT "%08X:%02X:%02X.0"
-#define NVML_DEVICE_UUID_ASCII_LEN 41
-#define NVML_DEVICE_UUID_BUFFER_SIZE 80
-#define NVML_DEVICE_UUID_V2_BUFFER_SIZE 96
-#define NVML_DEVICE_NAME_BUFFER_SIZE 64
-#define NVML_DEVICE_NAME_V2_BUFFER_SIZE 96
-#define NVML_DEVICE_SERIAL_BUFFER_SIZE 30
+#define NVML_VALUE_NOT_AVAILABLE               (-1)
+#define NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE     32
+#define NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE  16
+#define NVML_DEVICE_PCI_BUS_ID_LEGACY_FMT      "%04X:%02X:%02X.0"
+#define NVML_DEVICE_PCI_BUS_ID_FMT             "%08X:%02X:%02X.0"
+#define NVML_DEVICE_UUID_ASCII_LEN             41
+#define NVML_DEVICE_UUID_BUFFER_SIZE           80
+#define NVML_DEVICE_UUID_V2_BUFFER_SIZE        96
+#define NVML_DEVICE_NAME_BUFFER_SIZE           64
+#define NVML_DEVICE_NAME_V2_BUFFER_SIZE        96
+#define NVML_DEVICE_SERIAL_BUFFER_SIZE         30
 #define NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE 80
-#define NVML_SYSTEM_NVML_VERSION_BUFFER_SIZE 80
-#define NVML_CUDA_DRIVER_VERSION_MAJOR(v) ((v) / 1000)
-#define NVML_CUDA_DRIVER_VERSION_MINOR(v) (((v) % 1000) / 10)
+#define NVML_SYSTEM_NVML_VERSION_BUFFER_SIZE   80
+#define NVML_CUDA_DRIVER_VERSION_MAJOR(v)      ((v) / 1000)
+#define NVML_CUDA_DRIVER_VERSION_MINOR(v)      (((v) % 1000) / 10)
 
-#define NVML_INIT_FLAG_NO_GPUS (1 << 0)
+#define NVML_INIT_FLAG_NO_GPUS   (1 << 0)
 #define NVML_INIT_FLAG_NO_ATTACH (1 << 1)
 
 typedef struct nvmlPciInfo_st {
@@ -165,10 +165,10 @@ typedef struct nvmlProcessUtilizationSample_st {
 
 #define nvmlEventTypeSingleBitEccError 0x0000000000000001LL
 #define nvmlEventTypeDoubleBitEccError 0x0000000000000002LL
-#define nvmlEventTypePState 0x0000000000000004LL
-#define nvmlEventTypeXidCriticalError 0x0000000000000008LL
-#define nvmlEventTypeClock 0x0000000000000010LL
-#define nvmlEventTypeNone 0x0000000000000000LL
+#define nvmlEventTypePState            0x0000000000000004LL
+#define nvmlEventTypeXidCriticalError  0x0000000000000008LL
+#define nvmlEventTypeClock             0x0000000000000010LL
+#define nvmlEventTypeNone              0x0000000000000000LL
 
 typedef struct nvmlEventData_st {
     nvmlDevice_t device;
@@ -204,11 +204,17 @@ VGPU_NVML_API nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t devic
 VGPU_NVML_API nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory);
 VGPU_NVML_API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory);
 VGPU_NVML_API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *utilization);
-VGPU_NVML_API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUtilizationSample_t *utilization, unsigned int *processSamplesCount, unsigned long long lastSeenTimeStamp);
-VGPU_NVML_API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_t *infos);
-VGPU_NVML_API nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_t *infos);
+VGPU_NVML_API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
+                                                           nvmlProcessUtilizationSample_t *utilization,
+                                                           unsigned int *processSamplesCount,
+                                                           unsigned long long lastSeenTimeStamp);
+VGPU_NVML_API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
+                                                                   nvmlProcessInfo_t *infos);
+VGPU_NVML_API nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
+                                                                    nvmlProcessInfo_t *infos);
 VGPU_NVML_API nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device, unsigned long long *eventTypes);
-VGPU_NVML_API nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long eventTypes, nvmlEventSet_t set);
+VGPU_NVML_API nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long eventTypes,
+                                                    nvmlEventSet_t set);
 VGPU_NVML_API nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set);
 VGPU_NVML_API nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms);
 VGPU_NVML_API nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set);
@@ -224,8 +230,10 @@ VGPU_NVML_API nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDe
 VGPU_NVML_API nvmlReturn_t nvmlDeviceGetHandleByPciBusId(const char *pciBusId, nvmlDevice_t *device);
 VGPU_NVML_API nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t device, nvmlPciInfo_t *pci);
 VGPU_NVML_API nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t device, nvmlPciInfo_t *pci);
-VGPU_NVML_API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_v1_t *infos);
-VGPU_NVML_API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_v2_t *infos);
+VGPU_NVML_API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device, unsigned int *infoCount,
+                                                                nvmlProcessInfo_v1_t *infos);
+VGPU_NVML_API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int *infoCount,
+                                                                   nvmlProcessInfo_v2_t *infos);
 VGPU_NVML_API nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms);
 #endif
 

@@ -47,25 +47,25 @@
 #include "vgpu/compute_state.h"
 
 /* CFFI-BEGIN */
-#define VGPU_REGION_MAGIC 0x55504756 /* "VGPU" little-endian */
+#define VGPU_REGION_MAGIC          0x55504756 /* "VGPU" little-endian */
 #define VGPU_REGION_LAYOUT_VERSION 6
 /* Devices of a process that are accounted: 64 covers the largest nodes (16 GPUs; 8 GPUs split into
  * 7 MIG instances each = 56). A device past it is refused memory when a limit is set (devices.c). */
-#define VGPU_MAX_DEVICES 64
-#define VGPU_MAX_PROCS 1024
-#define VGPU_LOCK_WORDS 8 /* 64 bytes: the lock word (first 32 bits) and room (it once held a pthread mutex) */
+#define VGPU_MAX_DEVICES    64
+#define VGPU_MAX_PROCS      1024
+#define VGPU_LOCK_WORDS     8 /* 64 bytes: the lock word (first 32 bits) and room (it once held a pthread mutex) */
 #define VGPU_SLOT_LOCK_BASE 0 /* slot i's liveness lock is on file byte VGPU_SLOT_LOCK_BASE + i */
-#define VGPU_SLOT_FREE 0
-#define VGPU_SLOT_LIVE 1
+#define VGPU_SLOT_FREE      0
+#define VGPU_SLOT_LIVE      1
 /* devices[].context_source */
-#define VGPU_CONTEXT_UNKNOWN 0  /* nothing learned */
-#define VGPU_CONTEXT_DEVICE 1   /* from the device's used memory before/after (may include others') */
-#define VGPU_CONTEXT_EXACT 2    /* from the measuring process's own NVML entry */
-#define VGPU_CONTEXT_FAILED 3   /* a process tried and NVML said nothing: others measure themselves */
+#define VGPU_CONTEXT_UNKNOWN 0 /* nothing learned */
+#define VGPU_CONTEXT_DEVICE  1 /* from the device's used memory before/after (may include others') */
+#define VGPU_CONTEXT_EXACT   2 /* from the measuring process's own NVML entry */
+#define VGPU_CONTEXT_FAILED  3 /* a process tried and NVML said nothing: others measure themselves */
 /* procs[].limits_source: where the limits the slot's process enforces come from */
-#define VGPU_LIMITS_UNKNOWN 0   /* not published */
-#define VGPU_LIMITS_ENV 1       /* the environment (`vgpu run`, a plain LD_PRELOAD) */
-#define VGPU_LIMITS_FILE 2      /* the plugin's read-only limits file: limits_dev/ino/hash say which */
+#define VGPU_LIMITS_UNKNOWN 0 /* not published */
+#define VGPU_LIMITS_ENV     1 /* the environment (`vgpu run`, a plain LD_PRELOAD) */
+#define VGPU_LIMITS_FILE    2 /* the plugin's read-only limits file: limits_dev/ino/hash say which */
 
 struct vgpu_region_header {
     uint32_t magic;          /* VGPU_REGION_MAGIC */
@@ -101,11 +101,11 @@ struct vgpu_proc_slot {
      * the claim's limits file (a process enforcing other limits is a violation). Like `used`,
      * the tenant can write it: it catches a genuine shim misled, not a tampered one (the watchdog
      * checks the mapped shim's identity for that). */
-    uint32_t limits_source;   /* VGPU_LIMITS_* */
+    uint32_t limits_source; /* VGPU_LIMITS_* */
     uint32_t limits_reserved;
-    uint64_t limits_dev;      /* the limits file's st_dev, st_ino as the process opened it */
+    uint64_t limits_dev; /* the limits file's st_dev, st_ino as the process opened it */
     uint64_t limits_ino;
-    uint64_t limits_hash;     /* FNV-1a 64 of the file's bytes as the process read them */
+    uint64_t limits_hash;            /* FNV-1a 64 of the file's bytes as the process read them */
     uint64_t used[VGPU_MAX_DEVICES]; /* bytes this process has charged, per device index */
 };
 
