@@ -20,7 +20,8 @@
  * Output (one line, key=value): share=<percent> model_share=<percent> launches=<n> window_s=<s>
  *   kernel_us=<us> cpu_s=<user+sys CPU of the whole run> total_s=<wall time of the whole run>
  *   busy_run_ns=<device time served to this process over the whole run, simgpuProcessBusyNs>
- *   launches_run=<launches of the whole run>;
+ *   launches_run=<launches of the whole run> cpu_wait_s=<time the launching threads were runnable
+ *   but waiting for a CPU: a share short of its cap is the host's, not the cap's, when it is large>;
  *   first a line start_ns=<CLOCK_MONOTONIC at the start>
  * With --timeline-ms T also lines "tl <t_ms since start> <share percent of that interval>"
  * (launch-time based; the queue ahead is bounded by the shim).
@@ -70,6 +71,16 @@ static double cpu_s(void) {
            ru.ru_stime.tv_usec / 1e6;
 }
 
+/* Seconds the calling thread has spent runnable, waiting for a CPU (schedstat's second field). */
+static double thread_wait_s(void) {
+    FILE *f = fopen("/proc/thread-self/schedstat", "r");
+    if (!f) return 0;
+    unsigned long long run = 0, wait = 0;
+    if (fscanf(f, "%llu %llu", &run, &wait) != 2) wait = 0;
+    fclose(f);
+    return (double)wait / 1e9;
+}
+
 static CUresult launch_one(CUstream s, const char *how) {
     if (!strcmp(how, "kernel")) return cuLaunchKernel(fn, grid, 1, 1, 128, 1, 1, 0, s, NULL, NULL);
     if (!strcmp(how, "ptsz")) return cuLaunchKernel_ptsz(fn, grid, 1, 1, 128, 1, 1, 0, s, NULL, NULL);
@@ -98,6 +109,7 @@ struct worker {
     long launches_window, launches_run;
     long *tl;
     int64_t t_start, t0, t1;
+    double waited; /* seconds runnable but not running, over its run */
 };
 
 static volatile int phase; /* 0 warmup, 1 window, 2 done */
@@ -105,6 +117,7 @@ static volatile int phase; /* 0 warmup, 1 window, 2 done */
 static void *work(void *arg) {
     struct worker *w = arg;
     CHECK(cuCtxSetCurrent(ctx));
+    double wait0 = thread_wait_s();
     long n = 0;
     int64_t end_warm = w->t_start + (int64_t)(warmup * 1e9);
     int64_t end_all = end_warm + (int64_t)(seconds * 1e9);
@@ -134,6 +147,7 @@ static void *work(void *arg) {
     w->launches_run = n;
     CHECK(cuCtxSynchronize());
     w->t1 = now_ns();
+    w->waited = thread_wait_s() - wait0;
     return NULL;
 }
 
@@ -221,11 +235,13 @@ int main(int argc, char **argv) {
         pthread_create(&th[i], NULL, work, &ws[i]);
     }
     long total = 0, total_run = 0;
+    double waited = 0;
     int64_t t0 = 0, t1 = 0;
     for (int i = 0; i < nthreads; i++) {
         pthread_join(th[i], NULL);
         total += ws[i].launches_window;
         total_run += ws[i].launches_run;
+        waited += ws[i].waited;
         if (!t0 || ws[i].t0 < t0) t0 = ws[i].t0;
         if (ws[i].t1 > t1) t1 = ws[i].t1;
     }
@@ -254,7 +270,7 @@ int main(int argc, char **argv) {
     }
     double total_s = (double)(now_ns() - start) / 1e9;
     printf("share=%.3f model_share=%.3f launches=%ld window_s=%.4f kernel_us=%.1f unit_us=%.1f cpu_s=%.3f total_s=%.3f "
-           "busy_run_ns=%llu launches_run=%ld\n",
-           share, model_share, total, win, kernel_us, unit_us, c1 - c0, total_s, busy_run, total_run);
+           "busy_run_ns=%llu launches_run=%ld cpu_wait_s=%.3f\n",
+           share, model_share, total, win, kernel_us, unit_us, c1 - c0, total_s, busy_run, total_run, waited);
     return 0;
 }

@@ -1,7 +1,9 @@
 """Behavioural tests of the compute cap on the simulated GPU (wide bounds: not the benchmark).
 
 Each workload reports its own share of device time, computed exactly from the simulator's kernel
-model over a window bracketed by cuCtxSynchronize (tests/c/compute_workload.c).
+model over a window bracketed by cuCtxSynchronize (tests/c/compute_workload.c). A cap is an upper
+bound, judged always; a share's lower bound is judged only where the host let the workload run
+(at_least: a process kept waiting for a CPU launches nothing, through no fault of the cap).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.compute_workload import Workload
+from tests.support.compute_workload import Workload, at_least, host_starved
 
 pytestmark = pytest.mark.slow
 
@@ -21,13 +23,13 @@ SHORT = ("--warmup", "0.5", "--seconds", "2")
 def test_workload_saturates_without_cap(workload: Workload) -> None:
     r = workload.run(workload.env(), *SHORT)
     assert r.returncode == 0, r.stderr
-    assert r.share > 80, r.stdout
+    assert at_least(r, 80), r.stdout
 
 
 def test_cap_holds_when_alone(workload: Workload) -> None:
     r = workload.run(workload.env(CUDA_DEVICE_SM_LIMIT="30"), *SHORT)
     assert r.returncode == 0, r.stderr
-    assert 20 < r.share < 40, r.stdout
+    assert r.share < 40 and at_least(r, 20), r.stdout
 
 
 @pytest.mark.parametrize(
@@ -38,20 +40,20 @@ def test_every_launch_path_is_throttled(workload: Workload, path: str) -> None:
         workload.env(CUDA_DEVICE_SM_LIMIT="30"), "--path", path, "--graph-nodes", "4", *SHORT
     )
     assert r.returncode == 0, r.stderr
-    assert 15 < r.share < 40, (path, r.stdout)
+    assert r.share < 40 and at_least(r, 15), (path, r.stdout)
 
 
 @pytest.mark.parametrize("kernel", ["sim_50us", "sim_20000us"])
 def test_short_and_long_kernels(workload: Workload, kernel: str) -> None:
     r = workload.run(workload.env(CUDA_DEVICE_SM_LIMIT="30"), "--kernel", kernel, *SHORT)
     assert r.returncode == 0, r.stderr
-    assert 15 < r.share < 40, (kernel, r.stdout)
+    assert r.share < 40 and at_least(r, 15), (kernel, r.stdout)
 
 
 def test_launch_then_synchronize(workload: Workload) -> None:
     r = workload.run(workload.env(CUDA_DEVICE_SM_LIMIT="30"), "--sync-every", "1", *SHORT)
     assert r.returncode == 0, r.stderr
-    assert 15 < r.share < 40, r.stdout
+    assert r.share < 40 and at_least(r, 15), r.stdout
 
 
 def test_processes_of_a_slice_share_one_budget(workload: Workload) -> None:
@@ -61,13 +63,13 @@ def test_processes_of_a_slice_share_one_budget(workload: Workload) -> None:
     for r in rs:
         assert r.returncode == 0, r.stderr
     total = sum(r.share for r in rs)
-    assert 15 < total < 40, [r.stdout for r in rs]
+    assert total < 40 and (total > 15 or any(host_starved(r) for r in rs)), [r.stdout for r in rs]
 
 
 def test_threads_of_a_process_share_one_budget(workload: Workload) -> None:
     r = workload.run(workload.env(CUDA_DEVICE_SM_LIMIT="30"), "--threads", "3", *SHORT)
     assert r.returncode == 0, r.stderr
-    assert 15 < r.share < 40, r.stdout
+    assert r.share < 40 and at_least(r, 15), r.stdout
 
 
 def test_throttled_process_sleeps(workload: Workload) -> None:
@@ -82,10 +84,10 @@ def test_policy_off_does_not_throttle(workload: Workload) -> None:
     env = workload.env(CUDA_DEVICE_SM_LIMIT="30", VGPU_COMPUTE_POLICY="off")
     r = workload.run(env, *SHORT)
     assert r.returncode == 0, r.stderr
-    assert r.share > 80, r.stdout
+    assert at_least(r, 80), r.stdout
     env = workload.env(CUDA_DEVICE_SM_LIMIT="30", GPU_CORE_UTILIZATION_POLICY="disable")
     r = workload.run(env, *SHORT)
-    assert r.share > 80, r.stdout
+    assert at_least(r, 80), r.stdout
 
 
 def test_alias_force_is_hard(workload: Workload) -> None:
@@ -99,7 +101,7 @@ def test_cap_100_and_0_mean_no_cap(workload: Workload) -> None:
     for v in ("0", "100"):
         r = workload.run(workload.env(CUDA_DEVICE_SM_LIMIT=v), *SHORT)
         assert r.returncode == 0, r.stderr
-        assert r.share > 80, (v, r.stdout)
+        assert at_least(r, 80), (v, r.stdout)
 
 
 def test_elastic_lends_idle_time_and_gives_it_back(workload: Workload) -> None:
@@ -107,7 +109,7 @@ def test_elastic_lends_idle_time_and_gives_it_back(workload: Workload) -> None:
     b_env = workload.env("b", CUDA_DEVICE_SM_LIMIT="70")
     alone = workload.run(a_env, *SHORT)
     assert alone.returncode == 0, alone.stderr
-    assert alone.share > 80, alone.stdout
+    assert at_least(alone, 80), alone.stdout
 
     a = workload.start(a_env, "--warmup", "0", "--seconds", "4", "--timeline-ms", "50")
     time.sleep(1.5)
@@ -120,7 +122,7 @@ def test_elastic_lends_idle_time_and_gives_it_back(workload: Workload) -> None:
     assert before and after, ra.stdout
     assert sum(before) / len(before) > 70, ra.stdout
     assert sum(after) / len(after) < 40, (t_b, ra.stdout)
-    assert rb.share > 55, rb.stdout
+    assert at_least(rb, 55), rb.stdout
 
 
 BAD = [
@@ -169,8 +171,8 @@ def test_elastic_idle_time_goes_to_higher_priority(workload: Workload) -> None:
     p_hi, p_lo = workload.start(hi, *SHORT), workload.start(lo, *SHORT)
     r_hi, r_lo = workload.wait(p_hi), workload.wait(p_lo)
     assert r_hi.returncode == 0 and r_lo.returncode == 0, r_hi.stderr + r_lo.stderr
-    assert r_hi.share > 65, (r_hi.stdout, r_lo.stdout)
-    assert 12 < r_lo.share < 28, (r_hi.stdout, r_lo.stdout)
+    assert at_least(r_hi, 65), (r_hi.stdout, r_lo.stdout)
+    assert r_lo.share < 28 and at_least(r_lo, 12), (r_hi.stdout, r_lo.stdout)
 
 
 def test_two_slices_each_hold_their_cap(workload: Workload) -> None:
@@ -178,8 +180,8 @@ def test_two_slices_each_hold_their_cap(workload: Workload) -> None:
     b = workload.start(workload.env("b", CUDA_DEVICE_SM_LIMIT="60"), *SHORT)
     ra, rb = workload.wait(a), workload.wait(b)
     assert ra.returncode == 0 and rb.returncode == 0, ra.stderr + rb.stderr
-    assert 22 < ra.share < 38, ra.stdout
-    assert 50 < rb.share < 68, rb.stdout
+    assert ra.share < 38 and at_least(ra, 22), ra.stdout
+    assert rb.share < 68 and at_least(rb, 50), rb.stdout
 
 
 def test_each_device_has_its_own_cap(workload: Workload, tmp_path: Path) -> None:
@@ -192,8 +194,8 @@ def test_each_device_has_its_own_cap(workload: Workload, tmp_path: Path) -> None
     p1 = workload.start(env, "--device", "1", *SHORT)
     r0, r1 = workload.wait(p0), workload.wait(p1)
     assert r0.returncode == 0 and r1.returncode == 0, r0.stderr + r1.stderr
-    assert 12 < r0.share < 28, r0.stdout
-    assert 60 < r1.share < 78, r1.stdout
+    assert r0.share < 28 and at_least(r0, 12), r0.stdout
+    assert r1.share < 78 and at_least(r1, 60), r1.stdout
 
 
 def test_accepted_forms_of_a_cap(workload: Workload) -> None:
@@ -202,4 +204,4 @@ def test_accepted_forms_of_a_cap(workload: Workload) -> None:
             workload.env(CUDA_DEVICE_SM_LIMIT=value), "--warmup", "0.5", "--seconds", "1.5"
         )
         assert r.returncode == 0, (value, r.stdout, r.stderr)
-        assert lo < r.share < hi, (value, r.stdout)
+        assert r.share < hi and at_least(r, lo), (value, r.stdout)

@@ -4,6 +4,7 @@ shim, its result line, and the compute state it leaves in the accounting file.""
 from __future__ import annotations
 
 import subprocess
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,10 +44,32 @@ class Result:
     start_ns: int
     busy_run_ns: int  # device time the simulator served the process over the whole run
     launches_run: int
+    cpu_wait_s: float  # the launching threads' time runnable but waiting for a CPU, summed
     timeline: list[tuple[int, float]]
     stdout: str
     stderr: str
     returncode: int
+
+
+def host_starved(r: Result) -> bool:
+    """The host kept r's launching threads waiting for a CPU over a quarter of the run: a process
+    that is not running launches nothing, so a share short of its cap then says nothing about the
+    cap (a share above it still does)."""
+    return r.cpu_wait_s > 0.25 * r.total_s
+
+
+def at_least(r: Result, lo: float) -> bool:
+    """r got more than lo percent of the device, or the host starved it (then said as a warning)."""
+    if r.share > lo:
+        return True
+    if host_starved(r):
+        warnings.warn(
+            f"share {r.share:.1f}% <= {lo}% while waiting {r.cpu_wait_s:.2f} s of {r.total_s:.2f} s"
+            " for a CPU: the lower bound is not judged on a starved host",
+            stacklevel=2,
+        )
+        return True
+    return False
 
 
 def parse(out: str, err: str, rc: int) -> Result:
@@ -70,6 +93,7 @@ def parse(out: str, err: str, rc: int) -> Result:
         start_ns=int(kv.get("start_ns", "0")),
         busy_run_ns=int(kv.get("busy_run_ns", "0")),
         launches_run=int(kv.get("launches_run", "0")),
+        cpu_wait_s=float(kv.get("cpu_wait_s", "0")),
         timeline=tl,
         stdout=out,
         stderr=err,
