@@ -204,7 +204,8 @@ d = nv.nvmlEventSetWait_v2(s, 10000)
 print(json.dumps([d.eventData, time.monotonic() - t0]))
 """,
     )
-    assert got[0] == 94 and 0.4 < got[1] < 3
+    # woken by the event (after the config broke at 0.5 s), not by the wait's own 10 s timeout
+    assert got[0] == 94 and 0.4 < got[1] < 10
 
 
 def test_cuda_and_nvml_in_one_process(sim_env: dict[str, str]) -> None:
