@@ -16,8 +16,9 @@ median wall time per iteration, as a ratio to the run without the shim (target w
 idle machine before reading a few percent into them.
 
 Cap error: tests/clients/programs/torch_client.py elementwise (in-place add, mul, relu back to
-back; the tensor sized so a kernel takes about 1.2 ms of simulated time whatever the SM count)
-on one simulated device of each --sms SM count (SIMGPU_CONFIG sm_count), uncapped and under
+back; the tensor sized so a kernel takes about 1.2 ms of simulated time whatever the SM count;
+a queue of 1 s of work, SIMGPU_QUEUE_AHEAD_US, as a GPU's 1024-launch pushbuffer holds of such
+kernels, so a loaded host does not idle the device) on one simulated device of each --sms SM count (SIMGPU_CONFIG sm_count), uncapped and under
 `vgpu run --sim --compute C`, with the simulator's default duration spread and tail. The share is
 the driver's: the device time the simulator served the process (simgpuProcessBusyNs) over a
 window bracketed by torch.cuda.synchronize(). Target: each within +-2 points of its cap.
@@ -120,7 +121,7 @@ def caps(sms: list[int], cap_list: list[int], warmup: str, seconds: str) -> list
     rows = []
     with tempfile.TemporaryDirectory() as d:
         for sm in sms:
-            env = base_env(Path(d), sm)
+            env = dict(base_env(Path(d), sm), SIMGPU_QUEUE_AHEAD_US="1000000")
             numel = NUMEL_132 * sm // 132
             for cap in [0, *cap_list]:
                 vgpu = ["--compute", str(cap)] if cap else []

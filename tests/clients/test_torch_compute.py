@@ -4,10 +4,12 @@ simulator's default duration spread and tail) under `vgpu run --sim --compute C`
 device within 2 points, measured by the driver: the device time the simulator served the process
 (simgpuProcessBusyNs) over a window bracketed by torch.cuda.synchronize(), never the host's clock.
 
-The loop keeps the device's queue full (the driver paces it: a launch waits while 20 ms of work
-is queued), so a slow or loaded host does not take device time from it: the uncapped run shows
-it (the device never idles), and each capped run prints how long it waited for a CPU. A share
-short of its cap is a failure, whatever the host did.
+The loop keeps the device's queue full, so a slow or loaded host does not take device time from
+it: the simulator's queue is set to 1 s of work (SIMGPU_QUEUE_AHEAD_US; its default of 20 ms paces
+launch loops, while a GPU's pushbuffer holds about 1024 launches: over a second of these kernels),
+so the device idles only if the process gets no CPU for a second. The uncapped run shows it (every
+bucket of the window busy); each run prints how long it waited for a CPU (cpu_wait, a fraction of
+the window). A share short of its cap is a failure, whatever the host did.
 
 Matmul-heavy workloads are not covered: cublasSgemm answers CUBLAS_STATUS_NOT_SUPPORTED on the
 simulator (test_torch.py::test_matmul_launches, docs/simulator.md)."""
@@ -26,6 +28,7 @@ NUMEL = 16 << 20
 WARMUP_S = "1"
 WINDOW_S = "3"
 POINTS = 2.0
+QUEUE_AHEAD_US = "1000000"
 
 
 @pytest.fixture
@@ -35,8 +38,10 @@ def torch_python() -> str:
 
 @pytest.fixture
 def spread_client(client: Client) -> Client:
-    """The simulator's default kernel-duration spread and tail (the fixture pins exact ones)."""
-    return Client({k: v for k, v in client.env.items() if not k.startswith("SIMGPU_KERNEL_")})
+    """The simulator's default kernel-duration spread and tail (the fixture pins exact ones), and
+    a queue of a second of work."""
+    env = {k: v for k, v in client.env.items() if not k.startswith("SIMGPU_KERNEL_")}
+    return Client(dict(env, SIMGPU_QUEUE_AHEAD_US=QUEUE_AHEAD_US))
 
 
 def _share(client: Client, python: str, vgpu: list[str]) -> tuple[float, str]:
