@@ -1,7 +1,7 @@
 """libvgpu.so under PyTorch on the simulated GPU: the shim's overhead, and the compute cap's error.
 
-    .venv/bin/python benchmarks/bench_torch.py [--rounds 7] [--iterations 20000]
-        [--sms 16,48,108,132,188] [--caps 10,50,90] [--warmup 1] [--seconds 3]
+    .venv/bin/python benchmarks/bench_torch.py [--rounds 9] [--iterations 20000]
+        [--sms 16,48,108,132,188] [--caps 10,30,50,70,90] [--warmup 1] [--seconds 3]
         [--only overhead,caps] [--json] [--update-md]
 
 Needs torch in .venv/frameworks (scripts/setup without VGPU_SETUP_FRAMEWORKS=0).
@@ -198,10 +198,10 @@ def update_md(section: str) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--iterations", type=int, default=20000)
     p.add_argument("--sms", default="16,48,108,132,188")
-    p.add_argument("--caps", default="10,50,90")
+    p.add_argument("--caps", default="10,30,50,70,90")
     p.add_argument("--warmup", default="1")
     p.add_argument("--seconds", default="3")
     p.add_argument("--only", default="overhead,caps")
