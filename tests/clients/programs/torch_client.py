@@ -20,11 +20,15 @@ torch_client.py elementwise W S N
 from __future__ import annotations
 
 import ctypes
-import os
 import sys
 import time
+from pathlib import Path
 
 import torch
+
+# the repository's own measure of a process's wait for a CPU (this interpreter is .venv/frameworks')
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+from sharing.cpuwait import cpu_wait_ns
 
 MiB = 1 << 20
 
@@ -157,18 +161,6 @@ def served_share(t0: int, t1: int) -> float:
     if rc != 0 or window.value == 0:
         raise SystemExit(f"simgpuProcessBusyNs answered {rc}, window {window.value}")
     return 100.0 * busy.value / window.value
-
-
-def cpu_wait_ns() -> int:
-    """How long this process's threads waited for a CPU (schedstat): a share the host took."""
-    total = 0
-    for t in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{t}/schedstat") as f:
-                total += int(f.read().split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-    return total
 
 
 def elementwise(warmup: float, seconds: float, numel: int) -> None:
