@@ -11,13 +11,24 @@ torch_client.py nvml          what NVML shows inside the slice
 torch_client.py pool F        the vLLM pattern: a pool of F x total minus what is used, filled
 torch_client.py hold          mem_get_info, 64 MiB tensors up to torch.cuda.OutOfMemoryError, then
                               "holding" and the tensors kept until a line arrives on stdin
+torch_client.py elementwise W S N
+                              in-place elementwise ops on a tensor of N floats back to back for W
+                              seconds of warm-up then S seconds; prints the share of the device the
+                              driver served this process over the S seconds (simgpuProcessBusyNs)
 """
 
 from __future__ import annotations
 
+import ctypes
 import sys
+import time
+from pathlib import Path
 
 import torch
+
+# the repository's own measure of a process's wait for a CPU (this interpreter is .venv/frameworks')
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+from sharing.cpuwait import cpu_wait_ns
 
 MiB = 1 << 20
 
@@ -139,10 +150,52 @@ def hold() -> None:
     del held
 
 
+def served_share(t0: int, t1: int) -> float:
+    """The percentage of [t0, t1] (CLOCK_MONOTONIC ns) the simulated driver served this process:
+    its own accounting (simgpuProcessBusyNs, complete 50 ms buckets), not the host's clock."""
+    fn = ctypes.CDLL("libcuda.so.1").simgpuProcessBusyNs
+    fn.argtypes = [ctypes.c_int, ctypes.c_ulonglong, ctypes.c_ulonglong]
+    fn.argtypes += [ctypes.POINTER(ctypes.c_ulonglong)] * 2
+    busy, window = ctypes.c_ulonglong(), ctypes.c_ulonglong()
+    rc = fn(torch.cuda.current_device(), t0, t1, ctypes.byref(busy), ctypes.byref(window))
+    if rc != 0 or window.value == 0:
+        raise SystemExit(f"simgpuProcessBusyNs answered {rc}, window {window.value}")
+    return 100.0 * busy.value / window.value
+
+
+def elementwise(warmup: float, seconds: float, numel: int) -> None:
+    x = torch.empty(numel, device="cuda")
+    y = torch.empty(numel, device="cuda")
+
+    def run(s: float) -> int:
+        n, end = 0, time.monotonic() + s
+        while time.monotonic() < end:
+            x.add_(y)
+            x.mul_(0.5)
+            torch.relu_(x)
+            n += 3
+        return n
+
+    run(warmup)
+    torch.cuda.synchronize()
+    w0, t0 = cpu_wait_ns(), time.monotonic_ns()
+    n = run(seconds)
+    torch.cuda.synchronize()
+    w1, t1 = cpu_wait_ns(), time.monotonic_ns()
+    share = served_share(t0, t1)
+    print(
+        f"share={share:.3f} launches={n} window_s={(t1 - t0) / 1e9:.3f} "
+        f"cpu_wait={(w1 - w0) / (t1 - t0):.3f}",
+        flush=True,
+    )
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "pool":
         pool(float(sys.argv[2]))
+    elif mode == "elementwise":
+        elementwise(float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]))
     else:
         {
             "memory": memory,
