@@ -21,10 +21,8 @@ typedef struct {
     int failed;
 } parser;
 
-static void fail(parser *p, const char *what)
-{
-    if (p->failed)
-        return;
+static void fail(parser *p, const char *what) {
+    if (p->failed) return;
     p->failed = 1;
     size_t line = 1, col = 1;
     for (size_t i = 0; i < p->pos && i < p->len; i++) {
@@ -38,8 +36,7 @@ static void fail(parser *p, const char *what)
     snprintf(p->err, p->errcap, "line %zu column %zu: %s", line, col, what);
 }
 
-static void skip_ws(parser *p)
-{
+static void skip_ws(parser *p) {
     while (p->pos < p->len) {
         char c = p->s[p->pos];
         if (c == ' ' || c == '\t' || c == '\n' || c == '\r')
@@ -51,8 +48,7 @@ static void skip_ws(parser *p)
 
 static int peek(parser *p) { return p->pos < p->len ? (unsigned char)p->s[p->pos] : -1; }
 
-static sim_json *node(parser *p, sim_json_type t)
-{
+static sim_json *node(parser *p, sim_json_type t) {
     sim_json *j = calloc(1, sizeof *j);
     if (!j)
         fail(p, "out of memory");
@@ -63,8 +59,7 @@ static sim_json *node(parser *p, sim_json_type t)
 
 static sim_json *parse_value(parser *p, int depth);
 
-static int hex4(parser *p, unsigned *out)
-{
+static int hex4(parser *p, unsigned *out) {
     if (p->len - p->pos < 4) {
         fail(p, "truncated \\u escape");
         return -1;
@@ -89,8 +84,7 @@ static int hex4(parser *p, unsigned *out)
     return 0;
 }
 
-static char *parse_string_raw(parser *p)
-{
+static char *parse_string_raw(parser *p) {
     /* p->pos is at the opening quote. The decoded string is never longer than its source text
      * (an escape decodes to at most as many bytes as it is written with), so measure the source
      * up to the closing quote, stepping over escapes (an escaped quote does not end it). */
@@ -206,8 +200,7 @@ static char *parse_string_raw(parser *p)
     return out;
 }
 
-static sim_json *parse_number(parser *p)
-{
+static sim_json *parse_number(parser *p) {
     size_t start = p->pos;
     int neg = 0, integral = 1;
     if (peek(p) == '-') {
@@ -217,8 +210,7 @@ static sim_json *parse_number(parser *p)
     if (peek(p) == '0') {
         p->pos++;
     } else if (peek(p) >= '1' && peek(p) <= '9') {
-        while (peek(p) >= '0' && peek(p) <= '9')
-            p->pos++;
+        while (peek(p) >= '0' && peek(p) <= '9') p->pos++;
     } else {
         fail(p, "invalid number");
         return NULL;
@@ -230,20 +222,17 @@ static sim_json *parse_number(parser *p)
             fail(p, "invalid number: digits expected after '.'");
             return NULL;
         }
-        while (peek(p) >= '0' && peek(p) <= '9')
-            p->pos++;
+        while (peek(p) >= '0' && peek(p) <= '9') p->pos++;
     }
     if (peek(p) == 'e' || peek(p) == 'E') {
         integral = 0;
         p->pos++;
-        if (peek(p) == '+' || peek(p) == '-')
-            p->pos++;
+        if (peek(p) == '+' || peek(p) == '-') p->pos++;
         if (!(peek(p) >= '0' && peek(p) <= '9')) {
             fail(p, "invalid number: digits expected in exponent");
             return NULL;
         }
-        while (peek(p) >= '0' && peek(p) <= '9')
-            p->pos++;
+        while (peek(p) >= '0' && peek(p) <= '9') p->pos++;
     }
     char buf[64];
     size_t n = p->pos - start;
@@ -254,8 +243,7 @@ static sim_json *parse_number(parser *p)
     memcpy(buf, p->s + start, n);
     buf[n] = '\0';
     sim_json *j = node(p, SIM_JSON_NUMBER);
-    if (!j)
-        return NULL;
+    if (!j) return NULL;
     j->number = strtod(buf, NULL);
     j->negative = neg;
     if (integral) {
@@ -269,8 +257,7 @@ static sim_json *parse_number(parser *p)
     return j;
 }
 
-static int expect_word(parser *p, const char *w)
-{
+static int expect_word(parser *p, const char *w) {
     size_t n = strlen(w);
     if (p->len - p->pos < n || memcmp(p->s + p->pos, w, n) != 0) {
         fail(p, "invalid literal (expected a value: object, array, string, number, true, false or null)");
@@ -280,11 +267,9 @@ static int expect_word(parser *p, const char *w)
     return 0;
 }
 
-static sim_json *parse_container(parser *p, int depth, int is_obj)
-{
+static sim_json *parse_container(parser *p, int depth, int is_obj) {
     sim_json *j = node(p, is_obj ? SIM_JSON_OBJECT : SIM_JSON_ARRAY);
-    if (!j)
-        return NULL;
+    if (!j) return NULL;
     p->pos++; /* '{' or '[' */
     sim_json **tail = &j->child;
     skip_ws(p);
@@ -349,8 +334,7 @@ static sim_json *parse_container(parser *p, int depth, int is_obj)
     }
 }
 
-static sim_json *parse_value(parser *p, int depth)
-{
+static sim_json *parse_value(parser *p, int depth) {
     if (depth > JSON_MAX_DEPTH) {
         fail(p, "nesting too deep");
         return NULL;
@@ -359,17 +343,12 @@ static sim_json *parse_value(parser *p, int depth)
     int c = peek(p);
     sim_json *j;
     switch (c) {
-    case -1:
-        fail(p, "unexpected end of file (expected a value)");
-        return NULL;
-    case '{':
-        return parse_container(p, depth, 1);
-    case '[':
-        return parse_container(p, depth, 0);
+    case -1: fail(p, "unexpected end of file (expected a value)"); return NULL;
+    case '{': return parse_container(p, depth, 1);
+    case '[': return parse_container(p, depth, 0);
     case '"': {
         char *s = parse_string_raw(p);
-        if (!s)
-            return NULL;
+        if (!s) return NULL;
         j = node(p, SIM_JSON_STRING);
         if (!j) {
             free(s);
@@ -380,37 +359,30 @@ static sim_json *parse_value(parser *p, int depth)
     }
     case 't':
     case 'f':
-        if (expect_word(p, c == 't' ? "true" : "false") != 0)
-            return NULL;
+        if (expect_word(p, c == 't' ? "true" : "false") != 0) return NULL;
         j = node(p, SIM_JSON_BOOL);
-        if (j)
-            j->boolean = (c == 't');
+        if (j) j->boolean = (c == 't');
         return j;
     case 'n':
-        if (expect_word(p, "null") != 0)
-            return NULL;
+        if (expect_word(p, "null") != 0) return NULL;
         return node(p, SIM_JSON_NULL);
     default:
-        if (c == '-' || (c >= '0' && c <= '9'))
-            return parse_number(p);
+        if (c == '-' || (c >= '0' && c <= '9')) return parse_number(p);
         fail(p, "unexpected character (expected a value: object, array, string, number, true, false or null)");
         return NULL;
     }
 }
 
-sim_json *sim_json_parse(const char *text, size_t len, char *err, size_t errcap)
-{
-    parser p = { .s = text, .len = len, .pos = 0, .err = err, .errcap = errcap, .failed = 0 };
-    if (errcap)
-        err[0] = '\0';
+sim_json *sim_json_parse(const char *text, size_t len, char *err, size_t errcap) {
+    parser p = {.s = text, .len = len, .pos = 0, .err = err, .errcap = errcap, .failed = 0};
+    if (errcap) err[0] = '\0';
     if (memchr(text, '\0', len)) {
         p.pos = (size_t)((const char *)memchr(text, '\0', len) - text);
         fail(&p, "NUL byte in file");
         return NULL;
     }
     sim_json *j = parse_value(&p, 0);
-    if (!j)
-        return NULL;
+    if (!j) return NULL;
     skip_ws(&p);
     if (p.pos != p.len) {
         fail(&p, "unexpected content after the top-level value");
@@ -420,8 +392,7 @@ sim_json *sim_json_parse(const char *text, size_t len, char *err, size_t errcap)
     return j;
 }
 
-void sim_json_free(sim_json *j)
-{
+void sim_json_free(sim_json *j) {
     while (j) {
         sim_json *next = j->next;
         sim_json_free(j->child);
@@ -432,18 +403,14 @@ void sim_json_free(sim_json *j)
     }
 }
 
-const sim_json *sim_json_get(const sim_json *obj, const char *key)
-{
-    if (!obj || obj->type != SIM_JSON_OBJECT)
-        return NULL;
+const sim_json *sim_json_get(const sim_json *obj, const char *key) {
+    if (!obj || obj->type != SIM_JSON_OBJECT) return NULL;
     for (const sim_json *m = obj->child; m; m = m->next)
-        if (strcmp(m->key, key) == 0)
-            return m;
+        if (strcmp(m->key, key) == 0) return m;
     return NULL;
 }
 
-const char *sim_json_type_name(sim_json_type t)
-{
+const char *sim_json_type_name(sim_json_type t) {
     switch (t) {
     case SIM_JSON_NULL: return "null";
     case SIM_JSON_BOOL: return "a boolean";

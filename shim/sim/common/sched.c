@@ -35,11 +35,9 @@
 
 static _Atomic uint64_t g_slice_ns;
 
-uint64_t sim_sched_slice_ns(void)
-{
+uint64_t sim_sched_slice_ns(void) {
     uint64_t v = atomic_load_explicit(&g_slice_ns, memory_order_relaxed);
-    if (v)
-        return v;
+    if (v) return v;
     uint64_t us = sim_env_u64("SIMGPU_TIMESLICE_US", 2000);
     if (us < SLICE_MIN_US || us > SLICE_MAX_US) {
         sim_log("environment SIMGPU_TIMESLICE_US=%llu is out of range; allowed: %llu .. %llu microseconds; using 2000",
@@ -50,22 +48,18 @@ uint64_t sim_sched_slice_ns(void)
     return us * 1000ull;
 }
 
-static int lane_ok(int dev, int slot)
-{
+static int lane_ok(int dev, int slot) {
     return sim_shm && dev >= 0 && dev < SIM_MAX_DEVICES && slot >= 0 && slot < SIM_MAX_PROCS;
 }
 
-static void sched_lock(sim_sched *q)
-{
+static void sched_lock(sim_sched *q) {
     int rc = pthread_mutex_lock(&q->lock);
     if (rc == EOWNERDEAD) {
         /* The holder died mid-update: bring every field back into range (see the top). */
         sim_run *r = &q->run;
-        if (r->owner < -1 || r->owner >= SIM_MAX_PROCS)
-            r->owner = -1;
+        if (r->owner < -1 || r->owner >= SIM_MAX_PROCS) r->owner = -1;
         for (int i = 0; i < SIM_MAX_PROCS; i++) {
-            if (r->pend[i] > q->lane[i].submitted)
-                r->pend[i] = q->lane[i].submitted;
+            if (r->pend[i] > q->lane[i].submitted) r->pend[i] = q->lane[i].submitted;
             uint64_t bit = 1ull << (i % 64);
             if (r->pend[i])
                 r->active[i / 64] |= bit;
@@ -81,18 +75,15 @@ static void sched_lock(sim_sched *q)
 static void sched_unlock(sim_sched *q) { pthread_mutex_unlock(&q->lock); }
 
 /* The next lane after `o` (cyclically, `o` itself last) with pending work, or -1. */
-static int next_active(const sim_run *r, int o)
-{
+static int next_active(const sim_run *r, int o) {
     for (int k = 1; k <= SIM_MAX_PROCS; k++) {
         int i = (o + k + SIM_MAX_PROCS) % SIM_MAX_PROCS;
-        if (r->active[i / 64] & (1ull << (i % 64)))
-            return i;
+        if (r->active[i / 64] & (1ull << (i % 64))) return i;
     }
     return -1;
 }
 
-static void note_segment(sim_lane *l, uint64_t t0, uint64_t s0, uint64_t len)
-{
+static void note_segment(sim_lane *l, uint64_t t0, uint64_t s0, uint64_t len) {
     if (l->seg_count) {
         sim_seg *last = &l->seg[(l->seg_count - 1) % SIM_SEGS];
         if (last->t0 + last->len == t0 && last->s0 + last->len == s0) {
@@ -112,21 +103,19 @@ static void note_segment(sim_lane *l, uint64_t t0, uint64_t s0, uint64_t len)
  * at least every WAIT_RECHECK_NS), so an event's completion time is still known when it is asked
  * for long after, however many slices other processes took meanwhile. Guarded by the device's
  * scheduler lock (only one thread of the process holds it at a time). */
-#define HIST 4096
+#define HIST            4096
 #define WAIT_RECHECK_NS (50 * 1000000ull)
 static struct {
     int slot;
-    uint64_t count;                    /* shared segments mirrored so far */
-    sim_seg *h;                        /* h[c % HIST] = segment number c */
+    uint64_t count; /* shared segments mirrored so far */
+    sim_seg *h;     /* h[c % HIST] = segment number c */
 } g_hist[SIM_MAX_DEVICES];
 
-static void mirror_locked(sim_sched *q, int dev, int slot)
-{
+static void mirror_locked(sim_sched *q, int dev, int slot) {
     const sim_lane *l = &q->lane[slot];
     if (!g_hist[dev].h) {
         g_hist[dev].h = calloc(HIST, sizeof(sim_seg));
-        if (!g_hist[dev].h)
-            return;
+        if (!g_hist[dev].h) return;
         g_hist[dev].slot = -1;
     }
     uint64_t n = l->seg_count;
@@ -135,22 +124,18 @@ static void mirror_locked(sim_sched *q, int dev, int slot)
         g_hist[dev].count = 0;
     }
     uint64_t from = g_hist[dev].count ? g_hist[dev].count - 1 : 0; /* the last may have grown */
-    if (n > SIM_SEGS && from < n - SIM_SEGS)
-        from = n - SIM_SEGS;
-    for (uint64_t c = from; c < n; c++)
-        g_hist[dev].h[c % HIST] = l->seg[c % SIM_SEGS];
+    if (n > SIM_SEGS && from < n - SIM_SEGS) from = n - SIM_SEGS;
+    for (uint64_t c = from; c < n; c++) g_hist[dev].h[c % HIST] = l->seg[c % SIM_SEGS];
     g_hist[dev].count = n;
 }
 
 /* Run the device from r->t to `until`. `stop` >= 0: stop as soon as that lane has at most
  * `stop_pend` pending and return the time (a prediction on a copy). `q` non-NULL: the real run,
  * recording service history and busy time. Returns the time reached. */
-static uint64_t run(sim_run *r, uint64_t until, int stop, uint64_t stop_pend, sim_sched *q, int dev)
-{
+static uint64_t run(sim_run *r, uint64_t until, int stop, uint64_t stop_pend, sim_sched *q, int dev) {
     uint64_t slice = sim_sched_slice_ns();
     while (r->t < until) {
-        if (stop >= 0 && r->pend[stop] <= stop_pend)
-            return r->t;
+        if (stop >= 0 && r->pend[stop] <= stop_pend) return r->t;
         int o = r->owner;
         int own = o >= 0 && r->pend[o] > 0;
         if (!own || r->t >= r->slice_end) {
@@ -167,36 +152,28 @@ static uint64_t run(sim_run *r, uint64_t until, int stop, uint64_t stop_pend, si
             r->owner = o = nx;
         }
         uint64_t n = r->pend[o];
-        if (stop == o)
-            n -= stop_pend;
-        if (n > r->slice_end - r->t)
-            n = r->slice_end - r->t;
-        if (n > until - r->t)
-            n = until - r->t;
+        if (stop == o) n -= stop_pend;
+        if (n > r->slice_end - r->t) n = r->slice_end - r->t;
+        if (n > until - r->t) n = until - r->t;
         if (q) {
             sim_lane *l = &q->lane[o];
             note_segment(l, r->t, l->submitted - r->pend[o], n);
             sim_busy_record(dev, o, r->t, r->t + n);
         }
         r->pend[o] -= n;
-        if (!r->pend[o])
-            r->active[o / 64] &= ~(1ull << (o % 64));
+        if (!r->pend[o]) r->active[o / 64] &= ~(1ull << (o % 64));
         r->t += n;
     }
-    if (r->t < until)
-        r->t = until;
+    if (r->t < until) r->t = until;
     return r->t;
 }
 
-static void advance_locked(sim_sched *q, int dev, uint64_t now)
-{
-    if (now > q->run.t)
-        run(&q->run, now, -1, 0, q, dev);
+static void advance_locked(sim_sched *q, int dev, uint64_t now) {
+    if (now > q->run.t) run(&q->run, now, -1, 0, q, dev);
 }
 
 /* Lock device `dev`'s scheduler, run it to now, mirror the slot's history; returns it locked. */
-static sim_sched *lock_now(int dev, int slot, uint64_t *now)
-{
+static sim_sched *lock_now(int dev, int slot, uint64_t *now) {
     sim_sched *q = &sim_shm->sched[dev];
     *now = sim_now_ns();
     sched_lock(q);
@@ -205,8 +182,7 @@ static sim_sched *lock_now(int dev, int slot, uint64_t *now)
     return q;
 }
 
-uint64_t sim_sched_submit(int dev, int slot, uint64_t dur_ns, uint64_t *served)
-{
+uint64_t sim_sched_submit(int dev, int slot, uint64_t dur_ns, uint64_t *served) {
     if (!lane_ok(dev, slot)) {
         *served = 0;
         return 0;
@@ -226,10 +202,8 @@ uint64_t sim_sched_submit(int dev, int slot, uint64_t dur_ns, uint64_t *served)
     return pos;
 }
 
-uint64_t sim_sched_served(int dev, int slot)
-{
-    if (!lane_ok(dev, slot))
-        return UINT64_MAX;
+uint64_t sim_sched_served(int dev, int slot) {
+    if (!lane_ok(dev, slot)) return UINT64_MAX;
     uint64_t now;
     sim_sched *q = lock_now(dev, slot, &now);
     uint64_t s = q->lane[slot].submitted - q->run.pend[slot];
@@ -237,10 +211,8 @@ uint64_t sim_sched_served(int dev, int slot)
     return s;
 }
 
-uint64_t sim_sched_eta(int dev, int slot, uint64_t pos)
-{
-    if (!lane_ok(dev, slot))
-        return 0;
+uint64_t sim_sched_eta(int dev, int slot, uint64_t pos) {
+    if (!lane_ok(dev, slot)) return 0;
     uint64_t now;
     sim_sched *q = lock_now(dev, slot, &now);
     uint64_t sub = q->lane[slot].submitted;
@@ -250,15 +222,13 @@ uint64_t sim_sched_eta(int dev, int slot, uint64_t pos)
         sim_run copy = q->run;
         uint64_t left = pos < sub ? sub - pos : 0;
         eta = run(&copy, UINT64_MAX / 2, slot, left, NULL, dev);
-        if (eta <= now)
-            eta = now + 1;
+        if (eta <= now) eta = now + 1;
     }
     sched_unlock(q);
     return eta;
 }
 
-void sim_sched_wait(int dev, int slot, uint64_t pos)
-{
+void sim_sched_wait(int dev, int slot, uint64_t pos) {
     uint64_t eta;
     while ((eta = sim_sched_eta(dev, slot, pos)) != 0) {
         uint64_t cap = sim_now_ns() + WAIT_RECHECK_NS; /* keeps the private history mirrored */
@@ -266,10 +236,8 @@ void sim_sched_wait(int dev, int slot, uint64_t pos)
     }
 }
 
-uint64_t sim_sched_done_time(int dev, int slot, uint64_t pos)
-{
-    if (!lane_ok(dev, slot))
-        return 0;
+uint64_t sim_sched_done_time(int dev, int slot, uint64_t pos) {
+    if (!lane_ok(dev, slot)) return 0;
     uint64_t now, t = 0;
     sim_sched *q = lock_now(dev, slot, &now);
     (void)now;
@@ -282,18 +250,15 @@ uint64_t sim_sched_done_time(int dev, int slot, uint64_t pos)
                 t = g->t0 + (pos - g->s0);
                 break;
             }
-            if (pos > g->s0 + g->len)
-                break; /* it fell in a gap or before the history: unknown */
+            if (pos > g->s0 + g->len) break; /* it fell in a gap or before the history: unknown */
         }
     }
     sched_unlock(q);
     return t;
 }
 
-void sim_sched_advance(int dev)
-{
-    if (!sim_shm || dev < 0 || dev >= SIM_MAX_DEVICES)
-        return;
+void sim_sched_advance(int dev) {
+    if (!sim_shm || dev < 0 || dev >= SIM_MAX_DEVICES) return;
     sim_sched *q = &sim_shm->sched[dev];
     uint64_t now = sim_now_ns();
     sched_lock(q);

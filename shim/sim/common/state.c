@@ -46,7 +46,7 @@
 #include <unistd.h>
 
 #define SIM_STATE_MAGIC 0x53494d4750553031ull /* "SIMGPU01" */
-#define SLOT_LOCK_BASE (1ll << 30)
+#define SLOT_LOCK_BASE  (1ll << 30)
 
 sim_shared *sim_shm;
 static int g_fd = -1;
@@ -58,8 +58,7 @@ static int g_pid_fd = -1; /* <state>.pids: classic fcntl locks, one byte per slo
  * created here and must be a real directory of this user; SIMGPU_STATE may go through links
  * (the admin's choice) but must lead to a directory of this user or root, sticky if others may
  * write it. Returns the descriptor, or -1 with *why set. */
-static int state_dir(char *buf, size_t cap, const char **why)
-{
+static int state_dir(char *buf, size_t cap, const char **why) {
     const char *d = getenv("SIMGPU_STATE");
     int dflt = !(d && *d);
     if (dflt)
@@ -92,13 +91,11 @@ static int state_dir(char *buf, size_t cap, const char **why)
 
 /* A new open file description of the file `fd` is open on: by path, accepted only if it is still
  * the same file (it may have been replaced meanwhile), else through /proc. */
-static int reopen_same(int fd)
-{
+static int reopen_same(int fd) {
     int nfd = open(g_path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
     if (nfd >= 0) {
         struct stat a, b;
-        if (fstat(fd, &a) == 0 && fstat(nfd, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino)
-            return nfd;
+        if (fstat(fd, &a) == 0 && fstat(nfd, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino) return nfd;
         close(nfd);
     }
     char proc[64];
@@ -108,11 +105,9 @@ static int reopen_same(int fd)
 
 /* The `.pids` file beside the state (created like it: never through a link). -1 if unusable:
  * listers then report the recorded PIDs. */
-static int pid_file(void)
-{
+static int pid_file(void) {
     int fd = __atomic_load_n(&g_pid_fd, __ATOMIC_ACQUIRE);
-    if (fd >= 0 || g_path[0] == '\0')
-        return fd;
+    if (fd >= 0 || g_path[0] == '\0') return fd;
     char path[sizeof g_path + 8];
     snprintf(path, sizeof path, "%s.pids", g_path);
     fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
@@ -130,27 +125,25 @@ static int pid_file(void)
     return fd;
 }
 
-int sim_slot_host_pid(int slot, int own_slot)
-{
+int sim_slot_host_pid(int slot, int own_slot) {
     int32_t recorded = sim_shm->proc[slot].pid;
     int fd = slot == own_slot ? -1 : pid_file();
-    if (fd < 0)
-        return recorded;
-    struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = slot, .l_len = 1, .l_pid = 0 };
+    if (fd < 0) return recorded;
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = slot, .l_len = 1, .l_pid = 0};
     if (fcntl(fd, F_GETLK, &fl) != 0 || fl.l_type == F_UNLCK || fl.l_pid <= 0)
         return recorded; /* ours (no conflict with ourselves), or not visible from here */
     return fl.l_pid;
 }
 
-int sim_state_open(void)
-{
-    if (sim_shm)
-        return 0;
+int sim_state_open(void) {
+    if (sim_shm) return 0;
     char dir[512];
     const char *why;
     int dfd = state_dir(dir, sizeof dir, &why);
     if (dfd < 0) {
-        sim_log("state directory %s refused: %s; allowed: SIMGPU_STATE naming a directory of this user (default /tmp/simgpu-<uid>)", dir, why);
+        sim_log("state directory %s refused: %s; allowed: SIMGPU_STATE naming a directory of this user (default "
+                "/tmp/simgpu-<uid>)",
+                dir, why);
         return -1;
     }
     /* The layout version is in the name: an old file of another layout is never misread. */
@@ -177,7 +170,8 @@ int sim_state_open(void)
         return -1;
     }
     struct stat st;
-    if (fstat(fd, &st) != 0 || ((size_t)st.st_size < sizeof(sim_shared) && ftruncate(fd, (off_t)sizeof(sim_shared)) != 0)) {
+    if (fstat(fd, &st) != 0 ||
+        ((size_t)st.st_size < sizeof(sim_shared) && ftruncate(fd, (off_t)sizeof(sim_shared)) != 0)) {
         sim_log("state file %s: cannot size it: %s", g_path, strerror(errno));
         flock(fd, LOCK_UN);
         close(fd);
@@ -194,8 +188,7 @@ int sim_state_open(void)
     if (__atomic_load_n(&s->magic, __ATOMIC_ACQUIRE) != SIM_STATE_MAGIC || s->size != sizeof(sim_shared)) {
         /* New (zero-filled) file, or one whose initialiser died before finishing: only the latter
          * is cleared (clearing a new file would commit every page of its rings for nothing). */
-        if (st.st_size != 0)
-            memset(s, 0, sizeof *s);
+        if (st.st_size != 0) memset(s, 0, sizeof *s);
         sim_robust_mutex_init(&s->lock);
         for (int d = 0; d < SIM_MAX_DEVICES; d++) {
             sim_robust_mutex_init(&s->sched[d].lock);
@@ -221,8 +214,7 @@ int sim_state_open(void)
     return 0;
 }
 
-void sim_robust_mutex_init(pthread_mutex_t *m)
-{
+void sim_robust_mutex_init(pthread_mutex_t *m) {
     pthread_mutexattr_t a;
     pthread_mutexattr_init(&a);
     pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
@@ -231,19 +223,16 @@ void sim_robust_mutex_init(pthread_mutex_t *m)
     pthread_mutexattr_destroy(&a);
 }
 
-static void recompute_totals(void)
-{
+static void recompute_totals(void) {
     for (int d = 0; d < SIM_MAX_DEVICES; d++) {
         uint64_t used = 0;
         for (int i = 0; i < SIM_MAX_PROCS; i++)
-            if (sim_slot_active(i))
-                used += sim_shm->proc[i].used[d];
+            if (sim_slot_active(i)) used += sim_shm->proc[i].used[d];
         sim_shm->dev[d].used = used;
     }
 }
 
-void sim_state_lock(void)
-{
+void sim_state_lock(void) {
     int rc = pthread_mutex_lock(&sim_shm->lock);
     if (rc == EOWNERDEAD) {
         /* The previous owner died holding the lock, maybe mid-update: rebuild what is derived. */
@@ -256,18 +245,15 @@ void sim_state_lock(void)
 
 void sim_state_unlock(void) { pthread_mutex_unlock(&sim_shm->lock); }
 
-int sim_slot_alive(int slot, int own_slot)
-{
-    if (slot == own_slot)
-        return 1; /* our own OFD lock does not conflict with our own query */
-    struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = SLOT_LOCK_BASE + slot, .l_len = 1, .l_pid = 0 };
-    if (fcntl(g_fd, F_OFD_GETLK, &fl) != 0)
-        return 1; /* cannot tell: never reap on doubt */
+int sim_slot_alive(int slot, int own_slot) {
+    if (slot == own_slot) return 1; /* our own OFD lock does not conflict with our own query */
+    struct flock fl = {
+        .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = SLOT_LOCK_BASE + slot, .l_len = 1, .l_pid = 0};
+    if (fcntl(g_fd, F_OFD_GETLK, &fl) != 0) return 1; /* cannot tell: never reap on doubt */
     return fl.l_type != F_UNLCK;
 }
 
-static void free_slot_locked(int i)
-{
+static void free_slot_locked(int i) {
     sim_proc_slot *p = &sim_shm->proc[i];
     for (int d = 0; d < SIM_MAX_DEVICES; d++) {
         uint64_t u = p->used[d];
@@ -279,50 +265,44 @@ static void free_slot_locked(int i)
     sim_shm->active[i / 64] &= ~(1ull << (i % 64));
 }
 
-void sim_state_reap_locked(int own_slot)
-{
+void sim_state_reap_locked(int own_slot) {
     for (int i = 0; i < SIM_MAX_PROCS; i++)
-        if (sim_slot_active(i) && !sim_slot_alive(i, own_slot))
-            free_slot_locked(i);
+        if (sim_slot_active(i) && !sim_slot_alive(i, own_slot)) free_slot_locked(i);
 }
 
-int sim_state_claim_slot(void)
-{
+int sim_state_claim_slot(void) {
     int got = -1;
     sim_state_lock();
     /* Reap only when no slot is free: a dead process's memory is returned anyway before any
      * charge that would not fit and before any query (sim_mem_charge, sim_mem_used, NVML), and
      * a reap costs a system call per live slot. */
     for (int pass = 0; pass < 2 && got < 0; pass++) {
-        if (pass == 1)
-            sim_state_reap_locked(-1);
+        if (pass == 1) sim_state_reap_locked(-1);
         for (int i = 0; i < SIM_MAX_PROCS && got < 0; i++) {
-            if (sim_slot_active(i))
-                continue;
-            struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = SLOT_LOCK_BASE + i, .l_len = 1, .l_pid = 0 };
-            if (fcntl(g_fd, F_OFD_SETLK, &fl) != 0)
-                continue; /* held by someone: not ours to take */
+            if (sim_slot_active(i)) continue;
+            struct flock fl = {
+                .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = SLOT_LOCK_BASE + i, .l_len = 1, .l_pid = 0};
+            if (fcntl(g_fd, F_OFD_SETLK, &fl) != 0) continue; /* held by someone: not ours to take */
             sim_proc_slot *p = &sim_shm->proc[i];
             memset(p->used, 0, sizeof p->used);
             memset(p->contexts, 0, sizeof p->contexts);
             p->pid = (int32_t)getpid();
             int pfd = pid_file();
-            struct flock pl = { .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = i, .l_len = 1, .l_pid = 0 };
+            struct flock pl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = i, .l_len = 1, .l_pid = 0};
             if (pfd >= 0 && fcntl(pfd, F_SETLK, &pl) != 0)
-                sim_log("state file %s.pids: slot %d: %s (NVML lists this process by its own PID)", g_path, i, strerror(errno));
+                sim_log("state file %s.pids: slot %d: %s (NVML lists this process by its own PID)", g_path, i,
+                        strerror(errno));
             __atomic_store_n(&p->gen, p->gen + 1, __ATOMIC_RELEASE); /* its busy rings: stale */
             sim_shm->active[i / 64] |= 1ull << (i % 64);
             got = i;
         }
     }
     sim_state_unlock();
-    if (got < 0)
-        sim_log("all %d process slots of the simulated node are in use (state %s)", SIM_MAX_PROCS, g_path);
+    if (got < 0) sim_log("all %d process slots of the simulated node are in use (state %s)", SIM_MAX_PROCS, g_path);
     return got;
 }
 
-void sim_state_after_fork_child(void)
-{
+void sim_state_after_fork_child(void) {
     /* The inherited descriptor shares the parent's open file description and with it the
      * parent's slot lock: keeping it would make the parent look alive after it died. (The
      * inherited mapping refers to another, never locked description: see sim_state_open.) */
@@ -333,17 +313,14 @@ void sim_state_after_fork_child(void)
     }
 }
 
-int sim_mem_charge(int slot, int dev, uint64_t bytes, uint64_t total)
-{
-    if (slot < 0 || dev < 0 || dev >= SIM_MAX_DEVICES)
-        return -1;
+int sim_mem_charge(int slot, int dev, uint64_t bytes, uint64_t total) {
+    if (slot < 0 || dev < 0 || dev >= SIM_MAX_DEVICES) return -1;
     int rc = 0;
     sim_state_lock();
     sim_dev_state *d = &sim_shm->dev[dev];
     /* Reaping costs a syscall per live slot: do it only when the charge would not fit. A dead
      * process's memory is thus back before any charge fails and before any query reports it. */
-    if (bytes > total || d->used > total - bytes)
-        sim_state_reap_locked(slot);
+    if (bytes > total || d->used > total - bytes) sim_state_reap_locked(slot);
     if (bytes > total || d->used > total - bytes) {
         rc = -1;
     } else {
@@ -354,10 +331,8 @@ int sim_mem_charge(int slot, int dev, uint64_t bytes, uint64_t total)
     return rc;
 }
 
-void sim_mem_uncharge(int slot, int dev, uint64_t bytes)
-{
-    if (slot < 0 || dev < 0 || dev >= SIM_MAX_DEVICES || bytes == 0)
-        return;
+void sim_mem_uncharge(int slot, int dev, uint64_t bytes) {
+    if (slot < 0 || dev < 0 || dev >= SIM_MAX_DEVICES || bytes == 0) return;
     sim_state_lock();
     sim_proc_slot *p = &sim_shm->proc[slot];
     uint64_t b = p->used[dev] >= bytes ? bytes : p->used[dev];
@@ -366,8 +341,7 @@ void sim_mem_uncharge(int slot, int dev, uint64_t bytes)
     sim_state_unlock();
 }
 
-uint64_t sim_mem_used(int dev, int own_slot)
-{
+uint64_t sim_mem_used(int dev, int own_slot) {
     sim_state_lock();
     sim_state_reap_locked(own_slot);
     uint64_t u = sim_shm->dev[dev].used;
@@ -375,10 +349,8 @@ uint64_t sim_mem_used(int dev, int own_slot)
     return u;
 }
 
-void sim_ctx_count(int slot, int dev, int delta)
-{
-    if (slot < 0 || dev < 0 || dev >= SIM_MAX_DEVICES)
-        return;
+void sim_ctx_count(int slot, int dev, int delta) {
+    if (slot < 0 || dev < 0 || dev >= SIM_MAX_DEVICES) return;
     sim_state_lock();
     uint32_t *c = &sim_shm->proc[slot].contexts[dev];
     if (delta < 0 && *c < (uint32_t)-delta)
@@ -391,13 +363,11 @@ void sim_ctx_count(int slot, int dev, int delta)
 /* Ring entries: (bucket index mod 2^32) << 32 | busy ns within the bucket.
  * The scheduler records work as the device runs it (never ahead of now); buckets more than 3/4
  * of the ring ahead of now are refused all the same, so history readers need is never lost. */
-static void ring_add(_Atomic uint64_t *ring, uint64_t n, uint64_t bucket_ns, uint64_t start, uint64_t end)
-{
+static void ring_add(_Atomic uint64_t *ring, uint64_t n, uint64_t bucket_ns, uint64_t start, uint64_t end) {
     uint64_t limit = sim_now_ns() / bucket_ns + n - n / 4;
     while (start < end) {
         uint64_t b = start / bucket_ns;
-        if (b >= limit)
-            break;
+        if (b >= limit) break;
         uint64_t bend = (b + 1) * bucket_ns;
         uint64_t e = end < bend ? end : bend;
         uint64_t add = e - start;
@@ -416,32 +386,27 @@ static void ring_add(_Atomic uint64_t *ring, uint64_t n, uint64_t bucket_ns, uin
     }
 }
 
-static uint64_t ring_sum(_Atomic uint64_t *ring, uint64_t n, uint64_t bucket_ns, uint64_t from, uint64_t to, uint64_t *window)
-{
+static uint64_t ring_sum(_Atomic uint64_t *ring, uint64_t n, uint64_t bucket_ns, uint64_t from, uint64_t to,
+                         uint64_t *window) {
     uint64_t b0 = (from + bucket_ns - 1) / bucket_ns, b1 = to / bucket_ns;
     if (b1 <= b0) {
         *window = 0;
         return 0;
     }
-    if (b1 - b0 > n - 1)
-        b0 = b1 - (n - 1);
+    if (b1 - b0 > n - 1) b0 = b1 - (n - 1);
     uint64_t sum = 0;
     for (uint64_t b = b0; b < b1; b++) {
         uint64_t v = atomic_load_explicit(&ring[b % n], memory_order_relaxed);
-        if ((v >> 32) == (b & 0xffffffffull))
-            sum += v & 0xffffffffull;
+        if ((v >> 32) == (b & 0xffffffffull)) sum += v & 0xffffffffull;
     }
     *window = (b1 - b0) * bucket_ns;
     return sum;
 }
 
-void sim_busy_record(int dev, int slot, uint64_t start, uint64_t end)
-{
-    if (dev < 0 || dev >= SIM_MAX_DEVICES)
-        return;
+void sim_busy_record(int dev, int slot, uint64_t start, uint64_t end) {
+    if (dev < 0 || dev >= SIM_MAX_DEVICES) return;
     ring_add(sim_shm->dev[dev].ring, SIM_DEV_RING, SIM_BUCKET_NS, start, end);
-    if (slot < 0 || slot >= SIM_MAX_PROCS)
-        return;
+    if (slot < 0 || slot >= SIM_MAX_PROCS) return;
     /* Callers hold the device's scheduler lock: one writer per (slot, dev) at a time. */
     uint32_t gen = __atomic_load_n(&sim_shm->proc[slot].gen, __ATOMIC_ACQUIRE);
     if (atomic_load_explicit(&sim_shm->proc_ring_gen[slot][dev], memory_order_acquire) != gen) {
@@ -454,11 +419,9 @@ void sim_busy_record(int dev, int slot, uint64_t start, uint64_t end)
 
 static _Atomic uint64_t no_history[SIM_PROC_RING]; /* a slot's owner that never ran on the device */
 
-uint64_t sim_busy_between(int dev, int slot, uint64_t from, uint64_t to, uint64_t *window_ns)
-{
+uint64_t sim_busy_between(int dev, int slot, uint64_t from, uint64_t to, uint64_t *window_ns) {
     sim_sched_advance(dev); /* the rings are written as the device runs: run it up to now */
-    if (slot < 0)
-        return ring_sum(sim_shm->dev[dev].ring, SIM_DEV_RING, SIM_BUCKET_NS, from, to, window_ns);
+    if (slot < 0) return ring_sum(sim_shm->dev[dev].ring, SIM_DEV_RING, SIM_BUCKET_NS, from, to, window_ns);
     uint32_t gen = __atomic_load_n(&sim_shm->proc[slot].gen, __ATOMIC_ACQUIRE);
     int own = atomic_load_explicit(&sim_shm->proc_ring_gen[slot][dev], memory_order_acquire) == gen;
     return ring_sum(own ? sim_shm->proc_ring[slot][dev] : no_history, SIM_PROC_RING, SIM_PBUCKET_NS, from, to,

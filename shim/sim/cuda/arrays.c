@@ -23,12 +23,10 @@
 
 /* The row pitch alignment of cuMemAllocPitch and of arrays: the driver's choice, reported by no
  * attribute (SIMGPU_PITCH_ALIGNMENT, default 512; read once). */
-uint64_t sim_pitch_alignment(void)
-{
+uint64_t sim_pitch_alignment(void) {
     static _Atomic uint64_t cached;
     uint64_t a = atomic_load_explicit(&cached, memory_order_relaxed);
-    if (a)
-        return a;
+    if (a) return a;
     a = sim_env_u64("SIMGPU_PITCH_ALIGNMENT", 512);
     if (a < 32 || a > 4096 || (a & (a - 1))) {
         sim_log("environment SIMGPU_PITCH_ALIGNMENT=%llu: allowed: a power of two from 32 to 4096; using 512",
@@ -36,33 +34,26 @@ uint64_t sim_pitch_alignment(void)
         a = 512;
     }
     uint64_t zero = 0;
-    if (!atomic_compare_exchange_strong(&cached, &zero, a))
-        a = zero; /* another thread decided (and logged) first */
+    if (!atomic_compare_exchange_strong(&cached, &zero, a)) a = zero; /* another thread decided (and logged) first */
     return a;
 }
 
-static unsigned format_bytes(CUarray_format f)
-{
+static unsigned format_bytes(CUarray_format f) {
     switch ((int)f) {
     case CU_AD_FORMAT_UNSIGNED_INT8:
-    case CU_AD_FORMAT_SIGNED_INT8:
-        return 1;
+    case CU_AD_FORMAT_SIGNED_INT8: return 1;
     case CU_AD_FORMAT_UNSIGNED_INT16:
     case CU_AD_FORMAT_SIGNED_INT16:
-    case CU_AD_FORMAT_HALF:
-        return 2;
+    case CU_AD_FORMAT_HALF: return 2;
     case CU_AD_FORMAT_UNSIGNED_INT32:
     case CU_AD_FORMAT_SIGNED_INT32:
-    case CU_AD_FORMAT_FLOAT:
-        return 4;
-    default:
-        return 0;
+    case CU_AD_FORMAT_FLOAT: return 4;
+    default: return 0;
     }
 }
 
 /* Bytes of one level; 0 when the descriptor is invalid. */
-static uint64_t level_bytes(uint64_t w, uint64_t h, uint64_t d, CUarray_format fmt, unsigned ch)
-{
+static uint64_t level_bytes(uint64_t w, uint64_t h, uint64_t d, CUarray_format fmt, unsigned ch) {
     unsigned fb = format_bytes(fmt);
     if (!fb || (ch != 1 && ch != 2 && ch != 4) || w == 0 || w > (1u << 24) || h > (1u << 24) || d > (1u << 24))
         return 0;
@@ -71,21 +62,18 @@ static uint64_t level_bytes(uint64_t w, uint64_t h, uint64_t d, CUarray_format f
     return b > (1ull << 52) ? 0 : (uint64_t)b;
 }
 
-static CUresult check_3d(const CUDA_ARRAY3D_DESCRIPTOR *a)
-{
+static CUresult check_3d(const CUDA_ARRAY3D_DESCRIPTOR *a) {
     if (a->Flags & ~(unsigned)(CUDA_ARRAY3D_LAYERED | CUDA_ARRAY3D_SURFACE_LDST | CUDA_ARRAY3D_CUBEMAP | 0x08 | 0x20 |
                                CUDA_ARRAY3D_DEFERRED_MAPPING))
         return CUDA_ERROR_INVALID_VALUE;
     if ((a->Flags & CUDA_ARRAY3D_CUBEMAP) && (a->Width != a->Height || a->Depth == 0 || a->Depth % 6))
-        return CUDA_ERROR_INVALID_VALUE; /* cubemaps: square faces, depth 6 (or 6 * layers) */
-    if (a->Depth && !a->Height)
-        return CUDA_ERROR_INVALID_VALUE; /* 3D needs a height */
+        return CUDA_ERROR_INVALID_VALUE;                         /* cubemaps: square faces, depth 6 (or 6 * layers) */
+    if (a->Depth && !a->Height) return CUDA_ERROR_INVALID_VALUE; /* 3D needs a height */
     return CUDA_SUCCESS;
 }
 
 /* Charge what an array of `bytes` takes; a deferred-mapping one only records it in *required. */
-static CUresult charge(int dev, uint64_t bytes, unsigned flags, uint64_t *charged, uint64_t *required)
-{
+static CUresult charge(int dev, uint64_t bytes, unsigned flags, uint64_t *charged, uint64_t *required) {
     *charged = sim_align_up(bytes, SIM_ARRAY_GRANULE);
     *required = 0;
     if (flags & CUDA_ARRAY3D_DEFERRED_MAPPING) {
@@ -100,18 +88,14 @@ static CUresult charge(int dev, uint64_t bytes, unsigned flags, uint64_t *charge
 }
 
 static CUresult array_create(CUarray *ph, uint64_t w, uint64_t h, uint64_t d, CUarray_format fmt, unsigned ch,
-                             unsigned flags)
-{
+                             unsigned flags) {
     struct CUctx_st *c;
     CUresult rc = sim_get_ctx(&c);
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     uint64_t bytes = level_bytes(w, h, d, fmt, ch);
-    if (!bytes)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (!bytes) return CUDA_ERROR_INVALID_VALUE;
     struct CUarray_st *a = calloc(1, sizeof *a);
-    if (!a)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!a) return CUDA_ERROR_OUT_OF_MEMORY;
     if ((rc = charge(c->dev, bytes, flags, &a->charged, &a->required)) != CUDA_SUCCESS) {
         free(a);
         return rc;
@@ -123,45 +107,36 @@ static CUresult array_create(CUarray *ph, uint64_t w, uint64_t h, uint64_t d, CU
     return CUDA_SUCCESS;
 }
 
-SIM_EXPORT CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *pAllocateArray)
-{
-    if (!pHandle || !pAllocateArray)
-        return CUDA_ERROR_INVALID_VALUE;
-    return array_create(pHandle, pAllocateArray->Width, pAllocateArray->Height, 0, pAllocateArray->Format, pAllocateArray->NumChannels, 0);
+SIM_EXPORT CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *pAllocateArray) {
+    if (!pHandle || !pAllocateArray) return CUDA_ERROR_INVALID_VALUE;
+    return array_create(pHandle, pAllocateArray->Width, pAllocateArray->Height, 0, pAllocateArray->Format,
+                        pAllocateArray->NumChannels, 0);
 }
 
-SIM_EXPORT CUresult cuArrayCreate(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR_v1 *pAllocateArray)
-{
-    if (!pHandle || !pAllocateArray)
-        return CUDA_ERROR_INVALID_VALUE;
-    return array_create(pHandle, pAllocateArray->Width, pAllocateArray->Height, 0, pAllocateArray->Format, pAllocateArray->NumChannels, 0);
+SIM_EXPORT CUresult cuArrayCreate(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR_v1 *pAllocateArray) {
+    if (!pHandle || !pAllocateArray) return CUDA_ERROR_INVALID_VALUE;
+    return array_create(pHandle, pAllocateArray->Width, pAllocateArray->Height, 0, pAllocateArray->Format,
+                        pAllocateArray->NumChannels, 0);
 }
 
-SIM_EXPORT CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pAllocateArray)
-{
-    if (!pHandle || !pAllocateArray)
-        return CUDA_ERROR_INVALID_VALUE;
+SIM_EXPORT CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pAllocateArray) {
+    if (!pHandle || !pAllocateArray) return CUDA_ERROR_INVALID_VALUE;
     CUresult rc = check_3d(pAllocateArray);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    return array_create(pHandle, pAllocateArray->Width, pAllocateArray->Height, pAllocateArray->Depth, pAllocateArray->Format, pAllocateArray->NumChannels,
-                        pAllocateArray->Flags);
+    if (rc != CUDA_SUCCESS) return rc;
+    return array_create(pHandle, pAllocateArray->Width, pAllocateArray->Height, pAllocateArray->Depth,
+                        pAllocateArray->Format, pAllocateArray->NumChannels, pAllocateArray->Flags);
 }
 
-SIM_EXPORT CUresult cuArray3DCreate(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR_v1 *pAllocateArray)
-{
-    if (!pHandle || !pAllocateArray)
-        return CUDA_ERROR_INVALID_VALUE;
-    CUDA_ARRAY3D_DESCRIPTOR d = { pAllocateArray->Width, pAllocateArray->Height, pAllocateArray->Depth,
-                                  pAllocateArray->Format, pAllocateArray->NumChannels, pAllocateArray->Flags };
+SIM_EXPORT CUresult cuArray3DCreate(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR_v1 *pAllocateArray) {
+    if (!pHandle || !pAllocateArray) return CUDA_ERROR_INVALID_VALUE;
+    CUDA_ARRAY3D_DESCRIPTOR d = {pAllocateArray->Width,  pAllocateArray->Height,      pAllocateArray->Depth,
+                                 pAllocateArray->Format, pAllocateArray->NumChannels, pAllocateArray->Flags};
     return cuArray3DCreate_v2(pHandle, &d);
 }
 
-SIM_EXPORT CUresult cuArrayDestroy(CUarray hArray)
-{
+SIM_EXPORT CUresult cuArrayDestroy(CUarray hArray) {
     CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     pthread_mutex_lock(&G.lock);
     if (!SIM_VALID(hArray, MAGIC_ARRAY)) {
         pthread_mutex_unlock(&G.lock);
@@ -173,39 +148,30 @@ SIM_EXPORT CUresult cuArrayDestroy(CUarray hArray)
     return CUDA_SUCCESS;
 }
 
-SIM_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *desc, unsigned int numMipmapLevels)
-{
-    if (!pHandle || !desc || numMipmapLevels == 0)
-        return CUDA_ERROR_INVALID_VALUE;
+SIM_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *desc,
+                                           unsigned int numMipmapLevels) {
+    if (!pHandle || !desc || numMipmapLevels == 0) return CUDA_ERROR_INVALID_VALUE;
     struct CUctx_st *c;
     CUresult rc = sim_get_ctx(&c);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if ((rc = check_3d(desc)) != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
+    if ((rc = check_3d(desc)) != CUDA_SUCCESS) return rc;
     uint64_t w = desc->Width, h = desc->Height, d = desc->Depth, total = 0;
     uint64_t maxdim = w > h ? w : h;
     int layered = (desc->Flags & (CUDA_ARRAY3D_LAYERED | CUDA_ARRAY3D_CUBEMAP)) != 0;
-    if (!layered && d > maxdim)
-        maxdim = d;
+    if (!layered && d > maxdim) maxdim = d;
     unsigned levels_possible = 1;
-    while (maxdim >> levels_possible)
-        levels_possible++;
-    if (numMipmapLevels > levels_possible)
-        return CUDA_ERROR_INVALID_VALUE;
+    while (maxdim >> levels_possible) levels_possible++;
+    if (numMipmapLevels > levels_possible) return CUDA_ERROR_INVALID_VALUE;
     for (unsigned l = 0; l < numMipmapLevels; l++) {
         uint64_t b = level_bytes(w, h, d, desc->Format, desc->NumChannels);
-        if (!b)
-            return CUDA_ERROR_INVALID_VALUE;
+        if (!b) return CUDA_ERROR_INVALID_VALUE;
         total += b;
         w = w > 1 ? w / 2 : 1;
         h = h > 1 ? h / 2 : (h ? 1 : 0);
-        if (!layered)
-            d = d > 1 ? d / 2 : (d ? 1 : 0);
+        if (!layered) d = d > 1 ? d / 2 : (d ? 1 : 0);
     }
     struct CUmipmappedArray_st *m = calloc(1, sizeof *m);
-    if (!m)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!m) return CUDA_ERROR_OUT_OF_MEMORY;
     if ((rc = charge(c->dev, total, desc->Flags, &m->charged, &m->required)) != CUDA_SUCCESS) {
         free(m);
         return rc;
@@ -217,11 +183,9 @@ SIM_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA
     return CUDA_SUCCESS;
 }
 
-SIM_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)
-{
+SIM_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray) {
     CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     pthread_mutex_lock(&G.lock);
     if (!SIM_VALID(hMipmappedArray, MAGIC_MIPMAP)) {
         pthread_mutex_unlock(&G.lock);
@@ -233,10 +197,9 @@ SIM_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)
     return CUDA_SUCCESS;
 }
 
-static CUresult requirements(CUDA_ARRAY_MEMORY_REQUIREMENTS *out, int valid, int dev, uint64_t required, CUdevice device)
-{
-    if (!valid)
-        return CUDA_ERROR_INVALID_HANDLE;
+static CUresult requirements(CUDA_ARRAY_MEMORY_REQUIREMENTS *out, int valid, int dev, uint64_t required,
+                             CUdevice device) {
+    if (!valid) return CUDA_ERROR_INVALID_HANDLE;
     if (!out || required == 0 || sim_check_device(device) != CUDA_SUCCESS || device != dev)
         return CUDA_ERROR_INVALID_VALUE; /* not created with CUDA_ARRAY3D_DEFERRED_MAPPING, or another device */
     memset(out, 0, sizeof *out);
@@ -246,11 +209,9 @@ static CUresult requirements(CUDA_ARRAY_MEMORY_REQUIREMENTS *out, int valid, int
 }
 
 SIM_EXPORT CUresult cuArrayGetMemoryRequirements(CUDA_ARRAY_MEMORY_REQUIREMENTS *memoryRequirements, CUarray array,
-                                                 CUdevice device)
-{
+                                                 CUdevice device) {
     CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     pthread_mutex_lock(&G.lock);
     int valid = SIM_VALID(array, MAGIC_ARRAY);
     rc = requirements(memoryRequirements, valid, valid ? array->dev : -1, valid ? array->required : 0, device);
@@ -259,11 +220,9 @@ SIM_EXPORT CUresult cuArrayGetMemoryRequirements(CUDA_ARRAY_MEMORY_REQUIREMENTS 
 }
 
 SIM_EXPORT CUresult cuMipmappedArrayGetMemoryRequirements(CUDA_ARRAY_MEMORY_REQUIREMENTS *memoryRequirements,
-                                                          CUmipmappedArray mipmap, CUdevice device)
-{
+                                                          CUmipmappedArray mipmap, CUdevice device) {
     CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     pthread_mutex_lock(&G.lock);
     int valid = SIM_VALID(mipmap, MAGIC_MIPMAP);
     rc = requirements(memoryRequirements, valid, valid ? mipmap->dev : -1, valid ? mipmap->required : 0, device);

@@ -19,34 +19,28 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CTX_STACK_MAX 64
+#define CTX_STACK_MAX  64
 #define CTX_FLAGS_MASK 0xffu /* scheduling, map-host, lmem-resize, coredump, sync-memops */
 
 static __thread struct CUctx_st *tls_stack[CTX_STACK_MAX];
 static __thread int tls_depth;
 static unsigned primary_flags[SIM_MAX_DEVICES];
 
-void sim_contexts_after_fork(void)
-{
+void sim_contexts_after_fork(void) {
     tls_depth = 0; /* the forking thread is the child's only thread */
     memset(primary_flags, 0, sizeof primary_flags);
 }
 
 /* SIMGPU_CONTEXT_MEMORY (bytes or a quantity such as 300Mi; 0 models a context that costs nothing). */
-uint64_t sim_context_memory_knob(void)
-{
-    return sim_env_u64("SIMGPU_CONTEXT_MEMORY", 500ull << 20);
-}
+uint64_t sim_context_memory_knob(void) { return sim_env_u64("SIMGPU_CONTEXT_MEMORY", 500ull << 20); }
 
 #define CREATE_MS_MAX 10000
 
 /* SIMGPU_CONTEXT_CREATE_MS: how long a context's creation takes after its memory is taken. */
-static uint64_t context_create_ns(void)
-{
+static uint64_t context_create_ns(void) {
     static _Atomic uint64_t cached = UINT64_MAX; /* read once per process */
     uint64_t v = atomic_load_explicit(&cached, memory_order_relaxed);
-    if (v != UINT64_MAX)
-        return v;
+    if (v != UINT64_MAX) return v;
     uint64_t ms = sim_env_u64("SIMGPU_CONTEXT_CREATE_MS", 0);
     if (ms > CREATE_MS_MAX) {
         sim_log("environment SIMGPU_CONTEXT_CREATE_MS=%llu is out of range; allowed: 0 .. %d milliseconds; using 0",
@@ -58,43 +52,33 @@ static uint64_t context_create_ns(void)
 }
 
 /* The rest of a context's creation, its memory taken (G.lock not held). */
-static void creation_time(void)
-{
+static void creation_time(void) {
     uint64_t ns = context_create_ns();
-    if (ns)
-        sim_sleep_until_ns(sim_now_ns() + ns);
+    if (ns) sim_sleep_until_ns(sim_now_ns() + ns);
 }
 
-static int ctx_usable(const struct CUctx_st *c)
-{
+static int ctx_usable(const struct CUctx_st *c) {
     return SIM_VALID(c, MAGIC_CTX) && !(c->is_primary && c->retain == 0);
 }
 
-struct CUctx_st *sim_current_ctx(void)
-{
-    if (tls_depth <= 0)
-        return NULL;
+struct CUctx_st *sim_current_ctx(void) {
+    if (tls_depth <= 0) return NULL;
     struct CUctx_st *c = tls_stack[tls_depth - 1];
     return ctx_usable(c) ? c : NULL;
 }
 
-CUresult sim_get_ctx(struct CUctx_st **out)
-{
+CUresult sim_get_ctx(struct CUctx_st **out) {
     CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     struct CUctx_st *c = sim_current_ctx();
-    if (!c)
-        return CUDA_ERROR_INVALID_CONTEXT;
+    if (!c) return CUDA_ERROR_INVALID_CONTEXT;
     *out = c;
     return CUDA_SUCCESS;
 }
 
 /* Bring up a (new or inactive primary) context: slot, context memory, legacy stream. G.lock held. */
-static CUresult ctx_activate_locked(struct CUctx_st *c, int dev, unsigned flags)
-{
-    if (sim_ensure_slot() < 0)
-        return CUDA_ERROR_OPERATING_SYSTEM;
+static CUresult ctx_activate_locked(struct CUctx_st *c, int dev, unsigned flags) {
+    if (sim_ensure_slot() < 0) return CUDA_ERROR_OPERATING_SYSTEM;
     if (G.ctx_mem && sim_mem_charge(G.slot, sim_phys(dev), G.ctx_mem, G.cfg->dev[dev].memory) != 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     c->charged = G.ctx_mem;
@@ -117,8 +101,7 @@ static CUresult ctx_activate_locked(struct CUctx_st *c, int dev, unsigned flags)
 }
 
 /* Tear down a context's resources (after its work finished). G.lock held. */
-static void ctx_deactivate_locked(struct CUctx_st *c)
-{
+static void ctx_deactivate_locked(struct CUctx_st *c) {
     c->serial = ++G.ctx_serial; /* its streams, events and modules die with it */
     sim_free_ctx_allocations(c);
     sim_mem_uncharge(G.slot, sim_phys(c->dev), c->charged);
@@ -131,25 +114,16 @@ static void ctx_deactivate_locked(struct CUctx_st *c)
     }
 }
 
-static void wait_ctx_idle(struct CUctx_st *c)
-{
-    sim_lane_wait(c, atomic_load(&c->tail_all));
-}
+static void wait_ctx_idle(struct CUctx_st *c) { sim_lane_wait(c, atomic_load(&c->tail_all)); }
 
-static CUresult ctx_create(CUcontext *pctx, unsigned flags, CUdevice dev)
-{
-    if (!pctx)
-        return CUDA_ERROR_INVALID_VALUE;
+static CUresult ctx_create(CUcontext *pctx, unsigned flags, CUdevice dev) {
+    if (!pctx) return CUDA_ERROR_INVALID_VALUE;
     CUresult rc = sim_check_device(dev);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (flags & ~CTX_FLAGS_MASK)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (tls_depth >= CTX_STACK_MAX)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (rc != CUDA_SUCCESS) return rc;
+    if (flags & ~CTX_FLAGS_MASK) return CUDA_ERROR_INVALID_VALUE;
+    if (tls_depth >= CTX_STACK_MAX) return CUDA_ERROR_INVALID_VALUE;
     struct CUctx_st *c = calloc(1, sizeof *c);
-    if (!c)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!c) return CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_lock(&G.lock);
     rc = ctx_activate_locked(c, dev, flags);
     pthread_mutex_unlock(&G.lock);
@@ -163,47 +137,45 @@ static CUresult ctx_create(CUcontext *pctx, unsigned flags, CUdevice dev)
     return CUDA_SUCCESS;
 }
 
-SIM_EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreateParams, unsigned int flags, CUdevice dev)
-{
+SIM_EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreateParams, unsigned int flags,
+                                   CUdevice dev) {
     if (ctxCreateParams) {
         if (ctxCreateParams->cigParams)
             return CUDA_ERROR_NOT_SUPPORTED; /* CUDA in graphics (CIG) needs a graphics API */
-        if (ctxCreateParams->numExecAffinityParams < 0 || (ctxCreateParams->numExecAffinityParams > 0 && !ctxCreateParams->execAffinityParams))
+        if (ctxCreateParams->numExecAffinityParams < 0 ||
+            (ctxCreateParams->numExecAffinityParams > 0 && !ctxCreateParams->execAffinityParams))
             return CUDA_ERROR_INVALID_VALUE;
         /* SM-count affinity is accepted and not modelled (every launch uses the whole device). */
     }
     return ctx_create(pctx, flags, dev);
 }
 
-SIM_EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams, unsigned int flags, CUdevice dev)
-{
-    if (numParams < 0 || (numParams > 0 && !paramsArray))
-        return CUDA_ERROR_INVALID_VALUE;
+SIM_EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams, unsigned int flags,
+                                   CUdevice dev) {
+    if (numParams < 0 || (numParams > 0 && !paramsArray)) return CUDA_ERROR_INVALID_VALUE;
     return ctx_create(pctx, flags, dev);
 }
 
-SIM_EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) { return ctx_create(pctx, flags, dev); }
-SIM_EXPORT CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev) { return ctx_create(pctx, flags, dev); }
+SIM_EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) {
+    return ctx_create(pctx, flags, dev);
+}
+SIM_EXPORT CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev) {
+    return ctx_create(pctx, flags, dev);
+}
 
-static void drop_from_tls(struct CUctx_st *c)
-{
+static void drop_from_tls(struct CUctx_st *c) {
     /* Only the calling thread's stack can be fixed up; other threads fail validation later. */
     int w = 0;
     for (int r = 0; r < tls_depth; r++)
-        if (tls_stack[r] != c)
-            tls_stack[w++] = tls_stack[r];
+        if (tls_stack[r] != c) tls_stack[w++] = tls_stack[r];
     tls_depth = w;
 }
 
-SIM_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
-{
+SIM_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
     CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (!ctx)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (!SIM_VALID(ctx, MAGIC_CTX) || ctx->is_primary)
-        return CUDA_ERROR_INVALID_CONTEXT;
+    if (rc != CUDA_SUCCESS) return rc;
+    if (!ctx) return CUDA_ERROR_INVALID_VALUE;
+    if (!SIM_VALID(ctx, MAGIC_CTX) || ctx->is_primary) return CUDA_ERROR_INVALID_CONTEXT;
     wait_ctx_idle(ctx);
     sim_ctxstore_end(ctx);
     pthread_mutex_lock(&G.lock);
@@ -218,13 +190,10 @@ SIM_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
 
 SIM_EXPORT CUresult cuCtxDestroy(CUcontext ctx) { return cuCtxDestroy_v2(ctx); }
 
-SIM_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
-{
-    if (!pctx)
-        return CUDA_ERROR_INVALID_VALUE;
+SIM_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
+    if (!pctx) return CUDA_ERROR_INVALID_VALUE;
     CUresult rc = sim_check_device(dev);
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     pthread_mutex_lock(&G.lock);
     struct CUctx_st *c = G.primary[dev];
     if (!c) {
@@ -245,23 +214,19 @@ SIM_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
         c->retain++;
         *pctx = c;
     }
-    if (activated)
-        creation_time(); /* under the lock: the process's other retains wait for it, as with the driver */
+    if (activated) creation_time(); /* under the lock: the process's other retains wait for it, as with the driver */
     pthread_mutex_unlock(&G.lock);
     return rc;
 }
 
-static CUresult primary_release(CUdevice dev, int reset)
-{
+static CUresult primary_release(CUdevice dev, int reset) {
     CUresult rc = sim_check_device(dev);
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     pthread_mutex_lock(&G.lock);
     struct CUctx_st *c = G.primary[dev];
     int active = c && c->retain > 0;
     pthread_mutex_unlock(&G.lock);
-    if (!active)
-        return reset ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+    if (!active) return reset ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
     if (reset || c->retain == 1) {
         wait_ctx_idle(c);
         sim_ctxstore_end(c);
@@ -269,8 +234,7 @@ static CUresult primary_release(CUdevice dev, int reset)
     pthread_mutex_lock(&G.lock);
     if (c->retain > 0) {
         c->retain = reset ? 0 : c->retain - 1;
-        if (c->retain == 0)
-            ctx_deactivate_locked(c);
+        if (c->retain == 0) ctx_deactivate_locked(c);
     }
     pthread_mutex_unlock(&G.lock);
     return CUDA_SUCCESS;
@@ -281,13 +245,10 @@ SIM_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev) { return primary_rel
 SIM_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) { return primary_release(dev, 1); }
 SIM_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev) { return primary_release(dev, 1); }
 
-SIM_EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
-{
-    if (!flags || !active)
-        return CUDA_ERROR_INVALID_VALUE;
+SIM_EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active) {
+    if (!flags || !active) return CUDA_ERROR_INVALID_VALUE;
     CUresult rc = sim_check_device(dev);
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     pthread_mutex_lock(&G.lock);
     *flags = primary_flags[dev];
     *active = G.primary[dev] && G.primary[dev]->retain > 0;
@@ -295,55 +256,41 @@ SIM_EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags
     return CUDA_SUCCESS;
 }
 
-SIM_EXPORT CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags)
-{
+SIM_EXPORT CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags) {
     CUresult rc = sim_check_device(dev);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (flags & ~CTX_FLAGS_MASK)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (rc != CUDA_SUCCESS) return rc;
+    if (flags & ~CTX_FLAGS_MASK) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&G.lock);
     primary_flags[dev] = flags;
-    if (G.primary[dev])
-        G.primary[dev]->flags = flags;
+    if (G.primary[dev]) G.primary[dev]->flags = flags;
     pthread_mutex_unlock(&G.lock);
     return CUDA_SUCCESS;
 }
 
-SIM_EXPORT CUresult cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags)
-{
+SIM_EXPORT CUresult cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags) {
     /* Before CUDA 11 this failed on an active primary context. */
     CUresult rc = sim_check_device(dev);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (G.primary[dev] && G.primary[dev]->retain > 0)
-        return CUDA_ERROR_ILLEGAL_STATE;
+    if (rc != CUDA_SUCCESS) return rc;
+    if (G.primary[dev] && G.primary[dev]->retain > 0) return CUDA_ERROR_ILLEGAL_STATE;
     return cuDevicePrimaryCtxSetFlags_v2(dev, flags);
 }
 
-SIM_EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx)
-{
-    if (!pctx)
-        return CUDA_ERROR_INVALID_VALUE;
+SIM_EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx) {
+    if (!pctx) return CUDA_ERROR_INVALID_VALUE;
     CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     *pctx = sim_current_ctx();
     return CUDA_SUCCESS;
 }
 
-SIM_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
-{
+SIM_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx) {
     CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     if (!ctx) {
-        if (tls_depth > 0)
-            tls_depth--;
+        if (tls_depth > 0) tls_depth--;
         return CUDA_SUCCESS;
     }
-    if (!ctx_usable(ctx))
-        return CUDA_ERROR_INVALID_CONTEXT;
+    if (!ctx_usable(ctx)) return CUDA_ERROR_INVALID_CONTEXT;
     if (tls_depth == 0)
         tls_stack[tls_depth++] = ctx;
     else
@@ -351,85 +298,63 @@ SIM_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
     return CUDA_SUCCESS;
 }
 
-SIM_EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
-{
+SIM_EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
     CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (!ctx || !ctx_usable(ctx))
-        return CUDA_ERROR_INVALID_CONTEXT;
-    if (tls_depth >= CTX_STACK_MAX)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (rc != CUDA_SUCCESS) return rc;
+    if (!ctx || !ctx_usable(ctx)) return CUDA_ERROR_INVALID_CONTEXT;
+    if (tls_depth >= CTX_STACK_MAX) return CUDA_ERROR_INVALID_VALUE;
     tls_stack[tls_depth++] = ctx;
     return CUDA_SUCCESS;
 }
 
 SIM_EXPORT CUresult cuCtxPushCurrent(CUcontext ctx) { return cuCtxPushCurrent_v2(ctx); }
 
-SIM_EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
-{
+SIM_EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx) {
     CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (tls_depth <= 0)
-        return CUDA_ERROR_INVALID_CONTEXT;
+    if (rc != CUDA_SUCCESS) return rc;
+    if (tls_depth <= 0) return CUDA_ERROR_INVALID_CONTEXT;
     struct CUctx_st *c = tls_stack[--tls_depth];
-    if (pctx)
-        *pctx = c;
+    if (pctx) *pctx = c;
     return CUDA_SUCCESS;
 }
 
 SIM_EXPORT CUresult cuCtxPopCurrent(CUcontext *pctx) { return cuCtxPopCurrent_v2(pctx); }
 
-SIM_EXPORT CUresult cuCtxGetDevice(CUdevice *device)
-{
-    if (!device)
-        return CUDA_ERROR_INVALID_VALUE;
+SIM_EXPORT CUresult cuCtxGetDevice(CUdevice *device) {
+    if (!device) return CUDA_ERROR_INVALID_VALUE;
     struct CUctx_st *c;
     CUresult rc = sim_get_ctx(&c);
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     *device = c->dev;
     return CUDA_SUCCESS;
 }
 
-SIM_EXPORT CUresult cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx)
-{
-    if (!device)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (!ctx)
-        return cuCtxGetDevice(device);
+SIM_EXPORT CUresult cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx) {
+    if (!device) return CUDA_ERROR_INVALID_VALUE;
+    if (!ctx) return cuCtxGetDevice(device);
     CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (!ctx_usable(ctx))
-        return CUDA_ERROR_INVALID_CONTEXT;
+    if (rc != CUDA_SUCCESS) return rc;
+    if (!ctx_usable(ctx)) return CUDA_ERROR_INVALID_CONTEXT;
     *device = ctx->dev;
     return CUDA_SUCCESS;
 }
 
-static CUresult ctx_sync(struct CUctx_st *c)
-{
+static CUresult ctx_sync(struct CUctx_st *c) {
     wait_ctx_idle(c);
     sim_after_sync(c);
     return CUDA_SUCCESS;
 }
 
-SIM_EXPORT CUresult cuCtxSynchronize(void)
-{
+SIM_EXPORT CUresult cuCtxSynchronize(void) {
     struct CUctx_st *c;
     CUresult rc = sim_get_ctx(&c);
     return rc != CUDA_SUCCESS ? rc : ctx_sync(c);
 }
 
-SIM_EXPORT CUresult cuCtxSynchronize_v2(CUcontext ctx)
-{
-    if (!ctx)
-        return cuCtxSynchronize();
+SIM_EXPORT CUresult cuCtxSynchronize_v2(CUcontext ctx) {
+    if (!ctx) return cuCtxSynchronize();
     CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (!ctx_usable(ctx))
-        return CUDA_ERROR_INVALID_CONTEXT;
+    if (rc != CUDA_SUCCESS) return rc;
+    if (!ctx_usable(ctx)) return CUDA_ERROR_INVALID_CONTEXT;
     return ctx_sync(ctx);
 }

@@ -21,30 +21,23 @@ struct sim_cls {
 
 static pthread_mutex_t cls_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static CUresult cls_ctx(CUcontext in, struct CUctx_st **out)
-{
+static CUresult cls_ctx(CUcontext in, struct CUctx_st **out) {
     CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (!in)
-        return sim_get_ctx(out);
-    if (!SIM_VALID(in, MAGIC_CTX))
-        return CUDA_ERROR_INVALID_CONTEXT;
+    if (rc != CUDA_SUCCESS) return rc;
+    if (!in) return sim_get_ctx(out);
+    if (!SIM_VALID(in, MAGIC_CTX)) return CUDA_ERROR_INVALID_CONTEXT;
     *out = in;
     return CUDA_SUCCESS;
 }
 
-static CUresult cls_put(CUcontext ctx, void *key, void *value, void (*dtor)(CUcontext, void *, void *))
-{
+static CUresult cls_put(CUcontext ctx, void *key, void *value, void (*dtor)(CUcontext, void *, void *)) {
     struct CUctx_st *c;
     CUresult rc = cls_ctx(ctx, &c);
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     pthread_mutex_lock(&cls_lock);
     struct sim_cls *e;
     for (e = c->cls; e; e = e->next)
-        if (e->key == key)
-            break;
+        if (e->key == key) break;
     if (!e) {
         e = calloc(1, sizeof *e);
         if (!e) {
@@ -61,12 +54,10 @@ static CUresult cls_put(CUcontext ctx, void *key, void *value, void (*dtor)(CUco
     return CUDA_SUCCESS;
 }
 
-static CUresult cls_delete(CUcontext ctx, void *key)
-{
+static CUresult cls_delete(CUcontext ctx, void *key) {
     struct CUctx_st *c;
     CUresult rc = cls_ctx(ctx, &c);
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     pthread_mutex_lock(&cls_lock);
     rc = CUDA_ERROR_INVALID_HANDLE;
     for (struct sim_cls **p = &c->cls; *p; p = &(*p)->next) {
@@ -82,14 +73,11 @@ static CUresult cls_delete(CUcontext ctx, void *key)
     return rc;
 }
 
-static CUresult cls_get(void **value, CUcontext ctx, void *key)
-{
-    if (!value)
-        return CUDA_ERROR_INVALID_VALUE;
+static CUresult cls_get(void **value, CUcontext ctx, void *key) {
+    if (!value) return CUDA_ERROR_INVALID_VALUE;
     struct CUctx_st *c;
     CUresult rc = cls_ctx(ctx, &c);
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     pthread_mutex_lock(&cls_lock);
     rc = CUDA_ERROR_INVALID_HANDLE;
     for (struct sim_cls *e = c->cls; e; e = e->next) {
@@ -103,8 +91,7 @@ static CUresult cls_get(void **value, CUcontext ctx, void *key)
     return rc;
 }
 
-void sim_ctxstore_end(struct CUctx_st *c)
-{
+void sim_ctxstore_end(struct CUctx_st *c) {
     pthread_mutex_lock(&cls_lock);
     struct sim_cls *list = c->cls;
     c->cls = NULL;
@@ -112,8 +99,7 @@ void sim_ctxstore_end(struct CUctx_st *c)
     while (list) {
         struct sim_cls *e = list;
         list = e->next;
-        if (e->dtor)
-            e->dtor(c, e->key, e->value);
+        if (e->dtor) e->dtor(c, e->key, e->value);
         free(e);
     }
 }

@@ -13,8 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static struct CUgraph_st *graph_new(void)
-{
+static struct CUgraph_st *graph_new(void) {
     struct CUgraph_st *g = calloc(1, sizeof *g);
     if (g) {
         g->gen = sim_gen();
@@ -23,12 +22,10 @@ static struct CUgraph_st *graph_new(void)
     return g;
 }
 
-static void graph_free(struct CUgraph_st *g)
-{
+static void graph_free(struct CUgraph_st *g) {
     for (struct CUgraphNode_st *n = g->head, *next; n; n = next) {
         next = n->next;
-        if (n->gm)
-            sim_gmem_unref(n->gm);
+        if (n->gm) sim_gmem_unref(n->gm);
         free(n);
     }
     g->head = g->tail = NULL;
@@ -37,11 +34,9 @@ static void graph_free(struct CUgraph_st *g)
     g->magic = MAGIC_DEAD; /* the struct is kept: a stale handle fails validation, no use-after-free */
 }
 
-struct CUgraphNode_st *sim_graph_append(struct CUgraph_st *g, const struct CUgraphNode_st *tmpl)
-{
+struct CUgraphNode_st *sim_graph_append(struct CUgraph_st *g, const struct CUgraphNode_st *tmpl) {
     struct CUgraphNode_st *n = malloc(sizeof *n);
-    if (!n)
-        return NULL;
+    if (!n) return NULL;
     *n = *tmpl;
     n->magic = MAGIC_NODE;
     n->next = NULL;
@@ -58,32 +53,26 @@ struct CUgraphNode_st *sim_graph_append(struct CUgraph_st *g, const struct CUgra
     return n;
 }
 
-int sim_capture_add(struct CUstream_st *s, const struct CUgraphNode_st *tmpl)
-{
+int sim_capture_add(struct CUstream_st *s, const struct CUgraphNode_st *tmpl) {
     pthread_mutex_lock(&s->mu);
     if (!s->capturing) {
         pthread_mutex_unlock(&s->mu);
         return 0;
     }
-    if (!s->capture_invalid && !sim_graph_append(s->capture_graph, tmpl))
-        s->capture_invalid = 1;
+    if (!s->capture_invalid && !sim_graph_append(s->capture_graph, tmpl)) s->capture_invalid = 1;
     pthread_mutex_unlock(&s->mu);
     return 1;
 }
 
-static CUresult begin_capture(CUstream h, CUstreamCaptureMode mode, int ptds)
-{
+static CUresult begin_capture(CUstream h, CUstreamCaptureMode mode, int ptds) {
     struct CUstream_st *s;
     CUresult rc = sim_resolve_stream(h, ptds, &s);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if ((int)mode < 0 || (int)mode > 2)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (rc != CUDA_SUCCESS) return rc;
+    if ((int)mode < 0 || (int)mode > 2) return CUDA_ERROR_INVALID_VALUE;
     if (s->kind == STREAM_LEGACY)
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED; /* the legacy stream cannot be captured */
     struct CUgraph_st *g = graph_new();
-    if (!g)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!g) return CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_lock(&s->mu);
     if (s->capturing) {
         pthread_mutex_unlock(&s->mu);
@@ -98,19 +87,24 @@ static CUresult begin_capture(CUstream h, CUstreamCaptureMode mode, int ptds)
     return CUDA_SUCCESS;
 }
 
-SIM_EXPORT CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode) { return begin_capture(hStream, mode, 0); }
-SIM_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode) { return begin_capture(hStream, mode, 1); }
-SIM_EXPORT CUresult cuStreamBeginCapture(CUstream hStream) { return begin_capture(hStream, CU_STREAM_CAPTURE_MODE_GLOBAL, 0); }
-SIM_EXPORT CUresult cuStreamBeginCapture_ptsz(CUstream hStream) { return begin_capture(hStream, CU_STREAM_CAPTURE_MODE_GLOBAL, 1); }
+SIM_EXPORT CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode) {
+    return begin_capture(hStream, mode, 0);
+}
+SIM_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode) {
+    return begin_capture(hStream, mode, 1);
+}
+SIM_EXPORT CUresult cuStreamBeginCapture(CUstream hStream) {
+    return begin_capture(hStream, CU_STREAM_CAPTURE_MODE_GLOBAL, 0);
+}
+SIM_EXPORT CUresult cuStreamBeginCapture_ptsz(CUstream hStream) {
+    return begin_capture(hStream, CU_STREAM_CAPTURE_MODE_GLOBAL, 1);
+}
 
-static CUresult end_capture(CUstream h, CUgraph *phGraph, int ptds)
-{
-    if (!phGraph)
-        return CUDA_ERROR_INVALID_VALUE;
+static CUresult end_capture(CUstream h, CUgraph *phGraph, int ptds) {
+    if (!phGraph) return CUDA_ERROR_INVALID_VALUE;
     struct CUstream_st *s;
     CUresult rc = sim_resolve_stream(h, ptds, &s);
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     pthread_mutex_lock(&s->mu);
     if (!s->capturing) {
         pthread_mutex_unlock(&s->mu);
@@ -132,141 +126,122 @@ static CUresult end_capture(CUstream h, CUgraph *phGraph, int ptds)
 }
 
 SIM_EXPORT CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph) { return end_capture(hStream, phGraph, 0); }
-SIM_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph) { return end_capture(hStream, phGraph, 1); }
+SIM_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph) {
+    return end_capture(hStream, phGraph, 1);
+}
 
-static CUresult capture_info(CUstream h, CUstreamCaptureStatus *st, cuuint64_t *id, CUgraph *g, const CUgraphNode **deps, size_t *ndeps,
-                             int ptds)
-{
-    if (!st)
-        return CUDA_ERROR_INVALID_VALUE;
+static CUresult capture_info(CUstream h, CUstreamCaptureStatus *st, cuuint64_t *id, CUgraph *g,
+                             const CUgraphNode **deps, size_t *ndeps, int ptds) {
+    if (!st) return CUDA_ERROR_INVALID_VALUE;
     struct CUstream_st *s;
     CUresult rc = sim_resolve_stream(h, ptds, &s);
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     pthread_mutex_lock(&s->mu);
     *st = !s->capturing ? CU_STREAM_CAPTURE_STATUS_NONE
                         : (s->capture_invalid ? CU_STREAM_CAPTURE_STATUS_INVALIDATED : CU_STREAM_CAPTURE_STATUS_ACTIVE);
     if (id) /* unique per capture: the graph being built */
         *id = (cuuint64_t)(uintptr_t)s->capture_graph;
-    if (g)
-        *g = s->capturing ? s->capture_graph : NULL;
+    if (g) *g = s->capturing ? s->capture_graph : NULL;
     if (deps) /* nodes are kept in capture order: the last one is what the next depends on */
         *deps = s->capturing && s->capture_graph->tail ? (const CUgraphNode *)&s->capture_graph->tail : NULL;
-    if (ndeps)
-        *ndeps = s->capturing && s->capture_graph->tail ? 1 : 0;
+    if (ndeps) *ndeps = s->capturing && s->capture_graph->tail ? 1 : 0;
     pthread_mutex_unlock(&s->mu);
     return CUDA_SUCCESS;
 }
 
-static CUresult is_capturing(CUstream h, CUstreamCaptureStatus *st, int ptds)
-{
+static CUresult is_capturing(CUstream h, CUstreamCaptureStatus *st, int ptds) {
     return capture_info(h, st, NULL, NULL, NULL, NULL, ptds);
 }
 
-SIM_EXPORT CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus) { return is_capturing(hStream, captureStatus, 0); }
-SIM_EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream hStream, CUstreamCaptureStatus *captureStatus) { return is_capturing(hStream, captureStatus, 1); }
+SIM_EXPORT CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus) {
+    return is_capturing(hStream, captureStatus, 0);
+}
+SIM_EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream hStream, CUstreamCaptureStatus *captureStatus) {
+    return is_capturing(hStream, captureStatus, 1);
+}
 
-SIM_EXPORT CUresult cuStreamGetCaptureInfo_v2(CUstream hStream, CUstreamCaptureStatus *captureStatus_out, cuuint64_t *id_out, CUgraph *graph_out,
-                                              const CUgraphNode **dependencies_out, size_t *numDependencies_out)
-{
+SIM_EXPORT CUresult cuStreamGetCaptureInfo_v2(CUstream hStream, CUstreamCaptureStatus *captureStatus_out,
+                                              cuuint64_t *id_out, CUgraph *graph_out,
+                                              const CUgraphNode **dependencies_out, size_t *numDependencies_out) {
     return capture_info(hStream, captureStatus_out, id_out, graph_out, dependencies_out, numDependencies_out, 0);
 }
 
-SIM_EXPORT CUresult cuStreamGetCaptureInfo_v2_ptsz(CUstream hStream, CUstreamCaptureStatus *captureStatus_out, cuuint64_t *id_out, CUgraph *graph_out,
-                                                   const CUgraphNode **dependencies_out, size_t *numDependencies_out)
-{
+SIM_EXPORT CUresult cuStreamGetCaptureInfo_v2_ptsz(CUstream hStream, CUstreamCaptureStatus *captureStatus_out,
+                                                   cuuint64_t *id_out, CUgraph *graph_out,
+                                                   const CUgraphNode **dependencies_out, size_t *numDependencies_out) {
     return capture_info(hStream, captureStatus_out, id_out, graph_out, dependencies_out, numDependencies_out, 1);
 }
 
 /* 12.3: edge data as well; every captured edge is a default one (NULL says so) */
-SIM_EXPORT CUresult cuStreamGetCaptureInfo_v3(CUstream hStream, CUstreamCaptureStatus *captureStatus_out, cuuint64_t *id_out, CUgraph *graph_out,
-                                              const CUgraphNode **dependencies_out, const CUgraphEdgeData **edgeData_out, size_t *numDependencies_out)
-{
-    if (edgeData_out)
-        *edgeData_out = NULL;
+SIM_EXPORT CUresult cuStreamGetCaptureInfo_v3(CUstream hStream, CUstreamCaptureStatus *captureStatus_out,
+                                              cuuint64_t *id_out, CUgraph *graph_out,
+                                              const CUgraphNode **dependencies_out,
+                                              const CUgraphEdgeData **edgeData_out, size_t *numDependencies_out) {
+    if (edgeData_out) *edgeData_out = NULL;
     return capture_info(hStream, captureStatus_out, id_out, graph_out, dependencies_out, numDependencies_out, 0);
 }
 
-SIM_EXPORT CUresult cuStreamGetCaptureInfo_v3_ptsz(CUstream hStream, CUstreamCaptureStatus *captureStatus_out, cuuint64_t *id_out, CUgraph *graph_out,
-                                                   const CUgraphNode **dependencies_out, const CUgraphEdgeData **edgeData_out, size_t *numDependencies_out)
-{
-    if (edgeData_out)
-        *edgeData_out = NULL;
+SIM_EXPORT CUresult cuStreamGetCaptureInfo_v3_ptsz(CUstream hStream, CUstreamCaptureStatus *captureStatus_out,
+                                                   cuuint64_t *id_out, CUgraph *graph_out,
+                                                   const CUgraphNode **dependencies_out,
+                                                   const CUgraphEdgeData **edgeData_out, size_t *numDependencies_out) {
+    if (edgeData_out) *edgeData_out = NULL;
     return capture_info(hStream, captureStatus_out, id_out, graph_out, dependencies_out, numDependencies_out, 1);
 }
 
-SIM_EXPORT CUresult cuGraphCreate(CUgraph *phGraph, unsigned int flags)
-{
-    if (!phGraph || flags != 0)
-        return CUDA_ERROR_INVALID_VALUE;
+SIM_EXPORT CUresult cuGraphCreate(CUgraph *phGraph, unsigned int flags) {
+    if (!phGraph || flags != 0) return CUDA_ERROR_INVALID_VALUE;
     CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     struct CUgraph_st *g = graph_new();
-    if (!g)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!g) return CUDA_ERROR_OUT_OF_MEMORY;
     *phGraph = g;
     return CUDA_SUCCESS;
 }
 
-SIM_EXPORT CUresult cuGraphDestroy(CUgraph hGraph)
-{
+SIM_EXPORT CUresult cuGraphDestroy(CUgraph hGraph) {
     CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (!SIM_VALID(hGraph, MAGIC_GRAPH))
-        return CUDA_ERROR_INVALID_VALUE;
+    if (rc != CUDA_SUCCESS) return rc;
+    if (!SIM_VALID(hGraph, MAGIC_GRAPH)) return CUDA_ERROR_INVALID_VALUE;
     graph_free(hGraph);
     return CUDA_SUCCESS;
 }
 
-SIM_EXPORT CUresult cuGraphGetNodes(CUgraph hGraph, CUgraphNode *nodes, size_t *numNodes)
-{
-    if (!numNodes)
-        return CUDA_ERROR_INVALID_VALUE;
+SIM_EXPORT CUresult cuGraphGetNodes(CUgraph hGraph, CUgraphNode *nodes, size_t *numNodes) {
+    if (!numNodes) return CUDA_ERROR_INVALID_VALUE;
     CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (!SIM_VALID(hGraph, MAGIC_GRAPH))
-        return CUDA_ERROR_INVALID_VALUE;
+    if (rc != CUDA_SUCCESS) return rc;
+    if (!SIM_VALID(hGraph, MAGIC_GRAPH)) return CUDA_ERROR_INVALID_VALUE;
     if (!nodes) {
         *numNodes = hGraph->n;
         return CUDA_SUCCESS;
     }
     size_t i = 0;
-    for (struct CUgraphNode_st *n = hGraph->head; n && i < *numNodes; n = n->next)
-        nodes[i++] = n;
-    for (size_t j = i; j < *numNodes; j++)
-        nodes[j] = NULL;
+    for (struct CUgraphNode_st *n = hGraph->head; n && i < *numNodes; n = n->next) nodes[i++] = n;
+    for (size_t j = i; j < *numNodes; j++) nodes[j] = NULL;
     *numNodes = i;
     return CUDA_SUCCESS;
 }
 
-SIM_EXPORT CUresult cuGraphNodeGetType(CUgraphNode hNode, CUgraphNodeType *type)
-{
+SIM_EXPORT CUresult cuGraphNodeGetType(CUgraphNode hNode, CUgraphNodeType *type) {
     CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (!hNode || hNode->magic != MAGIC_NODE || !type)
-        return CUDA_ERROR_INVALID_VALUE;
-    static const CUgraphNodeType types[] = { [NODE_KERNEL] = CU_GRAPH_NODE_TYPE_KERNEL, [NODE_MEMCPY] = CU_GRAPH_NODE_TYPE_MEMCPY,
-                                             [NODE_MEMSET] = CU_GRAPH_NODE_TYPE_MEMSET, [NODE_MEM_ALLOC] = CU_GRAPH_NODE_TYPE_MEM_ALLOC,
-                                             [NODE_MEM_FREE] = CU_GRAPH_NODE_TYPE_MEM_FREE };
+    if (rc != CUDA_SUCCESS) return rc;
+    if (!hNode || hNode->magic != MAGIC_NODE || !type) return CUDA_ERROR_INVALID_VALUE;
+    static const CUgraphNodeType types[] = {[NODE_KERNEL] = CU_GRAPH_NODE_TYPE_KERNEL,
+                                            [NODE_MEMCPY] = CU_GRAPH_NODE_TYPE_MEMCPY,
+                                            [NODE_MEMSET] = CU_GRAPH_NODE_TYPE_MEMSET,
+                                            [NODE_MEM_ALLOC] = CU_GRAPH_NODE_TYPE_MEM_ALLOC,
+                                            [NODE_MEM_FREE] = CU_GRAPH_NODE_TYPE_MEM_FREE};
     *type = types[hNode->type];
     return CUDA_SUCCESS;
 }
 
-static CUresult instantiate(CUgraphExec *pexec, CUgraph g, unsigned long long flags)
-{
-    if (!pexec)
-        return CUDA_ERROR_INVALID_VALUE;
+static CUresult instantiate(CUgraphExec *pexec, CUgraph g, unsigned long long flags) {
+    if (!pexec) return CUDA_ERROR_INVALID_VALUE;
     CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (!SIM_VALID(g, MAGIC_GRAPH) || (flags & ~0xfull))
-        return CUDA_ERROR_INVALID_VALUE;
-    if (g->has_mem && g->nexec > 0)
-        return CUDA_ERROR_INVALID_VALUE; /* memory nodes: one instantiation at a time */
+    if (rc != CUDA_SUCCESS) return rc;
+    if (!SIM_VALID(g, MAGIC_GRAPH) || (flags & ~0xfull)) return CUDA_ERROR_INVALID_VALUE;
+    if (g->has_mem && g->nexec > 0) return CUDA_ERROR_INVALID_VALUE; /* memory nodes: one instantiation at a time */
     struct CUgraphExec_st *e = calloc(1, sizeof *e);
     struct CUgraphNode_st *arr = g->n ? calloc(g->n, sizeof *arr) : NULL;
     if (!e || (g->n && !arr)) {
@@ -277,8 +252,7 @@ static CUresult instantiate(CUgraphExec *pexec, CUgraph g, unsigned long long fl
     size_t i = 0;
     for (struct CUgraphNode_st *n = g->head; n && arr && i < g->n; n = n->next) {
         arr[i++] = *n;
-        if (n->gm)
-            sim_gmem_ref(n->gm);
+        if (n->gm) sim_gmem_ref(n->gm);
     }
     g->nexec++;
     sim_urefs_copy(g, &e->urefs);
@@ -292,67 +266,55 @@ static CUresult instantiate(CUgraphExec *pexec, CUgraph g, unsigned long long fl
     return CUDA_SUCCESS;
 }
 
-SIM_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags)
-{
+SIM_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags) {
     return instantiate(phGraphExec, hGraph, flags);
 }
 
-static CUresult instantiate_params(CUgraphExec *e, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p)
-{
-    if (!p)
-        return CUDA_ERROR_INVALID_VALUE;
+static CUresult instantiate_params(CUgraphExec *e, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p) {
+    if (!p) return CUDA_ERROR_INVALID_VALUE;
     CUresult rc = instantiate(e, g, p->flags); /* an upload stream has nothing to upload ahead here */
     p->hErrNode_out = NULL;
     p->result_out = rc == CUDA_SUCCESS ? CUDA_GRAPH_INSTANTIATE_SUCCESS : CUDA_GRAPH_INSTANTIATE_ERROR;
     return rc;
 }
 
-SIM_EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams)
-{
+SIM_EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                                 CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams) {
     return instantiate_params(phGraphExec, hGraph, instantiateParams);
 }
 
-SIM_EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams)
-{
+SIM_EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                                      CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams) {
     return instantiate_params(phGraphExec, hGraph, instantiateParams);
 }
 
-SIM_EXPORT CUresult cuGraphInstantiate(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode, char *logBuffer, size_t bufferSize)
-{
-    if (logBuffer && bufferSize)
-        logBuffer[0] = '\0';
-    if (phErrorNode)
-        *phErrorNode = NULL;
+SIM_EXPORT CUresult cuGraphInstantiate(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode,
+                                       char *logBuffer, size_t bufferSize) {
+    if (logBuffer && bufferSize) logBuffer[0] = '\0';
+    if (phErrorNode) *phErrorNode = NULL;
     return instantiate(phGraphExec, hGraph, 0);
 }
 
-SIM_EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode, char *logBuffer, size_t bufferSize)
-{
+SIM_EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode,
+                                          char *logBuffer, size_t bufferSize) {
     return cuGraphInstantiate(phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize);
 }
 
-SIM_EXPORT CUresult cuGraphExecGetFlags(CUgraphExec hGraphExec, cuuint64_t *flags)
-{
+SIM_EXPORT CUresult cuGraphExecGetFlags(CUgraphExec hGraphExec, cuuint64_t *flags) {
     CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (!flags || !SIM_VALID(hGraphExec, MAGIC_EXEC))
-        return CUDA_ERROR_INVALID_VALUE;
+    if (rc != CUDA_SUCCESS) return rc;
+    if (!flags || !SIM_VALID(hGraphExec, MAGIC_EXEC)) return CUDA_ERROR_INVALID_VALUE;
     *flags = hGraphExec->flags & ~(cuuint64_t)CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD; /* never reported, as in CUDA */
     return CUDA_SUCCESS;
 }
 
-SIM_EXPORT CUresult cuGraphExecDestroy(CUgraphExec hGraphExec)
-{
+SIM_EXPORT CUresult cuGraphExecDestroy(CUgraphExec hGraphExec) {
     CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (!SIM_VALID(hGraphExec, MAGIC_EXEC))
-        return CUDA_ERROR_INVALID_VALUE;
+    if (rc != CUDA_SUCCESS) return rc;
+    if (!SIM_VALID(hGraphExec, MAGIC_EXEC)) return CUDA_ERROR_INVALID_VALUE;
     hGraphExec->magic = MAGIC_DEAD; /* kept, like graphs */
     for (size_t i = 0; i < hGraphExec->n; i++)
-        if (hGraphExec->nodes[i].gm)
-            sim_gmem_unref(hGraphExec->nodes[i].gm);
+        if (hGraphExec->nodes[i].gm) sim_gmem_unref(hGraphExec->nodes[i].gm);
     hGraphExec->graph->nexec--;
     sim_urefs_release(&hGraphExec->urefs);
     free(hGraphExec->nodes);
@@ -361,14 +323,11 @@ SIM_EXPORT CUresult cuGraphExecDestroy(CUgraphExec hGraphExec)
     return CUDA_SUCCESS;
 }
 
-static CUresult graph_launch(CUgraphExec e, CUstream h, int ptds)
-{
+static CUresult graph_launch(CUgraphExec e, CUstream h, int ptds) {
     struct CUstream_st *s;
     CUresult rc = sim_resolve_stream(h, ptds, &s);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (!SIM_VALID(e, MAGIC_EXEC))
-        return CUDA_ERROR_INVALID_VALUE;
+    if (rc != CUDA_SUCCESS) return rc;
+    if (!SIM_VALID(e, MAGIC_EXEC)) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&s->mu);
     int capturing = s->capturing;
     pthread_mutex_unlock(&s->mu);
@@ -376,8 +335,7 @@ static CUresult graph_launch(CUgraphExec e, CUstream h, int ptds)
         return rc; /* graph memory the device cannot provide: nothing runs */
     for (size_t i = 0; i < e->n; i++) {
         const struct CUgraphNode_st *n = &e->nodes[i];
-        if (sim_capture_add(s, n))
-            continue; /* launching a graph into a capture copies its nodes */
+        if (sim_capture_add(s, n)) continue; /* launching a graph into a capture copies its nodes */
         switch (n->type) {
         case NODE_KERNEL:
             sim_stream_enqueue(s, sim_kernel_sample_ns(n->dur_ns)); /* each run draws its duration */
@@ -393,28 +351,24 @@ static CUresult graph_launch(CUgraphExec e, CUstream h, int ptds)
                 return CUDA_ERROR_INVALID_VALUE;
             sim_memset_exec(n->dst, n->value, n->bytes, n->elem);
             break;
-        case NODE_MEM_ALLOC:
-            sim_gmem_alloc_exec(n->gm, s->ctx);
-            break;
-        case NODE_MEM_FREE:
-            sim_gmem_free_exec(n->gm);
-            break;
+        case NODE_MEM_ALLOC: sim_gmem_alloc_exec(n->gm, s->ctx); break;
+        case NODE_MEM_FREE: sim_gmem_free_exec(n->gm); break;
         }
     }
     return CUDA_SUCCESS;
 }
 
 SIM_EXPORT CUresult cuGraphLaunch(CUgraphExec hGraph, CUstream hStream) { return graph_launch(hGraph, hStream, 0); }
-SIM_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream) { return graph_launch(hGraphExec, hStream, 1); }
+SIM_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream) {
+    return graph_launch(hGraphExec, hStream, 1);
+}
 
 /* The calling thread's capture interaction mode (cudaThreadExchangeStreamCaptureMode): kept and
  * exchanged; the simulator does not refuse unsafe calls during another thread's capture. */
 static __thread CUstreamCaptureMode thread_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
 
-SIM_EXPORT CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)
-{
-    if (!mode || (unsigned)*mode > CU_STREAM_CAPTURE_MODE_RELAXED)
-        return CUDA_ERROR_INVALID_VALUE;
+SIM_EXPORT CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode) {
+    if (!mode || (unsigned)*mode > CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_ERROR_INVALID_VALUE;
     CUstreamCaptureMode old = thread_capture_mode;
     thread_capture_mode = *mode;
     *mode = old;

@@ -28,13 +28,13 @@
 struct sim_gmem {
     uintptr_t base;
     size_t size;
-    uint64_t pages;                  /* bytes of the graph pool it occupies while allocated */
+    uint64_t pages; /* bytes of the graph pool it occupies while allocated */
     int dev;
     int mmapped;
-    int refs;                        /* graph and exec nodes that name it */
-    int live;                        /* allocated by a launch and not yet freed */
-    int free_node;                   /* some graph holds a free node for it */
-    uint64_t mark;                   /* launch_prepare: allocated earlier in this launch */
+    int refs;      /* graph and exec nodes that name it */
+    int live;      /* allocated by a launch and not yet freed */
+    int free_node; /* some graph holds a free node for it */
+    uint64_t mark; /* launch_prepare: allocated earlier in this launch */
     struct sim_gmem *next;
 };
 
@@ -57,35 +57,28 @@ static void unlink_release(struct sim_gmem *gm) /* gm_mu held */
     free(gm);
 }
 
-void sim_gmem_ref(struct sim_gmem *gm)
-{
+void sim_gmem_ref(struct sim_gmem *gm) {
     pthread_mutex_lock(&gm_mu);
     gm->refs++;
     pthread_mutex_unlock(&gm_mu);
 }
 
-void sim_gmem_unref(struct sim_gmem *gm)
-{
+void sim_gmem_unref(struct sim_gmem *gm) {
     pthread_mutex_lock(&gm_mu);
-    if (--gm->refs <= 0 && !gm->live)
-        unlink_release(gm); /* no graph names it and nothing holds it: its address goes */
+    if (--gm->refs <= 0 && !gm->live) unlink_release(gm); /* no graph names it and nothing holds it: its address goes */
     pthread_mutex_unlock(&gm_mu);
 }
 
 static struct sim_gmem *lookup(CUdeviceptr p) /* gm_mu held */
 {
     struct sim_gmem *gm = gms;
-    while (gm && gm->base != (uintptr_t)p)
-        gm = gm->next;
+    while (gm && gm->base != (uintptr_t)p) gm = gm->next;
     return gm;
 }
 
-static CUresult gmem_new(int dev, size_t bytes, struct sim_gmem **out)
-{
-    if (bytes == 0)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (bytes > (1ull << 52))
-        return CUDA_ERROR_OUT_OF_MEMORY;
+static CUresult gmem_new(int dev, size_t bytes, struct sim_gmem **out) {
+    if (bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+    if (bytes > (1ull << 52)) return CUDA_ERROR_OUT_OF_MEMORY;
     struct sim_gmem *gm = calloc(1, sizeof *gm);
     void *va = gm ? sim_backing_alloc(bytes, &gm->mmapped) : NULL; /* the address only: not charged */
     if (!va) {
@@ -107,38 +100,32 @@ static CUresult gmem_new(int dev, size_t bytes, struct sim_gmem **out)
 static void drop_unreferenced(struct sim_gmem *gm) /* a node was never made for it */
 {
     pthread_mutex_lock(&gm_mu);
-    if (gm->refs <= 0 && !gm->live)
-        unlink_release(gm);
+    if (gm->refs <= 0 && !gm->live) unlink_release(gm);
     pthread_mutex_unlock(&gm_mu);
 }
 
 static void used_add(int dev, uint64_t b) /* G.lock held */
 {
     gpool[dev].used += b;
-    if (gpool[dev].used > gpool[dev].used_high)
-        gpool[dev].used_high = gpool[dev].used;
+    if (gpool[dev].used > gpool[dev].used_high) gpool[dev].used_high = gpool[dev].used;
 }
 
 /* An allocation is freed (free node, cuMemFree, auto-free). G.lock held. */
-static void free_live_locked(struct sim_gmem *gm)
-{
+static void free_live_locked(struct sim_gmem *gm) {
     sim_alloc_remove(gm->base, NULL);
     gpool[gm->dev].used -= gm->pages < gpool[gm->dev].used ? gm->pages : gpool[gm->dev].used;
     pthread_mutex_lock(&gm_mu);
     gm->live = 0;
-    if (gm->refs <= 0)
-        unlink_release(gm); /* its graphs are gone: so is its address */
+    if (gm->refs <= 0) unlink_release(gm); /* its graphs are gone: so is its address */
     pthread_mutex_unlock(&gm_mu);
 }
 
-CUresult sim_gmem_launch_prepare(const struct CUgraphExec_st *e)
-{
+CUresult sim_gmem_launch_prepare(const struct CUgraphExec_st *e) {
     pthread_mutex_lock(&G.lock);
     int auto_free = (e->flags & CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH) != 0, any = 0;
     for (size_t i = 0; i < e->n; i++) {
         struct sim_gmem *gm = e->nodes[i].gm;
-        if (e->nodes[i].type != NODE_MEM_ALLOC)
-            continue;
+        if (e->nodes[i].type != NODE_MEM_ALLOC) continue;
         any = 1;
         if (gm->live && !auto_free) {
             pthread_mutex_unlock(&G.lock);
@@ -154,15 +141,13 @@ CUresult sim_gmem_launch_prepare(const struct CUgraphExec_st *e)
             free_live_locked(e->nodes[i].gm); /* AUTO_FREE_ON_LAUNCH */
     /* the launch's peak, per device: nodes run in order, a free returns its pages at once */
     uint64_t id = ++launch_seq, cur[SIM_MAX_DEVICES], peak[SIM_MAX_DEVICES];
-    for (int d = 0; d < SIM_MAX_DEVICES; d++)
-        cur[d] = peak[d] = gpool[d].used;
+    for (int d = 0; d < SIM_MAX_DEVICES; d++) cur[d] = peak[d] = gpool[d].used;
     for (size_t i = 0; i < e->n; i++) {
         struct sim_gmem *gm = e->nodes[i].gm;
         if (e->nodes[i].type == NODE_MEM_ALLOC) {
             gm->mark = id;
             cur[gm->dev] += gm->pages;
-            if (cur[gm->dev] > peak[gm->dev])
-                peak[gm->dev] = cur[gm->dev];
+            if (cur[gm->dev] > peak[gm->dev]) peak[gm->dev] = cur[gm->dev];
         } else if (e->nodes[i].type == NODE_MEM_FREE && (gm->live || gm->mark == id)) {
             cur[gm->dev] -= gm->pages < cur[gm->dev] ? gm->pages : cur[gm->dev];
         }
@@ -170,27 +155,29 @@ CUresult sim_gmem_launch_prepare(const struct CUgraphExec_st *e)
     int done = 0;
     CUresult rc = sim_ensure_slot() < 0 ? CUDA_ERROR_OPERATING_SYSTEM : CUDA_SUCCESS;
     for (; rc == CUDA_SUCCESS && done < SIM_MAX_DEVICES; done++) {
-        if (peak[done] <= gpool[done].reserved)
-            continue;
+        if (peak[done] <= gpool[done].reserved) continue;
         uint64_t more = peak[done] - gpool[done].reserved;
         if (sim_mem_charge(G.slot, sim_phys(done), more, G.cfg->dev[done].memory) != 0) {
             rc = CUDA_ERROR_OUT_OF_MEMORY;
             break;
         }
         gpool[done].reserved += more;
-        if (gpool[done].reserved > gpool[done].reserved_high)
-            gpool[done].reserved_high = gpool[done].reserved;
+        if (gpool[done].reserved > gpool[done].reserved_high) gpool[done].reserved_high = gpool[done].reserved;
     }
     pthread_mutex_unlock(&G.lock);
     return rc; /* what earlier devices reserved stays in their pools, as the driver's would */
 }
 
-void sim_gmem_alloc_exec(struct sim_gmem *gm, struct CUctx_st *ctx)
-{
+void sim_gmem_alloc_exec(struct sim_gmem *gm, struct CUctx_st *ctx) {
     pthread_mutex_lock(&G.lock);
     if (!gm->live) {
-        sim_alloc a = { .base = gm->base, .size = gm->size, .charged = 0, .dev = gm->dev, .kind = ALLOC_GRAPH,
-                        .mmapped = gm->mmapped, .ctx = ctx };
+        sim_alloc a = {.base = gm->base,
+                       .size = gm->size,
+                       .charged = 0,
+                       .dev = gm->dev,
+                       .kind = ALLOC_GRAPH,
+                       .mmapped = gm->mmapped,
+                       .ctx = ctx};
         if (sim_alloc_insert(&a) == 0) { /* charged to the graph pool, not to the allocation */
             used_add(gm->dev, gm->pages);
             pthread_mutex_lock(&gm_mu);
@@ -201,40 +188,32 @@ void sim_gmem_alloc_exec(struct sim_gmem *gm, struct CUctx_st *ctx)
     pthread_mutex_unlock(&G.lock);
 }
 
-void sim_gmem_free_exec(struct sim_gmem *gm)
-{
+void sim_gmem_free_exec(struct sim_gmem *gm) {
     pthread_mutex_lock(&G.lock);
-    if (gm->live)
-        free_live_locked(gm);
+    if (gm->live) free_live_locked(gm);
     pthread_mutex_unlock(&G.lock);
 }
 
-void sim_gmem_free_locked(const sim_alloc *a)
-{
+void sim_gmem_free_locked(const sim_alloc *a) {
     pthread_mutex_lock(&gm_mu);
     struct sim_gmem *gm = lookup(a->base);
     pthread_mutex_unlock(&gm_mu);
-    if (gm && gm->live)
-        free_live_locked(gm);
+    if (gm && gm->live) free_live_locked(gm);
 }
 
-static CUresult check_deps(const CUgraphNode *deps, size_t n)
-{
-    if (n && !deps)
-        return CUDA_ERROR_INVALID_VALUE;
+static CUresult check_deps(const CUgraphNode *deps, size_t n) {
+    if (n && !deps) return CUDA_ERROR_INVALID_VALUE;
     for (size_t i = 0; i < n; i++)
-        if (!deps[i] || deps[i]->magic != MAGIC_NODE)
-            return CUDA_ERROR_INVALID_VALUE;
+        if (!deps[i] || deps[i]->magic != MAGIC_NODE) return CUDA_ERROR_INVALID_VALUE;
     return CUDA_SUCCESS;
 }
 
-SIM_EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies, size_t numDependencies,
-                                           CUDA_MEM_ALLOC_NODE_PARAMS *nodeParams)
-{
+SIM_EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                                           size_t numDependencies, CUDA_MEM_ALLOC_NODE_PARAMS *nodeParams) {
     CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (!phGraphNode || !nodeParams || !SIM_VALID(hGraph, MAGIC_GRAPH) || check_deps(dependencies, numDependencies) != CUDA_SUCCESS)
+    if (rc != CUDA_SUCCESS) return rc;
+    if (!phGraphNode || !nodeParams || !SIM_VALID(hGraph, MAGIC_GRAPH) ||
+        check_deps(dependencies, numDependencies) != CUDA_SUCCESS)
         return CUDA_ERROR_INVALID_VALUE;
     const CUmemPoolProps *pp = &nodeParams->poolProps;
     if (pp->allocType != CU_MEM_ALLOCATION_TYPE_PINNED || pp->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
@@ -242,9 +221,8 @@ SIM_EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *phGraphNode, CUgraph hGr
         (nodeParams->accessDescCount && !nodeParams->accessDescs) || nodeParams->accessDescCount > (size_t)G.cfg->ndev)
         return CUDA_ERROR_INVALID_VALUE;
     struct sim_gmem *gm;
-    if ((rc = gmem_new(pp->location.id, nodeParams->bytesize, &gm)) != CUDA_SUCCESS)
-        return rc;
-    struct CUgraphNode_st tmpl = { .type = NODE_MEM_ALLOC, .bytes = nodeParams->bytesize, .dst = gm->base, .gm = gm };
+    if ((rc = gmem_new(pp->location.id, nodeParams->bytesize, &gm)) != CUDA_SUCCESS) return rc;
+    struct CUgraphNode_st tmpl = {.type = NODE_MEM_ALLOC, .bytes = nodeParams->bytesize, .dst = gm->base, .gm = gm};
     if (!(*phGraphNode = sim_graph_append(hGraph, &tmpl))) {
         drop_unreferenced(gm);
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -253,12 +231,10 @@ SIM_EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *phGraphNode, CUgraph hGr
     return CUDA_SUCCESS;
 }
 
-SIM_EXPORT CUresult cuGraphAddMemFreeNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies, size_t numDependencies,
-                                          CUdeviceptr dptr)
-{
+SIM_EXPORT CUresult cuGraphAddMemFreeNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                                          size_t numDependencies, CUdeviceptr dptr) {
     CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     if (!phGraphNode || !SIM_VALID(hGraph, MAGIC_GRAPH) || check_deps(dependencies, numDependencies) != CUDA_SUCCESS)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&gm_mu);
@@ -269,9 +245,8 @@ SIM_EXPORT CUresult cuGraphAddMemFreeNode(CUgraphNode *phGraphNode, CUgraph hGra
         gm->refs++; /* held across the append */
     }
     pthread_mutex_unlock(&gm_mu);
-    if (!ok)
-        return CUDA_ERROR_INVALID_VALUE;
-    struct CUgraphNode_st tmpl = { .type = NODE_MEM_FREE, .dst = dptr, .gm = gm };
+    if (!ok) return CUDA_ERROR_INVALID_VALUE;
+    struct CUgraphNode_st tmpl = {.type = NODE_MEM_FREE, .dst = dptr, .gm = gm};
     rc = (*phGraphNode = sim_graph_append(hGraph, &tmpl)) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
     if (rc != CUDA_SUCCESS) {
         pthread_mutex_lock(&gm_mu);
@@ -282,65 +257,52 @@ SIM_EXPORT CUresult cuGraphAddMemFreeNode(CUgraphNode *phGraphNode, CUgraph hGra
     return rc;
 }
 
-static const struct CUgraphNode_st *node_of(CUgraphNode h, int type)
-{
+static const struct CUgraphNode_st *node_of(CUgraphNode h, int type) {
     return h && h->magic == MAGIC_NODE && h->type == type ? h : NULL;
 }
 
-SIM_EXPORT CUresult cuGraphMemAllocNodeGetParams(CUgraphNode hNode, CUDA_MEM_ALLOC_NODE_PARAMS *params_out)
-{
+SIM_EXPORT CUresult cuGraphMemAllocNodeGetParams(CUgraphNode hNode, CUDA_MEM_ALLOC_NODE_PARAMS *params_out) {
     CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     const struct CUgraphNode_st *n = node_of(hNode, NODE_MEM_ALLOC);
-    if (!n || !params_out)
-        return CUDA_ERROR_INVALID_VALUE;
-    *params_out = (CUDA_MEM_ALLOC_NODE_PARAMS){ .bytesize = n->bytes, .dptr = n->dst };
+    if (!n || !params_out) return CUDA_ERROR_INVALID_VALUE;
+    *params_out = (CUDA_MEM_ALLOC_NODE_PARAMS){.bytesize = n->bytes, .dptr = n->dst};
     params_out->poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
     params_out->poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     params_out->poolProps.location.id = n->gm->dev;
     return CUDA_SUCCESS;
 }
 
-SIM_EXPORT CUresult cuGraphMemFreeNodeGetParams(CUgraphNode hNode, CUdeviceptr *dptr_out)
-{
+SIM_EXPORT CUresult cuGraphMemFreeNodeGetParams(CUgraphNode hNode, CUdeviceptr *dptr_out) {
     CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     const struct CUgraphNode_st *n = node_of(hNode, NODE_MEM_FREE);
-    if (!n || !dptr_out)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (!n || !dptr_out) return CUDA_ERROR_INVALID_VALUE;
     *dptr_out = n->dst;
     return CUDA_SUCCESS;
 }
 
-int sim_gmem_capture_alloc(struct CUstream_st *s, int dev, size_t bytes, CUdeviceptr *out, CUresult *rc)
-{
+int sim_gmem_capture_alloc(struct CUstream_st *s, int dev, size_t bytes, CUdeviceptr *out, CUresult *rc) {
     pthread_mutex_lock(&s->mu);
     int capturing = s->capturing;
     pthread_mutex_unlock(&s->mu);
-    if (!capturing)
-        return 0;
+    if (!capturing) return 0;
     struct sim_gmem *gm;
-    if ((*rc = gmem_new(dev, bytes, &gm)) != CUDA_SUCCESS)
-        return 1;
-    struct CUgraphNode_st tmpl = { .type = NODE_MEM_ALLOC, .bytes = bytes, .dst = gm->base, .gm = gm };
+    if ((*rc = gmem_new(dev, bytes, &gm)) != CUDA_SUCCESS) return 1;
+    struct CUgraphNode_st tmpl = {.type = NODE_MEM_ALLOC, .bytes = bytes, .dst = gm->base, .gm = gm};
     CUdeviceptr base = (CUdeviceptr)gm->base;
     int captured = sim_capture_add(s, &tmpl);
-    drop_unreferenced(gm); /* not recorded (capture ended or invalidated): nothing refers to it */
-    if (!captured)
-        return 0; /* the capture ended meanwhile: an ordinary allocation */
+    drop_unreferenced(gm);   /* not recorded (capture ended or invalidated): nothing refers to it */
+    if (!captured) return 0; /* the capture ended meanwhile: an ordinary allocation */
     *out = base;
     return 1;
 }
 
-int sim_gmem_capture_free(struct CUstream_st *s, CUdeviceptr p, CUresult *rc)
-{
+int sim_gmem_capture_free(struct CUstream_st *s, CUdeviceptr p, CUresult *rc) {
     pthread_mutex_lock(&s->mu);
     int capturing = s->capturing;
     pthread_mutex_unlock(&s->mu);
-    if (!capturing)
-        return 0;
+    if (!capturing) return 0;
     pthread_mutex_lock(&gm_mu);
     struct sim_gmem *gm = lookup(p);
     int ok = gm && !gm->free_node;
@@ -358,7 +320,7 @@ int sim_gmem_capture_free(struct CUstream_st *s, CUdeviceptr p, CUresult *rc)
         *rc = CUDA_ERROR_INVALID_VALUE;
         return 1;
     }
-    struct CUgraphNode_st tmpl = { .type = NODE_MEM_FREE, .dst = p, .gm = gm };
+    struct CUgraphNode_st tmpl = {.type = NODE_MEM_FREE, .dst = p, .gm = gm};
     if (!sim_capture_add(s, &tmpl)) {
         pthread_mutex_lock(&gm_mu);
         gm->free_node = 0;
@@ -370,11 +332,9 @@ int sim_gmem_capture_free(struct CUstream_st *s, CUdeviceptr p, CUresult *rc)
     return 1;
 }
 
-SIM_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice device)
-{
+SIM_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice device) {
     CUresult rc = sim_check_device(device);
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     pthread_mutex_lock(&G.lock);
     uint64_t spare = gpool[device].reserved - gpool[device].used;
     if (spare) {
@@ -385,13 +345,10 @@ SIM_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice device)
     return CUDA_SUCCESS;
 }
 
-static CUresult graph_mem_attr(CUdevice device, CUgraphMem_attribute attr, void *value, int set)
-{
+static CUresult graph_mem_attr(CUdevice device, CUgraphMem_attribute attr, void *value, int set) {
     CUresult rc = sim_check_device(device);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (!value)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (rc != CUDA_SUCCESS) return rc;
+    if (!value) return CUDA_ERROR_INVALID_VALUE;
     cuuint64_t *v = value;
     pthread_mutex_lock(&G.lock);
     switch ((int)attr) {
@@ -418,12 +375,15 @@ static CUresult graph_mem_attr(CUdevice device, CUgraphMem_attribute attr, void 
         else
             gpool[device].reserved_high = gpool[device].reserved;
         break;
-    default:
-        rc = CUDA_ERROR_INVALID_VALUE;
+    default: rc = CUDA_ERROR_INVALID_VALUE;
     }
     pthread_mutex_unlock(&G.lock);
     return rc;
 }
 
-SIM_EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice device, CUgraphMem_attribute attr, void *value) { return graph_mem_attr(device, attr, value, 0); }
-SIM_EXPORT CUresult cuDeviceSetGraphMemAttribute(CUdevice device, CUgraphMem_attribute attr, void *value) { return graph_mem_attr(device, attr, value, 1); }
+SIM_EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice device, CUgraphMem_attribute attr, void *value) {
+    return graph_mem_attr(device, attr, value, 0);
+}
+SIM_EXPORT CUresult cuDeviceSetGraphMemAttribute(CUdevice device, CUgraphMem_attribute attr, void *value) {
+    return graph_mem_attr(device, attr, value, 1);
+}

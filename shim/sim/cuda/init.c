@@ -24,22 +24,19 @@
 #include <string.h>
 
 static const sim_config empty_config; /* no devices until cuInit succeeds */
-sim_globals G = { .lock = PTHREAD_MUTEX_INITIALIZER, .slot = -1, .gen = 1, .cfg = &empty_config };
+sim_globals G = {.lock = PTHREAD_MUTEX_INITIALIZER, .slot = -1, .gen = 1, .cfg = &empty_config};
 
-static void atfork_prepare(void)
-{
+static void atfork_prepare(void) {
     pthread_mutex_lock(&G.lock);
     sim_stream_fork_prepare();
 }
 
-static void atfork_parent(void)
-{
+static void atfork_parent(void) {
     sim_stream_fork_parent();
     pthread_mutex_unlock(&G.lock);
 }
 
-static void atfork_child(void)
-{
+static void atfork_child(void) {
     sim_stream_fork_child();
     pthread_mutex_init(&G.lock, NULL);
     atomic_fetch_add(&G.gen, 1);
@@ -50,27 +47,21 @@ static void atfork_child(void)
     memset(G.default_pool, 0, sizeof G.default_pool);
     memset(G.current_pool, 0, sizeof G.current_pool);
     sim_contexts_after_fork();
-    if (sim_shm)
-        sim_state_after_fork_child();
+    if (sim_shm) sim_state_after_fork_child();
 }
 
-__attribute__((constructor)) static void sim_cuda_ctor(void)
-{
+__attribute__((constructor)) static void sim_cuda_ctor(void) {
     pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
 }
 
-CUresult sim_check_init(void)
-{
+CUresult sim_check_init(void) {
     return atomic_load_explicit(&G.initialized, memory_order_acquire) ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
 }
 
-CUresult sim_check_device(CUdevice dev)
-{
+CUresult sim_check_device(CUdevice dev) {
     CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (dev < 0 || dev >= G.cfg->ndev)
-        return CUDA_ERROR_INVALID_DEVICE;
+    if (rc != CUDA_SUCCESS) return rc;
+    if (dev < 0 || dev >= G.cfg->ndev) return CUDA_ERROR_INVALID_DEVICE;
     return CUDA_SUCCESS;
 }
 
@@ -82,13 +73,10 @@ static long device_speed(const sim_device_cfg *d) { return (long)d->sm_count * (
  * CUDA_VISIBLE_DEVICES). Node indices are in PCI bus order (config.c), so PCI_BUS_ID is the
  * identity; FASTEST_FIRST (the default, and any unknown value, which the real driver ignores)
  * sorts by speed descending, ties in PCI bus order (a stable sort of the PCI order). */
-static void cuda_device_order(const sim_config *cfg, int *order)
-{
-    for (int i = 0; i < cfg->ndev; i++)
-        order[i] = i;
+static void cuda_device_order(const sim_config *cfg, int *order) {
+    for (int i = 0; i < cfg->ndev; i++) order[i] = i;
     const char *o = getenv("CUDA_DEVICE_ORDER");
-    if (o && strcmp(o, "PCI_BUS_ID") == 0)
-        return;
+    if (o && strcmp(o, "PCI_BUS_ID") == 0) return;
     for (int i = 1; i < cfg->ndev; i++) {
         int x = order[i], j = i;
         for (; j > 0 && device_speed(&cfg->dev[order[j - 1]]) < device_speed(&cfg->dev[x]); j--)
@@ -99,36 +87,29 @@ static void cuda_device_order(const sim_config *cfg, int *order)
 
 /* Number the devices in CUDA order and narrow `cfg` to those CUDA_VISIBLE_DEVICES shows (numeric
  * entries index the CUDA order); phys[i] = node index of ordinal i. */
-static void apply_visible_devices(sim_config *cfg)
-{
+static void apply_visible_devices(sim_config *cfg) {
     int *phys = cfg->phys;
     sim_device_cfg all[SIM_MAX_DEVICES];
     int order[SIM_MAX_DEVICES];
     int nall = cfg->ndev, n = 0;
     memcpy(all, cfg->dev, sizeof all);
     cuda_device_order(cfg, order);
-    for (int i = 0; i < SIM_MAX_DEVICES; i++)
-        phys[i] = i < nall ? order[i] : i;
-    for (int i = 0; i < nall; i++)
-        cfg->dev[i] = all[order[i]];
+    for (int i = 0; i < SIM_MAX_DEVICES; i++) phys[i] = i < nall ? order[i] : i;
+    for (int i = 0; i < nall; i++) cfg->dev[i] = all[order[i]];
     const char *v = getenv("CUDA_VISIBLE_DEVICES");
-    if (!v)
-        return;
+    if (!v) return;
     char buf[1024];
     sim_copy_str(buf, sizeof buf, v);
     char *save = NULL;
     for (char *tok = strtok_r(buf, ",", &save); tok && n < SIM_MAX_DEVICES; tok = strtok_r(NULL, ",", &save)) {
-        while (isspace((unsigned char)*tok))
-            tok++;
+        while (isspace((unsigned char)*tok)) tok++;
         size_t len = strlen(tok);
-        while (len && isspace((unsigned char)tok[len - 1]))
-            tok[--len] = '\0';
+        while (len && isspace((unsigned char)tok[len - 1])) tok[--len] = '\0';
         int idx = -1;
         if (len && isdigit((unsigned char)tok[0])) {
             char *end;
             long x = strtol(tok, &end, 10);
-            if (*end == '\0' && x >= 0 && x < nall)
-                idx = order[x];
+            if (*end == '\0' && x >= 0 && x < nall) idx = order[x];
         } else if (len > 4 && strncmp(tok, "GPU-", 4) == 0) {
             for (int i = 0; i < nall; i++) /* a unique UUID prefix selects the device */
                 if (strncmp(all[i].uuid, tok, len) == 0) {
@@ -140,27 +121,21 @@ static void apply_visible_devices(sim_config *cfg)
                 }
         }
         for (int j = 0; j < n && idx >= 0; j++)
-            if (phys[j] == idx)
-                idx = -1; /* repeated */
-        if (idx < 0)
-            break;
+            if (phys[j] == idx) idx = -1; /* repeated */
+        if (idx < 0) break;
         phys[n] = idx;
         cfg->dev[n++] = all[idx];
     }
     cfg->ndev = n;
 }
 
-int sim_ensure_slot(void)
-{
-    if (G.slot < 0)
-        G.slot = sim_state_claim_slot();
+int sim_ensure_slot(void) {
+    if (G.slot < 0) G.slot = sim_state_claim_slot();
     return G.slot;
 }
 
-SIM_EXPORT CUresult cuInit(unsigned int Flags)
-{
-    if (Flags != 0)
-        return CUDA_ERROR_INVALID_VALUE;
+SIM_EXPORT CUresult cuInit(unsigned int Flags) {
+    if (Flags != 0) return CUDA_ERROR_INVALID_VALUE;
     CUresult rc = CUDA_SUCCESS;
     pthread_mutex_lock(&G.lock);
     if (G.live_contexts == 0) {
@@ -182,10 +157,8 @@ SIM_EXPORT CUresult cuInit(unsigned int Flags)
             }
         }
     }
-    if (rc == CUDA_SUCCESS && sim_state_open() != 0)
-        rc = CUDA_ERROR_OPERATING_SYSTEM;
-    if (rc == CUDA_SUCCESS && G.cfg->ndev == 0)
-        rc = CUDA_ERROR_NO_DEVICE;
+    if (rc == CUDA_SUCCESS && sim_state_open() != 0) rc = CUDA_ERROR_OPERATING_SYSTEM;
+    if (rc == CUDA_SUCCESS && G.cfg->ndev == 0) rc = CUDA_ERROR_NO_DEVICE;
     if (rc == CUDA_SUCCESS) {
         G.ctx_mem = sim_context_memory_knob();
         G.alloc_gran = sim_alloc_granularity_knob();
@@ -199,10 +172,8 @@ SIM_EXPORT CUresult cuInit(unsigned int Flags)
     return rc;
 }
 
-SIM_EXPORT CUresult cuDriverGetVersion(int *driverVersion)
-{
-    if (!driverVersion)
-        return CUDA_ERROR_INVALID_VALUE;
+SIM_EXPORT CUresult cuDriverGetVersion(int *driverVersion) {
+    if (!driverVersion) return CUDA_ERROR_INVALID_VALUE;
     /* Works before cuInit, as the real one does (CUDA 13's runtime asks first and refuses an
      * older driver): the configured version either way. */
     if (sim_check_init() == CUDA_SUCCESS) {
@@ -215,8 +186,7 @@ SIM_EXPORT CUresult cuDriverGetVersion(int *driverVersion)
         sim_config *cfg = calloc(1, sizeof *cfg);
         v = cfg && sim_config_load(cfg) == 0 ? cfg->cuda_version : 0;
         free(cfg);
-        if (!v)
-            return CUDA_ERROR_NOT_INITIALIZED; /* a malformed config: cuInit will say why */
+        if (!v) return CUDA_ERROR_NOT_INITIALIZED; /* a malformed config: cuInit will say why */
         atomic_store(&early, v);
     }
     *driverVersion = v;

@@ -6,44 +6,34 @@
  */
 #include "cuda_internal.h"
 
-SIM_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
-{
-    if (!pHandle || !dptr)
-        return CUDA_ERROR_INVALID_VALUE;
+SIM_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr) {
+    if (!pHandle || !dptr) return CUDA_ERROR_INVALID_VALUE;
     CUresult rc = sim_check_init();
     return rc != CUDA_SUCCESS ? rc : CUDA_ERROR_NOT_SUPPORTED;
 }
 
-SIM_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags)
-{
+SIM_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags) {
     (void)handle;
-    if (!pdptr || Flags > 1)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (!pdptr || Flags > 1) return CUDA_ERROR_INVALID_VALUE;
     CUresult rc = sim_check_init();
     return rc != CUDA_SUCCESS ? rc : CUDA_ERROR_NOT_SUPPORTED;
 }
 
-SIM_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
-{
-    if (!dptr)
-        return CUDA_ERROR_INVALID_VALUE;
+SIM_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
+    if (!dptr) return CUDA_ERROR_INVALID_VALUE;
     CUresult rc = sim_check_init();
     return rc != CUDA_SUCCESS ? rc : CUDA_ERROR_NOT_SUPPORTED;
 }
 
-SIM_EXPORT CUresult cuIpcGetEventHandle(CUipcEventHandle *pHandle, CUevent event)
-{
-    if (!pHandle || !event)
-        return CUDA_ERROR_INVALID_VALUE;
+SIM_EXPORT CUresult cuIpcGetEventHandle(CUipcEventHandle *pHandle, CUevent event) {
+    if (!pHandle || !event) return CUDA_ERROR_INVALID_VALUE;
     CUresult rc = sim_check_init();
     return rc != CUDA_SUCCESS ? rc : CUDA_ERROR_NOT_SUPPORTED;
 }
 
-SIM_EXPORT CUresult cuIpcOpenEventHandle(CUevent *phEvent, CUipcEventHandle handle)
-{
+SIM_EXPORT CUresult cuIpcOpenEventHandle(CUevent *phEvent, CUipcEventHandle handle) {
     (void)handle;
-    if (!phEvent)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (!phEvent) return CUDA_ERROR_INVALID_VALUE;
     CUresult rc = sim_check_init();
     return rc != CUDA_SUCCESS ? rc : CUDA_ERROR_NOT_SUPPORTED;
 }

@@ -15,7 +15,7 @@
 
 struct CUlinkState_st {
     uint32_t magic, gen;
-    char *ptx;                      /* concatenated PTX inputs, NUL-terminated */
+    char *ptx; /* concatenated PTX inputs, NUL-terminated */
     size_t ptx_len;
     size_t inputs;
     int completed;
@@ -23,34 +23,27 @@ struct CUlinkState_st {
 
 static const char placeholder[] = "// simgpu linked image\n.version 8.0\n.target sm_90\n.address_size 64\n";
 
-SIM_EXPORT CUresult cuLinkCreate_v2(unsigned int numOptions, CUjit_option *options, void **optionValues, CUlinkState *stateOut)
-{
-    if (!stateOut || (numOptions && (!options || !optionValues)))
-        return CUDA_ERROR_INVALID_VALUE;
+SIM_EXPORT CUresult cuLinkCreate_v2(unsigned int numOptions, CUjit_option *options, void **optionValues,
+                                    CUlinkState *stateOut) {
+    if (!stateOut || (numOptions && (!options || !optionValues))) return CUDA_ERROR_INVALID_VALUE;
     struct CUctx_st *c;
     CUresult rc = sim_get_ctx(&c);
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     struct CUlinkState_st *l = calloc(1, sizeof *l);
-    if (!l)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!l) return CUDA_ERROR_OUT_OF_MEMORY;
     l->magic = MAGIC_LINK;
     l->gen = sim_gen();
     *stateOut = l;
     return CUDA_SUCCESS;
 }
 
-static CUresult add(CUlinkState state, CUjitInputType type, const void *data, size_t size)
-{
-    if (!SIM_VALID(state, MAGIC_LINK) || state->completed)
-        return CUDA_ERROR_INVALID_HANDLE;
-    if ((unsigned)type >= CU_JIT_NUM_INPUT_TYPES || !data || size == 0)
-        return CUDA_ERROR_INVALID_VALUE;
+static CUresult add(CUlinkState state, CUjitInputType type, const void *data, size_t size) {
+    if (!SIM_VALID(state, MAGIC_LINK) || state->completed) return CUDA_ERROR_INVALID_HANDLE;
+    if ((unsigned)type >= CU_JIT_NUM_INPUT_TYPES || !data || size == 0) return CUDA_ERROR_INVALID_VALUE;
     if (type == CU_JIT_INPUT_PTX) {
         size_t n = strnlen(data, size);
         char *p = realloc(state->ptx, state->ptx_len + n + 2);
-        if (!p)
-            return CUDA_ERROR_OUT_OF_MEMORY;
+        if (!p) return CUDA_ERROR_OUT_OF_MEMORY;
         memcpy(p + state->ptx_len, data, n);
         state->ptx_len += n;
         p[state->ptx_len++] = '\n';
@@ -61,27 +54,21 @@ static CUresult add(CUlinkState state, CUjitInputType type, const void *data, si
     return CUDA_SUCCESS;
 }
 
-SIM_EXPORT CUresult cuLinkAddData_v2(CUlinkState state, CUjitInputType type, void *data, size_t size, const char *name, unsigned int numOptions,
-                                     CUjit_option *options, void **optionValues)
-{
+SIM_EXPORT CUresult cuLinkAddData_v2(CUlinkState state, CUjitInputType type, void *data, size_t size, const char *name,
+                                     unsigned int numOptions, CUjit_option *options, void **optionValues) {
     (void)name;
-    if (numOptions && (!options || !optionValues))
-        return CUDA_ERROR_INVALID_VALUE;
+    if (numOptions && (!options || !optionValues)) return CUDA_ERROR_INVALID_VALUE;
     CUresult rc = sim_check_init();
     return rc != CUDA_SUCCESS ? rc : add(state, type, data, size);
 }
 
-SIM_EXPORT CUresult cuLinkAddFile_v2(CUlinkState state, CUjitInputType type, const char *path, unsigned int numOptions, CUjit_option *options,
-                                     void **optionValues)
-{
-    if (!path || (numOptions && (!options || !optionValues)))
-        return CUDA_ERROR_INVALID_VALUE;
+SIM_EXPORT CUresult cuLinkAddFile_v2(CUlinkState state, CUjitInputType type, const char *path, unsigned int numOptions,
+                                     CUjit_option *options, void **optionValues) {
+    if (!path || (numOptions && (!options || !optionValues))) return CUDA_ERROR_INVALID_VALUE;
     CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     FILE *f = fopen(path, "rb");
-    if (!f)
-        return CUDA_ERROR_FILE_NOT_FOUND;
+    if (!f) return CUDA_ERROR_FILE_NOT_FOUND;
     char *buf = NULL;
     size_t len = 0, cap = 0;
     for (;;) {
@@ -95,8 +82,7 @@ SIM_EXPORT CUresult cuLinkAddFile_v2(CUlinkState state, CUjitInputType type, con
             buf = nb;
         }
         size_t r = fread(buf + len, 1, cap - len, f);
-        if (r == 0)
-            break;
+        if (r == 0) break;
         len += r;
     }
     fclose(f);
@@ -105,17 +91,12 @@ SIM_EXPORT CUresult cuLinkAddFile_v2(CUlinkState state, CUjitInputType type, con
     return rc;
 }
 
-SIM_EXPORT CUresult cuLinkComplete(CUlinkState state, void **cubinOut, size_t *sizeOut)
-{
-    if (!cubinOut || !sizeOut)
-        return CUDA_ERROR_INVALID_VALUE;
+SIM_EXPORT CUresult cuLinkComplete(CUlinkState state, void **cubinOut, size_t *sizeOut) {
+    if (!cubinOut || !sizeOut) return CUDA_ERROR_INVALID_VALUE;
     CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (!SIM_VALID(state, MAGIC_LINK))
-        return CUDA_ERROR_INVALID_HANDLE;
-    if (state->inputs == 0)
-        return CUDA_ERROR_INVALID_VALUE; /* nothing to link */
+    if (rc != CUDA_SUCCESS) return rc;
+    if (!SIM_VALID(state, MAGIC_LINK)) return CUDA_ERROR_INVALID_HANDLE;
+    if (state->inputs == 0) return CUDA_ERROR_INVALID_VALUE; /* nothing to link */
     state->completed = 1;
     if (state->ptx) {
         *cubinOut = state->ptx;
@@ -127,13 +108,10 @@ SIM_EXPORT CUresult cuLinkComplete(CUlinkState state, void **cubinOut, size_t *s
     return CUDA_SUCCESS;
 }
 
-SIM_EXPORT CUresult cuLinkDestroy(CUlinkState state)
-{
+SIM_EXPORT CUresult cuLinkDestroy(CUlinkState state) {
     CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (!SIM_VALID(state, MAGIC_LINK))
-        return CUDA_ERROR_INVALID_HANDLE;
+    if (rc != CUDA_SUCCESS) return rc;
+    if (!SIM_VALID(state, MAGIC_LINK)) return CUDA_ERROR_INVALID_HANDLE;
     state->magic = MAGIC_DEAD;
     free(state->ptx);
     state->ptx = NULL;

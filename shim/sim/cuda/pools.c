@@ -42,11 +42,9 @@ struct CUmemPoolHandle_st {
 
 static struct CUmemPoolHandle_st *pools; /* every pool ever created (G.lock) */
 
-static struct CUmemPoolHandle_st *pool_new(int dev, int is_default, uint64_t max_size)
-{
+static struct CUmemPoolHandle_st *pool_new(int dev, int is_default, uint64_t max_size) {
     struct CUmemPoolHandle_st *p = calloc(1, sizeof *p);
-    if (!p)
-        return NULL;
+    if (!p) return NULL;
     p->dev = dev;
     p->is_default = is_default;
     p->max_size = max_size;
@@ -58,25 +56,20 @@ static struct CUmemPoolHandle_st *pool_new(int dev, int is_default, uint64_t max
     return p;
 }
 
-static struct CUmemPoolHandle_st *default_pool_locked(int dev)
-{
-    if (!G.default_pool[dev] || !SIM_VALID(G.default_pool[dev], MAGIC_POOL))
-        G.default_pool[dev] = pool_new(dev, 1, 0);
-    if (!G.current_pool[dev] || !SIM_VALID(G.current_pool[dev], MAGIC_POOL))
-        G.current_pool[dev] = G.default_pool[dev];
+static struct CUmemPoolHandle_st *default_pool_locked(int dev) {
+    if (!G.default_pool[dev] || !SIM_VALID(G.default_pool[dev], MAGIC_POOL)) G.default_pool[dev] = pool_new(dev, 1, 0);
+    if (!G.current_pool[dev] || !SIM_VALID(G.current_pool[dev], MAGIC_POOL)) G.current_pool[dev] = G.default_pool[dev];
     return G.current_pool[dev];
 }
 
-static void release_block(struct CUmemPoolHandle_st *p, pool_block *b)
-{
+static void release_block(struct CUmemPoolHandle_st *p, pool_block *b) {
     sim_backing_free((void *)b->base, b->size, b->mmapped);
     sim_mem_uncharge(G.slot, sim_phys(p->dev), b->charged);
     p->reserved -= b->charged;
     free(b);
 }
 
-static void trim_locked(struct CUmemPoolHandle_st *p, uint64_t keep)
-{
+static void trim_locked(struct CUmemPoolHandle_st *p, uint64_t keep) {
     while (p->reserved > keep && p->free_list) {
         pool_block *b = p->free_list;
         p->free_list = b->next;
@@ -84,17 +77,14 @@ static void trim_locked(struct CUmemPoolHandle_st *p, uint64_t keep)
     }
 }
 
-void sim_pools_trim_device(int dev)
-{
+void sim_pools_trim_device(int dev) {
     pthread_mutex_lock(&G.lock);
     for (struct CUmemPoolHandle_st *p = pools; p; p = p->next)
-        if (p->dev == dev && p->gen == sim_gen())
-            trim_locked(p, p->magic == MAGIC_POOL ? p->threshold : 0);
+        if (p->dev == dev && p->gen == sim_gen()) trim_locked(p, p->magic == MAGIC_POOL ? p->threshold : 0);
     pthread_mutex_unlock(&G.lock);
 }
 
-void sim_pool_free_block(const sim_alloc *a)
-{
+void sim_pool_free_block(const sim_alloc *a) {
     struct CUmemPoolHandle_st *p = a->pool;
     pool_block *b = malloc(sizeof *b);
     p->used -= a->charged;
@@ -104,22 +94,18 @@ void sim_pool_free_block(const sim_alloc *a)
         p->reserved -= a->charged;
         return;
     }
-    *b = (pool_block){ .base = a->base, .size = a->size, .charged = a->charged, .mmapped = a->mmapped, .next = p->free_list };
+    *b = (pool_block){
+        .base = a->base, .size = a->size, .charged = a->charged, .mmapped = a->mmapped, .next = p->free_list};
     p->free_list = b;
-    if (p->magic != MAGIC_POOL)
-        trim_locked(p, 0); /* a destroyed pool keeps nothing */
+    if (p->magic != MAGIC_POOL) trim_locked(p, 0); /* a destroyed pool keeps nothing */
 }
 
-CUresult sim_pool_alloc(struct CUmemPoolHandle_st *pool, size_t bytes, CUdeviceptr *out, struct CUctx_st *ctx)
-{
-    if (bytes == 0)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (bytes > (1ull << 52))
-        return CUDA_ERROR_OUT_OF_MEMORY;
+CUresult sim_pool_alloc(struct CUmemPoolHandle_st *pool, size_t bytes, CUdeviceptr *out, struct CUctx_st *ctx) {
+    if (bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+    if (bytes > (1ull << 52)) return CUDA_ERROR_OUT_OF_MEMORY;
     uint64_t charge = sim_align_up(bytes, SIM_ALLOC_ALIGN);
     pthread_mutex_lock(&G.lock);
-    if (!pool)
-        pool = default_pool_locked(ctx->dev);
+    if (!pool) pool = default_pool_locked(ctx->dev);
     if (!SIM_VALID(pool, MAGIC_POOL)) {
         pthread_mutex_unlock(&G.lock);
         return pool ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_OUT_OF_MEMORY;
@@ -128,7 +114,7 @@ CUresult sim_pool_alloc(struct CUmemPoolHandle_st *pool, size_t bytes, CUdevicep
     for (pool_block **b = &pool->free_list; *b; b = &(*b)->next)
         if ((*b)->charged >= charge && (*b)->charged <= 2 * charge && (!best || (*b)->charged < (*best)->charged))
             best = b;
-    sim_alloc a = { .dev = pool->dev, .kind = ALLOC_POOL, .ctx = ctx, .pool = pool };
+    sim_alloc a = {.dev = pool->dev, .kind = ALLOC_POOL, .ctx = ctx, .pool = pool};
     if (best) {
         pool_block *b = *best;
         *best = b->next;
@@ -153,11 +139,10 @@ CUresult sim_pool_alloc(struct CUmemPoolHandle_st *pool, size_t bytes, CUdevicep
         a.size = charge;
         a.charged = charge;
         pool->reserved += charge;
-        if (pool->reserved > pool->reserved_high)
-            pool->reserved_high = pool->reserved;
+        if (pool->reserved > pool->reserved_high) pool->reserved_high = pool->reserved;
     }
     if (sim_alloc_insert(&a) != 0) {
-        pool_block tmp = { .base = a.base, .size = a.size, .charged = a.charged, .mmapped = a.mmapped };
+        pool_block tmp = {.base = a.base, .size = a.size, .charged = a.charged, .mmapped = a.mmapped};
         pool_block *b = malloc(sizeof *b);
         if (b) {
             *b = tmp;
@@ -167,93 +152,83 @@ CUresult sim_pool_alloc(struct CUmemPoolHandle_st *pool, size_t bytes, CUdevicep
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     pool->used += a.charged;
-    if (pool->used > pool->used_high)
-        pool->used_high = pool->used;
+    if (pool->used > pool->used_high) pool->used_high = pool->used;
     pthread_mutex_unlock(&G.lock);
     *out = (CUdeviceptr)a.base;
     return CUDA_SUCCESS;
 }
 
-static CUresult alloc_async(CUdeviceptr *dptr, size_t bytes, struct CUmemPoolHandle_st *pool, CUstream h, int ptds, int explicit_pool)
-{
-    if (!dptr)
-        return CUDA_ERROR_INVALID_VALUE;
+static CUresult alloc_async(CUdeviceptr *dptr, size_t bytes, struct CUmemPoolHandle_st *pool, CUstream h, int ptds,
+                            int explicit_pool) {
+    if (!dptr) return CUDA_ERROR_INVALID_VALUE;
     struct CUstream_st *s;
     CUresult rc = sim_resolve_stream(h, ptds, &s);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (explicit_pool && !SIM_VALID(pool, MAGIC_POOL))
-        return CUDA_ERROR_INVALID_VALUE;
+    if (rc != CUDA_SUCCESS) return rc;
+    if (explicit_pool && !SIM_VALID(pool, MAGIC_POOL)) return CUDA_ERROR_INVALID_VALUE;
     if (sim_gmem_capture_alloc(s, explicit_pool ? pool->dev : s->ctx->dev, bytes, dptr, &rc))
         return rc; /* captured: an alloc node, memory only when the graph runs (graphmem.c) */
     return sim_pool_alloc(pool, bytes, dptr, s->ctx);
 }
 
-SIM_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) { return alloc_async(dptr, bytesize, NULL, hStream, 0, 0); }
-SIM_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) { return alloc_async(dptr, bytesize, NULL, hStream, 1, 0); }
-SIM_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream) { return alloc_async(dptr, bytesize, pool, hStream, 0, 1); }
-SIM_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream) { return alloc_async(dptr, bytesize, pool, hStream, 1, 1); }
+SIM_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
+    return alloc_async(dptr, bytesize, NULL, hStream, 0, 0);
+}
+SIM_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
+    return alloc_async(dptr, bytesize, NULL, hStream, 1, 0);
+}
+SIM_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream) {
+    return alloc_async(dptr, bytesize, pool, hStream, 0, 1);
+}
+SIM_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                                 CUstream hStream) {
+    return alloc_async(dptr, bytesize, pool, hStream, 1, 1);
+}
 
-static CUresult free_async(CUdeviceptr dptr, CUstream h, int ptds)
-{
+static CUresult free_async(CUdeviceptr dptr, CUstream h, int ptds) {
     struct CUstream_st *s;
     CUresult rc = sim_resolve_stream(h, ptds, &s);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (!dptr)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (sim_gmem_capture_free(s, dptr, &rc))
-        return rc; /* captured: a free node */
-    return cuMemFree_v2(dptr); /* pool blocks go back to their pool, others are released */
+    if (rc != CUDA_SUCCESS) return rc;
+    if (!dptr) return CUDA_ERROR_INVALID_VALUE;
+    if (sim_gmem_capture_free(s, dptr, &rc)) return rc; /* captured: a free node */
+    return cuMemFree_v2(dptr);                          /* pool blocks go back to their pool, others are released */
 }
 
 SIM_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) { return free_async(dptr, hStream, 0); }
 SIM_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) { return free_async(dptr, hStream, 1); }
 
-SIM_EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev)
-{
-    if (!pool_out)
-        return CUDA_ERROR_INVALID_VALUE;
+SIM_EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev) {
+    if (!pool_out) return CUDA_ERROR_INVALID_VALUE;
     CUresult rc = sim_check_device(dev);
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     pthread_mutex_lock(&G.lock);
     default_pool_locked(dev);
     struct CUmemPoolHandle_st *p = G.default_pool[dev];
     pthread_mutex_unlock(&G.lock);
-    if (!p)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!p) return CUDA_ERROR_OUT_OF_MEMORY;
     *pool_out = p;
     return CUDA_SUCCESS;
 }
 
-SIM_EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
-{
-    if (!pool)
-        return CUDA_ERROR_INVALID_VALUE;
+SIM_EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev) {
+    if (!pool) return CUDA_ERROR_INVALID_VALUE;
     CUresult rc = sim_check_device(dev);
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     pthread_mutex_lock(&G.lock);
     struct CUmemPoolHandle_st *p = default_pool_locked(dev);
     pthread_mutex_unlock(&G.lock);
-    if (!p)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!p) return CUDA_ERROR_OUT_OF_MEMORY;
     *pool = p;
     return CUDA_SUCCESS;
 }
 
-SIM_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps)
-{
-    if (!pool || !poolProps)
-        return CUDA_ERROR_INVALID_VALUE;
+SIM_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps) {
+    if (!pool || !poolProps) return CUDA_ERROR_INVALID_VALUE;
     CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (poolProps->allocType != CU_MEM_ALLOCATION_TYPE_PINNED || poolProps->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+    if (rc != CUDA_SUCCESS) return rc;
+    if (poolProps->allocType != CU_MEM_ALLOCATION_TYPE_PINNED ||
+        poolProps->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
         return CUDA_ERROR_INVALID_VALUE; /* host pools are not modelled */
-    if (sim_check_device(poolProps->location.id) != CUDA_SUCCESS)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (sim_check_device(poolProps->location.id) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&G.lock);
     if (sim_ensure_slot() < 0) {
         pthread_mutex_unlock(&G.lock);
@@ -261,17 +236,14 @@ SIM_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *po
     }
     struct CUmemPoolHandle_st *p = pool_new(poolProps->location.id, 0, poolProps->maxSize);
     pthread_mutex_unlock(&G.lock);
-    if (!p)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!p) return CUDA_ERROR_OUT_OF_MEMORY;
     *pool = p;
     return CUDA_SUCCESS;
 }
 
-SIM_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
-{
+SIM_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
     CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     pthread_mutex_lock(&G.lock);
     if (!SIM_VALID(pool, MAGIC_POOL) || pool->is_default) {
         pthread_mutex_unlock(&G.lock);
@@ -281,17 +253,14 @@ SIM_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
     trim_locked(pool, 0);
     pool->magic = MAGIC_DEAD;
     for (int d = 0; d < SIM_MAX_DEVICES; d++)
-        if (G.current_pool[d] == pool)
-            G.current_pool[d] = G.default_pool[d];
+        if (G.current_pool[d] == pool) G.current_pool[d] = G.default_pool[d];
     pthread_mutex_unlock(&G.lock);
     return CUDA_SUCCESS;
 }
 
-SIM_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
-{
+SIM_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep) {
     CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     pthread_mutex_lock(&G.lock);
     if (!SIM_VALID(pool, MAGIC_POOL)) {
         pthread_mutex_unlock(&G.lock);
@@ -302,13 +271,10 @@ SIM_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
     return CUDA_SUCCESS;
 }
 
-static CUresult pool_attr(CUmemoryPool pool, CUmemPool_attribute attr, void *value, int set)
-{
-    if (!value)
-        return CUDA_ERROR_INVALID_VALUE;
+static CUresult pool_attr(CUmemoryPool pool, CUmemPool_attribute attr, void *value, int set) {
+    if (!value) return CUDA_ERROR_INVALID_VALUE;
     CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     pthread_mutex_lock(&G.lock);
     if (!SIM_VALID(pool, MAGIC_POOL)) {
         pthread_mutex_unlock(&G.lock);
@@ -356,12 +322,15 @@ static CUresult pool_attr(CUmemoryPool pool, CUmemPool_attribute attr, void *val
         else
             *u64 = pool->used_high;
         break;
-    default:
-        rc = CUDA_ERROR_INVALID_VALUE;
+    default: rc = CUDA_ERROR_INVALID_VALUE;
     }
     pthread_mutex_unlock(&G.lock);
     return rc;
 }
 
-SIM_EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value) { return pool_attr(pool, attr, value, 1); }
-SIM_EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value) { return pool_attr(pool, attr, value, 0); }
+SIM_EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value) {
+    return pool_attr(pool, attr, value, 1);
+}
+SIM_EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value) {
+    return pool_attr(pool, attr, value, 0);
+}

@@ -6,20 +6,16 @@
  */
 #include "cuda_internal.h"
 
-sim_sm_limits sim_sm_limits_of(int cc_major, int cc_minor)
-{
+sim_sm_limits sim_sm_limits_of(int cc_major, int cc_minor) {
     /* threads, blocks, registers, shared memory per SM; shared memory per block (opt-in) and
      * reserved per block */
     int cc = cc_major * 10 + cc_minor;
-    if (cc < 75)
-        return (sim_sm_limits){ 2048, 32, 65536, 98304, 98304, 0 };
-    if (cc == 75)
-        return (sim_sm_limits){ 1024, 16, 65536, 65536, 65536, 0 };
-    if (cc == 80 || cc == 87)
-        return (sim_sm_limits){ 2048, cc == 80 ? 32 : 16, 65536, 167936, 166912, 1024 };
+    if (cc < 75) return (sim_sm_limits){2048, 32, 65536, 98304, 98304, 0};
+    if (cc == 75) return (sim_sm_limits){1024, 16, 65536, 65536, 65536, 0};
+    if (cc == 80 || cc == 87) return (sim_sm_limits){2048, cc == 80 ? 32 : 16, 65536, 167936, 166912, 1024};
     if (cc < 90) /* 8.6, 8.9 */
-        return (sim_sm_limits){ 1536, cc == 89 ? 24 : 16, 65536, 102400, 101376, 1024 };
+        return (sim_sm_limits){1536, cc == 89 ? 24 : 16, 65536, 102400, 101376, 1024};
     if (cc >= 120) /* consumer Blackwell */
-        return (sim_sm_limits){ 1536, 32, 65536, 102400, 101376, 1024 };
-    return (sim_sm_limits){ 2048, 32, 65536, 233472, 232448, 1024 }; /* 9.0, 10.x */
+        return (sim_sm_limits){1536, 32, 65536, 102400, 101376, 1024};
+    return (sim_sm_limits){2048, 32, 65536, 233472, 232448, 1024}; /* 9.0, 10.x */
 }

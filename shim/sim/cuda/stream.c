@@ -27,17 +27,14 @@ static pthread_mutex_t free_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_mutex_t ev_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct CUstream_st *stream_free;
 
-struct CUstream_st *sim_stream_new(struct CUctx_st *ctx, int kind, unsigned flags, int priority)
-{
+struct CUstream_st *sim_stream_new(struct CUctx_st *ctx, int kind, unsigned flags, int priority) {
     pthread_mutex_lock(&free_mu);
     struct CUstream_st *s = stream_free;
-    if (s)
-        stream_free = s->next_free;
+    if (s) stream_free = s->next_free;
     pthread_mutex_unlock(&free_mu);
     if (!s) {
         s = malloc(sizeof *s);
-        if (!s)
-            return NULL;
+        if (!s) return NULL;
     }
     /* Structures are recycled, never freed: a stale handle fails the magic check. */
     memset(s, 0, sizeof *s);
@@ -56,8 +53,7 @@ struct CUstream_st *sim_stream_new(struct CUctx_st *ctx, int kind, unsigned flag
     return s;
 }
 
-void sim_stream_release(struct CUstream_st *s)
-{
+void sim_stream_release(struct CUstream_st *s) {
     s->magic = MAGIC_DEAD;
     pthread_mutex_lock(&free_mu);
     s->next_free = stream_free;
@@ -78,8 +74,7 @@ static pthread_key_t ptds_key;
 static pthread_once_t ptds_once = PTHREAD_ONCE_INIT;
 
 /* Thread exit: its per-thread default streams go back to the free list. */
-static void ptds_release_all(void *unused)
-{
+static void ptds_release_all(void *unused) {
     (void)unused;
     for (int i = 0; i < PTDS_CACHE; i++) {
         if (SIM_VALID(ptds_cache[i].s, MAGIC_STREAM) && ptds_cache[i].s->kind == STREAM_PER_THREAD)
@@ -91,14 +86,12 @@ static void ptds_release_all(void *unused)
 
 static void ptds_key_init(void) { pthread_key_create(&ptds_key, ptds_release_all); }
 
-static struct CUstream_st *per_thread_stream(struct CUctx_st *ctx)
-{
+static struct CUstream_st *per_thread_stream(struct CUctx_st *ctx) {
     for (int i = 0; i < PTDS_CACHE; i++)
         if (ptds_cache[i].ctx == ctx && ptds_cache[i].serial == ctx->serial && SIM_VALID(ptds_cache[i].s, MAGIC_STREAM))
             return ptds_cache[i].s;
     struct CUstream_st *s = sim_stream_new(ctx, STREAM_PER_THREAD, 0, 0);
-    if (!s)
-        return NULL;
+    if (!s) return NULL;
     pthread_once(&ptds_once, ptds_key_init);
     pthread_setspecific(ptds_key, &ptds_cache); /* any non-NULL value arms the destructor */
     unsigned i = ptds_next++ % PTDS_CACHE;
@@ -110,51 +103,40 @@ static struct CUstream_st *per_thread_stream(struct CUctx_st *ctx)
     return s;
 }
 
-CUresult sim_resolve_stream(CUstream h, int ptds, struct CUstream_st **out)
-{
+CUresult sim_resolve_stream(CUstream h, int ptds, struct CUstream_st **out) {
     CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     if (h == NULL || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD) {
         struct CUctx_st *c;
         rc = sim_get_ctx(&c);
-        if (rc != CUDA_SUCCESS)
-            return rc;
+        if (rc != CUDA_SUCCESS) return rc;
         int per_thread = h == CU_STREAM_PER_THREAD || (h == NULL && ptds);
         struct CUstream_st *s = per_thread ? per_thread_stream(c) : c->legacy;
-        if (!s)
-            return CUDA_ERROR_OUT_OF_MEMORY;
+        if (!s) return CUDA_ERROR_OUT_OF_MEMORY;
         *out = s;
         return CUDA_SUCCESS;
     }
-    if (!SIM_OWNED_VALID(h, MAGIC_STREAM))
-        return CUDA_ERROR_INVALID_HANDLE;
+    if (!SIM_OWNED_VALID(h, MAGIC_STREAM)) return CUDA_ERROR_INVALID_HANDLE;
     *out = h;
     return CUDA_SUCCESS;
 }
 
-static int is_blocking(const struct CUstream_st *s)
-{
+static int is_blocking(const struct CUstream_st *s) {
     return s->kind != STREAM_USER || !(s->flags & CU_STREAM_NON_BLOCKING);
 }
 
-void sim_lane_wait(struct CUctx_st *ctx, uint64_t pos)
-{
-    sim_sched_wait(sim_phys(ctx->dev), G.slot, pos);
-}
+void sim_lane_wait(struct CUctx_st *ctx, uint64_t pos) { sim_sched_wait(sim_phys(ctx->dev), G.slot, pos); }
 
 /* A wait on another device's event (its lane is not this stream's): later work of the stream
  * waits for it on the host, once (the real driver would not block the caller: a simplification). */
-static void wait_foreign_dep(struct CUstream_st *s)
-{
+static void wait_foreign_dep(struct CUstream_st *s) {
     if (s->dep_pos) {
         sim_sched_wait(s->dep_dev, G.slot, s->dep_pos);
         s->dep_pos = 0;
     }
 }
 
-void sim_stream_enqueue(struct CUstream_st *s, uint64_t dur_ns)
-{
+void sim_stream_enqueue(struct CUstream_st *s, uint64_t dur_ns) {
     struct CUctx_st *ctx = s->ctx;
     int dev = sim_phys(ctx->dev);
     pthread_mutex_lock(&s->mu);
@@ -166,8 +148,7 @@ void sim_stream_enqueue(struct CUstream_st *s, uint64_t dur_ns)
     if (tail > s->served_hint + G.queue_ahead_ns) /* the pushbuffer is full: wait for the device */
         sim_lane_wait(ctx, tail - G.queue_ahead_ns);
     uint64_t oldest = s->ends[s->pace_idx];
-    if (oldest > s->served_hint)
-        sim_lane_wait(ctx, oldest);
+    if (oldest > s->served_hint) sim_lane_wait(ctx, oldest);
     uint64_t served;
     uint64_t end = sim_sched_submit(dev, G.slot, dur_ns, &served);
     s->served_hint = served;
@@ -176,61 +157,49 @@ void sim_stream_enqueue(struct CUstream_st *s, uint64_t dur_ns)
     s->ends[s->pace_idx] = end;
     s->pace_idx = (s->pace_idx + 1) % SIM_PACE;
     sim_atomic_max(&ctx->tail_all, end);
-    if (is_blocking(s))
-        sim_atomic_max(&ctx->tail_blocking, end);
+    if (is_blocking(s)) sim_atomic_max(&ctx->tail_blocking, end);
     pthread_mutex_unlock(&s->mu);
 }
 
-uint64_t sim_stream_sync_target(struct CUstream_st *s)
-{
+uint64_t sim_stream_sync_target(struct CUstream_st *s) {
     uint64_t t = atomic_load(&s->tail);
-    if (s->kind == STREAM_LEGACY)
-        t = sim_max64(t, atomic_load(&s->ctx->tail_blocking));
+    if (s->kind == STREAM_LEGACY) t = sim_max64(t, atomic_load(&s->ctx->tail_blocking));
     return t;
 }
 
-void sim_stream_drain(struct CUstream_st *s)
-{
+void sim_stream_drain(struct CUstream_st *s) {
     pthread_mutex_lock(&s->mu);
     wait_foreign_dep(s);
     pthread_mutex_unlock(&s->mu);
     sim_lane_wait(s->ctx, sim_stream_sync_target(s));
 }
 
-static int stream_done(struct CUstream_st *s)
-{
-    if (s->dep_pos && sim_sched_served(s->dep_dev, G.slot) < s->dep_pos)
-        return 0;
+static int stream_done(struct CUstream_st *s) {
+    if (s->dep_pos && sim_sched_served(s->dep_dev, G.slot) < s->dep_pos) return 0;
     return sim_sched_served(sim_phys(s->ctx->dev), G.slot) >= sim_stream_sync_target(s);
 }
 
 /* fork: the free lists' locks must not be inherited held by a thread that does not exist there. */
-void sim_stream_fork_prepare(void)
-{
+void sim_stream_fork_prepare(void) {
     pthread_mutex_lock(&free_mu);
     pthread_mutex_lock(&ev_mu);
 }
 
-void sim_stream_fork_parent(void)
-{
+void sim_stream_fork_parent(void) {
     pthread_mutex_unlock(&ev_mu);
     pthread_mutex_unlock(&free_mu);
 }
 
-void sim_stream_fork_child(void)
-{
+void sim_stream_fork_child(void) {
     pthread_mutex_init(&ev_mu, NULL);
     pthread_mutex_init(&free_mu, NULL);
 }
 
-void sim_after_sync(struct CUctx_st *ctx)
-{
-    if (ctx)
-        sim_pools_trim_device(ctx->dev);
+void sim_after_sync(struct CUctx_st *ctx) {
+    if (ctx) sim_pools_trim_device(ctx->dev);
 }
 
-CUresult sim_stream_wait(struct CUstream_st *s)
-{
+CUresult sim_stream_wait(struct CUstream_st *s) {
     if (s->capturing) {
         s->capture_invalid = 1; /* synchronising a capturing stream is illegal and ends the capture */
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
@@ -240,36 +209,29 @@ CUresult sim_stream_wait(struct CUstream_st *s)
     return CUDA_SUCCESS;
 }
 
-static CUresult stream_create(CUstream *ph, unsigned flags, int priority)
-{
-    if (!ph || (flags & ~(unsigned)CU_STREAM_NON_BLOCKING))
-        return CUDA_ERROR_INVALID_VALUE;
+static CUresult stream_create(CUstream *ph, unsigned flags, int priority) {
+    if (!ph || (flags & ~(unsigned)CU_STREAM_NON_BLOCKING)) return CUDA_ERROR_INVALID_VALUE;
     struct CUctx_st *c;
     CUresult rc = sim_get_ctx(&c);
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     /* H100 stream priorities range from 0 (least) to -5 (greatest); others are clamped. */
-    if (priority > 0)
-        priority = 0;
-    if (priority < -5)
-        priority = -5;
+    if (priority > 0) priority = 0;
+    if (priority < -5) priority = -5;
     struct CUstream_st *s = sim_stream_new(c, STREAM_USER, flags, priority);
-    if (!s)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!s) return CUDA_ERROR_OUT_OF_MEMORY;
     *ph = s;
     return CUDA_SUCCESS;
 }
 
 SIM_EXPORT CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags) { return stream_create(phStream, Flags, 0); }
-SIM_EXPORT CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority) { return stream_create(phStream, flags, priority); }
+SIM_EXPORT CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority) {
+    return stream_create(phStream, flags, priority);
+}
 
-SIM_EXPORT CUresult cuStreamDestroy_v2(CUstream hStream)
-{
+SIM_EXPORT CUresult cuStreamDestroy_v2(CUstream hStream) {
     CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (!SIM_OWNED_VALID(hStream, MAGIC_STREAM) || hStream->kind != STREAM_USER)
-        return CUDA_ERROR_INVALID_HANDLE;
+    if (rc != CUDA_SUCCESS) return rc;
+    if (!SIM_OWNED_VALID(hStream, MAGIC_STREAM) || hStream->kind != STREAM_USER) return CUDA_ERROR_INVALID_HANDLE;
     /* Work still queued completes on its own (its end times live in the context's tails). */
     sim_stream_release(hStream);
     return CUDA_SUCCESS;
@@ -277,8 +239,7 @@ SIM_EXPORT CUresult cuStreamDestroy_v2(CUstream hStream)
 
 SIM_EXPORT CUresult cuStreamDestroy(CUstream hStream) { return cuStreamDestroy_v2(hStream); }
 
-static CUresult stream_sync(CUstream h, int ptds)
-{
+static CUresult stream_sync(CUstream h, int ptds) {
     struct CUstream_st *s;
     CUresult rc = sim_resolve_stream(h, ptds, &s);
     return rc != CUDA_SUCCESS ? rc : sim_stream_wait(s);
@@ -287,28 +248,22 @@ static CUresult stream_sync(CUstream h, int ptds)
 SIM_EXPORT CUresult cuStreamSynchronize(CUstream hStream) { return stream_sync(hStream, 0); }
 SIM_EXPORT CUresult cuStreamSynchronize_ptsz(CUstream hStream) { return stream_sync(hStream, 1); }
 
-static CUresult stream_query(CUstream h, int ptds)
-{
+static CUresult stream_query(CUstream h, int ptds) {
     struct CUstream_st *s;
     CUresult rc = sim_resolve_stream(h, ptds, &s);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (s->capturing)
-        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    if (rc != CUDA_SUCCESS) return rc;
+    if (s->capturing) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     return stream_done(s) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
 SIM_EXPORT CUresult cuStreamQuery(CUstream hStream) { return stream_query(hStream, 0); }
 SIM_EXPORT CUresult cuStreamQuery_ptsz(CUstream hStream) { return stream_query(hStream, 1); }
 
-static CUresult stream_wait_event(CUstream h, CUevent e, unsigned flags, int ptds)
-{
+static CUresult stream_wait_event(CUstream h, CUevent e, unsigned flags, int ptds) {
     struct CUstream_st *s;
     CUresult rc = sim_resolve_stream(h, ptds, &s);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (!SIM_OWNED_VALID(e, MAGIC_EVENT))
-        return CUDA_ERROR_INVALID_HANDLE;
+    if (rc != CUDA_SUCCESS) return rc;
+    if (!SIM_OWNED_VALID(e, MAGIC_EVENT)) return CUDA_ERROR_INVALID_HANDLE;
     if (flags > 1) /* CU_EVENT_WAIT_DEFAULT, CU_EVENT_WAIT_EXTERNAL */
         return CUDA_ERROR_INVALID_VALUE;
     if (s->capturing || !atomic_load(&e->recorded))
@@ -327,34 +282,36 @@ static CUresult stream_wait_event(CUstream h, CUevent e, unsigned flags, int ptd
     return CUDA_SUCCESS;
 }
 
-SIM_EXPORT CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags) { return stream_wait_event(hStream, hEvent, Flags, 0); }
-SIM_EXPORT CUresult cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsigned int Flags) { return stream_wait_event(hStream, hEvent, Flags, 1); }
+SIM_EXPORT CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags) {
+    return stream_wait_event(hStream, hEvent, Flags, 0);
+}
+SIM_EXPORT CUresult cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsigned int Flags) {
+    return stream_wait_event(hStream, hEvent, Flags, 1);
+}
 
 /* ---------------------------------------------------------------- events */
 
 /* Destroyed events are recycled through a free list (never freed: stale handles fail validation). */
 static struct CUevent_st *ev_free;
-struct ev_link { struct CUevent_st ev; struct CUevent_st *next; };
+struct ev_link {
+    struct CUevent_st ev;
+    struct CUevent_st *next;
+};
 
-SIM_EXPORT CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
-{
-    if (!phEvent || (Flags & ~0x7u))
-        return CUDA_ERROR_INVALID_VALUE;
+SIM_EXPORT CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags) {
+    if (!phEvent || (Flags & ~0x7u)) return CUDA_ERROR_INVALID_VALUE;
     if ((Flags & 0x4u) && !(Flags & CU_EVENT_DISABLE_TIMING))
         return CUDA_ERROR_INVALID_VALUE; /* interprocess events must disable timing */
     struct CUctx_st *c;
     CUresult rc = sim_get_ctx(&c);
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     pthread_mutex_lock(&ev_mu);
     struct CUevent_st *e = ev_free;
-    if (e)
-        ev_free = ((struct ev_link *)e)->next;
+    if (e) ev_free = ((struct ev_link *)e)->next;
     pthread_mutex_unlock(&ev_mu);
     if (!e) {
         struct ev_link *l = calloc(1, sizeof *l);
-        if (!l)
-            return CUDA_ERROR_OUT_OF_MEMORY;
+        if (!l) return CUDA_ERROR_OUT_OF_MEMORY;
         e = &l->ev;
     }
     e->flags = Flags;
@@ -370,13 +327,10 @@ SIM_EXPORT CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
     return CUDA_SUCCESS;
 }
 
-SIM_EXPORT CUresult cuEventDestroy_v2(CUevent hEvent)
-{
+SIM_EXPORT CUresult cuEventDestroy_v2(CUevent hEvent) {
     CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (!SIM_OWNED_VALID(hEvent, MAGIC_EVENT))
-        return CUDA_ERROR_INVALID_HANDLE;
+    if (rc != CUDA_SUCCESS) return rc;
+    if (!SIM_OWNED_VALID(hEvent, MAGIC_EVENT)) return CUDA_ERROR_INVALID_HANDLE;
     hEvent->magic = MAGIC_DEAD;
     pthread_mutex_lock(&ev_mu);
     ((struct ev_link *)hEvent)->next = ev_free;
@@ -387,16 +341,12 @@ SIM_EXPORT CUresult cuEventDestroy_v2(CUevent hEvent)
 
 SIM_EXPORT CUresult cuEventDestroy(CUevent hEvent) { return cuEventDestroy_v2(hEvent); }
 
-static CUresult event_record(CUevent e, CUstream h, int ptds)
-{
+static CUresult event_record(CUevent e, CUstream h, int ptds) {
     struct CUstream_st *s;
     CUresult rc = sim_resolve_stream(h, ptds, &s);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (!SIM_OWNED_VALID(e, MAGIC_EVENT))
-        return CUDA_ERROR_INVALID_HANDLE;
-    if (s->capturing)
-        return CUDA_SUCCESS; /* event nodes are not modelled in graphs */
+    if (rc != CUDA_SUCCESS) return rc;
+    if (!SIM_OWNED_VALID(e, MAGIC_EVENT)) return CUDA_ERROR_INVALID_HANDLE;
+    if (s->capturing) return CUDA_SUCCESS; /* event nodes are not modelled in graphs */
     /* The event completes when the stream's queued work does. On an idle stream it is a command
      * the device processes when this process's lane next holds the device, as a GPU writes an
      * event's timestamp when the context's channel is scheduled: a 1 ns marker in the lane (so an
@@ -418,13 +368,10 @@ static CUresult event_record(CUevent e, CUstream h, int ptds)
 
 /* 1 when the recorded work is done; fixes the event's completion time the first time it is seen
  * done (from the lane's service history, or now if the history no longer has it). */
-static int event_done(struct CUevent_st *e)
-{
-    if (atomic_load(&e->t))
-        return 1;
+static int event_done(struct CUevent_st *e) {
+    if (atomic_load(&e->t)) return 1;
     uint64_t pos = atomic_load(&e->pos);
-    if (sim_sched_served(e->dev, G.slot) < pos)
-        return 0;
+    if (sim_sched_served(e->dev, G.slot) < pos) return 0;
     uint64_t t = sim_sched_done_time(e->dev, G.slot, pos);
     uint64_t zero = 0;
     atomic_compare_exchange_strong(&e->t, &zero, t ? t : sim_now_ns());
@@ -435,18 +382,17 @@ SIM_EXPORT CUresult cuEventRecord(CUevent hEvent, CUstream hStream) { return eve
 SIM_EXPORT CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream) { return event_record(hEvent, hStream, 1); }
 /* flags: CU_EVENT_RECORD_DEFAULT (0) or CU_EVENT_RECORD_EXTERNAL (1: a node of its own in a
  * captured graph; captured event records add no nodes here, so it records as the default does) */
-SIM_EXPORT CUresult cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned int flags)
-{ return flags > 1 ? CUDA_ERROR_INVALID_VALUE : event_record(hEvent, hStream, 0); }
-SIM_EXPORT CUresult cuEventRecordWithFlags_ptsz(CUevent hEvent, CUstream hStream, unsigned int flags)
-{ return flags > 1 ? CUDA_ERROR_INVALID_VALUE : event_record(hEvent, hStream, 1); }
+SIM_EXPORT CUresult cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned int flags) {
+    return flags > 1 ? CUDA_ERROR_INVALID_VALUE : event_record(hEvent, hStream, 0);
+}
+SIM_EXPORT CUresult cuEventRecordWithFlags_ptsz(CUevent hEvent, CUstream hStream, unsigned int flags) {
+    return flags > 1 ? CUDA_ERROR_INVALID_VALUE : event_record(hEvent, hStream, 1);
+}
 
-SIM_EXPORT CUresult cuEventSynchronize(CUevent hEvent)
-{
+SIM_EXPORT CUresult cuEventSynchronize(CUevent hEvent) {
     CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (!SIM_OWNED_VALID(hEvent, MAGIC_EVENT))
-        return CUDA_ERROR_INVALID_HANDLE;
+    if (rc != CUDA_SUCCESS) return rc;
+    if (!SIM_OWNED_VALID(hEvent, MAGIC_EVENT)) return CUDA_ERROR_INVALID_HANDLE;
     if (atomic_load(&hEvent->recorded) && !atomic_load(&hEvent->t)) {
         sim_sched_wait(hEvent->dev, G.slot, atomic_load(&hEvent->pos));
         event_done(hEvent);
@@ -455,40 +401,28 @@ SIM_EXPORT CUresult cuEventSynchronize(CUevent hEvent)
     return CUDA_SUCCESS;
 }
 
-SIM_EXPORT CUresult cuEventQuery(CUevent hEvent)
-{
+SIM_EXPORT CUresult cuEventQuery(CUevent hEvent) {
     CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (!SIM_OWNED_VALID(hEvent, MAGIC_EVENT))
-        return CUDA_ERROR_INVALID_HANDLE;
-    if (atomic_load(&hEvent->recorded) && !event_done(hEvent))
-        return CUDA_ERROR_NOT_READY;
+    if (rc != CUDA_SUCCESS) return rc;
+    if (!SIM_OWNED_VALID(hEvent, MAGIC_EVENT)) return CUDA_ERROR_INVALID_HANDLE;
+    if (atomic_load(&hEvent->recorded) && !event_done(hEvent)) return CUDA_ERROR_NOT_READY;
     return CUDA_SUCCESS;
 }
 
-SIM_EXPORT CUresult cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, CUevent hEnd)
-{
-    if (!pMilliseconds)
-        return CUDA_ERROR_INVALID_VALUE;
+SIM_EXPORT CUresult cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, CUevent hEnd) {
+    if (!pMilliseconds) return CUDA_ERROR_INVALID_VALUE;
     CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (!SIM_OWNED_VALID(hStart, MAGIC_EVENT) || !SIM_OWNED_VALID(hEnd, MAGIC_EVENT))
-        return CUDA_ERROR_INVALID_HANDLE;
-    if ((hStart->flags | hEnd->flags) & CU_EVENT_DISABLE_TIMING)
-        return CUDA_ERROR_INVALID_HANDLE;
-    if (!atomic_load(&hStart->recorded) || !atomic_load(&hEnd->recorded))
-        return CUDA_ERROR_INVALID_HANDLE;
-    if (!event_done(hStart) || !event_done(hEnd))
-        return CUDA_ERROR_NOT_READY;
+    if (rc != CUDA_SUCCESS) return rc;
+    if (!SIM_OWNED_VALID(hStart, MAGIC_EVENT) || !SIM_OWNED_VALID(hEnd, MAGIC_EVENT)) return CUDA_ERROR_INVALID_HANDLE;
+    if ((hStart->flags | hEnd->flags) & CU_EVENT_DISABLE_TIMING) return CUDA_ERROR_INVALID_HANDLE;
+    if (!atomic_load(&hStart->recorded) || !atomic_load(&hEnd->recorded)) return CUDA_ERROR_INVALID_HANDLE;
+    if (!event_done(hStart) || !event_done(hEnd)) return CUDA_ERROR_NOT_READY;
     uint64_t a = atomic_load(&hStart->t), b = atomic_load(&hEnd->t);
     *pMilliseconds = (float)(((double)b - (double)a) / 1e6);
     return CUDA_SUCCESS;
 }
 
-SIM_EXPORT CUresult cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd)
-{
+SIM_EXPORT CUresult cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd) {
     return cuEventElapsedTime_v2(pMilliseconds, hStart, hEnd);
 }
 
@@ -500,15 +434,11 @@ SIM_EXPORT CUresult cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUe
  * truth of a process's share of the device, which the kernel-duration spread and the time
  * slicing make impossible to compute from launch counts. */
 SIM_EXPORT CUresult simgpuProcessBusyNs(CUdevice dev, unsigned long long from_ns, unsigned long long to_ns,
-                                        unsigned long long *busy_ns, unsigned long long *window_ns)
-{
+                                        unsigned long long *busy_ns, unsigned long long *window_ns) {
     CUresult rc = sim_check_device(dev);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (!busy_ns || !window_ns || to_ns < from_ns)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (G.slot < 0)
-        return CUDA_ERROR_INVALID_CONTEXT;
+    if (rc != CUDA_SUCCESS) return rc;
+    if (!busy_ns || !window_ns || to_ns < from_ns) return CUDA_ERROR_INVALID_VALUE;
+    if (G.slot < 0) return CUDA_ERROR_INVALID_CONTEXT;
     uint64_t w;
     *busy_ns = sim_busy_between(sim_phys(dev), G.slot, from_ns, to_ns, &w);
     *window_ns = w;

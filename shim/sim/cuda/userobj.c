@@ -28,25 +28,21 @@ struct sim_uref {
 
 static pthread_mutex_t uref_mu = PTHREAD_MUTEX_INITIALIZER; /* guards every graph's and exec's list */
 
-static void drop(struct CUuserObject_st *o, unsigned count)
-{
+static void drop(struct CUuserObject_st *o, unsigned count) {
     if (atomic_fetch_sub(&o->refs, (long)count) == (long)count) {
         o->magic = MAGIC_DEAD; /* the struct is kept: a stale handle fails validation */
-        if (o->destroy)
-            o->destroy(o->ptr);
+        if (o->destroy) o->destroy(o->ptr);
     }
 }
 
-SIM_EXPORT CUresult cuUserObjectCreate(CUuserObject *object_out, void *ptr, CUhostFn destroy, unsigned int initialRefcount, unsigned int flags)
-{
+SIM_EXPORT CUresult cuUserObjectCreate(CUuserObject *object_out, void *ptr, CUhostFn destroy,
+                                       unsigned int initialRefcount, unsigned int flags) {
     CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     if (!object_out || !destroy || initialRefcount == 0 || flags != CU_USER_OBJECT_NO_DESTRUCTOR_SYNC)
         return CUDA_ERROR_INVALID_VALUE;
     struct CUuserObject_st *o = calloc(1, sizeof *o);
-    if (!o)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!o) return CUDA_ERROR_OUT_OF_MEMORY;
     o->ptr = ptr;
     o->destroy = destroy;
     atomic_init(&o->refs, (long)initialRefcount);
@@ -56,47 +52,41 @@ SIM_EXPORT CUresult cuUserObjectCreate(CUuserObject *object_out, void *ptr, CUho
     return CUDA_SUCCESS;
 }
 
-SIM_EXPORT CUresult cuUserObjectRetain(CUuserObject object, unsigned int count)
-{
-    if (!SIM_VALID(object, MAGIC_UOBJ) || count == 0)
-        return CUDA_ERROR_INVALID_VALUE;
+SIM_EXPORT CUresult cuUserObjectRetain(CUuserObject object, unsigned int count) {
+    if (!SIM_VALID(object, MAGIC_UOBJ) || count == 0) return CUDA_ERROR_INVALID_VALUE;
     atomic_fetch_add(&object->refs, (long)count);
     return CUDA_SUCCESS;
 }
 
-SIM_EXPORT CUresult cuUserObjectRelease(CUuserObject object, unsigned int count)
-{
+SIM_EXPORT CUresult cuUserObjectRelease(CUuserObject object, unsigned int count) {
     if (!SIM_VALID(object, MAGIC_UOBJ) || count == 0 || atomic_load(&object->refs) < (long)count)
         return CUDA_ERROR_INVALID_VALUE;
     drop(object, count);
     return CUDA_SUCCESS;
 }
 
-SIM_EXPORT CUresult cuGraphRetainUserObject(CUgraph graph, CUuserObject object, unsigned int count, unsigned int flags)
-{
-    if (!SIM_VALID(graph, MAGIC_GRAPH) || !SIM_VALID(object, MAGIC_UOBJ) || count == 0 || (flags & ~(unsigned)CU_GRAPH_USER_OBJECT_MOVE))
+SIM_EXPORT CUresult cuGraphRetainUserObject(CUgraph graph, CUuserObject object, unsigned int count,
+                                            unsigned int flags) {
+    if (!SIM_VALID(graph, MAGIC_GRAPH) || !SIM_VALID(object, MAGIC_UOBJ) || count == 0 ||
+        (flags & ~(unsigned)CU_GRAPH_USER_OBJECT_MOVE))
         return CUDA_ERROR_INVALID_VALUE;
     struct sim_uref *r = malloc(sizeof *r);
-    if (!r)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!r) return CUDA_ERROR_OUT_OF_MEMORY;
     if (!(flags & CU_GRAPH_USER_OBJECT_MOVE)) /* moved: the caller's references become the graph's */
         atomic_fetch_add(&object->refs, (long)count);
     pthread_mutex_lock(&uref_mu);
-    *r = (struct sim_uref){ .obj = object, .count = count, .next = graph->urefs };
+    *r = (struct sim_uref){.obj = object, .count = count, .next = graph->urefs};
     graph->urefs = r;
     pthread_mutex_unlock(&uref_mu);
     return CUDA_SUCCESS;
 }
 
-SIM_EXPORT CUresult cuGraphReleaseUserObject(CUgraph graph, CUuserObject object, unsigned int count)
-{
-    if (!SIM_VALID(graph, MAGIC_GRAPH) || !SIM_VALID(object, MAGIC_UOBJ) || count == 0)
-        return CUDA_ERROR_INVALID_VALUE;
+SIM_EXPORT CUresult cuGraphReleaseUserObject(CUgraph graph, CUuserObject object, unsigned int count) {
+    if (!SIM_VALID(graph, MAGIC_GRAPH) || !SIM_VALID(object, MAGIC_UOBJ) || count == 0) return CUDA_ERROR_INVALID_VALUE;
     unsigned held = 0;
     pthread_mutex_lock(&uref_mu);
     for (struct sim_uref *r = graph->urefs; r; r = r->next)
-        if (r->obj == object)
-            held += r->count;
+        if (r->obj == object) held += r->count;
     if (held >= count) {
         unsigned left = count;
         for (struct sim_uref *r = graph->urefs; r && left; r = r->next)
@@ -107,36 +97,31 @@ SIM_EXPORT CUresult cuGraphReleaseUserObject(CUgraph graph, CUuserObject object,
             }
     }
     pthread_mutex_unlock(&uref_mu);
-    if (held < count)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (held < count) return CUDA_ERROR_INVALID_VALUE;
     drop(object, count);
     return CUDA_SUCCESS;
 }
 
-void sim_urefs_copy(const struct CUgraph_st *g, struct sim_uref **to)
-{
+void sim_urefs_copy(const struct CUgraph_st *g, struct sim_uref **to) {
     pthread_mutex_lock(&uref_mu);
     for (struct sim_uref *r = g->urefs; r; r = r->next) {
         struct sim_uref *c = r->count ? malloc(sizeof *c) : NULL;
-        if (!c)
-            continue;
+        if (!c) continue;
         atomic_fetch_add(&r->obj->refs, (long)r->count);
-        *c = (struct sim_uref){ .obj = r->obj, .count = r->count, .next = *to };
+        *c = (struct sim_uref){.obj = r->obj, .count = r->count, .next = *to};
         *to = c;
     }
     pthread_mutex_unlock(&uref_mu);
 }
 
-void sim_urefs_release(struct sim_uref **list)
-{
+void sim_urefs_release(struct sim_uref **list) {
     pthread_mutex_lock(&uref_mu);
     struct sim_uref *r = *list;
     *list = NULL;
     pthread_mutex_unlock(&uref_mu);
     while (r) {
         struct sim_uref *next = r->next;
-        if (r->count)
-            drop(r->obj, r->count);
+        if (r->count) drop(r->obj, r->count);
         free(r);
         r = next;
     }

@@ -37,7 +37,7 @@ typedef struct vmm_handle {
     size_t size;
     int dev;
     uint64_t charged;
-    int refs;                        /* cuMemCreate / import 1, + each retain */
+    int refs; /* cuMemCreate / import 1, + each retain */
     CUmemAllocationProp prop;
     struct vmm_handle *next;
 } vmm_handle;
@@ -52,59 +52,45 @@ static vmm_handle *handles;   /* G.lock */
 static vmm_reserve *reserves; /* G.lock */
 static CUmemGenericAllocationHandle next_id = 0x5100;
 
-static vmm_handle *find_handle(CUmemGenericAllocationHandle id)
-{
+static vmm_handle *find_handle(CUmemGenericAllocationHandle id) {
     for (vmm_handle *h = handles; h; h = h->next)
-        if (h->id == id)
-            return h;
+        if (h->id == id) return h;
     return NULL;
 }
 
-static vmm_reserve *find_reserve(uintptr_t p, size_t n)
-{
+static vmm_reserve *find_reserve(uintptr_t p, size_t n) {
     for (vmm_reserve *r = reserves; r; r = r->next)
-        if (p >= r->base && n <= r->size && p - r->base <= r->size - n)
-            return r;
+        if (p >= r->base && n <= r->size && p - r->base <= r->size - n) return r;
     return NULL;
 }
 
-static CUresult check_prop(const CUmemAllocationProp *prop)
-{
+static CUresult check_prop(const CUmemAllocationProp *prop) {
     if (!prop || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
         return CUDA_ERROR_INVALID_VALUE;
-    if (sim_check_device(prop->location.id) != CUDA_SUCCESS)
-        return CUDA_ERROR_INVALID_DEVICE;
+    if (sim_check_device(prop->location.id) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_DEVICE;
     return CUDA_SUCCESS;
 }
 
-SIM_EXPORT CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop, CUmemAllocationGranularity_flags option)
-{
-    if (!granularity)
-        return CUDA_ERROR_INVALID_VALUE;
+SIM_EXPORT CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
+                                                  CUmemAllocationGranularity_flags option) {
+    if (!granularity) return CUDA_ERROR_INVALID_VALUE;
     CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if ((rc = check_prop(prop)) != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
+    if ((rc = check_prop(prop)) != CUDA_SUCCESS) return rc;
     if (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM && option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED)
         return CUDA_ERROR_INVALID_VALUE;
     *granularity = SIM_VMM_GRANULARITY;
     return CUDA_SUCCESS;
 }
 
-SIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop, unsigned long long flags)
-{
-    if (!handle || flags != 0)
-        return CUDA_ERROR_INVALID_VALUE;
+SIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+                                unsigned long long flags) {
+    if (!handle || flags != 0) return CUDA_ERROR_INVALID_VALUE;
     CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if ((rc = check_prop(prop)) != CUDA_SUCCESS)
-        return rc;
-    if (size == 0 || size % SIM_VMM_GRANULARITY)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (size > G.cfg->dev[prop->location.id].memory)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (rc != CUDA_SUCCESS) return rc;
+    if ((rc = check_prop(prop)) != CUDA_SUCCESS) return rc;
+    if (size == 0 || size % SIM_VMM_GRANULARITY) return CUDA_ERROR_INVALID_VALUE;
+    if (size > G.cfg->dev[prop->location.id].memory) return CUDA_ERROR_OUT_OF_MEMORY;
     int dev = prop->location.id;
     pthread_mutex_lock(&G.lock);
     if (sim_ensure_slot() < 0) {
@@ -120,8 +106,7 @@ SIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t siz
     snprintf(name, sizeof name, "simgpu-vmm-dev%d", sim_phys(dev)); /* an importer learns the device */
     int fd = memfd_create(name, MFD_CLOEXEC);
     if (!h || fd < 0 || ftruncate(fd, (off_t)size) != 0) {
-        if (fd >= 0)
-            close(fd);
+        if (fd >= 0) close(fd);
         free(h);
         sim_mem_uncharge(G.slot, sim_phys(dev), size);
         pthread_mutex_unlock(&G.lock);
@@ -141,15 +126,12 @@ SIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t siz
     return CUDA_SUCCESS;
 }
 
-SIM_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
-{
+SIM_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
     CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     pthread_mutex_lock(&G.lock);
     vmm_handle **pp = &handles;
-    while (*pp && (*pp)->id != handle)
-        pp = &(*pp)->next;
+    while (*pp && (*pp)->id != handle) pp = &(*pp)->next;
     if (!*pp) {
         pthread_mutex_unlock(&G.lock);
         return CUDA_ERROR_INVALID_VALUE;
@@ -167,39 +149,30 @@ SIM_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
     return CUDA_SUCCESS;
 }
 
-SIM_EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr, unsigned long long flags)
-{
-    if (!ptr || flags != 0)
-        return CUDA_ERROR_INVALID_VALUE;
+SIM_EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                                        unsigned long long flags) {
+    if (!ptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
     CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (size == 0 || size % SIM_VMM_GRANULARITY)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (size > (1ull << 52))
-        return CUDA_ERROR_OUT_OF_MEMORY; /* more address space than a process can have */
-    if (alignment == 0)
-        alignment = SIM_VMM_GRANULARITY;
-    if (alignment & (alignment - 1) || alignment > (1ull << 40))
-        return CUDA_ERROR_INVALID_VALUE;
+    if (rc != CUDA_SUCCESS) return rc;
+    if (size == 0 || size % SIM_VMM_GRANULARITY) return CUDA_ERROR_INVALID_VALUE;
+    if (size > (1ull << 52)) return CUDA_ERROR_OUT_OF_MEMORY; /* more address space than a process can have */
+    if (alignment == 0) alignment = SIM_VMM_GRANULARITY;
+    if (alignment & (alignment - 1) || alignment > (1ull << 40)) return CUDA_ERROR_INVALID_VALUE;
     /* `addr` is only a hint (as for the real driver); over-reserve, then trim to the alignment. */
     size_t span = size + alignment;
     void *raw = mmap((void *)(uintptr_t)addr, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (raw == MAP_FAILED)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (raw == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
     uintptr_t base = sim_align_up((uintptr_t)raw, alignment);
-    if (base > (uintptr_t)raw)
-        munmap(raw, base - (uintptr_t)raw);
+    if (base > (uintptr_t)raw) munmap(raw, base - (uintptr_t)raw);
     uintptr_t end = (uintptr_t)raw + span;
-    if (end > base + size)
-        munmap((void *)(base + size), end - (base + size));
+    if (end > base + size) munmap((void *)(base + size), end - (base + size));
     vmm_reserve *r = malloc(sizeof *r);
     if (!r) {
         munmap((void *)base, size);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     pthread_mutex_lock(&G.lock);
-    *r = (vmm_reserve){ .base = base, .size = size, .next = reserves };
+    *r = (vmm_reserve){.base = base, .size = size, .next = reserves};
     reserves = r;
     pthread_mutex_unlock(&G.lock);
     *ptr = (CUdeviceptr)base;
@@ -207,8 +180,7 @@ SIM_EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t al
 }
 
 /* Drop the mapping records inside [p, p+n). G.lock held. Returns how many were dropped. */
-static int drop_maps_locked(uintptr_t p, size_t n)
-{
+static int drop_maps_locked(uintptr_t p, size_t n) {
     int dropped = 0;
     sim_alloc a;
     uintptr_t cur = p;
@@ -224,15 +196,12 @@ static int drop_maps_locked(uintptr_t p, size_t n)
     return dropped;
 }
 
-SIM_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
-{
+SIM_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
     CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     pthread_mutex_lock(&G.lock);
     vmm_reserve **pp = &reserves;
-    while (*pp && !((*pp)->base == (uintptr_t)ptr && (*pp)->size == size))
-        pp = &(*pp)->next;
+    while (*pp && !((*pp)->base == (uintptr_t)ptr && (*pp)->size == size)) pp = &(*pp)->next;
     if (!*pp) {
         pthread_mutex_unlock(&G.lock);
         return CUDA_ERROR_INVALID_VALUE;
@@ -246,12 +215,12 @@ SIM_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
     return CUDA_SUCCESS;
 }
 
-SIM_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle, unsigned long long flags)
-{
+SIM_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                             unsigned long long flags) {
     CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (flags != 0 || size == 0 || size % SIM_VMM_GRANULARITY || offset % SIM_VMM_GRANULARITY || ptr % SIM_VMM_GRANULARITY)
+    if (rc != CUDA_SUCCESS) return rc;
+    if (flags != 0 || size == 0 || size % SIM_VMM_GRANULARITY || offset % SIM_VMM_GRANULARITY ||
+        ptr % SIM_VMM_GRANULARITY)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&G.lock);
     vmm_handle *h = find_handle(handle);
@@ -267,10 +236,16 @@ SIM_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemG
         }
     }
     void *m = mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, h->fd, (off_t)offset);
-    sim_alloc a = { .base = (uintptr_t)ptr, .size = size, .dev = h->dev, .kind = ALLOC_VMM_MAP, .ctx = sim_current_ctx(), .handle = h->id };
+    sim_alloc a = {.base = (uintptr_t)ptr,
+                   .size = size,
+                   .dev = h->dev,
+                   .kind = ALLOC_VMM_MAP,
+                   .ctx = sim_current_ctx(),
+                   .handle = h->id};
     if (m == MAP_FAILED || sim_alloc_insert(&a) != 0) {
         if (m != MAP_FAILED)
-            mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+            mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1,
+                 0);
         pthread_mutex_unlock(&G.lock);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -278,13 +253,10 @@ SIM_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemG
     return CUDA_SUCCESS;
 }
 
-SIM_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
-{
+SIM_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
     CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (size == 0 || size % SIM_VMM_GRANULARITY || ptr % SIM_VMM_GRANULARITY)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (rc != CUDA_SUCCESS) return rc;
+    if (size == 0 || size % SIM_VMM_GRANULARITY || ptr % SIM_VMM_GRANULARITY) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&G.lock);
     if (!find_reserve((uintptr_t)ptr, size) || drop_maps_locked((uintptr_t)ptr, size) == 0) {
         pthread_mutex_unlock(&G.lock);
@@ -296,16 +268,15 @@ SIM_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
     return CUDA_SUCCESS;
 }
 
-SIM_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count)
-{
+SIM_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
     if (!desc || count == 0 || size == 0 || size % SIM_VMM_GRANULARITY || ptr % SIM_VMM_GRANULARITY)
         return CUDA_ERROR_INVALID_VALUE;
     CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     int prot = PROT_NONE;
     for (size_t i = 0; i < count; i++) {
-        if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE || sim_check_device(desc[i].location.id) != CUDA_SUCCESS)
+        if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+            sim_check_device(desc[i].location.id) != CUDA_SUCCESS)
             return CUDA_ERROR_INVALID_DEVICE;
         if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
             prot = PROT_READ | PROT_WRITE;
@@ -339,18 +310,14 @@ SIM_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAcce
     return CUDA_SUCCESS;
 }
 
-SIM_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
-{
-    if (!handle || !addr)
-        return CUDA_ERROR_INVALID_VALUE;
+SIM_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr) {
+    if (!handle || !addr) return CUDA_ERROR_INVALID_VALUE;
     CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     pthread_mutex_lock(&G.lock);
     sim_alloc a;
     vmm_handle *h = NULL;
-    if (sim_alloc_find((uintptr_t)addr, &a) == 0 && a.kind == ALLOC_VMM_MAP)
-        h = find_handle(a.handle);
+    if (sim_alloc_find((uintptr_t)addr, &a) == 0 && a.kind == ALLOC_VMM_MAP) h = find_handle(a.handle);
     if (h) {
         h->refs++;
         *handle = h->id;
@@ -359,29 +326,23 @@ SIM_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *ha
     return h ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
-SIM_EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop, CUmemGenericAllocationHandle handle)
-{
-    if (!prop)
-        return CUDA_ERROR_INVALID_VALUE;
+SIM_EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop,
+                                                           CUmemGenericAllocationHandle handle) {
+    if (!prop) return CUDA_ERROR_INVALID_VALUE;
     CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     pthread_mutex_lock(&G.lock);
     vmm_handle *h = find_handle(handle);
-    if (h)
-        *prop = h->prop;
+    if (h) *prop = h->prop;
     pthread_mutex_unlock(&G.lock);
     return h ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
-SIM_EXPORT CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle handle, CUmemAllocationHandleType handleType,
-                                                 unsigned long long flags)
-{
-    if (!shareableHandle || flags != 0)
-        return CUDA_ERROR_INVALID_VALUE;
+SIM_EXPORT CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle handle,
+                                                 CUmemAllocationHandleType handleType, unsigned long long flags) {
+    if (!shareableHandle || flags != 0) return CUDA_ERROR_INVALID_VALUE;
     CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    if (rc != CUDA_SUCCESS) return rc;
     if (handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
         return CUDA_ERROR_NOT_SUPPORTED; /* Win32 / fabric handles: not on this system */
     pthread_mutex_lock(&G.lock);
@@ -394,48 +355,39 @@ SIM_EXPORT CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGen
     else if ((fd = fcntl(h->fd, F_DUPFD_CLOEXEC, 0)) < 0)
         rc = CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_unlock(&G.lock);
-    if (rc == CUDA_SUCCESS)
-        *(int *)shareableHandle = fd;
+    if (rc == CUDA_SUCCESS) *(int *)shareableHandle = fd;
     return rc;
 }
 
 /* The physical device a simulator memfd was created for; -1 if fd is not one. */
-static int memfd_device(int fd)
-{
+static int memfd_device(int fd) {
     char path[64], target[256];
     snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
     ssize_t n = readlink(path, target, sizeof target - 1);
-    if (n <= 0)
-        return -1;
+    if (n <= 0) return -1;
     target[n] = '\0';
     int phys;
-    if (sscanf(target, "/memfd:simgpu-vmm-dev%d", &phys) != 1)
-        return -1;
+    if (sscanf(target, "/memfd:simgpu-vmm-dev%d", &phys) != 1) return -1;
     return phys;
 }
 
-SIM_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle, CUmemAllocationHandleType shHandleType)
-{
-    if (!handle)
-        return CUDA_ERROR_INVALID_VALUE;
+SIM_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle,
+                                                   CUmemAllocationHandleType shHandleType) {
+    if (!handle) return CUDA_ERROR_INVALID_VALUE;
     CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (shHandleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
-        return CUDA_ERROR_NOT_SUPPORTED;
+    if (rc != CUDA_SUCCESS) return rc;
+    if (shHandleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
     int in = (int)(intptr_t)osHandle, phys = memfd_device(in), dev = -1;
     struct stat st;
     for (int d = 0; phys >= 0 && d < G.cfg->ndev; d++)
-        if (sim_phys(d) == phys)
-            dev = d;
+        if (sim_phys(d) == phys) dev = d;
     if (dev < 0 || fstat(in, &st) != 0 || st.st_size <= 0)
         return CUDA_ERROR_INVALID_VALUE; /* not an exported allocation of a visible device */
     vmm_handle *h = calloc(1, sizeof *h);
     int fd = fcntl(in, F_DUPFD_CLOEXEC, 0);
     if (!h || fd < 0) {
         free(h);
-        if (fd >= 0)
-            close(fd);
+        if (fd >= 0) close(fd);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     h->fd = fd;

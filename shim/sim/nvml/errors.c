@@ -1,8 +1,7 @@
 /* nvmlErrorString: NVIDIA's texts for every nvmlReturn_t declared in vgpu/nvml_api.h. */
 #include "nvml_internal.h"
 
-SIM_EXPORT const char *nvmlErrorString(nvmlReturn_t result)
-{
+SIM_EXPORT const char *nvmlErrorString(nvmlReturn_t result) {
     switch ((int)result) {
     case NVML_SUCCESS: return "Success";
     case NVML_ERROR_UNINITIALIZED: return "Uninitialized";

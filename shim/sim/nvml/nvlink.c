@@ -7,24 +7,30 @@
  */
 #include "nvml_internal.h"
 
-SIM_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t device, unsigned int link, int *pNvLinkDeviceType);
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t device, unsigned int link,
+                                                            int *pNvLinkDeviceType);
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link, int *isActive);
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkVersion(nvmlDevice_t device, unsigned int link, unsigned int *version);
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device, unsigned int link, void *pci);
 
-static nvmlReturn_t no_nvlink(nvmlDevice_t device, const void *out)
-{
+static nvmlReturn_t no_nvlink(nvmlDevice_t device, const void *out) {
     int idx;
     sim_device_cfg cfg;
     nvmlReturn_t rc = sim_nvml_device(device, &idx, &cfg);
-    if (rc != NVML_SUCCESS)
-        return rc;
+    if (rc != NVML_SUCCESS) return rc;
     return out ? NVML_ERROR_NOT_SUPPORTED : NVML_ERROR_INVALID_ARGUMENT;
 }
 
-SIM_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t device, unsigned int link, int *pNvLinkDeviceType)
-{ return no_nvlink(device, pNvLinkDeviceType); }
-SIM_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link, int *isActive) { return no_nvlink(device, isActive); }
-SIM_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkVersion(nvmlDevice_t device, unsigned int link, unsigned int *version)
-{ return no_nvlink(device, version); }
-SIM_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device, unsigned int link, void *pci) { return no_nvlink(device, pci); }
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t device, unsigned int link,
+                                                            int *pNvLinkDeviceType) {
+    return no_nvlink(device, pNvLinkDeviceType);
+}
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link, int *isActive) {
+    return no_nvlink(device, isActive);
+}
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkVersion(nvmlDevice_t device, unsigned int link, unsigned int *version) {
+    return no_nvlink(device, version);
+}
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device, unsigned int link, void *pci) {
+    return no_nvlink(device, pci);
+}

@@ -17,7 +17,7 @@
  * entry points through the dynamic symbol table, so an interposer (LD_PRELOAD) sees exactly the
  * application's calls, and cuGetProcAddress returns this library's own functions, as the real
  * driver does. */
-#define SIM_EXPORT __attribute__((visibility("protected")))
+#define SIM_EXPORT    __attribute__((visibility("protected")))
 #define VGPU_NVML_API extern SIM_EXPORT
 #include "vgpu/nvml_api.h"
 #include "../common/sim_common.h"
@@ -29,10 +29,10 @@ struct nvmlDevice_st {
 };
 
 typedef struct {
-    pthread_mutex_t lock;          /* guards everything below */
-    int refcount;                  /* nvmlInit minus nvmlShutdown */
+    pthread_mutex_t lock; /* guards everything below */
+    int refcount;         /* nvmlInit minus nvmlShutdown */
     sim_config cfg;
-    int64_t cfg_mtime;             /* for health refresh during event waits */
+    int64_t cfg_mtime; /* for health refresh during event waits */
     struct nvmlDevice_st devs[SIM_MAX_DEVICES];
 } nvml_globals;
 extern nvml_globals N;
@@ -40,6 +40,6 @@ extern nvml_globals N;
 /* Check init and the handle; on success *idx is the device index and *cfg a copy of its config. */
 nvmlReturn_t sim_nvml_device(nvmlDevice_t h, int *idx, sim_device_cfg *cfg);
 nvmlReturn_t sim_nvml_check_init(void);
-uint64_t sim_nvml_period_ns(void);   /* SIMGPU_UTIL_PERIOD_MS, default 1000 */
+uint64_t sim_nvml_period_ns(void); /* SIMGPU_UTIL_PERIOD_MS, default 1000 */
 
 #endif

@@ -22,17 +22,14 @@ typedef struct {
     unsigned long long used;
 } proc_entry;
 
-static int list_procs(int dev, proc_entry *out, int cap)
-{
+static int list_procs(int dev, proc_entry *out, int cap) {
     int n = 0;
     sim_state_lock();
     sim_state_reap_locked(-1);
     for (int i = 0; i < SIM_MAX_PROCS; i++) {
         sim_proc_slot *p = &sim_shm->proc[i];
-        if (!sim_slot_active(i) || (p->contexts[dev] == 0 && p->used[dev] == 0))
-            continue;
-        if (n < cap)
-            out[n] = (proc_entry){ .slot = i, .pid = (unsigned)sim_slot_host_pid(i, -1), .used = p->used[dev] };
+        if (!sim_slot_active(i) || (p->contexts[dev] == 0 && p->used[dev] == 0)) continue;
+        if (n < cap) out[n] = (proc_entry){.slot = i, .pid = (unsigned)sim_slot_host_pid(i, -1), .used = p->used[dev]};
         n++;
     }
     sim_state_unlock();
@@ -40,14 +37,11 @@ static int list_procs(int dev, proc_entry *out, int cap)
 }
 
 /* Shared by the v1, v2 and v3 forms: `stride` bytes per entry, `v1` for the short layout. */
-static nvmlReturn_t running(nvmlDevice_t device, unsigned int *infoCount, void *infos, size_t stride, int v1)
-{
-    if (!infoCount)
-        return NVML_ERROR_INVALID_ARGUMENT;
+static nvmlReturn_t running(nvmlDevice_t device, unsigned int *infoCount, void *infos, size_t stride, int v1) {
+    if (!infoCount) return NVML_ERROR_INVALID_ARGUMENT;
     int dev;
     nvmlReturn_t rc = sim_nvml_device(device, &dev, NULL);
-    if (rc != NVML_SUCCESS)
-        return rc;
+    if (rc != NVML_SUCCESS) return rc;
     proc_entry e[SIM_MAX_PROCS];
     int n = list_procs(dev, e, SIM_MAX_PROCS);
     if (!infos || *infoCount < (unsigned)n) {
@@ -72,48 +66,41 @@ static nvmlReturn_t running(nvmlDevice_t device, unsigned int *infoCount, void *
     return NVML_SUCCESS;
 }
 
-SIM_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_t *infos)
-{
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
+                                                                nvmlProcessInfo_t *infos) {
     return running(device, infoCount, infos, sizeof(nvmlProcessInfo_t), 0);
 }
 
-SIM_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_v2_t *infos)
-{
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int *infoCount,
+                                                                nvmlProcessInfo_v2_t *infos) {
     return running(device, infoCount, infos, sizeof(nvmlProcessInfo_v2_t), 0);
 }
 
-SIM_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_v1_t *infos)
-{
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device, unsigned int *infoCount,
+                                                             nvmlProcessInfo_v1_t *infos) {
     return running(device, infoCount, infos, sizeof(nvmlProcessInfo_v1_t), 1);
 }
 
-SIM_EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_t *infos)
-{
-    if (!infoCount)
-        return NVML_ERROR_INVALID_ARGUMENT;
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
+                                                                 nvmlProcessInfo_t *infos) {
+    if (!infoCount) return NVML_ERROR_INVALID_ARGUMENT;
     int dev;
     nvmlReturn_t rc = sim_nvml_device(device, &dev, NULL);
-    if (rc == NVML_SUCCESS)
-        *infoCount = 0; /* the simulated GPU runs no graphics */
+    if (rc == NVML_SUCCESS) *infoCount = 0; /* the simulated GPU runs no graphics */
     return rc;
 }
 
-static unsigned pct(uint64_t busy, uint64_t window)
-{
-    if (!window)
-        return 0;
+static unsigned pct(uint64_t busy, uint64_t window) {
+    if (!window) return 0;
     uint64_t p = (busy * 100 + window / 2) / window;
     return p > 100 ? 100u : (unsigned)p;
 }
 
-SIM_EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *utilization)
-{
-    if (!utilization)
-        return NVML_ERROR_INVALID_ARGUMENT;
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *utilization) {
+    if (!utilization) return NVML_ERROR_INVALID_ARGUMENT;
     int dev;
     nvmlReturn_t rc = sim_nvml_device(device, &dev, NULL);
-    if (rc != NVML_SUCCESS)
-        return rc;
+    if (rc != NVML_SUCCESS) return rc;
     uint64_t now = sim_now_ns(), window;
     uint64_t busy = sim_busy_between(dev, -1, now - sim_nvml_period_ns(), now, &window);
     utilization->gpu = pct(busy, window);
@@ -121,27 +108,22 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlU
     return NVML_SUCCESS;
 }
 
-SIM_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUtilizationSample_t *utilization,
-                                                        unsigned int *processSamplesCount, unsigned long long lastSeenTimeStamp)
-{
-    if (!processSamplesCount)
-        return NVML_ERROR_INVALID_ARGUMENT;
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
+                                                        nvmlProcessUtilizationSample_t *utilization,
+                                                        unsigned int *processSamplesCount,
+                                                        unsigned long long lastSeenTimeStamp) {
+    if (!processSamplesCount) return NVML_ERROR_INVALID_ARGUMENT;
     int dev;
     nvmlReturn_t rc = sim_nvml_device(device, &dev, NULL);
-    if (rc != NVML_SUCCESS)
-        return rc;
+    if (rc != NVML_SUCCESS) return rc;
     uint64_t now_us = sim_realtime_us(), now = sim_now_ns(), period = sim_nvml_period_ns();
-    if (lastSeenTimeStamp >= now_us)
-        return NVML_ERROR_NOT_FOUND; /* nothing newer than what the caller has seen */
+    if (lastSeenTimeStamp >= now_us) return NVML_ERROR_NOT_FOUND; /* nothing newer than what the caller has seen */
     uint64_t span = (now_us - lastSeenTimeStamp) * 1000ull;
-    if (lastSeenTimeStamp == 0 || span > period)
-        span = period;
-    if (span < 2 * SIM_PBUCKET_NS)
-        span = 2 * SIM_PBUCKET_NS; /* at least one complete bucket */
+    if (lastSeenTimeStamp == 0 || span > period) span = period;
+    if (span < 2 * SIM_PBUCKET_NS) span = 2 * SIM_PBUCKET_NS; /* at least one complete bucket */
     proc_entry e[SIM_MAX_PROCS];
     int n = list_procs(dev, e, SIM_MAX_PROCS);
-    if (n == 0)
-        return NVML_ERROR_NOT_FOUND;
+    if (n == 0) return NVML_ERROR_NOT_FOUND;
     if (!utilization || *processSamplesCount < (unsigned)n) {
         *processSamplesCount = (unsigned)n;
         return NVML_ERROR_INSUFFICIENT_SIZE;
@@ -149,7 +131,8 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvm
     for (int i = 0; i < n; i++) {
         uint64_t window;
         uint64_t busy = sim_busy_between(dev, e[i].slot, now - span, now, &window);
-        utilization[i] = (nvmlProcessUtilizationSample_t){ .pid = e[i].pid, .timeStamp = now_us, .smUtil = pct(busy, window) };
+        utilization[i] =
+            (nvmlProcessUtilizationSample_t){.pid = e[i].pid, .timeStamp = now_us, .smUtil = pct(busy, window)};
     }
     *processSamplesCount = (unsigned)n;
     return NVML_SUCCESS;
