@@ -98,7 +98,9 @@ def test_aarch64_quota_smoke_under_qemu(aarch64_build: dict[str, Path], tmp_path
     state.mkdir(mode=0o700)
     r = _run(aarch64_build, state, "info")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert r.stdout.split() == [f"total={64 << 20}", f"free={64 << 20}"]
+    total, free, nvml = r.stdout.split()
+    assert (total, free) == (f"total={64 << 20}", f"free={64 << 20}")
+    assert nvml in ("nvml=0", "nvml=1"), r.stdout  # whether the shim read NVML: not judged here
     r = _run(aarch64_build, state, "alloc", str(32 << 20))
     assert (r.returncode, r.stdout.strip()) == (0, "alloc=0"), r.stderr
     r = _run(aarch64_build, state, "alloc", str(128 << 20))

@@ -24,12 +24,12 @@ from tests.support.staging import stage_region_binding
 
 NOBODY = 65534
 
+pytestmark = pytest.mark.slow
+
 ATTACKER = r"""
 import os, sys, time
 path, mode, uuid_hex, seconds = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
 from sharing._region_cffi import ffi
-
-pytestmark = pytest.mark.slow
 f = ffi.new("struct vgpu_demand_file *")
 f.magic, f.version, f.ndev = 0x44475056, 2, 64
 uuid = bytes.fromhex(uuid_hex)
