@@ -20,6 +20,8 @@ CUDA_SUCCESS = 0
 CUDA_ERROR_OUT_OF_MEMORY = 2
 CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16
 MIB = 1 << 20
+# The share is judged over the phase after this fraction of it (the steady state).
+STEADY_AFTER = 0.25
 
 
 class CudaError(RuntimeError):
@@ -91,16 +93,30 @@ def run(chunk_mib: int, max_chunks: int, kernel: str, seconds: float) -> int:
     waited = cpu_wait_ns()
     start = time.monotonic()
     deadline = start + seconds
+    # The steady state starts at the first synchronisation after the first quarter: before it
+    # the cap lets a slice run its burst ahead and learns each kernel's cost (docs/compute.md).
+    steady_from = start + seconds * STEADY_AFTER
+    steady: tuple[int, float, int] | None = None
     while time.monotonic() < deadline:
         # One wave of `sms` blocks: the kernel's nominal device time per launch.
         cu.check("cuLaunchKernel", fn, sms.value, 1, 1, 128, 1, 1, 0, None, None, None)
         launches += 1
         if launches % 8 == 0:
             cu.check("cuCtxSynchronize")
+            now = time.monotonic()
+            if steady is None and now >= steady_from:
+                steady = (launches, now, cpu_wait_ns())
     cu.check("cuCtxSynchronize")
-    elapsed = time.monotonic() - start
+    end = time.monotonic()
+    s_launches, s_start, s_waited = steady if steady is not None else (0, end, cpu_wait_ns())
     emit(
-        "done", launches=launches, seconds=elapsed, cpu_wait_seconds=(cpu_wait_ns() - waited) / 1e9
+        "done",
+        launches=launches,
+        seconds=end - start,
+        cpu_wait_seconds=(cpu_wait_ns() - waited) / 1e9,
+        steady_launches=launches - s_launches,
+        steady_seconds=end - s_start,
+        steady_cpu_wait_seconds=(cpu_wait_ns() - s_waited) / 1e9,
     )
     return 0
 

@@ -24,7 +24,9 @@ def _run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[st
 
 
 def test_json_summary_and_shares_within_bounds(sim_env: dict[str, str]) -> None:
-    r = _run(["--seconds", "3", "--json", "--listen", "127.0.0.1:0"], sim_env)
+    # The default phase (6 s): shorter ones end before the cap's NVML loop has corrected what
+    # the events charge beside a busy neighbour (docs/compute.md), so they judge less than the cap.
+    r = _run(["--json", "--listen", "127.0.0.1:0"], sim_env)
     doc = json.loads(r.stdout)  # nothing but the JSON on stdout
     # The demo also fails a tenant that got well under its cap ("got only"): a loaded host that
     # cannot keep the device fed does that, so that judgement is the demo's, not this test's
@@ -60,7 +62,7 @@ def test_bad_arguments_get_one_line(sim_env: dict[str, str]) -> None:
 
 def test_serves_the_exporter_while_it_runs(sim_env: dict[str, str], tmp_path: Path) -> None:
     p = subprocess.Popen(
-        [*DEMO, "--seconds", "3", "--listen", "127.0.0.1:0"],
+        [*DEMO, "--listen", "127.0.0.1:0"],  # the default phase: see the first test
         env=sim_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     assert p.stdout is not None
