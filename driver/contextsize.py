@@ -10,9 +10,11 @@ DATA/context-sizes.json (the plugin's data dir, 0644), keyed by model, memory an
     {"<GPU name> / <memory bytes> B / driver <version>": <bytes>, ...}
 
 The helper uses the CUDA driver beside the NVML library the plugin loaded (the node's driver, or
-the simulator's under --sim), with the plugin's environment. A model the helper could not
-measure is not asked again while the plugin runs; its claims' limits carry no size (the shim
-then measures, as without the key).
+the simulator's under --sim), with the plugin's environment. It runs on a thread of its own,
+started for the node's models when the plugin starts: a prepare never runs it, and waits for one
+under way at most PREPARE_WAIT_S. A model the helper could not measure (or not yet) gets no size
+in its claims' limits (the shim then measures, as without the key); one it could not measure is
+not asked again while the plugin runs.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +40,7 @@ CACHE_FILE = "context-sizes.json"
 NVML_LIBRARY = "libnvidia-ml.so.1"
 CUDA_LIBRARY = "libcuda.so.1"
 PROBE_TIMEOUT_S = 120.0  # a driver bringing a GPU up for its first context can take seconds
+PREPARE_WAIT_S = 10.0  # a prepare waits this long for a model being learned, then goes without
 MAX_SIZE = 1 << 50  # above any GPU's memory: not a context size
 
 
@@ -60,35 +64,95 @@ def loaded_nvml_dir(maps: Path = Path("/proc/self/maps")) -> Path | None:
 
 @dataclass
 class ContextSizes:
-    """The limits' context sizes of a claim's GPUs, learned once per model (thread-safe)."""
+    """The limits' context sizes of a claim's GPUs, learned once per model (thread-safe).
+
+    Learning runs on a thread of its own, never under a prepare: the plugin starts it for its
+    GPUs' models at start-up (`learn`), and a prepare that meets a model still being learned
+    waits at most `wait_s` for it, then goes on without the size (the shim measures) instead of
+    holding the kubelet's call for as long as a driver may take to bring a GPU up."""
 
     data_dir: Path
     lib_dir: Path | None = None  # None: beside the NVML library this process loaded
+    wait_s: float = PREPARE_WAIT_S
+    helper: tuple[str, ...] = (sys.executable, "-m", "driver.contextsize")
+    after_probe: Callable[[], None] | None = None  # e.g. share the simulator's new state files
     _known: dict[str, int | None] = field(default_factory=dict)  # None: could not measure
+    _learning: dict[str, threading.Event] = field(default_factory=dict)
+    _loaded: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def learn(self, gpus: Sequence[GpuInfo]) -> None:
+        """Start learning, in the background, the models of `gpus` not known yet."""
+        with self._lock:
+            self._load()
+            for g in gpus:
+                self._start(g)
 
     def for_gpus(self, gpus: Sequence[GpuInfo]) -> list[int | None]:
         with self._lock:
-            if not self._known:
-                self._known.update(self._read_cache())
-            return [self._size(g) for g in gpus]
+            self._load()
+            pending = {id(e): e for e in (self._start(g) for g in gpus) if e is not None}
+        deadline = time.monotonic() + self.wait_s
+        for e in pending.values():
+            e.wait(max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            sizes = []
+            for g in gpus:
+                key = model_key(g)
+                if key not in self._known:
+                    log.info(
+                        "context size on %s: still being learned after %gs; this claim's shim"
+                        " measures it",
+                        key,
+                        self.wait_s,
+                    )
+                sizes.append(self._known.get(key))
+            return sizes
 
-    def _size(self, gpu: GpuInfo) -> int | None:
+    def _load(self) -> None:  # under _lock
+        if not self._loaded:
+            self._known.update(self._read_cache())
+            self._loaded = True
+
+    def _start(self, gpu: GpuInfo) -> threading.Event | None:
+        """The learning of gpu's model (started now if need be); None when it is known. Under
+        _lock."""
         key = model_key(gpu)
         if key in self._known:
-            return self._known[key]
-        size = self._probe(gpu)
-        self._known[key] = size
+            return None
+        event = self._learning.get(key)
+        if event is None:
+            event = self._learning[key] = threading.Event()
+            threading.Thread(
+                target=self._learn, args=(gpu, key, event), name="context-size", daemon=True
+            ).start()
+        return event
+
+    def _learn(self, gpu: GpuInfo, key: str, event: threading.Event) -> None:
+        try:
+            size = self._probe(gpu)
+        except Exception:  # a bug here must not leave prepares waiting for nothing
+            log.exception("context size on %s: helper failed; the shim measures", key)
+            size = None
+        if self.after_probe is not None:
+            self.after_probe()
+        with self._lock:  # the cache is written under it: two learnings never interleave
+            self._known[key] = size
+            del self._learning[key]
+            if size is not None:
+                self._write_cache()
+        event.set()
         if size is not None:
-            learned = {k: v for k, v in self._known.items() if v is not None}
-            try:
-                atomic_write(
-                    self._cache_path, (json.dumps(learned, indent=1) + "\n").encode(), mode=0o644
-                )
-            except OSError as e:
-                log.warning("context sizes: cannot write %s: %s", self._cache_path, e)
             log.info("context size on %s: %d bytes (learned by a helper process)", key, size)
-        return size
+
+    def _write_cache(self) -> None:  # under _lock
+        learned = {k: v for k, v in self._known.items() if v is not None}
+        try:
+            atomic_write(
+                self._cache_path, (json.dumps(learned, indent=1) + "\n").encode(), mode=0o644
+            )
+        except OSError as e:
+            log.warning("context sizes: cannot write %s: %s", self._cache_path, e)
 
     @property
     def _cache_path(self) -> Path:
@@ -117,7 +181,7 @@ class ContextSizes:
                 "context size on %s: no CUDA driver beside NVML; the shim measures", model_key(gpu)
             )
             return None
-        cmd = [sys.executable, "-m", "driver.contextsize", gpu.uuid, str(lib_dir)]
+        cmd = [*self.helper, gpu.uuid, str(lib_dir)]
         try:
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
         except (OSError, subprocess.TimeoutExpired) as e:

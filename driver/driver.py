@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -94,12 +95,14 @@ class Driver:
         registration_backoff: tuple[float, float] = (1.0, 60.0),
         rules_for: RulesFor | None = None,
         injector: DriverInjector | None = None,
+        after_probe: Callable[[], None] | None = None,
     ) -> None:
         """shim_source (default sharing.paths.shim_library()), dev_root (where /dev/nvidia* are
         looked for) and node_state_dir (host directory of the compute controller's node-wide files,
         default <data dir>/node-state) exist for tests; main.py leaves them alone. rules_for: the
         admin sharing policy's rules per GPU (driver/policy.py; None: the built-in policy); injector:
-        the driver's files for CDI-only runtimes (driver/injection.py; None: not injected)."""
+        the driver's files for CDI-only runtimes (driver/injection.py; None: not injected);
+        after_probe: called after each context-size helper ran (driver/contextsize.py)."""
         if mode not in devicenames.MODES:
             raise ValueError(f"mode {mode!r} unknown; allowed: {', '.join(devicenames.MODES)}")
         if partitions < 1:
@@ -120,6 +123,7 @@ class Driver:
         )
         self.claim_status = ClaimStatusWriter(api_client, settings.driver_name)
         self._kube = Kube(api_client)
+        self.context_sizes = ContextSizes(data_dir, after_probe=after_probe)
         self.state = DeviceState(
             driver_name=settings.driver_name,
             node_name=settings.node_name,
@@ -132,7 +136,7 @@ class Driver:
             read=DeviceState.api_reader(api_client),
             rules_for=rules_for,
             injector=injector,
-            context_sizes=ContextSizes(data_dir),
+            context_sizes=self.context_sizes,
             on_prepared=self.claim_status.submit,
             published=self._published,
         )
@@ -168,6 +172,7 @@ class Driver:
             # Only the plugin writes here (an older version made node-state 1777: tighten it).
             os.chmod(d, 0o755)
         self.state.recover()
+        self.context_sizes.learn(self.gpus)  # in the background, before the first prepare needs it
         if not self.health.snapshot().devices:
             self.health.publish(
                 {
@@ -190,6 +195,7 @@ class Driver:
         """Prepare claims on this set of GPUs from now on (called by rediscovery)."""
         self.gpus = list(gpus)
         self.state.set_gpus(gpus)
+        self.context_sizes.learn(gpus)
 
     def stop(self) -> None:
         self.plugin.stop()

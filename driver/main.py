@@ -322,6 +322,10 @@ class Plugin:
                         DriverRoot(s.driver_root, s.driver_root_mount), s.cdi_spec_dirs
                     )
                 ),
+                # The helper's process creates state files of its own (0600) on a simulated node.
+                after_probe=(
+                    (lambda: simulated.share_state(sim_node)) if sim_node is not None else None
+                ),
             )
             self.driver.start()
             if s.metrics_address is not None:

@@ -9,10 +9,17 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from driver.contextsize import CACHE_FILE, ContextSizes, loaded_nvml_dir, model_key
+from driver.contextsize import (
+    CACHE_FILE,
+    PROBE_TIMEOUT_S,
+    ContextSizes,
+    loaded_nvml_dir,
+    model_key,
+)
 from sharing.gpus import GpuInfo
 from sharing.paths import sim_lib_dir
 from tests.driver.plugin_process import fake_gpus
@@ -38,7 +45,12 @@ def sim_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> GpuInfo:
 
 
 class Counting(ContextSizes):
+    """Counts the helpers run; a prepare waits for one as long as the helper may take."""
+
     probes: int = 0
+
+    def __init__(self, data_dir: Path, **kw: Any) -> None:
+        super().__init__(data_dir, **{"wait_s": PROBE_TIMEOUT_S, **kw})
 
     def _probe(self, gpu: GpuInfo) -> int | None:
         self.probes += 1
@@ -92,3 +104,32 @@ def test_loaded_nvml_dir(tmp_path: Path) -> None:
     assert loaded_nvml_dir(maps) == Path("/opt/drv")
     maps.write_text("7f04-7f05 rw-p 00000000 00:00 0 [heap]\n")
     assert loaded_nvml_dir(maps) is None
+
+
+# A helper that answers only once the test lets it (the file GO exists): no timing involved.
+GATED = "import os, sys, time\nwhile not os.path.exists(sys.argv[1]): time.sleep(0.01)\nprint(4096)"
+
+
+def gated(go: Path) -> tuple[str, ...]:
+    return (sys.executable, "-c", GATED.replace("sys.argv[1]", repr(str(go))))
+
+
+def test_a_prepare_does_not_wait_for_a_slow_helper(tmp_path: Path) -> None:
+    gpu = fake_gpus(1)[0]
+    (tmp_path / "lib" / "libcuda.so.1").parent.mkdir()
+    (tmp_path / "lib" / "libcuda.so.1").touch()
+    go = tmp_path / "go"
+    sizes = Counting(tmp_path, lib_dir=tmp_path / "lib", wait_s=0.2, helper=gated(go))
+    assert sizes.for_gpus([gpu]) == [None]  # not learned yet: the claim's shim measures
+    assert sizes.for_gpus([gpu]) == [None] and sizes.probes == 1  # the same helper, still running
+    go.touch()
+    sizes.wait_s = PROBE_TIMEOUT_S
+    assert sizes.for_gpus([gpu]) == [4096] and sizes.probes == 1
+    assert json.loads((tmp_path / CACHE_FILE).read_text()) == {model_key(gpu): 4096}
+
+
+def test_learned_at_start_in_the_background(sim_gpu: GpuInfo, tmp_path: Path) -> None:
+    sizes = Counting(tmp_path, lib_dir=sim_lib_dir())
+    sizes.learn([sim_gpu])
+    sizes.learn([sim_gpu])  # rediscovery of the same model: nothing new
+    assert sizes.for_gpus([sim_gpu]) == [CONTEXT_MEMORY] and sizes.probes == 1

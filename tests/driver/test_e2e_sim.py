@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from driver.contextsize import CACHE_FILE
 from driver.injection import SIM_CONFIG_PATH, SIM_STATE_PATH, multiarch_lib_dir
 from sharing.limitsfile import parse_limits_file
 from sharing.paths import sim_lib_dir
@@ -191,6 +192,16 @@ def node_memory_used(data: Path) -> int:
     return int(out)
 
 
+def wait_learned(root: Path) -> None:
+    """Until the plugin learned the context size in the background (its cache file is written
+    after the helper exited and the plugin shared the state files the helper created)."""
+    learned = root / "data" / CACHE_FILE
+    deadline = time.monotonic() + 120
+    while not learned.exists():
+        assert time.monotonic() < deadline, "the plugin never learned the context size"
+        time.sleep(0.05)
+
+
 def test_sim_plugin_publishes_the_simulated_node(
     world: tuple[FakeApiServer, SimPlugin, KubeletStandin, Path],
 ) -> None:
@@ -205,6 +216,9 @@ def test_sim_plugin_publishes_the_simulated_node(
     assert {d["uuid"] for d in config["devices"]} == uuids
     state = root / "data" / "sim" / "state"
     assert state.stat().st_mode & 0o7777 == 0o1777
+    # The plugin learns the context size at start with a helper process, which creates state
+    # files of its own; once it has, they are shared too.
+    wait_learned(root)
     files = list(state.iterdir())
     assert files and all(f.stat().st_mode & 0o777 == 0o666 for f in files)  # any tenant user
     assert "simulated GPUs (2 x NVIDIA L4)" in plugin.output()
@@ -280,6 +294,7 @@ def test_limits_carry_the_context_size_and_the_first_process_does_not_measure(
     and reads NVML) and writes it into the limits file (VGPU_CONTEXT_SIZE_<i>), kept in its data
     dir for the next claims; a fresh claim's first process charges it without loading NVML."""
     server, plugin, kubelet, root = world
+    wait_learned(root)  # at start, in the background: a prepare waits for it only so long
     a = prepare(server, kubelet, "a", "2Gi")
     [limits] = (root / "data" / "claims").glob("*/limits")
     values = parse_limits_file(limits.read_text())
