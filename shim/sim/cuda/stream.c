@@ -440,7 +440,7 @@ SIM_EXPORT CUresult simgpuProcessBusyNs(CUdevice dev, unsigned long long from_ns
     if (!busy_ns || !window_ns || to_ns < from_ns) return CUDA_ERROR_INVALID_VALUE;
     if (G.slot < 0) return CUDA_ERROR_INVALID_CONTEXT;
     uint64_t w;
-    *busy_ns = sim_busy_between(sim_phys(dev), G.slot, from_ns, to_ns, &w);
+    *busy_ns = sim_sched_busy_between(sim_phys(dev), G.slot, from_ns, to_ns, &w);
     *window_ns = w;
     return CUDA_SUCCESS;
 }
