@@ -16,6 +16,8 @@ def _modules() -> set[str]:
         *REPO.glob("cdi/*.py"),
         *REPO.glob("shim/src/*.c"),
         *REPO.glob("shim/src/*.def"),
+        *REPO.glob("shim/sim/*/*.c"),
+        *REPO.glob("shim/sim/*/*.def"),
     ]
     return {p.name for p in files if p.name != "__init__.py"}
 

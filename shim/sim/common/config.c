@@ -11,7 +11,10 @@
  * allowed, and the load fails (cuInit / nvmlInit then fail): a typo must not silently simulate a
  * different node.
  */
-#include "sim_common.h"
+#include "config.h"
+
+#include "json.h"
+#include "util.h"
 
 #include <errno.h>
 #include <stdio.h>

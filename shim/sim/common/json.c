@@ -4,7 +4,7 @@
  * is limited (no stack exhaustion on hostile input), trailing garbage is an error, and every error
  * names the line and column so the one-line diagnostic can point at it.
  */
-#include "sim_common.h"
+#include "json.h"
 
 #include <errno.h>
 #include <stdio.h>

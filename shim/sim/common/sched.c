@@ -24,7 +24,10 @@
  * the next locker clamps every field into range and goes on. Work a dead process left queued
  * (at most its streams' queue-ahead) still runs, as a killed context's last kernels do.
  */
-#include "sim_common.h"
+#include "sched.h"
+
+#include "busy.h"
+#include "util.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -264,4 +267,9 @@ void sim_sched_advance(int dev) {
     sched_lock(q);
     advance_locked(q, dev, now);
     sched_unlock(q);
+}
+
+uint64_t sim_sched_busy_between(int dev, int slot, uint64_t from, uint64_t to, uint64_t *window_ns) {
+    sim_sched_advance(dev);
+    return sim_busy_between(dev, slot, from, to, window_ns);
 }

@@ -1,5 +1,5 @@
 /* Clocks, sleeping, environment knobs, quantity parsing and diagnostics for the simulator. */
-#include "sim_common.h"
+#include "util.h"
 
 #include <errno.h>
 #include <stdarg.h>

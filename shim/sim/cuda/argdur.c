@@ -6,7 +6,10 @@
  * time without a kernel per duration. Only launches with kernelParams carry it; one packed in
  * `extra` (CU_LAUNCH_PARAM_BUFFER_POINTER) or a graph kernel node keeps the name's default.
  */
-#include "cuda_internal.h"
+#include "argdur.h"
+
+#include "duration.h"
+#include "init.h"
 
 #include <string.h>
 

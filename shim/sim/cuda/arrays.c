@@ -15,11 +15,19 @@
  * (the charge above, alignment 2 MiB); for an array created with memory they return
  * CUDA_ERROR_INVALID_VALUE, as NVIDIA documents.
  */
-#include "cuda_internal.h"
+#include "arrays.h"
+
+#include "ctxstack.h"
+#include "init.h"
+
+#include "../common/state.h"
+#include "../common/util.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+
+#define SIM_ARRAY_GRANULE (2ull << 20) /* arrays are charged in whole 2 MiB granules */
 
 /* The row pitch alignment of cuMemAllocPitch and of arrays: the driver's choice, reported by no
  * attribute (SIMGPU_PITCH_ALIGNMENT, default 512; read once). */

@@ -1,6 +1,6 @@
 /*
  * Contexts: the primary context of each device (retained/released by the runtime) and explicit
- * ones (cuCtxCreate), with the per-thread stack of current contexts.
+ * ones (cuCtxCreate); the per-thread stack of current contexts is ctxstack.c's.
  *
  * Creating a context claims this process's node slot (so NVML lists the process) and charges
  * SIMGPU_CONTEXT_MEMORY bytes of device memory (default 500 MiB: a CUDA 12 context on an H100
@@ -14,25 +14,25 @@
  * Context structures are never returned to malloc: a stale handle then fails validation (magic
  * cleared) instead of touching freed memory.
  */
-#include "cuda_internal.h"
+#include "context.h"
+
+#include "ctxstack.h"
+#include "ctxstore.h"
+#include "init.h"
+#include "memory.h"
+#include "stream.h"
+
+#include "../common/state.h"
+#include "../common/util.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#define CTX_STACK_MAX  64
 #define CTX_FLAGS_MASK 0xffu /* scheduling, map-host, lmem-resize, coredump, sync-memops */
 
-static __thread struct CUctx_st *tls_stack[CTX_STACK_MAX];
-static __thread int tls_depth;
 static unsigned primary_flags[SIM_MAX_DEVICES];
 
-void sim_contexts_after_fork(void) {
-    tls_depth = 0; /* the forking thread is the child's only thread */
-    memset(primary_flags, 0, sizeof primary_flags);
-}
-
-/* SIMGPU_CONTEXT_MEMORY (bytes or a quantity such as 300Mi; 0 models a context that costs nothing). */
-uint64_t sim_context_memory_knob(void) { return sim_env_u64("SIMGPU_CONTEXT_MEMORY", 500ull << 20); }
+void sim_contexts_after_fork(void) { memset(primary_flags, 0, sizeof primary_flags); }
 
 #define CREATE_MS_MAX 10000
 
@@ -55,25 +55,6 @@ static uint64_t context_create_ns(void) {
 static void creation_time(void) {
     uint64_t ns = context_create_ns();
     if (ns) sim_sleep_until_ns(sim_now_ns() + ns);
-}
-
-static int ctx_usable(const struct CUctx_st *c) {
-    return SIM_VALID(c, MAGIC_CTX) && !(c->is_primary && c->retain == 0);
-}
-
-struct CUctx_st *sim_current_ctx(void) {
-    if (tls_depth <= 0) return NULL;
-    struct CUctx_st *c = tls_stack[tls_depth - 1];
-    return ctx_usable(c) ? c : NULL;
-}
-
-CUresult sim_get_ctx(struct CUctx_st **out) {
-    CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS) return rc;
-    struct CUctx_st *c = sim_current_ctx();
-    if (!c) return CUDA_ERROR_INVALID_CONTEXT;
-    *out = c;
-    return CUDA_SUCCESS;
 }
 
 /* Bring up a (new or inactive primary) context: slot, context memory, legacy stream. G.lock held. */
@@ -121,7 +102,7 @@ static CUresult ctx_create(CUcontext *pctx, unsigned flags, CUdevice dev) {
     CUresult rc = sim_check_device(dev);
     if (rc != CUDA_SUCCESS) return rc;
     if (flags & ~CTX_FLAGS_MASK) return CUDA_ERROR_INVALID_VALUE;
-    if (tls_depth >= CTX_STACK_MAX) return CUDA_ERROR_INVALID_VALUE;
+    if (sim_ctx_stack_full()) return CUDA_ERROR_INVALID_VALUE;
     struct CUctx_st *c = calloc(1, sizeof *c);
     if (!c) return CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_lock(&G.lock);
@@ -132,7 +113,7 @@ static CUresult ctx_create(CUcontext *pctx, unsigned flags, CUdevice dev) {
         return rc;
     }
     creation_time();
-    tls_stack[tls_depth++] = c; /* a new context is pushed onto the calling thread's stack */
+    sim_ctx_push(c); /* a new context is pushed onto the calling thread's stack */
     *pctx = c;
     return CUDA_SUCCESS;
 }
@@ -163,14 +144,6 @@ SIM_EXPORT CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice de
     return ctx_create(pctx, flags, dev);
 }
 
-static void drop_from_tls(struct CUctx_st *c) {
-    /* Only the calling thread's stack can be fixed up; other threads fail validation later. */
-    int w = 0;
-    for (int r = 0; r < tls_depth; r++)
-        if (tls_stack[r] != c) tls_stack[w++] = tls_stack[r];
-    tls_depth = w;
-}
-
 SIM_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
     CUresult rc = sim_check_init();
     if (rc != CUDA_SUCCESS) return rc;
@@ -184,7 +157,7 @@ SIM_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
         ctx->magic = MAGIC_DEAD;
     }
     pthread_mutex_unlock(&G.lock);
-    drop_from_tls(ctx);
+    sim_ctx_drop(ctx);
     return CUDA_SUCCESS;
 }
 
@@ -275,70 +248,6 @@ SIM_EXPORT CUresult cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags)
     return cuDevicePrimaryCtxSetFlags_v2(dev, flags);
 }
 
-SIM_EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx) {
-    if (!pctx) return CUDA_ERROR_INVALID_VALUE;
-    CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS) return rc;
-    *pctx = sim_current_ctx();
-    return CUDA_SUCCESS;
-}
-
-SIM_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx) {
-    CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS) return rc;
-    if (!ctx) {
-        if (tls_depth > 0) tls_depth--;
-        return CUDA_SUCCESS;
-    }
-    if (!ctx_usable(ctx)) return CUDA_ERROR_INVALID_CONTEXT;
-    if (tls_depth == 0)
-        tls_stack[tls_depth++] = ctx;
-    else
-        tls_stack[tls_depth - 1] = ctx;
-    return CUDA_SUCCESS;
-}
-
-SIM_EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
-    CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS) return rc;
-    if (!ctx || !ctx_usable(ctx)) return CUDA_ERROR_INVALID_CONTEXT;
-    if (tls_depth >= CTX_STACK_MAX) return CUDA_ERROR_INVALID_VALUE;
-    tls_stack[tls_depth++] = ctx;
-    return CUDA_SUCCESS;
-}
-
-SIM_EXPORT CUresult cuCtxPushCurrent(CUcontext ctx) { return cuCtxPushCurrent_v2(ctx); }
-
-SIM_EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx) {
-    CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS) return rc;
-    if (tls_depth <= 0) return CUDA_ERROR_INVALID_CONTEXT;
-    struct CUctx_st *c = tls_stack[--tls_depth];
-    if (pctx) *pctx = c;
-    return CUDA_SUCCESS;
-}
-
-SIM_EXPORT CUresult cuCtxPopCurrent(CUcontext *pctx) { return cuCtxPopCurrent_v2(pctx); }
-
-SIM_EXPORT CUresult cuCtxGetDevice(CUdevice *device) {
-    if (!device) return CUDA_ERROR_INVALID_VALUE;
-    struct CUctx_st *c;
-    CUresult rc = sim_get_ctx(&c);
-    if (rc != CUDA_SUCCESS) return rc;
-    *device = c->dev;
-    return CUDA_SUCCESS;
-}
-
-SIM_EXPORT CUresult cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx) {
-    if (!device) return CUDA_ERROR_INVALID_VALUE;
-    if (!ctx) return cuCtxGetDevice(device);
-    CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS) return rc;
-    if (!ctx_usable(ctx)) return CUDA_ERROR_INVALID_CONTEXT;
-    *device = ctx->dev;
-    return CUDA_SUCCESS;
-}
-
 static CUresult ctx_sync(struct CUctx_st *c) {
     wait_ctx_idle(c);
     sim_after_sync(c);
@@ -355,6 +264,6 @@ SIM_EXPORT CUresult cuCtxSynchronize_v2(CUcontext ctx) {
     if (!ctx) return cuCtxSynchronize();
     CUresult rc = sim_check_init();
     if (rc != CUDA_SUCCESS) return rc;
-    if (!ctx_usable(ctx)) return CUDA_ERROR_INVALID_CONTEXT;
+    if (!sim_ctx_usable(ctx)) return CUDA_ERROR_INVALID_CONTEXT;
     return ctx_sync(ctx);
 }

@@ -8,7 +8,12 @@
  * outside one live allocation is CUDA_ERROR_INVALID_VALUE, never a crash. cuMemcpy / cuMemcpyAsync
  * (unified addressing) also accept host pointers that are not allocations.
  */
-#include "cuda_internal.h"
+#include "copy.h"
+
+#include "graph.h"
+#include "init.h"
+#include "memory.h"
+#include "stream.h"
 
 #include <string.h>
 

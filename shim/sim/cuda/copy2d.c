@@ -6,7 +6,9 @@
  * CUDA_ERROR_NOT_SUPPORTED (a documented limit). Async forms move the data at the call, like the
  * 1D async copies; they are not recorded into a capturing stream (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED).
  */
-#include "cuda_internal.h"
+#include "init.h"
+#include "memory.h"
+#include "stream.h"
 
 #include <string.h>
 

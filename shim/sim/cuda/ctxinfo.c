@@ -4,7 +4,9 @@
  * (priority, flags, context); host callbacks in stream order. Limits and cache preferences are
  * kept per context and read back; they change nothing the simulator models.
  */
-#include "cuda_internal.h"
+#include "ctxstack.h"
+#include "init.h"
+#include "stream.h"
 
 #include <string.h>
 

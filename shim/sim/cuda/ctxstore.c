@@ -9,7 +9,10 @@
  * driver's locks (a destructor may call back into the driver), so the runtime forgets its state
  * of a dead context.
  */
-#include "cuda_internal.h"
+#include "ctxstore.h"
+
+#include "ctxstack.h"
+#include "init.h"
 
 #include <stdlib.h>
 

@@ -1,5 +1,8 @@
 /* Devices: count, identity, memory size, attributes, PCI ids (from the SIMGPU_CONFIG devices). */
-#include "cuda_internal.h"
+#include "init.h"
+#include "smlimits.h"
+
+#include "../common/util.h"
 
 #include <stdio.h>
 #include <string.h>

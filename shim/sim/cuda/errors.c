@@ -1,5 +1,5 @@
 /* cuGetErrorName / cuGetErrorString for every CUresult declared in vgpu/cuda_api.h (texts as the real driver's). */
-#include "cuda_internal.h"
+#include "api.h"
 
 static const struct {
     CUresult code;

@@ -22,7 +22,9 @@
  * Slots nobody has seen called hold a function that returns CUDA_ERROR_NOT_SUPPORTED (never a
  * NULL a caller would jump to); SIMGPU_TRACE_EXPORT=1 prints each call to one of them.
  */
-#include "cuda_internal.h"
+#include "ctxstore.h"
+#include "init.h"
+#include "integrity.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -10,9 +10,11 @@
  * above the device's compute capability and decompresses it with the system's liblz4 /
  * libzstd (loaded on first use; without them a compressed entry has no globals).
  */
-#include "cuda_internal.h"
+#include "fatbin.h"
 
 #include <dlfcn.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 

@@ -7,7 +7,10 @@
  * 2048 threads, 32 blocks, 65536 registers, 228 KiB shared memory, 227 KiB per block opt-in,
  * 1 KiB reserved per block), as the CUDA occupancy calculator does.
  */
-#include "cuda_internal.h"
+#include "ctxstack.h"
+#include "init.h"
+#include "module.h"
+#include "smlimits.h"
 
 #define FN_REGS       32
 #define BLOCK_THREADS 1024

@@ -5,7 +5,7 @@
  * limit, docs/simulator.md) and CUDA_ERROR_INVALID_VALUE for any other node, as the driver does.
  * cuBLASLt resolves them at its driver initialisation and refuses a driver without them.
  */
-#include "cuda_internal.h"
+#include "init.h"
 
 static CUresult kernel_node(CUgraphNode hNode, const void *params) {
     CUresult rc = sim_check_init();

@@ -5,7 +5,9 @@
  * addressing the device pointer of mapped host memory is the host address itself, as on 64-bit
  * Linux with a real GPU.
  */
-#include "cuda_internal.h"
+#include "ctxstack.h"
+#include "init.h"
+#include "memory.h"
 
 #define HOSTALLOC_FLAGS (CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED)
 #define HOSTREGISTER_FLAGS                                                                                             \

@@ -12,12 +12,16 @@
  * empty value hides every device. CUDA ordinals then number the visible devices, while memory is
  * charged, and NVML (which ignores the variable) reports it, on the physical device.
  *
- * Fork: a child starts with no CUDA state (as with the real driver, the parent's contexts are
- * unusable there): every handle of the parent becomes invalid (generation bump), the child has
- * no node slot (the parent's slot lock is not inherited) and must call cuInit again; its first
- * context claims a slot of its own.
+ * Fork (fork.c): a child starts with no CUDA state (as with the real driver, the parent's
+ * contexts are unusable there): every handle of the parent becomes invalid (generation bump), the
+ * child has no node slot (the parent's slot lock is not inherited) and must call cuInit again;
+ * its first context claims a slot of its own.
  */
-#include "cuda_internal.h"
+#include "init.h"
+
+#include "../common/config.h"
+#include "../common/state.h"
+#include "../common/util.h"
 
 #include <ctype.h>
 #include <stdlib.h>
@@ -26,18 +30,7 @@
 static const sim_config empty_config; /* no devices until cuInit succeeds */
 sim_globals G = {.lock = PTHREAD_MUTEX_INITIALIZER, .slot = -1, .gen = 1, .cfg = &empty_config};
 
-static void atfork_prepare(void) {
-    pthread_mutex_lock(&G.lock);
-    sim_stream_fork_prepare();
-}
-
-static void atfork_parent(void) {
-    sim_stream_fork_parent();
-    pthread_mutex_unlock(&G.lock);
-}
-
-static void atfork_child(void) {
-    sim_stream_fork_child();
+void sim_init_after_fork_child(void) {
     pthread_mutex_init(&G.lock, NULL);
     atomic_fetch_add(&G.gen, 1);
     atomic_store(&G.initialized, 0);
@@ -46,12 +39,20 @@ static void atfork_child(void) {
     memset(G.primary, 0, sizeof G.primary);
     memset(G.default_pool, 0, sizeof G.default_pool);
     memset(G.current_pool, 0, sizeof G.current_pool);
-    sim_contexts_after_fork();
-    if (sim_shm) sim_state_after_fork_child();
 }
 
-__attribute__((constructor)) static void sim_cuda_ctor(void) {
-    pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+/* SIMGPU_CONTEXT_MEMORY (bytes or a quantity such as 300Mi; 0 models a context that costs nothing). */
+static uint64_t context_memory_knob(void) { return sim_env_u64("SIMGPU_CONTEXT_MEMORY", 500ull << 20); }
+
+/* SIMGPU_ALLOC_GRANULARITY: the device memory page size (memory.c), checked. */
+static uint64_t alloc_granularity_knob(void) {
+    uint64_t g = sim_env_u64("SIMGPU_ALLOC_GRANULARITY", 2ull << 20);
+    if (g < SIM_ALLOC_ALIGN || g > (1ull << 30) || (g & (g - 1))) {
+        sim_log("environment SIMGPU_ALLOC_GRANULARITY=%llu: allowed: a power of two from 512 to 1Gi; using 2Mi",
+                (unsigned long long)g);
+        g = 2ull << 20;
+    }
+    return g;
 }
 
 CUresult sim_check_init(void) {
@@ -160,8 +161,8 @@ SIM_EXPORT CUresult cuInit(unsigned int Flags) {
     if (rc == CUDA_SUCCESS && sim_state_open() != 0) rc = CUDA_ERROR_OPERATING_SYSTEM;
     if (rc == CUDA_SUCCESS && G.cfg->ndev == 0) rc = CUDA_ERROR_NO_DEVICE;
     if (rc == CUDA_SUCCESS) {
-        G.ctx_mem = sim_context_memory_knob();
-        G.alloc_gran = sim_alloc_granularity_knob();
+        G.ctx_mem = context_memory_knob();
+        G.alloc_gran = alloc_granularity_knob();
         uint64_t cost = sim_env_u64("SIMGPU_LAUNCH_COST_NS", 3000);
         G.launch_cost_ns = cost > 1000000u ? 1000000u : cost; /* at most 1 ms */
         uint64_t ahead_us = sim_env_u64("SIMGPU_QUEUE_AHEAD_US", 20000);

@@ -10,7 +10,9 @@
  * below followed by one record per device. Versions ending in 0 or 1 answer two fixed words.
  * The implementation here is written from those RFCs.
  */
-#include "cuda_internal.h"
+#include "integrity.h"
+
+#include "init.h"
 
 #include <string.h>
 

@@ -4,7 +4,7 @@
  * arguments and answers CUDA_ERROR_NOT_SUPPORTED, which real drivers also return where IPC is
  * unavailable (e.g. some virtualised GPUs); clients (cuda.core, CuPy) treat it as "no IPC".
  */
-#include "cuda_internal.h"
+#include "init.h"
 
 SIM_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr) {
     if (!pHandle || !dptr) return CUDA_ERROR_INVALID_VALUE;

@@ -5,7 +5,8 @@
  * cuModuleLoadData accepts: the PTX inputs concatenated (so their .global variables become module
  * globals), or a small placeholder when there is no PTX. The image lives until cuLinkDestroy.
  */
-#include "cuda_internal.h"
+#include "ctxstack.h"
+#include "init.h"
 
 #include <stdio.h>
 #include <stdlib.h>

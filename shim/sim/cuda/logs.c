@@ -3,7 +3,7 @@
  * simulated driver keeps the registrations and has nothing to log, so no callback ever runs and
  * the current log is empty.
  */
-#include "cuda_internal.h"
+#include "api.h"
 
 #include <stdlib.h>
 

@@ -11,7 +11,10 @@
  * cuBLASLt resolves these entry points at its driver initialisation and refuses a driver without
  * them.
  */
-#include "cuda_internal.h"
+#include "copy.h"
+#include "init.h"
+#include "memory.h"
+#include "stream.h"
 
 #include <string.h>
 

@@ -18,7 +18,15 @@
  * cuMemGetAddressRange, ...) get addresses below 4 GiB (MAP_32BIT) so they fit CUdeviceptr_v1.
  */
 #define _GNU_SOURCE 1 /* MAP_32BIT, MAP_NORESERVE */
-#include "cuda_internal.h"
+#include "memory.h"
+
+#include "arrays.h"
+#include "ctxstack.h"
+#include "init.h"
+#include "stream.h"
+
+#include "../common/state.h"
+#include "../common/util.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -29,16 +37,9 @@
 static sim_alloc *tab;
 static size_t ntab, captab;
 static uint64_t small_live[SIM_MAX_DEVICES]; /* sub-allocated bytes per device (G.lock) */
+static void (*owner_release[ALLOC_GRAPH + 1])(const sim_alloc *a);
 
-uint64_t sim_alloc_granularity_knob(void) {
-    uint64_t g = sim_env_u64("SIMGPU_ALLOC_GRANULARITY", 2ull << 20);
-    if (g < SIM_ALLOC_ALIGN || g > (1ull << 30) || (g & (g - 1))) {
-        sim_log("environment SIMGPU_ALLOC_GRANULARITY=%llu: allowed: a power of two from 512 to 1Gi; using 2Mi",
-                (unsigned long long)g);
-        g = 2ull << 20;
-    }
-    return g;
-}
+void sim_alloc_set_release(int kind, void (*release)(const sim_alloc *a)) { owner_release[kind] = release; }
 
 static int is_small(uint64_t size) { return G.alloc_gran > SIM_ALLOC_ALIGN && size < G.alloc_gran / 2; }
 
@@ -259,16 +260,13 @@ SIM_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
         pthread_mutex_unlock(&G.lock);
         return CUDA_ERROR_INVALID_VALUE;
     }
-    if (a.kind == ALLOC_GRAPH) {
-        sim_gmem_free_locked(&a); /* its pages stay in the device's graph pool (graphmem.c) */
+    if (owner_release[a.kind]) {
+        owner_release[a.kind](&a); /* pool memory stays reserved in its pool (pools.c, gmempool.c) */
         pthread_mutex_unlock(&G.lock);
         return CUDA_SUCCESS;
     }
     sim_alloc_remove(a.base, NULL);
-    if (a.kind == ALLOC_POOL)
-        sim_pool_free_block(&a); /* stays reserved in its pool */
-    else
-        release_locked(&a);
+    release_locked(&a);
     pthread_mutex_unlock(&G.lock);
     return CUDA_SUCCESS;
 }

@@ -9,7 +9,11 @@
  * globals are those of its cubin for the device (fatbin.c); a module loads them at load, a
  * library at its first cuLibraryGetGlobal (the real driver loads a library lazily too).
  */
-#include "cuda_internal.h"
+#include "modglobals.h"
+
+#include "fatbin.h"
+#include "init.h"
+#include "memory.h"
 
 #include <ctype.h>
 #include <stdlib.h>

@@ -1,13 +1,20 @@
 /*
  * Modules and libraries. The simulator runs no device code, so any image loads (cuModuleLoadData,
  * cuModuleLoadDataEx, cuLibraryLoadData; cuModuleLoad needs only a readable file) and any name
- * resolves to a function. The name sets the modelled duration (launch.c): sim_<N>us -> N us per
+ * resolves to a function. The name sets the modelled duration (duration.c): sim_<N>us -> N us per
  * wave, else 10 us. Asking twice for one name in one module returns the same handle.
  *
  * Unloading invalidates the module's functions (magic cleared); their memory is kept so a stale
  * handle fails validation instead of reading freed memory.
  */
-#include "cuda_internal.h"
+#include "module.h"
+
+#include "argdur.h"
+#include "ctxstack.h"
+#include "fatbin.h"
+#include "init.h"
+#include "memory.h"
+#include "modglobals.h"
 
 #include <stdio.h>
 #include <stdlib.h>

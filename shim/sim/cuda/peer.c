@@ -4,7 +4,8 @@
  * answers "cannot access", enabling is refused as the driver refuses it on such a pair, and
  * disabling finds nothing enabled. cuBLASLt resolves these at its driver initialisation.
  */
-#include "cuda_internal.h"
+#include "ctxstack.h"
+#include "init.h"
 
 #define ERROR_PEER_ACCESS_UNSUPPORTED 217 /* CUDA_ERROR_PEER_ACCESS_UNSUPPORTED */
 #define ERROR_PEER_ACCESS_NOT_ENABLED 705 /* CUDA_ERROR_PEER_ACCESS_NOT_ENABLED */

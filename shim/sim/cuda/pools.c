@@ -15,7 +15,12 @@
  * correct stream-ordered program cannot tell apart. Pools are per device and per process.
  * On a capturing stream both become graph memory nodes instead (graphmem.c).
  */
-#include "cuda_internal.h"
+#include "graphmem.h"
+#include "init.h"
+#include "memory.h"
+#include "stream.h"
+
+#include "../common/state.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -77,14 +82,16 @@ static void trim_locked(struct CUmemPoolHandle_st *p, uint64_t keep) {
     }
 }
 
-void sim_pools_trim_device(int dev) {
+/* At a synchronisation (stream.c): every pool of the device down to its release threshold. */
+static void trim_device(int dev) {
     pthread_mutex_lock(&G.lock);
     for (struct CUmemPoolHandle_st *p = pools; p; p = p->next)
         if (p->dev == dev && p->gen == sim_gen()) trim_locked(p, p->magic == MAGIC_POOL ? p->threshold : 0);
     pthread_mutex_unlock(&G.lock);
 }
 
-void sim_pool_free_block(const sim_alloc *a) {
+/* Back into its pool (reserved). G.lock held. */
+static void free_block(const sim_alloc *a) {
     struct CUmemPoolHandle_st *p = a->pool;
     pool_block *b = malloc(sizeof *b);
     p->used -= a->charged;
@@ -100,7 +107,18 @@ void sim_pool_free_block(const sim_alloc *a) {
     if (p->magic != MAGIC_POOL) trim_locked(p, 0); /* a destroyed pool keeps nothing */
 }
 
-CUresult sim_pool_alloc(struct CUmemPoolHandle_st *pool, size_t bytes, CUdeviceptr *out, struct CUctx_st *ctx) {
+/* cuMemFree of a pool block (memory.c hands it over). G.lock held. */
+static void free_entry(const sim_alloc *a) {
+    sim_alloc_remove(a->base, NULL);
+    free_block(a);
+}
+
+__attribute__((constructor)) static void pools_ctor(void) {
+    sim_alloc_set_release(ALLOC_POOL, free_entry);
+    sim_stream_on_sync(trim_device);
+}
+
+static CUresult pool_alloc(struct CUmemPoolHandle_st *pool, size_t bytes, CUdeviceptr *out, struct CUctx_st *ctx) {
     if (bytes == 0) return CUDA_ERROR_INVALID_VALUE;
     if (bytes > (1ull << 52)) return CUDA_ERROR_OUT_OF_MEMORY;
     uint64_t charge = sim_align_up(bytes, SIM_ALLOC_ALIGN);
@@ -167,7 +185,7 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t bytes, struct CUmemPoolHan
     if (explicit_pool && !SIM_VALID(pool, MAGIC_POOL)) return CUDA_ERROR_INVALID_VALUE;
     if (sim_gmem_capture_alloc(s, explicit_pool ? pool->dev : s->ctx->dev, bytes, dptr, &rc))
         return rc; /* captured: an alloc node, memory only when the graph runs (graphmem.c) */
-    return sim_pool_alloc(pool, bytes, dptr, s->ctx);
+    return pool_alloc(pool, bytes, dptr, s->ctx);
 }
 
 SIM_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {

@@ -10,7 +10,7 @@
  * exported functions themselves. Where no trampoline can be made (another architecture, or a
  * system that refuses executable mappings) the exported functions are returned.
  */
-#include "cuda_internal.h"
+#include "init.h"
 
 #include <stdio.h>
 #include <stdlib.h>

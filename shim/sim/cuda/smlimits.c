@@ -4,7 +4,7 @@
  * occupancy calculator (funcattr.c) answer from the same numbers, as the driver does: a client
  * such as cuBLAS sizes its kernels from the attributes and checks them against occupancy.
  */
-#include "cuda_internal.h"
+#include "smlimits.h"
 
 sim_sm_limits sim_sm_limits_of(int cc_major, int cc_minor) {
     /* threads, blocks, registers, shared memory per SM; shared memory per block (opt-in) and

@@ -18,7 +18,15 @@
  * Events record the lane position of their stream's queued work; the time it completed comes
  * from the lane's service history, and cuEventElapsedTime reports the difference of those times.
  */
-#include "cuda_internal.h"
+#include "stream.h"
+
+#include "ctxstack.h"
+#include "duration.h"
+#include "init.h"
+
+#include "../common/sched.h"
+#include "../common/state.h"
+#include "../common/util.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -195,8 +203,12 @@ void sim_stream_fork_child(void) {
     pthread_mutex_init(&free_mu, NULL);
 }
 
+static void (*on_sync)(int dev);
+
+void sim_stream_on_sync(void (*fn)(int dev)) { on_sync = fn; }
+
 void sim_after_sync(struct CUctx_st *ctx) {
-    if (ctx) sim_pools_trim_device(ctx->dev);
+    if (ctx && on_sync) on_sync(ctx->dev);
 }
 
 CUresult sim_stream_wait(struct CUstream_st *s) {
@@ -440,7 +452,7 @@ SIM_EXPORT CUresult simgpuProcessBusyNs(CUdevice dev, unsigned long long from_ns
     if (!busy_ns || !window_ns || to_ns < from_ns) return CUDA_ERROR_INVALID_VALUE;
     if (G.slot < 0) return CUDA_ERROR_INVALID_CONTEXT;
     uint64_t w;
-    *busy_ns = sim_busy_between(sim_phys(dev), G.slot, from_ns, to_ns, &w);
+    *busy_ns = sim_sched_busy_between(sim_phys(dev), G.slot, from_ns, to_ns, &w);
     *window_ns = w;
     return CUDA_SUCCESS;
 }

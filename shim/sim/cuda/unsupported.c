@@ -9,7 +9,7 @@
  *    CUDA_ERROR_NOT_SUPPORTED.
  * Arguments are checked first, so a NULL out-pointer is CUDA_ERROR_INVALID_VALUE as usual.
  */
-#include "cuda_internal.h"
+#include "init.h"
 
 static CUresult unsupported(int args_ok) {
     CUresult rc = sim_check_init();

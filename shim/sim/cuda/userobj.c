@@ -6,7 +6,9 @@
  * CU_USER_OBJECT_NO_DESTRUCTOR_SYNC, the one flag allowed, lets a program not depend on).
  * cuda.core ties an executable graph's lifetime to its graph this way.
  */
-#include "cuda_internal.h"
+#include "userobj.h"
+
+#include "init.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>

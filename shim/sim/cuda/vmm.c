@@ -20,7 +20,11 @@
  *    real driver counts it once on the device. Other handle types: CUDA_ERROR_NOT_SUPPORTED.
  */
 #define _GNU_SOURCE 1 /* memfd_create */
-#include "cuda_internal.h"
+#include "ctxstack.h"
+#include "init.h"
+#include "memory.h"
+
+#include "../common/state.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,5 +1,5 @@
 /* nvmlErrorString: NVIDIA's texts for every nvmlReturn_t declared in vgpu/nvml_api.h. */
-#include "nvml_internal.h"
+#include "nvml.h"
 
 SIM_EXPORT const char *nvmlErrorString(nvmlReturn_t result) {
     switch ((int)result) {

@@ -7,7 +7,10 @@
  * are re-read when the file changes (checked every 50 ms), so a test can flip health while a
  * monitor waits; other fields change only at the next nvmlInit.
  */
-#include "nvml_internal.h"
+#include "nvml.h"
+
+#include "../common/config.h"
+#include "../common/util.h"
 
 #include <stdlib.h>
 #include <string.h>

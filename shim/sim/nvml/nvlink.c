@@ -5,7 +5,7 @@
  * out-of-memory message; a missing symbol there turns torch.cuda.OutOfMemoryError into an
  * internal assert. Argument order and types as nvml.h declares them (pointers are not read).
  */
-#include "nvml_internal.h"
+#include "nvml.h"
 
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t device, unsigned int link,
                                                             int *pNvLinkDeviceType);

@@ -1,5 +1,9 @@
 /* NVML init/shutdown, system queries and device identity, PCI and memory queries. */
-#include "nvml_internal.h"
+#include "nvml.h"
+
+#include "../common/config.h"
+#include "../common/state.h"
+#include "../common/util.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -12,7 +12,11 @@
  * kernel driver reports, the host's (sim_slot_host_pid): a watchdog on the host finds a
  * container's process under /proc whatever PID namespace the container has.
  */
-#include "nvml_internal.h"
+#include "nvml.h"
+
+#include "../common/sched.h"
+#include "../common/state.h"
+#include "../common/util.h"
 
 #include <string.h>
 
@@ -102,7 +106,7 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlU
     nvmlReturn_t rc = sim_nvml_device(device, &dev, NULL);
     if (rc != NVML_SUCCESS) return rc;
     uint64_t now = sim_now_ns(), window;
-    uint64_t busy = sim_busy_between(dev, -1, now - sim_nvml_period_ns(), now, &window);
+    uint64_t busy = sim_sched_busy_between(dev, -1, now - sim_nvml_period_ns(), now, &window);
     utilization->gpu = pct(busy, window);
     utilization->memory = 0;
     return NVML_SUCCESS;
@@ -130,7 +134,7 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
     }
     for (int i = 0; i < n; i++) {
         uint64_t window;
-        uint64_t busy = sim_busy_between(dev, e[i].slot, now - span, now, &window);
+        uint64_t busy = sim_sched_busy_between(dev, e[i].slot, now - span, now, &window);
         utilization[i] =
             (nvmlProcessUtilizationSample_t){.pid = e[i].pid, .timeStamp = now_us, .smUtil = pct(busy, window)};
     }

@@ -1,17 +1,19 @@
 /*
- * Internals of the simulated libnvidia-ml.so.1.
+ * The simulated libnvidia-ml.so.1's init/shutdown, system and device queries (nvml.c): its process
+ * globals and the device handle checks the other files call.
  *
  *   nvml.c     init/shutdown, system and device queries (identity, PCI, memory)
  *   procs.c    running processes, utilisation (device and per process)
  *   events.c   event sets: XID critical errors of unhealthy devices
+ *   nvlink.c   NVLink queries (no links between the simulated GPUs)
  *   errors.c   nvmlErrorString
  *
  * NVML reads the same SIMGPU_CONFIG (re-read at every nvmlInit) and the same node state as the
  * simulated libcuda: memory used and processes come from the process slots, utilisation from the
  * busy-time rings the launches fill.
  */
-#ifndef VGPU_SIM_NVML_INTERNAL_H
-#define VGPU_SIM_NVML_INTERNAL_H
+#ifndef VGPU_SIM_NVML_NVML_H
+#define VGPU_SIM_NVML_NVML_H
 
 /* Exported, but bound inside this library ("protected"): the simulator never calls its own
  * entry points through the dynamic symbol table, so an interposer (LD_PRELOAD) sees exactly the
@@ -20,9 +22,11 @@
 #define SIM_EXPORT    __attribute__((visibility("protected")))
 #define VGPU_NVML_API extern SIM_EXPORT
 #include "vgpu/nvml_api.h"
-#include "../common/sim_common.h"
+
+#include "../common/config.h"
 
 #include <pthread.h>
+#include <stdint.h>
 
 struct nvmlDevice_st {
     int index;
