@@ -14,6 +14,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from sharing.proto.generate import compile_protos
+
 PROTO_DIR = Path(__file__).resolve().parent
 REPO_ROOT = PROTO_DIR.parent.parent
 PROTOS = (
@@ -27,26 +29,7 @@ PROTOS = (
 
 def generate(out_root: Path) -> list[Path]:
     """Compile every proto into out_root/driver/proto; return the generated files."""
-    from grpc_tools import protoc  # only needed here: grpcio-tools is a test dependency
-
-    out_dir = out_root / "driver" / "proto"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written: list[Path] = []
-    for name in PROTOS:
-        rel = f"driver/proto/{name}"
-        args = [
-            "grpc_tools.protoc",
-            f"-I{REPO_ROOT}",
-            f"--python_out={out_root}",
-            f"--grpc_python_out={out_root}",
-            rel,
-        ]
-        if protoc.main(args) != 0:
-            raise RuntimeError(f"protoc failed for {rel}")
-        stem = name.removesuffix(".proto")
-        written += [out_dir / f"{stem}_pb2.py",
-                    out_dir / f"{stem}_pb2_grpc.py"]  # fmt: skip
-    return written
+    return compile_protos("driver/proto", PROTOS, out_root)
 
 
 def main(argv: list[str] | None = None) -> int:
