@@ -134,6 +134,7 @@ class Driver:
             injector=injector,
             context_sizes=ContextSizes(data_dir),
             on_prepared=self.claim_status.submit,
+            on_unprepared=self.claim_status.submit_removal,
             published=self._published,
         )
         self.plugin = KubeletPlugin(

@@ -96,10 +96,12 @@ class DeviceState:
         injector: DriverInjector | None = None,
         context_sizes: ContextSizes | None = None,
         on_prepared: Callable[[ClaimPlan], None] | None = None,
+        on_unprepared: Callable[[ClaimRef], None] | None = None,
         published: Callable[[], Attributes] | None = None,
     ) -> None:
         """on_prepared: told of every claim whose files were (re)written, e.g. to write its
-        device status (driver/claimstatus.py); it must not block. published: this node's
+        device status (driver/claimstatus.py); it must not block. on_unprepared: told of every
+        claim of ours that was unprepared (to remove that status); it must not block. published: this node's
         devices' attributes as its ResourceSlices publish them, for the device metadata files
         (driver/devicemetadata.py; None: limits only)."""
         self.driver_name = driver_name
@@ -118,6 +120,7 @@ class DeviceState:
         self._lock = threading.Lock()
         self._trash = Trash(paths.claims_dir, paths.trash_dir)
         self._on_prepared = on_prepared
+        self._on_unprepared = on_unprepared
         self._published = published
 
     def set_gpus(self, gpus: Sequence[GpuInfo]) -> None:
@@ -419,6 +422,8 @@ class DeviceState:
         self._remove_artifacts(entry, crash_hooks=True)
         self.checkpoint.delete(ref.uid)
         log.info("claim %s: unprepared", ref)
+        if self._on_unprepared is not None:
+            self._on_unprepared(ref)
 
     def _remove_artifacts(self, entry: ClaimEntry, crash_hooks: bool = False) -> None:
         """Remove the files of a checkpointed claim. They are found from its UID; a recorded
