@@ -58,7 +58,7 @@ from driver.claims import ClaimError, ClaimPlan, ClaimRef, RulesFor, plan_claim,
 from driver.claimspec import build_spec
 from driver.contextsize import ContextSizes
 from driver.crashpoints import maybe_crash
-from driver.devicemetadata import Attributes, MetadataFile, metadata_files
+from driver.devicemetadata import Attributes, MetadataFile, metadata_files, metadata_requests
 from driver.injection import NO_INJECTION, DriverInjector, Injection
 from driver.orphans import remove_orphans
 from driver.trash import Trash
@@ -224,7 +224,10 @@ class DeviceState:
         entry = self.checkpoint.get(ref.uid)
         if entry is None or entry.state != PREPARE_COMPLETED:
             return None, []
-        missing = self.files(ref.uid).missing()
+        requests = metadata_requests(
+            entry.name, (r for d in entry.devices for r in d.request_names)
+        )
+        missing = self.files(ref.uid).missing(requests)
         if missing:
             return None, missing
         log.debug("claim %s: already prepared", ref)
