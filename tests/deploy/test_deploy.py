@@ -32,6 +32,7 @@ from sharing.claimlayout import (
     CONTAINER_PRELOAD,
 )
 from sharing.plan.cel_eval import evaluate
+from sharing.podresources import DEFAULT_SOCKET as POD_RESOURCES_SOCKET
 from sharing.policy import from_document
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -205,6 +206,9 @@ def test_daemonset_mounts_env_probes_and_resources() -> None:
         s.data_dir,
     ):
         assert host.get(mounts[str(path)]["name"]) == str(path), path
+    # The kubelet's PodResources socket (the metrics' pod and container names), read only.
+    pr = mounts[str(PurePosixPath(POD_RESOURCES_SOCKET).parent)]
+    assert pr["readOnly"] is True and host[pr["name"]] == pr["mountPath"]
     # The driver root: the host path DRIVER_ROOT, seen read-only at DRIVER_ROOT_MOUNT.
     root_mount = mounts[env["DRIVER_ROOT_MOUNT"]]
     assert root_mount["readOnly"] is True
@@ -299,6 +303,7 @@ def test_sim_overlay_runs_the_simulator_on_any_node_unprivileged() -> None:
     assert set(host.values()) == {
         "/var/lib/kubelet/plugins_registry",
         "/var/lib/kubelet/plugins",
+        "/var/lib/kubelet/pod-resources",  # the metrics' pod and container names
         "/var/run/cdi",
         "/var/lib/vgpu-sharing",
     }
