@@ -5,19 +5,17 @@
 
 The protos are compiled with the repository root as include path, so the generated modules
 import each other as `driver.proto.X` and the package imports cleanly. The generated files are
-committed; tests/driver/test_kubelet_proto.py checks that regenerating gives identical files.
+committed; tests/driver/test_kubelet.py checks that regenerating gives identical files.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-from sharing.proto.generate import compile_protos
+from sharing.proto.generate import command, compile_protos
 
-PROTO_DIR = Path(__file__).resolve().parent
-REPO_ROOT = PROTO_DIR.parent.parent
+PACKAGE_DIR = "driver/proto"
 PROTOS = (
     "pluginregistration.proto",
     "dra_v1.proto",
@@ -29,16 +27,11 @@ PROTOS = (
 
 def generate(out_root: Path) -> list[Path]:
     """Compile every proto into out_root/driver/proto; return the generated files."""
-    return compile_protos("driver/proto", PROTOS, out_root)
+    return compile_protos(PACKAGE_DIR, PROTOS, out_root)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=REPO_ROOT, help="root to write driver/proto into")
-    args = p.parse_args(argv)
-    for path in generate(args.out):
-        print(path)
-    return 0
+    return command(PACKAGE_DIR, PROTOS, __doc__.splitlines()[0], argv)
 
 
 if __name__ == "__main__":

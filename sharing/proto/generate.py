@@ -49,13 +49,20 @@ def generate(out_root: Path) -> list[Path]:
     return compile_protos(PACKAGE_DIR, PROTOS, out_root)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=REPO_ROOT, help="root to write sharing/proto into")
+def command(
+    package_dir: str, protos: Sequence[str], description: str, argv: list[str] | None
+) -> int:
+    """A generator's command line: --out ROOT, then the files written, one a line."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--out", type=Path, default=REPO_ROOT, help=f"root to write {package_dir} into")
     args = p.parse_args(argv)
-    for path in generate(args.out):
+    for path in compile_protos(package_dir, protos, args.out):
         print(path)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return command(PACKAGE_DIR, PROTOS, __doc__.splitlines()[0], argv)
 
 
 if __name__ == "__main__":
