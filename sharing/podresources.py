@@ -66,6 +66,7 @@ class PodResources:
         self._busy = False
         self._trouble = ""  # what was logged last ("" = the API answered)
         self._channel: grpc.Channel | None = None
+        self._closed = False
 
     def __call__(self, cdi_devices: Sequence[str]) -> tuple[PodContainer, ...]:
         self.poke()
@@ -128,8 +129,8 @@ class PodResources:
     def _note(self, trouble: str) -> None:
         """One log line per change: the API lost (and why), or back."""
         with self._lock:
-            if trouble == self._trouble or (trouble and self._trouble):
-                return
+            if self._closed or trouble == self._trouble or (trouble and self._trouble):
+                return  # closed: a List cut short by close() is no trouble to report
             before, self._trouble = self._trouble, trouble
         if trouble:
             log.warning(
@@ -142,6 +143,7 @@ class PodResources:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             ch, self._channel = self._channel, None
         if ch is not None:
             ch.close()
