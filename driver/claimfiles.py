@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,9 +104,11 @@ class ClaimFiles:
         """The device metadata file of a (validated) top-level request name."""
         return self.claim_dir / METADATA_DIR / f"{request}.json"
 
-    def missing(self) -> list[str]:
-        """The files of a prepared claim that are not (or not as regular files) in place."""
-        out = [str(p) for p in (self.spec, self.limits, self.demand) if not _is_regular(p)]
+    def missing(self, metadata_requests: Iterable[str] = ()) -> list[str]:
+        """The files of a prepared claim that are not (or not as regular files) in place;
+        metadata_requests: the (validated) top-level requests it has a metadata file for."""
+        files = (self.spec, self.limits, self.demand, *map(self.metadata, metadata_requests))
+        out = [str(p) for p in files if not _is_regular(p)]
         if not hostfs.is_real_dir(self.shared):
             out.append(str(self.shared))
         elif not _is_regular(self.accounting):  # a bind-mount source: must exist

@@ -16,6 +16,11 @@ with `resourceclaims/status` alone, which would let a node's plugin rewrite any 
 A server that refuses (404: no status subresource, 403: the RBAC rule missing, 415: no apply)
 gets one log line and no further attempt; a failure of one claim is one warning line. Writing
 happens in one background thread: prepare never waits for the API server here.
+
+At unprepare the same field manager applies an empty `status.devices`: server-side apply then
+removes the entries this manager owned (and only those; other drivers' stay). That apply names
+the claim's UID, so a claim deleted and created again under the same name is never touched; a
+claim already deleted is nothing to do.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from typing import Any
 
 import kubernetes
 
-from driver.claims import AllocatedDevice, ClaimPlan
+from driver.claims import AllocatedDevice, ClaimPlan, ClaimRef
 from sharing.kubequantity import to_kubernetes
 
 log = logging.getLogger(__name__)
@@ -93,9 +98,25 @@ def parse_version(doc: dict[str, Any]) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
+def removal_patch(ref: ClaimRef) -> dict[str, Any]:
+    """The apply configuration that gives up every `status.devices` entry of the claim."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": ref.name, "namespace": ref.namespace, "uid": ref.uid},
+        "status": {"devices": []},
+    }
+
+
 @dataclass
 class _Job:
-    plan: ClaimPlan | None  # None: the writer is closing
+    plan: ClaimPlan | None = None  # write this claim's entries
+    removed: ClaimRef | None = None  # remove this claim's entries
+    # neither: the writer is closing
+
+    @property
+    def ref(self) -> ClaimRef | None:
+        return self.plan.ref if self.plan is not None else self.removed
 
 
 class ClaimStatusWriter:
@@ -110,14 +131,22 @@ class ClaimStatusWriter:
         self._enabled: bool | None = None  # None: not probed yet
         self._closed = False
         self.written = 0  # claims whose status the server took (tests, logs)
+        self.removed = 0  # unprepared claims whose entries the server removed
 
     def submit(self, plan: ClaimPlan) -> None:
+        self._put(_Job(plan=plan))
+
+    def submit_removal(self, ref: ClaimRef) -> None:
+        """Remove this driver's entries of an unprepared claim."""
+        self._put(_Job(removed=ref))
+
+    def _put(self, job: _Job) -> None:
         if self._enabled is False:
             return
         with self._start_lock:
             if self._closed:
                 return
-            self._queue.put(_Job(plan))
+            self._queue.put(job)
             if self._thread is None:
                 # Not a daemon: close() ends it, so it never logs while the interpreter exits.
                 self._thread = threading.Thread(target=self._run, name="claim-status")
@@ -137,22 +166,24 @@ class ClaimStatusWriter:
                 self._queue.task_done()
             except queue.Empty:
                 break
-        self._queue.put(_Job(None))
+        self._queue.put(_Job())
         thread.join(timeout=3 * REQUEST_TIMEOUT)
 
     def _run(self) -> None:
         while True:
             job = self._queue.get()
-            if job.plan is None:
+            if job.ref is None:
                 self._queue.task_done()
                 return
             try:
                 if self._enabled is None:
                     self._enabled = self._probe()
-                if self._enabled:
+                if self._enabled and job.plan is not None:
                     self._write(job.plan)
+                elif self._enabled and job.removed is not None:
+                    self._remove(job.removed)
             except Exception:
-                log.exception("claim %s: writing its device status failed", job.plan.ref)
+                log.exception("claim %s: writing its device status failed", job.ref)
             finally:
                 self._queue.task_done()
 
@@ -181,12 +212,24 @@ class ClaimStatusWriter:
         return True
 
     def _write(self, plan: ClaimPlan) -> None:
+        if self._apply(plan.ref, status_patch(plan, self.driver_name)):
+            self.written += 1
+            log.debug("claim %s: device status written", plan.ref)
+
+    def _remove(self, ref: ClaimRef) -> None:
+        if self._apply(ref, removal_patch(ref), gone_ok=True):
+            self.removed += 1
+            log.debug("claim %s: device status removed", ref)
+
+    def _apply(self, ref: ClaimRef, body: dict[str, Any], gone_ok: bool = False) -> bool:
+        """One apply of the claim's status; True when the server took it. gone_ok: a claim
+        that no longer exists (404 naming it, 409: another claim of that name) is fine."""
         api = kubernetes.client.ResourceV1Api(self.api_client)
         try:
             api.patch_namespaced_resource_claim_status(
-                plan.ref.name,
-                plan.ref.namespace,
-                status_patch(plan, self.driver_name),
+                ref.name,
+                ref.namespace,
+                body,
                 field_manager=self.driver_name,
                 force=True,
                 _content_type=APPLY,
@@ -194,6 +237,9 @@ class ClaimStatusWriter:
                 _request_timeout=REQUEST_TIMEOUT,
             )
         except kubernetes.client.ApiException as e:
+            if gone_ok and (e.status == 409 or (e.status == 404 and _names_the_claim(e))):
+                log.debug("claim %s: gone, no device status to remove", ref)
+                return False
             if e.status in _DISABLING:
                 self._enabled = False
                 log.warning(
@@ -203,15 +249,24 @@ class ClaimStatusWriter:
                     e.status,
                     e.reason,
                 )
-                return
-            log.warning("claim %s: device status not written: HTTP %s %s", plan.ref, e.status,
+                return False
+            log.warning("claim %s: device status not written: HTTP %s %s", ref, e.status,
                         _message(e))  # fmt: skip
-            return
+            return False
         except Exception as e:
-            log.warning("claim %s: device status not written: %s", plan.ref, e)
-            return
-        self.written += 1
-        log.debug("claim %s: device status written", plan.ref)
+            log.warning("claim %s: device status not written: %s", ref, e)
+            return False
+        return True
+
+
+def _names_the_claim(e: Any) -> bool:
+    """A 404 about the claim itself (a NotFound status naming resourceclaims), not a server
+    without the status subresource."""
+    try:
+        details = json.loads(e.body).get("details") or {}
+    except Exception:
+        return False
+    return bool(details.get("name")) and details.get("kind") == "resourceclaims"
 
 
 def _message(e: Any) -> str:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,6 +72,15 @@ def pod_claim_name(claim_meta: Mapping[str, Any]) -> str | None:
                 "metadata goes under resourceclaims/", claim_meta.get("name"),
                 POD_CLAIM_ANNOTATION, pod_claim)  # fmt: skip
     return None
+
+
+def metadata_requests(claim_name: str, request_names: Iterable[str]) -> list[str]:
+    """The top-level requests that get a metadata file (metadata_files' rules: a claim name
+    that can be a path, a request name that can be a path component), in order."""
+    if not _DNS_SUBDOMAIN.fullmatch(claim_name):
+        return []
+    tops = [r.split("/")[0] for r in request_names]
+    return list(dict.fromkeys(t for t in tops if _DNS_LABEL.fullmatch(t)))
 
 
 def metadata_files(

@@ -138,6 +138,7 @@ class Driver:
             injector=injector,
             context_sizes=self.context_sizes,
             on_prepared=self.claim_status.submit,
+            on_unprepared=self.claim_status.submit_removal,
             published=self._published,
         )
         self.plugin = KubeletPlugin(

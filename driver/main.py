@@ -413,6 +413,10 @@ class Plugin:
             driver_name=s.driver_name,
             enforce=s.watchdog_enforce,
             watchdog=s.watchdog,
+            # the kubelet's PodResources socket, beside its plugins directory
+            pod_resources_socket=str(
+                s.kubelet_plugins_directory_path.parent / "pod-resources" / "kubelet.sock"
+            ),
         )
         if s.watchdog and s.sim:
             log.warning(

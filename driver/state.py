@@ -58,7 +58,7 @@ from driver.claims import ClaimError, ClaimPlan, ClaimRef, RulesFor, plan_claim,
 from driver.claimspec import build_spec
 from driver.contextsize import ContextSizes
 from driver.crashpoints import maybe_crash
-from driver.devicemetadata import Attributes, MetadataFile, metadata_files
+from driver.devicemetadata import Attributes, MetadataFile, metadata_files, metadata_requests
 from driver.injection import NO_INJECTION, DriverInjector, Injection
 from driver.orphans import remove_orphans
 from driver.trash import Trash
@@ -96,10 +96,12 @@ class DeviceState:
         injector: DriverInjector | None = None,
         context_sizes: ContextSizes | None = None,
         on_prepared: Callable[[ClaimPlan], None] | None = None,
+        on_unprepared: Callable[[ClaimRef], None] | None = None,
         published: Callable[[], Attributes] | None = None,
     ) -> None:
         """on_prepared: told of every claim whose files were (re)written, e.g. to write its
-        device status (driver/claimstatus.py); it must not block. published: this node's
+        device status (driver/claimstatus.py); it must not block. on_unprepared: told of every
+        claim of ours that was unprepared (to remove that status); it must not block. published: this node's
         devices' attributes as its ResourceSlices publish them, for the device metadata files
         (driver/devicemetadata.py; None: limits only)."""
         self.driver_name = driver_name
@@ -118,6 +120,7 @@ class DeviceState:
         self._lock = threading.Lock()
         self._trash = Trash(paths.claims_dir, paths.trash_dir)
         self._on_prepared = on_prepared
+        self._on_unprepared = on_unprepared
         self._published = published
 
     def set_gpus(self, gpus: Sequence[GpuInfo]) -> None:
@@ -221,7 +224,10 @@ class DeviceState:
         entry = self.checkpoint.get(ref.uid)
         if entry is None or entry.state != PREPARE_COMPLETED:
             return None, []
-        missing = self.files(ref.uid).missing()
+        requests = metadata_requests(
+            entry.name, (r for d in entry.devices for r in d.request_names)
+        )
+        missing = self.files(ref.uid).missing(requests)
         if missing:
             return None, missing
         log.debug("claim %s: already prepared", ref)
@@ -419,6 +425,8 @@ class DeviceState:
         self._remove_artifacts(entry, crash_hooks=True)
         self.checkpoint.delete(ref.uid)
         log.info("claim %s: unprepared", ref)
+        if self._on_unprepared is not None:
+            self._on_unprepared(ref)
 
     def _remove_artifacts(self, entry: ClaimEntry, crash_hooks: bool = False) -> None:
         """Remove the files of a checkpointed claim. They are found from its UID; a recorded

@@ -12,8 +12,13 @@ hierarchy names the pod's UID (`pod<uid>`, or `kubepods-<qos>-pod<uid with _>.sl
 systemd). A container sees its cgroup file system read-only (unless privileged), so it cannot
 move itself to another container's cgroup.
 
-The cgroup says the container's ID, not its name: the `container` label carries the ID's first
-12 hex digits (what `crictl ps` and `podman ps` show). Needs the host's PIDs, like the watchdog.
+The cgroup says the container's ID, not its name: the `container_id` label carries the ID's
+first 12 hex digits (what `crictl ps` and `podman ps` show). The name comes from the kubelet: the
+file it bind-mounts at each container's terminationMessagePath lives in
+`<kubelet root>/pods/<pod uid>/containers/<container name>/`, and the kernel shows that source
+in the process's /proc/<pid>/mountinfo (a container cannot mount without CAP_SYS_ADMIN, so
+cannot forge it). sharing/metrics.py joins the name with the kubelet's PodResources answer
+(sharing/podresources.py) for the pod's name. Needs the host's PIDs, like the watchdog.
 """
 
 from __future__ import annotations
@@ -31,13 +36,20 @@ SHORT_ID = 12  # hex digits of a container ID shown, as container tools show the
 # one path component naming a container (the innermost such component is the container's: podman
 # may put the container's processes in a `container` leaf below it)
 _CONTAINER = re.compile(r"(?:cri-containerd-|crio-|docker-|libpod-)?([0-9a-f]{64})(?:\.scope)?")
-_POD = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
+_UID = r"[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}"
+_POD = re.compile(rf"pod({_UID})")
+# the mount root of the kubelet's per-container file (terminationMessagePath), relative to its
+# file system's root: /var/lib/kubelet/pods/... or /pods/... when the kubelet's root is a mount
+_KUBELET_FILE = re.compile(
+    rf"(?:^|/)pods/({_UID})/containers/([a-z0-9](?:[-a-z0-9]{{0,61}}[a-z0-9])?)/[^/]+"
+)
 
 
 @dataclass(frozen=True)
 class Container:
     id: str  # the runtime's container ID, "" for a process in no container
-    pod_uid: str  # the pod's UID from the kubelet's cgroup names, "" when not under it
+    pod_uid: str  # the pod's UID from the kubelet's cgroup or mount names, "" when not under it
+    name: str = ""  # the container's name in its pod (the kubelet's mounts), "" when unknown
 
     @property
     def short_id(self) -> str:
@@ -62,13 +74,31 @@ def container_of_cgroup(text: str) -> Container:
     return found
 
 
+def kubelet_container_of_mountinfo(text: str) -> tuple[str, str]:
+    """(pod UID, container name) of the kubelet's per-container file among the mounts of a
+    /proc/<pid>/mountinfo, ("", "") when none is mounted."""
+    for line in text.splitlines():
+        fields = line.split(" ", 4)
+        if len(fields) == 5 and (m := _KUBELET_FILE.search(fields[3])):
+            return m.group(1).replace("_", "-"), m.group(2)
+    return "", ""
+
+
 def container_of(pid: int, proc_root: str = "/proc") -> Container:
     """The container of a process (NO_CONTAINER when it is in none, or gone)."""
     try:
         with open(f"{proc_root}/{pid}/cgroup", encoding="utf-8", errors="replace") as f:
-            return container_of_cgroup(f.read())
+            c = container_of_cgroup(f.read())
     except OSError:
         return NO_CONTAINER
+    try:
+        with open(f"{proc_root}/{pid}/mountinfo", encoding="utf-8", errors="replace") as f:
+            pod_uid, name = kubelet_container_of_mountinfo(f.read())
+    except OSError:
+        return c
+    if not name or (c.pod_uid and pod_uid != c.pod_uid):
+        return c  # a pod's mounts that disagree with its cgroup name nothing
+    return Container(c.id, pod_uid, name)
 
 
 @dataclass(frozen=True)
@@ -121,7 +151,9 @@ class ContainerUsage:
         out = {
             k: tuple(
                 ContainerMemory(c, used, n)
-                for c, (used, n) in sorted(v.items(), key=lambda cv: (cv[0].id, cv[0].pod_uid))
+                for c, (used, n) in sorted(
+                    v.items(), key=lambda cv: (cv[0].id, cv[0].pod_uid, cv[0].name)
+                )
             )
             for k, v in sums.items()
         }

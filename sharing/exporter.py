@@ -41,6 +41,8 @@ from sharing.nvml_reader import (
     NvmlPoller,
     NvmlReading,
 )
+from sharing.podresources import DEFAULT_SOCKET as DEFAULT_POD_RESOURCES_SOCKET
+from sharing.podresources import PodResources
 from sharing.quantity import parse_bytes
 from sharing.slices import DEFAULT_DATA_DIR, PodLookup, SliceFinder
 from sharing.watchdog import DEFAULT_MARGIN, ENFORCE_MODES, EventSink, Watchdog
@@ -154,6 +156,8 @@ class ExporterConfig:
     cache_seconds: float = DEFAULT_CACHE_SECONDS  # 0: read the node at every scrape
     watchdog: bool = True  # False: metrics only (the watchdog needs the host's PIDs)
     driver_name: str = DEFAULT_DRIVER_NAME  # the dra_driver_name label of claims' series
+    # the kubelet's PodResources API: the pod and container names of claims ("" = not asked)
+    pod_resources_socket: str = DEFAULT_POD_RESOURCES_SOCKET
 
 
 class Exporter:
@@ -188,8 +192,10 @@ class Exporter:
         lines = LineLog()  # an unreadable slice is one log line, whichever builder sees it
         # memory by container, from the watchdog's NVML passes (host PIDs: with the watchdog)
         self.containers = ContainerUsage()
+        socket_path = config.pod_resources_socket
+        self.pod_resources = PodResources(socket_path) if socket_path else None
         self.view = ViewBuilder(
-            SliceFinder(config.data_dir, config.regions, pods),
+            SliceFinder(config.data_dir, config.regions, pods, self.pod_resources),
             self.health.latest,
             self.violations,
             lines,
@@ -273,6 +279,8 @@ class Exporter:
 
     def start(self, host: str, port: int) -> tuple[str, int]:
         self.poller.start()
+        if self.pod_resources is not None:
+            self.pod_resources.poke()  # the first scrape finds the kubelet's answer if it is quick
         server_class = _Server6 if ":" in host else _Server
         try:
             self._server = server_class((host, port), _Handler)
@@ -302,6 +310,8 @@ class Exporter:
         self.poller.stop()
         self.view.close()
         self._wd_view.close()
+        if self.pod_resources is not None:
+            self.pod_resources.close()
 
 
 class _Server(ThreadingHTTPServer):
@@ -362,6 +372,13 @@ def register(sub: Any) -> None:
         f"{DEFAULT_DRIVER_NAME}, the plugin's default --driver-name)",
     )
     p.add_argument(
+        "--pod-resources-socket",
+        default=DEFAULT_POD_RESOURCES_SOCKET,
+        metavar="PATH",
+        help="the kubelet's PodResources API socket, which names the pods and containers of "
+        f"claims (default {DEFAULT_POD_RESOURCES_SOCKET}; empty: do not ask)",
+    )
+    p.add_argument(
         "--cache",
         type=float,
         default=DEFAULT_CACHE_SECONDS,
@@ -413,6 +430,7 @@ def config_from_args(args: argparse.Namespace) -> ExporterConfig:
         regions=tuple(args.region),
         hostname=getattr(args, "hostname", ""),
         driver_name=getattr(args, "driver_name", DEFAULT_DRIVER_NAME),
+        pod_resources_socket=getattr(args, "pod_resources_socket", DEFAULT_POD_RESOURCES_SOCKET),
         enforce=getattr(args, "enforce", "none"),
         margin=margin,
         cache_seconds=_cache_seconds(getattr(args, "cache", DEFAULT_CACHE_SECONDS)),

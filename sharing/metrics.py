@@ -27,7 +27,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from sharing import __version__, region
-from sharing.containers import ContainerMemory
+from sharing.containers import Container, ContainerMemory
 from sharing.nodeview import DeviceView, NodeView, SliceDeviceView, UnreadableSlice
 from sharing.slices import Slice
 
@@ -42,7 +42,11 @@ SLICE_LABELS = (*DEVICE_LABELS, *OWNER_LABELS)
 # node and claim_uid: a container with two claims on one GPU has a series per claim
 HAMI_CONTAINER_LABELS = (
     "namespace", "pod", "container", "vdevice_index", "device_uuid", "node", "claim_uid",
+    "container_id",
 )  # fmt: skip
+# a container's series: the slice's labels with the container's name in `container`, plus its
+# runtime ID (two containers of one name, or of no known name, stay apart)
+CONTAINER_LABELS = (*SLICE_LABELS, "container_id")
 HAMI_DEVICE_LABELS = ("node", "device_uuid", "device_index", "device_type")
 HAMI_CORES_TOTAL = "100"  # HAMi counts a GPU's cores in percent
 
@@ -149,11 +153,15 @@ def _dra_device(sl: Slice, gpu_index: int) -> tuple[str, str]:
 
 
 def owner_labels(
-    sl: Slice, gpu_index: int, driver: str, pod: str | None = None, container: str = ""
+    sl: Slice, gpu_index: int, driver: str, pod: str | None = None, container: str | None = None
 ) -> list[str]:
-    """OWNER_LABELS of a slice on GPU `gpu_index` (-1: unknown)."""
+    """OWNER_LABELS of a slice on GPU `gpu_index` (-1: unknown). By default `pod` is the
+    claim's pod(s) and `container` the names of the containers the kubelet gave it to, each
+    comma-joined when several."""
     claim = bool(sl.claim_uid)
     pool, device = _dra_device(sl, gpu_index) if claim and gpu_index >= 0 else ("", "")
+    if container is None:
+        container = ",".join(sorted({h.container for h in sl.holders}))
     return [sl.claim_uid, sl.namespace, sl.claim, sl.pod if pod is None else pod, container,
             sl.claim if claim else "", sl.namespace if claim else "", driver if claim else "",
             pool, device]  # fmt: skip
@@ -175,10 +183,25 @@ def unreadable_labels(u: UnreadableSlice, hostname: str, driver: str = "") -> li
     return out or [[*_gpu_labels(-1, "", "", "", hostname), *owner_labels(sl, -1, driver)]]
 
 
-def container_pod(sl: Slice) -> str:
-    """The pod of a container of the slice: the claim's pod when it is reserved for one; ""
-    for a claim shared by several pods (the cgroup gives the pod's UID, not its name)."""
-    return "" if "," in sl.pod else sl.pod
+def _one(names: set[str]) -> str:
+    return next(iter(names)) if len(names) == 1 else ""
+
+
+def container_owner(sl: Slice, c: Container) -> tuple[str, str]:
+    """(pod, container) names of one container of the slice, "" where they cannot be told.
+
+    The container's name is the kubelet's (its mounts); its pod is the one PodResources lists
+    with a container of that name holding the claim. A container of no known name is the
+    claim's only holder when the kubelet gave the claim to one container. Without PodResources'
+    answer, the pod is the claim's pod when it is reserved for one."""
+    hs = sl.holders
+    pods = {h.pod for h in hs} if hs else {p for p in sl.pod.split(",") if p}
+    if c.name:
+        named = {h.pod for h in hs if h.container == c.name}
+        return _one(named or pods), c.name
+    if len(hs) == 1:
+        return hs[0].pod, hs[0].container
+    return _one(pods), ""
 
 
 @dataclass(frozen=True)
@@ -200,31 +223,37 @@ _CONTAINER_HELP = (
 
 def container_families(view: NodeView, hostname: str, driver: str) -> list[Family]:
     """The per-container series (vgpu_container_*; HAMi's hami_vgpu_*/hami_container_*)."""
-    ours: list[tuple[list[str], float]] = []
-    used: list[tuple[list[str], float]] = []
+    ours: dict[tuple[str, ...], float] = {}
+    used: dict[tuple[str, ...], float] = {}
     limit: list[tuple[list[str], float]] = []
     util: list[tuple[list[str], float]] = []
     for d in view.devices:
         dl = device_labels(d, hostname)
         for s in d.slices:
             sl = s.slice
-            pod = container_pod(sl)
             c: ContainerMemory
             for c in s.containers:
+                pod, name = container_owner(sl, c.container)
                 cid = c.container.short_id
-                ours.append(([*dl, *owner_labels(sl, d.gpu.index, driver, pod, cid)], c.used_bytes))
-                hl = [sl.namespace, pod, cid, str(s.device), d.gpu.uuid, hostname, sl.claim_uid]
-                used.append((hl, c.used_bytes))
-                limit.append((hl, s.memory_limit))
-                util.append((hl, s.compute_used_ratio * 100))
+                key = (*dl, *owner_labels(sl, d.gpu.index, driver, pod, name), cid)
+                ours[key] = ours.get(key, 0) + c.used_bytes
+                hl = (sl.namespace, pod, name, str(s.device), d.gpu.uuid, hostname, sl.claim_uid,
+                      cid)  # fmt: skip
+                if hl not in used:  # one series per label set: the limit and share are the slice's
+                    limit.append((list(hl), s.memory_limit))
+                    util.append((list(hl), s.compute_used_ratio * 100))
+                used[hl] = used.get(hl, 0) + c.used_bytes
+    ours_rows = [(list(k), v) for k, v in ours.items()]
+    used_rows = [(list(k), v) for k, v in used.items()]
     return [
-        Family("vgpu_container_memory_used_bytes", _CONTAINER_HELP, "gauge", SLICE_LABELS, ours),
+        Family("vgpu_container_memory_used_bytes", _CONTAINER_HELP, "gauge", CONTAINER_LABELS,
+               ours_rows),
         Family("hami_vgpu_memory_used_bytes",
                "HAMi's name: device memory a container's processes hold (NVML's count).",
-               "gauge", HAMI_CONTAINER_LABELS, used),
+               "gauge", HAMI_CONTAINER_LABELS, used_rows),
         Family("hami_container_device_memory_bytes",
                "HAMi's name: device memory a container's processes hold (NVML's count).",
-               "gauge", HAMI_CONTAINER_LABELS, used),
+               "gauge", HAMI_CONTAINER_LABELS, used_rows),
         Family("hami_vgpu_memory_limit_bytes",
                "HAMi's name: the memory quota of the container's claim on the device (0 = none).",
                "gauge", HAMI_CONTAINER_LABELS, limit),

@@ -41,6 +41,19 @@ DEFAULT_DATA_DIR = Path(layout.DEFAULT_DATA_DIR)  # the plugin's --data-dir defa
 PodLookup = Callable[[str, str, str], str]
 
 
+@dataclass(frozen=True, order=True)
+class PodContainer:
+    """A container the kubelet gave a claim to (its PodResources API: sharing/podresources.py)."""
+
+    namespace: str
+    pod: str
+    container: str
+
+
+# the claim's own CDI device names -> the containers holding them, () when unknown
+HolderLookup = Callable[[Sequence[str]], tuple[PodContainer, ...]]
+
+
 @dataclass(frozen=True)
 class Slice:
     """One slice: a prepared claim, or an accounting file named on the command line."""
@@ -58,6 +71,11 @@ class Slice:
     # (pool, device) of each device the plugin prepared for the claim (its checkpoint), as the
     # claim's allocation names them: the dra_pool_name/dra_device_name labels
     dra_devices: tuple[tuple[str, str], ...] = ()
+    # the CDI devices the plugin prepared for this claim alone (`<kind>=<claim uid>`, from its
+    # checkpoint): what the kubelet's PodResources API names the claim's containers by
+    cdi_devices: tuple[str, ...] = ()
+    # the containers the kubelet gave the claim to, sorted; () when unknown
+    holders: tuple[PodContainer, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -176,11 +194,18 @@ class SliceFinder:
     """Finds the slices at every call of find(). Not thread-safe: one per caller."""
 
     def __init__(
-        self, data_dir: Path | None, regions: Sequence[str] = (), pods: PodLookup | None = None
+        self,
+        data_dir: Path | None,
+        regions: Sequence[str] = (),
+        pods: PodLookup | None = None,
+        holders: HolderLookup | None = None,
     ) -> None:
+        """pods: the pods a claim is reserved for (used when `holders` has no answer);
+        holders: the containers the kubelet gave a claim to."""
         self.data_dir = data_dir
         self.regions = tuple(regions)
         self.pods = pods
+        self.holders = holders
         self._json = _MtimeCache(_load_json)
         self._limits = _MtimeCache(read_limits)
         self._ckpt: Any = None
@@ -214,42 +239,54 @@ class SliceFinder:
             meta = self._meta.get(uid)
             if meta is None:
                 meta = self._meta[uid] = _claim_meta(ckpt, uid)
-            ns, name, env, dra_devices = meta
+            ns, name, env, dra_devices, cdi_devices = meta
             uuids = env.get("CUDA_VISIBLE_DEVICES", "")
+            holders = self.holders(cdi_devices) if self.holders and cdi_devices else ()
+            if holders:
+                pod = ",".join(sorted({h.pod for h in holders}))
+            else:
+                pod = self.pods(ns, name, uid) if self.pods and name else ""
             out.append(
                 Slice(
                     key=uid,
                     claim_uid=uid,
                     namespace=ns,
                     claim=name,
-                    pod=self.pods(ns, name, uid) if self.pods and name else "",
+                    pod=pod,
                     region_path=acct,
                     gpu_uuids=tuple(u for u in uuids.split(",") if u),
                     env=env,
                     region_id=(st.st_dev, st.st_ino),
                     limits=self._limits.get(layout.claim_limits(claims_dir, uid)) or {},
                     dra_devices=dra_devices,
+                    cdi_devices=cdi_devices,
+                    holders=holders,
                 )
             )
         return out
 
 
-_ClaimMeta = tuple[str, str, dict[str, str], tuple[tuple[str, str], ...]]
+_ClaimMeta = tuple[str, str, dict[str, str], tuple[tuple[str, str], ...], tuple[str, ...]]
 
 
 def _claim_meta(ckpt: Any, uid: str) -> _ClaimMeta:
-    """(namespace, name, CDI env, (pool, device) of each prepared device) of a claim from the
-    checkpoint and its CDI spec. The spec is written once at prepare: it is read again only when
-    the checkpoint changes."""
+    """(namespace, name, CDI env, (pool, device) of each prepared device, the claim's own CDI
+    devices) of a claim from the checkpoint and its CDI spec. The spec is written once at
+    prepare: it is read again only when the checkpoint changes. A prepared device also lists
+    NVIDIA's CDI devices (shared by every claim on the GPU): only those naming the claim's UID
+    are the claim's own."""
     entries = ckpt.get("claims", {}) if isinstance(ckpt, dict) else {}
     e = entries.get(uid) if isinstance(entries, dict) else None
     e = e if isinstance(e, dict) else {}
     spec = e.get("cdi_spec")
     env = _cdi_env(_load_json(spec)) if isinstance(spec, str) else {}
     devices = e.get("devices")
-    dra = tuple(
-        (str(d.get("pool_name", "")), str(d.get("device_name", "")))
-        for d in (devices if isinstance(devices, list) else [])
-        if isinstance(d, dict)
-    )
-    return str(e.get("namespace", "")), str(e.get("name", "")), env, dra
+    entries_ = [d for d in (devices if isinstance(devices, list) else []) if isinstance(d, dict)]
+    dra = tuple((str(d.get("pool_name", "")), str(d.get("device_name", ""))) for d in entries_)
+    own: list[str] = []
+    for d in entries_:
+        ids = d.get("cdi_device_ids")
+        for i in ids if isinstance(ids, list) else []:
+            if isinstance(i, str) and i.partition("=")[2] == uid and i not in own:
+                own.append(i)
+    return str(e.get("namespace", "")), str(e.get("name", "")), env, dra, tuple(own)

@@ -113,10 +113,11 @@ SLICE_PANELS: Panels = (
     ], "Each slice's memory quota, what its processes hold (as the shim charged it), and its peak."),
     ("Slice memory by container", "bytes", [
         (f"vgpu_container_memory_used_bytes{{{SLICE}}}",
-         "{{namespace}}/{{claim}} {{pod}} {{container}} GPU {{gpu}}"),
+         "{{namespace}}/{{claim}} {{pod}} {{container}} ({{container_id}}) GPU {{gpu}}"),
     ], "What each container of a claim holds on the GPU (NVML's count, contexts included), by the "
-       "container's cgroup: a claim shared by several containers split up. container = the "
-       "runtime's container ID (12 digits); empty for processes in no container."),
+       "container's cgroup: a claim shared by several containers split up. pod and container = "
+       "the names the kubelet gives (empty where unknown); container_id = the runtime's "
+       "container ID (12 digits), empty for processes in no container."),
     ("Slice memory use over quota", "percentunit", [
         (f"vgpu_slice:memory_used_over_limit:ratio{{{SLICE}}}", SL),
     ], "Recording rule vgpu_slice:memory_used_over_limit:ratio; alert VgpuSliceNearMemoryQuota at 90 %."),

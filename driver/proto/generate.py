@@ -5,17 +5,17 @@
 
 The protos are compiled with the repository root as include path, so the generated modules
 import each other as `driver.proto.X` and the package imports cleanly. The generated files are
-committed; tests/driver/test_kubelet_proto.py checks that regenerating gives identical files.
+committed; tests/driver/test_kubelet.py checks that regenerating gives identical files.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-PROTO_DIR = Path(__file__).resolve().parent
-REPO_ROOT = PROTO_DIR.parent.parent
+from sharing.proto.generate import command, compile_protos
+
+PACKAGE_DIR = "driver/proto"
 PROTOS = (
     "pluginregistration.proto",
     "dra_v1.proto",
@@ -27,35 +27,11 @@ PROTOS = (
 
 def generate(out_root: Path) -> list[Path]:
     """Compile every proto into out_root/driver/proto; return the generated files."""
-    from grpc_tools import protoc  # only needed here: grpcio-tools is a test dependency
-
-    out_dir = out_root / "driver" / "proto"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written: list[Path] = []
-    for name in PROTOS:
-        rel = f"driver/proto/{name}"
-        args = [
-            "grpc_tools.protoc",
-            f"-I{REPO_ROOT}",
-            f"--python_out={out_root}",
-            f"--grpc_python_out={out_root}",
-            rel,
-        ]
-        if protoc.main(args) != 0:
-            raise RuntimeError(f"protoc failed for {rel}")
-        stem = name.removesuffix(".proto")
-        written += [out_dir / f"{stem}_pb2.py",
-                    out_dir / f"{stem}_pb2_grpc.py"]  # fmt: skip
-    return written
+    return compile_protos(PACKAGE_DIR, PROTOS, out_root)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=REPO_ROOT, help="root to write driver/proto into")
-    args = p.parse_args(argv)
-    for path in generate(args.out):
-        print(path)
-    return 0
+    return command(PACKAGE_DIR, PROTOS, __doc__.splitlines()[0], argv)
 
 
 if __name__ == "__main__":

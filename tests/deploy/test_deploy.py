@@ -27,10 +27,12 @@ from sharing.claimlayout import (
     CONTAINER_LIB,
     CONTAINER_LIB_DIR,
     CONTAINER_LIMITS,
+    CONTAINER_METADATA_ROOT,
     CONTAINER_NODE_STATE_DIR,
     CONTAINER_PRELOAD,
 )
 from sharing.plan.cel_eval import evaluate
+from sharing.podresources import DEFAULT_SOCKET as POD_RESOURCES_SOCKET
 from sharing.policy import from_document
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -204,6 +206,9 @@ def test_daemonset_mounts_env_probes_and_resources() -> None:
         s.data_dir,
     ):
         assert host.get(mounts[str(path)]["name"]) == str(path), path
+    # The kubelet's PodResources socket (the metrics' pod and container names), read only.
+    pr = mounts[str(PurePosixPath(POD_RESOURCES_SOCKET).parent)]
+    assert pr["readOnly"] is True and host[pr["name"]] == pr["mountPath"]
     # The driver root: the host path DRIVER_ROOT, seen read-only at DRIVER_ROOT_MOUNT.
     root_mount = mounts[env["DRIVER_ROOT_MOUNT"]]
     assert root_mount["readOnly"] is True
@@ -298,6 +303,7 @@ def test_sim_overlay_runs_the_simulator_on_any_node_unprivileged() -> None:
     assert set(host.values()) == {
         "/var/lib/kubelet/plugins_registry",
         "/var/lib/kubelet/plugins",
+        "/var/lib/kubelet/pod-resources",  # the metrics' pod and container names
         "/var/run/cdi",
         "/var/lib/vgpu-sharing",
     }
@@ -404,12 +410,17 @@ def test_admission_policy_matches_every_served_version() -> None:
 
 
 # The paths the plugin injects into a claim's containers (every CDI mount of driver/claimspec.py
-# and driver/injection.py's simulator files), as directories or files the policy guards.
+# and driver/injection.py's simulator files; the KEP-5304 device metadata root), as directories
+# or files the policy guards.
 GUARDED = (
     CONTAINER_LIB_DIR, CONTAINER_PRELOAD, CONTAINER_CLAIM_DIR, CONTAINER_NODE_STATE_DIR,
     CONTAINER_DEMAND_FILE, str(PurePosixPath(SIM_CONFIG_PATH).parent), SIM_STATE_PATH,
+    CONTAINER_METADATA_ROOT,
 )  # fmt: skip
-INJECTED = (CONTAINER_LIB, CONTAINER_LIMITS, CONTAINER_ACCOUNTING, SIM_CONFIG_PATH)
+INJECTED = (
+    CONTAINER_LIB, CONTAINER_LIMITS, CONTAINER_ACCOUNTING, SIM_CONFIG_PATH,
+    f"{CONTAINER_METADATA_ROOT}/resourceclaims/c1/gpu/vgpu.sharing.dev-metadata.json",
+)  # fmt: skip
 
 
 def _refused_paths() -> list[str]:
@@ -425,8 +436,11 @@ def _refused_paths() -> list[str]:
 ALLOWED_PATHS = (
     "/data", "/etc/ld.so.preload.d", "/etc/ld.so.preloadx", "/etc/config", "/run/secrets",
     "/run/vgpu-sharing2", "/run/vgpu", "/usr/local/lib64", "/usr/local/lib/python3",
-    "/usr/local/libvgpu-sharing", "/usr/share", "/.etc", "/etc.d", "/var/run",
+    "/usr/local/libvgpu-sharing", "/usr/share", "/.etc", "/etc.d", "/var/lib", "/var/log",
+    "/var/run/secrets", "/var/run/secrets/kubernetes.io/serviceaccount",
+    "/var/run/kubernetes.io/dra-device-attributes2", "/var/runx", "/varx/run",
     "/home/etc/ld.so.preload", "/workspace/run/vgpu-sharing",
+    "/workspace/var/run/kubernetes.io/dra-device-attributes",
 )  # fmt: skip
 
 

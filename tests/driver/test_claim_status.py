@@ -132,3 +132,65 @@ def test_a_refusing_server_gets_one_attempt_and_one_line(
     assert len(world.status_patches()) == 1
     lines = [r.getMessage() for r in caplog.records if r.name == "driver.claimstatus"]
     assert len(lines) == 1 and f"HTTP {code}" in lines[0], lines
+
+
+def test_unprepare_removes_our_entries_and_only_ours(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    other = {"request": "nic", "driver": "nic.example.com", "pool": NODE, "device": "eth1"}
+    claim = allocated_claim("c1", results=[result("gpu", "gpu-0", memory="4Gi"), other])
+    theirs = {**{k: other[k] for k in ("driver", "pool", "device")}, "data": {"if": "eth1"}}
+    claim["status"]["devices"] = [theirs]
+    c = claim_id(world.server.put(claim))
+    assert world.kubelet.prepare([c])[c.uid].error == ""
+    world.plugin.driver.claim_status.idle()
+    got = world.server.get("ResourceClaim", "default", "c1")
+    assert got is not None and [d["driver"] for d in got["status"]["devices"]] == [
+        "nic.example.com",
+        DRIVER,
+    ]
+
+    with caplog.at_level(logging.DEBUG, logger="driver.claimstatus"):
+        assert world.kubelet.unprepare([c]) == {c.uid: ""}
+        world.plugin.driver.claim_status.idle()
+    write, remove = world.status_patches()
+    assert remove.path == write.path and remove.query["fieldManager"] == [DRIVER]
+    assert remove.content_type == "application/apply-patch+yaml"
+    got = world.server.get("ResourceClaim", "default", "c1")
+    assert got is not None and got["status"]["devices"] == [theirs]  # the other driver's stays
+    assert world.plugin.driver.claim_status.removed == 1
+    # an unknown claim (not ours, or done already) is not sent anything
+    assert world.kubelet.unprepare([c]) == {c.uid: ""}
+    world.plugin.driver.claim_status.idle()
+    assert len(world.status_patches()) == 2
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.records
+
+
+def test_unprepare_of_a_claim_deleted_or_created_again_touches_nothing(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="driver.claimstatus")
+    gone = claim_id(world.server.put(allocated_claim("gone")))
+    again = claim_id(world.server.put(allocated_claim("again")))
+    for c in (gone, again):
+        assert world.kubelet.prepare([c])[c.uid].error == ""
+    world.plugin.driver.claim_status.idle()
+    world.server.delete("ResourceClaim", "default", "gone")
+    world.server.delete("ResourceClaim", "default", "again")
+    # a new claim of the same name, prepared (on another node, say) with its own status
+    new = allocated_claim("again")
+    new["status"]["devices"] = [{"driver": DRIVER, "pool": NODE, "device": "gpu-0",
+                                 "data": {"theirs": True}}]  # fmt: skip
+    stored = world.server.put(new)
+    assert stored["metadata"]["uid"] != again.uid
+    share = stored["status"]["allocation"]["devices"]["results"][0].get("shareID")
+    if share:
+        new["status"]["devices"][0]["shareID"] = share
+        stored = world.server.put(new)
+    assert world.kubelet.unprepare([gone, again]) == {gone.uid: "", again.uid: ""}
+    world.plugin.driver.claim_status.idle()
+    assert len(world.status_patches()) == 4  # two writes, two removals the server refused
+    got = world.server.get("ResourceClaim", "default", "again")
+    assert got is not None and got["status"]["devices"] == new["status"]["devices"]
+    assert [r.getMessage() for r in caplog.records if r.name == "driver.claimstatus"] == []
+    assert world.plugin.driver.claim_status.removed == 0

@@ -1,6 +1,7 @@
 """`vgpu-kubelet-plugin --metrics-address`: the exporter and the watchdog inside the plugin,
 as a real process on the simulated GPU against the fake API server. A prepared claim appears
-as a slice with its namespace and name; a process that bypasses the shim with the claim's
+as a slice with its namespace and name, and the pod and container names a stand-in kubelet's
+PodResources API gives; a process that bypasses the shim with the claim's
 environment is counted, gets an Event on the claim, and is stopped (--watchdog-enforce kill)."""
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from tests.driver.test_main_e2e import (
 )
 from tests.driver.test_policy_e2e import probe
 from tests.fakes.apiserver import FakeApiServer, free_port
+from tests.fakes.podresources import Held as PodHeld
+from tests.fakes.podresources import PodResourcesStandin
 from tests.support.observers import only, scrape, scrape_until, value
 from tests.support.shim_ops import Held
 
@@ -54,6 +57,19 @@ def test_plugin_serves_claims_and_reports_a_bypass(
     write_config(root / "simgpu.json", [device(0), device(1)])
     mport = free_port()
     url = f"http://127.0.0.1:{mport}"
+    share = {"consumedCapacity": {"memory": "1Gi", "cores": "30"}}
+    doc = allocated_claim("share", namespace="team-a", results=[result("gpu", "gpu-1") | share])
+    doc["status"]["reservedFor"] = [
+        {"resource": "pods", "name": "trainer-0", "uid": "6f1c0e5e-0000-4000-8000-000000000001"}
+    ]
+    claim = server.put(doc)
+    uid = claim["metadata"]["uid"]
+    # the kubelet's PodResources API, beside its plugins directory: container `main` holds it
+    (root / "pod-resources").mkdir()
+    pod_resources = PodResourcesStandin(root / "pod-resources" / "kubelet.sock").start()
+    pod_resources.put(
+        PodHeld("team-a", "trainer-0", "main", "share", (f"k8s.{DRIVER}/claim={uid}",))
+    )
     p = PluginProcess(
         server, root, "--metrics-address", f"127.0.0.1:{mport}", "--watchdog-enforce", "kill"
     )
@@ -61,23 +77,18 @@ def test_plugin_serves_claims_and_reports_a_bypass(
         wait_names(server, p, ["gpu-0", "gpu-1"])
         kubelet = KubeletStandin(root / "reg" / f"{DRIVER}-reg.sock")
         kubelet.register()
-        share = {"consumedCapacity": {"memory": "1Gi", "cores": "30"}}
-        doc = allocated_claim("share", namespace="team-a", results=[result("gpu", "gpu-1") | share])
-        doc["status"]["reservedFor"] = [
-            {"resource": "pods", "name": "trainer-0", "uid": "6f1c0e5e-0000-4000-8000-000000000001"}
-        ]
-        claim = server.put(doc)
-        uid = claim["metadata"]["uid"]
         assert kubelet.prepare([claim_id(claim)])[uid].error == ""
-        # the pod comes from the claim's status.reservedFor, read in the background
-        deadline = time.monotonic() + 10
+        # the pod and container come from the kubelet's PodResources API, read in the background
+        deadline = time.monotonic() + 30
         while True:
             s = scrape(url)
-            pods = {x.labels["pod"] for x in only(s, "vgpu_slice_memory_limit_bytes")}
-            if pods == {"trainer-0"} or time.monotonic() > deadline:
+            names = {(x.labels["pod"], x.labels["container"])
+                     for x in only(s, "vgpu_slice_memory_limit_bytes")}  # fmt: skip
+            if names == {("trainer-0", "main")} or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
-        assert pods == {"trainer-0"}
+        assert names == {("trainer-0", "main")}
+        assert pod_resources.lists >= 1
         [limit] = only(s, "vgpu_slice_memory_limit_bytes", claim_uid=uid)
         assert limit.value == GiB
         assert limit.labels["namespace"] == "team-a" and limit.labels["claim"] == "share"
@@ -132,6 +143,7 @@ def test_plugin_serves_claims_and_reports_a_bypass(
         kubelet.close()
     finally:
         code = p.terminate()
+        pod_resources.stop()
     assert code == 0, p.output()
     assert_within_rbac(server)
 

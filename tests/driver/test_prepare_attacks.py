@@ -65,6 +65,7 @@ def paths(w: World, uid: str) -> dict[str, Path]:
         "limits": data / "claims" / uid / "limits",
         "shared": data / "claims" / uid / "shared",
         "demand": data / "node-state" / f"{uid}.demand",
+        "metadata": data / "claims" / uid / "metadata" / "gpu.json",  # request "gpu" (KEP-5304)
     }
 
 
@@ -222,12 +223,12 @@ def test_missing_spec_is_recreated_keeping_the_slices_usage(world: World) -> Non
     p = paths(world, c.uid)
     (p["shared"] / "usage-marker").write_text("in use\n")
     accounting = (p["shared"] / "accounting").read_bytes()
-    for gone in ("spec", "limits", "demand"):
+    for gone in ("spec", "limits", "demand", "metadata"):
         p[gone].unlink()
         reads = claim_reads(world)
         assert world.kubelet.prepare([c]) == first
         assert claim_reads(world) == reads + 1  # re-read to recreate
-        assert p["spec"].is_file() and p["limits"].is_file() and p["demand"].is_file()
+        assert all(p[f].is_file() for f in ("spec", "limits", "demand", "metadata"))
         assert (p["shared"] / "usage-marker").read_text() == "in use\n"  # usage kept
         assert (p["shared"] / "accounting").read_bytes() == accounting
         assert parse_limits_file(p["limits"].read_text())["CUDA_DEVICE_SM_LIMIT_0"] == "30"

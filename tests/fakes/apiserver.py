@@ -424,6 +424,9 @@ class FakeApiServer:
         if claim_status not in ("serve", "forbid", "absent"):
             raise ValueError(f"claim_status {claim_status!r}; allowed: serve, forbid, absent")
         self.claim_status = claim_status
+        # server-side apply's ownership of status.devices entries: (claim uid, fieldManager) ->
+        # the keys that manager's last apply listed
+        self._status_owned: dict[tuple[str, str], set[tuple[Any, ...]]] = {}
         self.drop_device_taints = drop_device_taints
         self.validate_versions = validate_versions
         self.requests: list[RecordedRequest] = []
@@ -920,7 +923,10 @@ class _Handler(BaseHTTPRequestHandler):
     ) -> None:
         """The ResourceClaim status subresource, server-side apply only (what the plugin uses):
         our `status.devices` entries are merged by their key (driver, pool, device, shareID);
-        an entry must name an allocated device, as the real server's validation demands."""
+        an entry must name an allocated device, as the real server's validation demands. As
+        server-side apply does, an entry the same fieldManager applied before and leaves out now
+        is removed unless another manager applied it too (entries written otherwise stay); a
+        metadata.uid that is not the object's is a conflict."""
         api = self.api
         if rt.kind != "ResourceClaim" or method != "PATCH" or name is None or ns is None:
             raise ApiError(
@@ -957,11 +963,29 @@ class _Handler(BaseHTTPRequestHandler):
             old = api._store.objects.get((rt.plural, ns, name))
             if old is None:
                 raise _not_found(rt, name)
+            uid = old["metadata"].get("uid")
+            want_uid = (body.get("metadata") or {}).get("uid")
+            if want_uid and want_uid != uid:
+                raise ApiError(
+                    409,
+                    "Conflict",
+                    f'Operation cannot be fulfilled on resourceclaims.{rt.group} "{name}": '
+                    f"Precondition failed: UID in precondition: {want_uid}, UID in object meta: "
+                    f"{uid}",
+                )
+            manager = query["fieldManager"][0]
             obj = copy.deepcopy(old)
             status = obj.setdefault("status", {})
             results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
             allocated = {key(r) for r in results}
             merged = {key(e): e for e in status.get("devices") or []}
+            applied = {key(e) for e in body["status"]["devices"]}
+            others = set().union(
+                *(ks for (u, m), ks in api._status_owned.items() if u == uid and m != manager)
+            )
+            for k in api._status_owned.get((uid, manager), set()) - applied - others:
+                merged.pop(k, None)
+            api._status_owned[(uid, manager)] = applied
             for i, e in enumerate(body["status"]["devices"]):
                 if key(e) not in allocated:
                     raise _invalid(

@@ -1,13 +1,21 @@
 """The container of a process from its cgroup file, as each runtime and the kubelet name them
-(the real thing with podman + runc: test_containers_podman.py), and a process of no container."""
+(the real thing with podman + runc: test_containers_podman.py), and a process of no container;
+its name from the kubelet's per-container mount (with real mounts: test_exporter_pod_resources.py)."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
-from sharing.containers import NO_CONTAINER, Container, container_of, container_of_cgroup
+from sharing.containers import (
+    NO_CONTAINER,
+    Container,
+    container_of,
+    container_of_cgroup,
+    kubelet_container_of_mountinfo,
+)
 
 CID = "3f1e" + "a" * 56 + "0b9c"
 POD = "6f1c0e5e-1234-4000-8000-0000000000aa"
@@ -63,3 +71,41 @@ def test_this_process_and_a_gone_one() -> None:
     with open("/proc/self/cgroup") as f:
         assert container_of(os.getpid()) == container_of_cgroup(f.read())
     assert container_of(2**22 + 1) == NO_CONTAINER  # above pid_max: never a process
+
+
+MOUNTINFO = (
+    "612 598 0:52 / / rw,relatime - overlay overlay rw,lowerdir=/l,upperdir=/u\n"
+    "640 612 254:1 /var/lib/kubelet/pods/0f2d5c1e-5a8b-4c1e-9d3a-7b6e2f1a0c9d/etc-hosts "
+    "/etc/hosts rw,relatime - ext4 /dev/vda1 rw\n"
+    "641 612 254:1 /var/lib/kubelet/pods/0f2d5c1e-5a8b-4c1e-9d3a-7b6e2f1a0c9d/containers/"
+    "train-main/8f3c1e2a /dev/termination-log rw,relatime - ext4 /dev/vda1 rw\n"
+)
+
+
+def test_the_kubelets_per_container_mount_names_the_container() -> None:
+    assert kubelet_container_of_mountinfo(MOUNTINFO) == (
+        "0f2d5c1e-5a8b-4c1e-9d3a-7b6e2f1a0c9d",
+        "train-main",
+    )
+    # the kubelet's root on a file system of its own: the mount root starts at pods/
+    separate = MOUNTINFO.replace("/var/lib/kubelet/pods/", "/pods/")
+    assert kubelet_container_of_mountinfo(separate)[1] == "train-main"
+    # no kubelet file (podman, a host process), or a name that is no container name
+    assert kubelet_container_of_mountinfo(MOUNTINFO.splitlines()[0]) == ("", "")
+    bad = MOUNTINFO.replace("train-main", "Train_Main")
+    assert kubelet_container_of_mountinfo(bad) == ("", "")
+
+
+def test_a_mount_of_another_pod_than_the_cgroup_says_names_nothing(tmp_path: Path) -> None:
+    cid = "a" * 64
+    pod = "11111111-2222-3333-4444-555555555555"
+    (tmp_path / "7").mkdir()
+    (tmp_path / "7" / "cgroup").write_text(
+        f"0::/kubepods.slice/kubepods-pod{pod.replace('-', '_')}.slice/cri-containerd-{cid}.scope\n"
+    )
+    (tmp_path / "7" / "mountinfo").write_text(MOUNTINFO)
+    assert container_of(7, str(tmp_path)) == Container(cid, pod, "")
+    (tmp_path / "7" / "mountinfo").write_text(
+        MOUNTINFO.replace("0f2d5c1e-5a8b-4c1e-9d3a-7b6e2f1a0c9d", pod)
+    )
+    assert container_of(7, str(tmp_path)) == Container(cid, pod, "train-main")

@@ -1,0 +1,1 @@
+"""Generated gRPC code of the kubelet APIs the exporter calls (generate.py)."""
