@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from tests.deploy.dashboard_queries import RULES
-from tests.deploy.test_deploy import DEPLOY, VERSIONS, with_component
+from tests.support.deploy_tree import DEPLOY, VERSIONS, with_component
 
 COMPONENT = DEPLOY / "components" / "prometheus-operator"
 CRDS = Path(__file__).parent / "fixtures" / "prometheus-operator-crds.json"

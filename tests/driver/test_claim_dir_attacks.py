@@ -29,17 +29,12 @@ from tests.driver.kubelet_standin import (
     result,
 )
 from tests.driver.plugin_process import PluginProcess, fake_gpus
-from tests.driver.test_prepare import World, close_world, make_world
 from tests.fakes.apiserver import FakeApiServer
+from tests.support.prepare_world import World, world
+
+__all__ = ["world"]  # a fixture, used by name
 
 DEPTH = 5000  # past Python's recursion limit (1000) and the default descriptor limit (1024)
-
-
-@pytest.fixture
-def world() -> Iterator[World]:
-    w = make_world()
-    yield w
-    close_world(w)
 
 
 def deep_tree(top: Path, depth: int) -> None:

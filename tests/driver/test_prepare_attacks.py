@@ -13,7 +13,6 @@ import json
 import os
 import re
 import stat
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,16 +30,11 @@ from driver.checkpoint import (
 from sharing.limitsfile import parse_limits_file
 from tests.driver.kubelet_standin import DRIVER, ClaimId, KubeletStandin, result
 from tests.driver.plugin_process import InProcessPlugin
-from tests.driver.test_prepare import World, close_world, make_world
+from tests.support.prepare_world import World, world
+
+__all__ = ["world"]  # a fixture, used by name
 
 GiB = 1024**3
-
-
-@pytest.fixture
-def world() -> Iterator[World]:
-    w = make_world()
-    yield w
-    close_world(w)
 
 
 def restart(w: World) -> None:

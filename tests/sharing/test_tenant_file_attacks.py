@@ -26,7 +26,9 @@ from sharing._region_cffi import ffi, lib
 
 from sharing import region
 from tests.driver.kubelet_standin import KubeletStandin, allocated_claim, claim_id, result
-from tests.driver.test_main_e2e import (
+from tests.fakes.apiserver import FakeApiServer, free_port
+from tests.support.observers import ExporterProcess, Sample, add_claim, only, scrape, sim_gpu_uuid
+from tests.support.plugin_e2e import (
     DRIVER,
     PluginProcess,
     device,
@@ -36,8 +38,6 @@ from tests.driver.test_main_e2e import (
     wait_names,
     write_config,
 )
-from tests.fakes.apiserver import FakeApiServer, free_port
-from tests.support.observers import ExporterProcess, Sample, add_claim, only, scrape, sim_gpu_uuid
 
 __all__ = ["root", "server", "sim_ready"]  # fixtures used by name
 GiB = 1 << 30
