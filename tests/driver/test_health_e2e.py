@@ -18,8 +18,8 @@ import pytest
 import yaml
 
 from tests.driver.kubelet_standin import KubeletStandin
-from tests.driver.test_health_stream import Watcher
 from tests.fakes.apiserver import FakeApiServer, free_port
+from tests.support.health_watcher import Watcher
 from tests.support.observers import Sample, only, scrape
 from tests.support.plugin_e2e import (
     DRIVER,

@@ -4,32 +4,18 @@ before CMD starts."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from sharing import region
 from tests.sim.simhelp import CONTEXT_MEMORY
-from tests.support.shim_ops import Held, clean_env, parse_ops
+from tests.support.shim_ops import Held, parse_ops
+from tests.support.vgpu_cli import VGPU, vgpu_run
 
 MiB = 1 << 20
-VGPU = [sys.executable, "-m", "sharing.cli"]
 # Two processes' contexts (charged to the slice) and 64 MiB for their allocations.
 TWO_CONTEXTS_AND_64MI = str(2 * CONTEXT_MEMORY + 64 * MiB)
-
-
-def vgpu_run(
-    args: list[str], env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*VGPU, "run", *args],
-        env=env or clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
 
 
 def test_exit_code_and_environment(tmp_path: Path) -> None:

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from sharing.context_cache import ContextCache
-from tests.sharing.test_run import vgpu_run
 from tests.sim.simhelp import CONTEXT_MEMORY
+from tests.support.vgpu_cli import vgpu_run
 
 SHOW = ["--", "sh", "-c", 'echo "size=${VGPU_CONTEXT_SIZE:-none}"']
 
