@@ -90,6 +90,7 @@ def _validation_cases() -> list[Any]:
     return cases
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("version", VERSIONS)
 def test_every_object_is_valid_strict(version: str) -> None:
     failures = []

@@ -53,6 +53,7 @@ def deep_tree(top: Path, depth: int) -> None:
         os.close(fd)
 
 
+@pytest.mark.slow
 def test_a_deep_tree_in_the_claims_dir_unprepares(world: World) -> None:
     passwd = Path("/etc/passwd").read_bytes()
     c = world.claim("c", results=[result("gpu", "gpu-0", memory="1Gi")])
@@ -88,6 +89,7 @@ def env() -> Iterator[tuple[Path, FakeApiServer]]:
     shutil.rmtree(root, ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_a_deep_tree_left_by_a_crash_does_not_stop_the_next_start(
     env: tuple[Path, FakeApiServer],
 ) -> None:

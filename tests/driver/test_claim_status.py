@@ -101,6 +101,7 @@ def test_a_prepared_claim_answered_from_the_checkpoint_writes_nothing_again(worl
     assert len(world.status_patches()) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [{"server_version": "1.35"}], indirect=True)
 def test_older_servers_get_no_status_write(world: World, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="driver.claimstatus")

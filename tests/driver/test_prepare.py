@@ -8,6 +8,8 @@ import stat
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from cdi.schema import validate
 from sharing import region
 from sharing.limitsfile import parse_limits_file
@@ -207,6 +209,7 @@ def test_configs_class_then_claim_later_wins_other_drivers_ignored(world: World)
     assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == str(6 * GiB)
 
 
+@pytest.mark.slow
 def test_bad_claims_fail_alone_and_good_ones_succeed(world: World) -> None:
     good = world.claim("good", results=[result("gpu", "gpu-0", memory="1Gi")])
     unallocated = world.claim("unalloc", allocated=False)
@@ -299,6 +302,7 @@ def test_one_claim_one_quota_two_claims_two(world: World) -> None:
     assert world.kubelet.prepare([a])[a.uid].devices[0].cdi_device_ids == ids_a
 
 
+@pytest.mark.slow
 def test_every_written_spec_validates(world: World) -> None:
     claims = [
         world.claim(f"c{i}", results=[result("gpu", f"gpu-{i % 2}", memory=f"{i + 1}Gi")])
@@ -312,6 +316,7 @@ def test_every_written_spec_validates(world: World) -> None:
         assert doc["kind"] == KIND
 
 
+@pytest.mark.slow
 def test_slow_claim_read_does_not_block_other_claims(world: World) -> None:
     """The API read happens outside the state lock: one claim stuck on a slow API server does
     not hold up the prepare of another pod's claim."""

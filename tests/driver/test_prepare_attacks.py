@@ -154,6 +154,7 @@ def test_recovery_drops_an_entry_whose_uid_is_not_a_uid(world: World) -> None:
     assert sorted(p.name for p in world.plugin.claim_dirs()) == [good.uid]
 
 
+@pytest.mark.slow
 def test_recovery_goes_on_when_one_entry_fails(
     world: World, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -208,6 +209,7 @@ def test_a_checkpoint_cannot_make_the_plugin_delete_outside_its_directories(
 # --- files of a prepared claim that vanished ----------------------------------------------------
 
 
+@pytest.mark.slow
 def test_missing_spec_is_recreated_keeping_the_slices_usage(world: World) -> None:
     """/var/run/cdi is a tmpfs: after a node reboot the specs are gone while the checkpoint says
     prepared. The old plugin answered with a CDI id whose spec did not exist."""
@@ -251,6 +253,7 @@ def test_missing_spec_with_the_api_down_fails_the_claim_clearly(world: World) ->
 # --- planted links ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_link_planted_at_the_demand_file_is_replaced_not_followed(world: World) -> None:
     c = world.claim("c1", results=[result("gpu", "gpu-0", memory="1Gi")])
     v = victims(world.root)
@@ -273,6 +276,7 @@ def test_link_planted_at_the_demand_file_is_replaced_not_followed(world: World) 
     assert snapshot(v) == before
 
 
+@pytest.mark.slow
 def test_link_planted_at_the_limits_file_is_replaced_not_followed(world: World) -> None:
     c = world.claim("c1", results=[result("gpu", "gpu-0", memory="1Gi")])
     world.kubelet.prepare([c])

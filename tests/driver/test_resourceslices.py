@@ -139,6 +139,7 @@ def test_generation_bumps_only_on_change_and_health_taints_device(server: FakeAp
     assert [d["name"] for d in s["spec"]["devices"]] == ["gpu-0"]
 
 
+@pytest.mark.slow
 def test_more_than_128_devices_split_into_several_slices(server: FakeApiServer) -> None:
     p = publisher(server, "partition", partitions=4)
     p.publish(inventory([h100(i) for i in range(40)]))  # 160 devices

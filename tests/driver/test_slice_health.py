@@ -46,6 +46,7 @@ def valid_everywhere(obj: dict[str, Any]) -> None:
     assert validate_resource_slice(obj) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("cause", "value"),
     [
@@ -115,6 +116,7 @@ def test_taints_dropped_after_the_probe_leave_the_gpu_out_at_once() -> None:
         assert p.probe_.taints is False
 
 
+@pytest.mark.slow
 def test_a_tainted_pool_has_at_most_64_devices_per_slice() -> None:
     with FakeApiServer() as server:
         server.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})

@@ -15,6 +15,7 @@ from sharing.cpuwait import STARVED_PERCENT, cpu_wait_ns, starved
 BUSY = "import time\nend = time.process_time() + 0.6\nwhile time.process_time() < end: pass\nprint('ok')"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/proc/self/schedstat"), reason="kernel without schedstat")
 def test_two_busy_processes_on_one_cpu_wait_for_each_other() -> None:
     cpu = sorted(os.sched_getaffinity(0))[0]

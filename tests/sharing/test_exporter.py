@@ -66,6 +66,7 @@ def test_listen_parsing() -> None:
             parse_listen(bad)
 
 
+@pytest.mark.slow
 def test_two_tenants_on_the_simulator(
     sim_env: dict[str, str], tmp_path: Path, build_c: Callable[..., Path]
 ) -> None:

@@ -37,6 +37,7 @@ def test_exit_code_and_environment(tmp_path: Path) -> None:
     assert preload.endswith("libvgpu.so")
 
 
+@pytest.mark.slow
 def test_every_accounted_device_has_its_flag() -> None:
     last = region.MAX_DEVICES - 1  # 63: devices past the first 16 too
     r = vgpu_run(
@@ -120,6 +121,7 @@ def test_missing_command() -> None:
     )
 
 
+@pytest.mark.slow
 def test_sim_runs_share_one_region(shim_ops: Path, sim_env: dict[str, str], tmp_path: Path) -> None:
     reg = tmp_path / "shared.region"
     env = {k: v for k, v in sim_env.items() if k != "LD_LIBRARY_PATH"}
@@ -193,6 +195,7 @@ def test_help_lists_the_flags() -> None:
     assert "0 = no limit" in text and "0 or 100: no cap" in text
 
 
+@pytest.mark.slow
 def test_region_limits_beside_the_file_for_observers(
     shim_ops: Path, sim_env: dict[str, str], tmp_path: Path
 ) -> None:

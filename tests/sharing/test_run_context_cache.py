@@ -28,6 +28,7 @@ def cache_file(env: dict[str, str]) -> Path:
     return ContextCache.for_user(env).path
 
 
+@pytest.mark.slow
 def test_a_region_teaches_the_cache_and_later_runs_hand_it_over(
     shim_ops: Path, env: dict[str, str], tmp_path: Path
 ) -> None:

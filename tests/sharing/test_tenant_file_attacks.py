@@ -39,6 +39,8 @@ from tests.support.plugin_e2e import (
     write_config,
 )
 
+pytestmark = pytest.mark.slow
+
 __all__ = ["root", "server", "sim_ready"]  # fixtures used by name
 GiB = 1 << 30
 U64_MAX = (1 << 64) - 1
@@ -239,7 +241,6 @@ def test_top_shows_impossible_counters_clamped_and_untrusted(
     assert doc["unreadable"] == []
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("attack", ["truncate-to-0", "truncate-to-part"])
 def test_plugin_survives_a_tenant_truncating_its_accounting_file(
     sim_ready: None, server: FakeApiServer, root: Path, attack: str

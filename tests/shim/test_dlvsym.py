@@ -15,6 +15,8 @@ from sharing.paths import shim_library
 from shim.build import build_with_gcc
 from tests.support.bypass_routes import OVER, bypass_main, hostile, quota_env, run
 
+pytestmark = pytest.mark.slow
+
 __all__ = ["bypass_main", "hostile"]  # fixtures used by name
 
 VERSION = "SIMCUDA_TEST"

@@ -156,6 +156,7 @@ def _symbols(obj: Path) -> tuple[set[str], set[str]]:
     return defined, undefined
 
 
+@pytest.mark.slow
 def test_the_includes_name_every_file_a_shim_file_uses(tmp_path: Path) -> None:
     """A file that uses another's function without including its header (an extern of its own, a
     header that declares another file's functions) would hide a dependency from the graph."""

@@ -10,6 +10,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from sharing import region
 from tests.sim.simhelp import NO_CONTEXT_MEMORY
 from tests.support.lock_garbage import (
@@ -21,7 +23,7 @@ from tests.support.lock_garbage import (
 )
 from tests.support.shim_ops import parse_ops
 
-pytestmark = NO_CONTEXT_MEMORY
+pytestmark = [NO_CONTEXT_MEMORY, pytest.mark.slow]
 
 
 MiB = 1 << 20

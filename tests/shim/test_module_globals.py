@@ -24,6 +24,7 @@ def used(results: list[dict[str, str]]) -> list[int]:
     return [int(r["used"]) for r in results if r["op"] == "info"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("image", ["ptx", "cubin"])
 def test_cubin_and_ptx_globals_charged_and_refused(
     graphmem_ops: Path, slice_1gi: dict[str, str], tmp_path: Path, image: str
@@ -81,6 +82,7 @@ def test_globals_are_charged_as_the_driver_takes_them(
         held.release()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("route", ROUTES)
 def test_loads_fill_the_quota_and_no_further(
     graphmem_ops: Path, slice_1gi: dict[str, str], tmp_path: Path, route: str
@@ -95,6 +97,7 @@ def test_loads_fill_the_quota_and_no_further(
         held.release()
 
 
+@pytest.mark.slow
 def test_a_module_larger_than_the_quota_is_refused_and_unloaded(
     graphmem_ops: Path, slice_1gi: dict[str, str], tmp_path: Path
 ) -> None:

@@ -71,6 +71,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_pynvml_reads_every_field(sim_tool: Path, sim_env: dict[str, str]) -> None:
     load = Client(sim_tool, sim_env, "load", "1000", "10", "10", "4")
     holder = Client(sim_tool, sim_env, "hold", str(3 * GB))
