@@ -52,6 +52,7 @@ def plugin_container(overlay: str) -> dict[str, Any]:
     return dict(c)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_overlay_renders_with_every_object(overlay: str) -> None:
     kinds = sorted(d["kind"] for d in rendered(overlay))
@@ -421,6 +422,7 @@ def pod(
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", _refused_paths())
 def test_pod_mount_policy_refuses_a_volume_at_inside_or_above_an_injected_path(path: str) -> None:
     for request in (pod(["/data", path]), pod([path], init=True), pod([], devices=[path])):
@@ -429,6 +431,7 @@ def test_pod_mount_policy_refuses_a_volume_at_inside_or_above_an_injected_path(p
         assert "over files the vgpu-sharing plugin injects" in msg and "mount it elsewhere" in msg
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", ALLOWED_PATHS)
 def test_pod_mount_policy_admits_other_paths(path: str) -> None:
     assert refusal(pod([path]), MOUNTS_POLICY) is None
@@ -508,6 +511,7 @@ def _example_scripts() -> list[Any]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("container", _example_scripts())
 def test_example_workload_prints_the_memory_it_sees(
     container: dict[str, Any], tmp_path: Path

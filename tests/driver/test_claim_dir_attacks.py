@@ -182,6 +182,7 @@ def test_removing_a_big_tree_does_not_hold_another_claims_prepare(
     assert list((world.root / "data" / "trash").iterdir()) == []
 
 
+@pytest.mark.slow
 def test_recovery_survives_any_error_on_one_claim(
     world: World, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

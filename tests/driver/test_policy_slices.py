@@ -100,6 +100,7 @@ def test_sharing_slices_follow_the_policy(server: FakeApiServer) -> None:
     assert a["sharers"]["value"] == "8"
 
 
+@pytest.mark.slow
 def test_node_label_override_and_a_policy_change_republish(server: FakeApiServer) -> None:
     view = PolicyView(from_document(POLICY))
     p = publisher(server, view, "sharing")

@@ -107,6 +107,7 @@ def test_prepare_sharing_v1_writes_valid_spec_with_limits(world: World) -> None:
     assert "deviceNodes" not in spec["devices"][0]["containerEdits"]
 
 
+@pytest.mark.slow
 def test_prepare_v1beta1_has_no_share_id(world: World) -> None:
     c = world.claim("c1", results=[result("gpu", "gpu-1", memory="1Gi")])
     out = world.kubelet.prepare([c], "v1beta1")
@@ -119,6 +120,7 @@ def test_prepare_v1beta1_has_no_share_id(world: World) -> None:
     assert env["CUDA_DEVICE_SM_LIMIT_0"] == "100"
 
 
+@pytest.mark.slow
 def test_whole_gpu_when_no_consumed_capacity(world: World) -> None:
     c = world.claim("c1", results=[result("gpu", "gpu-0")])
     assert world.kubelet.prepare([c])[c.uid].error == ""
@@ -150,6 +152,7 @@ def test_two_gpus_indexed_in_visible_devices_order(world: World) -> None:
     )
 
 
+@pytest.mark.slow
 def test_partition_mode_limits() -> None:
     w = make_world(mode="partition", partitions=4)
     try:
@@ -260,6 +263,7 @@ def test_bad_claims_fail_alone_and_good_ones_succeed(world: World) -> None:
     assert [p.name for p in world.plugin.claim_dirs()] == [good.uid]
 
 
+@pytest.mark.slow
 def test_repeated_prepare_same_answer_without_api_server(world: World) -> None:
     c = world.claim("c1", results=[result("gpu", "gpu-0", memory="2Gi")])
     first = world.kubelet.prepare([c])
@@ -286,6 +290,7 @@ def test_unprepare_removes_everything_and_is_idempotent(world: World) -> None:
     assert world.kubelet.unprepare([unknown]) == {unknown.uid: ""}
 
 
+@pytest.mark.slow
 def test_one_claim_one_quota_two_claims_two(world: World) -> None:
     a = world.claim("a", results=[result("gpu", "gpu-0", memory="2Gi")])
     b = world.claim("b", results=[result("gpu", "gpu-0", memory="2Gi")])

@@ -136,6 +136,7 @@ def test_bad_claim_uids_are_refused_before_anything_happens(
     assert world.plugin.cdi_specs() == [] and world.plugin.claim_dirs() == []
 
 
+@pytest.mark.slow
 def test_recovery_drops_an_entry_whose_uid_is_not_a_uid(world: World) -> None:
     """An older plugin left a PrepareStarted entry with a 300-character UID; the next start
     crashed in recover() with ENAMETOOLONG. Now the entry is dropped (logged), the rest kept."""
@@ -232,6 +233,7 @@ def test_missing_spec_is_recreated_keeping_the_slices_usage(world: World) -> Non
     assert claim_reads(world) == reads  # all in place: answered from the checkpoint
 
 
+@pytest.mark.slow
 def test_missing_spec_with_the_api_down_fails_the_claim_clearly(world: World) -> None:
     c = world.claim("c1", results=[result("gpu", "gpu-0", memory="2Gi")])
     world.kubelet.prepare([c])
@@ -308,6 +310,7 @@ def plant_in_shared(shared: Path, v: Path) -> None:
     os.link(v / "passwd", shared / "hardlink")  # same file system here
 
 
+@pytest.mark.slow
 def test_links_planted_in_the_shared_dir_are_never_followed(world: World) -> None:
     """The tenant-writable shared/ dir, full of links, through a repair-prepare, a restart
     (recovery and orphan sweep) and unprepare."""
@@ -327,6 +330,7 @@ def test_links_planted_in_the_shared_dir_are_never_followed(world: World) -> Non
     assert snapshot(v) == before
 
 
+@pytest.mark.slow
 def test_links_in_place_of_claim_files_are_removed_as_links(world: World) -> None:
     """A claim directory, spec or demand file that is a link (to a victim) at unprepare, and
     links in the plugin's directories that look like orphans at a restart: removed, targets

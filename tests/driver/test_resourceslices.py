@@ -74,6 +74,7 @@ def test_sharing_mode_slice_content(server: FakeApiServer) -> None:
     assert s["spec"]["devices"][1]["name"] == "gpu-1"
 
 
+@pytest.mark.slow
 def test_auto_mode_falls_back_to_partition_with_one_warning(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -113,6 +114,7 @@ def test_explicit_partition_mode_with_three_partitions(server: FakeApiServer) ->
     assert (p.server_mode, p.probe_.taints) == (None, True)
 
 
+@pytest.mark.slow
 def test_generation_bumps_only_on_change_and_health_taints_device(server: FakeApiServer) -> None:
     p = publisher(server, "sharing")
     gpus = [h100(0), h100(1)]
@@ -163,6 +165,7 @@ def test_no_gpus_is_one_empty_slice(server: FakeApiServer) -> None:
     assert s["spec"]["pool"]["resourceSliceCount"] == 1
 
 
+@pytest.mark.slow
 def test_drift_is_repaired_and_restart_continues_generation(server: FakeApiServer) -> None:
     p = publisher(server, "sharing")
     inv = inventory([h100(0)])
@@ -247,6 +250,7 @@ def test_unhealthy_devices_left_out_and_health_map() -> None:
     }
 
 
+@pytest.mark.slow
 def test_publish_loop_retries_while_api_down_then_recovers(
     server: FakeApiServer, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -282,6 +286,7 @@ def test_publish_loop_retries_while_api_down_then_recovers(
         loop.stop()
 
 
+@pytest.mark.slow
 def test_publish_loop_resync_repairs_deleted_slice(server: FakeApiServer) -> None:
     loop = PublishLoop(publisher(server, "sharing"), backoff=Backoff(0.05, 2, 0.1), resync=0.2)
     loop.start()
@@ -312,6 +317,7 @@ def test_publish_loop_stop_is_prompt_during_backoff(server: FakeApiServer) -> No
     assert done.wait(5), "stop() waited out the 30 s backoff"
 
 
+@pytest.mark.slow
 def test_long_node_name_gives_valid_unique_slice_names() -> None:
     node = ".".join(["a" * 60] * 4)  # 243 characters, a valid node name
     with FakeApiServer() as server:

@@ -69,6 +69,7 @@ def test_unhealthy_gpu_tainted_with_its_cause_then_untainted(cause: str, value: 
         assert taints_of(server) == {"gpu-0": None, "gpu-1": None}
 
 
+@pytest.mark.slow
 def test_partition_devices_of_an_unhealthy_gpu_are_all_tainted() -> None:
     with FakeApiServer(drop_consumable_capacity=True, validate_versions=VERSIONS) as server:
         server.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
@@ -84,6 +85,7 @@ def test_partition_devices_of_an_unhealthy_gpu_are_all_tainted() -> None:
         }
 
 
+@pytest.mark.slow
 def test_server_without_device_taints_gets_unhealthy_gpus_left_out(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -18,6 +18,7 @@ MiB = 1 << 20
 TWO_CONTEXTS_AND_64MI = str(2 * CONTEXT_MEMORY + 64 * MiB)
 
 
+@pytest.mark.slow
 def test_exit_code_and_environment(tmp_path: Path) -> None:
     r = vgpu_run(
         [
@@ -49,6 +50,7 @@ def test_every_accounted_device_has_its_flag() -> None:
     assert r.returncode == 2 and f"--memory-{last + 1}" in r.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args",
     [
@@ -66,6 +68,7 @@ def test_bad_quantities_refused_before_cmd(args: list[str], tmp_path: Path) -> N
     assert r.stderr.count("\n") == 1 and "vgpu run:" in r.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -91,11 +94,13 @@ def test_mistaken_quantities_get_one_line_naming_the_flag(
     assert "usage:" not in r.stderr
 
 
+@pytest.mark.slow
 def test_a_negative_looking_argument_of_the_command_is_left_alone() -> None:
     r = vgpu_run(["--memory", "1Gi", "--", "echo", "--memory", "-1Gi"])
     assert (r.returncode, r.stdout) == (0, "--memory -1Gi\n"), r.stderr
 
 
+@pytest.mark.slow
 def test_corrupt_region_refused_before_cmd(tmp_path: Path) -> None:
     bad = tmp_path / "bad.region"
     bad.write_bytes(b"junk")
@@ -105,6 +110,7 @@ def test_corrupt_region_refused_before_cmd(tmp_path: Path) -> None:
     assert "size 4 bytes" in r.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("value", ["", "  "])
 def test_empty_region_refused_before_cmd(value: str, tmp_path: Path) -> None:
     marker = tmp_path / "ran"
@@ -113,6 +119,7 @@ def test_empty_region_refused_before_cmd(value: str, tmp_path: Path) -> None:
     assert r.stderr == "vgpu run: --region: empty; give the accounting file's path\n"
 
 
+@pytest.mark.slow
 def test_missing_command() -> None:
     r = vgpu_run(["--memory", "1Gi"])
     assert (r.returncode, r.stderr) == (
@@ -142,6 +149,7 @@ def test_sim_runs_share_one_region(shim_ops: Path, sim_env: dict[str, str], tmp_
         first.release()
 
 
+@pytest.mark.slow
 def test_children_of_cmd_share_its_quota(
     shim_ops: Path, sim_env: dict[str, str], tmp_path: Path
 ) -> None:
@@ -186,6 +194,7 @@ def test_contributors_extend_flags_and_environment(monkeypatch: pytest.MonkeyPat
         run.build_env(bad, {})
 
 
+@pytest.mark.slow
 def test_help_lists_the_flags() -> None:
     r = subprocess.run([*VGPU, "run", "--help"], capture_output=True, text=True, check=True)
     for flag in ("--memory", "--memory-0", "--region", "--sim"):

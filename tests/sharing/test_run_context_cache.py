@@ -87,6 +87,7 @@ def plant(env: dict[str, str], how: str, tmp_path: Path) -> None:
         os.chown(path, 65534, 65534)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("how", "says"),
     [

@@ -162,6 +162,7 @@ def test_live_view_in_a_terminal(
         subprocess.run([tmux, "-L", sock, "kill-server"], capture_output=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["missing", "directory"])
 def test_a_region_that_is_not_there_is_an_error(
     sim_env: dict[str, str], tmp_path: Path, kind: str

@@ -67,6 +67,7 @@ def test_a_right_size_is_charged_and_verified(
     assert "the size the slice learned (NVML not asked)" in second.stderr, second.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["mixed", "primary"])
 def test_a_size_too_small_never_lets_the_slice_exceed_its_quota(
     mode: str, ctx_storm: Path, shim_env: dict[str, str], tmp_path: Path

@@ -26,6 +26,7 @@ def graphs(n: int, size: int) -> list[str]:
     return [op for _ in range(n) for op in ("gnew", f"gnode:{size}", "inst", "launch")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("route", ROUTES)
 def test_graph_launches_fill_the_quota_and_no_further(
     graphmem_ops: Path, slice_1gi: dict[str, str], route: str
@@ -41,6 +42,7 @@ def test_graph_launches_fill_the_quota_and_no_further(
         held.release()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("route", ROUTES)
 def test_captured_allocation_is_charged_at_launch_not_at_capture(
     graphmem_ops: Path, slice_1gi: dict[str, str], route: str

@@ -47,6 +47,7 @@ def test_cubin_and_ptx_globals_charged_and_refused(
         held.release()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("route", ROUTES)
 def test_globals_are_charged_as_the_driver_takes_them(
     graphmem_ops: Path, slice_1gi: dict[str, str], tmp_path: Path, route: str
@@ -114,6 +115,7 @@ def test_a_module_larger_than_the_quota_is_refused_and_unloaded(
         held.release()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "load,release",
     [

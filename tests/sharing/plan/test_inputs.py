@@ -28,6 +28,7 @@ def _plan(s: Path, w: Path) -> list[str]:
     return ["plan", "--slices", str(s), "--workloads", str(w)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("mutate", "field", "what"),
     [
