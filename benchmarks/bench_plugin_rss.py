@@ -26,8 +26,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.driver.test_main_e2e import PluginProcess, device, devices_of, write_config  # noqa: E402
 from tests.fakes.apiserver import FakeApiServer  # noqa: E402
+from tests.support.plugin_e2e import PluginProcess, device, devices_of, write_config  # noqa: E402
 
 MiB = 2**20
 SETTLE = 5.0  # seconds of steady state before reading

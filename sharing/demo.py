@@ -30,6 +30,7 @@ from rich.live import Live
 
 from sharing import region
 from sharing.counters import read_counters
+from sharing.cpuwait import starved
 from sharing.exporter import DEFAULT_PORT, Exporter, ExporterConfig, ListenError, parse_listen
 from sharing.gpus import use_simulator
 from sharing.quantity import format_bytes, parse_bytes
@@ -44,8 +45,6 @@ CAP_TOLERANCE_POINTS = 3.0
 # max(points, fraction of the cap). Below that it did not get its share.
 SHARE_SHORTFALL_POINTS = 5.0
 SHARE_SHORTFALL_FRACTION = 0.25
-# A tenant that spent more than this percentage of its run waiting for a CPU cannot show its share.
-CPU_WAIT_PERCENT = 25.0
 
 
 class DemoError(RuntimeError):
@@ -276,7 +275,7 @@ def _compute_phase(
         low = t.compute - max(SHARE_SHORTFALL_POINTS, SHARE_SHORTFALL_FRACTION * t.compute)
         if t.achieved > t.compute + CAP_TOLERANCE_POINTS:
             failures.append(f"{t.name}: used {t.achieved:.1f}% with a {t.compute}% cap")
-        elif t.achieved < low and t.cpu_wait > CPU_WAIT_PERCENT:
+        elif t.achieved < low and starved(done.get("cpu_wait_seconds", 0.0), done["seconds"]):
             # Runnable but not running: the host, not the cap, took the share it lacked.
             t.inconclusive = True
             say(

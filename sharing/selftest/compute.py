@@ -13,7 +13,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 
-from sharing.cpuwait import cpu_wait_ns
+from sharing.cpuwait import cpu_wait_ns, starved
 from sharing.selftest.nvml_view import NvmlView, UtilizationUnavailable
 from sharing.selftest.probe import ProbeError, Runner, last_line, parse_kv
 from sharing.selftest.report import FAIL, PASS, SKIP, Check, Report
@@ -23,11 +23,6 @@ PAIR = (30, 60)
 ALONE_POINTS = 2.0
 PAIR_POINTS = 3.0
 KERNEL_NS = 1_000_000  # each launch spins 1 ms on every SM
-# A share below the cap is not judged when the probe's threads spent more than this fraction of
-# the window runnable but waiting for a CPU (its launches came late because the node was busy;
-# on a 2-core machine at load average 10 the probe waits 5-8% of the time and gets its share, with
-# three more CPU-bound processes about 80% and falls a few points short).
-CPU_WAIT_INCONCLUSIVE = 0.25
 
 
 @dataclass(frozen=True)
@@ -77,7 +72,7 @@ def _judge(name: str, cap: int, measured: Share, points: float, where: str) -> C
     err = share - cap
     status = PASS if abs(err) <= points else FAIL
     detail = f"cap {cap}% {where}: the driver measured {share:.1f}% ({err:+.1f} points)"
-    if status == FAIL and err < 0 and measured.cpu_wait > CPU_WAIT_INCONCLUSIVE:
+    if status == FAIL and err < 0 and starved(measured.cpu_wait_s, measured.window_s):
         # Too little, with the probe kept off the CPU: the node was busy, not the cap wrong.
         # Too much is a failure whatever the node did.
         status = SKIP
@@ -92,7 +87,13 @@ def _judge(name: str, cap: int, measured: Share, points: float, where: str) -> C
 @dataclass(frozen=True)
 class Share:
     achieved: float | None  # percent, the driver's measurement; None: NVML never listed it
-    cpu_wait: float  # the fraction of the window the probe's threads waited for a CPU
+    cpu_wait_s: float  # how long the probe's threads waited for a CPU during the window
+    window_s: float
+
+    @property
+    def cpu_wait(self) -> float:
+        """The fraction of the window the probe's threads waited for a CPU."""
+        return self.cpu_wait_s / self.window_s if self.window_s > 0 else 0.0
 
 
 def _measure(runner: Runner, device: int, caps: list[int], timing: Timing) -> list[Share]:
@@ -117,7 +118,7 @@ def _measure(runner: Runner, device: int, caps: list[int], timing: Timing) -> li
             if p.returncode != 0:
                 raise ProbeError(f"probe spin exited {p.returncode}: {last_line(err)}")
         return [
-            Share(shares[pid], w / 1e9 / timing.window_s)
+            Share(shares[pid], w / 1e9, timing.window_s)
             for pid, w in zip(pids, waited, strict=True)
         ]
     finally:

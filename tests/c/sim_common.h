@@ -37,6 +37,17 @@
         }                                                                                                              \
     } while (0)
 
+/* got == want, as integers; a mismatch names both values. */
+#define EXPECT_EQ(got, want)                                                                                           \
+    do {                                                                                                               \
+        long long got_ = (long long)(got), want_ = (long long)(want);                                                  \
+        if (got_ != want_) {                                                                                           \
+            fprintf(stderr, "FAIL %s:%d: %s is %lld, expected %s (%lld)\n", __FILE__, __LINE__, #got, got_, #want,     \
+                    want_);                                                                                            \
+            exit(1);                                                                                                   \
+        }                                                                                                              \
+    } while (0)
+
 static inline double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

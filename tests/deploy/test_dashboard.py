@@ -58,6 +58,7 @@ def test_promtool_checks_the_rules() -> None:
     assert f"SUCCESS: {len(rules())} rules found" in r.stdout, r.stdout
 
 
+@pytest.mark.slow
 def test_promtool_unit_tests_every_alert() -> None:
     alerts = {r["alert"] for r in rules() if "alert" in r}
     assert alerts >= {

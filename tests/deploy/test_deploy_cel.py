@@ -19,8 +19,10 @@ from sharing.plan.cel_eval import SelectorEvaluator
 from sharing.plan.loader import load_slices
 from sharing.plan.model import Device
 from sharing.policy import from_document
-from tests.deploy.test_deploy import DEPLOY, examples, of_kind
-from tests.driver.test_main_e2e import (
+from tests.fakes.apiserver import FakeApiServer, parse_quantity
+from tests.sharing.plan.build import resource_slice
+from tests.support.deploy_tree import DEPLOY, examples, of_kind
+from tests.support.plugin_e2e import (
     DRIVER,
     PluginProcess,
     device,
@@ -29,8 +31,6 @@ from tests.driver.test_main_e2e import (
     wait_names,
     write_config,
 )
-from tests.fakes.apiserver import FakeApiServer, parse_quantity
-from tests.sharing.plan.build import resource_slice
 
 pytestmark = pytest.mark.slow
 

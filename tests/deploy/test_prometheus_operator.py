@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from tests.deploy.dashboard_queries import RULES
-from tests.deploy.test_deploy import DEPLOY, VERSIONS, with_component
+from tests.support.deploy_tree import DEPLOY, VERSIONS, with_component
 
 COMPONENT = DEPLOY / "components" / "prometheus-operator"
 CRDS = Path(__file__).parent / "fixtures" / "prometheus-operator-crds.json"
@@ -122,6 +122,7 @@ def test_strict_crd_validation_catches_a_typo_and_a_wrong_type() -> None:
         validate_crd(bad)
 
 
+@pytest.mark.slow
 def test_component_renders_on_an_overlay_and_everything_validates() -> None:
     docs = with_component("prometheus-operator")
     [sm] = [x for x in docs if x["kind"] == "ServiceMonitor"]

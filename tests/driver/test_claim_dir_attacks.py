@@ -29,17 +29,12 @@ from tests.driver.kubelet_standin import (
     result,
 )
 from tests.driver.plugin_process import PluginProcess, fake_gpus
-from tests.driver.test_prepare import World, close_world, make_world
 from tests.fakes.apiserver import FakeApiServer
+from tests.support.prepare_world import World, world
+
+__all__ = ["world"]  # a fixture, used by name
 
 DEPTH = 5000  # past Python's recursion limit (1000) and the default descriptor limit (1024)
-
-
-@pytest.fixture
-def world() -> Iterator[World]:
-    w = make_world()
-    yield w
-    close_world(w)
 
 
 def deep_tree(top: Path, depth: int) -> None:
@@ -58,6 +53,7 @@ def deep_tree(top: Path, depth: int) -> None:
         os.close(fd)
 
 
+@pytest.mark.slow
 def test_a_deep_tree_in_the_claims_dir_unprepares(world: World) -> None:
     passwd = Path("/etc/passwd").read_bytes()
     c = world.claim("c", results=[result("gpu", "gpu-0", memory="1Gi")])
@@ -93,6 +89,7 @@ def env() -> Iterator[tuple[Path, FakeApiServer]]:
     shutil.rmtree(root, ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_a_deep_tree_left_by_a_crash_does_not_stop_the_next_start(
     env: tuple[Path, FakeApiServer],
 ) -> None:
@@ -185,6 +182,7 @@ def test_removing_a_big_tree_does_not_hold_another_claims_prepare(
     assert list((world.root / "data" / "trash").iterdir()) == []
 
 
+@pytest.mark.slow
 def test_recovery_survives_any_error_on_one_claim(
     world: World, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

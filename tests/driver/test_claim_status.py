@@ -42,6 +42,7 @@ def world(request: pytest.FixtureRequest) -> Iterator[World]:
     w.close()
 
 
+@pytest.mark.slow
 def test_prepare_writes_each_device_status_beside_other_drivers(world: World) -> None:
     other = {"request": "nic", "driver": "nic.example.com", "pool": NODE, "device": "eth1"}
     claim = allocated_claim(
@@ -101,6 +102,7 @@ def test_a_prepared_claim_answered_from_the_checkpoint_writes_nothing_again(worl
     assert len(world.status_patches()) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [{"server_version": "1.35"}], indirect=True)
 def test_older_servers_get_no_status_write(world: World, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="driver.claimstatus")
@@ -116,6 +118,7 @@ def test_older_servers_get_no_status_write(world: World, caplog: pytest.LogCaptu
     assert got is not None and "devices" not in got["status"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("world", "code"),
     [({"claim_status": "forbid"}, 403), ({"claim_status": "absent"}, 404)],

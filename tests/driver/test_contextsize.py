@@ -57,6 +57,7 @@ class Counting(ContextSizes):
         return super()._probe(gpu)
 
 
+@pytest.mark.slow
 def test_learned_by_a_helper_once_and_kept(sim_gpu: GpuInfo, tmp_path: Path) -> None:
     sizes = Counting(tmp_path, lib_dir=sim_lib_dir())
     assert sizes.for_gpus([sim_gpu, sim_gpu]) == [CONTEXT_MEMORY, CONTEXT_MEMORY]
@@ -69,6 +70,7 @@ def test_learned_by_a_helper_once_and_kept(sim_gpu: GpuInfo, tmp_path: Path) -> 
     assert again.for_gpus([sim_gpu]) == [CONTEXT_MEMORY] and again.probes == 0
 
 
+@pytest.mark.slow
 def test_a_gpu_the_helper_cannot_measure_is_asked_once(sim_gpu: GpuInfo, tmp_path: Path) -> None:
     other = replace(sim_gpu, uuid="GPU-00000000-0000-4000-8000-000000000099", name="Other")
     sizes = Counting(tmp_path, lib_dir=sim_lib_dir())
@@ -83,6 +85,7 @@ def test_no_cuda_driver_no_helper(tmp_path: Path) -> None:
     assert sizes.for_gpus(fake_gpus(1)) == [None]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "text",
     ["{", "[1]", '{"a": "500"}', '{"a": -1}', '{"a": true}'],

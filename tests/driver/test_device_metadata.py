@@ -77,6 +77,7 @@ def stream(text: str) -> list[dict[str, Any]]:
     return out
 
 
+@pytest.mark.slow
 def test_template_claim_gets_one_file_per_request(world: World) -> None:
     claim = allocated_claim(
         "pod1-gpu-x7k2q",

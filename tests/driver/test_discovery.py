@@ -20,24 +20,8 @@ from driver.discovery import (
     semver,
     sysfs_bdf,
 )
-from sharing.gpus import GpuInfo
 from tests.fakes.nvml import FakeEvents, FakeNvml
-
-
-def gpu(index: int, bus: str | None = None) -> GpuInfo:
-    return GpuInfo(
-        index=index,
-        uuid=f"GPU-{index}",
-        name="NVIDIA A100-SXM4-40GB",
-        memory_total=40 * 1024**3,
-        memory_used=0,
-        pci_bus_id=bus or f"00000000:{0x10 + index:02X}:00.0",
-        minor=index,
-        numa_node=None,
-        compute_capability="8.0",
-        driver_version="535.104.05",
-        cuda_driver_version="12.2",
-    )
+from tests.support.gpu_records import a100
 
 
 @pytest.mark.parametrize(
@@ -78,13 +62,13 @@ def test_pcie_root_from_sysfs_and_fallback_logged_once(
 ) -> None:
     make_sysfs(tmp_path, "0000:3b:00.0", ["pci0000:3a", "0000:3a:00.0", "0000:3a:02.0"])
     d = Discovery(backend=None, sysfs_root=tmp_path)  # type: ignore[arg-type]
-    assert d.pcie_root(gpu(0, "00000000:3B:00.0")) == "pci0000:3a"
+    assert d.pcie_root(a100(0, "00000000:3B:00.0")) == "pci0000:3a"
     caplog.set_level(logging.WARNING)
-    assert d.pcie_root(gpu(1, "00000000:5E:00.0")) == "pci0000:5e"
-    assert d.pcie_root(gpu(2, "00000001:86:00.0")) == "pci0001:86"
+    assert d.pcie_root(a100(1, "00000000:5E:00.0")) == "pci0000:5e"
+    assert d.pcie_root(a100(2, "00000001:86:00.0")) == "pci0001:86"
     fallbacks = [r for r in caplog.records if "no PCI root in sysfs" in r.getMessage()]
     assert len(fallbacks) == 1 and "GPU 1" in fallbacks[0].getMessage()
-    assert d.pcie_root(gpu(3, "garbage")) is None
+    assert d.pcie_root(a100(3, "garbage")) is None
     assert any("'garbage' is not domain:bus" in m for m in caplog.messages)
 
 
@@ -132,7 +116,7 @@ def loop_factory(tmp_path: Path) -> Iterator[LoopFactory]:
 
 
 def test_critical_xid_marks_unhealthy_at_once_and_recovers(loop_factory: LoopFactory) -> None:
-    nvml = FakeNvml([gpu(0), gpu(1)])
+    nvml = FakeNvml([a100(0), a100(1)])
     _, rec = loop_factory(nvml, interval=0.3)
     rec.wait_for(lambda inv: health(inv) == {0: True, 1: True})
     nvml.inject(XidEvent("GPU-1", 79))  # fallen off the bus, while waiting
@@ -143,7 +127,7 @@ def test_critical_xid_marks_unhealthy_at_once_and_recovers(loop_factory: LoopFac
 
 
 def test_persistently_failing_gpu_stays_unhealthy(loop_factory: LoopFactory) -> None:
-    nvml = FakeNvml([gpu(0), gpu(1)])
+    nvml = FakeNvml([a100(0), a100(1)])
     nvml.failing["GPU-0"] = 48  # double-bit ECC error, redelivered to every new event set
     _, rec = loop_factory(nvml, interval=0.1)
     rec.wait_for(lambda inv: health(inv) == {0: False, 1: True})
@@ -156,7 +140,7 @@ def test_persistently_failing_gpu_stays_unhealthy(loop_factory: LoopFactory) -> 
 
 
 def test_application_xids_do_not_change_health(loop_factory: LoopFactory) -> None:
-    nvml = FakeNvml([gpu(0)])
+    nvml = FakeNvml([a100(0)])
     _, rec = loop_factory(nvml, interval=5)
     rec.wait_for(lambda inv: health(inv) == {0: True})
     nvml.inject(XidEvent("GPU-0", 31))  # page fault of an application
@@ -166,21 +150,21 @@ def test_application_xids_do_not_change_health(loop_factory: LoopFactory) -> Non
 
 
 def test_presence_change_is_reported(loop_factory: LoopFactory) -> None:
-    nvml = FakeNvml([gpu(0), gpu(1)], events=False)
+    nvml = FakeNvml([a100(0), a100(1)], events=False)
     _, rec = loop_factory(nvml, interval=0.1)
     rec.wait_for(lambda inv: len(inv.gpus) == 2)
-    nvml.gpus = [gpu(0)]
+    nvml.gpus = [a100(0)]
     # A GPU NVML stops listing is lost: still there, unhealthy, with the cause.
     inv = rec.wait_for(lambda inv: health(inv) == {0: True, 1: False})
     assert inv.gpus[1].reason == GPU_LOST
-    nvml.gpus = [gpu(0), gpu(1)]  # back: healthy again
+    nvml.gpus = [a100(0), a100(1)]  # back: healthy again
     rec.wait_for(lambda inv: health(inv) == {0: True, 1: True})
-    nvml.gpus = [gpu(0)]
+    nvml.gpus = [a100(0)]
     rec.wait_for(lambda inv: health(inv) == {0: True, 1: False})
     # Another GPU at its index replaces the lost one (device names are by index).
-    nvml.gpus = [gpu(0), replace(gpu(1), uuid="GPU-new")]
+    nvml.gpus = [a100(0), replace(a100(1), uuid="GPU-new")]
     inv = rec.wait_for(lambda inv: health(inv) == {0: True, 1: True})
-    assert [g.info.uuid for g in inv.gpus] == [gpu(0).uuid, "GPU-new"]
+    assert [g.info.uuid for g in inv.gpus] == [a100(0).uuid, "GPU-new"]
     # Unchanged rounds are not reported.
     n = len(rec.seen)
     threading.Event().wait(0.5)
@@ -190,7 +174,7 @@ def test_presence_change_is_reported(loop_factory: LoopFactory) -> None:
 def test_nvml_failure_marks_known_gpus_unhealthy(
     loop_factory: LoopFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
-    nvml = FakeNvml([gpu(0)], events=False)
+    nvml = FakeNvml([a100(0)], events=False)
     _, rec = loop_factory(nvml, interval=0.1)
     rec.wait_for(lambda inv: health(inv) == {0: True})
     nvml.broken = RuntimeError("NVML_ERROR_DRIVER_NOT_LOADED")
@@ -204,7 +188,7 @@ def test_events_unavailable_logged_once(
     loop_factory: LoopFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="driver.discovery")
-    nvml = FakeNvml([gpu(0)], events=False)
+    nvml = FakeNvml([a100(0)], events=False)
     _, rec = loop_factory(nvml, interval=0.05)
     rec.wait_for(lambda inv: True)
     while nvml.rounds < 4:
@@ -216,7 +200,7 @@ def test_events_unavailable_logged_once(
 def test_a_failing_round_does_not_end_monitoring(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    nvml = FakeNvml([gpu(0)])
+    nvml = FakeNvml([a100(0)])
     calls: list[Inventory] = []
     opened: list[FakeEvents] = []
     open_events = nvml.open_events

@@ -93,6 +93,7 @@ class Recorder:
             ]
 
 
+@pytest.mark.slow
 def test_rediscovery_follows_simulated_health(
     sim: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -21,13 +21,11 @@ import stat
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from sharing.paths import ArtefactMissingError, shim_library, sim_lib_dir
+from sharing.paths import sim_lib_dir
 from tests.driver.kubelet_standin import (
     DRIVER,
     ClaimId,
@@ -36,187 +34,26 @@ from tests.driver.kubelet_standin import (
     claim_id,
     result,
 )
-from tests.driver.plugin_process import PluginProcess, fake_gpus
+from tests.driver.plugin_process import PluginProcess
 from tests.fakes.apiserver import FakeApiServer
 from tests.sim.simhelp import CONTEXT_MEMORY
-from tests.support.cbuild import compile_program
+from tests.support.podman_containers import (
+    CUDA_ERROR_OUT_OF_MEMORY,
+    RUNC,
+    SIGNAL,
+    Podman,
+    missing_cuda,
+    rootfs,
+    value_of,
+    wait_held,
+    world,
+)
 
+__all__ = ["rootfs", "world"]  # fixtures used by name
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
-RUNC = "/usr/sbin/runc"
-# What the test program calls (the simulator must export all), and what the shim must hook.
-CUDA_SYMBOLS = ("cuInit", "cuDeviceGet", "cuDevicePrimaryCtxRetain", "cuCtxSetCurrent",
-                "cuMemGetInfo_v2", "cuMemAlloc_v2", "cuMemFree_v2")  # fmt: skip
-SHIM_HOOKS = ("cuMemGetInfo_v2", "cuMemAlloc_v2")
-NVML_SYMBOLS = ("nvmlInitWithFlags", "nvmlDeviceGetCount_v2", "nvmlDeviceGetUUID")
 MiB = 1024**2
 GiB = 1024**3
-CUDA_ERROR_OUT_OF_MEMORY = 2
-CONTAINER_SIM_LIB = "/usr/lib/vgpu-sim"
-SIGNAL = "/signal"  # a directory of the test's, mounted into every container (markers)
-
-
-def _exports(lib: Path) -> set[str]:
-    out = subprocess.run(
-        ["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True, check=True
-    ).stdout
-    return {line.split()[-1] for line in out.splitlines() if line.strip()}
-
-
-def _missing_tools() -> str | None:
-    for tool in ("podman", "unshare", "gcc", "nm", "ldd"):
-        if shutil.which(tool) is None:
-            return f"{tool} is not installed (apt-get install podman runc util-linux gcc binutils)"
-    if not Path(RUNC).exists():
-        return f"{RUNC} is missing (apt-get install runc)"
-    if os.geteuid() != 0:
-        return "podman with --rootfs and a private mount namespace need root"
-    try:
-        shim_library(), sim_lib_dir()
-    except ArtefactMissingError as e:
-        return str(e)
-    probe = subprocess.run(
-        ["unshare", "--mount", "--propagation", "private", "true"], capture_output=True, text=True
-    )
-    if probe.returncode != 0:
-        return f"cannot create a mount namespace: {probe.stderr.strip()}"
-    return None
-
-
-def _missing_cuda() -> str | None:
-    """Why the CUDA test program cannot run yet (shim or simulator incomplete), or None."""
-    for lib, symbols in ((sim_lib_dir() / "libcuda.so.1", CUDA_SYMBOLS),
-                         (sim_lib_dir() / "libnvidia-ml.so.1", NVML_SYMBOLS),
-                         (shim_library(), SHIM_HOOKS)):  # fmt: skip
-        missing = [s for s in symbols if s not in _exports(lib)]
-        if missing:
-            return f"{lib.name} does not export {', '.join(missing)} yet (not built/ready)"
-    return None
-
-
-def _copy_with_deps(files: list[Path], rootfs: Path, env: dict[str, str]) -> None:
-    """Copy the libraries the files need (per ldd) to the same paths under rootfs."""
-    needed: set[str] = set()
-    for f in files:
-        out = subprocess.run(["ldd", str(f)], capture_output=True, text=True, env=env).stdout
-        for line in out.splitlines():
-            for word in line.split():
-                if word.startswith("/") and Path(word).exists():
-                    needed.add(word)
-    for lib in needed:
-        if lib.startswith(str(sim_lib_dir())):
-            continue  # the simulator goes to its own directory below
-        dest = rootfs / lib.lstrip("/")
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(Path(lib).resolve(), dest)
-
-
-@pytest.fixture(scope="module")
-def rootfs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A root filesystem with sh and cat, the shim's and the simulator's libraries, and the
-    CUDA test program when the shim and simulator can run it."""
-    why = _missing_tools()
-    if why:
-        pytest.skip(why)
-    rootfs = tmp_path_factory.mktemp("rootfs")
-    (rootfs / "bin").mkdir()
-    files = [shim_library(), *sim_lib_dir().iterdir()]
-    for tool in ("sh", "cat"):
-        path = Path(shutil.which(tool) or f"/bin/{tool}").resolve()
-        shutil.copy2(path, rootfs / "bin" / tool)
-        files.append(path)
-    if _missing_cuda() is None:
-        program = compile_program(REPO / "tests" / "c" / "e2e_claim_quota.c",
-                                  tmp_path_factory.mktemp("cbin"))  # fmt: skip
-        shutil.copy2(program, rootfs / "bin" / "e2e_claim_quota")
-        files.append(program)
-    sim_dest = rootfs / CONTAINER_SIM_LIB.lstrip("/")
-    sim_dest.mkdir(parents=True)
-    for lib in sim_lib_dir().iterdir():
-        shutil.copy2(lib, sim_dest / lib.name)
-    for d in ("etc", "tmp", "run", "proc", "sys", "dev"):
-        (rootfs / d).mkdir(exist_ok=True)
-    env = dict(os.environ, LD_LIBRARY_PATH=str(sim_lib_dir()))
-    _copy_with_deps(files, rootfs, env)
-    return rootfs
-
-
-class Podman:
-    def __init__(self, rootfs: Path, cdi_root: Path, sim_state: Path, signal: Path) -> None:
-        self.rootfs = rootfs
-        self.cdi_root = cdi_root
-        self.sim_state = sim_state
-        self.signal = signal  # the host side of /signal: the test's channel to a container
-
-    def command(self, cdi_id: str, *args: str, program: str = "/bin/e2e_claim_quota") -> list[str]:
-        podman = [
-            "podman", "--runtime", RUNC, "--cgroup-manager=cgroupfs", "run", "--rm",
-            "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024",
-            "--network", "none",
-            "--device", cdi_id,
-            "-v", f"{self.sim_state}:{self.sim_state}",
-            "-v", f"{self.signal}:{SIGNAL}",
-            "-e", f"SIMGPU_STATE={self.sim_state}",
-            "-e", f"LD_LIBRARY_PATH={CONTAINER_SIM_LIB}",
-            "--rootfs", str(self.rootfs),
-            program, *args,
-        ]  # fmt: skip
-        script = 'mkdir -p /var/run/cdi && mount --bind "$0" /var/run/cdi && exec "$@"'
-        return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script,
-                str(self.cdi_root), *podman]  # fmt: skip
-
-    def run(self, cdi_id: str, *args: str, program: str = "/bin/e2e_claim_quota") -> str:
-        p = subprocess.run(self.command(cdi_id, *args, program=program), capture_output=True,
-                           text=True, timeout=120)  # fmt: skip
-        assert p.returncode == 0, f"container {args} failed ({p.returncode}): {p.stderr[-2000:]}"
-        return p.stdout
-
-    def start(self, cdi_id: str, *args: str, program: str = "/bin/e2e_claim_quota"
-              ) -> subprocess.Popen[str]:  # fmt: skip
-        return subprocess.Popen(self.command(cdi_id, *args, program=program),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
-
-
-def _value(out: str, key: str) -> int:
-    for word in out.split():
-        if word.startswith(f"{key}="):
-            return int(word.split("=", 1)[1])
-    raise AssertionError(f"no {key}= in {out!r}")
-
-
-def wait_held(holder: subprocess.Popen[str], shared: Path) -> None:
-    """Until the container's `hold` has its allocation (it creates `held` in /signal)."""
-    deadline = time.monotonic() + 60
-    while not (shared / "held").exists():
-        if holder.poll() is not None:
-            raise AssertionError(f"holder exited {holder.returncode}: {holder.stderr.read()}")  # type: ignore[union-attr]
-        assert time.monotonic() < deadline, "holder never allocated"
-        time.sleep(0.1)
-
-
-@pytest.fixture
-def world(rootfs: Path) -> Iterator[tuple[FakeApiServer, KubeletStandin, Path, Podman]]:
-    root = Path(tempfile.mkdtemp(prefix="vge", dir="/tmp"))
-    sim_state = root / "simgpu-state"
-    sim_state.mkdir()
-    (root / "signal").mkdir()
-    sim_env = dict(os.environ, SIMGPU_STATE=str(sim_state))
-    sim_env.pop("SIMGPU_CONFIG", None)  # the simulator's default GPU
-    with FakeApiServer() as server:
-        if _missing_cuda() is None:
-            plugin = PluginProcess(root, server.url, simulator_env=sim_env)
-        else:  # the simulator is not ready: plumbing tests still run, on made-up GPUs
-            plugin = PluginProcess(root, server.url, fake_gpus())
-        plugin.start()
-        kubelet = KubeletStandin(root / "registry" / f"{DRIVER}-reg.sock")
-        kubelet.register()
-        try:
-            yield server, kubelet, root, Podman(rootfs, root / "cdi", sim_state, root / "signal")
-        finally:
-            kubelet.close()
-            plugin.stop()
-    shutil.rmtree(root, ignore_errors=True)
 
 
 def test_cdi_edits_reach_the_container(
@@ -323,7 +160,7 @@ def test_the_tenant_cannot_add_rename_or_replace_files_in_the_claims_dir(
 def test_containers_see_and_share_the_claims_quota(
     world: tuple[FakeApiServer, KubeletStandin, Path, Podman],
 ) -> None:
-    if why := _missing_cuda():
+    if why := missing_cuda():
         pytest.skip(why)
     server, kubelet, root, podman = world
     # 2 GiB: each container's CUDA context (500 MiB on the simulator) is charged to the claim too
@@ -335,9 +172,9 @@ def test_containers_see_and_share_the_claims_quota(
     [id_b] = out[b.uid].devices[0].cdi_device_ids
 
     info = podman.run(id_a, "info")
-    assert _value(info, "total") == 2 * GiB
-    assert 0 < _value(info, "free") <= 2 * GiB - CONTEXT_MEMORY  # its own context is charged
-    assert _value(podman.run(id_a, "alloc", str(2 * GiB)), "alloc") == CUDA_ERROR_OUT_OF_MEMORY
+    assert value_of(info, "total") == 2 * GiB
+    assert 0 < value_of(info, "free") <= 2 * GiB - CONTEXT_MEMORY  # its own context is charged
+    assert value_of(podman.run(id_a, "alloc", str(2 * GiB)), "alloc") == CUDA_ERROR_OUT_OF_MEMORY
 
     # Container 1 of claim a holds 700 MiB and its context ...
     holder = podman.start(id_a, "hold", str(700 * MiB), SIGNAL)
@@ -345,11 +182,11 @@ def test_containers_see_and_share_the_claims_quota(
         wait_held(holder, podman.signal)
         # ... so container 2 of the same claim cannot get another 700 MiB (one quota) ...
         assert (
-            _value(podman.run(id_a, "alloc", str(700 * MiB)), "alloc") == CUDA_ERROR_OUT_OF_MEMORY
+            value_of(podman.run(id_a, "alloc", str(700 * MiB)), "alloc") == CUDA_ERROR_OUT_OF_MEMORY
         )
-        assert _value(podman.run(id_a, "alloc", str(200 * MiB)), "alloc") == 0
+        assert value_of(podman.run(id_a, "alloc", str(200 * MiB)), "alloc") == 0
         # ... while claim b on the same GPU has its own quota.
-        assert _value(podman.run(id_b, "alloc", str(700 * MiB)), "alloc") == 0
+        assert value_of(podman.run(id_b, "alloc", str(700 * MiB)), "alloc") == 0
     finally:
         (podman.signal / "release").touch()
         holder.wait(60)
@@ -390,7 +227,7 @@ def test_environment_overrides_do_not_lift_the_claims_quota(
     CUDA_DEVICE_MEMORY_LIMIT_0, sets CUDA_DEVICE_SM_LIMIT_0=0, VGPU_COMPUTE_POLICY=off and points
     CUDA_DEVICE_MEMORY_SHARED_CACHE elsewhere: it still gets the claim's quota, shared with the
     claim's other containers through the plugin's accounting file."""
-    if why := _missing_cuda():
+    if why := missing_cuda():
         pytest.skip(why)
     server, kubelet, _root, podman = world
     # 2 GiB: a context (500 MiB on the simulator) and 700 MiB fit once, not twice
@@ -406,8 +243,8 @@ def test_environment_overrides_do_not_lift_the_claims_quota(
     def run(*args: str) -> str:
         return podman.run(cdi_id, "-c", script, "sh", *args, program="/bin/sh")
 
-    assert _value(run("info"), "total") == 2 * GiB
-    assert _value(run("alloc", str(2 * GiB)), "alloc") == CUDA_ERROR_OUT_OF_MEMORY
+    assert value_of(run("info"), "total") == 2 * GiB
+    assert value_of(run("alloc", str(2 * GiB)), "alloc") == CUDA_ERROR_OUT_OF_MEMORY
     # A hostile container holds 700 MiB: a well-behaved one of the same claim sees it (the
     # accounting file is the claim's, whatever CUDA_DEVICE_MEMORY_SHARED_CACHE says).
     holder = podman.start(cdi_id, "-c", script, "sh", "hold", str(700 * MiB), SIGNAL,
@@ -415,7 +252,8 @@ def test_environment_overrides_do_not_lift_the_claims_quota(
     try:
         wait_held(holder, podman.signal)
         assert (
-            _value(podman.run(cdi_id, "alloc", str(700 * MiB)), "alloc") == CUDA_ERROR_OUT_OF_MEMORY
+            value_of(podman.run(cdi_id, "alloc", str(700 * MiB)), "alloc")
+            == CUDA_ERROR_OUT_OF_MEMORY
         )
     finally:
         (podman.signal / "release").touch()
@@ -452,7 +290,7 @@ def test_driver_libraries_injected_without_the_nvidia_runtime(rootfs: Path) -> N
     libcuda.so.1 (the simulator's, standing in) found under the driver root, and the shim in the
     container enforces the claim's quota with it. With the NVIDIA Container Toolkit's CDI spec
     present, the claim answers with the toolkit's device instead."""
-    if why := _missing_cuda():
+    if why := missing_cuda():
         pytest.skip(why)
     root = Path(tempfile.mkdtemp(prefix="vgi", dir="/tmp"))
     sim_state = root / "simgpu-state"
@@ -489,7 +327,7 @@ def test_driver_libraries_injected_without_the_nvidia_runtime(rootfs: Path) -> N
                 assert p.returncode == 0, p.stderr[-2000:]
                 assert "ld=unset nvd=void" in p.stdout
                 assert "nvidia-smi stand-in" in p.stdout
-                assert _value(p.stdout, "total") == GiB  # libcuda.so.1 loaded, quota enforced
+                assert value_of(p.stdout, "total") == GiB  # libcuda.so.1 loaded, quota enforced
 
                 # The toolkit's spec for this GPU on the node: its device id is returned instead.
                 uuid = json.loads((root / "cdi" / f"k8s.{DRIVER}-claim_{c.uid}.json").read_text())[

@@ -30,18 +30,18 @@ from driver.injection import SIM_CONFIG_PATH, SIM_STATE_PATH, multiarch_lib_dir
 from sharing.limitsfile import parse_limits_file
 from sharing.paths import sim_lib_dir
 from tests.driver.kubelet_standin import KubeletStandin, allocated_claim, claim_id, result
-from tests.driver.test_e2e_podman import (
-    CUDA_ERROR_OUT_OF_MEMORY,
-    RUNC,
-    _copy_with_deps,
-    _missing_cuda,
-    _missing_tools,
-    _value,
-    wait_held,
-)
 from tests.fakes.apiserver import FakeApiServer
 from tests.sim.simhelp import CONTEXT_MEMORY
 from tests.support.cbuild import compile_program
+from tests.support.podman_containers import (
+    CUDA_ERROR_OUT_OF_MEMORY,
+    RUNC,
+    copy_with_deps,
+    missing_cuda,
+    missing_tools,
+    value_of,
+    wait_held,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -56,7 +56,7 @@ GiB = 1024**3
 @pytest.fixture(scope="module")
 def rootfs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """sh, cat and the test program with their C library: no CUDA library at all."""
-    why = _missing_tools() or _missing_cuda()
+    why = missing_tools() or missing_cuda()
     if why:
         pytest.skip(why)
     rootfs = tmp_path_factory.mktemp("simrootfs")
@@ -71,7 +71,7 @@ def rootfs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         files.append(path)
     for d in ("etc", "tmp", "run", "proc", "sys", "dev"):
         (rootfs / d).mkdir(exist_ok=True)
-    _copy_with_deps(files, rootfs, dict(os.environ, LD_LIBRARY_PATH=str(sim_lib_dir())))
+    copy_with_deps(files, rootfs, dict(os.environ, LD_LIBRARY_PATH=str(sim_lib_dir())))
     assert not list(rootfs.rglob("libcuda*")) and not list(rootfs.rglob("libnvidia-ml*"))
     return rootfs
 
@@ -254,8 +254,8 @@ def test_claims_see_their_quota_and_share_one_simulated_gpu(
     a = prepare(server, kubelet, "a", "2Gi")
     b = prepare(server, kubelet, "b", "2Gi")
     info = run(root, rootfs, a, "/bin/e2e_claim_quota", "info")
-    assert _value(info, "total") == 2 * GiB
-    assert _value(run(root, rootfs, a, "/bin/e2e_claim_quota", "alloc", str(2 * GiB)),
+    assert value_of(info, "total") == 2 * GiB
+    assert value_of(run(root, rootfs, a, "/bin/e2e_claim_quota", "alloc", str(2 * GiB)),
                   "alloc") == CUDA_ERROR_OUT_OF_MEMORY  # fmt: skip
 
     before = node_memory_used(root / "data")
@@ -274,10 +274,10 @@ def test_claims_see_their_quota_and_share_one_simulated_gpu(
         # it (one state directory for the plugin and every claim) ...
         assert node_memory_used(root / "data") >= before + 700 * MiB
         # ... its claim's other container is refused past the claim's quota, ...
-        assert _value(run(root, rootfs, a, "/bin/e2e_claim_quota", "alloc", str(700 * MiB)),
+        assert value_of(run(root, rootfs, a, "/bin/e2e_claim_quota", "alloc", str(700 * MiB)),
                       "alloc") == CUDA_ERROR_OUT_OF_MEMORY  # fmt: skip
         # ... and the other claim has its own.
-        assert _value(run(root, rootfs, b, "/bin/e2e_claim_quota", "alloc", str(700 * MiB)),
+        assert value_of(run(root, rootfs, b, "/bin/e2e_claim_quota", "alloc", str(700 * MiB)),
                       "alloc") == 0  # fmt: skip
     finally:
         (signal / "release").touch()
@@ -303,9 +303,9 @@ def test_limits_carry_the_context_size_and_the_first_process_does_not_measure(
     cache = json.loads((root / "data" / "context-sizes.json").read_text())
     assert list(cache.values()) == [context], cache
     info = run(root, rootfs, a, "/bin/e2e_claim_quota", "info")
-    assert _value(info, "nvml") == 0, info  # nothing in the process loaded NVML
-    assert _value(info, "free") == 2 * GiB - context, info  # its context is charged, that size
-    assert _value(run(root, rootfs, a, "/bin/e2e_claim_quota", "info"), "nvml") == 0
+    assert value_of(info, "nvml") == 0, info  # nothing in the process loaded NVML
+    assert value_of(info, "free") == 2 * GiB - context, info  # its context is charged, that size
+    assert value_of(run(root, rootfs, a, "/bin/e2e_claim_quota", "info"), "nvml") == 0
     # a second claim's limits come from the learned size: no second helper
     prepare(server, kubelet, "b", "2Gi")
     assert plugin.output().count("learned by a helper process") == 1, plugin.output()

@@ -140,6 +140,7 @@ def test_share_class_names_an_extended_resource_that_is_not_nvidias() -> None:
     assert overlay["spec"]["extendedResourceName"] == "vgpu.sharing.dev/gpu"
 
 
+@pytest.mark.slow
 def test_extended_resource_claim_gets_the_policy_default_share(sharing: World) -> None:
     """Two containers each ask for `vgpu.sharing.dev/share: 1`; the scheduler put them on two
     GPUs. Each result consumed the requestPolicy defaults; the plugin answers with the
@@ -179,6 +180,7 @@ def test_extended_resource_claim_gets_the_policy_default_share(sharing: World) -
     assert sharing.kubelet.unprepare([c], "v1") == {c.uid: ""}
 
 
+@pytest.mark.slow
 def test_extended_resource_claim_in_partition_mode_gets_one_slice(partition: World) -> None:
     gpu = fake_gpus()[0]
     claim = extended_resource_claim(
@@ -198,6 +200,7 @@ def test_extended_resource_claim_in_partition_mode_gets_one_slice(partition: Wor
     assert limits["CUDA_DEVICE_SM_LIMIT_0"] == str(POLICY.partition_cores())
 
 
+@pytest.mark.slow
 def test_whole_gpu_extended_resource_in_partition_mode() -> None:
     """`vgpu.sharing.dev/gpu: 1` (the partition overlay's name for vgpu-whole.sharing.dev): the
     class's config (VgpuConfig exclusive) reaches the allocation as FromClass with no request

@@ -173,6 +173,7 @@ def _doc_flags() -> dict[str, tuple[str, str | None]]:
     return rows
 
 
+@pytest.mark.slow
 def test_documented_flags_match_help() -> None:
     """docs/driver.md lists every flag `--help` prints, with the same variable and default."""
     help_rows, doc_rows = _help_flags(), _doc_flags()

@@ -18,8 +18,10 @@ import pytest
 import yaml
 
 from tests.driver.kubelet_standin import KubeletStandin
-from tests.driver.test_health_stream import Watcher
-from tests.driver.test_main_e2e import (
+from tests.fakes.apiserver import FakeApiServer, free_port
+from tests.support.health_watcher import Watcher
+from tests.support.observers import Sample, only, scrape
+from tests.support.plugin_e2e import (
     DRIVER,
     NODE,
     PluginProcess,
@@ -29,8 +31,6 @@ from tests.driver.test_main_e2e import (
     wait_names,
     write_config,
 )
-from tests.fakes.apiserver import FakeApiServer, free_port
-from tests.support.observers import Sample, only, scrape
 
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "deploy" / "prometheus" / "rules.yaml"

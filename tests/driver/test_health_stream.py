@@ -5,29 +5,20 @@ nothing changes, each time freshly stamped, so the kubelet never times the devic
 
 from __future__ import annotations
 
-import importlib
-import queue
 import shutil
 import tempfile
-import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
-import grpc
 import pytest
 
 from driver.claims import ClaimRef
 from driver.health import MAX_MESSAGE, HealthBroadcaster
 from driver.kubelet import HEALTH_CHECK_TIMEOUT_SECONDS, KubeletPlugin, PluginSockets
 from driver.state import PrepareResult
+from tests.support.health_watcher import POOL, Watcher
 
-POOL = "node-a"
 VERSIONS = ("v1", "v1alpha1")
-
-
-def _pb(name: str) -> Any:
-    return importlib.import_module(f"driver.proto.{name}")
 
 
 def _no_prepare(refs: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
@@ -58,41 +49,6 @@ def plugin() -> Iterator[tuple[KubeletPlugin, HealthBroadcaster]]:
         health.close()
         p.stop()
         shutil.rmtree(root, ignore_errors=True)
-
-
-class Watcher:
-    """A kubelet's stream of one version, read by a thread into a queue of messages."""
-
-    def __init__(self, sock: Path, version: str) -> None:
-        self.pb = _pb(f"health_{version}_pb2")
-        self.channel = grpc.insecure_channel(f"unix://{sock}")
-        stub = _pb(f"health_{version}_pb2_grpc").DRAResourceHealthStub(self.channel)
-        self.stream = stub.NodeWatchResources(self.pb.NodeWatchResourcesRequest())
-        self.got: queue.Queue[Any] = queue.Queue()
-        self.thread = threading.Thread(target=self._read, daemon=True)
-        self.thread.start()
-
-    def _read(self) -> None:
-        try:
-            for msg in self.stream:
-                self.got.put(msg)
-        except grpc.RpcError:
-            pass  # cancelled at the end of the test
-
-    def next(self) -> Any:
-        return self.got.get(timeout=30)
-
-    def view(self, msg: Any) -> dict[str, tuple[str, str]]:
-        assert {d.device.pool_name for d in msg.devices} <= {POOL}
-        return {
-            d.device.device_name: (self.pb.HealthStatus.Name(d.health), d.message)
-            for d in msg.devices
-        }
-
-    def close(self) -> None:
-        self.stream.cancel()
-        self.channel.close()
-        self.thread.join(10)
 
 
 @pytest.mark.parametrize("version", VERSIONS)

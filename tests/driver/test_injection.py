@@ -167,6 +167,7 @@ def test_apply_overrides_env_and_adds_without_duplicates() -> None:
     assert apply(edits, Injection()) is edits
 
 
+@pytest.mark.slow
 def test_the_plugin_loads_nvml_from_the_driver_root_mount(tmp_path: Path) -> None:
     """As in the DaemonSet: no NVML on the process's library path, the driver root mounted at
     DRIVER_ROOT_MOUNT; pynvml then works with the driver root's libnvidia-ml.so.1 (here the

@@ -198,6 +198,7 @@ def test_socket_path_too_long_is_a_clear_error(server: FakeApiServer) -> None:
         shutil.rmtree(root, ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_open_health_streams_do_not_starve_prepare(root: Path, server: FakeApiServer) -> None:
     """Sixteen (here twenty) open health streams once took every worker of the DRA server, and
     prepare timed out. Streams beyond the bound are refused; prepare is still answered."""

@@ -163,6 +163,7 @@ def server() -> Iterator[FakeApiServer]:
         yield s
 
 
+@pytest.mark.slow
 def test_publishes_serves_and_follows_health(server: FakeApiServer, short_tmp: Path) -> None:
     nvml = FakeNvml([gpu(0), gpu(1)])
     run = start(settings(server, short_tmp), nvml)
@@ -222,6 +223,7 @@ def test_cleanup_deletes_slices_on_shutdown(server: FakeApiServer, short_tmp: Pa
     assert server.objects("ResourceSlice") == []
 
 
+@pytest.mark.slow
 def test_auto_switches_to_partition_when_server_drops_fields(short_tmp: Path) -> None:
     with FakeApiServer(drop_consumable_capacity=True) as server:
         server.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
@@ -235,6 +237,7 @@ def test_auto_switches_to_partition_when_server_drops_fields(short_tmp: Path) ->
             assert run.stop() == EXIT_OK
 
 
+@pytest.mark.slow
 def test_api_down_at_start_with_remembered_mode_serves_then_publishes(
     server: FakeApiServer, short_tmp: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -365,6 +368,7 @@ def test_api_client_does_not_retry_behind_the_backoff(
     assert not [r for r in caplog.records if "Retrying" in r.getMessage()]
 
 
+@pytest.mark.slow
 def test_server_losing_consumable_capacity_at_runtime_exits_3(short_tmp: Path) -> None:
     with FakeApiServer() as server:
         server.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})

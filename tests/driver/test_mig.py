@@ -14,12 +14,12 @@ from driver.claims import ClaimError, ClaimRef, plan_claim
 from driver.discovery import MIG_REASON, Discovery
 from driver.slicebuild import build_devices, health_map
 from sharing.gpus import GpuInfo, list_gpus, use_simulator
-from tests.driver.test_discovery import gpu
 from tests.fakes.nvml import FakeNvml
+from tests.support.gpu_records import a100
 
 
 def test_mig_gpu_is_left_out_with_one_warning(caplog: pytest.LogCaptureFixture) -> None:
-    gpus = [gpu(0), replace(gpu(1), mig_enabled=True)]
+    gpus = [a100(0), replace(a100(1), mig_enabled=True)]
     d = Discovery(FakeNvml(gpus), sysfs_root=Path("/nonexistent"))
     caplog.set_level(logging.WARNING)
     inv = d.inventory(gpus, {})
@@ -38,7 +38,7 @@ def test_mig_gpu_is_left_out_with_one_warning(caplog: pytest.LogCaptureFixture) 
 
 
 def test_claim_on_a_mig_gpu_fails_prepare() -> None:
-    mig: GpuInfo = replace(gpu(0), mig_enabled=True)
+    mig: GpuInfo = replace(a100(0), mig_enabled=True)
     claim = {
         "metadata": {"uid": "u", "name": "c", "namespace": "ns"},
         "status": {

@@ -16,7 +16,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from driver.checkpoint import PREPARE_COMPLETED, PREPARE_STARTED, ClaimEntry, PreparedDevice
 from driver.opmetrics import BUCKETS, OperationMetrics
 from tests.driver.kubelet_standin import KubeletStandin, allocated_claim, claim_id, result
-from tests.driver.test_main_e2e import (
+from tests.fakes.apiserver import FakeApiServer, free_port
+from tests.support.observers import Sample, only, scrape, scrape_until, value
+from tests.support.plugin_e2e import (
     DRIVER,
     PluginProcess,
     device,
@@ -26,8 +28,6 @@ from tests.driver.test_main_e2e import (
     wait_names,
     write_config,
 )
-from tests.fakes.apiserver import FakeApiServer, free_port
-from tests.support.observers import Sample, only, scrape, scrape_until, value
 
 __all__ = ["root", "server", "sim_ready"]  # fixtures used by name
 

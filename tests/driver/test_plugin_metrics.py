@@ -17,22 +17,22 @@ import pytest
 
 from sharing.paths import sim_lib_dir
 from tests.driver.kubelet_standin import KubeletStandin, allocated_claim, claim_id, result
-from tests.driver.test_main_e2e import (
+from tests.fakes.apiserver import FakeApiServer, free_port
+from tests.fakes.podresources import Held as PodHeld
+from tests.fakes.podresources import PodResourcesStandin
+from tests.support.observers import only, scrape, scrape_until, value
+from tests.support.plugin_e2e import (
     DRIVER,
     PluginProcess,
     assert_within_rbac,
     device,
+    probe,
     root,
     server,
     sim_ready,
     wait_names,
     write_config,
 )
-from tests.driver.test_policy_e2e import probe
-from tests.fakes.apiserver import FakeApiServer, free_port
-from tests.fakes.podresources import Held as PodHeld
-from tests.fakes.podresources import PodResourcesStandin
-from tests.support.observers import only, scrape, scrape_until, value
 from tests.support.shim_ops import Held
 
 __all__ = ["root", "server", "sim_ready"]  # fixtures used by name

@@ -5,12 +5,9 @@ start-up exit 2; and the health server answering before the API server does."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -18,19 +15,20 @@ import pytest
 import yaml
 
 from tests.driver.kubelet_standin import KubeletStandin, allocated_claim, claim_id, result
-from tests.driver.test_main_e2e import (
+from tests.fakes.apiserver import FakeApiServer, parse_quantity
+from tests.support.plugin_e2e import (
     DRIVER,
     PLUGIN,
     PluginProcess,
     device,
     devices_of,
+    probe,
     root,  # noqa: F401 - fixture
     server,  # noqa: F401 - fixture
     sim_ready,  # noqa: F401 - fixture
     wait_names,
     write_config,
 )
-from tests.fakes.apiserver import FakeApiServer, parse_quantity
 
 pytestmark = pytest.mark.slow
 GiB = 1024**3
@@ -137,16 +135,6 @@ def test_invalid_policy_at_startup_exits_2(tmp_path: Path) -> None:
         f"vgpu-kubelet-plugin: error: --policy: {bad}: default.computePolicy: 'off' invalid; "
         "allowed: hard, elastic"
     )
-
-
-def probe(port: int, path: str) -> tuple[int, dict[str, Any]]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
-    except OSError:
-        return 0, {}
 
 
 def test_health_is_up_before_the_api_server_and_readiness_means_published(

@@ -16,8 +16,9 @@ from driver.policy import PolicyView
 from driver.slicepublisher import SlicePublisher
 from sharing.gpus import GpuInfo
 from sharing.policy import SharingPolicy, from_document
-from tests.driver.test_resourceslices import DRIVER, NODE, gpu, inventory
 from tests.fakes.apiserver import FakeApiServer, parse_quantity
+from tests.support.gpu_records import h100, inventory
+from tests.support.slice_publishing import DRIVER, NODE
 
 GiB = 1024**3
 MiB = 1024**2
@@ -42,7 +43,7 @@ POLICY: dict[str, Any] = {
 
 
 def a100(index: int) -> GpuInfo:
-    return replace(gpu(index, memory=40 * GiB), name="NVIDIA A100-SXM4-40GB")
+    return replace(h100(index, memory=40 * GiB), name="NVIDIA A100-SXM4-40GB")
 
 
 @pytest.fixture
@@ -75,20 +76,20 @@ def devices(server: FakeApiServer) -> dict[str, dict[str, Any]]:
 def test_sharing_slices_follow_the_policy(server: FakeApiServer) -> None:
     view = PolicyView(from_document(POLICY))
     p = publisher(server, view, "sharing")
-    assert p.publish(inventory([gpu(0, memory=80 * GiB), a100(1)]))
+    assert p.publish(inventory([h100(0, memory=80 * GiB), a100(1)]))
     devs = devices(server)
-    h100 = devs["gpu-0"]["capacity"]
+    h = devs["gpu-0"]["capacity"]
     # 80Gi - 2Gi reserved; max on the 1Gi + k*256Mi grid; the admin's default.
-    assert parse_quantity(h100["memory"]["value"]) == 78 * GiB
-    assert h100["memory"]["requestPolicy"] == {
+    assert parse_quantity(h["memory"]["value"]) == 78 * GiB
+    assert h["memory"]["requestPolicy"] == {
         "default": "4Gi",
         "validRange": {"min": "1Gi", "max": "78Gi", "step": "256Mi"},
     }
-    assert h100["cores"] == {
+    assert h["cores"] == {
         "value": "100",
         "requestPolicy": {"default": "10", "validRange": {"min": "5", "max": "100", "step": "5"}},
     }
-    assert h100["sharers"] == {
+    assert h["sharers"] == {
         "value": "8",
         "requestPolicy": {"default": "1", "validValues": ["1"]},
     }
@@ -99,21 +100,22 @@ def test_sharing_slices_follow_the_policy(server: FakeApiServer) -> None:
     assert a["sharers"]["value"] == "8"
 
 
+@pytest.mark.slow
 def test_node_label_override_and_a_policy_change_republish(server: FakeApiServer) -> None:
     view = PolicyView(from_document(POLICY))
     p = publisher(server, view, "sharing")
-    assert p.publish(inventory([gpu(0)]))
+    assert p.publish(inventory([h100(0)]))
     assert devices(server)["gpu-0"]["capacity"]["sharers"]["value"] == "8"
     # The admin labels the node: the next publish reads the labels and the override applies.
     node = server.get("Node", None, NODE)
     assert node is not None
     node["metadata"]["labels"] = {"vgpu.sharing.dev/pool": "dense"}
     server.put(node)
-    assert p.publish(inventory([gpu(0)]))
+    assert p.publish(inventory([h100(0)]))
     assert devices(server)["gpu-0"]["capacity"]["sharers"]["value"] == "32"
     # A new policy (as the watcher sets it) changes what the same inventory publishes as.
     view.set_policy(SharingPolicy())
-    assert p.publish(inventory([gpu(0)]))
+    assert p.publish(inventory([h100(0)]))
     cap = devices(server)["gpu-0"]["capacity"]
     assert cap["sharers"]["value"] == "16"
     assert cap["cores"]["requestPolicy"]["default"] == "100"
@@ -122,7 +124,7 @@ def test_node_label_override_and_a_policy_change_republish(server: FakeApiServer
 def test_partition_slices_follow_the_policy(server: FakeApiServer) -> None:
     view = PolicyView(from_document(POLICY))
     p = publisher(server, view, "partition")
-    assert p.publish(inventory([gpu(0, memory=80 * GiB), a100(1)]))
+    assert p.publish(inventory([h100(0, memory=80 * GiB), a100(1)]))
     devs = devices(server)
     assert sorted(devs) == [
         "gpu-0-slice-0",
@@ -166,7 +168,7 @@ def plan(doc: dict[str, Any], policy: dict[str, Any], mode: str = "sharing") -> 
         ClaimRef("default", "c", "uid-1"),
         driver_name=DRIVER,
         node_name=NODE,
-        gpus=[gpu(0, memory=80 * GiB), a100(1)],
+        gpus=[h100(0, memory=80 * GiB), a100(1)],
         mode=mode,
         partitions=4,
         rules_for=view.rules,
@@ -228,16 +230,16 @@ def test_whole_gpu_claim_needs_all_cores_and_gets_the_whole_gpu() -> None:
 def test_a_gpu_the_reservation_leaves_nothing_of_is_not_published(
     server: FakeApiServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    small = replace(gpu(1, memory=3 * GiB), name="NVIDIA T400")
+    small = replace(h100(1, memory=3 * GiB), name="NVIDIA T400")
     doc = {**POLICY, "overrides": [{"match": {"modelName": "*T400*"}, "reservedMemory": "2Gi"}]}
     view = PolicyView(from_document(doc))
     p = publisher(server, view, "sharing")
-    assert p.publish(inventory([gpu(0), small]))
-    p.publish(inventory([gpu(0), small]))
+    assert p.publish(inventory([h100(0), small]))
+    p.publish(inventory([h100(0), small]))
     assert sorted(devices(server)) == ["gpu-0"]  # 1Gi left: below min 1Gi + step 256Mi
     assert caplog.text.count("leaves nothing to offer") == 1
     p.forget_warnings()  # a reloaded policy: said again, naming the GPU and the numbers
-    p.publish(inventory([gpu(0), small]))
+    p.publish(inventory([h100(0), small]))
     assert caplog.text.count("leaves nothing to offer") == 2
     assert (
         f"NVIDIA T400): {3 * GiB} bytes of memory minus the policy's reservedMemory {2 * GiB}"

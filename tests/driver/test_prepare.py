@@ -4,11 +4,7 @@ by the real kubernetes client from the fake API server over HTTP."""
 from __future__ import annotations
 
 import json
-import shutil
 import stat
-import tempfile
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,65 +17,15 @@ from tests.driver.kubelet_standin import (
     DRIVER,
     KIND,
     ClaimId,
-    KubeletStandin,
-    allocated_claim,
-    claim_id,
     result,
     vgpu_config,
 )
-from tests.driver.plugin_process import InProcessPlugin, fake_gpus
-from tests.fakes.apiserver import FakeApiServer
+from tests.driver.plugin_process import fake_gpus
+from tests.support.prepare_world import World, close_world, make_world, world
+
+__all__ = ["world"]  # a fixture, used by name
 
 GiB = 1024**3
-
-
-@dataclass
-class World:
-    server: FakeApiServer
-    plugin: InProcessPlugin
-    kubelet: KubeletStandin
-    root: Path
-
-    def claim(self, name: str, **kw: Any) -> ClaimId:
-        return claim_id(self.server.put(allocated_claim(name, **kw)))
-
-    def spec_of(self, uid: str) -> dict[str, Any]:
-        doc: dict[str, Any] = json.loads(
-            (self.root / "cdi" / f"k8s.{DRIVER}-claim_{uid}.json").read_text()
-        )
-        return doc
-
-    def env_of(self, uid: str) -> dict[str, str]:
-        edits = self.spec_of(uid)["devices"][0]["containerEdits"]
-        return dict(e.split("=", 1) for e in edits["env"])
-
-
-def make_world(mode: str = "sharing", partitions: int = 4, dev_nodes: tuple[str, ...] = ()) -> Any:
-    root = Path(tempfile.mkdtemp(prefix="vgp", dir="/tmp"))  # unix socket paths are short
-    for n in dev_nodes:
-        (root / "dev").mkdir(exist_ok=True)
-        (root / "dev" / n).touch()
-    server = FakeApiServer()
-    server.up()
-    plugin = InProcessPlugin(root, server.api_client(), mode=mode, partitions=partitions)
-    plugin.driver.start()
-    kubelet = KubeletStandin(plugin.registration_socket)
-    kubelet.register()
-    return World(server, plugin, kubelet, root)
-
-
-def close_world(w: World) -> None:
-    w.kubelet.close()
-    w.plugin.driver.stop()
-    w.server.down()
-    shutil.rmtree(w.root, ignore_errors=True)
-
-
-@pytest.fixture
-def world() -> Iterator[World]:
-    w = make_world()
-    yield w
-    close_world(w)
 
 
 def test_prepare_sharing_v1_writes_valid_spec_with_limits(world: World) -> None:
@@ -161,6 +107,7 @@ def test_prepare_sharing_v1_writes_valid_spec_with_limits(world: World) -> None:
     assert "deviceNodes" not in spec["devices"][0]["containerEdits"]
 
 
+@pytest.mark.slow
 def test_prepare_v1beta1_has_no_share_id(world: World) -> None:
     c = world.claim("c1", results=[result("gpu", "gpu-1", memory="1Gi")])
     out = world.kubelet.prepare([c], "v1beta1")
@@ -173,6 +120,7 @@ def test_prepare_v1beta1_has_no_share_id(world: World) -> None:
     assert env["CUDA_DEVICE_SM_LIMIT_0"] == "100"
 
 
+@pytest.mark.slow
 def test_whole_gpu_when_no_consumed_capacity(world: World) -> None:
     c = world.claim("c1", results=[result("gpu", "gpu-0")])
     assert world.kubelet.prepare([c])[c.uid].error == ""
@@ -204,6 +152,7 @@ def test_two_gpus_indexed_in_visible_devices_order(world: World) -> None:
     )
 
 
+@pytest.mark.slow
 def test_partition_mode_limits() -> None:
     w = make_world(mode="partition", partitions=4)
     try:
@@ -263,6 +212,7 @@ def test_configs_class_then_claim_later_wins_other_drivers_ignored(world: World)
     assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == str(6 * GiB)
 
 
+@pytest.mark.slow
 def test_bad_claims_fail_alone_and_good_ones_succeed(world: World) -> None:
     good = world.claim("good", results=[result("gpu", "gpu-0", memory="1Gi")])
     unallocated = world.claim("unalloc", allocated=False)
@@ -313,6 +263,7 @@ def test_bad_claims_fail_alone_and_good_ones_succeed(world: World) -> None:
     assert [p.name for p in world.plugin.claim_dirs()] == [good.uid]
 
 
+@pytest.mark.slow
 def test_repeated_prepare_same_answer_without_api_server(world: World) -> None:
     c = world.claim("c1", results=[result("gpu", "gpu-0", memory="2Gi")])
     first = world.kubelet.prepare([c])
@@ -339,6 +290,7 @@ def test_unprepare_removes_everything_and_is_idempotent(world: World) -> None:
     assert world.kubelet.unprepare([unknown]) == {unknown.uid: ""}
 
 
+@pytest.mark.slow
 def test_one_claim_one_quota_two_claims_two(world: World) -> None:
     a = world.claim("a", results=[result("gpu", "gpu-0", memory="2Gi")])
     b = world.claim("b", results=[result("gpu", "gpu-0", memory="2Gi")])
@@ -355,6 +307,7 @@ def test_one_claim_one_quota_two_claims_two(world: World) -> None:
     assert world.kubelet.prepare([a])[a.uid].devices[0].cdi_device_ids == ids_a
 
 
+@pytest.mark.slow
 def test_every_written_spec_validates(world: World) -> None:
     claims = [
         world.claim(f"c{i}", results=[result("gpu", f"gpu-{i % 2}", memory=f"{i + 1}Gi")])
@@ -368,6 +321,7 @@ def test_every_written_spec_validates(world: World) -> None:
         assert doc["kind"] == KIND
 
 
+@pytest.mark.slow
 def test_slow_claim_read_does_not_block_other_claims(world: World) -> None:
     """The API read happens outside the state lock: one claim stuck on a slow API server does
     not hold up the prepare of another pod's claim."""

@@ -13,7 +13,6 @@ import json
 import os
 import re
 import stat
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,16 +30,11 @@ from driver.checkpoint import (
 from sharing.limitsfile import parse_limits_file
 from tests.driver.kubelet_standin import DRIVER, ClaimId, KubeletStandin, result
 from tests.driver.plugin_process import InProcessPlugin
-from tests.driver.test_prepare import World, close_world, make_world
+from tests.support.prepare_world import World, world
+
+__all__ = ["world"]  # a fixture, used by name
 
 GiB = 1024**3
-
-
-@pytest.fixture
-def world() -> Iterator[World]:
-    w = make_world()
-    yield w
-    close_world(w)
 
 
 def restart(w: World) -> None:
@@ -143,6 +137,7 @@ def test_bad_claim_uids_are_refused_before_anything_happens(
     assert world.plugin.cdi_specs() == [] and world.plugin.claim_dirs() == []
 
 
+@pytest.mark.slow
 def test_recovery_drops_an_entry_whose_uid_is_not_a_uid(world: World) -> None:
     """An older plugin left a PrepareStarted entry with a 300-character UID; the next start
     crashed in recover() with ENAMETOOLONG. Now the entry is dropped (logged), the rest kept."""
@@ -161,6 +156,7 @@ def test_recovery_drops_an_entry_whose_uid_is_not_a_uid(world: World) -> None:
     assert sorted(p.name for p in world.plugin.claim_dirs()) == [good.uid]
 
 
+@pytest.mark.slow
 def test_recovery_goes_on_when_one_entry_fails(
     world: World, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -215,6 +211,7 @@ def test_a_checkpoint_cannot_make_the_plugin_delete_outside_its_directories(
 # --- files of a prepared claim that vanished ----------------------------------------------------
 
 
+@pytest.mark.slow
 def test_missing_spec_is_recreated_keeping_the_slices_usage(world: World) -> None:
     """/var/run/cdi is a tmpfs: after a node reboot the specs are gone while the checkpoint says
     prepared. The old plugin answered with a CDI id whose spec did not exist."""
@@ -237,6 +234,7 @@ def test_missing_spec_is_recreated_keeping_the_slices_usage(world: World) -> Non
     assert claim_reads(world) == reads  # all in place: answered from the checkpoint
 
 
+@pytest.mark.slow
 def test_missing_spec_with_the_api_down_fails_the_claim_clearly(world: World) -> None:
     c = world.claim("c1", results=[result("gpu", "gpu-0", memory="2Gi")])
     world.kubelet.prepare([c])
@@ -258,6 +256,7 @@ def test_missing_spec_with_the_api_down_fails_the_claim_clearly(world: World) ->
 # --- planted links ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_link_planted_at_the_demand_file_is_replaced_not_followed(world: World) -> None:
     c = world.claim("c1", results=[result("gpu", "gpu-0", memory="1Gi")])
     v = victims(world.root)
@@ -280,6 +279,7 @@ def test_link_planted_at_the_demand_file_is_replaced_not_followed(world: World) 
     assert snapshot(v) == before
 
 
+@pytest.mark.slow
 def test_link_planted_at_the_limits_file_is_replaced_not_followed(world: World) -> None:
     c = world.claim("c1", results=[result("gpu", "gpu-0", memory="1Gi")])
     world.kubelet.prepare([c])
@@ -311,6 +311,7 @@ def plant_in_shared(shared: Path, v: Path) -> None:
     os.link(v / "passwd", shared / "hardlink")  # same file system here
 
 
+@pytest.mark.slow
 def test_links_planted_in_the_shared_dir_are_never_followed(world: World) -> None:
     """The tenant-writable shared/ dir, full of links, through a repair-prepare, a restart
     (recovery and orphan sweep) and unprepare."""
@@ -330,6 +331,7 @@ def test_links_planted_in_the_shared_dir_are_never_followed(world: World) -> Non
     assert snapshot(v) == before
 
 
+@pytest.mark.slow
 def test_links_in_place_of_claim_files_are_removed_as_links(world: World) -> None:
     """A claim directory, spec or demand file that is a link (to a victim) at unprepare, and
     links in the plugin's directories that look like orphans at a restart: removed, targets

@@ -24,6 +24,8 @@ from tests.driver.kubelet_standin import (
 from tests.driver.plugin_process import PluginProcess, fake_gpus
 from tests.fakes.apiserver import FakeApiServer
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def env() -> Iterator[tuple[Path, FakeApiServer]]:

@@ -5,13 +5,10 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
 import pytest
 
 from driver.backoff import Backoff
-from driver.discovery import Discovery, Inventory
 from driver.kube import Kube
 from driver.publishloop import PublishLoop
 from driver.slicebuild import (
@@ -21,46 +18,11 @@ from driver.slicebuild import (
     sharing_memory_policy,
 )
 from driver.slicepublisher import SlicePublisher
-from sharing.gpus import GpuInfo
 from tests.fakes.apiserver import FakeApiServer, parse_quantity, validate_resource_slice
+from tests.support.gpu_records import MiB, h100, inventory
+from tests.support.slice_publishing import DRIVER, NODE, all_devices, publisher, slices
 
-DRIVER = "vgpu.sharing.dev"
-NODE = "node-a"
 GiB = 1024**3
-MiB = 1024**2
-
-
-def gpu(index: int, memory: int = 81559 * MiB, uuid: str | None = None) -> GpuInfo:
-    return GpuInfo(
-        index=index,
-        uuid=uuid or f"GPU-{index:08x}-0000-0000-0000-000000000000",
-        name="NVIDIA H100 80GB HBM3",
-        memory_total=memory,
-        memory_used=0,
-        pci_bus_id=f"00000000:{0x18 + index:02X}:00.0",
-        minor=index,
-        numa_node=index % 2,
-        compute_capability="9.0",
-        driver_version="550.54.15",
-        cuda_driver_version="12.4",
-    )
-
-
-class NoEvents:
-    def __init__(self, gpus: list[GpuInfo]) -> None:
-        self.gpus = gpus
-
-    def list_gpus(self) -> list[GpuInfo]:
-        return list(self.gpus)
-
-    def open_events(self) -> None:
-        return None
-
-
-def inventory(gpus: list[GpuInfo], unhealthy: dict[str, str] | None = None) -> Inventory:
-    return Discovery(NoEvents(gpus), sysfs_root=Path("/nonexistent")).inventory(
-        gpus, unhealthy or {}
-    )
 
 
 @pytest.fixture
@@ -68,24 +30,6 @@ def server() -> Iterator[FakeApiServer]:
     with FakeApiServer() as s:
         s.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
         yield s
-
-
-def publisher(server: FakeApiServer, mode: str = "auto", partitions: int = 4) -> SlicePublisher:
-    return SlicePublisher(
-        Kube(server.api_client()),
-        driver_name=DRIVER,
-        node_name=NODE,
-        requested_mode=mode,
-        partitions=partitions,
-    )
-
-
-def slices(server: FakeApiServer) -> list[dict[str, Any]]:
-    return server.objects("ResourceSlice")
-
-
-def all_devices(server: FakeApiServer) -> list[dict[str, Any]]:
-    return [d for s in slices(server) for d in s["spec"]["devices"]]
 
 
 def writes(server: FakeApiServer) -> list[str]:
@@ -98,7 +42,7 @@ def writes(server: FakeApiServer) -> list[str]:
 
 def test_sharing_mode_slice_content(server: FakeApiServer) -> None:
     p = publisher(server, "auto")
-    assert p.publish(inventory([gpu(0), gpu(1)]))
+    assert p.publish(inventory([h100(0), h100(1)]))
     assert p.mode == "sharing"
     [s] = slices(server)
     node_uid = server.get("Node", None, NODE)["metadata"]["uid"]  # type: ignore[index]
@@ -110,7 +54,7 @@ def test_sharing_mode_slice_content(server: FakeApiServer) -> None:
     d0 = s["spec"]["devices"][0]
     assert d0["name"] == "gpu-0" and d0["allowMultipleAllocations"] is True
     a = d0["attributes"]
-    assert a["uuid"] == {"string": gpu(0).uuid}
+    assert a["uuid"] == {"string": h100(0).uuid}
     assert a["index"] == {"int": 0} and a["minor"] == {"int": 0} and a["numaNode"] == {"int": 0}
     assert a["productName"] == {"string": "NVIDIA H100 80GB HBM3"}
     assert a["cudaComputeCapability"] == {"version": "9.0.0"}
@@ -130,6 +74,7 @@ def test_sharing_mode_slice_content(server: FakeApiServer) -> None:
     assert s["spec"]["devices"][1]["name"] == "gpu-1"
 
 
+@pytest.mark.slow
 def test_auto_mode_falls_back_to_partition_with_one_warning(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -137,8 +82,8 @@ def test_auto_mode_falls_back_to_partition_with_one_warning(
     with FakeApiServer(drop_consumable_capacity=True) as server:
         server.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
         p = publisher(server, "auto", partitions=4)
-        p.publish(inventory([gpu(0)]))
-        p.publish(inventory([gpu(0), gpu(1)]))
+        p.publish(inventory([h100(0)]))
+        p.publish(inventory([h100(0), h100(1)]))
         assert p.mode == "partition"
         devs = all_devices(server)
         assert [d["name"] for d in devs] == [f"gpu-{i}-slice-{k}" for i in (0, 1) for k in range(4)]
@@ -159,7 +104,7 @@ def test_auto_mode_falls_back_to_partition_with_one_warning(
 
 def test_explicit_partition_mode_with_three_partitions(server: FakeApiServer) -> None:
     p = publisher(server, "partition", partitions=3)
-    p.publish(inventory([gpu(0, memory=24 * GiB)]))
+    p.publish(inventory([h100(0, memory=24 * GiB)]))
     devs = all_devices(server)
     assert [d["name"] for d in devs] == ["gpu-0-slice-0", "gpu-0-slice-1", "gpu-0-slice-2"]
     assert parse_quantity(devs[0]["capacity"]["memory"]["value"]) == 8 * GiB
@@ -169,9 +114,10 @@ def test_explicit_partition_mode_with_three_partitions(server: FakeApiServer) ->
     assert (p.server_mode, p.probe_.taints) == (None, True)
 
 
+@pytest.mark.slow
 def test_generation_bumps_only_on_change_and_health_taints_device(server: FakeApiServer) -> None:
     p = publisher(server, "sharing")
-    gpus = [gpu(0), gpu(1)]
+    gpus = [h100(0), h100(1)]
     assert p.publish(inventory(gpus))
     n = len(writes(server))
     assert not p.publish(inventory(gpus))  # same content: nothing written
@@ -189,22 +135,23 @@ def test_generation_bumps_only_on_change_and_health_taints_device(server: FakeAp
     [s] = slices(server)
     assert s["spec"]["pool"]["generation"] == 3
     assert not any(d.get("taints") for d in s["spec"]["devices"])
-    assert p.publish(inventory([gpu(0)]))  # gpu-1 gone
+    assert p.publish(inventory([h100(0)]))  # gpu-1 gone
     [s] = slices(server)
     assert s["spec"]["pool"]["generation"] == 4
     assert [d["name"] for d in s["spec"]["devices"]] == ["gpu-0"]
 
 
+@pytest.mark.slow
 def test_more_than_128_devices_split_into_several_slices(server: FakeApiServer) -> None:
     p = publisher(server, "partition", partitions=4)
-    p.publish(inventory([gpu(i) for i in range(40)]))  # 160 devices
+    p.publish(inventory([h100(i) for i in range(40)]))  # 160 devices
     ss = slices(server)
     assert [len(s["spec"]["devices"]) for s in ss] == [MAX_DEVICES_PER_SLICE, 32]
     assert {s["spec"]["pool"]["resourceSliceCount"] for s in ss} == {2}
     assert {s["spec"]["pool"]["generation"] for s in ss} == {1}
     names = [d["name"] for d in all_devices(server)]
     assert len(names) == len(set(names)) == 160
-    p.publish(inventory([gpu(i) for i in range(10)]))  # shrinks back to one slice
+    p.publish(inventory([h100(i) for i in range(10)]))  # shrinks back to one slice
     [s] = slices(server)
     assert s["spec"]["pool"] == {"name": NODE, "generation": 2, "resourceSliceCount": 1}
     assert len(s["spec"]["devices"]) == 40
@@ -218,9 +165,10 @@ def test_no_gpus_is_one_empty_slice(server: FakeApiServer) -> None:
     assert s["spec"]["pool"]["resourceSliceCount"] == 1
 
 
+@pytest.mark.slow
 def test_drift_is_repaired_and_restart_continues_generation(server: FakeApiServer) -> None:
     p = publisher(server, "sharing")
-    inv = inventory([gpu(0)])
+    inv = inventory([h100(0)])
     p.publish(inv)
     name = slices(server)[0]["metadata"]["name"]
     server.delete("ResourceSlice", None, name)
@@ -248,7 +196,7 @@ def test_other_nodes_and_drivers_are_left_alone(server: FakeApiServer) -> None:
     }
     server.put(other)
     p = publisher(server, "sharing")
-    p.publish(inventory([gpu(0)]))
+    p.publish(inventory([h100(0)]))
     assert p.cleanup() == 1
     assert [s["metadata"]["name"] for s in slices(server)] == ["node-b-gpu"]
 
@@ -256,7 +204,7 @@ def test_other_nodes_and_drivers_are_left_alone(server: FakeApiServer) -> None:
 def test_missing_node_publishes_without_owner(caplog: pytest.LogCaptureFixture) -> None:
     with FakeApiServer() as server:
         p = publisher(server, "sharing")
-        p.publish(inventory([gpu(0)]))
+        p.publish(inventory([h100(0)]))
         assert "ownerReferences" not in slices(server)[0]["metadata"]
     assert any("Node object not found" in r.getMessage() for r in caplog.records)
 
@@ -290,7 +238,7 @@ def test_memory_policy_rules() -> None:
 
 
 def test_unhealthy_devices_left_out_and_health_map() -> None:
-    gpus = [gpu(0), gpu(1)]
+    gpus = [h100(0), h100(1)]
     inv = inventory(gpus, unhealthy={gpus[0].uuid: "critical XID 48"})
     assert [d["name"] for d in build_devices(inv.gpus, "sharing", 4)] == ["gpu-1"]
     hm = health_map(inv, "partition", 2)
@@ -302,6 +250,7 @@ def test_unhealthy_devices_left_out_and_health_map() -> None:
     }
 
 
+@pytest.mark.slow
 def test_publish_loop_retries_while_api_down_then_recovers(
     server: FakeApiServer, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -314,7 +263,7 @@ def test_publish_loop_retries_while_api_down_then_recovers(
     server.down()
     loop.start()
     try:
-        inv = inventory([gpu(0)])
+        inv = inventory([h100(0)])
         loop.submit(inv)
         assert not loop.wait_published(1.0)
         assert not loop.api_reachable
@@ -329,7 +278,7 @@ def test_publish_loop_retries_while_api_down_then_recovers(
         assert [d["name"] for d in all_devices(server)] == ["gpu-0"]
         assert any("reachable again" in r.getMessage() for r in caplog.records)
         # A later change goes through the same loop.
-        inv2 = inventory([gpu(0), gpu(1)])
+        inv2 = inventory([h100(0), h100(1)])
         loop.submit(inv2)
         assert loop.wait_published(10.0)
         assert [d["name"] for d in all_devices(server)] == ["gpu-0", "gpu-1"]
@@ -337,11 +286,12 @@ def test_publish_loop_retries_while_api_down_then_recovers(
         loop.stop()
 
 
+@pytest.mark.slow
 def test_publish_loop_resync_repairs_deleted_slice(server: FakeApiServer) -> None:
     loop = PublishLoop(publisher(server, "sharing"), backoff=Backoff(0.05, 2, 0.1), resync=0.2)
     loop.start()
     try:
-        loop.submit(inventory([gpu(0)]))
+        loop.submit(inventory([h100(0)]))
         assert loop.wait_published(10)
         name = slices(server)[0]["metadata"]["name"]
         server.delete("ResourceSlice", None, name)
@@ -355,7 +305,7 @@ def test_publish_loop_stop_is_prompt_during_backoff(server: FakeApiServer) -> No
     loop = PublishLoop(publisher(server, "sharing"), backoff=Backoff(30, 2, 30), resync=60)
     server.down()
     loop.start()
-    loop.submit(inventory([gpu(0)]))
+    loop.submit(inventory([h100(0)]))
     threading.Event().wait(0.3)
     done = threading.Event()
 
@@ -367,6 +317,7 @@ def test_publish_loop_stop_is_prompt_during_backoff(server: FakeApiServer) -> No
     assert done.wait(5), "stop() waited out the 30 s backoff"
 
 
+@pytest.mark.slow
 def test_long_node_name_gives_valid_unique_slice_names() -> None:
     node = ".".join(["a" * 60] * 4)  # 243 characters, a valid node name
     with FakeApiServer() as server:
@@ -377,7 +328,7 @@ def test_long_node_name_gives_valid_unique_slice_names() -> None:
             requested_mode="partition",
             partitions=64,
         )
-        p.publish(inventory([gpu(0), gpu(1), gpu(2)]))  # 192 devices: two slices
+        p.publish(inventory([h100(0), h100(1), h100(2)]))  # 192 devices: two slices
         names = [s["metadata"]["name"] for s in slices(server)]
         assert len(names) == 2 and all(len(n) <= 253 for n in names)
         assert {s["spec"]["pool"]["name"] for s in slices(server)} == {node}
@@ -389,8 +340,8 @@ def test_explicit_sharing_on_a_server_that_drops_fields_errors_once(
     with FakeApiServer(drop_consumable_capacity=True) as server:
         server.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
         p = publisher(server, "sharing")
-        p.publish(inventory([gpu(0)]))
-        p.publish(inventory([gpu(0), gpu(1)]))
+        p.publish(inventory([h100(0)]))
+        p.publish(inventory([h100(0), h100(1)]))
         assert p.mode == "sharing"  # the operator's choice stands
         assert [d["name"] for d in all_devices(server)] == ["gpu-0", "gpu-1"]
         assert len([r for r in server.requests if r.query.get("dryRun")]) == 1  # taints only
@@ -401,7 +352,7 @@ def test_explicit_sharing_on_a_server_that_drops_fields_errors_once(
 
 def test_recreated_node_gets_the_new_owner_uid(server: FakeApiServer) -> None:
     p = publisher(server, "sharing")
-    p.publish(inventory([gpu(0)]))
+    p.publish(inventory([h100(0)]))
     old_uid = slices(server)[0]["metadata"]["ownerReferences"][0]["uid"]
     server.delete("Node", None, NODE)
     new_uid = server.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})[
@@ -409,7 +360,7 @@ def test_recreated_node_gets_the_new_owner_uid(server: FakeApiServer) -> None:
     ]["uid"]
     # The garbage collector removed the slices owned by the old Node; the next publish repairs.
     assert slices(server) == []
-    p.publish(inventory([gpu(0)]))
+    p.publish(inventory([h100(0)]))
     assert slices(server)[0]["metadata"]["ownerReferences"][0]["uid"] == new_uid != old_uid
 
 
@@ -424,10 +375,10 @@ def test_auto_reprobes_and_reports_a_changed_server_without_switching(
         partitions=4,
         reprobe_interval=0.0,
     )
-    p.publish(inventory([gpu(0)]))
+    p.publish(inventory([h100(0)]))
     assert (p.mode, p.server_mode) == ("sharing", "sharing")
     server.drop_consumable_capacity = True  # the cluster was downgraded / the gate turned off
-    p.publish(inventory([gpu(0)]))
+    p.publish(inventory([h100(0)]))
     assert (p.mode, p.server_mode) == ("sharing", "partition")
     assert [d["name"] for d in all_devices(server)] == ["gpu-0"]  # no switch behind the Driver
     probes = [r for r in server.requests if r.query.get("dryRun")]
@@ -437,6 +388,6 @@ def test_auto_reprobes_and_reports_a_changed_server_without_switching(
 def test_use_mode_publishes_the_remembered_mode(server: FakeApiServer) -> None:
     p = publisher(server, "auto")
     p.use_mode("partition")
-    p.publish(inventory([gpu(0)]))
+    p.publish(inventory([h100(0)]))
     assert (p.mode, p.server_mode) == ("partition", "sharing")
     assert [d["name"] for d in all_devices(server)][:1] == ["gpu-0-slice-0"]

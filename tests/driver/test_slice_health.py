@@ -27,16 +27,9 @@ from driver.discovery import (
 from driver.slicebuild import pool_slices
 from sharing.plan.cel_eval import SelectorEvaluator
 from sharing.plan.loader import load_slices
-from tests.driver.test_resourceslices import (
-    DRIVER,
-    NODE,
-    all_devices,
-    gpu,
-    inventory,
-    publisher,
-    slices,
-)
 from tests.fakes.apiserver import FakeApiServer, validate_resource_slice
+from tests.support.gpu_records import h100, inventory
+from tests.support.slice_publishing import DRIVER, NODE, all_devices, publisher, slices
 
 VERSIONS = ("1.34", "1.35", "1.36", "1.37")
 TAINT_KEY = f"{DRIVER}/unhealthy"
@@ -53,6 +46,7 @@ def valid_everywhere(obj: dict[str, Any]) -> None:
     assert validate_resource_slice(obj) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("cause", "value"),
     [
@@ -65,7 +59,7 @@ def test_unhealthy_gpu_tainted_with_its_cause_then_untainted(cause: str, value: 
     with FakeApiServer(validate_versions=VERSIONS) as server:
         server.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
         p = publisher(server, "auto", partitions=2)
-        gpus = [gpu(0), gpu(1)]
+        gpus = [h100(0), h100(1)]
         p.publish(inventory(gpus, unhealthy={gpus[1].uuid: cause}))
         taint = {"key": TAINT_KEY, "value": value, "effect": "NoSchedule"}
         assert taints_of(server) == {"gpu-0": None, "gpu-1": [taint]}
@@ -75,11 +69,12 @@ def test_unhealthy_gpu_tainted_with_its_cause_then_untainted(cause: str, value: 
         assert taints_of(server) == {"gpu-0": None, "gpu-1": None}
 
 
+@pytest.mark.slow
 def test_partition_devices_of_an_unhealthy_gpu_are_all_tainted() -> None:
     with FakeApiServer(drop_consumable_capacity=True, validate_versions=VERSIONS) as server:
         server.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
         p = publisher(server, "auto", partitions=2)
-        gpus = [gpu(0), gpu(1)]
+        gpus = [h100(0), h100(1)]
         p.publish(inventory(gpus, unhealthy={gpus[0].uuid: "critical XID 48"}))
         taint = [{"key": TAINT_KEY, "value": "xid-48", "effect": "NoSchedule"}]
         assert taints_of(server) == {
@@ -90,6 +85,7 @@ def test_partition_devices_of_an_unhealthy_gpu_are_all_tainted() -> None:
         }
 
 
+@pytest.mark.slow
 def test_server_without_device_taints_gets_unhealthy_gpus_left_out(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -97,7 +93,7 @@ def test_server_without_device_taints_gets_unhealthy_gpus_left_out(
     with FakeApiServer(drop_device_taints=True) as server:
         server.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
         p = publisher(server, "sharing")
-        gpus = [gpu(0), gpu(1)]
+        gpus = [h100(0), h100(1)]
         p.publish(inventory(gpus, unhealthy={gpus[1].uuid: "critical XID 79"}))
         assert taints_of(server) == {"gpu-0": None}
         assert p.probe_.taints is False
@@ -113,7 +109,7 @@ def test_taints_dropped_after_the_probe_leave_the_gpu_out_at_once() -> None:
     with FakeApiServer() as server:
         server.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
         p = publisher(server, "sharing")
-        gpus = [gpu(0), gpu(1)]
+        gpus = [h100(0), h100(1)]
         p.publish(inventory(gpus))
         assert p.probe_.taints is True
         server.drop_device_taints = True
@@ -122,11 +118,12 @@ def test_taints_dropped_after_the_probe_leave_the_gpu_out_at_once() -> None:
         assert p.probe_.taints is False
 
 
+@pytest.mark.slow
 def test_a_tainted_pool_has_at_most_64_devices_per_slice() -> None:
     with FakeApiServer() as server:
         server.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
         p = publisher(server, "partition", partitions=4)
-        gpus = [gpu(i) for i in range(20)]  # 80 devices
+        gpus = [h100(i) for i in range(20)]  # 80 devices
         p.publish(inventory(gpus))
         assert [len(s["spec"]["devices"]) for s in slices(server)] == [80]
         p.publish(inventory(gpus, unhealthy={gpus[3].uuid: "critical XID 79"}))
@@ -162,11 +159,11 @@ STANDARD = {
 
 
 def _inventory() -> Inventory:
-    h100 = gpu(0)
-    l4 = replace(gpu(1), name="NVIDIA L4", compute_capability="8.9", numa_node=1)
+    hopper = h100(0)
+    l4 = replace(h100(1), name="NVIDIA L4", compute_capability="8.9", numa_node=1)
     return Inventory(
         (
-            DiscoveredGpu(info=h100, pcie_root="pci0000:17", brand="Nvidia"),
+            DiscoveredGpu(info=hopper, pcie_root="pci0000:17", brand="Nvidia"),
             DiscoveredGpu(info=l4, pcie_root="pci0000:17", brand="Nvidia"),
         )
     )
@@ -263,13 +260,13 @@ class BrandedNvml:
 
 
 def test_brand_comes_from_nvml_once_per_gpu(tmp_path: Path) -> None:
-    nvml = BrandedNvml([gpu(0)])
+    nvml = BrandedNvml([h100(0)])
     d = Discovery(nvml, sysfs_root=tmp_path)
     inv = d.inventory(nvml.gpus, {})
     d.inventory(nvml.gpus, {})
     assert [g.brand for g in inv.gpus] == ["Nvidia"] and nvml.asked == 1
     [s] = pool_slices(inv, "sharing", 4, DRIVER, NODE, 1)
     assert s["spec"]["devices"][0]["attributes"]["brand"] == {"string": "Nvidia"}
-    nvml.gpus = [gpu(0), gpu(1)]  # a new GPU: asked again
+    nvml.gpus = [h100(0), h100(1)]  # a new GPU: asked again
     assert [g.brand for g in d.inventory(nvml.gpus, {}).gpus] == ["Nvidia", "Nvidia"]
     assert nvml.asked == 2

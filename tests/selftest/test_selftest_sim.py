@@ -8,9 +8,13 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from sharing.selftest.compute import CAPS, PAIR
 from sharing.selftest.memory import ROUTES
 from tests.selftest.conftest import run_selftest
+
+pytestmark = pytest.mark.slow
 
 
 def test_quick_selftest_passes_on_the_simulated_gpu(selftest_env: dict[str, str]) -> None:

@@ -12,6 +12,8 @@ import pytest
 
 from sharing.selftest.probe import parse_kv, probe_path
 
+pytestmark = pytest.mark.slow
+
 SPIN_NS = 5_000_000
 
 

@@ -3,12 +3,14 @@ says (the runs themselves: test_selftest_sim.py)."""
 
 from __future__ import annotations
 
-from sharing.selftest.compute import ALONE_POINTS, CPU_WAIT_INCONCLUSIVE, Share, _judge
+from sharing.cpuwait import STARVED_PERCENT
+from sharing.selftest.compute import ALONE_POINTS, Share, _judge
 from sharing.selftest.memory import judge
 from sharing.selftest.report import Check, Report
 
 GIB = 1 << 30
 PAGE = 2 << 20
+WINDOW_S = 4.0
 
 
 def fill(**over: object) -> dict[str, str]:
@@ -42,27 +44,22 @@ def test_no_driver_view_is_said_not_failed() -> None:
     assert c.status == "pass" and "host's PID namespace" in c.detail
 
 
+def verdict(cap: int, share: float | None, cpu_wait_s: float = 0.0) -> Check:
+    return _judge(f"compute.cap_{cap}", cap, Share(share, cpu_wait_s, WINDOW_S), ALONE_POINTS, "")
+
+
 def test_compute_error_bounds() -> None:
-    assert (
-        _judge("compute.cap_50", 50, Share(50 + ALONE_POINTS, 0.0), ALONE_POINTS, "").status
-        == "pass"
-    )
-    assert (
-        _judge("compute.cap_50", 50, Share(50 + ALONE_POINTS + 0.1, 0.0), ALONE_POINTS, "").status
-        == "fail"
-    )
-    assert (
-        _judge("compute.cap_50", 50, Share(50 - ALONE_POINTS - 0.1, 0.0), ALONE_POINTS, "").status
-        == "fail"
-    )
-    assert _judge("compute.cap_50", 50, Share(None, 0.0), ALONE_POINTS, "").status == "fail"
+    assert verdict(50, 50 + ALONE_POINTS).status == "pass"
+    assert verdict(50, 50 + ALONE_POINTS + 0.1).status == "fail"
+    assert verdict(50, 50 - ALONE_POINTS - 0.1).status == "fail"
+    assert verdict(50, None).status == "fail"
 
 
 def test_a_short_share_on_a_busy_node_is_inconclusive_but_an_excess_never_is() -> None:
-    busy = CPU_WAIT_INCONCLUSIVE + 0.1
-    short = _judge("compute.cap_80", 80, Share(70.0, busy), ALONE_POINTS, "alone")
+    busy = (STARVED_PERCENT + 10) / 100 * WINDOW_S
+    short = _judge("compute.cap_80", 80, Share(70.0, busy, WINDOW_S), ALONE_POINTS, "alone")
     assert short.status == "skip" and short.detail.startswith("inconclusive"), short
-    over = _judge("compute.cap_20", 20, Share(90.0, busy), ALONE_POINTS, "alone")
+    over = _judge("compute.cap_20", 20, Share(90.0, busy, WINDOW_S), ALONE_POINTS, "alone")
     assert over.status == "fail", over
 
 

@@ -21,6 +21,7 @@ def _run(
     return subprocess.run([*VGPU, *args], capture_output=True, text=True, env=env, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_info_json_reports_paths_and_simulated_gpu(sim_env: dict[str, str]) -> None:
     res = _run(["info", "--json", "--sim"], env=sim_env)
     assert res.returncode == 0, res.stderr
@@ -37,6 +38,7 @@ def test_info_json_reports_paths_and_simulated_gpu(sim_env: dict[str, str]) -> N
     assert gpu["uuid"].startswith("GPU-")
 
 
+@pytest.mark.slow
 def test_info_reports_configured_devices(sim_env: dict[str, str], tmp_path: Path) -> None:
     cfg = tmp_path / "sim.json"
     cfg.write_text(
@@ -58,6 +60,7 @@ def test_info_reports_configured_devices(sim_env: dict[str, str], tmp_path: Path
     ]
 
 
+@pytest.mark.slow
 def test_info_without_nvml_says_so(tmp_path: Path) -> None:
     # No simulator and no driver on this machine: a clear line, not a traceback.
     env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
@@ -80,6 +83,7 @@ def test_libraries_are_plain_c_with_their_sonames() -> None:
         assert "RPATH" not in dyn.stdout and "RUNPATH" not in dyn.stdout
 
 
+@pytest.mark.slow
 def test_demo_runs_and_shows_limits_held(sim_env: dict[str, str]) -> None:
     # The default compute phase (6 s), as a user runs it: a shorter one ends before the cap's NVML
     # loop has corrected what the events charge beside a busy neighbour (docs/compute.md).

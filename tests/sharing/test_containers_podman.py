@@ -17,9 +17,9 @@ import pytest
 from sharing.containers import SHORT_ID
 from sharing.paths import sim_lib_dir
 from tests.driver.kubelet_standin import KubeletStandin, allocated_claim, claim_id, result
-from tests.driver.test_e2e_podman import SIGNAL, Podman, _missing_cuda, rootfs, wait_held, world
 from tests.fakes.apiserver import FakeApiServer
 from tests.support.observers import ExporterProcess, Sample, only, scrape
+from tests.support.podman_containers import SIGNAL, Podman, missing_cuda, rootfs, wait_held, world
 
 __all__ = ["rootfs", "world"]  # fixtures used by name
 pytestmark = pytest.mark.slow
@@ -38,7 +38,7 @@ def _start(podman: Podman, cdi_id: str, size: int, sub: str, cidfile: Path
 def test_two_containers_of_one_claim_get_their_own_memory(
     world: tuple[FakeApiServer, KubeletStandin, Path, Podman], tmp_path: Path
 ) -> None:
-    if why := _missing_cuda():
+    if why := missing_cuda():
         pytest.skip(why)
     server, kubelet, root, podman = world
     c = claim_id(server.put(allocated_claim("shared", namespace="team-c",

@@ -1,4 +1,5 @@
-"""cpu_wait_ns counts time runnable but not running: two busy processes on one CPU each wait."""
+"""cpu_wait_ns counts time runnable but not running: two busy processes on one CPU each wait;
+starved draws the line above which a short share is the host's doing."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ import time
 
 import pytest
 
-from sharing.cpuwait import cpu_wait_ns
+from sharing.cpuwait import STARVED_PERCENT, cpu_wait_ns, starved
 
 BUSY = "import time\nend = time.process_time() + 0.6\nwhile time.process_time() < end: pass\nprint('ok')"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/proc/self/schedstat"), reason="kernel without schedstat")
 def test_two_busy_processes_on_one_cpu_wait_for_each_other() -> None:
     cpu = sorted(os.sched_getaffinity(0))[0]
@@ -39,3 +41,11 @@ def test_two_busy_processes_on_one_cpu_wait_for_each_other() -> None:
 
 def test_an_unknown_process_waited_nothing() -> None:
     assert cpu_wait_ns(2**22 + 7) == 0  # beyond pid_max's default: no such task
+
+
+def test_starved_is_more_than_the_threshold_of_the_run() -> None:
+    at = STARVED_PERCENT / 100 * 8.0
+    assert not starved(at, 8.0)
+    assert starved(at + 0.01, 8.0)
+    assert not starved(0.0, 8.0)
+    assert not starved(1.0, 0.0)  # a run of no length says nothing

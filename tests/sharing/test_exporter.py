@@ -66,6 +66,7 @@ def test_listen_parsing() -> None:
             parse_listen(bad)
 
 
+@pytest.mark.slow
 def test_two_tenants_on_the_simulator(
     sim_env: dict[str, str], tmp_path: Path, build_c: Callable[..., Path]
 ) -> None:
@@ -236,6 +237,7 @@ def test_hostile_claim_directories_do_not_break_a_scrape(
     assert any("layout version 3, this reader knows" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.slow
 def test_a_hung_nvml_never_holds_a_scrape(tmp_path: Path) -> None:
     """After the first pass NVML hangs: scrapes still answer at once, from the last reading,
     and once it is older than stale_after the devices read unhealthy."""

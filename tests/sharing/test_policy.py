@@ -230,6 +230,7 @@ def test_the_configmap_is_read_through_its_policy_key(tmp_path: Path) -> None:
         load(f)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "text",
     ["[" * 100_000 + "]" * 100_000, "{a: " * 100_000 + "1" + "}" * 100_000,

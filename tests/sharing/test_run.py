@@ -4,34 +4,21 @@ before CMD starts."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from sharing import region
 from tests.sim.simhelp import CONTEXT_MEMORY
-from tests.support.shim_ops import Held, clean_env, parse_ops
+from tests.support.shim_ops import Held, parse_ops
+from tests.support.vgpu_cli import VGPU, vgpu_run
 
 MiB = 1 << 20
-VGPU = [sys.executable, "-m", "sharing.cli"]
 # Two processes' contexts (charged to the slice) and 64 MiB for their allocations.
 TWO_CONTEXTS_AND_64MI = str(2 * CONTEXT_MEMORY + 64 * MiB)
 
 
-def vgpu_run(
-    args: list[str], env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*VGPU, "run", *args],
-        env=env or clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-
-
+@pytest.mark.slow
 def test_exit_code_and_environment(tmp_path: Path) -> None:
     r = vgpu_run(
         [
@@ -51,6 +38,7 @@ def test_exit_code_and_environment(tmp_path: Path) -> None:
     assert preload.endswith("libvgpu.so")
 
 
+@pytest.mark.slow
 def test_every_accounted_device_has_its_flag() -> None:
     last = region.MAX_DEVICES - 1  # 63: devices past the first 16 too
     r = vgpu_run(
@@ -62,6 +50,7 @@ def test_every_accounted_device_has_its_flag() -> None:
     assert r.returncode == 2 and f"--memory-{last + 1}" in r.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args",
     [
@@ -79,6 +68,7 @@ def test_bad_quantities_refused_before_cmd(args: list[str], tmp_path: Path) -> N
     assert r.stderr.count("\n") == 1 and "vgpu run:" in r.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -104,11 +94,13 @@ def test_mistaken_quantities_get_one_line_naming_the_flag(
     assert "usage:" not in r.stderr
 
 
+@pytest.mark.slow
 def test_a_negative_looking_argument_of_the_command_is_left_alone() -> None:
     r = vgpu_run(["--memory", "1Gi", "--", "echo", "--memory", "-1Gi"])
     assert (r.returncode, r.stdout) == (0, "--memory -1Gi\n"), r.stderr
 
 
+@pytest.mark.slow
 def test_corrupt_region_refused_before_cmd(tmp_path: Path) -> None:
     bad = tmp_path / "bad.region"
     bad.write_bytes(b"junk")
@@ -118,6 +110,7 @@ def test_corrupt_region_refused_before_cmd(tmp_path: Path) -> None:
     assert "size 4 bytes" in r.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("value", ["", "  "])
 def test_empty_region_refused_before_cmd(value: str, tmp_path: Path) -> None:
     marker = tmp_path / "ran"
@@ -126,6 +119,7 @@ def test_empty_region_refused_before_cmd(value: str, tmp_path: Path) -> None:
     assert r.stderr == "vgpu run: --region: empty; give the accounting file's path\n"
 
 
+@pytest.mark.slow
 def test_missing_command() -> None:
     r = vgpu_run(["--memory", "1Gi"])
     assert (r.returncode, r.stderr) == (
@@ -134,6 +128,7 @@ def test_missing_command() -> None:
     )
 
 
+@pytest.mark.slow
 def test_sim_runs_share_one_region(shim_ops: Path, sim_env: dict[str, str], tmp_path: Path) -> None:
     reg = tmp_path / "shared.region"
     env = {k: v for k, v in sim_env.items() if k != "LD_LIBRARY_PATH"}
@@ -154,6 +149,7 @@ def test_sim_runs_share_one_region(shim_ops: Path, sim_env: dict[str, str], tmp_
         first.release()
 
 
+@pytest.mark.slow
 def test_children_of_cmd_share_its_quota(
     shim_ops: Path, sim_env: dict[str, str], tmp_path: Path
 ) -> None:
@@ -198,6 +194,7 @@ def test_contributors_extend_flags_and_environment(monkeypatch: pytest.MonkeyPat
         run.build_env(bad, {})
 
 
+@pytest.mark.slow
 def test_help_lists_the_flags() -> None:
     r = subprocess.run([*VGPU, "run", "--help"], capture_output=True, text=True, check=True)
     for flag in ("--memory", "--memory-0", "--region", "--sim"):
@@ -207,6 +204,7 @@ def test_help_lists_the_flags() -> None:
     assert "0 = no limit" in text and "0 or 100: no cap" in text
 
 
+@pytest.mark.slow
 def test_region_limits_beside_the_file_for_observers(
     shim_ops: Path, sim_env: dict[str, str], tmp_path: Path
 ) -> None:

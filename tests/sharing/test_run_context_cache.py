@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from sharing.context_cache import ContextCache
-from tests.sharing.test_run import vgpu_run
 from tests.sim.simhelp import CONTEXT_MEMORY
+from tests.support.vgpu_cli import vgpu_run
 
 SHOW = ["--", "sh", "-c", 'echo "size=${VGPU_CONTEXT_SIZE:-none}"']
 
@@ -28,6 +28,7 @@ def cache_file(env: dict[str, str]) -> Path:
     return ContextCache.for_user(env).path
 
 
+@pytest.mark.slow
 def test_a_region_teaches_the_cache_and_later_runs_hand_it_over(
     shim_ops: Path, env: dict[str, str], tmp_path: Path
 ) -> None:
@@ -86,6 +87,7 @@ def plant(env: dict[str, str], how: str, tmp_path: Path) -> None:
         os.chown(path, 65534, 65534)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("how", "says"),
     [

@@ -26,7 +26,9 @@ from sharing._region_cffi import ffi, lib
 
 from sharing import region
 from tests.driver.kubelet_standin import KubeletStandin, allocated_claim, claim_id, result
-from tests.driver.test_main_e2e import (
+from tests.fakes.apiserver import FakeApiServer, free_port
+from tests.support.observers import ExporterProcess, Sample, add_claim, only, scrape, sim_gpu_uuid
+from tests.support.plugin_e2e import (
     DRIVER,
     PluginProcess,
     device,
@@ -36,8 +38,8 @@ from tests.driver.test_main_e2e import (
     wait_names,
     write_config,
 )
-from tests.fakes.apiserver import FakeApiServer, free_port
-from tests.support.observers import ExporterProcess, Sample, add_claim, only, scrape, sim_gpu_uuid
+
+pytestmark = pytest.mark.slow
 
 __all__ = ["root", "server", "sim_ready"]  # fixtures used by name
 GiB = 1 << 30
@@ -239,7 +241,6 @@ def test_top_shows_impossible_counters_clamped_and_untrusted(
     assert doc["unreadable"] == []
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("attack", ["truncate-to-0", "truncate-to-part"])
 def test_plugin_survives_a_tenant_truncating_its_accounting_file(
     sim_ready: None, server: FakeApiServer, root: Path, attack: str

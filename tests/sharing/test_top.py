@@ -53,6 +53,7 @@ def _wait_past_allocations(region_path: Path, tenant: subprocess.Popen[str]) -> 
     raise AssertionError(f"the tenant did not get past its allocations (exit {tenant.poll()})")
 
 
+@pytest.mark.slow
 def test_json_snapshot(
     sim_env: dict[str, str], tmp_path: Path, build_c: Callable[..., Path]
 ) -> None:
@@ -100,6 +101,7 @@ def _tmux() -> str:
     return tool
 
 
+@pytest.mark.slow
 def test_live_view_in_a_terminal(
     sim_env: dict[str, str], tmp_path: Path, build_c: Callable[..., Path]
 ) -> None:
@@ -160,6 +162,7 @@ def test_live_view_in_a_terminal(
         subprocess.run([tmux, "-L", sock, "kill-server"], capture_output=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["missing", "directory"])
 def test_a_region_that_is_not_there_is_an_error(
     sim_env: dict[str, str], tmp_path: Path, kind: str

@@ -52,6 +52,7 @@ def _wait(pred: Callable[[], bool], timeout: float = 20.0) -> bool:
     return False
 
 
+@pytest.mark.slow
 def test_a_process_bypassing_the_shim_is_caught_and_stopped(
     sim_env: dict[str, str], tmp_path: Path, build_c: Callable[..., Path]
 ) -> None:
@@ -87,6 +88,7 @@ def test_a_process_bypassing_the_shim_is_caught_and_stopped(
     assert f"stopping pids [{bypass.pid}]" in log
 
 
+@pytest.mark.slow
 def test_a_gpu_process_of_no_slice_on_a_shared_gpu(
     sim_env: dict[str, str], tmp_path: Path, build_c: Callable[..., Path]
 ) -> None:
@@ -177,6 +179,7 @@ def test_the_memory_map_says_whether_and_why_the_shim_is_missing(
         assert why is not None and expected in why, why
 
 
+@pytest.mark.slow
 def test_a_slice_process_without_the_shim_is_reported_and_stopped_under_quota(
     sim_env: dict[str, str], tmp_path: Path, build_c: Callable[..., Path]
 ) -> None:

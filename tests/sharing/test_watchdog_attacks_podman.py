@@ -25,20 +25,20 @@ from pathlib import Path
 
 import pytest
 
-import tests.driver.test_e2e_podman as e2e
 from sharing.paths import sim_lib_dir
 from tests.driver.kubelet_standin import KubeletStandin, allocated_claim, claim_id, result
-from tests.driver.test_e2e_podman import (
+from tests.fakes.apiserver import FakeApiServer
+from tests.support.observers import ExporterProcess, only, scrape
+from tests.support.podman_containers import (
+    SIGNAL,
     Podman,
-    _copy_with_deps,
-    _missing_cuda,
+    bypass_in_rootfs,
+    copy_with_deps,
+    missing_cuda,
     rootfs,
     wait_held,
     world,
 )
-from tests.fakes.apiserver import FakeApiServer
-from tests.sharing.test_watchdog_podman import bypass_in_rootfs
-from tests.support.observers import ExporterProcess, only, scrape
 
 __all__ = ["bypass_in_rootfs", "rootfs", "world"]  # fixtures used by name
 pytestmark = pytest.mark.slow
@@ -52,14 +52,14 @@ World = tuple[FakeApiServer, KubeletStandin, Path, Podman]
 @pytest.fixture
 def tools(rootfs: Path, bypass_in_rootfs: str) -> Iterator[Path]:
     """coreutils the tenant uses, in the container's root (with their libraries)."""
-    if why := _missing_cuda():
+    if why := missing_cuda():
         pytest.skip(why)
     paths = [Path(shutil.which(t) or f"/bin/{t}").resolve() for t in TOOLS]
     added = [rootfs / "bin" / t for t in TOOLS if not (rootfs / "bin" / t).exists()]
     for t, path in zip(TOOLS, paths, strict=True):
         if not (rootfs / "bin" / t).exists():
             shutil.copy2(path, rootfs / "bin" / t)
-    _copy_with_deps(paths, rootfs, dict(os.environ))
+    copy_with_deps(paths, rootfs, dict(os.environ))
     yield rootfs
     for f in added:
         f.unlink()
@@ -252,14 +252,10 @@ def test_the_previous_shim_after_an_upgrade_is_still_the_shim(world: World, tool
     after the replacement never saw that copy's inode and must not call the process shimless."""
     server, kubelet, root, podman = world
     uid, cdi = _claim(server, kubelet, "upgraded", "team-a", "1Gi")
-    # the test's channel to the container: the harness's signal directory where it has one,
-    # else the claim's shared directory (mounted writable at /run/vgpu-sharing)
-    shared = getattr(podman, "signal", root / "data" / "claims" / uid / "shared")
-    inside = getattr(e2e, "SIGNAL", "/run/vgpu-sharing")
-    box = podman.start(cdi, "hold", str(256 * MiB), inside)
+    box = podman.start(cdi, "hold", str(256 * MiB), SIGNAL)  # the test's channel to the container
     exp: ExporterProcess | None = None
     try:
-        wait_held(box, shared)
+        wait_held(box, podman.signal)
         lib = root / "data" / "lib" / "libvgpu.so"
         new = lib.with_name("libvgpu.so.new")
         shutil.copy2(lib, new)
@@ -271,7 +267,7 @@ def test_the_previous_shim_after_an_upgrade_is_still_the_shim(world: World, tool
         time.sleep(3.5)  # three watchdog passes over the process
         assert box.poll() is None
         assert _violations(exp.url, uid, "vgpu_slice_processes_without_shim") == 0
-        (shared / "release").touch()
+        (podman.signal / "release").touch()
         box.communicate(timeout=60)
         assert box.returncode == 0
     finally:

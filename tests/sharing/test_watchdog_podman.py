@@ -12,49 +12,28 @@ to NVML, as the kernel driver does.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from sharing.paths import sim_lib_dir
 from tests.driver.kubelet_standin import KubeletStandin, allocated_claim, claim_id, result
-from tests.driver.test_e2e_podman import Podman, _missing_cuda, rootfs, world
 from tests.fakes.apiserver import FakeApiServer
-from tests.support.cbuild import compile_program
 from tests.support.observers import ExporterProcess, only, scrape
+from tests.support.podman_containers import Podman, bypass_in_rootfs, missing_cuda, rootfs, world
 
-__all__ = ["rootfs", "world"]  # fixtures used by name
+__all__ = ["bypass_in_rootfs", "rootfs", "world"]  # fixtures used by name
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 GiB = 1 << 30
 
 
-@pytest.fixture
-def bypass_in_rootfs(rootfs: Path, tmp_path: Path) -> Iterator[str]:
-    program = compile_program(REPO / "tests" / "c" / "bypass_copy.c", tmp_path)
-    dest = rootfs / "bin" / "bypass_copy"
-    shutil.copy2(program, dest)
-    # a new link-map namespace looks the loader up by name in the default directories
-    loader = Path("/lib64/ld-linux-x86-64.so.2").resolve()
-    extra = rootfs / "lib" / "x86_64-linux-gnu" / "ld-linux-x86-64.so.2"
-    added = loader.exists() and not extra.exists()
-    if added:
-        extra.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(loader, extra)
-    yield "/bin/bypass_copy"
-    dest.unlink()
-    if added:
-        extra.unlink()
-
-
 def test_container_bypassing_the_shim_is_caught_and_stopped(
     world: tuple[FakeApiServer, KubeletStandin, Path, Podman], bypass_in_rootfs: str
 ) -> None:
-    if why := _missing_cuda():
+    if why := missing_cuda():
         pytest.skip(why)
     server, kubelet, root, podman = world
     c = claim_id(server.put(allocated_claim("escapee", namespace="team-x",

@@ -7,19 +7,16 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from sharing.paths import shim_library, sim_lib_dir
-from tests.shim.test_routes import hooked_cuda_symbols
-from tests.support.cbuild import C_PROGRAMS, CFLAGS, compile_shared_library
-from tests.support.shim_ops import kv
+from tests.support.bypass_routes import OVER, QUOTA, bypass_main, hostile, quota_env, run
+from tests.support.cbuild import C_PROGRAMS, CFLAGS
+from tests.support.hooks_table import hooked_cuda_symbols
 
-GiB = 1 << 30
-QUOTA = 1 * GiB
-OVER = 2 * GiB  # twice the quota, well within the simulated GPU
+__all__ = ["bypass_main", "hostile"]  # fixtures used by name
 
 HANDLE_ROUTES = [
     "next",
@@ -35,30 +32,6 @@ HANDLE_ROUTES = [
     "dlmopen_new",
 ]
 NVML_HOOKS = ["nvmlDeviceGetMemoryInfo", "nvmlDeviceGetMemoryInfo_v2"]
-
-
-@pytest.fixture
-def hostile(cbin_dir: Path) -> Path:
-    """tests/c/bypass_lib.c: the library that tries the routes."""
-    return compile_shared_library("bypass_lib.c", cbin_dir, "libvgpu_bypass_test.so")
-
-
-@pytest.fixture
-def bypass_main(build_c: Callable[..., Path]) -> Path:
-    return build_c("bypass_main.c", ["-ldl"])
-
-
-def run(binary: Path, lib: str, env: dict[str, str], *ops: str) -> tuple[list[dict[str, str]], str]:
-    r = subprocess.run(
-        [str(binary), lib, *ops], env=env, capture_output=True, text=True, timeout=120, check=False
-    )
-    assert r.returncode == 0, f"rc={r.returncode} stdout={r.stdout!r} stderr={r.stderr!r}"
-    lines = [kv(line) for line in r.stdout.splitlines()]
-    return [d for d in lines if "op" in d], r.stdout + r.stderr
-
-
-def quota_env(shim_env: dict[str, str]) -> dict[str, str]:
-    return dict(shim_env, CUDA_DEVICE_MEMORY_LIMIT=str(QUOTA))
 
 
 def test_without_the_shim_every_route_allocates_past_the_quota(

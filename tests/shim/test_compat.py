@@ -13,6 +13,8 @@ import pytest
 from shim.build import CFLAGS, INCLUDE_DIR, LIBRARIES
 from tests.support.cbuild import C_PROGRAMS
 
+pytestmark = pytest.mark.slow
+
 SRC = Path(__file__).resolve().parents[2] / "shim" / "src"
 
 

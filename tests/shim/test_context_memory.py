@@ -13,27 +13,11 @@ import pytest
 
 from sharing import region
 from sharing.paths import sim_lib_dir
-from tests.shim.test_memory_paths import slice_env
-from tests.sim.simhelp import CONTEXT_MEMORY, run_python
+from tests.sim.simhelp import CONTEXT_MEMORY
+from tests.support.shim_memory import held_rcs, nvml_procs, slice_env
 from tests.support.shim_ops import Held
 
 MiB = 1 << 20
-
-NVML_PROCS = """
-nv.nvmlInit()
-h = nv.nvmlDeviceGetHandleByIndex(0)
-print(json.dumps({str(p.pid): p.usedGpuMemory for p in nv.nvmlDeviceGetComputeRunningProcesses(h)}))
-"""
-
-
-def nvml_procs(env: dict[str, str]) -> dict[int, int]:
-    """Ground truth: NVML's used memory per process on device 0, read without the shim."""
-    plain = {k: v for k, v in env.items() if k != "LD_PRELOAD"}
-    return {int(pid): used for pid, used in run_python(plain, NVML_PROCS).items()}
-
-
-def rcs(held: Held) -> list[str]:
-    return [r["rc"] for r in held.results]
 
 
 def start_at_once(
@@ -65,7 +49,7 @@ def test_charged_what_the_driver_took(
     size = {None: CONTEXT_MEMORY, "300Mi": 300 * MiB, "64Mi": 64 * MiB}[knob]
     held = Held(shim_ops, env, "init", "ctx", "info")
     try:
-        assert rcs(held) == ["0", "0", "0"]
+        assert held_rcs(held) == ["0", "0", "0"]
         assert int(held.results[-1]["used"]) == size
         assert region.read(reg).devices[0].used == size
         assert nvml_procs(env) == {held.proc.pid: size}
@@ -124,7 +108,7 @@ def test_a_context_over_the_quota_is_out_of_memory_and_leaves_nothing(
     held = Held(shim_ops, env, "init", "ctx", "ctxcreate", f"alloc:{200 * MiB}", "ctxcreate")
     try:
         # the second context does not fit (500 + 500 > 800), nor after 200 MiB a third
-        assert rcs(held) == ["0", "0", "2", "0", "2"], held.results
+        assert held_rcs(held) == ["0", "0", "2", "0", "2"], held.results
         assert region.read(reg).devices[0].used == CONTEXT_MEMORY + 200 * MiB
         # the refused contexts were destroyed: the driver holds no more than the slice is charged
         assert nvml_procs(env) == {held.proc.pid: CONTEXT_MEMORY + 200 * MiB}
@@ -136,7 +120,7 @@ def test_a_context_over_the_quota_is_out_of_memory_and_leaves_nothing(
     (tmp_path / "small").mkdir()
     held = Held(shim_ops, env, "init", "ctx")
     try:
-        assert rcs(held) == ["0", "2"]
+        assert held_rcs(held) == ["0", "2"]
         assert region.read(reg).devices[0].used == 0
         assert nvml_procs(env).get(held.proc.pid, 0) == 0
     finally:
@@ -179,7 +163,7 @@ def test_context_reserve_is_a_floor(
         env, reg = slice_env(shim_env, tmp_path, "4Gi")
         held = Held(shim_ops, dict(env, VGPU_CONTEXT_RESERVE=reserve), "init", "ctx", "ctxcreate")
         try:
-            assert rcs(held) == ["0", "0", "0"]
+            assert held_rcs(held) == ["0", "0", "0"]
             assert region.read(reg).devices[0].used == 2 * charged
         finally:
             held.release()
@@ -195,7 +179,7 @@ def test_a_dead_process_context_comes_back(
     # the dead process's context is returned to the quota: two contexts fit again
     held = Held(shim_ops, env, "init", "ctx", "ctxcreate")
     try:
-        assert rcs(held) == ["0", "0", "0"], held.results
+        assert held_rcs(held) == ["0", "0", "0"], held.results
         assert region.read(reg).devices[0].used == 2 * CONTEXT_MEMORY
     finally:
         held.release()
@@ -237,7 +221,7 @@ def test_without_nvml_the_floor_is_charged(
     env.update(LD_LIBRARY_PATH=str(only_cuda), VGPU_CONTEXT_RESERVE="300Mi", LIBCUDA_LOG_LEVEL="3")
     held = Held(shim_ops, env, "init", "ctx")
     try:
-        assert rcs(held) == ["0", "0"]
+        assert held_rcs(held) == ["0", "0"]
         assert region.read(reg).devices[0].used == 300 * MiB
     finally:
         held.release()
@@ -279,11 +263,11 @@ def test_a_later_process_charges_the_learned_size_without_nvml(
     first = Held(shim_ops, env, "init", "ctx")
     second = None
     try:
-        assert rcs(first) == ["0", "0"]
+        assert held_rcs(first) == ["0", "0"]
         assert nvml_mapped(first.proc.pid)  # it measured: the check below can fail
         assert region.read(reg).devices[0].context_bytes == 300 * MiB
         second = Held(shim_ops, env, "init", "ctx", "ctxcreate", "info")
-        assert rcs(second) == ["0", "0", "0", "0"]
+        assert held_rcs(second) == ["0", "0", "0", "0"]
         assert not nvml_mapped(second.proc.pid)
         assert region.read(reg).devices[0].used == 3 * 300 * MiB
         # the charge is what the driver took (NVML's ground truth, read from outside)
@@ -351,7 +335,7 @@ def test_a_tampered_learned_size_is_bounded(
     set_learned(reg, size=1 * MiB, source=lib.VGPU_CONTEXT_EXACT)
     held = Held(shim_ops, env, "init", "ctx")
     try:
-        assert rcs(held) == ["0", "0"]
+        assert held_rcs(held) == ["0", "0"]
         assert region.read(reg).devices[0].used == 100 * MiB
         assert not nvml_mapped(held.proc.pid)
     finally:
@@ -361,7 +345,7 @@ def test_a_tampered_learned_size_is_bounded(
         set_learned(reg, size=1 << 50, source=lib.VGPU_CONTEXT_EXACT, measurer=measurer)
         held = Held(shim_ops, env, "init", "ctx")
         try:
-            assert rcs(held) == ["0", "0"]
+            assert held_rcs(held) == ["0", "0"]
             assert region.read(reg).devices[0].used == CONTEXT_MEMORY
         finally:
             held.release()

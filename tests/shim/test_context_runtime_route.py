@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 
 from sharing import region
-from tests.shim.test_context_memory import nvml_procs, rcs
-from tests.shim.test_memory_paths import slice_env
 from tests.sim.simhelp import CONTEXT_MEMORY
+from tests.support.shim_memory import held_rcs, nvml_procs, slice_env
 from tests.support.shim_ops import Held
 
 MiB = 1 << 20
@@ -32,7 +31,7 @@ def test_the_runtime_route_is_charged_what_the_driver_took(
     size = CONTEXT_MEMORY if knob is None else 300 * MiB
     held = Held(shim_ops, env, "init", "rtctx", "info", f"alloc:{64 * MiB}")
     try:
-        assert rcs(held) == ["0"] * 4, held.results
+        assert held_rcs(held) == ["0"] * 4, held.results
         assert held.results[1]["slots"] == "13"
         info = held.results[2]
         assert (int(info["free"]), int(info["total"])) == ((2 << 30) - size, 2 << 30)
@@ -57,7 +56,7 @@ def test_both_routes_share_one_charge_and_the_last_release_returns_it(
         held.release()
     held = Held(shim_ops, env, "init", "rtctx", "ctx", "release", "release")
     try:
-        assert rcs(held) == ["0"] * 5, held.results
+        assert held_rcs(held) == ["0"] * 5, held.results
         assert region.read(reg).devices[0].used == 0
         assert nvml_procs(env).get(held.proc.pid, 0) == 0
     finally:
@@ -72,7 +71,7 @@ def test_a_runtime_context_past_the_quota_is_charged_and_nothing_more_fits(
     env, reg = slice_env(shim_env, tmp_path, "400Mi")  # less than one context
     held = Held(shim_ops, env, "init", "rtctx", f"alloc:{1 * MiB}", "info")
     try:
-        assert rcs(held) == ["0", "0", "2", "0"], held.results  # CUDA_ERROR_OUT_OF_MEMORY
+        assert held_rcs(held) == ["0", "0", "2", "0"], held.results  # CUDA_ERROR_OUT_OF_MEMORY
         assert int(held.results[-1]["free"]) == 0
         assert region.read(reg).devices[0].used == CONTEXT_MEMORY
         assert nvml_procs(env) == {held.proc.pid: CONTEXT_MEMORY}
@@ -88,7 +87,7 @@ def test_without_control_the_table_is_the_drivers(
     env["CUDA_DISABLE_CONTROL"] = "true"
     held = Held(shim_ops, env, "init", "rtctx", "info")
     try:
-        assert rcs(held) == ["0", "0", "0"], held.results  # nothing refused: passthrough
+        assert held_rcs(held) == ["0", "0", "0"], held.results  # nothing refused: passthrough
         assert nvml_procs(env) == {held.proc.pid: CONTEXT_MEMORY}
     finally:
         held.release()

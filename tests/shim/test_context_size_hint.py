@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 
 from sharing import region
-from tests.shim.test_context_admission import QUOTA, Sampler, Storm
-from tests.shim.test_context_memory import nvml_procs, rcs
-from tests.shim.test_memory_paths import slice_env
 from tests.sim.simhelp import CONTEXT_MEMORY
+from tests.support.context_storm import Sampler, Storm
+from tests.support.shim_memory import held_rcs, nvml_procs, slice_env
 from tests.support.shim_ops import Held
 
 MiB = 1 << 20
+QUOTA = 1 << 30
 
 
 @pytest.fixture
@@ -48,10 +48,10 @@ def test_a_right_size_is_charged_and_verified(
     first = Held(shim_ops, env, "init", "ctx", "info")
     second = None
     try:
-        assert rcs(first) == ["0", "0", "0"]
+        assert held_rcs(first) == ["0", "0", "0"]
         assert int(first.results[-1]["used"]) == 300 * MiB
         second = Held(shim_ops, env, "init", "ctx")  # creates only once the size is verified
-        assert rcs(second) == ["0", "0"]
+        assert held_rcs(second) == ["0", "0"]
         assert learned(reg) == (300 * MiB, lib.VGPU_CONTEXT_EXACT)
         assert region.read(reg).devices[0].used == 600 * MiB
         assert nvml_procs(env) == {first.proc.pid: 300 * MiB, second.proc.pid: 300 * MiB}
@@ -67,6 +67,7 @@ def test_a_right_size_is_charged_and_verified(
     assert "the size the slice learned (NVML not asked)" in second.stderr, second.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["mixed", "primary"])
 def test_a_size_too_small_never_lets_the_slice_exceed_its_quota(
     mode: str, ctx_storm: Path, shim_env: dict[str, str], tmp_path: Path
@@ -103,7 +104,7 @@ def test_a_size_is_bounded_like_a_learned_one(
     env.update(VGPU_CONTEXT_SIZE="100Mi", VGPU_CONTEXT_RESERVE="800Mi", LIBCUDA_LOG_LEVEL="4")
     held = Held(shim_ops, env, "init", "ctx")
     try:
-        assert rcs(held) == ["0", "0"]
+        assert held_rcs(held) == ["0", "0"]
         assert region.read(reg).devices[0].used == 800 * MiB
     finally:
         held.release()
@@ -113,7 +114,7 @@ def test_a_size_is_bounded_like_a_learned_one(
     env.update(VGPU_CONTEXT_SIZE="100Gi", LIBCUDA_LOG_LEVEL="4")  # the H100 has 80 GiB
     held = Held(shim_ops, env, "init", "ctx")
     try:
-        assert rcs(held) == ["0", "0"]
+        assert held_rcs(held) == ["0", "0"]
         assert region.read(reg).devices[0].used == CONTEXT_MEMORY
     finally:
         held.release()

@@ -13,13 +13,11 @@ import pytest
 
 from sharing.paths import shim_library
 from shim.build import build_with_gcc
-from tests.shim.test_bypass import (  # noqa: F401  (fixtures)
-    OVER,
-    bypass_main,
-    hostile,
-    quota_env,
-    run,
-)
+from tests.support.bypass_routes import OVER, bypass_main, hostile, quota_env, run
+
+pytestmark = pytest.mark.slow
+
+__all__ = ["bypass_main", "hostile"]  # fixtures used by name
 
 VERSION = "SIMCUDA_TEST"
 ROUTES = [f"{r}:{VERSION}" for r in ("vsym", "vdefault", "vnext")]
@@ -48,7 +46,7 @@ class Programs:
 
 
 @pytest.fixture
-def progs(bypass_main: Path, hostile: Path, versioned_driver: Path) -> Programs:  # noqa: F811
+def progs(bypass_main: Path, hostile: Path, versioned_driver: Path) -> Programs:
     return Programs(bypass_main, hostile, versioned_driver)
 
 

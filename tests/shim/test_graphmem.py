@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.sim.simhelp import run_python
+from tests.support.shim_memory import nvml_used, op_rcs
 from tests.support.shim_ops import Held, run_ops
 
 MiB = 1 << 20
@@ -20,43 +20,29 @@ QUOTA = 1 * GiB
 OK, OUT_OF_MEMORY = "0", "2"
 ROUTES = ["direct", "dlsym", "procaddr", "procaddr_ptds"]
 
-NVML_PROC_USED = """
-import json, pynvml as nv
-nv.nvmlInit()
-h = nv.nvmlDeviceGetHandleByIndex(0)
-print(json.dumps({"used": {p.pid: p.usedGpuMemory for p in nv.nvmlDeviceGetComputeRunningProcesses(h)}}))
-"""
-
-
-def nvml_used(slice_1gi: dict[str, str], pid: int) -> int:
-    plain = {k: v for k, v in slice_1gi.items() if k != "LD_PRELOAD"}
-    return int(run_python(plain, NVML_PROC_USED)["used"].get(str(pid), 0))
-
-
-def rcs(results: list[dict[str, str]], op: str) -> list[str]:
-    return [r["rc"] for r in results if r["op"] == op]
-
 
 def graphs(n: int, size: int) -> list[str]:
     """n graphs of one unfreed allocation node each, launched one after the other."""
     return [op for _ in range(n) for op in ("gnew", f"gnode:{size}", "inst", "launch")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("route", ROUTES)
 def test_graph_launches_fill_the_quota_and_no_further(
     graphmem_ops: Path, slice_1gi: dict[str, str], route: str
 ) -> None:
     held = Held(graphmem_ops, slice_1gi, "init", f"route:{route}", *graphs(12, 128 * MiB), "info")
     try:
-        launches = rcs(held.results, "launch")
+        launches = op_rcs(held.results, "launch")
         assert OK in launches and launches[-1] == OUT_OF_MEMORY, launches
         assert launches == sorted(launches)  # once refused, refused: nothing was taken
-        assert all(r == OK for r in rcs(held.results, "gnode") + rcs(held.results, "inst"))
+        assert all(r == OK for r in op_rcs(held.results, "gnode") + op_rcs(held.results, "inst"))
         assert nvml_used(slice_1gi, held.proc.pid) <= QUOTA
     finally:
         held.release()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("route", ROUTES)
 def test_captured_allocation_is_charged_at_launch_not_at_capture(
     graphmem_ops: Path, slice_1gi: dict[str, str], route: str
@@ -66,10 +52,10 @@ def test_captured_allocation_is_charged_at_launch_not_at_capture(
     held = Held(graphmem_ops, slice_1gi, "init", f"route:{route}", *fill, "capbegin", f"capalloc:{64 * MiB}", "capend", "inst",
                 "launch", "info")  # fmt: skip
     try:
-        assert OUT_OF_MEMORY in rcs(held.results, "alloc")  # the slice is full
-        assert rcs(held.results, "capalloc") == [OK]
-        assert rcs(held.results, "inst") == [OK]
-        assert rcs(held.results, "launch") == [OUT_OF_MEMORY]
+        assert OUT_OF_MEMORY in op_rcs(held.results, "alloc")  # the slice is full
+        assert op_rcs(held.results, "capalloc") == [OK]
+        assert op_rcs(held.results, "inst") == [OK]
+        assert op_rcs(held.results, "launch") == [OUT_OF_MEMORY]
         assert nvml_used(slice_1gi, held.proc.pid) <= QUOTA
     finally:
         held.release()
@@ -88,7 +74,7 @@ def test_graph_larger_than_the_quota_is_refused(
     res = run_ops(
         graphmem_ops, slice_1gi, "init", "gnew", f"gnode:{2 * QUOTA}", "inst", "launch", "gattr"
     )
-    assert rcs(res, "launch") == [OUT_OF_MEMORY]
+    assert op_rcs(res, "launch") == [OUT_OF_MEMORY]
     assert res[-1]["greserved"] == "0"  # the driver was never asked
 
 
@@ -113,17 +99,17 @@ def test_graph_pool_cache_never_causes_an_oom(
     refusal path trims the graph pool instead of refusing."""
     ops = ["init", "info", *graphs(12, 128 * MiB)]
     res = run_ops(graphmem_ops, slice_1gi, *ops, *(["memfree"] * 12), f"alloc:{512 * MiB}", "info")
-    launched = rcs(res, "launch").count(OK)
+    launched = op_rcs(res, "launch").count(OK)
     assert launched >= 4
-    assert rcs(res, "memfree").count(OK) == launched  # (those never launched are not allocated)
-    assert rcs(res, "alloc") == [OK]
+    assert op_rcs(res, "memfree").count(OK) == launched  # (those never launched are not allocated)
+    assert op_rcs(res, "alloc") == [OK]
 
 
 def test_relaunch_reuses_what_the_pool_holds(graphmem_ops: Path, slice_1gi: dict[str, str]) -> None:
     """A graph that frees its allocation within the launch needs nothing more on relaunch."""
     res = run_ops(graphmem_ops, slice_1gi, "init", f"alloc:{256 * MiB}", "gnew", f"gnode:{128 * MiB}", "gfreenode", "inst",
                   *(["launch", "info"] * 3))  # fmt: skip
-    assert rcs(res, "launch") == [OK] * 3
+    assert op_rcs(res, "launch") == [OK] * 3
     used = [int(r["used"]) for r in res if r["op"] == "info"]
     assert used[0] == used[1] == used[2]
 
@@ -136,8 +122,8 @@ def test_auto_free_relaunch_in_a_full_slice(graphmem_ops: Path, slice_1gi: dict[
     held = Held(graphmem_ops, slice_1gi, "init", "gnew", f"gnode:{256 * MiB}", "inst:1", "launch", *fill, "info",
                 "launch", "launch", "info")  # fmt: skip
     try:
-        assert OUT_OF_MEMORY in rcs(held.results, "alloc")  # the slice is full
-        assert rcs(held.results, "launch") == [OK, OK, OK]
+        assert OUT_OF_MEMORY in op_rcs(held.results, "alloc")  # the slice is full
+        assert op_rcs(held.results, "launch") == [OK, OK, OK]
         before, after = (int(r["used"]) for r in held.results if r["op"] == "info")
         assert after == before
         assert nvml_used(slice_1gi, held.proc.pid) <= QUOTA

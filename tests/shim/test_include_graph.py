@@ -212,6 +212,7 @@ def use_graph(defined_by: dict[str, str], uses: dict[str, set[str]]) -> Graph:
     }
 
 
+@pytest.mark.slow
 def test_the_includes_name_every_file_a_shim_file_uses(tmp_path: Path) -> None:
     """A file that uses another's function without including its header (an extern of its own, a
     header that declares another file's functions) would hide a dependency from the graph."""
@@ -244,6 +245,7 @@ def test_the_includes_name_every_file_a_shim_file_uses(tmp_path: Path) -> None:
 ENTRY_POINT = re.compile(r"(cu|nvml)[A-Z]\w*")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("filename", ["libcuda.so.1", "libnvidia-ml.so.1"])
 def test_the_simulators_files_use_each_other_one_way(filename: str, tmp_path: Path) -> None:
     """What a simulator file uses of another runs down the layers without circles (its calls of

@@ -296,6 +296,7 @@ def target(shared_dir: Path) -> Path:
     return t
 
 
+@pytest.mark.slow
 def test_planted_link_at_the_accounting_file_is_refused(
     shim_ops: Path, shim_env: dict[str, str], shared_dir: Path, target: Path
 ) -> None:

@@ -127,6 +127,7 @@ def _python(text: str) -> bool:
     return True
 
 
+@pytest.mark.slow
 def test_both_readers_agree_on_every_key_and_form(
     shim_ops: Path, shim_env: dict[str, str], tmp_path: Path
 ) -> None:

@@ -11,6 +11,7 @@ import pytest
 
 from sharing import region
 from tests.sim.simhelp import NO_CONTEXT_MEMORY
+from tests.support.shim_memory import slice_env
 from tests.support.shim_ops import Held, device_used, run_ops
 
 pytestmark = NO_CONTEXT_MEMORY
@@ -32,12 +33,6 @@ PATHS: dict[str, Callable[[int], str]] = {
     "cuArray3DCreate_v2": lambda n: f"array3d:{n // 16 // 64 // 4}:64:4",
     "cuMipmappedArrayCreate": lambda n: f"mipmap:{n // 16 // 512}:512:3",
 }
-
-
-def slice_env(shim_env: dict[str, str], tmp_path: Path, limit: str) -> tuple[dict[str, str], Path]:
-    reg = tmp_path / "slice.region"
-    env = dict(shim_env, CUDA_DEVICE_MEMORY_LIMIT=limit, CUDA_DEVICE_MEMORY_SHARED_CACHE=str(reg))
-    return env, reg
 
 
 @pytest.mark.parametrize("path", list(PATHS))

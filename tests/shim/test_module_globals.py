@@ -10,53 +10,21 @@ from pathlib import Path
 
 import pytest
 
-from tests.shim.test_graphmem import QUOTA, nvml_used, rcs
+from tests.support.cuda_modules import cubin, ptx
+from tests.support.shim_memory import nvml_used, op_rcs
 from tests.support.shim_ops import Held, run_ops
 
 MiB = 1 << 20
+QUOTA = 1 << 30  # slice_1gi's
 OK, OUT_OF_MEMORY = "0", "2"
 ROUTES = ["direct", "dlsym", "procaddr"]
-
-
-def ptx(path: Path, big_bytes: int) -> Path:
-    """A PTX module (as NVRTC or numba emit it) with one big and two small globals."""
-    path.write_text(
-        "//\n.version 8.0\n.target sm_80\n.address_size 64\n\n"
-        f".visible .global .align 8 .b8 big[{big_bytes}];\n"
-        ".visible .global .align 4 .u32 counter;\n"
-        ".const .align 4 .b8 table[4096];\n"
-        ".extern .global .align 4 .u32 elsewhere;\n\n"
-        ".visible .entry sim_10us(\n\t.param .u64 p\n)\n{\n\t.local .align 4 .b8 scratch[64];\n\tret;\n}\n"
-    )
-    return path
 
 
 def used(results: list[dict[str, str]]) -> list[int]:
     return [int(r["used"]) for r in results if r["op"] == "info"]
 
 
-def cubin(path: Path, big_bytes: int) -> Path:
-    """The same variables in an ELF cubin, compiled by NVRTC (nvidia-cuda-nvrtc-cu12, a test
-    dependency) as cuda.core and CuPy-style clients compile their kernels."""
-    from cuda.bindings import nvrtc
-
-    src = (
-        f"__device__ char big[{big_bytes}];\n__device__ unsigned counter;\n"
-        "__constant__ int table[1024];\n"
-        'extern "C" __global__ void sim_10us(int *o) { o[0] = big[threadIdx.x] + table[0] + counter; }\n'
-    ).encode()
-    err, prog = nvrtc.nvrtcCreateProgram(src, b"m.cu", 0, [], [])
-    opts = [b"--gpu-architecture=sm_90"]
-    (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
-    assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, err
-    err, n = nvrtc.nvrtcGetCUBINSize(prog)
-    buf = b" " * n
-    (err,) = nvrtc.nvrtcGetCUBIN(prog, buf)
-    assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, err
-    path.write_bytes(buf)
-    return path
-
-
+@pytest.mark.slow
 @pytest.mark.parametrize("image", ["ptx", "cubin"])
 def test_cubin_and_ptx_globals_charged_and_refused(
     graphmem_ops: Path, slice_1gi: dict[str, str], tmp_path: Path, image: str
@@ -70,7 +38,7 @@ def test_cubin_and_ptx_globals_charged_and_refused(
     held = Held(graphmem_ops, slice_1gi, "init", "info", f"modload:{fits}", "info", f"modload:{too_big}",
                 "info")  # fmt: skip
     try:
-        assert rcs(held.results, "modload") == [OK, OUT_OF_MEMORY]
+        assert op_rcs(held.results, "modload") == [OK, OUT_OF_MEMORY]
         base, loaded, refused = used(held.results)
         assert loaded - base == driver_took
         assert refused == loaded
@@ -79,6 +47,7 @@ def test_cubin_and_ptx_globals_charged_and_refused(
         held.release()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("route", ROUTES)
 def test_globals_are_charged_as_the_driver_takes_them(
     graphmem_ops: Path, slice_1gi: dict[str, str], tmp_path: Path, route: str
@@ -104,7 +73,7 @@ def test_globals_are_charged_as_the_driver_takes_them(
         "global:big",
     )
     try:
-        assert rcs(held.results, "modload") == [OK]
+        assert op_rcs(held.results, "modload") == [OK]
         assert held.results[-1]["bytes"] == "100000000"
         before, after = used(held.results)
         assert driver_took >= 100_000_000
@@ -114,6 +83,7 @@ def test_globals_are_charged_as_the_driver_takes_them(
         held.release()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("route", ROUTES)
 def test_loads_fill_the_quota_and_no_further(
     graphmem_ops: Path, slice_1gi: dict[str, str], tmp_path: Path, route: str
@@ -121,13 +91,14 @@ def test_loads_fill_the_quota_and_no_further(
     mod = ptx(tmp_path / "m.ptx", 200 * MiB)
     held = Held(graphmem_ops, slice_1gi, "init", f"route:{route}", *[f"modload:{mod}"] * 8, "info")
     try:
-        loads = rcs(held.results, "modload")
+        loads = op_rcs(held.results, "modload")
         assert OK in loads and loads[-1] == OUT_OF_MEMORY, loads
         assert nvml_used(slice_1gi, held.proc.pid) <= QUOTA
     finally:
         held.release()
 
 
+@pytest.mark.slow
 def test_a_module_larger_than_the_quota_is_refused_and_unloaded(
     graphmem_ops: Path, slice_1gi: dict[str, str], tmp_path: Path
 ) -> None:
@@ -136,7 +107,7 @@ def test_a_module_larger_than_the_quota_is_refused_and_unloaded(
     held = Held(graphmem_ops, slice_1gi, "init", "info", *[f"{op}:{mod}" for op in loads], "info")
     try:
         for op in loads:
-            assert rcs(held.results, op) == [OUT_OF_MEMORY], op
+            assert op_rcs(held.results, op) == [OUT_OF_MEMORY], op
         before, after = used(held.results)
         assert after == before
         assert nvml_used(slice_1gi, held.proc.pid) <= QUOTA  # the driver's allocation was undone
@@ -144,6 +115,7 @@ def test_a_module_larger_than_the_quota_is_refused_and_unloaded(
         held.release()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "load,release",
     [

@@ -107,6 +107,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("mode", "order", "visible", "nvml_a", "nvml_b", "app0"), CASES)
 def test_nvml_slice_is_on_the_applications_device(
     order_env: dict[str, str],

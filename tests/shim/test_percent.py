@@ -27,6 +27,7 @@ def test_python_parser(text: str, expected: int | None) -> None:
     assert _python(text) == expected
 
 
+@pytest.mark.slow
 def test_shim_environment_agrees_with_the_table(shim_harness: Path) -> None:
     got: list[tuple[str, int | None]] = []
     for text, _ in CASES:

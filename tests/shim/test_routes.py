@@ -10,17 +10,13 @@ from pathlib import Path
 import pytest
 
 from tests.sim.simhelp import NO_CONTEXT_MEMORY
+from tests.support.hooks_table import hooked_cuda_symbols
 from tests.support.shim_ops import REPO, run_ops
 
 pytestmark = NO_CONTEXT_MEMORY
 
 
 MiB = 1 << 20
-
-
-def hooked_cuda_symbols() -> set[str]:
-    text = (REPO / "shim" / "src" / "hooks.def").read_text()
-    return set(re.findall(r"^VGPU_HOOK\(CUDA,\s*\w+,\s*(\w+),", text, re.M))
 
 
 def procaddr_rows() -> list[tuple[str, int, str, str]]:

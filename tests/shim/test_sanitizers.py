@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from shim.build import SANITIZER_FLAGS, build_with_gcc
-from tests.shim.test_lock_garbage import garbage_patterns, hold_hung_slot, scribble
 from tests.support.cbuild import compile_shared_library
+from tests.support.lock_garbage import garbage_patterns, hold_hung_slot, scribble
 from tests.support.quantity_cases import HAMI as CASES
 from tests.support.shim_ops import REPO, build_harness, parse_ops
 

@@ -39,6 +39,7 @@ def test_processes_share_one_quota(
     assert region.read(reg).devices[0].used == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("page", "per_thread"), [(512, 30_000), (64 << 10, 30_000), (2 << 20, 100_000)],
     ids=["512B", "64KiB", "2MiB"],

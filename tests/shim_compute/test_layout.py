@@ -23,6 +23,7 @@ def _demand(path: Path) -> object:
     return demand_file(path)
 
 
+@pytest.mark.slow
 def test_a_capped_run_leaves_its_accounting(workload: Workload, tmp_path: Path) -> None:
     env = workload.env("acct", CUDA_DEVICE_SM_LIMIT="30", VGPU_PRIORITY="0")
     r = workload.run(env, "--warmup", "0.5", "--seconds", "1")
@@ -48,6 +49,7 @@ def test_a_capped_run_leaves_its_accounting(workload: Workload, tmp_path: Path) 
     assert all(f.dev[i].d.slice_id == 0 for i in range(1, 64))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("round_", range(3))
 def test_slices_starting_together_each_have_one_demand_record(
     workload: Workload, tmp_path: Path, round_: int

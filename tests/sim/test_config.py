@@ -39,6 +39,7 @@ BAD = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("content", "field", "allowed"), BAD, ids=[b[1] + "-" + str(i) for i, b in enumerate(BAD)]
 )

@@ -9,6 +9,8 @@ import pytest
 
 from tests.sim.simhelp import run_python, write_config
 
+pytestmark = pytest.mark.slow
+
 # Listed out of PCI order on purpose. Speeds (SMs x compute capability): 40*80, 132*90, 132*90,
 # 108*80. FASTEST_FIRST: the two 132-SM devices (ties in PCI order), then 108, then 40.
 DEVICES = [

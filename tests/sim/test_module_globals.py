@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.shim.test_module_globals import cubin, ptx
+from tests.support.cuda_modules import cubin, ptx
 from tests.support.shim_ops import run_ops
 
 

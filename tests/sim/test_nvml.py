@@ -71,6 +71,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_pynvml_reads_every_field(sim_tool: Path, sim_env: dict[str, str]) -> None:
     load = Client(sim_tool, sim_env, "load", "1000", "10", "10", "4")
     holder = Client(sim_tool, sim_env, "hold", str(3 * GB))
@@ -106,6 +107,7 @@ def test_pynvml_reads_every_field(sim_tool: Path, sim_env: dict[str, str]) -> No
     assert got["after_shutdown"] == "Uninitialized"
 
 
+@pytest.mark.slow
 def test_sharing_info_lists_the_simulated_gpu(sim_env: dict[str, str]) -> None:
     r = subprocess.run(
         [sys.executable, "-m", "sharing.cli", "info", "--sim"],
@@ -177,6 +179,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_xid_events_of_unhealthy_devices(sim_env: dict[str, str], tmp_path: Path) -> None:
     env = {**sim_env, "SIMGPU_CONFIG": str(write_config(tmp_path, XID_CONFIG))}
     got = run_python(env, WAIT_EVENTS)

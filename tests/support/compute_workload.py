@@ -11,6 +11,7 @@ from typing import Any
 
 from sharing._region_cffi import ffi
 
+from sharing.cpuwait import starved
 from sharing.paths import shim_library
 
 
@@ -52,10 +53,10 @@ class Result:
 
 
 def host_starved(r: Result) -> bool:
-    """The host kept r's launching threads waiting for a CPU over a quarter of the run: a process
+    """The host kept r's launching threads waiting for a CPU (sharing.cpuwait.starved): a process
     that is not running launches nothing, so a share short of its cap then says nothing about the
     cap (a share above it still does)."""
-    return r.cpu_wait_s > 0.25 * r.total_s
+    return starved(r.cpu_wait_s, r.total_s)
 
 
 def at_least(r: Result, lo: float) -> bool:

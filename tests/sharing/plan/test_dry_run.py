@@ -17,6 +17,8 @@ import yaml
 
 from tests.sharing.plan.build import CLASS, request, workload
 
+pytestmark = pytest.mark.slow
+
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[3]
 

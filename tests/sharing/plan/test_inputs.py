@@ -28,6 +28,7 @@ def _plan(s: Path, w: Path) -> list[str]:
     return ["plan", "--slices", str(s), "--workloads", str(w)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("mutate", "field", "what"),
     [
@@ -160,6 +161,7 @@ def test_json_and_directory_inputs_and_classes_in_the_workloads_file(
     assert "node-b  gpu-0   gpu      cores=100 memory=40Gi" in out
 
 
+@pytest.mark.slow
 def test_exit_codes_of_the_console_script(tmp_path: Path) -> None:
     s, w = write_inputs(tmp_path, GOOD, [workload("w", 1, [request()])])
     vgpu = str(Path(sys.executable).parent / "vgpu")
