@@ -275,7 +275,7 @@ def _compute_phase(
         low = t.compute - max(SHARE_SHORTFALL_POINTS, SHARE_SHORTFALL_FRACTION * t.compute)
         if t.achieved > t.compute + CAP_TOLERANCE_POINTS:
             failures.append(f"{t.name}: used {t.achieved:.1f}% with a {t.compute}% cap")
-        elif t.achieved < low and starved(done.get("cpu_wait_seconds", 0.0), done["seconds"]):
+        elif t.achieved < low and starved(waited, seconds):
             # Runnable but not running: the host, not the cap, took the share it lacked.
             t.inconclusive = True
             say(
