@@ -21,9 +21,15 @@
  *            charged is charged (or refunded) to the bucket: a feedback loop on measured time.
  *
  * Thread safety: one process-wide mutex (g_mu) guards the estimator and the event rings; it is
- * never held while sleeping, and only non-blocking driver calls are made under it.
+ * never held while sleeping, and only non-blocking driver calls are made under it. The common
+ * case (gate_fast: a launch of the key the thread launched last, its estimate learned, not drawn
+ * for measurement, nothing due in the ring) takes no lock: it charges a per-thread copy of the
+ * estimate (gate_cache, thread-local), valid while the estimator's generation (g_est.gen, bumped
+ * under g_mu whenever an estimate or an entry changes) is the one copied, and reads the ring's
+ * drain_at hint atomically.
  * Fork safety: the child re-initialises the mutex and forgets the parent's events (a CUDA
- * context does not survive fork); the slice's shared state is, by design, shared.
+ * context does not survive fork) and its thread's cached copy; the slice's shared state is, by
+ * design, shared.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -137,10 +143,14 @@ struct ring_slot {
 };
 
 struct cctx {
-    CUcontext ctx; /* NULL = unused */
+    CUcontext ctx; /* NULL = unused; set once under g_mu, read atomically by the fast path */
     int dev;
     unsigned head, tail;    /* ring indices (mod RING); [head, tail) are reserved or pending */
     int64_t outstanding_ns; /* charged device time of pending slots */
+    /* Before this host time drain_ctx has nothing to do (the ring is empty, or its oldest
+     * measurement is not due yet): launches before it need not take g_mu to drain. Never later
+     * than the true time (0: drain at the next launch). Written under g_mu, read atomically. */
+    int64_t drain_at;
     struct ring_slot ring[RING];
 };
 
@@ -160,13 +170,36 @@ static struct vc_estimator g_est;
 static struct cctx g_ctx[MAX_CTX];
 static struct cdev g_dev[VGPU_MAX_DEVICES];
 static struct vgpu_compute_state g_private[VGPU_MAX_DEVICES]; /* when no region is mapped */
-static uint64_t g_draw; /* which launches are measured (measure_draw): splitmix64 state, seeded at the first attach */
+static uint64_t g_draw; /* seeds the threads' draw states (gate_cache.draw); under g_mu, seeded at the first attach */
+
+/* Per thread: the common case of the gate (a launch of the key this thread launched last, its
+ * estimate learned, not drawn for measurement, the cap below 100%, nothing due in the context's
+ * ring) needs neither g_mu nor the estimator: it charges the estimate copied here, which is the
+ * table's while g_est.gen is unchanged (gate_fast). Filled under g_mu by gate_estimate. A
+ * thread's own state: no lock. */
+struct gate_cache {
+    CUcontext ctx;
+    struct cctx *cx; /* ctx's ring (its ctx field is checked: a fork child's rings are reset) */
+    uintptr_t key;
+    uint64_t grid;
+    uint64_t est;   /* vc_est_cost of the entry (before the NVML loop's factor) */
+    uint64_t gen;   /* g_est.gen when copied; 0 = empty (the table's starts at 0 and only grows) */
+    uint64_t every; /* measure_every(est) */
+    double factor;  /* the NVML loop's factor cost was computed with (0: none yet) */
+    uint64_t cost;  /* est x factor, rounded: what a launch is charged while factor is in force */
+    uint64_t draw;  /* this thread's splitmix64 state for measure_draw (0 = not seeded yet) */
+};
+static __thread struct gate_cache t_gc;
+
+/* The cost to charge for an estimate: est x the NVML loop's factor, rounded. */
+static inline uint64_t charged_cost(uint64_t est, double factor) { return (uint64_t)((double)est * factor + 0.5); }
 
 static void atfork_child(void) {
     pthread_mutex_init(&g_mu, NULL);
     vgpu_demand_atfork_child();
     /* The parent's contexts (and so its events) are not usable here. */
     memset(g_ctx, 0, sizeof g_ctx);
+    t_gc = (struct gate_cache){0}; /* the one thread of the child: re-seeded, its rings gone */
     vgpu_compute_nvml_atfork_child();
     for (unsigned i = 0; i < VC_EST_SLOTS; i++) g_est.e[i].in_flight = 0;
 }
@@ -238,8 +271,8 @@ static struct cctx *ctx_get(CUcontext ctx, int dev) {
     }
     if (!free_slot) return NULL; /* more than MAX_CTX contexts: launches there are charged by estimate only */
     memset(free_slot, 0, sizeof *free_slot);
-    free_slot->ctx = ctx;
     free_slot->dev = dev;
+    __atomic_store_n(&free_slot->ctx, ctx, __ATOMIC_RELEASE);
     return free_slot;
 }
 
@@ -295,10 +328,11 @@ static void drain_ctx(struct cctx *cx, int64_t now, int budget) {
             uint64_t sample = device_time((uint64_t)llroundf(ms * 1e6f), s->host_ns);
             int accepted;
             uint64_t est = vc_est_update(e, sample, &accepted);
+            __atomic_store_n(&g_est.gen, g_est.gen + 1, __ATOMIC_RELEASE); /* copies in gate_cache are stale */
             /* A measured launch pays what it took (run-to-run variation and rare slow runs are
              * then charged as they happen); one that waited for other work pays the estimate. */
             uint64_t cost = accepted ? sample : est;
-            int64_t delta = (int64_t)((double)cost * vgpu_compute_cost_factor(cd->st) + 0.5) - (int64_t)s->charged;
+            int64_t delta = (int64_t)charged_cost(cost, vgpu_compute_cost_factor(cd->st)) - (int64_t)s->charged;
             uint32_t pm = __atomic_load_n(&cd->eff, __ATOMIC_RELAXED);
             if (!pm) pm = g_cfg.cap[cx->dev];
             if (pm && pm < VC_PERMILLE_FULL) vc_correct(&cd->st->tat_ns, now, delta, pm);
@@ -311,6 +345,22 @@ static void drain_ctx(struct cctx *cx, int64_t now, int budget) {
         s->state = SLOT_FREE;
         cx->head++;
     }
+    /* When there is something to do next: nothing pending, or the oldest measurement's due
+     * time; now again when it is due but not complete, reserved by a launch in progress (its
+     * after() lowers the hint when it queues the pair) or the budget ran out. */
+    int64_t at = 0;
+    if (cx->head == cx->tail)
+        at = INT64_MAX;
+    else {
+        const struct ring_slot *h = &cx->ring[cx->head % RING];
+        if (h->state == SLOT_PENDING && now < h->due_ns) at = h->due_ns;
+    }
+    __atomic_store_n(&cx->drain_at, at, __ATOMIC_RELAXED);
+}
+
+/* A slot of cx was queued (due at `due`) or skipped (0): drain no later than that. Under g_mu. */
+static void drain_hint_lower(struct cctx *cx, int64_t due) {
+    if (due < __atomic_load_n(&cx->drain_at, __ATOMIC_RELAXED)) __atomic_store_n(&cx->drain_at, due, __ATOMIC_RELAXED);
 }
 
 /* Threads of the process call these concurrently without g_mu: the per-process fields they
@@ -420,31 +470,40 @@ static struct cdev *gate_prepare(int dev, CUdevice cudev, int64_t now, uint32_t 
     return cd;
 }
 
-/* Whether to measure this launch of a key that has its first samples: one in n at random, n such
- * that the key is measured about once per MEASURE_SPACING_NS of its device time (within
- * MEASURE_EVERY .. MEASURE_EVERY_MAX), so that the events cost short kernels little. At random,
- * so that a program cannot tell which of its launches are measured and make only those short.
- * Under g_mu. */
-static int measure_draw(const struct vc_est_entry *e) {
-    uint64_t est = vc_est_cost(e);
+static uint64_t splitmix64(uint64_t *state) {
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+/* Whether to measure this launch of a key that has its first samples (estimate est): one in n at
+ * random, n such that the key is measured about once per MEASURE_SPACING_NS of its device time
+ * (within MEASURE_EVERY .. MEASURE_EVERY_MAX), so that the events cost short kernels little. At
+ * random, so that a program cannot tell which of its launches are measured and make only those
+ * short. The calling thread's draw state (gate_cache.draw, seeded by gate_estimate). */
+static uint64_t measure_every(uint64_t est) {
     uint64_t n = est ? (uint64_t)MEASURE_SPACING_NS / est : MEASURE_EVERY_MAX;
     if (n < MEASURE_EVERY) n = MEASURE_EVERY;
     if (n > MEASURE_EVERY_MAX) n = MEASURE_EVERY_MAX;
-    uint64_t z = (g_draw += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    z ^= z >> 31;
-    return z % n == 0;
+    return n;
+}
+
+static inline int measure_draw(struct gate_cache *c, uint64_t n) {
+    /* uniform in [0, n) by a multiply (no division on the launch path) */
+    return (uint64_t)(((unsigned __int128)splitmix64(&c->draw) * n) >> 64) == 0;
 }
 
 /* Phase "estimate": the cost to charge (L->cost) and whether to measure (returned), learning
  * before guessing twice: a key never measured has one launch in flight, and an elastic slice
  * running uncapped keeps at most INFLIGHT_MAX_NS of estimated work queued. Meanwhile it
  * sleep-polls, holding nothing, and follows the cap (L->eff) as it changes. */
-static int gate_estimate(struct vgpu_launch *L, struct cdev *cd, CUcontext ctx, int may_measure) {
+static int gate_estimate(struct vgpu_launch *L, struct cdev *cd, struct gate_cache *gc, CUcontext ctx, int may_measure,
+                         int drawn) {
     int64_t deadline = L->now + UNKNOWN_WAIT_MAX_NS;
     for (;;) {
         pthread_mutex_lock(&g_mu);
+        if (!gc->draw) gc->draw = splitmix64(&g_draw) | 1; /* a stream of its own per thread */
         struct cctx *cx = ctx_get(ctx, L->dev);
         if (cx) drain_ctx(cx, L->now, 64);
         struct vc_est_entry *e = vc_est_lookup(&g_est, L->key, L->grid);
@@ -452,13 +511,27 @@ static int gate_estimate(struct vgpu_launch *L, struct cdev *cd, CUcontext ctx, 
         int queue_full = L->eff >= VC_PERMILLE_FULL && cx && cx->outstanding_ns > INFLIGHT_MAX_NS;
         if ((!unknown_busy && !queue_full) || L->now >= deadline) {
             L->cx = cx;
-            L->cost = (uint64_t)((double)vc_est_cost(e) * vgpu_compute_cost_factor(cd->st) + 0.5);
+            uint64_t est = vc_est_cost(e);
+            double factor = vgpu_compute_cost_factor(cd->st);
+            L->cost = charged_cost(est, factor);
             /* Every launch while learning a key and while running uncapped (the queue bound needs
-             * them), then a sample. */
+             * them), then a sample (drawn by gate_fast already, or now). */
             int measure = drv_ok && may_measure && cx && cx->tail - cx->head < RING &&
-                          (e->samples < MEASURE_ALL_FIRST || L->eff >= VC_PERMILLE_FULL || measure_draw(e)) &&
+                          (e->samples < MEASURE_ALL_FIRST || L->eff >= VC_PERMILLE_FULL || drawn ||
+                           measure_draw(gc, measure_every(est))) &&
                           (may_measure != 2 || capture_allows_events(L->stream));
             if (measure) e->in_flight++;
+            if (cx && e->samples >= MEASURE_ALL_FIRST)
+                *gc = (struct gate_cache){.ctx = ctx,
+                                          .cx = cx,
+                                          .key = L->key,
+                                          .grid = L->grid,
+                                          .est = est,
+                                          .gen = __atomic_load_n(&g_est.gen, __ATOMIC_RELAXED),
+                                          .every = measure_every(est),
+                                          .factor = factor,
+                                          .cost = L->cost,
+                                          .draw = gc->draw};
             pthread_mutex_unlock(&g_mu);
             return measure;
         }
@@ -469,6 +542,32 @@ static int gate_estimate(struct vgpu_launch *L, struct cdev *cd, CUcontext ctx, 
         L->now = vgpu_compute_now_ns();
         L->eff = effective_cap(cd, L->dev, L->now);
     }
+}
+
+/* The common case of phase "estimate", without g_mu: 1 when the launch is charged the cached
+ * estimate (L->cost) and not measured. 0 sends it to gate_estimate: a key other than the thread's
+ * last or whose estimate changed since, one still learning, an uncapped slice (it measures every
+ * launch), a measurement due in the context's ring (read it first), or this launch drawn for
+ * measurement (*drawn = 1: gate_estimate measures it if it can, without drawing again). The
+ * entry's last use (eviction order) is not moved here: its key's measured launches keep it recent. */
+static int gate_fast(struct vgpu_launch *L, struct cdev *cd, struct gate_cache *c, CUcontext ctx, int *drawn) {
+    *drawn = 0;
+    if (L->eff >= VC_PERMILLE_FULL || !c->gen || c->ctx != ctx || c->key != L->key || c->grid != L->grid) return 0;
+    if (c->gen != __atomic_load_n(&g_est.gen, __ATOMIC_ACQUIRE)) return 0;
+    if (__atomic_load_n(&c->cx->ctx, __ATOMIC_ACQUIRE) != ctx) return 0;
+    if (L->now >= __atomic_load_n(&c->cx->drain_at, __ATOMIC_RELAXED)) return 0;
+    if (measure_draw(c, c->every)) {
+        *drawn = 1;
+        return 0;
+    }
+    L->cx = c->cx;
+    double factor = vgpu_compute_cost_factor(cd->st);
+    if (factor != c->factor) {
+        c->factor = factor;
+        c->cost = charged_cost(c->est, factor);
+    }
+    L->cost = c->cost;
+    return 1;
 }
 
 /* Phase "admit": reserve the cost in the slice's bucket and sleep until it is due, holding
@@ -561,7 +660,8 @@ void vgpu_compute_before(struct vgpu_launch *L, uintptr_t key, uint64_t grid, CU
     L->start_done = 0;
     L->now = vgpu_compute_now_ns();
     struct cdev *cd = gate_prepare(dev, cudev, L->now, &L->eff);
-    int measure = gate_estimate(L, cd, ctx, may_measure);
+    struct gate_cache *gc = &t_gc;
+    int drawn, measure = gate_fast(L, cd, gc, ctx, &drawn) ? 0 : gate_estimate(L, cd, gc, ctx, may_measure, drawn);
     int slept = gate_admit(L, cd);
     if (measure) gate_measure(L, slept);
     L->active = 1;
@@ -585,8 +685,10 @@ void vgpu_compute_after(struct vgpu_launch *L, CUresult launched) {
             s->due_ns = ret + (int64_t)L->cost;
             L->cx->outstanding_ns += (int64_t)L->cost;
             s->state = SLOT_PENDING;
+            drain_hint_lower(L->cx, s->due_ns);
         } else {
             s->state = SLOT_SKIP; /* not measurable (launch or event record failed) */
+            drain_hint_lower(L->cx, 0);
             struct vc_est_entry *e = vc_est_lookup(&g_est, L->key, L->grid);
             if (e->in_flight) e->in_flight--;
         }

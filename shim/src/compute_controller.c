@@ -74,6 +74,7 @@ struct vc_est_entry *vc_est_lookup(struct vc_estimator *t, uintptr_t key, uint64
      * entry with launches in flight only loses their later estimate update. */
     struct vc_est_entry *victim = empty ? empty : idle_lru ? idle_lru : lru;
     *victim = (struct vc_est_entry){.key = key, .grid = grid, .last_use = t->clock};
+    __atomic_store_n(&t->gen, t->gen + 1, __ATOMIC_RELEASE);
     return victim;
 }
 

@@ -81,6 +81,11 @@ struct vc_est_entry {
 struct vc_estimator {
     struct vc_est_entry e[VC_EST_SLOTS];
     uint64_t clock; /* use counter */
+    /* Changes whenever an entry is (re)assigned to a key (vc_est_lookup) and, by the caller,
+     * whenever an estimate changes (vc_est_update): a copy of an entry's estimate taken with this
+     * value is still the table's while it is unchanged. Written by the owner of the table, read
+     * atomically by anyone. */
+    uint64_t gen;
 };
 
 /* Find or create the entry of (key, grid). Never NULL: evicts the least recently used of the
