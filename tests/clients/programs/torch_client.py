@@ -4,7 +4,7 @@ nothing on the simulator: these programs check memory, errors and timing, never 
 
 torch_client.py memory        mem_get_info, then 64 MiB tensors through the caching allocator up to
                               torch.cuda.OutOfMemoryError; empty_cache(); the memory is usable again
-torch_client.py matmul        a @ a (cuBLAS)
+torch_client.py matmul        a @ a (cuBLAS, cuBLASLt) in four types, bmm, a linear layer
 torch_client.py graph         CUDA graph capture and replay (its memory pool charged)
 torch_client.py shared        a second process (torch.multiprocessing) shares the slice's quota
 torch_client.py nvml          what NVML shows inside the slice
@@ -63,10 +63,18 @@ def memory() -> None:
 
 
 def matmul() -> None:
-    a = torch.ones(256, 256, device="cuda")
-    b = a @ a
+    # cuBLAS and cuBLASLt pick a kernel per type: single, half, bfloat16 and double GEMMs, a
+    # batched one and a linear layer (GEMM with bias, through cuBLASLt)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+        a = torch.ones(256, 256, device="cuda", dtype=dtype)
+        b = a @ a
+        torch.cuda.synchronize()
+        print(f"matmul ok {str(dtype).removeprefix('torch.')} {tuple(b.shape)}", flush=True)
+    x = torch.ones(8, 128, 64, device="cuda")
+    y = torch.bmm(x, x.transpose(1, 2))
+    z = torch.nn.Linear(64, 32).cuda()(torch.ones(16, 64, device="cuda"))
     torch.cuda.synchronize()
-    print(f"matmul ok {tuple(b.shape)}")
+    print(f"bmm ok {tuple(y.shape)} linear ok {tuple(z.shape)}")
 
 
 def graph() -> None:
