@@ -15,6 +15,8 @@ torch_client.py elementwise W S N
                               in-place elementwise ops on a tensor of N floats back to back for W
                               seconds of warm-up then S seconds; prints the share of the device the
                               driver served this process over the S seconds (simgpuProcessBusyNs)
+torch_client.py matmul-heavy W S N
+                              the same with one N x N float GEMM (cuBLAS) per step
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -171,17 +174,15 @@ def served_share(t0: int, t1: int) -> float:
     return 100.0 * busy.value / window.value
 
 
-def elementwise(warmup: float, seconds: float, numel: int) -> None:
-    x = torch.empty(numel, device="cuda")
-    y = torch.empty(numel, device="cuda")
+def served_loop(warmup: float, seconds: float, step: Callable[[], int]) -> None:
+    """Run step() (it queues kernels, returns how many) back to back for `warmup` seconds, then
+    for `seconds` more, and print the share of the device the driver served this process over the
+    second stretch, bracketed by torch.cuda.synchronize()."""
 
     def run(s: float) -> int:
         n, end = 0, time.monotonic() + s
         while time.monotonic() < end:
-            x.add_(y)
-            x.mul_(0.5)
-            torch.relu_(x)
-            n += 3
+            n += step()
         return n
 
     run(warmup)
@@ -198,12 +199,39 @@ def elementwise(warmup: float, seconds: float, numel: int) -> None:
     )
 
 
+def elementwise(warmup: float, seconds: float, numel: int) -> None:
+    x = torch.empty(numel, device="cuda")
+    y = torch.empty(numel, device="cuda")
+
+    def step() -> int:
+        x.add_(y)
+        x.mul_(0.5)
+        torch.relu_(x)
+        return 3
+
+    served_loop(warmup, seconds, step)
+
+
+def matmul_heavy(warmup: float, seconds: float, n: int) -> None:
+    a = torch.empty(n, n, device="cuda")
+    b = torch.empty(n, n, device="cuda")
+    c = torch.empty(n, n, device="cuda")
+
+    def step() -> int:
+        torch.mm(a, b, out=c)  # one cuBLAS GEMM kernel
+        return 1
+
+    served_loop(warmup, seconds, step)
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "pool":
         pool(float(sys.argv[2]))
     elif mode == "elementwise":
         elementwise(float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]))
+    elif mode == "matmul-heavy":
+        matmul_heavy(float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]))
     else:
         {
             "memory": memory,
