@@ -8,10 +8,10 @@ torch.cuda.synchronize(), never the host's clock.
 
 The loop keeps the device's queue full, so a slow or loaded host does not take device time from
 it: the simulator's queue is set to 1 s of work (SIMGPU_QUEUE_AHEAD_US; its default of 20 ms paces
-launch loops, while a GPU's pushbuffer holds about 1024 launches: over a second of these kernels),
-so the device idles only if the process gets no CPU for a second. The uncapped run shows it (every
-bucket of the window busy); each run prints how long it waited for a CPU (cpu_wait, a fraction of
-the window). A share short of its cap is a failure, whatever the host did."""
+launch loops, while a GPU's pushbuffer holds about 1024 launches: over a second of the
+elementwise kernels), so the device idles only if the process gets no CPU for a second. The
+uncapped runs show it (every bucket of the window busy); each run prints how long it waited for a
+CPU (cpu_wait, a fraction of the window). A share short of its cap is a failure, whatever the host did."""
 
 from __future__ import annotations
 
