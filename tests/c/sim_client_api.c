@@ -280,7 +280,17 @@ int main(void) {
     CHECK(cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, 64 << 20));
     CHECK(cuCtxGetLimit(&lim, CU_LIMIT_MALLOC_HEAP_SIZE));
     EXPECT_EQ(lim, 64 << 20);
-    EXPECT_RC(cuCtxGetLimit(&lim, CU_LIMIT_CIG_ENABLED), CUDA_ERROR_UNSUPPORTED_LIMIT);
+    /* no context is a CUDA-in-graphics one: CIG off, all of an SM's shared memory (cuBLASLt asks
+     * both and treats any error but "invalid value" as a failed initialisation) */
+    CHECK(cuCtxGetLimit(&lim, CU_LIMIT_CIG_ENABLED));
+    EXPECT_EQ(lim, 0);
+    CHECK(cuCtxGetLimit(&lim, CU_LIMIT_SHMEM_SIZE));
+    int smem_sm;
+    CHECK(cuDeviceGetAttribute(&smem_sm, (CUdevice_attribute)81, 0)); /* MAX_SHARED_MEMORY_PER_MULTIPROCESSOR */
+    EXPECT_EQ(lim, smem_sm);
+    EXPECT_RC(cuCtxSetLimit(CU_LIMIT_CIG_ENABLED, 1), CUDA_ERROR_INVALID_VALUE); /* query-only */
+    EXPECT_RC(cuCtxGetLimit(&lim, CU_LIMIT_CIG_SHMEM_FALLBACK_ENABLED), CUDA_ERROR_UNSUPPORTED_LIMIT);
+    EXPECT_RC(cuCtxGetLimit(&lim, (CUlimit)CU_LIMIT_MAX), CUDA_ERROR_INVALID_VALUE); /* unknown to the driver */
     CHECK(cuCtxSetCacheConfig(CU_FUNC_CACHE_PREFER_L1));
     CUfunc_cache cc;
     CHECK(cuCtxGetCacheConfig(&cc));

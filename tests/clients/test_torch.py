@@ -56,16 +56,13 @@ def test_caching_allocator_meets_the_quota_and_recovers(
     assert m2 and int(m2.group(1)) == n, out  # empty_cache() gave it all back
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="cublasCreate succeeds, but cublasSgemm answers CUBLAS_STATUS_NOT_SUPPORTED without a driver "
-    "call on the simulator (docs/simulator.md, 'Real clients'); strict: passes the day it works",
-)
 def test_matmul_launches(client: Client, torch_python: str) -> None:
     out = client.run(
         "torch_client.py", "matmul", vgpu=["--memory", str(QUOTA)], python=torch_python
     )
-    assert "matmul ok" in out, out
+    for dtype in ("float32", "float16", "bfloat16", "float64"):
+        assert f"matmul ok {dtype} (256, 256)" in out, out
+    assert "bmm ok (8, 128, 128) linear ok (16, 32)" in out, out
 
 
 def test_cuda_graph_capture_and_replay(client: Client, torch_python: str) -> None:

@@ -6,6 +6,7 @@
  */
 #include "ctxstack.h"
 #include "init.h"
+#include "smlimits.h"
 #include "stream.h"
 
 #include <string.h>
@@ -24,12 +25,30 @@ static size_t limits_default[CU_LIMIT_MAX] = {
     [CU_LIMIT_PERSISTING_L2_CACHE_SIZE] = 0,
 };
 
+/* A limit the driver does not know is an invalid value, as on NVIDIA's driver (cuBLASLt asks a
+ * CUDA 13 limit and takes CUDA_ERROR_INVALID_VALUE for "an older driver", any other error as a
+ * failed initialisation that leaves it without a device). The CIG shared-memory fallback exists
+ * only on CUDA-in-graphics contexts, which the simulator cannot create. */
+static CUresult check_limit(CUlimit limit) {
+    if ((unsigned)limit >= CU_LIMIT_MAX) return CUDA_ERROR_INVALID_VALUE;
+    if ((unsigned)limit > CU_LIMIT_PERSISTING_L2_CACHE_SIZE) return CUDA_ERROR_UNSUPPORTED_LIMIT;
+    return CUDA_SUCCESS;
+}
+
 SIM_EXPORT CUresult cuCtxGetLimit(size_t *pvalue, CUlimit limit) {
     if (!pvalue) return CUDA_ERROR_INVALID_VALUE;
     struct CUctx_st *c;
     CUresult rc = sim_get_ctx(&c);
     if (rc != CUDA_SUCCESS) return rc;
-    if ((unsigned)limit > CU_LIMIT_PERSISTING_L2_CACHE_SIZE) return CUDA_ERROR_UNSUPPORTED_LIMIT;
+    switch ((int)limit) {
+    case CU_LIMIT_SHMEM_SIZE: /* no context here is a CIG one: all of an SM's shared memory is CUDA's */
+        *pvalue = (size_t)sim_sm_limits_of(G.cfg->dev[c->dev].cc_major, G.cfg->dev[c->dev].cc_minor).smem;
+        return CUDA_SUCCESS;
+    case CU_LIMIT_CIG_ENABLED: *pvalue = 0; return CUDA_SUCCESS;
+    default: break;
+    }
+    rc = check_limit(limit);
+    if (rc != CUDA_SUCCESS) return rc;
     *pvalue = c->limit_set[limit] ? c->limits[limit] : limits_default[limit];
     return CUDA_SUCCESS;
 }
@@ -38,7 +57,9 @@ SIM_EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value) {
     struct CUctx_st *c;
     CUresult rc = sim_get_ctx(&c);
     if (rc != CUDA_SUCCESS) return rc;
-    if ((unsigned)limit > CU_LIMIT_PERSISTING_L2_CACHE_SIZE) return CUDA_ERROR_UNSUPPORTED_LIMIT;
+    if (limit == CU_LIMIT_SHMEM_SIZE || limit == CU_LIMIT_CIG_ENABLED) return CUDA_ERROR_INVALID_VALUE; /* query-only */
+    rc = check_limit(limit);
+    if (rc != CUDA_SUCCESS) return rc;
     if (limit == CU_LIMIT_MAX_L2_FETCH_GRANULARITY && value != 0 && value != 32 && value != 64 && value != 128)
         return CUDA_ERROR_INVALID_VALUE;
     c->limits[limit] = value;

@@ -195,6 +195,8 @@ static int attribute(const sim_device_cfg *d, int dev, int a) {
     case 129: return 1;                /* UNIFIED_FUNCTION_POINTERS */
     case 131: return -1;               /* NUMA_ID: device memory is no NUMA node */
     case 134: return d->numa_node;     /* HOST_NUMA_ID */
+    case 139: return (int)0x233010DE;  /* GPU_PCI_DEVICE_ID: H100 SXM5 (0x2330) by NVIDIA (0x10DE), as NVML says */
+    case 140: return (int)0x16C110DE;  /* GPU_PCI_SUBSYSTEM_ID, as NVML says */
     default:
         return 0; /* GPUDirect RDMA, multicast, MPS, fabric handles, stream wait value,
                           decompression: a capability the simulator does not model */

@@ -10,7 +10,7 @@
  *   6bd5fb6c-...  runtime interface (13 slots, size): 1, 6, 8 load a module from a fat binary;
  *                 2 retains the device's primary context; 12 loads the JIT compilers (nothing).
  *   a094798c-...  tools callback hooks (7 slots, size): 2 and 6 hand out static buffers.
- *   42d85a81-...  tools thread-local state (4 slots, size).
+ *   42d85a81-...  tools thread-local state (4 slots, size): 2 the calling thread's context.
  *   c693336e-...  context-local storage (no size): put, delete, get (ctxstore.c).
  *   263e8860-...  context checks (no size): 2 checks a context (nothing to report), 3 -> 0.
  *   d4082055-...  integrity check (3 slots, size): 1 answers the keyed digest (integrity.c).
@@ -124,14 +124,17 @@ static const void *const hooks_table[7] = {
 
 /* ---------------------------------------------------------------- tools thread-local state */
 
+/* slot 2: (CUcontext *): the calling thread's current context (NULL if none). cuBLASLt asks it,
+ * then the context's identity (context identity table, slot 4), before every heuristic query. */
+static CUresult tls_current_ctx(CUcontext *pctx) { return cuCtxGetCurrent(pctx); }
+
 TRACE_UNKNOWN(tls, 1)
-TRACE_UNKNOWN(tls, 2)
 TRACE_UNKNOWN(tls, 3)
 
 static const void *const tls_table[4] = {
     (const void *)(4 * sizeof(void *)),
     (const void *)unk_tls_1,
-    (const void *)unk_tls_2,
+    (const void *)tls_current_ctx,
     (const void *)unk_tls_3,
 };
 
@@ -189,6 +192,30 @@ static const void *const ident_table[8] = {
     (const void *)cuCtxGetId,           (const void *)unk_ident_5, (const void *)unk_ident_6, (const void *)unk_ident_7,
 };
 
+/* ---------------------------------------------------------------- cuBLASLt's table */
+
+/* Asked by cuBLASLt 13 for half-precision and bfloat16 heuristics on Hopper; a refusal crashes it
+ * (it calls slot 4 of the table it did not get), so NVIDIA's driver evidently always has it.
+ * Slot 4, (void **, void **), answered "not supported", makes cuBLASLt go on without it. */
+TRACE_UNKNOWN(lt, 1)
+TRACE_UNKNOWN(lt, 2)
+TRACE_UNKNOWN(lt, 3)
+TRACE_UNKNOWN(lt, 4)
+TRACE_UNKNOWN(lt, 5)
+TRACE_UNKNOWN(lt, 6)
+TRACE_UNKNOWN(lt, 7)
+
+static const void *const lt_table[8] = {
+    (const void *)(8 * sizeof(void *)),
+    (const void *)unk_lt_1,
+    (const void *)unk_lt_2,
+    (const void *)unk_lt_3,
+    (const void *)unk_lt_4,
+    (const void *)unk_lt_5,
+    (const void *)unk_lt_6,
+    (const void *)unk_lt_7,
+};
+
 /* ---------------------------------------------------------------- lookup */
 
 typedef struct {
@@ -211,6 +238,7 @@ static const export_row rows[] = {
      integrity_table,
      0},
     {{0x21, 0x31, 0x8c, 0x60, 0x97, 0x14, 0x32, 0x48, 0x8c, 0xa6, 0x41, 0xff, 0x73, 0x24, 0xc8, 0xf2}, ident_table, 0},
+    {{0x17, 0x34, 0xdc, 0x26, 0x80, 0x0d, 0x47, 0x45, 0x87, 0x26, 0xc0, 0xf1, 0xe7, 0xdd, 0x8b, 0xca}, lt_table, 0},
     {{0xf8, 0xcf, 0xf9, 0x51, 0x21, 0x46, 0x8b, 0x4e, 0xb9, 0xe2, 0xfb, 0x46, 0x9e, 0x7c, 0x0d, 0xd9},
      NULL,
      CUDA_ERROR_NOT_FOUND},

@@ -4,7 +4,7 @@ nothing on the simulator: these programs check memory, errors and timing, never 
 
 torch_client.py memory        mem_get_info, then 64 MiB tensors through the caching allocator up to
                               torch.cuda.OutOfMemoryError; empty_cache(); the memory is usable again
-torch_client.py matmul        a @ a (cuBLAS)
+torch_client.py matmul        a @ a (cuBLAS, cuBLASLt) in four types, bmm, a linear layer
 torch_client.py graph         CUDA graph capture and replay (its memory pool charged)
 torch_client.py shared        a second process (torch.multiprocessing) shares the slice's quota
 torch_client.py nvml          what NVML shows inside the slice
@@ -15,6 +15,8 @@ torch_client.py elementwise W S N
                               in-place elementwise ops on a tensor of N floats back to back for W
                               seconds of warm-up then S seconds; prints the share of the device the
                               driver served this process over the S seconds (simgpuProcessBusyNs)
+torch_client.py matmul-heavy W S N
+                              the same with one N x N float GEMM (cuBLAS) per step
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -63,10 +66,18 @@ def memory() -> None:
 
 
 def matmul() -> None:
-    a = torch.ones(256, 256, device="cuda")
-    b = a @ a
+    # cuBLAS and cuBLASLt pick a kernel per type: single, half, bfloat16 and double GEMMs, a
+    # batched one and a linear layer (GEMM with bias, through cuBLASLt)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+        a = torch.ones(256, 256, device="cuda", dtype=dtype)
+        b = a @ a
+        torch.cuda.synchronize()
+        print(f"matmul ok {str(dtype).removeprefix('torch.')} {tuple(b.shape)}", flush=True)
+    x = torch.ones(8, 128, 64, device="cuda")
+    y = torch.bmm(x, x.transpose(1, 2))
+    z = torch.nn.Linear(64, 32).cuda()(torch.ones(16, 64, device="cuda"))
     torch.cuda.synchronize()
-    print(f"matmul ok {tuple(b.shape)}")
+    print(f"bmm ok {tuple(y.shape)} linear ok {tuple(z.shape)}")
 
 
 def graph() -> None:
@@ -163,17 +174,15 @@ def served_share(t0: int, t1: int) -> float:
     return 100.0 * busy.value / window.value
 
 
-def elementwise(warmup: float, seconds: float, numel: int) -> None:
-    x = torch.empty(numel, device="cuda")
-    y = torch.empty(numel, device="cuda")
+def served_loop(warmup: float, seconds: float, step: Callable[[], int]) -> None:
+    """Run step() (it queues kernels, returns how many) back to back for `warmup` seconds, then
+    for `seconds` more, and print the share of the device the driver served this process over the
+    second stretch, bracketed by torch.cuda.synchronize()."""
 
     def run(s: float) -> int:
         n, end = 0, time.monotonic() + s
         while time.monotonic() < end:
-            x.add_(y)
-            x.mul_(0.5)
-            torch.relu_(x)
-            n += 3
+            n += step()
         return n
 
     run(warmup)
@@ -190,12 +199,39 @@ def elementwise(warmup: float, seconds: float, numel: int) -> None:
     )
 
 
+def elementwise(warmup: float, seconds: float, numel: int) -> None:
+    x = torch.empty(numel, device="cuda")
+    y = torch.empty(numel, device="cuda")
+
+    def step() -> int:
+        x.add_(y)
+        x.mul_(0.5)
+        torch.relu_(x)
+        return 3
+
+    served_loop(warmup, seconds, step)
+
+
+def matmul_heavy(warmup: float, seconds: float, n: int) -> None:
+    a = torch.empty(n, n, device="cuda")
+    b = torch.empty(n, n, device="cuda")
+    c = torch.empty(n, n, device="cuda")
+
+    def step() -> int:
+        torch.mm(a, b, out=c)  # one cuBLAS GEMM kernel
+        return 1
+
+    served_loop(warmup, seconds, step)
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "pool":
         pool(float(sys.argv[2]))
     elif mode == "elementwise":
         elementwise(float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]))
+    elif mode == "matmul-heavy":
+        matmul_heavy(float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]))
     else:
         {
             "memory": memory,
