@@ -61,20 +61,24 @@ def test_json_snapshot(
     gpu = sim_gpu_uuid(sim_env)
     a = add_claim(data, "uid-a", "train", gpu, GiB, 30, ns="team-a") / "accounting"
     add_claim(data, "uid-b", "infer", gpu, 2 * GiB, 50, ns="team-b")
+    ops = build_c("shim_ops.c")  # before the tenant starts: its run must outlast the reading
+    # The tenant launches until it is stopped, not for a fixed time: on a busy machine the
+    # reading below may come late, and it must see the tenant alive.
     tenant = start_tenant(
-        sim_env, a, "1Gi", 30, "--chunk-mib", "256", "--max-chunks", "8", "--seconds", "12"
+        sim_env, a, "1Gi", 30, "--chunk-mib", "256", "--max-chunks", "8", "--seconds", "600"
     )
     inside = dict(sim_env, LD_PRELOAD=str(shim_library()), CUDA_DEVICE_MEMORY_SHARED_CACHE=str(a))
     try:
-        _wait_past_allocations(a, tenant)  # then it launches for its remaining seconds
-        held = Held(build_c("shim_ops.c"), inside, "init", "ctx", f"alloc:{100 * MiB}")
+        _wait_past_allocations(a, tenant)  # then it launches until stopped
+        held = Held(ops, inside, "init", "ctx", f"alloc:{100 * MiB}")
         try:
             doc = _top_json(sim_env, data)
         finally:
             held.release()
+        assert tenant.poll() is None, tenant.communicate()  # it was running through the reading
     finally:
-        _, err = tenant.communicate(timeout=60)
-        assert tenant.returncode == 0, err
+        tenant.terminate()
+        tenant.communicate(timeout=60)
     assert set(doc) == {"devices", "unreadable"} and doc["unreadable"] == []
     [dev] = doc["devices"]
     assert set(dev) == DEVICE_KEYS and dev["uuid"] == gpu
