@@ -2,16 +2,20 @@
 scripts/setup into .venv/frameworks) on the simulated GPU under `vgpu run --sim --memory`: the
 slice is the device torch sees, its caching allocator (and the expandable-segments path on the
 virtual memory API) meets torch.cuda.OutOfMemoryError at the quota and recovers after
-empty_cache(), two processes share one quota, NVML inside shows the slice, and a vLLM-style pool
-sized from mem_get_info() fits (programs/torch_client.py). The context the CUDA runtime creates
-through its private table is charged: mem_get_info() shows the quota less it, and the driver,
-read from outside the slice, never holds more than the quota for the slice's process."""
+empty_cache(), GEMMs of four types run through cuBLAS and cuBLASLt on a simulated H100 and on an
+A100 (compute capability 8.0) without a cuBLASLt error, two processes share one quota, NVML
+inside shows the slice, and a vLLM-style pool sized from mem_get_info() fits
+(programs/torch_client.py). The context the CUDA runtime creates through its private table is
+charged: mem_get_info() shows the quota less it, and the driver, read from outside the slice,
+never holds more than the quota for the slice's process."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -56,13 +60,38 @@ def test_caching_allocator_meets_the_quota_and_recovers(
     assert m2 and int(m2.group(1)) == n, out  # empty_cache() gave it all back
 
 
-def test_matmul_launches(client: Client, torch_python: str) -> None:
-    out = client.run(
+# an A100 (compute capability 8.0): cuBLASLt picks its sm_80 CUTLASS kernels there, whose cubins
+# it loads itself (cuLibraryLoadData with CU_LIBRARY_BINARY_IS_PRESERVED and no value array)
+A100 = {
+    "name": "NVIDIA A100-SXM4-80GB",
+    "memory": "80Gi",
+    "sm_count": 108,
+    "compute_capability": "8.0",
+}
+NVML_CC = """
+nv.nvmlInit()
+print(json.dumps(nv.nvmlDeviceGetCudaComputeCapability(nv.nvmlDeviceGetHandleByIndex(0))))
+"""
+
+
+@pytest.mark.parametrize("device", ["H100", "A100"])
+def test_matmul_launches(client: Client, torch_python: str, tmp_path: Path, device: str) -> None:
+    # cuBLASLt logs its errors to stdout: a candidate kernel it could not load is one, even when
+    # the GEMM then runs another
+    env = dict(client.env, CUBLASLT_LOG_LEVEL="1")
+    if device == "A100":
+        config = tmp_path / "a100.json"
+        config.write_text(json.dumps({"devices": [A100]}))
+        env["SIMGPU_CONFIG"] = str(config)
+        cc = run_python(env, NVML_CC)
+        assert cc == [8, 0], cc  # the device torch runs on
+    out = Client(env).run(
         "torch_client.py", "matmul", vgpu=["--memory", str(QUOTA)], python=torch_python
     )
     for dtype in ("float32", "float16", "bfloat16", "float64"):
         assert f"matmul ok {dtype} (256, 256)" in out, out
     assert "bmm ok (8, 128, 128) linear ok (16, 32)" in out, out
+    assert "[Error]" not in out, out
 
 
 def test_cuda_graph_capture_and_replay(client: Client, torch_python: str) -> None:

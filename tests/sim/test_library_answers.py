@@ -1,11 +1,15 @@
-"""What cuBLAS and cuBLASLt ask of the simulated driver at initialisation (docs/simulator.md,
-'Device attributes and occupancy'): device attributes a real H100 reports, per-SM limits that
+"""What cuBLAS and cuBLASLt ask of the simulated driver (docs/simulator.md, 'Device attributes
+and occupancy' and 'Fat binaries'): device attributes a real H100 reports, per-SM limits that
 agree with the occupancy calculator, and the entry points cuBLASLt resolves with dlsym, each
-answering as a GPU without the feature does."""
+answering as a GPU without the feature does; and libraries loaded as cuBLASLt loads the cubins of
+its CUTLASS kernels (CU_LIBRARY_BINARY_IS_PRESERVED with no value array)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from tests.sim.simhelp import run_python
+from tests.support.cuda_modules import cubin
 
 PROBE = """
 import ctypes as C
@@ -70,3 +74,44 @@ def test_cublas_init_answers(sim_env: dict[str, str]) -> None:
     assert (got["prefetch"], got["prefetch_unknown"]) == (0, 1), got
     assert got["ptr_attrs"] == [0, 2, 0], got  # device memory on device 0
     assert got["ptr_attrs_unknown"] == [0, 0], got  # an unknown pointer is "not device memory"
+
+
+LIBRARY_OPTIONS = """
+import ctypes as C
+cu = C.CDLL("libcuda.so.1")
+path = sys.argv[1]
+assert cu.cuInit(0) == 0
+ctx = C.c_void_p()
+assert cu.cuDevicePrimaryCtxRetain(C.byref(ctx), 0) == 0 and cu.cuCtxSetCurrent(ctx) == 0
+image = C.create_string_buffer(open(path, "rb").read())
+PRESERVED, HOST_TABLE = (C.c_int * 1)(1), (C.c_int * 1)(0)
+out = {}
+lib = C.c_void_p()
+# cuBLASLt's call: the preserved flag with no value array
+out["preserved_no_values"] = cu.cuLibraryLoadData(C.byref(lib), image, None, None, 0, PRESERVED, None, 1)
+k, ptr, size = C.c_void_p(), C.c_uint64(), C.c_size_t()
+out["kernel"] = cu.cuLibraryGetKernel(C.byref(k), lib, b"sim_10us")
+out["global"] = (cu.cuLibraryGetGlobal(C.byref(ptr), C.byref(size), lib, b"big"), size.value)
+out["unload"] = cu.cuLibraryUnload(lib)
+vals = (C.c_void_p * 1)(None)
+out["host_table_no_values"] = cu.cuLibraryLoadData(C.byref(lib), image, None, None, 0, HOST_TABLE, None, 1)
+out["options_null"] = cu.cuLibraryLoadData(C.byref(lib), image, None, None, 0, None, vals, 1)
+# a file's image is read during the call: it cannot be preserved
+p = path.encode()
+out["file_preserved"] = cu.cuLibraryLoadFromFile(C.byref(lib), p, None, None, 0, PRESERVED, None, 1)
+out["file"] = cu.cuLibraryLoadFromFile(C.byref(lib), p, None, None, 0, None, None, 0)
+print(json.dumps(out))
+"""
+
+
+def test_library_loaded_as_cublaslt_loads_its_cutlass_cubins(
+    sim_env: dict[str, str], tmp_path: Path
+) -> None:
+    mod = cubin(tmp_path / "m.cubin", 1 << 20)
+    got = run_python(sim_env, LIBRARY_OPTIONS.replace("sys.argv[1]", repr(str(mod))))
+    # CU_LIBRARY_BINARY_IS_PRESERVED is a flag: no value array needed, and the library works
+    assert got["preserved_no_values"] == 0, got
+    assert got["kernel"] == 0 and got["global"] == [0, 1 << 20] and got["unload"] == 0, got
+    # the host table option carries a pointer: without values, CUDA_ERROR_INVALID_VALUE (1)
+    assert got["host_table_no_values"] == 1 and got["options_null"] == 1, got
+    assert got["file_preserved"] == 1 and got["file"] == 0, got

@@ -212,12 +212,31 @@ SIM_EXPORT CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const 
     return CUDA_SUCCESS;
 }
 
+#define LIB_OPT_HOST_TABLE 0 /* CU_LIBRARY_HOST_UNIVERSAL_FUNCTION_AND_DATA_TABLE: a pointer value */
+#define LIB_OPT_PRESERVED  1 /* CU_LIBRARY_BINARY_IS_PRESERVED: a flag */
+
+/* Whether the library options are well formed, and whether the caller promised to keep the
+ * image (*preserved). CU_LIBRARY_BINARY_IS_PRESERVED is a flag: its presence is the promise and
+ * its value is not read, so it may come with no value array at all (cuBLASLt loads the cubins
+ * of its CUTLASS kernels so). Only the host table option needs a value. An explicit value of 0
+ * is taken as "not preserved": the option is a hint, and a copy is always correct. */
+static int library_options_ok(const CUlibraryOption *opts, void *const *vals, unsigned n, int *preserved) {
+    *preserved = 0;
+    if (n && !opts) return 0;
+    for (unsigned i = 0; i < n; i++) {
+        if ((int)opts[i] == LIB_OPT_HOST_TABLE && !vals) return 0;
+        if ((int)opts[i] == LIB_OPT_PRESERVED && (!vals || vals[i])) *preserved = 1;
+    }
+    return 1;
+}
+
 SIM_EXPORT CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *jitOptions,
                                       void **jitOptionsValues, unsigned int numJitOptions,
                                       CUlibraryOption *libraryOptions, void **libraryOptionValues,
                                       unsigned int numLibraryOptions) {
+    int preserved;
     if (!library || !code || (numJitOptions && (!jitOptions || !jitOptionsValues)) ||
-        (numLibraryOptions && (!libraryOptions || !libraryOptionValues)))
+        !library_options_ok(libraryOptions, libraryOptionValues, numLibraryOptions, &preserved))
         return CUDA_ERROR_INVALID_VALUE;
     CUresult rc = sim_check_init(); /* libraries are context-independent: no context needed */
     if (rc != CUDA_SUCCESS) return rc;
@@ -228,9 +247,6 @@ SIM_EXPORT CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUji
         /* A fat binary (the runtime's and the CUDA libraries' form): its globals are found at
          * the first lookup, as the real driver loads a library lazily. The image is kept: the
          * caller's, when it promised to keep it (CU_LIBRARY_BINARY_IS_PRESERVED), else a copy. */
-        int preserved = 0;
-        for (unsigned i = 0; i < numLibraryOptions; i++)
-            if ((int)libraryOptions[i] == 1 && libraryOptionValues[i]) preserved = 1;
         if (preserved) {
             l->fatbin = code;
         } else {
@@ -261,7 +277,14 @@ SIM_EXPORT CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *fileNa
                                           void **jitOptionsValues, unsigned int numJitOptions,
                                           CUlibraryOption *libraryOptions, void **libraryOptionValues,
                                           unsigned int numLibraryOptions) {
-    if (!library || !fileName) return CUDA_ERROR_INVALID_VALUE;
+    int preserved;
+    if (!library || !fileName ||
+        !library_options_ok(libraryOptions, libraryOptionValues, numLibraryOptions, &preserved))
+        return CUDA_ERROR_INVALID_VALUE;
+    /* the file's image lives only during the call: the preserved option is invalid here, as
+     * documented, whatever its value */
+    for (unsigned i = 0; i < numLibraryOptions; i++)
+        if ((int)libraryOptions[i] == LIB_OPT_PRESERVED) return CUDA_ERROR_INVALID_VALUE;
     CUresult rc = sim_check_init();
     if (rc != CUDA_SUCCESS) return rc;
     char *img;
