@@ -51,15 +51,22 @@ def _held_within_quota(run: ForeignRun) -> int:
     return used
 
 
-def test_torch_bench_gpu_runs_in_the_slice(client: Client, bench_python: str) -> None:
+def _bench(
+    client: Client, python: str, size: int, iters: int
+) -> tuple[ForeignRun, dict[str, tuple[str, str]]]:
+    """Run torch_bench_gpu in the slice; it exits 0 whatever each regime met."""
     run = run_foreign(
-        client.env, bench_python, "torch", "torch_bench_gpu", "--size", "4096", "--iters", "5",
+        client.env, python, "torch", "torch_bench_gpu", "--size", str(size), "--iters", str(iters),
         quota=QUOTA,
     )  # fmt: skip
     assert run.rc == 0, run.out + run.err[-4000:]
     # what the program saw: the slice, less the context the CUDA runtime created
     assert (run.free, run.total) == (QUOTA - CONTEXT_MEMORY, QUOTA), run.out
-    rows = _rows(run.out)
+    return run, _rows(run.out)
+
+
+def test_torch_bench_gpu_runs_in_the_slice(client: Client, bench_python: str) -> None:
+    run, rows = _bench(client, bench_python, 4096, 5)
     for regime in REGIMES:
         perf, note = rows[regime]
         assert re.fullmatch(r"[\d,]+\.\d\d", perf), (regime, perf, note)
@@ -71,13 +78,7 @@ def test_torch_bench_gpu_runs_in_the_slice(client: Client, bench_python: str) ->
 
 def test_torch_bench_gpu_over_the_quota_meets_torchs_oom(client: Client, bench_python: str) -> None:
     """--size 20000: one float32 matrix is 1.49 GiB, two do not fit in the 2 GiB slice."""
-    run = run_foreign(
-        client.env, bench_python, "torch", "torch_bench_gpu", "--size", "20000", "--iters", "1",
-        quota=QUOTA,
-    )  # fmt: skip
-    assert run.rc == 0, run.out + run.err[-4000:]
-    assert (run.free, run.total) == (QUOTA - CONTEXT_MEMORY, QUOTA), run.out
-    rows = _rows(run.out)
+    run, rows = _bench(client, bench_python, 20000, 1)
     for regime in REGIMES:
         perf, note = rows[regime]
         assert perf == "n/a", (regime, perf, note)
