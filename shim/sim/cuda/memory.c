@@ -381,9 +381,17 @@ static int pointer_alloc(CUdeviceptr ptr, sim_alloc *a) {
 }
 
 /* One attribute of a known allocation (found) or of an unknown pointer (the "not device memory"
- * answers of cuPointerGetAttributes); CUDA_ERROR_INVALID_VALUE for an attribute not modelled. */
-static CUresult pointer_attr(void *data, int attribute, CUdeviceptr ptr, const sim_alloc *a, int found) {
+ * answers of cuPointerGetAttributes); CUDA_ERROR_INVALID_VALUE for an attribute not modelled.
+ * `lenient` (cuPointerGetAttributes) answers NULL where cuPointerGetAttribute refuses: the host
+ * address of device memory the host cannot reach. */
+static CUresult pointer_attr(void *data, int attribute, CUdeviceptr ptr, const sim_alloc *a, int found, int lenient) {
+    int host_visible = found && (a->kind == ALLOC_HOST || a->kind == ALLOC_HOST_REGISTERED || a->kind == ALLOC_MANAGED);
     switch (attribute) {
+    case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+        if (found && !host_visible && !lenient) return CUDA_ERROR_INVALID_VALUE;
+        *(void **)data = host_visible ? (void *)(uintptr_t)ptr : NULL;
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED: *(int *)data = found && a->kind == ALLOC_MANAGED; return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_CONTEXT: *(CUcontext *)data = found ? a->ctx : NULL; return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
         *(unsigned int *)data = !found                                                      ? 0
@@ -402,7 +410,7 @@ SIM_EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attrib
     if (rc != CUDA_SUCCESS) return rc;
     sim_alloc a;
     if (!pointer_alloc(ptr, &a)) return CUDA_ERROR_INVALID_VALUE;
-    return pointer_attr(data, (int)attribute, ptr, &a, 1);
+    return pointer_attr(data, (int)attribute, ptr, &a, 1, 0);
 }
 
 /* Each attribute as cuPointerGetAttribute answers it; for a pointer the driver does not know,
@@ -416,7 +424,7 @@ SIM_EXPORT CUresult cuPointerGetAttributes(unsigned int numAttributes, CUpointer
     int found = pointer_alloc(ptr, &a);
     for (unsigned i = 0; i < numAttributes; i++) {
         if (!data[i]) return CUDA_ERROR_INVALID_VALUE;
-        if ((rc = pointer_attr(data[i], (int)attributes[i], ptr, &a, found)) != CUDA_SUCCESS) return rc;
+        if ((rc = pointer_attr(data[i], (int)attributes[i], ptr, &a, found, 1)) != CUDA_SUCCESS) return rc;
     }
     return CUDA_SUCCESS;
 }
