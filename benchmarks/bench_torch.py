@@ -160,6 +160,24 @@ def callgrind_objects(path: Path) -> dict[str, int]:
     return objects
 
 
+def build_toggle(out_dir: Path) -> Path:
+    """benchmarks/c/callgrind_toggle.c as a library for ctypes: cg_start(), cg_stop()."""
+    lib = out_dir / "libcallgrind_toggle.so"
+    cc = ["gcc", "-O1", "-Wall", "-Wextra", "-Werror", "-fPIC", "-shared"]
+    subprocess.run([*cc, "-o", str(lib), str(TOGGLE_C)], check=True)
+    return lib
+
+
+def thread_totals(profile: Path) -> list[int]:
+    """Instructions per thread of a callgrind run with --separate-threads=yes (main first)."""
+    totals = []
+    for f in sorted(profile.parent.glob(f"{profile.name}-*")):
+        # the header's summary line is 0 after CALLGRIND_ZERO_STATS: read the totals
+        m = re.search(r"^totals:\s+(\d+)", f.read_text(), re.M)
+        totals.append(int(m.group(1)) if m else 0)
+    return totals
+
+
 def instructions(iterations: int) -> dict[str, dict[str, float]]:
     for tool in ("valgrind", "callgrind_annotate", "gcc"):
         if not shutil.which(tool):
@@ -167,9 +185,7 @@ def instructions(iterations: int) -> dict[str, dict[str, float]]:
     result: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        toggle = tmp / "libcallgrind_toggle.so"
-        cc = ["gcc", "-O1", "-Wall", "-Wextra", "-Werror", "-fPIC", "-shared"]
-        subprocess.run([*cc, "-o", str(toggle), str(TOGGLE_C)], check=True)
+        toggle = build_toggle(tmp)
         env = base_env(tmp)
         for i, (name, vgpu) in enumerate(CONFIGS.items()):
             cg = tmp / f"cg.{i}"
@@ -178,12 +194,9 @@ def instructions(iterations: int) -> dict[str, dict[str, float]]:
             t0 = time.monotonic()
             x = kv(run(env, vgpu, str(SMALL), str(iterations), str(toggle), wrap=tuple(wrap)))
             threads = sorted(tmp.glob(f"{cg.name}-*"))  # one profile per thread: -01 is main
-            totals = []
+            totals = thread_totals(cg)
             objects: dict[str, int] = {}
             for f in threads:
-                # the header's summary line is 0 after CALLGRIND_ZERO_STATS: read the totals
-                m = re.search(r"^totals:\s+(\d+)", f.read_text(), re.M)
-                totals.append(int(m.group(1)) if m else 0)
                 for obj, n in callgrind_objects(f).items():
                     objects[obj] = objects.get(obj, 0) + n
             if not totals or not totals[0]:
@@ -307,13 +320,12 @@ def markers(part: str) -> tuple[str, str]:
     return f"<!-- bench_torch:{part}:begin -->", f"<!-- bench_torch:{part}:end -->"
 
 
-def update_md(blocks: dict[str, list[str]]) -> None:
-    md = REPO / "BENCHMARKS.md"
+def update_md(blocks: dict[str, list[str]], md: Path = REPO / "BENCHMARKS.md") -> None:
     text = md.read_text()
     for part, lines in blocks.items():
         begin, end = markers(part)
         if begin not in text or end not in text:
-            raise SystemExit(f"BENCHMARKS.md has no {begin} ... {end}: add the torch section first")
+            raise SystemExit(f"{md.name} has no {begin} ... {end}: add the torch section first")
         head, rest = text.split(begin, 1)
         _, tail = rest.split(end, 1)
         text = head + "\n".join([begin, *lines, end]) + tail
