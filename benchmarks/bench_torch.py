@@ -147,12 +147,8 @@ def overhead(rounds: int, iterations: int) -> dict[str, dict[str, float]]:
 
 def callgrind_objects(path: Path) -> dict[str, int]:
     """Exclusive instructions per shared object of one callgrind profile."""
-    out = subprocess.run(
-        ["callgrind_annotate", "--inclusive=no", "--threshold=100", str(path)],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    cmd = ["callgrind_annotate", "--inclusive=no", "--threshold=100", str(path)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     objects: dict[str, int] = {}
     for m in re.finditer(r"^\s*([\d,]+) \(\s*[\d.]+%\)\s+\S.*\[(\S+)\]\s*$", out, re.M):
         obj = Path(m.group(2)).name
@@ -255,50 +251,39 @@ def header(command: str) -> str:
     return f"`{command}`, {when}, load average {load} (1/5/15 min) at the end:"
 
 
-def md_overhead(ov: dict[str, dict[str, float]], command: str) -> list[str]:
-    lines = [
-        header(command),
-        "",
-        "| configuration | host CPU per iteration, median | ratio | minimum | ratio "
-        "| wall per iteration, median | ratio |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for name, r in ov.items():
-        lines.append(
-            f"| {name} | {r['cpu_us']:.1f} us | x{r['cpu_us_ratio']:.3f} "
-            f"| {r['cpu_min_us']:.1f} us | x{r['cpu_min_us_ratio']:.3f} "
-            f"| {r['wall_us']:.1f} us | x{r['wall_us_ratio']:.3f} |"
-        )
-    return lines
+def table_head(command: str, columns: str) -> list[str]:
+    """The run's header line, then a table's head; `columns` are separated by " | "."""
+    n = len(columns.split(" | "))
+    return [header(command), "", f"| {columns} |", "|" + "---|" * n]
 
 
-def md_instructions(ins: dict[str, dict[str, float]], command: str) -> list[str]:
-    lines = [
-        header(command),
-        "",
-        "| configuration | instructions per iteration, all threads | ratio | main thread "
-        "| ratio | of which libvgpu.so | of which the simulator's libcuda | threads |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for name, r in ins.items():
-        lines.append(
-            f"| {name} | {r['all']:,.0f} | x{r['all_ratio']:.3f} | {r['main']:,.0f} "
-            f"| x{r['main_ratio']:.3f} | {r['shim']:,.0f} | {r['sim']:,.0f} | {r['threads']:.0f} |"
-        )
-    return lines
+def md_configs(
+    result: dict[str, dict[str, float]], command: str, columns: str, cells: str
+) -> list[str]:
+    """One row per configuration; `cells` is a format string over the configuration's figures."""
+    rows = (f"| {name} | {cells.format(**r)} |" for name, r in result.items())
+    return [*table_head(command, columns), *rows]
+
+
+OVERHEAD_TABLE = (
+    "configuration | host CPU per iteration, median | ratio | minimum | ratio "
+    "| wall per iteration, median | ratio",
+    "{cpu_us:.1f} us | x{cpu_us_ratio:.3f} | {cpu_min_us:.1f} us | x{cpu_min_us_ratio:.3f} "
+    "| {wall_us:.1f} us | x{wall_us_ratio:.3f}",
+)
+INSTRUCTIONS_TABLE = (
+    "configuration | instructions per iteration, all threads | ratio | main thread | ratio "
+    "| of which libvgpu.so | of which the simulator's libcuda | threads",
+    "{all:,.0f} | x{all_ratio:.3f} | {main:,.0f} | x{main_ratio:.3f} | {shim:,.0f} | {sim:,.0f} "
+    "| {threads:.0f}",
+)
 
 
 def md_caps(rows: list[dict[str, float]], command: str, size_label: str) -> list[str]:
     sms = sorted({int(r["sms"]) for r in rows})
     cap_list = sorted({int(r["cap"]) for r in rows if r["cap"]})
-    lines = [
-        header(command),
-        "",
-        f"| SMs | {size_label} | kernel | uncapped | "
-        + " | ".join(f"cap {c}" for c in cap_list)
-        + " |",
-        "|---|---|---|---|" + "---|" * len(cap_list),
-    ]
+    caps_head = " | ".join(f"cap {c}" for c in cap_list)
+    lines = table_head(command, f"SMs | {size_label} | kernel | uncapped | {caps_head}")
     for sm in sms:
         mine = [r for r in rows if r["sms"] == sm]
         un = next(r for r in mine if not r["cap"])
@@ -378,11 +363,11 @@ def main() -> None:
     if "overhead" in only:
         ov = overhead(args.rounds, args.iterations)
         results["overhead"] = ov
-        blocks["overhead"] = md_overhead(ov, command)
+        blocks["overhead"] = md_configs(ov, command, *OVERHEAD_TABLE)
     if "instructions" in only:
         ins = instructions(args.cg_iterations)
         results["instructions"] = ins
-        blocks["instructions"] = md_instructions(ins, command)
+        blocks["instructions"] = md_configs(ins, command, *INSTRUCTIONS_TABLE)
     for part, label in (("elementwise", "floats"), ("matmul", "N")):
         if part in only:
             rows = caps(part, sms, cap_list, gemm_n, args.warmup, args.seconds)
