@@ -36,7 +36,7 @@ over a window bracketed by torch.cuda.synchronize(). Target: each within +-2 poi
   1.2 ms of simulated time whatever the SM count.
 * matmul: one N x N float GEMM (cuBLAS) per step. A kernel lasts 10 us per wave of its grid, and
   cuBLAS picks its kernel (tile size, hence grid) from the shape and the SM count, so N per SM
-  count is a measured choice (GEMM_N, or --gemm-n) giving 140-400 us per GEMM; the table shows
+  count is a measured choice (GEMM_N, or --gemm-n) giving 140-810 us per GEMM; the table shows
   the kernel time each row measured.
 
 `--update-md` rewrites, in BENCHMARKS.md, the block of each part this run measured (between its
