@@ -71,10 +71,9 @@ QUOTA = "4Gi"
 OVERHEAD_CAP = "90"
 NUMEL_132 = 16 << 20  # floats: about 1.2 ms per elementwise kernel on 132 SMs
 # N of the N x N float GEMM per SM count, measured (uncapped, default spread): 16 SMs 2304 (cuBLAS
-# picks a 64x64-tile kernel: about 810 us; the sizes below it that were tried pick sm_80 CUTLASS
-# kernels the simulator cannot load yet, docs/simulator.md), 48: 2304 (about 270 us), 108: 5632
-# (180 us), 132: 8192 (160 us, tests/clients/test_torch_compute.py), 188: 9216 (140 us; 7168,
-# 8192 and 9728 pick those CUTLASS kernels there)
+# picks a 64x64-tile kernel: about 810 us), 48: 2304 (about 270 us), 108: 5632 (180 us), 132: 8192
+# (160 us, tests/clients/test_torch_compute.py), 188: 9216 (140 us). Chosen while other sizes
+# failed to load their sm_80 CUTLASS kernels on the simulator (since fixed: they run now).
 GEMM_N = {16: 2304, 48: 2304, 108: 5632, 132: 8192, 188: 9216}
 CONFIGS = {
     "no shim": None,
