@@ -11,14 +11,20 @@ it: the simulator's queue is set to 1 s of work (SIMGPU_QUEUE_AHEAD_US; its defa
 launch loops, while a GPU's pushbuffer holds about 1024 launches: over a second of the
 elementwise kernels), so the device idles only if the process gets no CPU for a second. The
 uncapped runs show it (every bucket of the window busy); each run prints how long it waited for a
-CPU (cpu_wait, a fraction of the window). A share short of its cap is a failure, whatever the host did."""
+CPU (cpu_wait, a fraction of the window, summed over its threads). A capped loop cannot queue
+more than the cap's burst ahead of its schedule (docs/compute.md), so a process kept off the CPU
+for longer leaves the device idle: a share short of its cap while the host starved the process
+(sharing.cpuwait.starved, as the demo and the selftest judge it) is said as a warning, not judged;
+a share above its cap is a failure whatever the host did."""
 
 from __future__ import annotations
 
 import re
+import warnings
 
 import pytest
 
+from sharing.cpuwait import starved
 from tests.support.clients import Client, frameworks_python
 
 pytestmark = pytest.mark.slow
@@ -70,13 +76,30 @@ def test_uncapped_loop_keeps_the_device_busy(
     assert share > 99.0, out
 
 
+def _judge(share: float, cap: int, out: str) -> None:
+    """share within POINTS of cap; below it only when the host did not starve the loop."""
+    assert share <= cap + POINTS, out
+    if share >= cap - POINTS:
+        return
+    wait = re.search(r"cpu_wait=([\d.]+)", out)
+    window = re.search(r"window_s=([\d.]+)", out)
+    assert wait and window, out
+    seconds = float(window.group(1))
+    if starved(float(wait.group(1)) * seconds, seconds):
+        warnings.warn(
+            f"{out.strip()}: short of the cap {cap}% on a starved host, not judged", stacklevel=2
+        )
+        return
+    raise AssertionError(out)
+
+
 @pytest.mark.parametrize("cap", [10, 30, 50, 70, 90])
 def test_elementwise_loop_gets_its_cap(spread_client: Client, torch_python: str, cap: int) -> None:
     share, out = _share(spread_client, torch_python, "elementwise", ["--compute", str(cap)])
-    assert abs(share - cap) <= POINTS, out
+    _judge(share, cap, out)
 
 
 @pytest.mark.parametrize("cap", [10, 30, 50, 70, 90])
 def test_matmul_loop_gets_its_cap(spread_client: Client, torch_python: str, cap: int) -> None:
     share, out = _share(spread_client, torch_python, "matmul-heavy", ["--compute", str(cap)])
-    assert abs(share - cap) <= POINTS, out
+    _judge(share, cap, out)
