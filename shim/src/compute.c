@@ -73,11 +73,15 @@ _Static_assert(sizeof(struct vgpu_compute_state) == 512, "compute state size is 
 #define MIN_SLEEP_NS         (2000000LL) /* a launch due sooner than this goes now: batches wake-ups */
 #define RING                 256         /* measured launches in flight per context */
 #define MAX_CTX              32
-#define MEASURE_ALL_FIRST    32             /* measure every launch of a key until it has this many samples */
-#define MEASURE_EVERY        4              /* then one launch in this many, at random, */
-#define MEASURE_EVERY_MAX    64             /* or fewer for short kernels: */
-#define MEASURE_SPACING_NS   (100 * 1000LL) /* about one per this much estimated device time */
-#define START_WAIT_NS        (5 * 1000LL)   /* a measured launch waits this long at most for its start event */
+#define MEASURE_ALL_FIRST    32 /* measure every launch of a key until it has this many samples */
+#ifndef MEASURE_EVERY           /* -D for profiling builds only (BENCHMARKS.md: the unmeasured launch's cost) */
+#define MEASURE_EVERY 4         /* then one launch in this many, at random, */
+#endif
+#ifndef MEASURE_EVERY_MAX
+#define MEASURE_EVERY_MAX 64 /* or fewer for short kernels: */
+#endif
+#define MEASURE_SPACING_NS (100 * 1000LL) /* about one per this much estimated device time */
+#define START_WAIT_NS      (5 * 1000LL)   /* a measured launch waits this long at most for its start event */
 
 /* ------------------------------------------------------------ configuration (compute_config.c) */
 static struct vgpu_compute_config g_cfg = {.policy = VGPU_COMPUTE_POLICY_HARD, .priority = 1, .nvml_loop = 1};
@@ -189,7 +193,12 @@ struct gate_cache {
     uint64_t cost;  /* est x factor, rounded: what a launch is charged while factor is in force */
     uint64_t draw;  /* this thread's splitmix64 state for measure_draw (0 = not seeded yet) */
 };
-static __thread struct gate_cache t_gc;
+/* initial-exec: the launch path reaches it with one %fs-relative access instead of a
+ * __tls_get_addr call. The shim is loaded at start-up (LD_PRELOAD, /etc/ld.so.preload), so its
+ * TLS is in the static TLS block; were it ever dlopen'ed, glibc serves initial-exec TLS of a
+ * dlopen'ed library from its static TLS reserve (this ~90-byte struct is the shim's only
+ * thread-local; the reserve is 512 bytes and up on every glibc the shim supports). */
+static __thread struct gate_cache t_gc __attribute__((tls_model("initial-exec")));
 
 /* The cost to charge for an estimate: est x the NVML loop's factor, rounded. */
 static inline uint64_t charged_cost(uint64_t est, double factor) { return (uint64_t)((double)est * factor + 0.5); }
