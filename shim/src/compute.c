@@ -26,7 +26,8 @@
  * for measurement, nothing due in the ring) takes no lock: it charges a per-thread copy of the
  * estimate (gate_cache, thread-local), valid while the estimator's generation (g_est.gen, bumped
  * under g_mu whenever an estimate or an entry changes) is the one copied, and reads the ring's
- * drain_at hint atomically.
+ * drain_at hint atomically. The same cache keeps the device of the thread's current context
+ * (gate_target), while no context has gone since (g_ctx_gen, bumped by the context hooks).
  * Fork safety: the child re-initialises the mutex and forgets the parent's events (a CUDA
  * context does not survive fork) and its thread's cached copy; the slice's shared state is, by
  * design, shared.
