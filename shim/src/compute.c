@@ -26,7 +26,8 @@
  * for measurement, nothing due in the ring) takes no lock: it charges a per-thread copy of the
  * estimate (gate_cache, thread-local), valid while the estimator's generation (g_est.gen, bumped
  * under g_mu whenever an estimate or an entry changes) is the one copied, and reads the ring's
- * drain_at hint atomically.
+ * drain_at hint atomically. The same cache keeps the device of the thread's current context
+ * (gate_target), while no context has gone since (g_ctx_gen, bumped by the context hooks).
  * Fork safety: the child re-initialises the mutex and forgets the parent's events (a CUDA
  * context does not survive fork) and its thread's cached copy; the slice's shared state is, by
  * design, shared.
@@ -73,11 +74,15 @@ _Static_assert(sizeof(struct vgpu_compute_state) == 512, "compute state size is 
 #define MIN_SLEEP_NS         (2000000LL) /* a launch due sooner than this goes now: batches wake-ups */
 #define RING                 256         /* measured launches in flight per context */
 #define MAX_CTX              32
-#define MEASURE_ALL_FIRST    32             /* measure every launch of a key until it has this many samples */
-#define MEASURE_EVERY        4              /* then one launch in this many, at random, */
-#define MEASURE_EVERY_MAX    64             /* or fewer for short kernels: */
-#define MEASURE_SPACING_NS   (100 * 1000LL) /* about one per this much estimated device time */
-#define START_WAIT_NS        (5 * 1000LL)   /* a measured launch waits this long at most for its start event */
+#define MEASURE_ALL_FIRST    32 /* measure every launch of a key until it has this many samples */
+#ifndef MEASURE_EVERY           /* -D for profiling builds only (BENCHMARKS.md: the unmeasured launch's cost) */
+#define MEASURE_EVERY 4         /* then one launch in this many, at random, */
+#endif
+#ifndef MEASURE_EVERY_MAX
+#define MEASURE_EVERY_MAX 64 /* or fewer for short kernels: */
+#endif
+#define MEASURE_SPACING_NS (100 * 1000LL) /* about one per this much estimated device time */
+#define START_WAIT_NS      (5 * 1000LL)   /* a measured launch waits this long at most for its start event */
 
 /* ------------------------------------------------------------ configuration (compute_config.c) */
 static struct vgpu_compute_config g_cfg = {.policy = VGPU_COMPUTE_POLICY_HARD, .priority = 1, .nvml_loop = 1};
@@ -106,7 +111,10 @@ static struct {
 } drv;
 static pthread_once_t drv_once = PTHREAD_ONCE_INIT;
 static int drv_ok;
-static int drv_done; /* drv_resolve has run: launches skip pthread_once (a call) */
+/* drv_resolve has run (launches then skip pthread_once, a call): DRV_GATE when the context
+ * functions the gate needs are there, DRV_NONE when not. 0: not yet. */
+enum { DRV_NONE = 1, DRV_GATE = 2 };
+static int drv_state;
 
 /* The driver's own functions, resolved as every other part of the shim resolves them
  * (vgpu_cuda_sym: dlsym on the driver's handle, so neither the shim's dlsym map nor another
@@ -124,6 +132,7 @@ static void drv_resolve(void) {
     drv.device_get_uuid = (pfn_device_get_uuid)vgpu_cuda_sym("cuDeviceGetUuid_v2");
     drv_ok = drv.ctx_get_current && drv.ctx_get_device && drv.event_create && drv.event_record && drv.event_query &&
              drv.event_elapsed;
+    __atomic_store_n(&drv_state, drv.ctx_get_current && drv.ctx_get_device ? DRV_GATE : DRV_NONE, __ATOMIC_RELEASE);
     if (!drv_ok)
         vgpu_log(VGPU_LOG_ERROR, "compute cap: the driver lacks event functions; launches are charged "
                                  "by estimate only (no measurement)");
@@ -158,6 +167,7 @@ struct cdev {
     int attached;
     struct vgpu_compute_state *st;
     struct vgpu_node_slot *own; /* this slice's demand record on the device (NULL: none) */
+    int elastic;                /* own and the policy is elastic: effective_cap follows the neighbours */
     uint8_t uuid_bytes[16];
     uint64_t slice_id; /* this slice's id */
     int64_t next_node_check;
@@ -182,14 +192,38 @@ struct gate_cache {
     struct cctx *cx; /* ctx's ring (its ctx field is checked: a fork child's rings are reset) */
     uintptr_t key;
     uint64_t grid;
-    uint64_t est;   /* vc_est_cost of the entry (before the NVML loop's factor) */
-    uint64_t gen;   /* g_est.gen when copied; 0 = empty (the table's starts at 0 and only grows) */
-    uint64_t every; /* measure_every(est) */
-    double factor;  /* the NVML loop's factor cost was computed with (0: none yet) */
-    uint64_t cost;  /* est x factor, rounded: what a launch is charged while factor is in force */
-    uint64_t draw;  /* this thread's splitmix64 state for measure_draw (0 = not seeded yet) */
+    uint64_t est;      /* vc_est_cost of the entry (before the NVML loop's factor) */
+    uint64_t gen;      /* g_est.gen when copied; 0 = empty (the table's starts at 0 and only grows) */
+    uint64_t every;    /* measure_every(est) */
+    uint32_t ppm;      /* the NVML loop's stored factor cost was computed with (vgpu_compute_cost_factor_ppm) */
+    uint32_t step_eff; /* the cap step was computed for (0: none) */
+    uint64_t cost;     /* est x factor, rounded: what a launch is charged while ppm is in force */
+    int64_t step;      /* vc_wall_ns(cost, step_eff): the launch's wall time in the bucket */
+    uint64_t draw;     /* this thread's splitmix64 state for measure_draw (0 = not seeded yet) */
+    /* The device of dctx (gate_target), while g_ctx_gen is dgen: a context's device never
+     * changes, but a context can go and a new one get its address. Kept only where the driver
+     * shows one device (vgpu_device_only_one): a context destroyed out of the shim's sight (the
+     * CUDA runtime's private table) can then only be followed by one on the same device. */
+    CUcontext dctx;
+    uint64_t dgen;
+    CUdevice dcudev;
+    int ddev;
 };
-static __thread struct gate_cache t_gc;
+/* initial-exec: the launch path reaches it with one %fs-relative access instead of a
+ * __tls_get_addr call. The shim is loaded at start-up (LD_PRELOAD, /etc/ld.so.preload), so its
+ * TLS is in the static TLS block; were it ever dlopen'ed, glibc serves initial-exec TLS of a
+ * dlopen'ed library from its static TLS reserve (this ~90-byte struct is the shim's only
+ * thread-local; the reserve is 512 bytes and up on every glibc the shim supports). */
+static __thread struct gate_cache t_gc __attribute__((tls_model("initial-exec")));
+
+/* Bumped (vgpu_compute_ctx_gone) after any context may have gone: the threads' cached devices of
+ * their contexts (gate_cache.dctx) are then dropped. Starts at 1: dgen 0 is an empty cache. */
+static uint64_t g_ctx_gen = 1;
+
+CUresult vgpu_compute_ctx_gone(CUresult rc) {
+    __atomic_fetch_add(&g_ctx_gen, 1, __ATOMIC_RELEASE);
+    return rc;
+}
 
 /* The cost to charge for an estimate: est x the NVML loop's factor, rounded. */
 static inline uint64_t charged_cost(uint64_t est, double factor) { return (uint64_t)((double)est * factor + 0.5); }
@@ -228,7 +262,7 @@ static uint64_t random_id(void) {
     return x ? x : 1;
 }
 
-static void attach_device(int dev, CUdevice cudev) {
+static __attribute__((noinline)) void attach_device(int dev, CUdevice cudev) {
     struct cdev *cd = &g_dev[dev];
     struct vgpu_region *r = vgpu_region();
     struct vgpu_compute_state *st = r ? &r->compute[dev] : &g_private[dev];
@@ -252,6 +286,7 @@ static void attach_device(int dev, CUdevice cudev) {
     }
     cd->slice_id = id;
     if (!g_draw) g_draw = random_id();
+    cd->elastic = g_cfg.policy == VGPU_COMPUTE_POLICY_ELASTIC && cd->own;
     if (g_cfg.policy == VGPU_COMPUTE_POLICY_ELASTIC && !cd->own)
         vgpu_log(VGPU_LOG_WARN, "compute cap: elastic policy without node state (%s): device %d keeps its cap",
                  vgpu_demand_dir(), dev);
@@ -366,10 +401,7 @@ static void drain_hint_lower(struct cctx *cx, int64_t due) {
 /* Threads of the process call these concurrently without g_mu: the per-process fields they
  * touch (published_want, next_node_check, eff) are only read and written atomically, and a
  * lost update just repeats a cheap step. */
-static void publish_want(struct cdev *cd, int64_t until) {
-    if (!cd->own) return;
-    int64_t pub = __atomic_load_n(&cd->published_want, __ATOMIC_RELAXED);
-    if (until - pub < HEARTBEAT_NS && until <= pub + WANT_HOLD_NS) return;
+static __attribute__((noinline)) void publish_want_now(struct cdev *cd, int64_t until) {
     struct vgpu_node_slot *s = cd->own;
     int64_t cur = __atomic_load_n(&s->want_until_ns, __ATOMIC_RELAXED);
     /* Processes of a slice race here; only ever move it forward. */
@@ -378,8 +410,17 @@ static void publish_want(struct cdev *cd, int64_t until) {
     __atomic_store_n(&cd->published_want, until, __ATOMIC_RELAXED);
 }
 
+/* The shared record is written only when the time moved by HEARTBEAT_NS (or went back): the
+ * test is inline, being on every launch's path. */
+static inline void publish_want(struct cdev *cd, int64_t until) {
+    if (!cd->own) return;
+    int64_t pub = __atomic_load_n(&cd->published_want, __ATOMIC_RELAXED);
+    if (until - pub < HEARTBEAT_NS) return; /* (until went back: also < HEARTBEAT_NS) */
+    publish_want_now(cd, until);
+}
+
 /* Elastic: recompute the cap from the neighbours' demand (their records, read as copies). */
-static void node_check(struct cdev *cd, int dev, int64_t now) {
+static __attribute__((noinline)) void node_check(struct cdev *cd, int dev, int64_t now) {
     struct vgpu_node_slot view[1 + 64];
     int n = vgpu_demand_peers(cd->uuid_bytes, now, view + 1, 64);
     if (n < 0) return;  /* nothing to read now: keep the last decision */
@@ -405,7 +446,7 @@ static void node_check(struct cdev *cd, int dev, int64_t now) {
 /* The cap to apply now on this device (permille, VC_PERMILLE_FULL = none). An elastic slice runs
  * node_check once per NODE_CHECK_NS (the thread of the process that wins the CAS). */
 static uint32_t effective_cap(struct cdev *cd, int dev, int64_t now) {
-    if (!cd->own || g_cfg.policy != VGPU_COMPUTE_POLICY_ELASTIC) return g_cfg.cap[dev];
+    if (!cd->elastic) return g_cfg.cap[dev];
     int64_t due = __atomic_load_n(&cd->next_node_check, __ATOMIC_RELAXED);
     if (now >= due && __atomic_compare_exchange_n(&cd->next_node_check, &due, now + NODE_CHECK_NS, 0, __ATOMIC_RELAXED,
                                                   __ATOMIC_RELAXED))
@@ -420,14 +461,31 @@ static uint32_t effective_cap(struct cdev *cd, int dev, int64_t now) {
  * *may_measure = 0 when asking about the capture failed (e.g. another thread captures in global
  * mode): our own event records could disturb that capture, so the launch is charged, not measured. */
 static int gate_target(CUstream stream, CUcontext *ctx, CUdevice *cudev, int *dev, int *may_measure) {
-    if (!__atomic_load_n(&drv_done, __ATOMIC_ACQUIRE)) {
+    if (__atomic_load_n(&drv_state, __ATOMIC_ACQUIRE) != DRV_GATE) {
         pthread_once(&drv_once, drv_resolve);
-        __atomic_store_n(&drv_done, 1, __ATOMIC_RELEASE);
+        if (__atomic_load_n(&drv_state, __ATOMIC_ACQUIRE) != DRV_GATE) return 0;
     }
-    if (!drv.ctx_get_current || !drv.ctx_get_device) return 0;
-    if (drv.ctx_get_current(ctx) != CUDA_SUCCESS || !*ctx || drv.ctx_get_device(cudev) != CUDA_SUCCESS) return 0;
-    *dev = vgpu_device_index(*cudev);
-    if (*dev < 0 || *dev >= VGPU_MAX_DEVICES || !g_cfg.cap[*dev]) return 0;
+    if (drv.ctx_get_current(ctx) != CUDA_SUCCESS || !*ctx) return 0;
+    struct gate_cache *gc = &t_gc;
+    /* Read before asking the driver: a context gone after this read bumps it past, and the
+     * device found for it is then not used again. */
+    uint64_t gen = __atomic_load_n(&g_ctx_gen, __ATOMIC_ACQUIRE);
+    if (gc->dctx == *ctx && gc->dgen == gen) {
+        if (gc->ddev < 0) return 0; /* not capped */
+        *cudev = gc->dcudev;
+        *dev = gc->ddev;
+    } else {
+        if (drv.ctx_get_device(cudev) != CUDA_SUCCESS) return 0;
+        *dev = vgpu_device_index(*cudev);
+        if (*dev < 0 || *dev >= VGPU_MAX_DEVICES || !g_cfg.cap[*dev]) *dev = -1;
+        if (vgpu_device_only_one()) {
+            gc->dctx = *ctx;
+            gc->dgen = gen;
+            gc->dcudev = *cudev;
+            gc->ddev = *dev;
+        }
+        if (*dev < 0) return 0;
+    }
     *may_measure = 1;
     if (stream == NULL || stream == CU_STREAM_LEGACY) {
         /* The legacy default stream cannot be captured (CUDA refuses to begin a capture on it),
@@ -464,7 +522,6 @@ static struct cdev *gate_prepare(int dev, CUdevice cudev, int64_t now, uint32_t 
         if (!cd->attached) attach_device(dev, cudev);
         pthread_mutex_unlock(&g_mu);
     }
-    if (g_cfg.nvml_loop && !vgpu_compute_nvml_started()) vgpu_compute_nvml_start();
     *eff = effective_cap(cd, dev, now);
     publish_want(cd, now + WANT_HOLD_NS);
     return cd;
@@ -498,9 +555,12 @@ static inline int measure_draw(struct gate_cache *c, uint64_t n) {
  * before guessing twice: a key never measured has one launch in flight, and an elastic slice
  * running uncapped keeps at most INFLIGHT_MAX_NS of estimated work queued. Meanwhile it
  * sleep-polls, holding nothing, and follows the cap (L->eff) as it changes. */
-static int gate_estimate(struct vgpu_launch *L, struct cdev *cd, struct gate_cache *gc, CUcontext ctx, int may_measure,
-                         int drawn) {
+static __attribute__((noinline)) int gate_estimate(struct vgpu_launch *L, struct cdev *cd, struct gate_cache *gc,
+                                                   CUcontext ctx, int may_measure, int drawn) {
     int64_t deadline = L->now + UNKNOWN_WAIT_MAX_NS;
+    /* Here, not on every launch: a process's first capped launch, and a fork child's, come
+     * through this path (the child's thread cache is reset). */
+    if (g_cfg.nvml_loop && !vgpu_compute_nvml_started()) vgpu_compute_nvml_start();
     for (;;) {
         pthread_mutex_lock(&g_mu);
         if (!gc->draw) gc->draw = splitmix64(&g_draw) | 1; /* a stream of its own per thread */
@@ -512,8 +572,9 @@ static int gate_estimate(struct vgpu_launch *L, struct cdev *cd, struct gate_cac
         if ((!unknown_busy && !queue_full) || L->now >= deadline) {
             L->cx = cx;
             uint64_t est = vc_est_cost(e);
-            double factor = vgpu_compute_cost_factor(cd->st);
-            L->cost = charged_cost(est, factor);
+            uint32_t ppm = vgpu_compute_cost_factor_ppm(cd->st);
+            L->cost = charged_cost(est, vgpu_compute_cost_factor_of(ppm));
+            L->step = vc_wall_ns((int64_t)L->cost, L->eff);
             /* Every launch while learning a key and while running uncapped (the queue bound needs
              * them), then a sample (drawn by gate_fast already, or now). */
             int measure = drv_ok && may_measure && cx && cx->tail - cx->head < RING &&
@@ -529,9 +590,15 @@ static int gate_estimate(struct vgpu_launch *L, struct cdev *cd, struct gate_cac
                                           .est = est,
                                           .gen = __atomic_load_n(&g_est.gen, __ATOMIC_RELAXED),
                                           .every = measure_every(est),
-                                          .factor = factor,
+                                          .ppm = ppm,
+                                          .step_eff = L->eff,
                                           .cost = L->cost,
-                                          .draw = gc->draw};
+                                          .step = L->step,
+                                          .draw = gc->draw,
+                                          .dctx = gc->dctx,
+                                          .dgen = gc->dgen,
+                                          .dcudev = gc->dcudev,
+                                          .ddev = gc->ddev};
             pthread_mutex_unlock(&g_mu);
             return measure;
         }
@@ -561,12 +628,18 @@ static int gate_fast(struct vgpu_launch *L, struct cdev *cd, struct gate_cache *
         return 0;
     }
     L->cx = c->cx;
-    double factor = vgpu_compute_cost_factor(cd->st);
-    if (factor != c->factor) {
-        c->factor = factor;
-        c->cost = charged_cost(c->est, factor);
+    uint32_t ppm = vgpu_compute_cost_factor_ppm(cd->st);
+    if (ppm != c->ppm) {
+        c->ppm = ppm;
+        c->cost = charged_cost(c->est, vgpu_compute_cost_factor_of(ppm));
+        c->step_eff = 0;
+    }
+    if (L->eff != c->step_eff) {
+        c->step_eff = L->eff;
+        c->step = vc_wall_ns((int64_t)c->cost, L->eff);
     }
     L->cost = c->cost;
+    L->step = c->step;
     return 1;
 }
 
@@ -577,7 +650,7 @@ static int gate_fast(struct vgpu_launch *L, struct cdev *cd, struct gate_cache *
  * the bucket's either way. Returns 1 when it slept. */
 static int gate_admit(struct vgpu_launch *L, struct cdev *cd) {
     if (L->eff >= VC_PERMILLE_FULL) return 0;
-    int64_t go = vc_reserve(&cd->st->tat_ns, L->now, L->cost, L->eff, BURST_NS);
+    int64_t go = vc_reserve_step(&cd->st->tat_ns, L->now, L->step, BURST_NS);
     if (go <= L->now + MIN_SLEEP_NS) return 0;
     publish_want(cd, go + WANT_HOLD_NS);
     vgpu_compute_sleep_until(go);
@@ -591,8 +664,10 @@ static int gate_admit(struct vgpu_launch *L, struct cdev *cd) {
  * back the reading of everyone's completions, the ring being read in order; none when the ring
  * is full: then the launch is charged by estimate only), the start event recorded on the
  * launch's stream and, for a kernel, whether that event is already complete (device_time). */
-static void gate_measure(struct vgpu_launch *L, int slept) {
+static __attribute__((noinline)) void gate_measure(struct vgpu_launch *L, int slept) {
     struct cctx *cx = L->cx;
+    L->measure_failed = 0;
+    L->start_done = 0;
     pthread_mutex_lock(&g_mu);
     if (slept) drain_ctx(cx, L->now, 64);
     if (cx->tail - cx->head < RING) {
@@ -656,10 +731,9 @@ void vgpu_compute_before(struct vgpu_launch *L, uintptr_t key, uint64_t grid, CU
     L->stream = stream;
     L->cx = NULL;
     L->slot = -1;
-    L->measure_failed = 0;
-    L->start_done = 0;
     L->now = vgpu_compute_now_ns();
     struct cdev *cd = gate_prepare(dev, cudev, L->now, &L->eff);
+    L->st = cd->st;
     struct gate_cache *gc = &t_gc;
     int drawn, measure = gate_fast(L, cd, gc, ctx, &drawn) ? 0 : gate_estimate(L, cd, gc, ctx, may_measure, drawn);
     int slept = gate_admit(L, cd);
@@ -667,40 +741,58 @@ void vgpu_compute_before(struct vgpu_launch *L, uintptr_t key, uint64_t grid, CU
     L->active = 1;
 }
 
-void vgpu_compute_after(struct vgpu_launch *L, CUresult launched) {
-    if (!L->active) return;
-    struct cdev *cd = &g_dev[L->dev];
-    if (L->slot >= 0) {
-        /* First the launch's return: the host time the pair spans before the kernel could start. */
-        int64_t ret = vgpu_compute_now_ns();
-        int measured = launched == CUDA_SUCCESS && !L->measure_failed &&
-                       drv.event_record(L->cx->ring[L->slot].end, L->stream) == CUDA_SUCCESS;
-        pthread_mutex_lock(&g_mu);
-        struct ring_slot *s = &L->cx->ring[L->slot];
-        if (measured) {
-            s->key = L->key;
-            s->grid = L->grid;
-            s->charged = L->cost;
-            s->host_ns = L->start_done ? launch_call_ns(ret - L->start_done) : 0;
-            s->due_ns = ret + (int64_t)L->cost;
-            L->cx->outstanding_ns += (int64_t)L->cost;
-            s->state = SLOT_PENDING;
-            drain_hint_lower(L->cx, s->due_ns);
-        } else {
-            s->state = SLOT_SKIP; /* not measurable (launch or event record failed) */
-            drain_hint_lower(L->cx, 0);
-            struct vc_est_entry *e = vc_est_lookup(&g_est, L->key, L->grid);
-            if (e->in_flight) e->in_flight--;
-        }
-        pthread_mutex_unlock(&g_mu);
+/* vgpu_compute_after of a measured launch: the end event and the pair queued. */
+static __attribute__((noinline)) void after_measured(struct vgpu_launch *L, CUresult launched) {
+    /* First the launch's return: the host time the pair spans before the kernel could start. */
+    int64_t ret = vgpu_compute_now_ns();
+    int measured = launched == CUDA_SUCCESS && !L->measure_failed &&
+                   drv.event_record(L->cx->ring[L->slot].end, L->stream) == CUDA_SUCCESS;
+    pthread_mutex_lock(&g_mu);
+    struct ring_slot *s = &L->cx->ring[L->slot];
+    if (measured) {
+        s->key = L->key;
+        s->grid = L->grid;
+        s->charged = L->cost;
+        s->host_ns = L->start_done ? launch_call_ns(ret - L->start_done) : 0;
+        s->due_ns = ret + (int64_t)L->cost;
+        L->cx->outstanding_ns += (int64_t)L->cost;
+        s->state = SLOT_PENDING;
+        drain_hint_lower(L->cx, s->due_ns);
+    } else {
+        s->state = SLOT_SKIP; /* not measurable (launch or event record failed) */
+        drain_hint_lower(L->cx, 0);
+        struct vc_est_entry *e = vc_est_lookup(&g_est, L->key, L->grid);
+        if (e->in_flight) e->in_flight--;
     }
+    pthread_mutex_unlock(&g_mu);
+}
 
+/* The counters of a launch that ran. */
+static inline void after_count(const struct vgpu_launch *L) {
+    struct vgpu_compute_state *st = L->st;
+    __atomic_fetch_add(&st->launches, 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&st->charged_ns, (int64_t)L->cost, __ATOMIC_RELAXED);
+    __atomic_store_n(&st->last_launch_ns, (uint64_t)L->now, __ATOMIC_RELAXED);
+}
+
+/* vgpu_compute_after of a measured launch or of one the driver refused (nothing ran: the budget
+ * goes back). */
+static __attribute__((noinline)) void after_rare(struct vgpu_launch *L, CUresult launched) {
+    if (L->slot >= 0) after_measured(L, launched);
     if (launched != CUDA_SUCCESS) {
-        /* Nothing ran: give the budget back. */
-        if (L->eff < VC_PERMILLE_FULL) vc_correct(&cd->st->tat_ns, vgpu_compute_now_ns(), -(int64_t)L->cost, L->eff);
+        if (L->eff < VC_PERMILLE_FULL) vc_correct(&L->st->tat_ns, vgpu_compute_now_ns(), -(int64_t)L->cost, L->eff);
         return;
     }
-    __atomic_fetch_add(&cd->st->launches, 1, __ATOMIC_RELAXED);
-    __atomic_fetch_add(&cd->st->charged_ns, (int64_t)L->cost, __ATOMIC_RELAXED);
-    __atomic_store_n(&cd->st->last_launch_ns, (uint64_t)L->now, __ATOMIC_RELAXED);
+    after_count(L);
+}
+
+/* The common case (not measured, launched) is the three counters; the rest is out of line so
+ * that it costs the common case no register saves. */
+void vgpu_compute_after(struct vgpu_launch *L, CUresult launched) {
+    if (!L->active) return;
+    if (L->slot >= 0 || launched != CUDA_SUCCESS) {
+        after_rare(L, launched);
+        return;
+    }
+    after_count(L);
 }

@@ -18,6 +18,7 @@
 #include "vgpu/cuda_api.h"
 
 struct cctx;
+struct vgpu_compute_state;
 
 struct vgpu_launch {
     int active; /* the gate charged this launch; after() must see it */
@@ -26,9 +27,11 @@ struct vgpu_launch {
     int measure_failed;
     uint32_t eff;
     struct cctx *cx;
+    struct vgpu_compute_state *st; /* the device's shared state (for after) */
     uintptr_t key;
     uint64_t grid;
     uint64_t cost;
+    int64_t step;       /* the cost's wall time in the bucket under eff (vc_wall_ns) */
     int64_t now;        /* host time at the gate */
     int64_t start_done; /* host time by which the start event was seen complete; 0 = not seen */
     CUstream stream;
@@ -43,6 +46,10 @@ int vgpu_compute_init(void);
 uint32_t vgpu_compute_cap_permille(int dev);
 void vgpu_compute_before(struct vgpu_launch *L, uintptr_t key, uint64_t grid, CUstream stream);
 void vgpu_compute_after(struct vgpu_launch *L, CUresult launched);
+/* A context may be gone (cuCtxDestroy, a primary context released or reset): called by those
+ * hooks (context.c) after the driver's call, whatever it returned (returned unchanged). Drops
+ * every thread's cached device of its current context (vgpu_compute_before). */
+CUresult vgpu_compute_ctx_gone(CUresult rc);
 
 /* The launch shape as one number: total blocks, and threads per block in the high bits. */
 static inline uint64_t vgpu_launch_shape(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz) {

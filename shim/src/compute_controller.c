@@ -11,17 +11,7 @@
 /* ---------------------------------------------------------------- budget */
 
 int64_t vc_reserve(int64_t *tat, int64_t now_ns, uint64_t cost_ns, uint32_t permille, int64_t burst_ns) {
-    int64_t step = vc_wall_ns((int64_t)cost_ns, permille);
-    int64_t old = __atomic_load_n(tat, __ATOMIC_RELAXED);
-    for (;;) {
-        /* Idle time earns no credit beyond `burst`: a slice that was idle starts from now. */
-        int64_t base = old > now_ns ? old : now_ns;
-        int64_t next = base + step;
-        if (__atomic_compare_exchange_n(tat, &old, next, false, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
-            /* The launch may go once the work reserved before it is within burst of paid. */
-            return base - burst_ns;
-        /* `old` was reloaded by the failed CAS; retry (another process/thread reserved). */
-    }
+    return vc_reserve_step(tat, now_ns, vc_wall_ns((int64_t)cost_ns, permille), burst_ns);
 }
 
 void vc_correct(int64_t *tat, int64_t now_ns, int64_t delta_ns, uint32_t permille) {

@@ -54,6 +54,20 @@ static inline int64_t vc_wall_ns(int64_t cost_ns, uint32_t permille) {
     return (int64_t)(((__int128)cost_ns * VC_PERMILLE_FULL) / permille);
 }
 
+/* vc_reserve with the launch's wall time already known (step = vc_wall_ns(cost_ns, permille)):
+ * the launch gate keeps the step of its cached cost, so that a launch does no division. */
+static inline int64_t vc_reserve_step(int64_t *tat, int64_t now_ns, int64_t step, int64_t burst_ns) {
+    int64_t old = __atomic_load_n(tat, __ATOMIC_RELAXED);
+    for (;;) {
+        /* Idle time earns no credit beyond `burst`: a slice that was idle starts from now. */
+        int64_t base = old > now_ns ? old : now_ns;
+        if (__atomic_compare_exchange_n(tat, &old, base + step, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+            /* The launch may go once the work reserved before it is within burst of paid. */
+            return base - burst_ns;
+        /* `old` was reloaded by the failed CAS; retry (another process/thread reserved). */
+    }
+}
+
 /* ---- 2. estimator ---- */
 
 #define VC_EST_SLOTS       1024 /* power of two */

@@ -88,16 +88,6 @@ static double stored_factor(const struct vgpu_compute_state *st) {
     return f ? (double)f / 1e6 : 1.0;
 }
 
-double vgpu_compute_cost_factor(const struct vgpu_compute_state *st) {
-#ifdef VGPU_COMPUTE_TEST_BIAS
-    /* Test builds only (tests/shim_compute/test_nvml_loop.py): a deliberately wrong estimator,
-     * which the NVML loop must correct. Never defined in the product build. */
-    return stored_factor(st) * (VGPU_COMPUTE_TEST_BIAS);
-#else
-    return stored_factor(st);
-#endif
-}
-
 static uint64_t realtime_us(void) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);

@@ -16,8 +16,24 @@
 #include "vgpu/compute_state.h"
 
 /* What a launch is charged per ns of estimated device time: the NVML loop's correction of the
- * slice's cost estimates (1.0 until the loop has acted). Any thread, lock-free. */
-double vgpu_compute_cost_factor(const struct vgpu_compute_state *st);
+ * slice's cost estimates (1.0 until the loop has acted), from its stored value (ppm, 0: none
+ * yet; the launch gate compares the stored value to know whether its copy is current). Any
+ * thread, lock-free; inline, being on every launch's path. */
+static inline uint32_t vgpu_compute_cost_factor_ppm(const struct vgpu_compute_state *st) {
+    return __atomic_load_n(&st->nvml_factor_ppm, __ATOMIC_RELAXED);
+}
+static inline double vgpu_compute_cost_factor_of(uint32_t ppm) {
+    double f = ppm ? (double)ppm / 1e6 : 1.0;
+#ifdef VGPU_COMPUTE_TEST_BIAS
+    /* Test builds only (tests/shim_compute/test_nvml_loop.py): a deliberately wrong estimator,
+     * which the NVML loop must correct. Never defined in the product build. */
+    f *= (VGPU_COMPUTE_TEST_BIAS);
+#endif
+    return f;
+}
+static inline double vgpu_compute_cost_factor(const struct vgpu_compute_state *st) {
+    return vgpu_compute_cost_factor_of(vgpu_compute_cost_factor_ppm(st));
+}
 /* Hand device index dev (capped, attached by compute.c) to the loop: its NVML UUID ("GPU-...",
  * "" when unknown: the loop then leaves the device alone) and the slice's shared state. Once
  * per device, before the device is marked attached in compute.c. */

@@ -26,6 +26,7 @@
 #include <pthread.h>
 
 #include "context.h"
+#include "compute.h"
 #include "config.h"
 #include "ctxmem.h"
 #include "devices.h"
@@ -164,16 +165,19 @@ static CUresult primary_drop(CUresult (*real)(CUdevice), CUdevice dev, int reset
 }
 
 CUresult hook_cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
-    return vgpu_modules_primary_gone(dev, 0, primary_drop(real_cuDevicePrimaryCtxRelease_v2, dev, 0));
+    return vgpu_compute_ctx_gone(
+        vgpu_modules_primary_gone(dev, 0, primary_drop(real_cuDevicePrimaryCtxRelease_v2, dev, 0)));
 }
 CUresult hook_cuDevicePrimaryCtxRelease(CUdevice dev) {
-    return vgpu_modules_primary_gone(dev, 0, primary_drop(real_cuDevicePrimaryCtxRelease, dev, 0));
+    return vgpu_compute_ctx_gone(
+        vgpu_modules_primary_gone(dev, 0, primary_drop(real_cuDevicePrimaryCtxRelease, dev, 0)));
 }
 CUresult hook_cuDevicePrimaryCtxReset_v2(CUdevice dev) {
-    return vgpu_modules_primary_gone(dev, 1, primary_drop(real_cuDevicePrimaryCtxReset_v2, dev, 1));
+    return vgpu_compute_ctx_gone(
+        vgpu_modules_primary_gone(dev, 1, primary_drop(real_cuDevicePrimaryCtxReset_v2, dev, 1)));
 }
 CUresult hook_cuDevicePrimaryCtxReset(CUdevice dev) {
-    return vgpu_modules_primary_gone(dev, 1, primary_drop(real_cuDevicePrimaryCtxReset, dev, 1));
+    return vgpu_compute_ctx_gone(vgpu_modules_primary_gone(dev, 1, primary_drop(real_cuDevicePrimaryCtxReset, dev, 1)));
 }
 
 /* ---- primary contexts retained out of sight (the CUDA runtime's private table) ---- */
@@ -336,6 +340,8 @@ static CUresult ctx_destroy(CUresult (*real)(CUcontext), CUcontext ctx) {
 }
 
 CUresult hook_cuCtxDestroy_v2(CUcontext ctx) {
-    return vgpu_modules_ctx_gone(ctx, ctx_destroy(real_cuCtxDestroy_v2, ctx));
+    return vgpu_compute_ctx_gone(vgpu_modules_ctx_gone(ctx, ctx_destroy(real_cuCtxDestroy_v2, ctx)));
 }
-CUresult hook_cuCtxDestroy(CUcontext ctx) { return vgpu_modules_ctx_gone(ctx, ctx_destroy(real_cuCtxDestroy, ctx)); }
+CUresult hook_cuCtxDestroy(CUcontext ctx) {
+    return vgpu_compute_ctx_gone(vgpu_modules_ctx_gone(ctx, ctx_destroy(real_cuCtxDestroy, ctx)));
+}

@@ -64,6 +64,8 @@ void vgpu_devices_discover(void) {
     pthread_mutex_unlock(&mu);
 }
 
+int vgpu_device_only_one(void) { return __atomic_load_n(&discovered, __ATOMIC_ACQUIRE) && ndev_driver == 1; }
+
 int vgpu_device_index(CUdevice dev) {
     vgpu_devices_discover();
     if (!__atomic_load_n(&discovered, __ATOMIC_ACQUIRE)) return -1;

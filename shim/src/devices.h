@@ -15,6 +15,9 @@ int vgpu_device_index(CUdevice dev);
 int vgpu_current_device_index(void);            /* of the current context's device, or -1 (no context) / -2 */
 int vgpu_device_unaccounted_ordinal(void);      /* the ordinal of the last -2 answer (for a log line) */
 int vgpu_device_handle(int idx, CUdevice *out); /* the CUdevice of index idx: 0, or -1 */
+/* The driver shows this process exactly one device (so every context is on it): 1, else 0 (also
+ * before discovery). */
+int vgpu_device_only_one(void);
 /* The app-visible index of an NVML device handle, or -1 (not visible, or unknown): by UUID
  * against the map when CUDA is initialised in the process; else from CUDA_VISIBLE_DEVICES (UUID
  * entries; numeric ones only when CUDA's order is known to be NVML's). Never initialises CUDA. */

@@ -2,7 +2,8 @@
  * Edge cases of the launch hooks under a compute cap (tests/shim_compute/test_edges.py):
  * NULL arguments reach the driver (no crash, the driver's error comes back), failed launches
  * give their budget back, stream capture is not charged, and fork in the middle of capped
- * launching neither deadlocks the child nor disturbs the parent.
+ * launching neither deadlocks the child nor disturbs the parent; contexts destroyed and created
+ * between launches are charged right.
  * Prints "ok" and exits 0 on success.
  */
 #include <stdio.h>
@@ -69,6 +70,23 @@ int main(void) {
     EXPECT(waitpid(pid, &status, 0) == pid);
     EXPECT(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     EXPECT(cuCtxSynchronize() == CUDA_SUCCESS);
+
+    /* Contexts come and go (the gate keeps the device of a thread's context until a context is
+     * destroyed): a launch in a new context, maybe at a destroyed one's address, is charged like
+     * any other; one after its context was destroyed is the driver's error, charged nothing. */
+    for (int k = 0; k < 3; k++) {
+        CUcontext c2;
+        CUmodule m2;
+        CUfunction f2;
+        EXPECT(cuCtxCreate_v2(&c2, 0, dev) == CUDA_SUCCESS); /* current now */
+        EXPECT(cuModuleLoadData(&m2, "simgpu-module") == CUDA_SUCCESS);
+        EXPECT(cuModuleGetFunction(&f2, m2, "sim_1000us") == CUDA_SUCCESS);
+        for (int i = 0; i < 5; i++) EXPECT(cuLaunchKernel(f2, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL) == CUDA_SUCCESS);
+        EXPECT(cuCtxSynchronize() == CUDA_SUCCESS);
+        EXPECT(cuCtxDestroy_v2(c2) == CUDA_SUCCESS);
+        EXPECT(cuLaunchKernel(f2, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL) != CUDA_SUCCESS);
+        EXPECT(cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
+    }
     printf("ok\n");
     return 0;
 }

@@ -2,7 +2,8 @@
 without the process mutex (per-thread cache of the estimate, compute.c gate_fast): several
 threads launching short kernels of one key under a cap that does not bind (every launch is still
 counted once, and most go unmeasured), and the edge cases of compute_edge.c (NULL arguments,
-capture, a fork child launching after its parent did)."""
+capture, a fork child launching after its parent did, contexts created and destroyed between
+launches)."""
 
 from __future__ import annotations
 
@@ -66,4 +67,4 @@ def test_edges_sanitized(
     assert p.returncode == 0, p.stdout + p.stderr[-3000:]
     assert p.stdout.strip() == "ok"
     st = compute_state(Path(env["CUDA_DEVICE_MEMORY_SHARED_CACHE"]))
-    assert 40 <= st.launches <= 41, st.launches
+    assert 55 <= st.launches <= 56, st.launches  # as in test_edges.py
