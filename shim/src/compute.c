@@ -354,12 +354,14 @@ static void drain_ctx(struct cctx *cx, int64_t now, int budget) {
         }
         if (s->state != SLOT_PENDING || now < s->due_ns)
             break; /* reserved by a launch still in progress, or cannot be done yet */
-        CUresult q = drv.event_query(s->end);
+        /* cuEventElapsedTime answers NOT_READY while either event is incomplete (the start
+         * precedes the end in the stream): one driver call reads completion and time. */
+        float ms = 0;
+        CUresult q = drv.event_elapsed(&ms, s->start, s->end);
         if (q == CUDA_ERROR_NOT_READY) break;
         struct vc_est_entry *e = vc_est_lookup(&g_est, s->key, s->grid);
         if (e->in_flight) e->in_flight--;
-        float ms = 0;
-        if (q == CUDA_SUCCESS && drv.event_elapsed(&ms, s->start, s->end) == CUDA_SUCCESS && ms >= 0 && cd->st) {
+        if (q == CUDA_SUCCESS && ms >= 0 && cd->st) {
             uint64_t sample = device_time((uint64_t)llroundf(ms * 1e6f), s->host_ns);
             int accepted;
             uint64_t est = vc_est_update(e, sample, &accepted);
