@@ -70,9 +70,11 @@ _Static_assert(sizeof(struct vgpu_compute_state) == 512, "compute state size is 
 #define UNKNOWN_WAIT_MAX_NS  (200 * 1000000LL) /* first launch of a key: wait this long at most */
 #define INFLIGHT_MAX_NS      (8 * 1000000LL)   /* elastic, uncapped: device time queued ahead at most */
 #define INFLIGHT_WAIT_MAX_NS (100 * 1000000LL)
-#define POLL_NS              (1000000LL) /* sleep between completion polls (never spin) */
-#define MIN_SLEEP_NS         (2000000LL) /* a launch due sooner than this goes now: batches wake-ups */
-#define RING                 256         /* measured launches in flight per context */
+#define POLL_NS              (1000000LL)     /* sleep between completion polls (never spin) */
+#define MIN_SLEEP_NS         (2000000LL)     /* a launch due sooner than this goes now: batches wake-ups */
+#define RING                 256             /* measured launches in flight per context */
+#define RETRY_MIN_NS         (10 * 1000LL)   /* a due measurement found incomplete is read again after this, */
+#define RETRY_MAX_NS         (1000 * 1000LL) /* doubling up to this (behind a neighbour's time slice) */
 #define MAX_CTX              32
 #define MEASURE_ALL_FIRST    32 /* measure every launch of a key until it has this many samples */
 #ifndef MEASURE_EVERY           /* -D for profiling builds only (BENCHMARKS.md: the unmeasured launch's cost) */
@@ -146,8 +148,9 @@ struct ring_slot {
     uintptr_t key;
     uint64_t grid;
     uint64_t charged;
-    int64_t host_ns; /* host time from the start event's known completion to the launch's return; 0 = unknown */
-    int64_t due_ns;  /* not worth querying before this (host time of the end record + charged) */
+    int64_t host_ns;  /* host time from the start event's known completion to the launch's return; 0 = unknown */
+    int64_t due_ns;   /* not worth querying before this (host time of the end record + charged) */
+    int64_t retry_ns; /* the wait before the next read when found incomplete (0: not yet read) */
     int state;
 };
 
@@ -358,7 +361,15 @@ static void drain_ctx(struct cctx *cx, int64_t now, int budget) {
          * precedes the end in the stream): one driver call reads completion and time. */
         float ms = 0;
         CUresult q = drv.event_elapsed(&ms, s->start, s->end);
-        if (q == CUDA_ERROR_NOT_READY) break;
+        if (q == CUDA_ERROR_NOT_READY) {
+            /* Queued behind other work (a neighbour's time slice, a long kernel): read it again
+             * later, backing off, so that the launches meanwhile keep the lock-free path instead
+             * of each asking the driver. */
+            int64_t wait = s->retry_ns ? 2 * s->retry_ns : RETRY_MIN_NS;
+            s->retry_ns = wait < RETRY_MAX_NS ? wait : RETRY_MAX_NS;
+            s->due_ns = now + s->retry_ns;
+            break;
+        }
         struct vc_est_entry *e = vc_est_lookup(&g_est, s->key, s->grid);
         if (e->in_flight) e->in_flight--;
         if (q == CUDA_SUCCESS && ms >= 0 && cd->st) {
@@ -383,8 +394,8 @@ static void drain_ctx(struct cctx *cx, int64_t now, int budget) {
         cx->head++;
     }
     /* When there is something to do next: nothing pending, or the oldest measurement's due
-     * time; now again when it is due but not complete, reserved by a launch in progress (its
-     * after() lowers the hint when it queues the pair) or the budget ran out. */
+     * time (pushed back when it was found incomplete); now again when it is reserved by a launch
+     * in progress (its after() lowers the hint when it queues the pair) or the budget ran out. */
     int64_t at = 0;
     if (cx->head == cx->tail)
         at = INT64_MAX;
@@ -757,6 +768,7 @@ static __attribute__((noinline)) void after_measured(struct vgpu_launch *L, CUre
         s->charged = L->cost;
         s->host_ns = L->start_done ? launch_call_ns(ret - L->start_done) : 0;
         s->due_ns = ret + (int64_t)L->cost;
+        s->retry_ns = 0;
         L->cx->outstanding_ns += (int64_t)L->cost;
         s->state = SLOT_PENDING;
         drain_hint_lower(L->cx, s->due_ns);
