@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -14,6 +13,7 @@ import pytest
 from driver.discovery import GPU_LOST, Discovery, Inventory, PynvmlBackend, Rediscovery
 from sharing.gpus import use_simulator
 from sharing.paths import ArtefactMissingError
+from tests.support.plugin_e2e import write_config
 
 
 @pytest.fixture
@@ -46,11 +46,7 @@ def dev(i: int, healthy: bool = True, xid: int = 79) -> dict[str, Any]:
 
 
 def write(config: Path, devices: list[dict[str, Any]]) -> None:
-    tmp = config.with_suffix(".tmp")
-    tmp.write_text(
-        json.dumps({"devices": devices, "driver_version": "535.104.05", "cuda_version": "12.2"})
-    )
-    tmp.replace(config)
+    write_config(config, devices, driver_version="535.104.05", cuda_version="12.2")
 
 
 def test_list_and_events_on_the_simulator(sim: Path, tmp_path: Path) -> None:

@@ -67,10 +67,18 @@ def device(i: int, healthy: bool = True) -> dict[str, Any]:
     }
 
 
-def write_config(path: Path, devices: list[dict[str, Any]]) -> None:
+def write_config(
+    path: Path,
+    devices: list[dict[str, Any]],
+    driver_version: str = "550.54.15",
+    cuda_version: str = "12.4",
+) -> None:
+    """The simulator's configuration (SIMGPU_CONFIG) with these devices, replaced atomically."""
     tmp = path.with_suffix(".tmp")
     tmp.write_text(
-        json.dumps({"devices": devices, "driver_version": "550.54.15", "cuda_version": "12.4"})
+        json.dumps(
+            {"devices": devices, "driver_version": driver_version, "cuda_version": cuda_version}
+        )
     )
     tmp.replace(path)  # atomic: the simulator never reads half a file
 
