@@ -82,12 +82,6 @@ static void nv_resolve(void) {
     if (!nv.ok) vgpu_log(VGPU_LOG_INFO, "compute cap: NVML per-process utilisation unavailable; events only");
 }
 
-/* The NVML loop's correction of the slice's cost estimates. */
-static double stored_factor(const struct vgpu_compute_state *st) {
-    uint32_t f = __atomic_load_n(&st->nvml_factor_ppm, __ATOMIC_RELAXED);
-    return f ? (double)f / 1e6 : 1.0;
-}
-
 static uint64_t realtime_us(void) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -181,7 +175,7 @@ static void nvml_step(int dev) {
      * Only consecutive periods read by this process count. */
     if (next != cd->acc_next_ns) cd->acc.periods = 0;
     cd->acc_next_ns = now + NVML_PERIOD_NS;
-    double old = stored_factor(st);
+    double old = vgpu_compute_stored_factor_of(vgpu_compute_cost_factor_ppm(st));
     double f = vc_nvml_step(&cd->acc, old, (double)usage, charged, nprocs);
     if (f == old) return;
     __atomic_store_n(&st->nvml_factor_ppm, (uint32_t)(f * 1e6 + 0.5), __ATOMIC_RELAXED);

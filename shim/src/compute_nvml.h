@@ -22,8 +22,10 @@
 static inline uint32_t vgpu_compute_cost_factor_ppm(const struct vgpu_compute_state *st) {
     return __atomic_load_n(&st->nvml_factor_ppm, __ATOMIC_RELAXED);
 }
+/* The stored factor itself (the loop's own state; without any test bias). */
+static inline double vgpu_compute_stored_factor_of(uint32_t ppm) { return ppm ? (double)ppm / 1e6 : 1.0; }
 static inline double vgpu_compute_cost_factor_of(uint32_t ppm) {
-    double f = ppm ? (double)ppm / 1e6 : 1.0;
+    double f = vgpu_compute_stored_factor_of(ppm);
 #ifdef VGPU_COMPUTE_TEST_BIAS
     /* Test builds only (tests/shim_compute/test_nvml_loop.py): a deliberately wrong estimator,
      * which the NVML loop must correct. Never defined in the product build. */
