@@ -50,10 +50,13 @@ HOSTILE_ENV = {
 
 
 def run(
-    binary: Path, env: dict[str, str], *ops: str, setup: str = ""
+    binary: Path, env: dict[str, str], *ops: str, setup: str = "", wrapper: Path | None = None
 ) -> tuple[list[dict[str, str]], list[str]]:
-    """shim_ops with `ops`; `setup`: shell commands run first in a private mount namespace."""
+    """shim_ops with `ops`; `setup`: shell commands run first in a private mount namespace;
+    `wrapper`: a program that runs shim_ops (without_statx)."""
     argv = [str(binary), *ops]
+    if wrapper is not None:
+        argv = [str(wrapper), *argv]
     if setup:
         argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
                 f'{setup} && exec "$@"', "sh", *argv]  # fmt: skip
@@ -98,8 +101,19 @@ def complete(memory: int, acct: Path, **extra: str) -> str:
     return text + "".join(f"{k}={v}\n" for k, v in extra.items())
 
 
+@pytest.fixture(params=["statx", "without statx"])
+def mount_check(request: pytest.FixtureRequest, build_c: Callable[..., Path]) -> Path | None:
+    """How the shim tells the plugin's bind mount: statx's mount-root attribute (Linux 5.8), or,
+    where statx answers ENOSYS (older kernels, older seccomp profiles), /proc/self/mountinfo."""
+    return build_c("without_statx.c") if request.param == "without statx" else None
+
+
 def test_limits_file_overrides_every_tenant_setting(
-    shim_ops: Path, shim_env: dict[str, str], shim_dir: Path, tmp_path: Path
+    shim_ops: Path,
+    shim_env: dict[str, str],
+    shim_dir: Path,
+    tmp_path: Path,
+    mount_check: Path | None,
 ) -> None:
     acct = tmp_path / "acct"
     write_limits(shim_dir, complete(64 * MiB, acct))
@@ -107,7 +121,7 @@ def test_limits_file_overrides_every_tenant_setting(
     env = dict(shim_env, **HOSTILE_ENV, LD_PRELOAD=str(shim_dir / "libvgpu.so"))
     env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = str(elsewhere)
     res, lines = run(shim_ops, env, "init", "ctx", "info", f"alloc:{48 * MiB}", f"alloc:{32 * MiB}",
-                     setup=plugin_mounts(shim_dir))  # fmt: skip
+                     setup=plugin_mounts(shim_dir), wrapper=mount_check)  # fmt: skip
     assert [r["rc"] for r in res] == ["0", "0", "0", "0", "2"]  # the second is over 64 MiB
     assert res[2]["total"] == str(64 * MiB)
     # The slice's accounting file is the plugin's, not the one the tenant named.
@@ -184,13 +198,14 @@ def test_a_limits_file_on_a_writable_file_system_is_not_the_plugins(
 
 
 def test_a_read_only_directory_is_not_a_mount_of_its_own(
-    shim_ops: Path, shim_env: dict[str, str], shim_dir: Path
+    shim_ops: Path, shim_env: dict[str, str], shim_dir: Path, mount_check: Path | None
 ) -> None:
     """Read-only is not enough (an image's files under readOnlyRootFilesystem are read-only):
     the file must be a bind mount of its own, as only the runtime makes from the CDI spec."""
     write_limits(shim_dir, GENEROUS)
     env = dict(shim_env, LD_PRELOAD=str(shim_dir / "libvgpu.so"))
-    res, lines = run(shim_ops, env, "init", "ctx", f"alloc:{MiB}", setup=mount_ro(shim_dir))
+    res, lines = run(shim_ops, env, "init", "ctx", f"alloc:{MiB}", setup=mount_ro(shim_dir),
+                     wrapper=mount_check)  # fmt: skip
     assert res[0]["rc"] == "1" and res[2]["rc"] != "0", res
     assert len(lines) == 1 and "not a read-only mount of its own" in lines[0], lines
 
