@@ -175,6 +175,11 @@ double vc_nvml_step(struct vc_nvml_acc *acc, double factor, double usage_pm, dou
     acc->usage_pm += usage_pm;
     acc->charged_pm += charged_pm;
     acc->periods++;
+    /* A disagreement of a few percent waits for VC_NVML_MIN_PERIODS readings: one period's
+     * noise (rounding, work charged in one period and served in the next) is then a third of
+     * the sums' and moves the factor a third as far; a large one is acted on at once. */
+    double ratio = acc->usage_pm / acc->charged_pm;
+    if (acc->periods < VC_NVML_MIN_PERIODS && ratio < 1.0 + VC_NVML_FAST && ratio > 1.0 - VC_NVML_FAST) return factor;
     double f = vc_nvml_factor(factor, acc->usage_pm, acc->charged_pm, nprocs);
     if (f != factor) acc->periods = 0;
     return f;
