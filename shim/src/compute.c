@@ -83,8 +83,10 @@ _Static_assert(sizeof(struct vgpu_compute_state) == 512, "compute state size is 
 #ifndef MEASURE_EVERY_MAX
 #define MEASURE_EVERY_MAX 64 /* or fewer for short kernels: */
 #endif
-#define MEASURE_SPACING_NS (100 * 1000LL) /* about one per this much estimated device time */
-#define START_WAIT_NS      (5 * 1000LL)   /* a measured launch waits this long at most for its start event */
+#ifndef MEASURE_SPACING_NS
+#define MEASURE_SPACING_NS (400 * 1000LL) /* about one per this much estimated device time */
+#endif
+#define START_WAIT_NS (5 * 1000LL) /* a measured launch waits this long at most for its start event */
 
 /* ------------------------------------------------------------ configuration (compute_config.c) */
 static struct vgpu_compute_config g_cfg = {.policy = VGPU_COMPUTE_POLICY_HARD, .priority = 1, .nvml_loop = 1};
