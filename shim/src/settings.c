@@ -233,15 +233,15 @@ static int mount_root(int fd) {
     return -1;
 }
 
-/* Whether the open file is the root of a read-only mount of its own (a bind mount the plugin
- * made): 1 yes, 0 no (*why says which part fails), -1 cannot tell (*why). A regular file that is
- * a mount's root was reached through its own mount point, so statx's word is enough; kernels
- * before 5.8 do not give it, and there /proc/self/mountinfo must have a read-only mount point
- * that is this very file (reading it costs 50-300 us, with the node's mounts). */
-static int own_ro_mount(int fd, const char **why) {
+/* Whether the open file (st: its fstat) is the root of a read-only mount of its own (a bind
+ * mount the plugin made): 1 yes, 0 no (*why says which part fails), -1 cannot tell (*why). A
+ * regular file that is a mount's root was reached through its own mount point, so statx's word
+ * is enough; kernels before 5.8 do not give it, and there /proc/self/mountinfo must have a
+ * read-only mount point that is this very file (reading it costs 50-300 us, with the node's
+ * mounts). */
+static int own_ro_mount(int fd, const struct stat *st, const char **why) {
     struct statvfs vs;
-    struct stat st;
-    if (fstatvfs(fd, &vs) != 0 || vgpu_fstat(fd, &st) != 0) {
+    if (fstatvfs(fd, &vs) != 0) {
         *why = strerror(errno);
         return -1;
     }
@@ -255,7 +255,7 @@ static int own_ro_mount(int fd, const char **why) {
         if (root == 0) *why = copy;
         return root;
     }
-    struct same_file sf = {&st};
+    struct same_file sf = {st};
     int rc = each_mount(is_mount_of, &sf);
     if (rc < 0) {
         *why = "/proc/self/mountinfo is unreadable, so it cannot be told from a copy";
@@ -347,7 +347,7 @@ static int try_file(const char *path) {
         return -1;
     }
     const char *why = NULL;
-    if (own_ro_mount(fd, &why) != 1) {
+    if (own_ro_mount(fd, &st, &why) != 1) {
         close(fd);
         char what[160];
         snprintf(what, sizeof what, "not the plugin's: %s", why);
