@@ -86,7 +86,7 @@ _Static_assert(sizeof(struct vgpu_compute_state) == 512, "compute state size is 
 #ifndef MEASURE_SPACING_NS
 #define MEASURE_SPACING_NS (400 * 1000LL) /* about one per this much estimated device time */
 #endif
-#define START_WAIT_NS (5 * 1000LL) /* a measured launch waits this long at most for its start event */
+#define START_WAIT_NS (5 * 1000LL)    /* a measured launch waits this long at most for its start event */
 #define COARSE_MAX_NS (4 * 1000000LL) /* the tick's clock serves the common case when its tick is this or finer */
 
 /* ------------------------------------------------------------ configuration (compute_config.c) */
