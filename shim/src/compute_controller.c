@@ -152,13 +152,10 @@ uint64_t vc_est_update(struct vc_est_entry *e, uint64_t sample_ns, int *accepted
 
 /* ------------------------------------------------------ NVML outer loop */
 
-/* One reading's rounding: each process's smUtil is an integer percent. */
-static double nvml_deadband(int nprocs) { return VC_NVML_DEADBAND_PM + 5.0 * (nprocs > 1 ? nprocs - 1 : 0); }
-
 double vc_nvml_factor(double factor, double usage_pm, double charged_pm, int nprocs) {
     if (charged_pm < VC_NVML_MIN_USAGE_PM || usage_pm < VC_NVML_MIN_USAGE_PM)
         return factor; /* smUtil is an integer percent per process: too coarse below 5% */
-    double deadband = nvml_deadband(nprocs);
+    double deadband = VC_NVML_DEADBAND_PM + 5.0 * (nprocs > 1 ? nprocs - 1 : 0);
     double diff = usage_pm - charged_pm;
     if (diff <= deadband && diff >= -deadband) return factor;
     /* linear, not ratio^gain: libm's exp/log carry glibc 2.29 symbol versions, newer than the
@@ -169,18 +166,8 @@ double vc_nvml_factor(double factor, double usage_pm, double charged_pm, int npr
     return f;
 }
 
-double vc_nvml_step(struct vc_nvml_acc *acc, double factor, double usage_pm, double charged_pm, int nprocs,
-                    double cap_pm, int waited) {
+double vc_nvml_step(struct vc_nvml_acc *acc, double factor, double usage_pm, double charged_pm, int nprocs) {
     if (usage_pm < VC_NVML_MIN_USAGE_PM || charged_pm < VC_NVML_MIN_USAGE_PM) {
-        acc->periods = 0;
-        return factor;
-    }
-    /* Below its cap and never waiting for budget, the slice's share was not its charge's doing,
-     * and its events may read otherwise than at the cap (the larger of two busy slices: 5-6% low
-     * beside the smaller one's preempting kernels, 2.5% once held at its cap): a factor learnt
-     * here would charge it wrongly there. Nothing to learn unless it used clearly more than its
-     * cap (undercharged, it must be brought back). */
-    if (!waited && usage_pm <= cap_pm + nvml_deadband(nprocs)) {
         acc->periods = 0;
         return factor;
     }

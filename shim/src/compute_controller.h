@@ -127,9 +127,6 @@ double vc_nvml_factor(double factor, double usage_pm, double charged_pm, int npr
 /* One reading of the NVML outer loop: the slice's usage and charge over the last period
  * (permille) are added to the sums not yet acted on (`acc`; zeroed = empty), and the factor
  * moves by vc_nvml_factor on the sums. A reading under 5% empties the sums and changes nothing;
- * so does one of a period in which the slice never waited for budget (`waited` = 0) and used
- * no more than its cap (cap_pm, permille) plus one reading's rounding: its charge did not set
- * its share then, and the factor is the one its cap needs;
  * the sums are emptied when the factor moves, and after VC_NVML_ACC_MAX readings (older ones
  * are forgotten). The caller empties them when a reading is not the next period of the last. */
 #define VC_NVML_ACC_MAX 30
@@ -144,8 +141,7 @@ struct vc_nvml_acc {
     double usage_pm, charged_pm;
     int periods;
 };
-double vc_nvml_step(struct vc_nvml_acc *acc, double factor, double usage_pm, double charged_pm, int nprocs,
-                    double cap_pm, int waited);
+double vc_nvml_step(struct vc_nvml_acc *acc, double factor, double usage_pm, double charged_pm, int nprocs);
 
 /* Feed one measured duration. Returns the new estimate (ns); *accepted (if not NULL) = 1 when
  * the sample is taken as the kernel's own time, 0 when it is rejected as inflated by waiting for

@@ -154,8 +154,6 @@ static void nvml_step(int dev) {
         return; /* another process of the slice reads this period */
     uint64_t la = __atomic_load_n(&st->launches, __ATOMIC_RELAXED);
     uint64_t la0 = __atomic_exchange_n(&st->nvml_launches_snap, la, __ATOMIC_RELAXED);
-    uint64_t th = __atomic_load_n(&st->throttled, __ATOMIC_RELAXED);
-    uint64_t th0 = __atomic_exchange_n(&st->nvml_throttled_snap, th, __ATOMIC_RELAXED);
     int64_t ch = __atomic_load_n(&st->charged_ns, __ATOMIC_RELAXED);
     int64_t ch0 = __atomic_exchange_n(&st->nvml_charged_snap, ch, __ATOMIC_RELAXED);
     uint32_t eff = __atomic_load_n(&st->effective_permille, __ATOMIC_RELAXED);
@@ -180,7 +178,7 @@ static void nvml_step(int dev) {
     if (next != cd->acc_next_ns) cd->acc.periods = 0;
     cd->acc_next_ns = now + NVML_PERIOD_NS;
     double old = vgpu_compute_stored_factor_of(vgpu_compute_cost_factor_ppm(st));
-    double f = vc_nvml_step(&cd->acc, old, (double)usage, charged, nprocs, (double)eff, th != th0);
+    double f = vc_nvml_step(&cd->acc, old, (double)usage, charged, nprocs);
     if (f == old) return;
     __atomic_store_n(&st->nvml_factor_ppm, (uint32_t)(f * 1e6 + 0.5), __ATOMIC_RELAXED);
     vgpu_log(VGPU_LOG_DEBUG, "compute cap: device %d NVML share %d.%d%% vs charged %.1f%%: cost factor %.3f -> %.3f",
