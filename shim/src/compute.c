@@ -86,8 +86,7 @@ _Static_assert(sizeof(struct vgpu_compute_state) == 512, "compute state size is 
 #ifndef MEASURE_SPACING_NS
 #define MEASURE_SPACING_NS (400 * 1000LL) /* about one per this much estimated device time */
 #endif
-#define START_WAIT_NS (5 * 1000LL)    /* a measured launch waits this long at most for its start event */
-#define COARSE_MAX_NS (4 * 1000000LL) /* the tick's clock serves the common case when its tick is this or finer */
+#define START_WAIT_NS (5 * 1000LL) /* a measured launch waits this long at most for its start event */
 
 /* ------------------------------------------------------------ configuration (compute_config.c) */
 static struct vgpu_compute_config g_cfg = {.policy = VGPU_COMPUTE_POLICY_HARD, .priority = 1, .nvml_loop = 1};
@@ -244,22 +243,8 @@ static void atfork_child(void) {
     for (unsigned i = 0; i < VC_EST_SLOTS; i++) g_est.e[i].in_flight = 0;
 }
 
-/* Whether the launch's first reading of the clock may be the tick's (vgpu_compute_coarse_ns): set
- * once at init, from the tick's resolution. */
-static int g_coarse;
-
-/* The time a launch starts its way through the gate with. Where the tick is fine enough, the
- * tick's time: a lower bound of now by at most COARSE_MAX_NS, which is all the common case needs
- * (gate_admit reads the exact clock before it sleeps; the slow paths read it themselves), and a
- * quarter of the cost of the exact clock (about 7 ns instead of 28 ns on this VM, 1% of a
- * launch-bound loop of 1 us kernels). */
-static inline int64_t gate_now(void) { return g_coarse ? vgpu_compute_coarse_ns() : vgpu_compute_now_ns(); }
-
 int vgpu_compute_init(void) {
     if (vgpu_compute_config_load(&g_cfg)) return 1;
-    struct timespec res;
-    g_coarse = clock_getres(CLOCK_MONOTONIC_COARSE, &res) == 0 && res.tv_sec == 0 && res.tv_nsec > 0 &&
-               res.tv_nsec <= COARSE_MAX_NS;
     vgpu_compute_on = g_cfg.enabled;
     if (g_cfg.enabled) {
         vgpu_require_region();
@@ -587,7 +572,6 @@ static inline int measure_draw(struct gate_cache *c, uint64_t n) {
  * sleep-polls, holding nothing, and follows the cap (L->eff) as it changes. */
 static __attribute__((noinline)) int gate_estimate(struct vgpu_launch *L, struct cdev *cd, struct gate_cache *gc,
                                                    CUcontext ctx, int may_measure, int drawn) {
-    L->now = vgpu_compute_now_ns(); /* the exact time: drains below compare it with completions' */
     int64_t deadline = L->now + UNKNOWN_WAIT_MAX_NS;
     /* Here, not on every launch: a process's first capped launch, and a fork child's, come
      * through this path (the child's thread cache is reset). */
@@ -681,21 +665,12 @@ static int gate_fast(struct vgpu_launch *L, struct cdev *cd, struct gate_cache *
  * the bucket's either way. Returns 1 when it slept. */
 static int gate_admit(struct vgpu_launch *L, struct cdev *cd) {
     if (L->eff >= VC_PERMILLE_FULL) return 0;
-    /* L->now may be the tick's time (gate_now), at most COARSE_MAX_NS behind now. Reserved from
-     * it, a slice coming back from idle starts up to that much earlier (the burst is that much
-     * longer once; a throttled slice's tat is ahead of now, and then the clock plays no part).
-     * Due within MIN_SLEEP_NS of that lower bound, it is due within MIN_SLEEP_NS of now. */
     int64_t go = vc_reserve_step(&cd->st->tat_ns, L->now, L->step, BURST_NS);
     if (go <= L->now + MIN_SLEEP_NS) return 0;
-    int64_t now = vgpu_compute_now_ns();
-    if (go <= now + MIN_SLEEP_NS) {
-        L->now = now;
-        return 0;
-    }
     publish_want(cd, go + WANT_HOLD_NS);
     vgpu_compute_sleep_until(go);
     __atomic_fetch_add(&cd->st->throttled, 1, __ATOMIC_RELAXED);
-    __atomic_fetch_add(&cd->st->wait_ns, (uint64_t)(go - now), __ATOMIC_RELAXED);
+    __atomic_fetch_add(&cd->st->wait_ns, (uint64_t)(go - L->now), __ATOMIC_RELAXED);
     L->now = vgpu_compute_now_ns();
     return 1;
 }
@@ -775,7 +750,7 @@ void vgpu_compute_before(struct vgpu_launch *L, uintptr_t key, uint64_t grid, CU
     L->stream = stream;
     L->cx = NULL;
     L->slot = -1;
-    L->now = gate_now();
+    L->now = vgpu_compute_now_ns();
     struct cdev *cd = gate_prepare(dev, cudev, L->now, &L->eff);
     L->st = cd->st;
     struct gate_cache *gc = &t_gc;

@@ -17,16 +17,6 @@ static inline int64_t vgpu_compute_now_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-/* CLOCK_MONOTONIC as of the last timer tick: never ahead of vgpu_compute_now_ns(), behind it by at
- * most the tick (clock_getres; 1-4 ms on common kernels), and a quarter of its cost (no clock
- * read: the vDSO returns the time the kernel stored at the tick). For the launch gate's common
- * case, where a lower bound of now does (compute.c, gate_admit). */
-static inline int64_t vgpu_compute_coarse_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
 /* Sleep until CLOCK_MONOTONIC time t (a signal does not cut it short). */
 static inline void vgpu_compute_sleep_until(int64_t t) {
     struct timespec ts = {.tv_sec = t / 1000000000LL, .tv_nsec = t % 1000000000LL};
