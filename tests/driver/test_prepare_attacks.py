@@ -47,10 +47,6 @@ def restart(w: World) -> None:
     w.kubelet.register()
 
 
-def claim_reads(w: World) -> int:
-    return len([r for r in w.server.requests if r.method == "GET" and "resourceclaims" in r.path])
-
-
 def paths(w: World, uid: str) -> dict[str, Path]:
     data = w.root / "data"
     return {
@@ -126,11 +122,11 @@ def test_bad_claim_uids_are_refused_before_anything_happens(
     """A trailing newline passed the old `^...$` regex; a 300-character UID passed too and left
     a PrepareStarted entry whose paths were too long to remove (recover() then crashed)."""
     bad = ClaimId("default", "c1", uid)
-    reads = claim_reads(world)
+    reads = world.server.count("GET", "resourceclaims")
     out = world.kubelet.prepare([bad])
     assert out[uid].devices == []
     assert out[uid].error.startswith("claim UID") and "\n" not in out[uid].error
-    assert claim_reads(world) == reads  # refused before the API read
+    assert world.server.count("GET", "resourceclaims") == reads  # refused before the API read
     assert re.search(message, out[uid].error), out[uid].error
     assert re.search(message, world.kubelet.unprepare([bad])[uid])
     assert world.plugin.driver.state.prepared() == []
@@ -222,16 +218,18 @@ def test_missing_spec_is_recreated_keeping_the_slices_usage(world: World) -> Non
     accounting = (p["shared"] / "accounting").read_bytes()
     for gone in ("spec", "limits", "demand", "metadata"):
         p[gone].unlink()
-        reads = claim_reads(world)
+        reads = world.server.count("GET", "resourceclaims")
         assert world.kubelet.prepare([c]) == first
-        assert claim_reads(world) == reads + 1  # re-read to recreate
+        assert world.server.count("GET", "resourceclaims") == reads + 1  # re-read to recreate
         assert all(p[f].is_file() for f in ("spec", "limits", "demand", "metadata"))
         assert (p["shared"] / "usage-marker").read_text() == "in use\n"  # usage kept
         assert (p["shared"] / "accounting").read_bytes() == accounting
         assert parse_limits_file(p["limits"].read_text())["CUDA_DEVICE_SM_LIMIT_0"] == "30"
-    reads = claim_reads(world)
+    reads = world.server.count("GET", "resourceclaims")
     assert world.kubelet.prepare([c]) == first
-    assert claim_reads(world) == reads  # all in place: answered from the checkpoint
+    assert (
+        world.server.count("GET", "resourceclaims") == reads
+    )  # all in place: answered from the checkpoint
 
 
 @pytest.mark.slow

@@ -62,12 +62,6 @@ def spec_name(c: ClaimId) -> str:
     return f"k8s.{DRIVER}-claim_{c.uid}.json"
 
 
-def claim_reads(server: FakeApiServer) -> int:
-    """GETs of claims: the claim status the plugin writes after a prepare (a PATCH of the claim's
-    status, from a background thread) may land before or after the count."""
-    return len([r for r in server.requests if r.method == "GET" and "resourceclaims" in r.path])
-
-
 @pytest.mark.parametrize(
     "step", ["prepare-started", "prepare-dir", "prepare-cdi", "prepare-completed"]
 )
@@ -92,11 +86,13 @@ def test_crash_during_prepare(env: tuple[Path, FakeApiServer], step: str) -> Non
             # Interrupted: rolled back at startup, nothing left over.
             assert artefacts(root) == ([], [])
         kubelet = registered(root)
-        reads = claim_reads(server)
+        # GETs of claims only: the claim status the plugin PATCHes after a prepare (from a
+        # background thread) may land before or after the count.
+        reads = server.count("GET", "resourceclaims")
         out = kubelet.prepare([c])
         assert out[c.uid].error == ""
         assert out[c.uid].devices[0].cdi_device_ids == [f"{KIND}={c.uid}"]
-        reads_after = claim_reads(server)
+        reads_after = server.count("GET", "resourceclaims")
         # A finished prepare is answered from the checkpoint; a rolled-back one reads again.
         assert reads_after - reads == (0 if step == "prepare-completed" else 1)
         assert artefacts(root) == ([spec_name(c)], [c.uid])

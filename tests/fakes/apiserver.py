@@ -459,6 +459,10 @@ class FakeApiServer:
     def serving(self) -> bool:
         return self._httpd is not None
 
+    def count(self, method: str, resource: str) -> int:
+        """Requests recorded so far with this method on this resource's paths ("resourceclaims")."""
+        return sum(1 for r in self.requests if r.method == method and resource in r.path)
+
     def up(self) -> None:
         """Start serving (again): on a free port the first time, the same port after down()."""
         if self._httpd is not None:
