@@ -361,7 +361,9 @@ class Bench:
         process to the next on a VM (where the scheduler puts it, which vCPU it shares): more
         than the 1 point to be judged, on a 28% share. So each case runs LAUNCH_BOUND_ROUNDS
         times, the two programs pinned to different CPUs (swapped every round, where there are
-        two), and the row compares the medians.
+        two), and the row compares the medians. Each round runs half the warmup and window of
+        the other groups (so the group takes about 5 minutes): short for the NVML loop to finish
+        correcting a slice, as the 2 us row shows in some runs.
         """
         out: dict[str, float] = {}
         cpus = sorted(os.sched_getaffinity(0))
