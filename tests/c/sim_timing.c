@@ -2,14 +2,21 @@
  *
  *   sim_timing durations NAME N    launch N kernels NAME back to back on one stream with an event
  *                                  between each two; print each kernel's duration (us), one a line
- *   sim_timing long US FIFO        launch one sim_<US>us kernel, write "launched" to the pipe FIFO,
- *                                  synchronise; print JSON: the kernel's event time, the wall time
- *                                  from launch to the return of cuStreamSynchronize, and what
- *                                  cuStreamQuery answered halfway
- *   sim_timing short US FIFO       wait for "launched" on FIFO, sleep 2 ms, launch one sim_<US>us
- *                                  kernel; print JSON: the time between events recorded before and
- *                                  after it, and the wall time from the launch to the return of
- *                                  cuEventSynchronize
+ *   sim_timing long US WARM FIFO   launch a sim_<WARM>us kernel, record an event, launch one
+ *                                  sim_<US>us kernel, record an event; once the first event is
+ *                                  done (the long kernel has the device) write "launched" to the
+ *                                  pipe FIFO; synchronise; print JSON: the long kernel's event
+ *                                  time, the wall time from its launch to the return of
+ *                                  cuStreamSynchronize, and what cuStreamQuery answered halfway
+ *   sim_timing short US WARM FIFO  wait for "launched" on FIFO, sleep 2 ms, launch a sim_<WARM>us
+ *                                  kernel (none if WARM is 0), record an event, launch one
+ *                                  sim_<US>us kernel, record an event; print JSON: the time between
+ *                                  the two events, and the wall time from the launch to the
+ *                                  return of cuEventSynchronize
+ *
+ * The warm-up kernels make the timing events exact whatever the host does: an event recorded
+ * behind queued work completes when that work does, so the host may be descheduled for up to
+ * the warm-up's length between the event and the launch it brackets without the gap showing.
  */
 #include <fcntl.h>
 #include <string.h>
@@ -62,23 +69,38 @@ static int durations(const char *name, int n) {
     return 0;
 }
 
-/* A context with function sim_<us>us, and two timing events. */
-static CUfunction setup_us(int us, CUevent *a, CUevent *b) {
+static CUfunction function(int us) {
+    char name[64];
+    snprintf(name, sizeof name, "sim_%dus", us);
+    CUmodule m;
+    CUfunction f;
+    CHECK(cuModuleLoadData(&m, "w"));
+    CHECK(cuModuleGetFunction(&f, m, name));
+    return f;
+}
+
+static void launch(CUfunction f) { CHECK(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL)); }
+
+/* A context with function sim_<us>us, the warm-up sim_<warm>us (NULL if 0), two timing events. */
+static CUfunction setup_us(int us, int warm, CUfunction *w, CUevent *a, CUevent *b) {
     char name[64];
     snprintf(name, sizeof name, "sim_%dus", us);
     CUfunction f = setup(name);
+    *w = warm > 0 ? function(warm) : NULL;
     CHECK(cuEventCreate(a, 0));
     CHECK(cuEventCreate(b, 0));
     return f;
 }
 
-static int long_kernel(int us, const char *fifo) {
+static int long_kernel(int us, int warm, const char *fifo) {
     CUevent a, b;
-    CUfunction f = setup_us(us, &a, &b);
+    CUfunction w, f = setup_us(us, warm, &w, &a, &b);
+    if (w) launch(w);
     CHECK(cuEventRecord(a, NULL));
     double t0 = wall_ms();
-    CHECK(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
+    launch(f);
     CHECK(cuEventRecord(b, NULL));
+    CHECK(cuEventSynchronize(a)); /* the long kernel has started: the other process may launch */
     int fd = open(fifo, O_WRONLY);
     EXPECT(fd >= 0);
     EXPECT(write(fd, "launched\n", 9) == 9);
@@ -94,9 +116,9 @@ static int long_kernel(int us, const char *fifo) {
     return 0;
 }
 
-static int short_kernel(int us, const char *fifo) {
+static int short_kernel(int us, int warm, const char *fifo) {
     CUevent a, b;
-    CUfunction f = setup_us(us, &a, &b);
+    CUfunction w, f = setup_us(us, warm, &w, &a, &b);
     int fd = open(fifo, O_RDONLY);
     EXPECT(fd >= 0);
     char buf[16];
@@ -104,9 +126,10 @@ static int short_kernel(int us, const char *fifo) {
     close(fd);
     struct timespec two = {0, 2000000L};
     nanosleep(&two, NULL);
+    if (w) launch(w);
     CHECK(cuEventRecord(a, NULL));
     double t0 = wall_ms();
-    CHECK(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
+    launch(f);
     CHECK(cuEventRecord(b, NULL));
     CHECK(cuEventSynchronize(b));
     double wall = wall_ms() - t0;
@@ -118,8 +141,8 @@ static int short_kernel(int us, const char *fifo) {
 
 int main(int argc, char **argv) {
     if (argc == 4 && strcmp(argv[1], "durations") == 0) return durations(argv[2], atoi(argv[3]));
-    if (argc == 4 && strcmp(argv[1], "long") == 0) return long_kernel(atoi(argv[2]), argv[3]);
-    if (argc == 4 && strcmp(argv[1], "short") == 0) return short_kernel(atoi(argv[2]), argv[3]);
-    fprintf(stderr, "usage: sim_timing durations NAME N | long US FIFO | short US FIFO\n");
+    if (argc == 5 && strcmp(argv[1], "long") == 0) return long_kernel(atoi(argv[2]), atoi(argv[3]), argv[4]);
+    if (argc == 5 && strcmp(argv[1], "short") == 0) return short_kernel(atoi(argv[2]), atoi(argv[3]), argv[4]);
+    fprintf(stderr, "usage: sim_timing durations NAME N | long US WARM FIFO | short US WARM FIFO\n");
     return 2;
 }

@@ -1,8 +1,10 @@
 """Kernel durations vary as on hardware, and processes time-slice the device (tests/c/sim_timing.c).
 
 Durations are read from events between kernels queued back to back: simulated times, so host
-load does not decide the results. The time-slicing test runs two processes; its bounds leave a
-millisecond for the host to schedule the short kernel's process between its event and its launch.
+load does not decide the results. The time-slicing tests run two processes; each queues a warm-up
+kernel before its timing events, so an event completes when the warm-up does, not when it was
+recorded: the host may be descheduled for as long as the warm-up runs between an event and the
+launch it brackets (a loaded CI machine stretched that gap to 0.39 ms) without changing a result.
 """
 
 from __future__ import annotations
@@ -116,16 +118,26 @@ def test_bad_knobs_use_the_defaults(timing: Path, sim_env: dict[str, str]) -> No
     assert any("SIMGPU_TIMESLICE_US" in x and "allowed: 100 .. 1000000" in x for x in lines)
 
 
+# A's warm-up (100 ms) leaves its host that long to queue its timing events and long kernel.
+LONG_WARM_US = 100000
+
+
 def _slice_pair(
-    exe: Path, env: dict[str, str], tmp_path: Path, long_us: int, short_us: int
+    exe: Path, env: dict[str, str], tmp_path: Path, long_us: int, short_us: int, short_warm_us: int
 ) -> tuple[dict[str, float], dict[str, float]]:
     fifo = tmp_path / "go"
     os.mkfifo(fifo)
     a = subprocess.Popen(
-        [str(exe), "long", str(long_us), str(fifo)], env=env, stdout=subprocess.PIPE, text=True
+        [str(exe), "long", str(long_us), str(LONG_WARM_US), str(fifo)],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     b = subprocess.Popen(
-        [str(exe), "short", str(short_us), str(fifo)], env=env, stdout=subprocess.PIPE, text=True
+        [str(exe), "short", str(short_us), str(short_warm_us), str(fifo)],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     out_a, _ = a.communicate(timeout=60)
     out_b, _ = b.communicate(timeout=60)
@@ -136,18 +148,20 @@ def _slice_pair(
 def test_time_slicing_between_processes(
     timing: Path, sim_env: dict[str, str], tmp_path: Path
 ) -> None:
-    """B's 100 us kernel, launched while A's 200 ms kernel runs, gets the device at A's next 2 ms
-    slice boundary (FIFO would make it wait for A's whole kernel); A's kernel ends 100 us later,
-    A's query said "not ready" and its synchronisation returned only after the (moved) end."""
-    env = dict(sim_env, **EXACT_DURATIONS, **NO_LAUNCH_COST)
-    a, b = _slice_pair(timing, env, tmp_path, 200000, 100)
-    # The proof is in device time, not in B's wall time (which a loaded host stretches): A's
-    # kernel ended exactly B's 0.1 ms late, so B's kernel ran inside A's; under FIFO it would have
+    """B's work (a 40 ms warm-up, then a 100 us kernel), launched while A's 200 ms kernel runs, gets
+    the device at A's next slice boundary (50 ms slices here; FIFO would make it wait for A's
+    whole kernel) and runs within one slice; A's kernel ends 40.1 ms later, A's query said "not
+    ready" and its synchronisation returned only after the (moved) end.
+
+    The slice is longer than the default 2 ms so that B's warm-up, which must fit in one slice,
+    gives B's host 40 ms to queue its timing events and kernel."""
+    env = dict(sim_env, SIMGPU_TIMESLICE_US="50000", **EXACT_DURATIONS, **NO_LAUNCH_COST)
+    a, b = _slice_pair(timing, env, tmp_path, 200000, 100, 40000)
+    # The proof is in device time, not in wall time (which a loaded host stretches): A's kernel
+    # ended exactly B's 40.1 ms late, so B's work ran inside A's kernel; under FIFO it would have
     # waited for the rest of A's kernel and A's events would span exactly 200 ms.
-    # B's events: the one before the launch completes when B's lane gets the device (as a GPU
-    # writes it when the context is scheduled), so they bracket B's own 0.1 ms
-    assert 0.099 < b["event_ms"] < 0.2, b
-    assert 200.099 < a["event_ms"] < 200.2, a  # delayed by exactly B's kernel
+    assert 0.099 < b["event_ms"] < 0.101, b  # B's events bracket its own 0.1 ms, nothing of A's
+    assert 240.099 < a["event_ms"] < 240.101, a  # delayed by exactly B's work
     assert a["query_halfway"] == CUDA_ERROR_NOT_READY
     assert a["wall_ms"] >= a["event_ms"] - 0.05, a
 
@@ -155,9 +169,10 @@ def test_time_slicing_between_processes(
 def test_timeslice_knob(timing: Path, sim_env: dict[str, str], tmp_path: Path) -> None:
     """With a slice (1 s) longer than A's kernel, B waits for all of it (whole-launch FIFO)."""
     env = dict(sim_env, SIMGPU_TIMESLICE_US="1000000", **EXACT_DURATIONS, **NO_LAUNCH_COST)
-    a, b = _slice_pair(timing, env, tmp_path, 200000, 5000)
+    a, b = _slice_pair(timing, env, tmp_path, 200000, 5000, 0)
     assert b["wall_ms"] > 100, b  # the rest of A's kernel, however late B's host was
-    # B's 5 ms kernel did not cut into A's (A's events would span 205 ms or more); what A's events
-    # span beyond 200 ms is only A's own host between its first event and its launch, which a
-    # loaded machine stretches by tens of microseconds
-    assert 199.999 < a["event_ms"] < 204, a
+    # B's 5 ms kernel did not cut into A's: A's events span its kernel alone
+    assert 199.999 < a["event_ms"] < 200.001, a
+    # B's first event, recorded while A held the device, completed when B's lane got it: B's
+    # events bracket its own kernel, not the wait
+    assert 4.999 < b["event_ms"] < 5.001, b
