@@ -450,7 +450,13 @@ static void test_modules_and_launches(void) {
     CHECK(cuEventCreate(&e0, 0));
     CHECK(cuEventCreate(&e1, 0));
     float ms;
+    /* Each first event is recorded behind a 50 ms warm-up kernel, so it completes when the
+     * warm-up does and the events span device time alone: recorded on an idle device it would
+     * complete at once and also span the host's time until the launch (a loaded machine can
+     * deschedule the thread for longer than the bounds allow). */
+    CUfunction warm = get_function("sim_50000us");
     /* 264 blocks on 132 SMs = 2 waves of 2 ms */
+    CHECK(cuLaunchKernel(warm, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
     CHECK(cuEventRecord(e0, NULL));
     CHECK(cuLaunchKernel(f, 264, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL));
     CHECK(cuEventRecord(e1, NULL));
@@ -458,6 +464,7 @@ static void test_modules_and_launches(void) {
     CHECK(cuEventElapsedTime_v2(&ms, e0, e1));
     EXPECT(ms > 3.99f && ms < 4.2f);
     /* 133 blocks: still 2 waves; a kernel launched as CUkernel (library) */
+    CHECK(cuLaunchKernel(warm, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
     CHECK(cuEventRecord(e0, NULL));
     CHECK(cuLaunchKernel((CUfunction)k, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
     CHECK(cuLaunchKernel(kf, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
@@ -562,6 +569,7 @@ static void test_graphs(void) {
     CUevent a, b;
     CHECK(cuEventCreate(&a, 0));
     CHECK(cuEventCreate(&b, 0));
+    CHECK(cuLaunchKernel(get_function("sim_50000us"), 1, 1, 1, 1, 1, 1, 0, s, NULL, NULL)); /* see above */
     CHECK(cuEventRecord(a, s));
     CHECK(cuGraphLaunch(ge, s));
     CHECK(cuGraphLaunch(ge, s));
