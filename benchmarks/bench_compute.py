@@ -361,14 +361,14 @@ class Bench:
         process to the next on a VM (where the scheduler puts it, which vCPU it shares): more
         than the 1 point to be judged, on a 28% share. So each case runs LAUNCH_BOUND_ROUNDS
         times, the two programs pinned to different CPUs (swapped every round, where there are
-        two), and the row compares the medians. Each round runs half the warmup and window of
-        the other groups (so the group takes about 5 minutes): short for the NVML loop to finish
-        correcting a slice, as the 2 us row shows in some runs.
+        two), and the row compares the medians. Each round runs the warmup and window of the
+        other groups (the group takes about 10 minutes): with half of them the NVML loop had not
+        finished correcting the 2 us kernel's slice in some rounds.
         """
         out: dict[str, float] = {}
         cpus = sorted(os.sched_getaffinity(0))
         pins: list[int | None] = [cpus[0], cpus[1]] if len(cpus) >= 2 else [None, None]
-        warmup, seconds = self.warmup / 2, max(self.seconds / 2, 1.0)
+        warmup, seconds = self.warmup, self.seconds
         for nb_label in ("", " beside a 60% slice"):
             print(f"launch-bound kernels at a 50% cap{nb_label}:", flush=True)
             for kernel in LAUNCH_BOUND_KERNELS:
