@@ -166,7 +166,10 @@ def server() -> Iterator[FakeApiServer]:
 @pytest.mark.slow
 def test_publishes_serves_and_follows_health(server: FakeApiServer, short_tmp: Path) -> None:
     nvml = FakeNvml([gpu(0), gpu(1)])
-    run = start(settings(server, short_tmp), nvml)
+    # A critical XID holds until the rediscovery round after the next (between one and two
+    # intervals): the test must see the taint and the health stream within that, so the interval
+    # is 2 s here (at 200 ms a loaded machine let the health stream recover before it was read).
+    run = start(settings(server, short_tmp, "--rediscover-interval", "2s"), nvml)
     try:
         wait_devices(server, ["gpu-0", "gpu-1"])
         p = run.plugin
