@@ -30,31 +30,39 @@ static double wall_ms(void) {
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-static CUfunction setup(const char *name) {
-    CUdevice dev;
-    CUcontext ctx;
+/* Function `name` of a module of its own (the simulator models a kernel by its name). */
+static CUfunction function(const char *name) {
     CUmodule m;
     CUfunction f;
-    CHECK(cuInit(0));
-    CHECK(cuDeviceGet(&dev, 0));
-    CHECK(cuCtxCreate_v2(&ctx, 0, dev));
     CHECK(cuModuleLoadData(&m, "x"));
     CHECK(cuModuleGetFunction(&f, m, name));
     return f;
 }
 
+static CUfunction function_us(int us) {
+    char name[64];
+    snprintf(name, sizeof name, "sim_%dus", us);
+    return function(name);
+}
+
+/* A context on device 0, current from now on. */
+static void make_context(void) {
+    CUdevice dev;
+    CUcontext ctx;
+    CHECK(cuInit(0));
+    CHECK(cuDeviceGet(&dev, 0));
+    CHECK(cuCtxCreate_v2(&ctx, 0, dev));
+}
+
 static int durations(const char *name, int n) {
-    CUfunction f = setup(name);
+    make_context();
+    CUfunction f = function(name);
     CUevent *ev = calloc((size_t)n + 1, sizeof *ev);
     EXPECT(ev != NULL);
     for (int i = 0; i <= n; i++) CHECK(cuEventCreate(&ev[i], 0));
     /* the first event waits for a 100 ms kernel: every later one sits between queued kernels
      * (with a deep queue, SIMGPU_QUEUE_AHEAD_US, the host may be descheduled for a while) */
-    CUfunction warm;
-    CUmodule m;
-    CHECK(cuModuleLoadData(&m, "y"));
-    CHECK(cuModuleGetFunction(&warm, m, "sim_100000us"));
-    CHECK(cuLaunchKernel(warm, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
+    CHECK(cuLaunchKernel(function_us(100000), 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
     CHECK(cuEventRecord(ev[0], NULL));
     for (int i = 0; i < n; i++) {
         CHECK(cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
@@ -69,24 +77,13 @@ static int durations(const char *name, int n) {
     return 0;
 }
 
-static CUfunction function(int us) {
-    char name[64];
-    snprintf(name, sizeof name, "sim_%dus", us);
-    CUmodule m;
-    CUfunction f;
-    CHECK(cuModuleLoadData(&m, "w"));
-    CHECK(cuModuleGetFunction(&f, m, name));
-    return f;
-}
-
 static void launch(CUfunction f) { CHECK(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL)); }
 
 /* A context with function sim_<us>us, the warm-up sim_<warm>us (NULL if 0), two timing events. */
 static CUfunction setup_us(int us, int warm, CUfunction *w, CUevent *a, CUevent *b) {
-    char name[64];
-    snprintf(name, sizeof name, "sim_%dus", us);
-    CUfunction f = setup(name);
-    *w = warm > 0 ? function(warm) : NULL;
+    make_context();
+    CUfunction f = function_us(us);
+    *w = warm > 0 ? function_us(warm) : NULL;
     CHECK(cuEventCreate(a, 0));
     CHECK(cuEventCreate(b, 0));
     return f;
