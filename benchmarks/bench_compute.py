@@ -128,6 +128,17 @@ class Bench:
     def window_args(self) -> list[str]:
         return ["--warmup", str(self.warmup), "--seconds", str(self.seconds)]
 
+    def neighbour_args(self, kernel: str) -> list[str]:
+        """A neighbour launching `kernel` from the start until after the others' window ends."""
+        return [
+            "--kernel",
+            kernel,
+            "--warmup",
+            "0",
+            "--seconds",
+            str(self.warmup + self.seconds + 1),
+        ]
+
     def witness(
         self, env: dict[str, str], procs: list[subprocess.Popen[str]], devices: list[int]
     ) -> subprocess.Popen[str]:
@@ -294,11 +305,7 @@ class Bench:
             for name, args in KERNEL_CASES[:4]:
                 st = self.fresh_state()
                 env = self.env("a", st, CUDA_DEVICE_SM_LIMIT="30")
-                nb = self.start(
-                    {**self.env("b", st), **nb_env},
-                    "--kernel", nb_kernel,
-                    "--warmup", "0", "--seconds", str(self.warmup + self.seconds + 1),
-                )  # fmt: skip
+                nb = self.start({**self.env("b", st), **nb_env}, *self.neighbour_args(nb_kernel))
                 p = self.start(env, *args, *self.window_args())
                 w = self.witness(env, [p], [0])
                 r = self.result(p)
@@ -368,14 +375,13 @@ class Bench:
         out: dict[str, float] = {}
         cpus = sorted(os.sched_getaffinity(0))
         pins: list[int | None] = [cpus[0], cpus[1]] if len(cpus) >= 2 else [None, None]
-        warmup, seconds = self.warmup, self.seconds
         for nb_label in ("", " beside a 60% slice"):
             print(f"launch-bound kernels at a 50% cap{nb_label}:", flush=True)
             for kernel in LAUNCH_BOUND_KERNELS:
                 got: list[WorkloadResult] = []
                 refs: list[WorkloadResult] = []
                 for rnd in range(LAUNCH_BOUND_ROUNDS):
-                    r, ref = self.launchbound_round(kernel, bool(nb_label), warmup, seconds,
+                    r, ref = self.launchbound_round(kernel, bool(nb_label),
                                                     pins[rnd % 2], pins[(rnd + 1) % 2])  # fmt: skip
                     got.append(r)
                     refs.append(ref)
@@ -404,8 +410,6 @@ class Bench:
         self,
         kernel: str,
         beside: bool,
-        warmup: float,
-        seconds: float,
         cpu: int | None,
         ref_cpu: int | None,
     ) -> tuple[WorkloadResult, WorkloadResult]:
@@ -416,21 +420,16 @@ class Bench:
         capped_env = self.env("a", st, cfg, CUDA_DEVICE_SM_LIMIT_0="50")
         bare_env = self.env("ref", st, cfg)
         del bare_env["LD_PRELOAD"]
-        nb_args = [
-            "--kernel",
-            "sim_5000us",
-            "--warmup",
-            "0",
-            "--seconds",
-            str(warmup + seconds + 1),
-        ]
         nbs = [
             self.start(
-                self.env(f"nb{d}", st, cfg, CUDA_DEVICE_SM_LIMIT="60"), *nb_args, "--device", d
+                self.env(f"nb{d}", st, cfg, CUDA_DEVICE_SM_LIMIT="60"),
+                *self.neighbour_args("sim_5000us"),
+                "--device",
+                d,
             )
             for d in (("0", "1") if beside else ())
         ]
-        args = ["--kernel", kernel, "--warmup", str(warmup), "--seconds", str(seconds)]
+        args = ["--kernel", kernel, *self.window_args()]
         p = self.start(capped_env, *args, "--device", "0", cpu=cpu)
         q = self.start(bare_env, *args, "--device", "1", cpu=ref_cpu)
         r, ref = self.result(p), self.result(q)
