@@ -128,7 +128,9 @@ double vc_nvml_factor(double factor, double usage_pm, double charged_pm, int npr
  * (permille) are added to the sums not yet acted on (`acc`; zeroed = empty), and the factor
  * moves by vc_nvml_factor on the sums. A reading under 5% empties the sums and changes nothing;
  * the sums are emptied when the factor moves, and after VC_NVML_ACC_MAX readings (older ones
- * are forgotten). The caller empties them when a reading is not the next period of the last. */
+ * are forgotten). The caller empties them when a reading is not the next period of the last.
+ * cap_pm: the slice's cap in force (permille); the factor rises only when the summed usage is
+ * over the cap (by more than the rounding), it falls whenever the slice was charged too much. */
 #define VC_NVML_ACC_MAX 30
 /* Sums of fewer than VC_NVML_MIN_PERIODS readings that disagree by less than VC_NVML_FAST
  * (relative) are not acted on yet: one period also carries work charged in it but served in the
@@ -141,7 +143,8 @@ struct vc_nvml_acc {
     double usage_pm, charged_pm;
     int periods;
 };
-double vc_nvml_step(struct vc_nvml_acc *acc, double factor, double usage_pm, double charged_pm, int nprocs);
+double vc_nvml_step(struct vc_nvml_acc *acc, double factor, double usage_pm, double charged_pm, int nprocs,
+                    double cap_pm);
 
 /* Feed one measured duration. Returns the new estimate (ns); *accepted (if not NULL) = 1 when
  * the sample is taken as the kernel's own time, 0 when it is rejected as inflated by waiting for

@@ -178,7 +178,7 @@ static void nvml_step(int dev) {
     if (next != cd->acc_next_ns) cd->acc.periods = 0;
     cd->acc_next_ns = now + NVML_PERIOD_NS;
     double old = vgpu_compute_stored_factor_of(vgpu_compute_cost_factor_ppm(st));
-    double f = vc_nvml_step(&cd->acc, old, (double)usage, charged, nprocs);
+    double f = vc_nvml_step(&cd->acc, old, (double)usage, charged, nprocs, (double)eff);
     if (f == old) return;
     __atomic_store_n(&st->nvml_factor_ppm, (uint32_t)(f * 1e6 + 0.5), __ATOMIC_RELAXED);
     vgpu_log(VGPU_LOG_DEBUG, "compute cap: device %d NVML share %d.%d%% vs charged %.1f%%: cost factor %.3f -> %.3f",

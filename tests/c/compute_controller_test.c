@@ -210,7 +210,7 @@ static double run(const char *name, struct launcher *ls, int nl, struct slice *s
             for (int i = 0; i < ns; i++) {
                 double usage = 10.0 * floor(100.0 * ss[i].busy_period / 1e9 + 0.5); /* integer % */
                 double charged = 1000.0 * ss[i].charged_period / 1e9;
-                ss[i].factor = vc_nvml_step(&ss[i].acc, ss[i].factor, usage, charged, ss[i].nprocs);
+                ss[i].factor = vc_nvml_step(&ss[i].acc, ss[i].factor, usage, charged, ss[i].nprocs, ss[i].permille);
                 ss[i].busy_period = ss[i].charged_period = 0;
             }
             next_reading += 1000 * MS;
@@ -401,8 +401,62 @@ static void test_bucket(void) {
     printf("bucket+estimator: ok\n");
 }
 
+/* The 70% slice of a 30/70 pair: many of its samples are its kernel plus the smaller slice's
+ * kernel that preempted it (2.1x on average; here 30% of the samples from the 2000th on), and some
+ * of those fall under the rejection bound. When the spread was learned from every accepted
+ * sample, those widened the bound, which then accepted more of them: the estimate ran up to 1.39x
+ * the kernel here (1.2x in the simulator) before it came back. Learned from the samples below
+ * the estimate, the spread stays the kernel's own. (With 40% of the samples inflated from the
+ * start, either way settles on the mixture's mean; the NVML loop corrects that: docs/compute.md.) */
+static void test_contaminated(void) {
+    struct vc_estimator *t = calloc(1, sizeof *t);
+    struct vc_est_entry *e = vc_est_lookup(t, 7, 1);
+    double lo = 1e18, hi = 0, sum = 0;
+    int n = 0;
+    for (int i = 0; i < 42000; i++) {
+        double own = 1e6 * (1.0 + (urand() * 2 - 1) * 0.35); /* 20% CV */
+        if (i >= 2000 && urand() < 0.3) own += 1.1e6 * (1.0 + (urand() * 2 - 1) * 0.2);
+        double est = (double)vc_est_update(e, (uint64_t)own, NULL);
+        if (i < 4000) continue;
+        if (est < lo) lo = est;
+        if (est > hi) hi = est;
+        sum += est;
+        n++;
+    }
+    printf("contaminated estimator: mean %.3f ms, range %.3f-%.3f, spread %.3f\n", sum / n / 1e6, lo / 1e6,
+           hi / 1e6, e->dev_ns / e->est_ns);
+    if (hi > 1.25e6 || lo < 0.88e6 || sum / n > 1.03e6 || sum / n < 0.97e6) {
+        printf("FAIL contaminated estimator\n");
+        failures++;
+    }
+    free(t);
+}
+
+/* The NVML loop raises costs only for a slice over its cap; it lowers them whenever the slice
+ * was charged more than it used. */
+static void test_nvml_cap(void) {
+    struct vc_nvml_acc acc = {0};
+    double f = 1.0;
+    for (int i = 0; i < 6; i++) f = vc_nvml_step(&acc, f, 700, 660, 1, 700); /* held by the device */
+    assert(f == 1.0);
+    acc = (struct vc_nvml_acc){0};
+    for (int i = 0; i < 3; i++) f = vc_nvml_step(&acc, f, 730, 700, 1, 700); /* over its cap */
+    assert(f > 1.02 && f < 1.03);
+    acc = (struct vc_nvml_acc){0};
+    f = 1.0;
+    for (int i = 0; i < 3; i++) f = vc_nvml_step(&acc, f, 680, 700, 1, 700); /* charged too much */
+    assert(f > 0.98 && f < 0.985);
+    acc = (struct vc_nvml_acc){0};
+    f = 1.0;
+    for (int i = 0; i < 3; i++) f = vc_nvml_step(&acc, f, 400, 300, 1, 700); /* under the cap */
+    assert(f == 1.0);
+    printf("nvml loop and cap: ok\n");
+}
+
 int main(void) {
     test_bucket();
+    test_contaminated();
+    test_nvml_cap();
     test_elastic();
     test_peer_demand();
 
