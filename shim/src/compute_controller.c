@@ -198,8 +198,11 @@ double vc_nvml_step(struct vc_nvml_acc *acc, double factor, double usage_pm, dou
      * within its cap, it was held by the device (its neighbours' shares), not by the bucket, and
      * its events read lower there than at its cap (kernels preempted more often), so a factor
      * learned there overcharged it once it reached its cap: the 70% slice of a 30/70 pair then
-     * got 68-69%. The sums go on; they act once its use goes over. */
-    if (f > factor && acc->usage_pm <= cap_pm * acc->periods + nvml_deadband_pm(nprocs)) return factor;
+     * got 68-69%. The sums go on; they act once its use goes over, summed or in the latest
+     * reading alone (sums of a long light phase would otherwise hide a slice that just went over
+     * its cap until they are emptied, up to VC_NVML_ACC_MAX periods). */
+    double db = nvml_deadband_pm(nprocs);
+    if (f > factor && acc->usage_pm <= cap_pm * acc->periods + db && usage_pm <= cap_pm + db) return factor;
     if (f != factor) acc->periods = 0;
     return f;
 }
