@@ -129,8 +129,9 @@ double vc_nvml_factor(double factor, double usage_pm, double charged_pm, int npr
  * moves by vc_nvml_factor on the sums. A reading under 5% empties the sums and changes nothing;
  * the sums are emptied when the factor moves, and after VC_NVML_ACC_MAX readings (older ones
  * are forgotten). The caller empties them when a reading is not the next period of the last.
- * cap_pm: the slice's cap in force (permille); the factor rises only when the summed usage is
- * over the cap (by more than the rounding), it falls whenever the slice was charged too much. */
+ * cap_pm: the slice's cap in force (permille); the factor rises only when the usage is over
+ * the cap by more than the rounding, summed or in the latest reading alone; it falls whenever
+ * the slice was charged too much. */
 #define VC_NVML_ACC_MAX 30
 /* Sums of fewer than VC_NVML_MIN_PERIODS readings that disagree by less than VC_NVML_FAST
  * (relative) are not acted on yet: one period also carries work charged in it but served in the

@@ -16,8 +16,8 @@
  * consecutive readings are summed until the sums differ by more than the integer rounding of one
  * smUtil reading (1 point), so that a bias smaller than that is corrected too, after a few periods;
  * a disagreement under 5% waits for three readings (vc_nvml_step), so one period's noise does not
- * move the factor; the factor rises only while the slice uses more than its cap in force (`eff`). It runs on a helper thread
- * (started at the first capped launch, sleeping between readings, all signals blocked) so that a
+ * move the factor; the factor rises only while the slice uses more than its cap in force (`eff`).
+ * It runs on a helper thread (started at the first capped launch, sleeping between readings, all signals blocked) so that a
  * slow NVML call never delays a launch. PIDs are compared with the region's process slots: where
  * NVML reports PIDs of another namespace (a container without hostPID) our own PID is not found
  * and the loop turns itself off for that device.
