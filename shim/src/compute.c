@@ -221,6 +221,28 @@ struct gate_cache {
  * thread-local; the reserve is 512 bytes and up on every glibc the shim supports). */
 static __thread struct gate_cache t_gc __attribute__((tls_model("initial-exec")));
 
+/* Stream captures in progress in the process (vgpu_compute_captures, from the capture hooks),
+ * plus CAPTURES_UNSEEN for good once a stream was found capturing while this said none
+ * (capture_allows_events). While 0 no stream is captured, and the gate does not ask the driver
+ * whether a launch's stream is (cuStreamIsCapturing: on the simulator the largest single part of
+ * an unmeasured launch's cost). Never below 0: an end the hooks count that they did not see begin
+ * cannot hide another capture for good. */
+#define CAPTURES_UNSEEN (1 << 24)
+static int g_captures;
+
+void vgpu_compute_captures(int delta) {
+    int cur = __atomic_load_n(&g_captures, __ATOMIC_RELAXED);
+    while (!__atomic_compare_exchange_n(&g_captures, &cur, cur + delta < 0 ? 0 : cur + delta, 0, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_RELAXED));
+}
+
+int vgpu_compute_stream_capturing(CUstream stream) {
+    pthread_once(&drv_once, drv_resolve);
+    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+    if (!drv.stream_is_capturing || drv.stream_is_capturing(stream, &cs) != CUDA_SUCCESS) return -1;
+    return cs != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
 /* Bumped (vgpu_compute_ctx_gone) after any context may have gone: the threads' cached devices of
  * their contexts (gate_cache.dctx) are then dropped. Starts at 1: dgen 0 is an empty cache. */
 static uint64_t g_ctx_gen = 1;
@@ -502,10 +524,11 @@ static int gate_target(CUstream stream, CUcontext *ctx, CUdevice *cudev, int *de
         if (*dev < 0) return 0;
     }
     *may_measure = 1;
-    if (stream == NULL || stream == CU_STREAM_LEGACY) {
+    if (stream == NULL || stream == CU_STREAM_LEGACY || !__atomic_load_n(&g_captures, __ATOMIC_ACQUIRE)) {
         /* The legacy default stream cannot be captured (CUDA refuses to begin a capture on it),
-         * so the launch is charged without asking. Our events on it could still disturb another
-         * thread's capture in global mode (the driver then fails the query): asked only before
+         * and no stream is while the process has no capture in progress (g_captures), so the
+         * launch is charged without asking. Our events could still disturb a capture (another
+         * thread's in global mode, one begun out of the hooks' sight): asked only before
          * measuring (capture_allows_events). */
         *may_measure = 2;
         return 1;
@@ -519,12 +542,20 @@ static int gate_target(CUstream stream, CUcontext *ctx, CUdevice *cudev, int *de
     return 1;
 }
 
-/* A launch on the legacy default stream about to be measured (may_measure 2, gate_target):
- * whether recording our events on it is allowed (no capture in another thread forbids it). */
+/* A launch charged without asking about capture (may_measure 2, gate_target) about to be
+ * measured: whether recording our events on its stream is allowed (no capture forbids it). A
+ * stream found capturing while g_captures says none was begun where no hook saw it (an entry
+ * point the shim does not know): from then on every launch asks (gate_target). */
 static int capture_allows_events(CUstream stream) {
     if (!drv.stream_is_capturing) return 1;
     CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
-    return drv.stream_is_capturing(stream, &cs) == CUDA_SUCCESS && cs == CU_STREAM_CAPTURE_STATUS_NONE;
+    CUresult rc = drv.stream_is_capturing(stream, &cs);
+    if (rc == CUDA_SUCCESS && cs != CU_STREAM_CAPTURE_STATUS_NONE && !__atomic_load_n(&g_captures, __ATOMIC_ACQUIRE) &&
+        __atomic_fetch_add(&g_captures, CAPTURES_UNSEEN, __ATOMIC_ACQ_REL) == 0)
+        vgpu_log(VGPU_LOG_WARN,
+                 "compute cap: a stream is capturing though no capture was seen to begin (an entry "
+                 "point the shim does not hook); from now on every launch asks the driver about capture");
+    return rc == CUDA_SUCCESS && cs == CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
 /* Phase "prepare": the device attached (once per process), the NVML loop running (started at the

@@ -51,6 +51,13 @@ void vgpu_compute_after(struct vgpu_launch *L, CUresult launched);
  * every thread's cached device of its current context (vgpu_compute_before). */
 CUresult vgpu_compute_ctx_gone(CUresult rc);
 
+/* Stream capture (the capture hooks, launch_hooks.c): delta +1 before a capture begins, -1 when
+ * one failed to begin or has ended. While the process has none in progress, the gate does not ask
+ * the driver whether a launch's stream is capturing. */
+void vgpu_compute_captures(int delta);
+/* Whether the stream is capturing (1), not (0), or the driver cannot say (-1). */
+int vgpu_compute_stream_capturing(CUstream stream);
+
 /* The launch shape as one number: total blocks, and threads per block in the high bits. */
 static inline uint64_t vgpu_launch_shape(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz) {
     uint64_t blocks = (uint64_t)gx * gy * gz;

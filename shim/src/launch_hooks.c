@@ -3,6 +3,9 @@
  * vgpu_compute_before/after (compute.c). A graph pays for all of its kernels: its cost is learned
  * per CUgraphExec from measured completions. Cooperative kernels are kernels.
  *
+ * The stream-capture hooks at the end count the captures in progress (vgpu_compute_captures): the
+ * gate asks the driver whether a launch's stream is capturing only while there is one.
+ *
  * Fast path: when no cap is configured (or control is disabled) a hook is vgpu_init() (one
  * atomic load after the first call), one flag test and the tail call to the driver.
  * Arguments are never dereferenced before the driver has seen them, except config of
@@ -98,4 +101,43 @@ CUresult vgpu_launch_graph(CUgraphExec g, CUstream s) /* behind graphmem.c's hoo
 CUresult vgpu_launch_graph_ptsz(CUgraphExec g, CUstream s) {
     PASSTHROUGH_OR_FAIL(cuGraphLaunch_ptsz, (g, s));
     GATED(cuGraphLaunch_ptsz, g, 0, ptsz_stream(s), (g, s));
+}
+
+/* ------------------------------------------------------------ stream capture begun and ended */
+/* Counted before the driver's call, so that a launch racing the begin asks the driver; taken back
+ * when the begin failed. */
+#define BEGIN_CAPTURE(sym, args)                                                                                       \
+    do {                                                                                                               \
+        PASSTHROUGH_OR_FAIL(sym, args);                                                                                \
+        vgpu_compute_captures(1);                                                                                      \
+        CUresult r_ = real_##sym args;                                                                                 \
+        if (r_ != CUDA_SUCCESS) vgpu_compute_captures(-1);                                                             \
+        return r_;                                                                                                     \
+    } while (0)
+
+CUresult hook_cuStreamBeginCapture(CUstream s) { BEGIN_CAPTURE(cuStreamBeginCapture, (s)); }
+CUresult hook_cuStreamBeginCapture_ptsz(CUstream s) { BEGIN_CAPTURE(cuStreamBeginCapture_ptsz, (s)); }
+CUresult hook_cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode) {
+    BEGIN_CAPTURE(cuStreamBeginCapture_v2, (s, mode));
+}
+CUresult hook_cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode mode) {
+    BEGIN_CAPTURE(cuStreamBeginCapture_v2_ptsz, (s, mode));
+}
+
+/* A capture has ended when its stream was capturing before the call and is not after it, whatever
+ * the call returned (an invalidated capture ends with an error). When the driver cannot say
+ * either time, nothing is taken back: the gate then goes on asking about every launch's stream,
+ * which costs a driver call per launch, never a wrong charge. */
+#define END_CAPTURE(sym, query_stream, args)                                                                           \
+    do {                                                                                                               \
+        PASSTHROUGH_OR_FAIL(sym, args);                                                                                \
+        int before_ = vgpu_compute_stream_capturing(query_stream);                                                     \
+        CUresult r_ = real_##sym args;                                                                                 \
+        if (before_ == 1 && vgpu_compute_stream_capturing(query_stream) == 0) vgpu_compute_captures(-1);               \
+        return r_;                                                                                                     \
+    } while (0)
+
+CUresult hook_cuStreamEndCapture(CUstream s, CUgraph *g) { END_CAPTURE(cuStreamEndCapture, s, (s, g)); }
+CUresult hook_cuStreamEndCapture_ptsz(CUstream s, CUgraph *g) {
+    END_CAPTURE(cuStreamEndCapture_ptsz, ptsz_stream(s), (s, g));
 }

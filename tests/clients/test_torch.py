@@ -99,6 +99,20 @@ def test_cuda_graph_capture_and_replay(client: Client, torch_python: str) -> Non
     assert "graph ok replays=3" in out, out
 
 
+def test_cuda_graph_capture_under_a_cap_is_seen(client: Client, torch_python: str) -> None:
+    """Under a compute cap the shim asks the driver whether a launch's stream is capturing only
+    while its capture hooks count a capture in progress. torch.cuda.graph begins and ends its
+    capture through the CUDA runtime (cudaStreamBeginCapture, reached through cuGetProcAddress):
+    the hooks must see it. Had they missed it, the capture's launches (its kernels are new, so
+    measured) would find the stream capturing and the shim would say so."""
+    cmd = [sys.executable, "-m", "sharing.cli", "run", "--sim", "--memory", str(QUOTA),
+           "--compute", "30", "--", torch_python, str(PROGRAMS / "torch_client.py"), "graph"]  # fmt: skip
+    r = subprocess.run(cmd, env=client.env, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr[-4000:]
+    assert "graph ok replays=3" in r.stdout, r.stdout
+    assert "no capture was seen to begin" not in r.stderr, r.stderr[-4000:]
+
+
 def test_two_processes_share_one_quota(client: Client, torch_python: str) -> None:
     out = client.run(
         "torch_client.py", "shared", vgpu=["--memory", str(QUOTA)], python=torch_python

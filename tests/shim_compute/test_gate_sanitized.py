@@ -67,4 +67,13 @@ def test_edges_sanitized(
     assert p.returncode == 0, p.stdout + p.stderr[-3000:]
     assert p.stdout.strip() == "ok"
     st = compute_state(Path(env["CUDA_DEVICE_MEMORY_SHARED_CACHE"]))
-    assert 55 <= st.launches <= 56, st.launches  # as in test_edges.py
+    assert 60 <= st.launches <= 61, st.launches  # as in test_edges.py
+    assert "no capture was seen to begin" not in p.stderr, p.stderr[-3000:]
+    # and a capture begun out of the hooks' sight, found at a measured launch
+    env = dict(
+        workload.env("unseen", CUDA_DEVICE_SM_LIMIT="10"), **ASAN_ENV, LD_PRELOAD=sanitized_shim
+    )
+    p = subprocess.run([str(exe), "unseen"], env=env, capture_output=True, text=True, timeout=300)
+    _clean(p.stderr)
+    assert p.returncode == 0, p.stdout + p.stderr[-3000:]
+    assert "no capture was seen to begin" in p.stderr, p.stderr[-3000:]
