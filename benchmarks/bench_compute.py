@@ -415,8 +415,8 @@ class Bench:
                 )
                 print(f"  {name}: uncapped (no shim) {uncapped:.2f}%, error {error:+.2f} "
                       "(median of the rounds')", flush=True)  # fmt: skip
-                self.record("launchbound", f"{name} (uncapped {uncapped:.1f}%)", target,
-                            target + error, 1.0)  # fmt: skip
+                self.record("launchbound", f"{name} (uncapped {uncapped:.1f}%)", round(target, 2),
+                            round(target, 2) + error, 1.0)  # fmt: skip
         return out
 
     def launchbound_round(
