@@ -236,11 +236,19 @@ void vgpu_compute_captures(int delta) {
                                         __ATOMIC_RELAXED));
 }
 
+/* Whether the stream is capturing: 1, 0 (also where the driver has no cuStreamIsCapturing: it
+ * predates capture), or -1 when the driver cannot say. The one question the gate and the capture
+ * hooks ask. */
+static int stream_capturing(CUstream stream) {
+    if (!drv.stream_is_capturing) return 0;
+    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+    if (drv.stream_is_capturing(stream, &cs) != CUDA_SUCCESS) return -1;
+    return cs != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
 int vgpu_compute_stream_capturing(CUstream stream) {
     pthread_once(&drv_once, drv_resolve);
-    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
-    if (!drv.stream_is_capturing || drv.stream_is_capturing(stream, &cs) != CUDA_SUCCESS) return -1;
-    return cs != CU_STREAM_CAPTURE_STATUS_NONE;
+    return stream_capturing(stream);
 }
 
 /* Bumped (vgpu_compute_ctx_gone) after any context may have gone: the threads' cached devices of
@@ -533,12 +541,9 @@ static int gate_target(CUstream stream, CUcontext *ctx, CUdevice *cudev, int *de
         *may_measure = 2;
         return 1;
     }
-    if (drv.stream_is_capturing) {
-        CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
-        CUresult cr = drv.stream_is_capturing(stream, &cs);
-        if (cr == CUDA_SUCCESS && cs != CU_STREAM_CAPTURE_STATUS_NONE) return 0;
-        if (cr != CUDA_SUCCESS) *may_measure = 0;
-    }
+    int capturing = stream_capturing(stream);
+    if (capturing == 1) return 0;
+    if (capturing < 0) *may_measure = 0;
     return 1;
 }
 
@@ -547,15 +552,13 @@ static int gate_target(CUstream stream, CUcontext *ctx, CUdevice *cudev, int *de
  * stream found capturing while g_captures says none was begun where no hook saw it (an entry
  * point the shim does not know): from then on every launch asks (gate_target). */
 static int capture_allows_events(CUstream stream) {
-    if (!drv.stream_is_capturing) return 1;
-    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
-    CUresult rc = drv.stream_is_capturing(stream, &cs);
-    if (rc == CUDA_SUCCESS && cs != CU_STREAM_CAPTURE_STATUS_NONE && !__atomic_load_n(&g_captures, __ATOMIC_ACQUIRE) &&
+    int capturing = stream_capturing(stream);
+    if (capturing == 1 && !__atomic_load_n(&g_captures, __ATOMIC_ACQUIRE) &&
         __atomic_fetch_add(&g_captures, CAPTURES_UNSEEN, __ATOMIC_ACQ_REL) == 0)
         vgpu_log(VGPU_LOG_WARN,
                  "compute cap: a stream is capturing though no capture was seen to begin (an entry "
                  "point the shim does not hook); from now on every launch asks the driver about capture");
-    return rc == CUDA_SUCCESS && cs == CU_STREAM_CAPTURE_STATUS_NONE;
+    return capturing == 0;
 }
 
 /* Phase "prepare": the device attached (once per process), the NVML loop running (started at the

@@ -55,7 +55,8 @@ CUresult vgpu_compute_ctx_gone(CUresult rc);
  * one failed to begin or has ended. While the process has none in progress, the gate does not ask
  * the driver whether a launch's stream is capturing. */
 void vgpu_compute_captures(int delta);
-/* Whether the stream is capturing (1), not (0), or the driver cannot say (-1). */
+/* Whether the stream is capturing (1), not (0, also where the driver predates capture), or the
+ * driver cannot say (-1). */
 int vgpu_compute_stream_capturing(CUstream stream);
 
 /* The launch shape as one number: total blocks, and threads per block in the high bits. */
