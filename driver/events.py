@@ -1,4 +1,4 @@
-"""Kubernetes Events for the quota watchdog (sharing/watchdog.py): one Event per violation,
+"""Kubernetes Events for the quota watchdog (sharing/observe/watchdog.py): one Event per violation,
 on the ResourceClaim it concerns (or on the Node for a GPU process of no claim).
 
 Posting happens in a short-lived thread with a request timeout: a slow API server never holds
@@ -16,7 +16,7 @@ from typing import Any, cast
 
 import kubernetes
 
-from sharing.slices import Slice
+from sharing.observe.slices import Slice
 
 log = logging.getLogger(__name__)
 

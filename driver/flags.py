@@ -53,7 +53,7 @@ class Settings:
     driver_root_mount: Path = Path("/")  # ... and as this process sees it
     cdi_spec_dirs: tuple[Path, ...] = (Path("/etc/cdi"), Path("/var/run/cdi"))
     metrics_address: tuple[str, int] | None = None  # None: no metrics endpoint
-    watchdog_enforce: str = "none"  # none | kill (sharing/watchdog.py)
+    watchdog_enforce: str = "none"  # none | kill (sharing/observe/watchdog.py)
     watchdog: bool = True  # the quota watchdog beside the metrics (needs hostPID)
     sim: bool = False  # the packaged simulated GPU instead of NVIDIA's driver
     sim_gpus: int = 1

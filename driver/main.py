@@ -40,7 +40,7 @@ from driver.publishloop import PublishLoop, describe_error
 from driver.slicebuild import health_map
 from driver.slicepublisher import SlicePublisher
 from sharing import claimlayout
-from sharing.exporter import Exporter, ExporterConfig
+from sharing.observe.exporter import Exporter, ExporterConfig
 from sharing.fsutil import atomic_write
 from sharing.policy import PolicyError, SharingPolicy
 

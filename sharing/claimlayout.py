@@ -1,7 +1,7 @@
 """The claim contract: which files a prepared claim has, their names and where they appear.
 
 The DRA plugin creates them (driver/claimfiles.py, driver/claimspec.py, driver/driver.py), the observers find them
-(sharing/slices.py), and the shim reads the limits file at CONTAINER_LIMITS (shim/src/settings.h's
+(sharing/observe/slices.py), and the shim reads the limits file at CONTAINER_LIMITS (shim/src/settings.h's
 VGPU_LIMITS_CONTAINER_PATH; tests/sharing/test_claimlayout.py ties the two).
 
 On the node, under the plugin's data directory (`--data-dir`, DEFAULT_DATA_DIR):

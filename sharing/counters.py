@@ -15,7 +15,7 @@ pread, raises RegionError for that slice alone. The shim is never blocked. The k
 does not promise to copy a word the shim is storing at that instant in one piece (an aligned load from
 a mapping would):
 such a word may read torn once, and the next read is right again. The figures are the tenant's
-in any case: the observers bound them (sharing/nodeview.py).
+in any case: the observers bound them (sharing/observe/nodeview.py).
 """
 
 from __future__ import annotations

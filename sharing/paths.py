@@ -30,3 +30,8 @@ def sim_lib_dir() -> Path:
     _existing(d / "libcuda.so.1")
     _existing(d / "libnvidia-ml.so.1")
     return d
+
+
+def selftest_probe() -> Path:
+    """The driver-API program `vgpu selftest` runs (shim/selftest/probe.c)."""
+    return _existing(_LIB_ROOT / "vgpu-selftest-probe")

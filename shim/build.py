@@ -124,7 +124,7 @@ class Program:
 
 
 PROGRAMS: tuple[Program, ...] = (
-    # `vgpu selftest`'s driver-API program (sharing/selftest/): loads the driver with dlopen, so
+    # `vgpu selftest`'s driver-API program (sharing/cli/selftest/): loads the driver with dlopen, so
     # it links against nothing of CUDA and runs on any node.
     Program("vgpu-selftest-probe", "selftest", ("dl",)),
 )

@@ -16,7 +16,7 @@ from tests.support.cbuild import compile_program
 def _private_user_cache(
     monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    """`vgpu run` keeps a per-user cache (sharing/context_cache.py): each test gets its own, so
+    """`vgpu run` keeps a per-user cache (sharing/cli/context_cache.py): each test gets its own, so
     that no test teaches another (nor the machine's user) a context size."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from sharing.proto.generate import command, compile_protos
+from sharing.observe.proto.generate import command, compile_protos
 
 PACKAGE_DIR = "driver/proto"
 PROTOS = (

@@ -1,5 +1,5 @@
 /*
- * vgpu-selftest-probe: the driver-API program `vgpu selftest` (sharing/selftest/) runs, with and
+ * vgpu-selftest-probe: the driver-API program `vgpu selftest` (sharing/cli/selftest/) runs, with and
  * without the shim, on whatever libcuda.so.1 and libnvidia-ml.so.1 the loader finds (NVIDIA's,
  * or the simulator's). It opens the driver with dlopen and finds each function with dlsym, as
  * CUDA frameworks do. Every result is one line of key=value pairs on stdout.

@@ -1,7 +1,7 @@
 /* A CUDA client that bypasses an LD_PRELOAD / ld.so.preload interposer the way the shim cannot
  * close (docs/shim.md, "Threat model"): it copies the driver library under another name and
  * loads the copy, a second driver instance whose functions the shim never hooked. The watchdog
- * (sharing/watchdog.py) must catch it from outside, through the driver's own per-process figures.
+ * (sharing/observe/watchdog.py) must catch it from outside, through the driver's own per-process figures.
  *
  *   bypass_copy BYTES [DEVICE]   allocate BYTES on DEVICE (default 0), print "held rc=<rc>",
  *                                then wait for a signal (SIGTERM ends it)

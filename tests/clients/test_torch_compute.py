@@ -14,7 +14,7 @@ uncapped runs show it (every bucket of the window busy); each run prints how lon
 CPU (cpu_wait, a fraction of the window, summed over its threads). A capped loop cannot queue
 more than the cap's burst ahead of its schedule (docs/compute.md), so a process kept off the CPU
 for longer leaves the device idle: a share short of its cap while the host starved the process
-(sharing.cpuwait.starved, as the demo and the selftest judge it) is said as a warning, not judged;
+(sharing.observe.cpuwait.starved, as the demo and the selftest judge it) is said as a warning, not judged;
 a share above its cap is a failure whatever the host did."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import warnings
 
 import pytest
 
-from sharing.cpuwait import starved
+from sharing.observe.cpuwait import starved
 from tests.support.clients import Client, frameworks_python
 
 pytestmark = pytest.mark.slow

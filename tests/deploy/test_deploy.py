@@ -28,8 +28,8 @@ from sharing.claimlayout import (
     CONTAINER_NODE_STATE_DIR,
     CONTAINER_PRELOAD,
 )
+from sharing.observe.podresources import DEFAULT_SOCKET as POD_RESOURCES_SOCKET
 from sharing.plan.cel_eval import evaluate
-from sharing.podresources import DEFAULT_SOCKET as POD_RESOURCES_SOCKET
 from sharing.policy import from_document
 from tests.support.deploy_tree import (
     DEPLOY,

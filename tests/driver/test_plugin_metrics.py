@@ -180,7 +180,7 @@ def test_a_claims_process_without_the_shim_is_reported_under_its_quota(
         )
         # a process of the claim without the shim, far under the quota (64 MiB of 4 GiB). (A
         # shimmed neighbour must be the plugin's shim with the claim's mounted limits file, as
-        # only a container has them: tests/sharing/test_watchdog_attacks_podman.py.)
+        # only a container has them: tests/sharing/observe/test_watchdog_attacks_podman.py.)
         bare = Held(ops, env, "init", "ctx", f"alloc:{64 << 20}")
         try:
             s = scrape_until(url, lambda s: value(s, "vgpu_slice_processes_without_shim",

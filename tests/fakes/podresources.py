@@ -12,8 +12,8 @@ from typing import Any
 
 import grpc
 
-from sharing.proto import podresources_v1_pb2 as pb
-from sharing.proto import podresources_v1_pb2_grpc as pb_grpc
+from sharing.observe.proto import podresources_v1_pb2 as pb
+from sharing.observe.proto import podresources_v1_pb2_grpc as pb_grpc
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sharing import run
+from sharing.cli import run
 from sharing.limitsfile import LimitsFileError, parse_limits_file
 from sharing.percent import FORMS, PercentError, parse_permille
 from tests.support.percent_cases import CASES

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sharing import run
+from sharing.cli import run
 from sharing.quantity import QuantityError, parse_bytes
 from tests.support.quantity_cases import C_ONLY_REJECTED
 from tests.support.quantity_cases import HAMI as CASES

@@ -11,7 +11,7 @@ from typing import Any
 
 from sharing._region_cffi import ffi
 
-from sharing.cpuwait import starved
+from sharing.observe.cpuwait import starved
 from sharing.paths import shim_library
 
 
@@ -53,7 +53,7 @@ class Result:
 
 
 def host_starved(r: Result) -> bool:
-    """The host kept r's launching threads waiting for a CPU (sharing.cpuwait.starved): a process
+    """The host kept r's launching threads waiting for a CPU (sharing.observe.cpuwait.starved): a process
     that is not running launches nothing, so a share short of its cap then says nothing about the
     cap (a share above it still does)."""
     return starved(r.cpu_wait_s, r.total_s)

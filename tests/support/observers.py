@@ -17,8 +17,8 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from sharing import region
+from sharing.cli.run import write_region_limits
 from sharing.limitsfile import render_limits_file
-from sharing.run import write_region_limits
 
 MiB = 1 << 20
 _SERVING = re.compile(r"serving (http://\S+)/metrics")
@@ -93,7 +93,7 @@ def start_tenant(
     cmd = [
         sys.executable, "-m", "sharing.cli", "run", "--sim", "--memory", memory,
         "--compute", str(compute), "--region", str(region), "--",
-        sys.executable, "-m", "sharing.demo_workload", *workload,
+        sys.executable, "-m", "sharing.cli.demo_workload", *workload,
     ]  # fmt: skip
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

@@ -31,7 +31,7 @@ import torch
 
 # the repository's own measure of a process's wait for a CPU (this interpreter is .venv/frameworks')
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-from sharing.cpuwait import cpu_wait_ns
+from sharing.observe.cpuwait import cpu_wait_ns
 
 MiB = 1 << 20
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from sharing.cli import main
+from sharing.cli.main import main
 
 DRIVER = "vgpu.sharing.dev"
 CLASS = {

@@ -235,7 +235,7 @@ def test_partition_mode_slices_are_whole_devices(
 def test_an_incomplete_pool_is_left_out_with_a_warning(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from sharing.cli import main
+    from sharing.cli.main import main
     from tests.sharing.plan.build import write_inputs
 
     s, w = write_inputs(
@@ -283,7 +283,7 @@ def test_existing_claims_allocations_are_planned_around(
     devices: consumedCapacity on shared devices, the whole device otherwise."""
     import yaml
 
-    from sharing.cli import main
+    from sharing.cli.main import main
     from tests.sharing.plan.build import write_inputs
 
     def claim(name: str, results: list[dict[str, Any]] | None) -> dict[str, Any]:

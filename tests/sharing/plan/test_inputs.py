@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from sharing.cli import main
+from sharing.cli.main import main
 from tests.sharing.plan.build import CLASS, gpu, request, resource_slice, workload, write_inputs
 
 GOOD = [resource_slice("node-a", [gpu("gpu-0")])]

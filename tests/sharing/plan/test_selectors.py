@@ -127,7 +127,7 @@ def test_a_selector_that_does_not_compile_is_bad_input(
 ) -> None:
     with pytest.raises(CelError):
         SelectorEvaluator().compile("device.driver ==")
-    from sharing.cli import main
+    from sharing.cli.main import main
     from tests.sharing.plan.build import write_inputs
 
     s, w = write_inputs(

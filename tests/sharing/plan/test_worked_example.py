@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sharing.cli import main
+from sharing.cli.main import main
 
 REPO = Path(__file__).resolve().parents[3]
 EXAMPLE = REPO / "docs" / "examples" / "plan"

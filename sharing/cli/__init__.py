@@ -1,0 +1,1 @@
+"""The `vgpu` commands (docs/architecture.md): used by nothing outside this package."""

@@ -1,0 +1,341 @@
+"""The watchdog catches processes the shim cannot see: a real program that loads a renamed copy
+of the driver (a second driver instance the preloaded shim never hooked) and a GPU process of
+no slice, attributed from outside (/proc/<pid>/environ + /proc/<pid>/root)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from sharing.counters import read_counters
+from sharing.observe.nodeview import DeviceView, NodeView, SliceDeviceView, ViolationCounts
+from sharing.observe.nvml_reader import GpuProcess, GpuReading, NvmlReading
+from sharing.observe.procinfo import attribute, missing_shim, start_time
+from sharing.observe.slices import region_slice
+from sharing.observe.watchdog import Watchdog, _stop
+from sharing.paths import shim_library
+from sharing.region import read_slot_limits
+from tests.sim.simhelp import CONTEXT_MEMORY
+from tests.support.observers import ExporterProcess, MiB, only, region_with_limits, scrape
+from tests.support.shim_ops import Held
+
+
+def start_bypass(program: Path, env: dict[str, str], nbytes: int) -> subprocess.Popen[str]:
+    """tests/c/bypass_copy.c holding nbytes; returns once it holds them."""
+    p = subprocess.Popen([str(program), str(nbytes)], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)  # fmt: skip
+    assert p.stdout is not None
+    line = p.stdout.readline()
+    assert line.strip() == "held rc=0", (line, p.stderr.read() if p.stderr else "")
+    return p
+
+
+def _violations(url: str, claim: str) -> float:
+    got = only(scrape(url), "vgpu_slice_quota_violations_total", claim=claim)
+    return got[0].value if got else 0.0
+
+
+def _wait(pred: Callable[[], bool], timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+@pytest.mark.slow
+def test_a_process_bypassing_the_shim_is_caught_and_stopped(
+    sim_env: dict[str, str], tmp_path: Path, build_c: Callable[..., Path]
+) -> None:
+    ops = build_c("shim_ops.c")
+    acct = tmp_path / "slice.region"
+    region_with_limits(acct, CONTEXT_MEMORY + 256 * MiB)  # a context and 256 MiB
+    exp = ExporterProcess(
+        ["--sim", "--data-dir", str(tmp_path / "none"), "--region", str(acct),
+         "--enforce", "kill", "--watchdog-margin", "16Mi"],
+        sim_env,
+    )  # fmt: skip
+    try:
+        # within its quota, through the shim: no violation
+        inside = dict(sim_env, LD_PRELOAD=str(shim_library()),
+                      CUDA_DEVICE_MEMORY_SHARED_CACHE=str(acct))  # fmt: skip
+        ok = Held(ops, inside, "init", "ctx", f"alloc:{200 * MiB}")
+        time.sleep(2.5)  # two NVML passes
+        assert _violations(exp.url, str(acct)) == 0
+        ok.release()
+        # the slice's environment and the shim preloaded, but a renamed copy of the driver loaded,
+        # out of the shim's reach: the driver grants all 512 MiB (and its context)
+        bypass = start_bypass(build_c("bypass_copy.c"), inside, 512 * MiB)
+        assert _wait(lambda: _violations(exp.url, str(acct)) == 1)
+        # --enforce kill: SIGTERM (the program does not catch it)
+        assert bypass.wait(20) == -signal.SIGTERM
+        time.sleep(2.5)
+        assert _violations(exp.url, str(acct)) == 1  # one episode, counted once
+    finally:
+        log = exp.stop()
+    lines = [line for line in log.splitlines() if "quota violation" in line]
+    assert len(lines) == 1, log
+    assert f"pid {bypass.pid}" in lines[0] and "over its quota" in lines[0]
+    assert f"stopping pids [{bypass.pid}]" in log
+
+
+@pytest.mark.slow
+def test_a_gpu_process_of_no_slice_on_a_shared_gpu(
+    sim_env: dict[str, str], tmp_path: Path, build_c: Callable[..., Path]
+) -> None:
+    ops = build_c("shim_ops.c")
+    acct = tmp_path / "slice.region"
+    region_with_limits(acct, 1 << 30)
+    exp = ExporterProcess(
+        ["--sim", "--data-dir", str(tmp_path / "none"), "--region", str(acct)], sim_env
+    )
+    try:
+        stray = Held(ops, sim_env, "init", "ctx", f"alloc:{64 * MiB}")
+        try:
+            assert _wait(lambda: _violations(exp.url, "") == 1)
+            assert stray.proc.poll() is None  # enforce none: counted and logged, not stopped
+            assert _violations(exp.url, str(acct)) == 0
+        finally:
+            stray.release()
+    finally:
+        log = exp.stop()
+    assert f"pid {stray.proc.pid}" in log and "belongs to no slice" in log, log
+
+
+def test_processes_it_cannot_see_are_never_violations(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Without the host's PID namespace NVML's PIDs are not in our /proc: no false alarm, no kill."""
+    acct = tmp_path / "slice.region"
+    region_with_limits(acct, 1 << 30)
+    counters = read_counters(str(acct), 1)
+    sl = region_slice(str(acct))
+    gpu = GpuReading(0, "GPU-x", "m", "p", True, 80 << 30, 8 << 30, 0.5,
+                     (GpuProcess(4242, 4 << 30), GpuProcess(4243, 1 << 30)))  # fmt: skip
+    sv = SliceDeviceView(sl, 0, counters.devices[0], 1 << 30, 0.0, 0.0, 0, 0)
+    view = NodeView((DeviceView(gpu, (sv,), 0),), (), {sl.key: counters})
+    empty_proc = tmp_path / "proc"
+    empty_proc.mkdir()
+    counts = ViolationCounts()
+    wd = Watchdog(counts, enforce="kill", proc_root=str(empty_proc))
+    with caplog.at_level("WARNING"):
+        wd.check(view, NvmlReading(taken=0.0, gpus=(gpu,)))
+        wd.check(view, NvmlReading(taken=1.0, gpus=(gpu,)))
+    assert counts.unattributed("GPU-x") == 0 and counts.slice(sl.key, 0) == 0
+    blind = [r for r in caplog.records if "cannot inspect GPU process" in r.getMessage()]
+    assert len(blind) == 1  # said once
+
+
+WAITER = "#include <stdio.h>\nint main(void) { char b[8]; puts(\"up\"); fflush(stdout);\n  return fgets(b, sizeof b, stdin) == NULL; }\n"  # fmt: skip
+
+
+def _waiter(cc: list[str], out: Path) -> Path:
+    src = out.with_suffix(".c")
+    src.write_text(WAITER)
+    subprocess.run([*cc, "-o", str(out), str(src)], check=True)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("kind", "cc", "preload", "expected"),
+    [
+        ("glibc", ["gcc"], True, None),
+        ("glibc", ["gcc"], False, "the shim is not loaded into it"),
+        ("static", ["gcc", "-static"], True, "static binary"),
+        ("musl", ["musl-gcc"], False, "musl"),
+    ],
+)
+def test_the_memory_map_says_whether_and_why_the_shim_is_missing(
+    tmp_path: Path, kind: str, cc: list[str], preload: bool, expected: str | None
+) -> None:
+    """Real programs: with the shim preloaded, without it, a static binary (the loader that
+    would preload it is absent) and a musl program (its loader never reads /etc/ld.so.preload;
+    with LD_PRELOAD it does not even start: the shim needs glibc's symbols)."""
+    if shutil.which(cc[0]) is None:
+        pytest.skip(f"{cc[0]} is missing (Debian package musl-tools; scripts/setup installs it)")
+    prog = _waiter(cc, tmp_path / f"waiter-{kind}")
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    if preload:
+        env["LD_PRELOAD"] = str(shim_library())
+    p = subprocess.Popen([str(prog)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert p.stdout is not None and p.stdout.readline() == "up\n"
+        why = missing_shim(p.pid)
+    finally:
+        p.communicate("x\n", timeout=10)
+    if expected is None:
+        assert why is None
+    else:
+        assert why is not None and expected in why, why
+
+
+@pytest.mark.slow
+def test_a_slice_process_without_the_shim_is_reported_and_stopped_under_quota(
+    sim_env: dict[str, str], tmp_path: Path, build_c: Callable[..., Path]
+) -> None:
+    """Far under its quota, a process that never loaded the shim is still unlimited: reported
+    once (log line, gauge) and, with --enforce kill, stopped; its shimmed neighbour is not."""
+    ops = build_c("shim_ops.c")
+    acct = tmp_path / "slice.region"
+    region_with_limits(acct, 1 << 30)
+    exp = ExporterProcess(
+        ["--sim", "--data-dir", str(tmp_path / "none"), "--region", str(acct),
+         "--enforce", "kill"],
+        sim_env,
+    )  # fmt: skip
+    slice_env = dict(sim_env, CUDA_DEVICE_MEMORY_SHARED_CACHE=str(acct))
+    try:
+        shimmed = Held(ops, dict(slice_env, LD_PRELOAD=str(shim_library())),
+                       "init", "ctx", f"alloc:{32 * MiB}")  # fmt: skip
+        try:
+            bare = Held(ops, slice_env, "init", "ctx", f"alloc:{32 * MiB}")
+            assert bare.proc.wait(20) == -signal.SIGTERM
+            got = only(scrape(exp.url), "vgpu_slice_processes_without_shim", claim=str(acct))
+            assert [g.value for g in got] in ([1.0], [0.0])  # 0 once a pass saw it gone
+            assert _wait(lambda: only(scrape(exp.url), "vgpu_slice_processes_without_shim",
+                                      claim=str(acct))[0].value == 0)  # fmt: skip
+            assert shimmed.proc.poll() is None
+            assert _violations(exp.url, str(acct)) == 0  # under quota: no violation
+        finally:
+            shimmed.release()
+    finally:
+        log = exp.stop()
+    lines = [line for line in log.splitlines() if "process without the shim" in line]
+    assert len(lines) == 1, log
+    assert f"pid {bare.proc.pid}" in lines[0] and "the shim is not loaded into it" in lines[0]
+    assert f"stopping pids [{bare.proc.pid}]" in log
+
+
+# ---------------------------------------------------------------- attribution and stopping
+
+
+def _static_waiter(tmp_path: Path) -> Path:
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is missing")
+    return _waiter(["gcc", "-static"], tmp_path / "waiter-static")
+
+
+@pytest.fixture
+def two_regions(tmp_path: Path) -> tuple[Path, Path]:
+    a, b = tmp_path / "a" / "accounting", tmp_path / "b" / "accounting"
+    for r in (a, b):
+        r.parent.mkdir()
+        region_with_limits(r, 1 << 30)
+    return a, b
+
+
+def _ident(p: Path) -> tuple[int, int]:
+    st = p.stat()
+    return st.st_dev, st.st_ino
+
+
+def test_a_process_is_attributed_by_the_file_it_has_not_the_one_it_names(
+    tmp_path: Path, two_regions: tuple[Path, Path]
+) -> None:
+    """Its environment names B, but it has A open, or mapped: it is A's."""
+    a, b = two_regions
+    known = {_ident(a): "a", _ident(b): "b"}
+    env = dict(os.environ, CUDA_DEVICE_MEMORY_SHARED_CACHE=str(b))
+    opener = ("import mmap, os, sys; f = open(sys.argv[1], 'rb'); "
+              "m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) if sys.argv[2] == 'map' else None; "
+              "g = None if m is None else f.close(); print('up', flush=True); sys.stdin.read()")  # fmt: skip
+    for how in ("open", "map"):
+        p = subprocess.Popen([sys.executable, "-c", opener, str(a), how], env=env,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+        try:
+            assert p.stdout is not None and p.stdout.readline() == "up\n"
+            got = attribute(p.pid, known=known)
+        finally:
+            p.communicate("", timeout=10)
+        assert got.file_id == _ident(a), (how, got)
+        assert got.how == ("open" if how == "open" else "mapped")
+        assert got.start > 0
+
+
+def test_the_named_file_is_resolved_strictly_inside_the_process_root(
+    tmp_path: Path, two_regions: tuple[Path, Path]
+) -> None:
+    """A process in a root of its own (chroot, as a container's) names /l/accounting with /l an
+    absolute link to another slice's directory on the host: out of its root, so no slice's. A
+    link inside its root is followed inside it."""
+    chroot = shutil.which("chroot")
+    if os.geteuid() != 0 or chroot is None:
+        pytest.skip("needs root and chroot(8)")
+    a, b = two_regions
+    root = tmp_path / "root"
+    root.mkdir()
+    waiter = _static_waiter(tmp_path)
+    shutil.copy2(waiter, root / "waiter")
+    (root / "l").symlink_to(b.parent)  # the host path of B's directory
+    (root / "own").mkdir()
+    region_with_limits(root / "own" / "accounting", 1 << 30)
+    (root / "m").symlink_to("/own")  # absolute, inside its root
+    known = {_ident(a): "a", _ident(b): "b"}
+    for named, expect in (("/l/accounting", None), ("/m/accounting", root / "own" / "accounting"),
+                          ("/m/../../../l/accounting", None)):  # fmt: skip
+        env = {"CUDA_DEVICE_MEMORY_SHARED_CACHE": named}
+        p = subprocess.Popen([chroot, str(root), "/waiter"], env=env, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)  # fmt: skip
+        try:
+            assert p.stdout is not None and p.stdout.readline() == "up\n"
+            got = attribute(p.pid, known=known)
+        finally:
+            p.communicate("x\n", timeout=10)
+        if expect is None:
+            assert got.file_id is None and "unreachable inside its root" in got.why, got
+        else:
+            assert got.file_id == _ident(expect) and got.how == "environment", got
+
+
+def test_a_pid_reused_since_the_pass_is_not_signalled(tmp_path: Path) -> None:
+    p = subprocess.Popen(["sleep", "60"])
+    try:
+        seen = start_time(p.pid)
+        assert seen > 0
+        _stop([(p.pid, seen + 1)], grace=0.5)  # another process's start time: left alone
+        time.sleep(0.3)
+        assert p.poll() is None
+        _stop([(p.pid, seen)], grace=5.0)
+        assert p.wait(10) == -signal.SIGTERM
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def test_a_claims_process_must_enforce_the_claims_limits(
+    sim_env: dict[str, str], tmp_path: Path, build_c: Callable[..., Path]
+) -> None:
+    """The shim publishes where its limits come from in its slot: a process of a claim that
+    runs with the environment's limits (not the plugin's file) is not enforcing the claim's."""
+    ops = build_c("shim_ops.c")
+    claim = tmp_path / "data" / "claims" / "uid-1"
+    (claim / "shared").mkdir(parents=True)
+    acct = claim / "shared" / "accounting"
+    region_with_limits(acct, 1 << 30)
+    (claim / "limits").write_text(f"CUDA_DEVICE_MEMORY_LIMIT_0={1 << 30}\n")
+    sl = replace(region_slice(str(acct)), key="uid-1", claim_uid="uid-1", claim="c", namespace="n")
+    env = dict(sim_env, LD_PRELOAD=str(shim_library()), CUDA_DEVICE_MEMORY_SHARED_CACHE=str(acct),
+               CUDA_DEVICE_MEMORY_LIMIT="1Gi")  # fmt: skip
+    held = Held(ops, env, "init", "ctx")
+    try:
+        wd = Watchdog(ViolationCounts())
+        slots = {x.pid: x for x in read_slot_limits(acct)}
+        a = attribute(held.proc.pid, known={_ident(acct): "uid-1"})
+        assert a.how == "mapped"
+        why = wd._not_enforcing(sl, a, slots)
+        assert why is not None and "from its environment" in why, why
+        assert "never registered" in (wd._not_enforcing(sl, replace(a, ns_pid=1), slots) or "")
+    finally:
+        held.release()
