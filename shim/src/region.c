@@ -395,43 +395,47 @@ static int open_path(const char *path, CUresult *err) {
 
 CUresult vgpu_region_open(const struct vgpu_region_params *p) {
     const char *path = p->path;
-    int fd = -1;
     const char *shown = path ? path : "(private)";
+    CUresult rc = CUDA_SUCCESS; /* open_path's refusal, already logged */
+    const char *bad = NULL;     /* or why we refuse, for open_fail's one line */
+    int err = 0;                /* the errno behind `bad`, or 0 */
+    char why[160];
+    int fd = -1, lock_fd = -1;
+    struct vgpu_region *r = MAP_FAILED;
     if (path == NULL) {
         fd = vgpu_memfd_create("vgpu-region", MFD_CLOEXEC);
-        if (fd < 0) return open_fail(shown, "cannot create", errno);
+        if (fd < 0) {
+            bad = "cannot create";
+            err = errno;
+            goto fail;
+        }
         if (fill_fd(fd) != 0) {
-            int e = errno;
-            close(fd);
-            return open_fail(shown, "cannot initialise", e);
+            bad = "cannot initialise";
+            err = errno;
+            goto fail;
         }
     } else {
-        CUresult err = CUDA_SUCCESS;
-        fd = open_path(path, &err);
-        if (fd < 0) return err;
+        fd = open_path(path, &rc);
+        if (fd < 0) goto fail;
     }
     struct stat st;
     if (vgpu_fstat(fd, &st) != 0) {
-        int e = errno;
-        close(fd);
-        return open_fail(shown, "cannot stat", e);
+        bad = "cannot stat";
+        err = errno;
+        goto fail;
     }
     if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size != sizeof(struct vgpu_region)) {
-        char why[160];
         snprintf(why, sizeof why, "size %lld bytes, expected %zu (not a vgpu accounting file of layout %d)",
                  (long long)st.st_size, sizeof(struct vgpu_region), VGPU_REGION_LAYOUT_VERSION);
-        close(fd);
-        return open_fail(shown, why, 0);
+        bad = why;
+        goto fail;
     }
-    void *m = mmap(NULL, sizeof(struct vgpu_region), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (m == MAP_FAILED) {
-        int e = errno;
-        close(fd);
-        return open_fail(shown, "cannot map", e);
+    r = mmap(NULL, sizeof(struct vgpu_region), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (r == MAP_FAILED) {
+        bad = "cannot map";
+        err = errno;
+        goto fail;
     }
-    struct vgpu_region *r = m;
-    const char *bad = NULL;
-    char why[160];
     if (r->header.magic != VGPU_REGION_MAGIC)
         bad = "wrong magic (not a vgpu accounting file)";
     else if (r->header.layout_version != VGPU_REGION_LAYOUT_VERSION) {
@@ -441,42 +445,43 @@ CUresult vgpu_region_open(const struct vgpu_region_params *p) {
     } else if (r->header.file_size != sizeof *r || r->header.max_devices != VGPU_MAX_DEVICES ||
                r->header.max_procs != VGPU_MAX_PROCS)
         bad = "header sizes disagree with the layout";
-    if (bad) {
-        munmap(m, sizeof *r);
-        close(fd);
-        return open_fail(shown, bad, 0);
-    }
+    if (bad) goto fail;
     /* The slot lock must live on an open file description that only our descriptor refers to.
      * A mapping holds a reference to the description it was made from, and a fork child inherits
      * the mapping: had we locked through the mapping's description, a child would keep its
      * parent's slot alive. So the mapping keeps `fd`'s description (unlocked), and the locks go
      * through a second, fresh description of the same file. */
-    int lock_fd = reopen_same(fd, path);
+    lock_fd = reopen_same(fd, path);
     if (lock_fd < 0) {
-        int e = errno;
-        munmap(m, sizeof *r);
-        close(fd);
-        return open_fail(shown, "cannot open a second descriptor", e);
+        bad = "cannot open a second descriptor";
+        err = errno;
+        goto fail;
     }
     close(fd);
+    fd = -1;
     params = *p;
     R = r;
     region_fd = lock_fd;
     pthread_mutex_lock(&slot_mu);
-    int rc = claim_slot_locked_local();
-    int e = errno;
+    int claimed = claim_slot_locked_local();
+    err = errno;
     pthread_mutex_unlock(&slot_mu);
-    if (rc != 0) {
-        R = NULL;
-        region_fd = -1;
-        munmap(m, sizeof *r);
-        close(lock_fd);
-        if (rc == -2) return open_fail(shown, "byte locks unavailable (it must be on a local filesystem)", e);
-        char why[96];
+    if (claimed == 0) return CUDA_SUCCESS;
+    R = NULL;
+    region_fd = -1;
+    if (claimed == -2)
+        bad = "byte locks unavailable (it must be on a local filesystem)";
+    else {
         snprintf(why, sizeof why, "all %d process slots are taken by live processes", VGPU_MAX_PROCS);
-        return open_fail(shown, why, 0);
+        bad = why;
+        err = 0;
     }
-    return CUDA_SUCCESS;
+
+fail: /* the one way out of a refusal: undo what was done, then say why in one line */
+    if (r != MAP_FAILED) munmap(r, sizeof *r);
+    if (lock_fd >= 0) close(lock_fd);
+    if (fd >= 0) close(fd);
+    return bad ? open_fail(shown, bad, err) : rc;
 }
 
 /* ---- charging ---- */
