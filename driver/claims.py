@@ -21,9 +21,10 @@ from kubernetes import client as k8s
 
 from driver import devicenames
 from driver.devicenames import CORES_CAPACITY, MEMORY_CAPACITY
-from driver.vgpuconfig import ConfigError, EffectiveConfig, VgpuConfig, decode
+from driver.vgpuconfig import PRIORITY_MAX, ConfigError, EffectiveConfig, VgpuConfig, decode
 from sharing import kubequantity
 from sharing.gpus import GpuInfo
+from sharing.limitsfile import POLICIES
 from sharing.policy import BUILTIN, Rules
 from sharing.quantity import format_bytes
 
@@ -177,7 +178,8 @@ def plan_claim(
     """Check the claim is ours to prepare here and compute its limits; ClaimError if not.
 
     rules_for gives the admin policy's rules of a GPU (partition size, the default compute
-    policy, whether a claim may choose another); default: the built-in policy with `partitions`.
+    policy, which policies and priorities a claim's own config may choose); default: the
+    built-in policy with `partitions`.
     """
     if rules_for is None:
         builtin = replace(BUILTIN, partitions=partitions)
@@ -220,7 +222,7 @@ def plan_claim(
         request = str(r.get("request"))
         configs = _configs_for(allocation, driver_name, request)
         rules = rules_for(gpu)
-        _check_policy_override(configs, rules, where)
+        _check_claim_choices(configs, rules, where)
         admin = VgpuConfig(compute_policy=rules.compute_policy)
         config = EffectiveConfig.of([admin, *(c for _, c in configs)])
         if config.exclusive and mode == devicenames.SHARING:
@@ -261,19 +263,34 @@ def plan_claim(
     return ClaimPlan(ref=ref, devices=tuple(devices), config=devices[0].config)
 
 
-def _check_policy_override(
+def _check_claim_choices(
     configs: Sequence[tuple[str, VgpuConfig]], rules: Rules, where: str
 ) -> None:
-    """A claim's own config may choose another compute policy only where the admin allows.
-    Class configs are the admin's (DeviceClasses are cluster-scoped), so they always may."""
-    if rules.allow_policy_override:
-        return
+    """A claim's own config may only narrow what the admin allows: a compute policy the node's
+    sharing policy lets claims choose, a priority no higher than its highestPriority. Class
+    configs are the admin's (DeviceClasses are cluster-scoped), so they may choose anything,
+    and a claim may name what the admin's policy and class give it anyway."""
+    given = EffectiveConfig.of(
+        [VgpuConfig(compute_policy=rules.compute_policy)]
+        + [c for source, c in configs if "FromClaim" not in source]
+    )
+    highest = min(rules.highest_priority, given.priority)
+    choices = [p for p in POLICIES if p == given.compute_policy or rules.claim_may_choose(p)]
     for source, c in configs:
-        if "FromClaim" in source and c.compute_policy not in (None, rules.compute_policy):
+        if "FromClaim" not in source:
+            continue
+        if c.compute_policy is not None and c.compute_policy not in choices:
             raise ClaimError(
-                f"{where}: {source}: VgpuConfig computePolicy {c.compute_policy!r} is forbidden "
-                f"by the node's sharing policy (allowPolicyOverride: false); allowed: "
-                f"{rules.compute_policy!r} or leave computePolicy out"
+                f"{where}: {source}: VgpuConfig computePolicy {c.compute_policy!r} is not "
+                f"allowed by the node's sharing policy (allowedComputePolicies: "
+                f"[{', '.join(rules.allowed_compute_policies)}]); allowed: "
+                f"{', '.join(choices)} or leave computePolicy out"
+            )
+        if c.priority is not None and c.priority < highest:
+            raise ClaimError(
+                f"{where}: {source}: VgpuConfig priority {c.priority} is higher than the node's "
+                f"sharing policy allows (highestPriority: {rules.highest_priority}; lower is "
+                f"served first); allowed: {highest}..{PRIORITY_MAX} or leave priority out"
             )
 
 

@@ -53,11 +53,23 @@ class PolicyView:
 
 
 def initial_policy(path: Path | None, partitions: int) -> SharingPolicy:
-    """The start-up policy: the file's, or the built-in default. Raises PolicyError."""
+    """The start-up policy: the file's, or the built-in default. Raises PolicyError. Each
+    deprecated field the file uses is logged as one line saying how it is read."""
+    policy = _read(path, partitions)
+    _log_deprecations(policy)
+    return policy
+
+
+def _read(path: Path | None, partitions: int) -> SharingPolicy:
     base = replace(BUILTIN, partitions=partitions)
     if path is None:
         return SharingPolicy(default=base)
     return load(path, base)
+
+
+def _log_deprecations(policy: SharingPolicy) -> None:
+    for note in policy.deprecations:
+        log.warning("policy %s: %s", policy.source, note)
 
 
 def _digest(path: Path) -> bytes | None:
@@ -104,7 +116,7 @@ class PolicyWatcher:
             return False
         self._seen = digest
         try:
-            policy = initial_policy(self.path, self.partitions)
+            policy = _read(self.path, self.partitions)
         except PolicyError as e:
             log.error("policy not applied, keeping the last good one: %s", e)
             return False
@@ -116,6 +128,7 @@ class PolicyWatcher:
             self.path,
             len(policy.overrides),
         )
+        _log_deprecations(policy)
         self.on_change(policy)
         return True
 

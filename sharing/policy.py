@@ -8,7 +8,8 @@
       cores: {min: 5, step: 5, default: 10}
       maxSharers: 8
       computePolicy: hard
-      allowPolicyOverride: true
+      allowedComputePolicies: [hard, elastic]
+      highestPriority: 0
       partitions: 4
     overrides:
     - match: {modelName: "NVIDIA A100*"}
@@ -18,6 +19,13 @@ Every field is optional; what the file leaves out comes from the built-in defaul
 An override applies to a GPU when every key of its `match` matches (`modelName`: a shell glob
 on the NVML name; `nodeLabels`: each key has that value on the Node); the first match wins and
 its fields replace the default's (inside `memory`/`cores`, field by field).
+
+A claim's own VgpuConfig may only narrow what the admin allows: `allowedComputePolicies` lists
+the compute policies it may choose (besides the admin's `computePolicy`, which it may always
+name), `highestPriority` the smallest priority number (the highest priority) it may ask for.
+The built-in default lists none that lifts the SM cap (`off`). The deprecated
+`allowPolicyOverride` is still read: `false` as `[]`, `true` as ALLOWED_DEFAULT (not `off`);
+SharingPolicy.deprecations says so, for the plugin's log.
 
 Memory sizes are Kubernetes quantities (sharing/kubequantity.py: `1500k` is 1,500,000 bytes,
 `1e9` a billion; a value that is not a whole number of bytes, such as `512m`, is refused).
@@ -37,11 +45,17 @@ from typing import Any
 import yaml
 
 from sharing.kubequantity import FORMS, KubeQuantityError, parse_bytes, to_kubernetes
-from sharing.limitsfile import POLICIES
+from sharing.limitsfile import HAMI_POLICIES, POLICIES
 
 API_VERSION = "vgpu.sharing.dev/v1alpha1"
 KIND = "SharingPolicy"
 COMPUTE_POLICIES = tuple(p for p in POLICIES if p != "off")  # an admin default caps
+# What a claim's own VgpuConfig may choose unless the admin says otherwise: every policy that
+# keeps the slice's SM cap (elastic only borrows idle time and gives it back). `off` lifts the
+# cap: a claim may choose it only where the admin lists it.
+ALLOWED_DEFAULT = COMPUTE_POLICIES
+PRIORITY_MIN, PRIORITY_MAX = -100, 100  # the shim's range (VGPU_PRIORITY); lower is served first
+HIGHEST_PRIORITY_DEFAULT = 0  # CUDA's and HAMi's "high"; below 0 only the admin's classes
 MAX_PARTITIONS = 64
 MAX_SHARERS = 1024
 CORES_TOTAL = 100  # percent of the GPU's SMs
@@ -53,7 +67,9 @@ _RULE_FIELDS = (
     "cores",
     "maxSharers",
     "computePolicy",
-    "allowPolicyOverride",
+    "allowedComputePolicies",
+    "highestPriority",
+    "allowPolicyOverride",  # deprecated: read as allowedComputePolicies (docs/policy.md)
     "partitions",
 )
 _RANGE_FIELDS = ("min", "step", "default")
@@ -92,8 +108,14 @@ class Rules:
     cores: Range = Range(min=1, step=1, default=None)
     max_sharers: int = 16
     compute_policy: str = "hard"
-    allow_policy_override: bool = True
+    # what a claim's own VgpuConfig may choose besides compute_policy
+    allowed_compute_policies: tuple[str, ...] = ALLOWED_DEFAULT
+    highest_priority: int = HIGHEST_PRIORITY_DEFAULT  # a claim's priority must be >= this
     partitions: int = 4
+
+    def claim_may_choose(self, policy: str) -> bool:
+        """May a claim's own VgpuConfig choose this compute policy?"""
+        return policy == self.compute_policy or policy in self.allowed_compute_policies
 
     def shareable_memory(self, total: int) -> int:
         """The GPU's memory minus the reservation (never below zero)."""
@@ -131,6 +153,8 @@ class SharingPolicy:
     default: Rules = BUILTIN
     overrides: tuple[Override, ...] = ()
     source: str = "built-in default"  # where it came from, for log lines
+    # one line per deprecated field the file uses and how it was read (the plugin logs them)
+    deprecations: tuple[str, ...] = ()
 
     def for_gpu(self, model_name: str, node_labels: Mapping[str, str]) -> Rules:
         """The rules of a GPU with this NVML name on a node with these labels."""
@@ -216,8 +240,12 @@ def _check_range(r: Range, path: str, memory: bool) -> None:
         )
 
 
-def _rules(raw: Any, path: str, base: Rules) -> tuple[Rules, dict[str, Any]]:
-    """base with the rule fields of raw applied; also returns the fields that are not rules."""
+def _rules(
+    raw: Any, path: str, base: Rules, notes: list[str] | None = None
+) -> tuple[Rules, dict[str, Any]]:
+    """base with the rule fields of raw applied; also returns the fields that are not rules.
+    A deprecated field adds a line saying how it was read to notes."""
+    notes = [] if notes is None else notes
     if not isinstance(raw, dict):
         raise _fail(path, f"must be a mapping with fields {', '.join(_RULE_FIELDS)}")
     r = base
@@ -239,17 +267,61 @@ def _rules(raw: Any, path: str, base: Rules) -> tuple[Rules, dict[str, Any]]:
                 f"{policy!r} invalid; allowed: {', '.join(COMPUTE_POLICIES)}",
             )
         r = replace(r, compute_policy=policy)
-    if "allowPolicyOverride" in raw:
+    if "allowedComputePolicies" in raw:
+        if "allowPolicyOverride" in raw:
+            raise _fail(
+                f"{path}.allowPolicyOverride",
+                "deprecated, and allowedComputePolicies is given too; allowed: "
+                "allowedComputePolicies alone",
+            )
+        r = replace(
+            r,
+            allowed_compute_policies=_policy_list(
+                raw["allowedComputePolicies"], f"{path}.allowedComputePolicies"
+            ),
+        )
+    elif "allowPolicyOverride" in raw:
         allow = raw["allowPolicyOverride"]
         if not isinstance(allow, bool):
-            raise _fail(f"{path}.allowPolicyOverride", f"{allow!r} invalid; allowed: true, false")
-        r = replace(r, allow_policy_override=allow)
+            raise _fail(
+                f"{path}.allowPolicyOverride",
+                f"{allow!r} invalid; allowed: true, false (deprecated: use allowedComputePolicies)",
+            )
+        allowed = ALLOWED_DEFAULT if allow else ()
+        note = (
+            f"{path}.allowPolicyOverride: {str(allow).lower()} is deprecated; read as "
+            f"allowedComputePolicies: [{', '.join(allowed)}]"
+        )
+        if allow:
+            note += " (no longer off: list off there to let claims switch their SM cap off)"
+        notes.append(note)
+        r = replace(r, allowed_compute_policies=allowed)
+    if "highestPriority" in raw:
+        r = replace(
+            r,
+            highest_priority=_int(
+                raw["highestPriority"], f"{path}.highestPriority", PRIORITY_MIN, PRIORITY_MAX
+            ),
+        )
     if "partitions" in raw:
         r = replace(r, partitions=_int(raw["partitions"], f"{path}.partitions", 1, MAX_PARTITIONS))
     _check_range(r.memory, f"{path}.memory", True)
     _check_range(r.cores, f"{path}.cores", False)
     rest = {k: v for k, v in raw.items() if k not in _RULE_FIELDS}
     return r, rest
+
+
+def _policy_list(value: Any, path: str) -> tuple[str, ...]:
+    """A list of compute policies (each once, in POLICIES order), or PolicyError."""
+    allowed = f"a list of {', '.join(POLICIES)} ([] for none)"
+    if not isinstance(value, list):
+        raise _fail(path, f"{value!r} invalid; allowed: {allowed}")
+    for item in value:
+        if item not in POLICIES:
+            hami = HAMI_POLICIES.get(item) if isinstance(item, str) else None
+            also = f" ({item!r} is HAMi's name for {hami})" if hami else ""
+            raise _fail(path, f"{item!r} invalid; allowed: {allowed}{also}")
+    return tuple(p for p in POLICIES if p in value)
 
 
 def _match(raw: Any, path: str) -> Match:
@@ -277,9 +349,10 @@ def from_document(doc: Any, base: Rules = BUILTIN, source: str = "policy") -> Sh
     if top.get("kind") != KIND:
         raise _fail("kind", f"{top.get('kind')!r} unsupported; allowed: {KIND}")
     default = base
+    notes: list[str] = []
     if top.get("default") is not None:
         _object(top["default"], "default", _RULE_FIELDS)
-        default, _ = _rules(top["default"], "default", base)
+        default, _ = _rules(top["default"], "default", base, notes)
     raw_overrides = top.get("overrides") or []
     if not isinstance(raw_overrides, list):
         raise _fail("overrides", "must be a list of {match: ..., <fields of default>}")
@@ -289,9 +362,11 @@ def from_document(doc: Any, base: Rules = BUILTIN, source: str = "policy") -> Sh
         _object(raw, path, ("match", *_RULE_FIELDS))
         if "match" not in raw:
             raise _fail(f"{path}.match", "required; allowed: modelName and/or nodeLabels")
-        rules, _ = _rules(raw, path, default)
+        rules, _ = _rules(raw, path, default, notes)
         overrides.append(Override(match=_match(raw["match"], f"{path}.match"), rules=rules))
-    return SharingPolicy(default=default, overrides=tuple(overrides), source=source)
+    return SharingPolicy(
+        default=default, overrides=tuple(overrides), source=source, deprecations=tuple(notes)
+    )
 
 
 CONFIGMAP_KEY = "policy.yaml"  # the key of deploy/base/policy.yaml that the pod mounts as the file

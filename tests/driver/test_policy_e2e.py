@@ -176,11 +176,11 @@ def test_prepare_through_the_plugin_refuses_a_forbidden_compute_policy(
     server: FakeApiServer,  # noqa: F811
     root: Path,  # noqa: F811
 ) -> None:
-    """The policy reaches the kubelet side of the running plugin: with allowPolicyOverride
-    false, a claim choosing elastic fails prepare (its error, for the pod's events); a claim
-    that does not choose runs with the admin's default."""
+    """The policy reaches the kubelet side of the running plugin: with allowedComputePolicies
+    [], a claim choosing hard fails prepare (its error, for the pod's events); a claim that does
+    not choose runs with the admin's default."""
     write_config(root / "simgpu.json", [device(0)])
-    (root / "policy.yaml").write_text(policy(computePolicy="elastic", allowPolicyOverride=False))
+    (root / "policy.yaml").write_text(policy(computePolicy="elastic", allowedComputePolicies=[]))
     p = PluginProcess(server, root, "--policy", str(root / "policy.yaml"))
     try:
         wait_names(server, p, ["gpu-0"])
@@ -203,12 +203,68 @@ def test_prepare_through_the_plugin_refuses_a_forbidden_compute_policy(
         good = server.put(allocated_claim("good", results=[share]))
         out = kubelet.prepare([claim_id(bad), claim_id(good)])
         kubelet.close()
-        assert "computePolicy 'hard' is forbidden by the node's sharing policy" in (
+        assert "computePolicy 'hard' is not allowed by the node's sharing policy" in (
             out[bad["metadata"]["uid"]].error
         )
         assert out[good["metadata"]["uid"]].error == ""
         spec = (root / "cdi" / f"k8s.{DRIVER}-claim_{good['metadata']['uid']}.json").read_text()
         assert "VGPU_COMPUTE_POLICY=elastic" in spec
+    finally:
+        code = p.terminate()
+    assert code == 0, p.output()
+
+
+UNCAPPED = {
+    "source": "FromClaim",
+    "requests": ["gpu"],
+    "opaque": {
+        "driver": DRIVER,
+        "parameters": {
+            "apiVersion": "vgpu.sharing.dev/v1alpha1",
+            "kind": "VgpuConfig",
+            "computePolicy": "off",
+            "priority": -100,
+        },
+    },
+}
+
+
+@pytest.mark.parametrize("which", ["shipped", "legacy"])
+def test_the_plugin_refuses_a_claim_switching_its_own_cap_off(
+    which: str,
+    sim_ready: None,  # noqa: F811
+    server: FakeApiServer,  # noqa: F811
+    root: Path,  # noqa: F811
+) -> None:
+    """Issue 33 part 4 through the running plugin: allocated `cores: 10`, a claim whose own
+    VgpuConfig says `computePolicy: off, priority: -100` ran uncapped under the shipped policy.
+    With deploy/base/policy.yaml (the ConfigMap as shipped), and with an old policy saying
+    `allowPolicyOverride: true` (read as [hard, elastic], one deprecation line in the log),
+    prepare now fails naming what is allowed."""
+    write_config(root / "simgpu.json", [device(0)])
+    if which == "shipped":
+        path = Path(__file__).resolve().parents[2] / "deploy" / "base" / "policy.yaml"
+    else:
+        path = root / "policy.yaml"
+        path.write_text(policy(computePolicy="hard", allowPolicyOverride=True))
+    p = PluginProcess(server, root, "--policy", str(path))
+    try:
+        wait_names(server, p, ["gpu-0"])
+        kubelet = KubeletStandin(root / "reg" / f"{DRIVER}-reg.sock")
+        kubelet.register()
+        share = result("gpu", "gpu-0") | {"consumedCapacity": {"memory": "4Gi", "cores": "10"}}
+        claim = server.put(allocated_claim("uncapped", results=[share], configs=[UNCAPPED]))
+        out = kubelet.prepare([claim_id(claim)])
+        kubelet.close()
+        assert out[claim["metadata"]["uid"]].error == (
+            "device gpu-0: config[0] (FromClaim): VgpuConfig computePolicy 'off' is not allowed "
+            "by the node's sharing policy (allowedComputePolicies: [hard, elastic]); allowed: "
+            "hard, elastic or leave computePolicy out"
+        )
+        deprecated = (
+            "default.allowPolicyOverride: true is deprecated; read as allowedComputePolicies"
+        )
+        assert p.output().count(deprecated) == (1 if which == "legacy" else 0), p.output()
     finally:
         code = p.terminate()
     assert code == 0, p.output()

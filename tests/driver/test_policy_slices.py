@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from driver.claims import ClaimError, ClaimRef, plan_claim
 from driver.kube import Kube
@@ -22,6 +24,7 @@ from tests.support.slice_publishing import DRIVER, NODE
 
 GiB = 1024**3
 MiB = 1024**2
+REPO = Path(__file__).resolve().parents[2]
 
 POLICY: dict[str, Any] = {
     "apiVersion": "vgpu.sharing.dev/v1alpha1",
@@ -32,7 +35,7 @@ POLICY: dict[str, Any] = {
         "cores": {"min": 5, "step": 5, "default": 10},
         "maxSharers": 8,
         "computePolicy": "hard",
-        "allowPolicyOverride": False,
+        "allowedComputePolicies": [],
         "partitions": 4,
     },
     "overrides": [
@@ -188,23 +191,107 @@ def test_prepare_refuses_a_compute_policy_the_admin_forbids() -> None:
     with pytest.raises(ClaimError) as e:
         plan(claim([SHARE], [vgpu_config("FromClaim", computePolicy="elastic")]), POLICY)
     assert str(e.value) == (
-        "device gpu-0: config[0] (FromClaim): VgpuConfig computePolicy 'elastic' is forbidden "
-        "by the node's sharing policy (allowPolicyOverride: false); allowed: 'hard' or leave "
+        "device gpu-0: config[0] (FromClaim): VgpuConfig computePolicy 'elastic' is not allowed "
+        "by the node's sharing policy (allowedComputePolicies: []); allowed: hard or leave "
         "computePolicy out"
     )
-    # Naming the admin's own policy is fine; so is a DeviceClass (admin) config choosing.
+    # Naming the admin's own policy is fine; so is a DeviceClass (admin) config choosing, and a
+    # claim naming what its class gives it.
     ok = plan(claim([SHARE], [vgpu_config("FromClaim", computePolicy="hard")]), POLICY)
     assert ok.config.compute_policy == "hard"
     by_class = plan(claim([SHARE], [vgpu_config("FromClass", computePolicy="elastic")]), POLICY)
     assert by_class.config.compute_policy == "elastic"
+    both = [
+        vgpu_config("FromClass", computePolicy="off"),
+        vgpu_config("FromClaim", computePolicy="off"),
+    ]
+    assert plan(claim([SHARE], both), POLICY).config.compute_policy == "off"
 
 
-def test_prepare_uses_the_admin_default_and_allows_overrides_when_permitted() -> None:
+def test_prepare_uses_the_admin_default_and_allows_what_the_admin_lists() -> None:
     elastic = {**POLICY, "default": {**POLICY["default"], "computePolicy": "elastic"}}
     assert plan(claim([SHARE], []), elastic).config.compute_policy == "elastic"
-    permissive = {**POLICY, "default": {**POLICY["default"], "allowPolicyOverride": True}}
-    chosen = plan(claim([SHARE], [vgpu_config("FromClaim", computePolicy="off")]), permissive)
+    listed = {**POLICY, "default": {**POLICY["default"], "allowedComputePolicies": ["off"]}}
+    chosen = plan(claim([SHARE], [vgpu_config("FromClaim", computePolicy="off")]), listed)
     assert chosen.config.compute_policy == "off"
+    with pytest.raises(ClaimError, match="allowed: hard, off or leave computePolicy out"):
+        plan(claim([SHARE], [vgpu_config("FromClaim", computePolicy="elastic")]), listed)
+
+
+def shipped_policy() -> dict[str, Any]:
+    path = REPO / "deploy" / "base" / "policy.yaml"
+    [cm] = [d for d in yaml.safe_load_all(path.read_text()) if d and d["kind"] == "ConfigMap"]
+    doc: dict[str, Any] = yaml.safe_load(cm["data"]["policy.yaml"])
+    return doc
+
+
+BUILTIN_DOC: dict[str, Any] = {"apiVersion": "vgpu.sharing.dev/v1alpha1", "kind": "SharingPolicy"}
+UNCAPPED = {"computePolicy": "off", "priority": -100}
+
+
+@pytest.mark.parametrize("policy", [shipped_policy(), BUILTIN_DOC], ids=["shipped", "built-in"])
+def test_a_claim_cannot_switch_its_own_cap_off_under_the_shipped_policy(
+    policy: dict[str, Any],
+) -> None:
+    """Issue 33 part 4, the attack: allocated `cores: 10`, a claim's own VgpuConfig asked for
+    `computePolicy: off, priority: -100` and ran uncapped, served first. Under the shipped policy
+    (deploy/base/policy.yaml) and the built-in default prepare now refuses it, naming what is
+    allowed; each half alone is refused too."""
+    with pytest.raises(ClaimError) as e:
+        plan(claim([SHARE], [vgpu_config("FromClaim", **UNCAPPED)]), policy)
+    assert str(e.value) == (
+        "device gpu-0: config[0] (FromClaim): VgpuConfig computePolicy 'off' is not allowed by "
+        "the node's sharing policy (allowedComputePolicies: [hard, elastic]); allowed: hard, "
+        "elastic or leave computePolicy out"
+    )
+    with pytest.raises(ClaimError) as e:
+        plan(claim([SHARE], [vgpu_config("FromClaim", priority=-100)]), policy)
+    assert str(e.value) == (
+        "device gpu-0: config[0] (FromClaim): VgpuConfig priority -100 is higher than the node's "
+        "sharing policy allows (highestPriority: 0; lower is served first); allowed: 0..100 or "
+        "leave priority out"
+    )
+    # What the shipped policy does allow: elastic at priority 0 (deploy/examples' claim).
+    ok = plan(
+        claim([SHARE], [vgpu_config("FromClaim", computePolicy="elastic", priority=0)]), policy
+    )
+    assert (ok.config.compute_policy, ok.config.priority, ok.devices[0].sm_limit) == (
+        "elastic",
+        0,
+        10,
+    )
+
+
+def test_an_admin_who_lists_off_lets_a_claim_run_uncapped() -> None:
+    policy = shipped_policy()
+    policy["default"] |= {
+        "allowedComputePolicies": ["hard", "elastic", "off"],
+        "highestPriority": -100,
+    }
+    p = plan(claim([SHARE], [vgpu_config("FromClaim", **UNCAPPED)]), policy)
+    assert (p.config.compute_policy, p.config.priority) == ("off", -100)
+    # An override narrows again for the GPUs it matches (the A100 at index 1 here).
+    policy["overrides"] = [{"match": {"modelName": "NVIDIA A100*"}, "allowedComputePolicies": []}]
+    on_a100 = dict(SHARE, device="gpu-1")
+    with pytest.raises(
+        ClaimError, match=r"device gpu-1: .*'off' is not allowed .*allowed: hard or"
+    ):
+        plan(claim([on_a100], [vgpu_config("FromClaim", computePolicy="off")]), policy)
+
+
+def test_a_class_may_give_a_priority_a_claim_may_not_ask_for() -> None:
+    """DeviceClass configs are the admin's: a class's priority -5 holds, a claim may name it
+    again or lower its priority, not raise it further."""
+    cls = vgpu_config("FromClass", priority=-5)
+    assert plan(claim([SHARE], [cls]), POLICY).config.priority == -5
+    again = plan(claim([SHARE], [cls, vgpu_config("FromClaim", priority=-5)]), POLICY)
+    assert again.config.priority == -5
+    assert (
+        plan(claim([SHARE], [cls, vgpu_config("FromClaim", priority=7)]), POLICY).config.priority
+        == 7
+    )
+    with pytest.raises(ClaimError, match=r"priority -6 is higher .* allowed: -5\.\.100"):
+        plan(claim([SHARE], [cls, vgpu_config("FromClaim", priority=-6)]), POLICY)
 
 
 def test_prepare_partition_limits_follow_the_policy() -> None:

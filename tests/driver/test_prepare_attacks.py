@@ -2,8 +2,9 @@
 
 Each test performs one attack found in the review and checks that it now fails safely:
 claim UIDs that are not UIDs, checkpoints that name paths outside the plugin's directories, a
-recovery that meets a failing entry, files of a prepared claim that vanished, and links planted
-where the plugin creates, rewrites or deletes files. A planted link's target must be
+recovery that meets a failing entry, files of a prepared claim that vanished, links planted
+where the plugin creates, rewrites or deletes files, and a claim's own config switching its
+compute cap off. A planted link's target must be
 byte-for-byte (and mode-for-mode) unchanged after prepare, unprepare and recovery.
 """
 
@@ -13,6 +14,7 @@ import json
 import os
 import re
 import stat
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +30,10 @@ from driver.checkpoint import (
     _checksum,
 )
 from sharing.limitsfile import parse_limits_file
-from tests.driver.kubelet_standin import DRIVER, ClaimId, KubeletStandin, result
+from sharing.policy import BUILTIN
+from tests.driver.kubelet_standin import DRIVER, ClaimId, KubeletStandin, result, vgpu_config
 from tests.driver.plugin_process import InProcessPlugin
-from tests.support.prepare_world import World, world
+from tests.support.prepare_world import World, close_world, make_world, world
 
 __all__ = ["world"]  # a fixture, used by name
 
@@ -398,3 +401,43 @@ def test_links_in_place_of_the_plugins_own_files_are_not_followed(world: World) 
     world.plugin.driver.start()
     world.kubelet = KubeletStandin(world.plugin.registration_socket)
     world.kubelet.register()
+
+
+UNCAPPED = {"computePolicy": "off", "priority": -100}
+
+
+def test_a_claims_own_config_cannot_switch_its_cap_off(world: World) -> None:
+    """Issue 33 part 4: allocated `cores: 10`, a claim's own VgpuConfig asked for
+    `computePolicy: off, priority: -100` and the plugin (built-in policy, as deploy/base's)
+    prepared it uncapped and served first. Now prepare fails with one line naming what is
+    allowed (the kubelet posts it on the pod), and nothing of the claim is left behind."""
+    share = result("gpu", "gpu-0", memory="4Gi", cores="10")
+    c = world.claim("uncapped", results=[share], configs=[vgpu_config("FromClaim", UNCAPPED)])
+    high = world.claim(
+        "served-first", results=[share], configs=[vgpu_config("FromClaim", {"priority": -100})]
+    )
+    out = world.kubelet.prepare([c, high])
+    assert out[c.uid].error == (
+        "device gpu-0: config[0] (FromClaim): VgpuConfig computePolicy 'off' is not allowed by "
+        "the node's sharing policy (allowedComputePolicies: [hard, elastic]); allowed: hard, "
+        "elastic or leave computePolicy out"
+    )
+    assert "VgpuConfig priority -100 is higher than the node's sharing policy allows" in (
+        out[high.uid].error
+    )
+    assert out[c.uid].devices == [] and out[high.uid].devices == []
+    assert world.plugin.cdi_specs() == [] and world.plugin.claim_dirs() == []
+
+
+def test_an_admin_listing_off_lets_the_claim_run_uncapped() -> None:
+    rules = replace(BUILTIN, allowed_compute_policies=("hard", "off"), highest_priority=-100)
+    w = make_world(rules_for=lambda _gpu: rules)
+    try:
+        share = result("gpu", "gpu-0", memory="4Gi", cores="10")
+        c = w.claim("uncapped", results=[share], configs=[vgpu_config("FromClaim", UNCAPPED)])
+        assert w.kubelet.prepare([c])[c.uid].error == ""
+        limits = parse_limits_file((w.root / "data" / "claims" / c.uid / "limits").read_text())
+        assert (limits["VGPU_COMPUTE_POLICY"], limits["VGPU_PRIORITY"]) == ("off", "-100")
+        assert limits["CUDA_DEVICE_SM_LIMIT_0"] == "10"
+    finally:
+        close_world(w)

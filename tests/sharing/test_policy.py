@@ -25,7 +25,8 @@ default:
   cores: {min: 5, step: 5, default: 10}           # requestPolicy of the cores capacity (percent)
   maxSharers: 8                # published as capacity "sharers"; every allocation consumes exactly 1
   computePolicy: hard          # hard | elastic: the default for claims that do not choose
-  allowPolicyOverride: true    # may a claim's VgpuConfig choose another compute policy
+  allowedComputePolicies: [hard, elastic]   # what a claim's own VgpuConfig may choose (off: uncapped)
+  highestPriority: 0           # the lowest priority number a claim's own VgpuConfig may ask for
   partitions: 4                # partition mode
 overrides:                     # first match wins; any field of default may be set
 - match: {modelName: "NVIDIA A100*"}        # glob on the NVML name, or nodeLabels: {key: value}
@@ -45,12 +46,9 @@ def test_the_issue_example_loads(tmp_path: Path) -> None:
     assert d.reserved_memory == 2 * GiB
     assert d.memory == Range(min=GiB, step=256 * MiB, default=4 * GiB)
     assert d.cores == Range(min=5, step=5, default=10)
-    assert (d.max_sharers, d.compute_policy, d.allow_policy_override, d.partitions) == (
-        8,
-        "hard",
-        True,
-        4,
-    )
+    assert (d.max_sharers, d.compute_policy, d.partitions) == (8, "hard", 4)
+    assert (d.allowed_compute_policies, d.highest_priority) == (("hard", "elastic"), 0)
+    assert p.deprecations == ()
     a100 = p.for_gpu("NVIDIA A100-SXM4-40GB", {})
     assert a100.reserved_memory == 4 * GiB
     assert a100.memory == d.memory  # an override changes only what it names
@@ -75,6 +73,59 @@ def test_shipped_configmap_policy_is_valid() -> None:
         raw["computePolicy"],
         raw["partitions"],
     )
+    assert d.allowed_compute_policies == tuple(raw["allowedComputePolicies"])
+    assert d.highest_priority == raw["highestPriority"]
+
+
+@pytest.mark.parametrize("where", ["shipped", "built-in"])
+def test_the_shipped_policies_let_no_claim_lift_its_cap(where: str) -> None:
+    """Issue 33 part 4: deploy/base/policy.yaml and the built-in default shipped
+    `allowPolicyOverride: true`, so a claim's own VgpuConfig could choose `off` (no SM cap) and
+    priority -100. Neither may now: a claim may choose hard or elastic, priority 0..100."""
+    if where == "shipped":
+        path = REPO / "deploy" / "base" / "policy.yaml"
+        [cm] = [d for d in yaml.safe_load_all(path.read_text()) if d and d["kind"] == "ConfigMap"]
+        rules = from_document(yaml.safe_load(cm["data"]["policy.yaml"])).default
+    else:
+        rules = BUILTIN
+    assert not rules.claim_may_choose("off")
+    assert [p for p in ("hard", "elastic") if rules.claim_may_choose(p)] == ["hard", "elastic"]
+    assert rules.highest_priority == 0
+
+
+def test_allowed_compute_policies_may_list_off_or_none() -> None:
+    off = from_document(doc(allowedComputePolicies=["off", "hard", "off"])).default
+    assert off.allowed_compute_policies == ("hard", "off")  # each once, in POLICIES order
+    assert off.claim_may_choose("off") and not off.claim_may_choose("elastic")
+    none = from_document(doc(computePolicy="elastic", allowedComputePolicies=[])).default
+    assert [p for p in ("hard", "elastic", "off") if none.claim_may_choose(p)] == ["elastic"]
+    assert from_document(doc(highestPriority=-100)).default.highest_priority == -100
+
+
+@pytest.mark.parametrize(
+    ("allow", "allowed", "note"),
+    [
+        (
+            True,
+            ("hard", "elastic"),
+            "default.allowPolicyOverride: true is deprecated; read as allowedComputePolicies: "
+            "[hard, elastic] (no longer off: list off there to let claims switch their SM cap off)",
+        ),
+        (
+            False,
+            (),
+            "default.allowPolicyOverride: false is deprecated; read as allowedComputePolicies: []",
+        ),
+    ],
+)
+def test_the_deprecated_allow_policy_override_is_read_as_a_list(
+    allow: bool, allowed: tuple[str, ...], note: str
+) -> None:
+    """Old policies keep loading; `true` no longer lets a claim choose off."""
+    p = from_document(doc(allowPolicyOverride=allow))
+    assert p.default.allowed_compute_policies == allowed
+    assert not p.default.claim_may_choose("off")
+    assert p.deprecations == (note,)
 
 
 def test_no_file_means_the_builtin_default() -> None:
@@ -165,7 +216,31 @@ def test_reserved_memory_and_partitions() -> None:
         (doc(computePolicy="off"), "default.computePolicy: 'off' invalid; allowed: hard, elastic"),
         (
             doc(allowPolicyOverride="yes"),
-            "default.allowPolicyOverride: 'yes' invalid; allowed: true, false",
+            "default.allowPolicyOverride: 'yes' invalid; allowed: true, false (deprecated: use "
+            "allowedComputePolicies)",
+        ),
+        (
+            doc(allowPolicyOverride=True, allowedComputePolicies=["hard"]),
+            "default.allowPolicyOverride: deprecated, and allowedComputePolicies is given too; "
+            "allowed: allowedComputePolicies alone",
+        ),
+        (
+            doc(allowedComputePolicies="off"),
+            "default.allowedComputePolicies: 'off' invalid; allowed: a list of hard, elastic, off "
+            "([] for none)",
+        ),
+        (
+            doc(allowedComputePolicies=["hard", "force"]),
+            "default.allowedComputePolicies: 'force' invalid; allowed: a list of hard, elastic, "
+            "off ([] for none) ('force' is HAMi's name for hard)",
+        ),
+        (
+            doc(highestPriority=-101),
+            "default.highestPriority: -101 invalid; allowed: an integer -100..100",
+        ),
+        (
+            doc() | {"overrides": [{"match": {"modelName": "*"}, "highestPriority": "0"}]},
+            "overrides[0].highestPriority: '0' invalid; allowed: an integer -100..100",
         ),
         (doc(partitions=65), "default.partitions: 65 invalid; allowed: an integer 1..64"),
         (doc(sharers=3), "default.sharers: unknown field; allowed: reservedMemory, memory"),

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from driver.claims import RulesFor
 from tests.driver.kubelet_standin import (
     DRIVER,
     ClaimId,
@@ -45,14 +46,22 @@ class World:
         return dict(e.split("=", 1) for e in edits["env"])
 
 
-def make_world(mode: str = "sharing", partitions: int = 4, dev_nodes: tuple[str, ...] = ()) -> Any:
+def make_world(
+    mode: str = "sharing",
+    partitions: int = 4,
+    dev_nodes: tuple[str, ...] = (),
+    rules_for: RulesFor | None = None,
+) -> Any:
+    """A world; rules_for: the admin policy's rules of a GPU (default: the built-in policy)."""
     root = Path(tempfile.mkdtemp(prefix="vgp", dir="/tmp"))  # unix socket paths are short
     for n in dev_nodes:
         (root / "dev").mkdir(exist_ok=True)
         (root / "dev" / n).touch()
     server = FakeApiServer()
     server.up()
-    plugin = InProcessPlugin(root, server.api_client(), mode=mode, partitions=partitions)
+    plugin = InProcessPlugin(
+        root, server.api_client(), mode=mode, partitions=partitions, rules_for=rules_for
+    )
     plugin.driver.start()
     kubelet = KubeletStandin(plugin.registration_socket)
     kubelet.register()
