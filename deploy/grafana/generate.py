@@ -122,9 +122,11 @@ SLICE_PANELS: Panels = (
         (f"vgpu_slice:memory_used_over_limit:ratio{{{SLICE}}}", SL),
     ], "Recording rule vgpu_slice:memory_used_over_limit:ratio; alert VgpuSliceNearMemoryQuota at 90 %."),
     ("Slice compute: cap vs achieved", "percentunit", [
-        (f"vgpu_slice_compute_limit_ratio{{{SLICE}}}", f"{SL} cap"),
+        (f"vgpu_slice_compute_limit_ratio{{{SLICE}}}", f"{SL} cap " + "({{compute_policy}})"),
         (f"vgpu_slice_compute_used_ratio{{{SLICE}}}", f"{SL} achieved"),
-    ], "Compute cap and the share of device time charged to the slice over the last scrape interval."),
+    ], "Compute cap (its compute policy in brackets: hard, elastic = may use idle SMs beyond it, "
+       "off = no cap, shown as 0; alert VgpuSliceUncapped) and the share of device time charged "
+       "to the slice over the last scrape interval."),
     ("Throttling: fraction of time held back", "percentunit", [
         (f"clamp_max(rate(vgpu_slice_throttled_seconds_total{{{SLICE}}}[{RATE}]), 1)", SL),
     ], "Time the slice's launches waited for budget, per second. Alert VgpuSliceThrottled above 50 % for 10m."),

@@ -27,9 +27,9 @@ from rich.text import Text
 
 from sharing.cli.exporter import add_discovery_flags
 from sharing.gpus import use_simulator
-from sharing.observe.nodeview import NodeView, ViewBuilder
+from sharing.observe.nodeview import NodeView, SliceDeviceView, ViewBuilder
 from sharing.observe.nvml_reader import NvmlPoller
-from sharing.observe.slices import Slice, SliceFinder
+from sharing.observe.slices import Slice, SliceFinder, compute_policy
 
 
 def register(sub: Any) -> None:
@@ -37,7 +37,7 @@ def register(sub: Any) -> None:
         "top",
         help="live view of this node's GPUs and slices",
         description="Live view of this node's GPUs and slices: memory quota/used/peak, compute "
-        "cap/achieved, throttling, denials, processes. q or Ctrl-C quits.",
+        "cap and policy/achieved, throttling, denials, processes. q or Ctrl-C quits.",
     )
     add_discovery_flags(p)
     p.add_argument("--once", action="store_true", help="print one snapshot and exit")
@@ -66,6 +66,7 @@ def to_json(view: NodeView) -> dict[str, Any]:
                         "memory_limit_bytes": s.memory_limit,
                         "memory_used_bytes": s.counters.used,
                         "compute_limit_ratio": s.compute_limit_ratio,
+                        "compute_policy": compute_policy(s.slice),
                         "compute_used_ratio": round(s.compute_used_ratio, 4),
                         "alloc_denied_total": s.counters.denials,
                         "processes": s.processes,
@@ -110,6 +111,22 @@ def _label(sl: Slice) -> str:
     return f"{sl.namespace}/{sl.claim}" if sl.namespace else Path(sl.claim).name
 
 
+def _cap(s: SliceDeviceView) -> str:
+    """The cap column: the slice's SM cap and its compute policy (its limits file's), which
+    decides what the cap means: `30%` hard, `30%+` elastic (may use idle SMs beyond it), `off`
+    (the policy lifts the cap), `none` (no cap: the whole GPU, or limits unknown). One column,
+    not two: at 80 columns every figure stays whole."""
+    policy = compute_policy(s.slice)
+    if policy == "off":
+        return "[red]off[/red]"
+    if not s.compute_limit_ratio:
+        return "none"
+    return _pct(s.compute_limit_ratio) + ("+" if policy == "elastic" else "")
+
+
+_CAP_NOTE = "cap 30%+: elastic (may use idle SMs beyond it); off: compute policy off, no cap"
+
+
 def render(view: NodeView, width: int = 0) -> Group:
     """The table; on a terminal `width` columns wide (0: the console's), the figures keep their
     full width and the names are cut (…) to fit."""
@@ -143,7 +160,7 @@ def render(view: NodeView, width: int = 0) -> Group:
                     _bytes(s.memory_limit),
                     _bytes(c.used) + bang,
                     _bytes(c.peak) + bang,
-                    _pct(s.compute_limit_ratio) if s.compute_limit_ratio else "none",
+                    _cap(s),
                     _pct(s.compute_used_ratio),
                     f"{c.wait_ns / 1e9:.1f}s",
                     str(c.launches),
@@ -152,9 +169,9 @@ def render(view: NodeView, width: int = 0) -> Group:
                 )
             )
     for u in view.unreadable:
-        rows.append((f"  {_label(u.slice)} [red](unreadable)[/red]", *[""] * 9))
+        rows.append((f"  {_label(u.slice)} [red](unreadable)[/red]", *[""] * len(_COLUMNS)))
     if not view.devices and not view.unreadable:
-        rows.append(("no GPUs or slices found", *[""] * 9))
+        rows.append(("no GPUs or slices found", *[""] * len(_COLUMNS)))
     figures = [
         max([len(col), *(Text.from_markup(r[i + 1]).cell_len for r in rows)])
         for i, col in enumerate(_COLUMNS)
@@ -180,6 +197,9 @@ def render(view: NodeView, width: int = 0) -> Group:
     for row in rows:
         t.add_row(*row)
     notes = [Text(e, style="yellow") for e in view.errors if e != "no NVML reading yet"]
+    policies = {compute_policy(s.slice) for d in view.devices for s in d.slices}
+    if policies & {"elastic", "off"}:  # the cap column then means more than a hard cap
+        notes.insert(0, Text(_CAP_NOTE, style="dim"))
     return Group(t, *notes)
 
 

@@ -35,13 +35,15 @@ from sharing.observe.nodeview import (
     UnreadableSlice,
 )
 from sharing.observe.procinfo import Container
-from sharing.observe.slices import Slice
+from sharing.observe.slices import Slice, compute_policy
 
 DEVICE_LABELS = ("gpu", "UUID", "modelName", "Hostname", "hostname", "pci_bus_id")
-# who the slice is: ours, then dcgm-exporter's pod and DRA labels
+# who the slice is: ours, then dcgm-exporter's pod and DRA labels; last, the compute policy it
+# runs under (its limits file's: hard, elastic or off), so an uncapped slice is seen as one
 OWNER_LABELS = (
     "claim_uid", "namespace", "claim", "pod", "container",
     "dra_claim_name", "dra_claim_namespace", "dra_driver_name", "dra_pool_name", "dra_device_name",
+    "compute_policy",
 )  # fmt: skip
 SLICE_LABELS = (*DEVICE_LABELS, *OWNER_LABELS)
 # HAMi's labels (Project-HAMi/HAMi cmd/vGPUmonitor/metrics.go, cmd/scheduler/metrics.go), plus
@@ -163,14 +165,14 @@ def owner_labels(
 ) -> list[str]:
     """OWNER_LABELS of a slice on GPU `gpu_index` (-1: unknown). By default `pod` is the
     claim's pod(s) and `container` the names of the containers the kubelet gave it to, each
-    comma-joined when several."""
+    comma-joined when several; `compute_policy` is its limits file's ("" when unknown)."""
     claim = bool(sl.claim_uid)
     pool, device = _dra_device(sl, gpu_index) if claim and gpu_index >= 0 else ("", "")
     if container is None:
         container = ",".join(sorted({h.container for h in sl.holders}))
     return [sl.claim_uid, sl.namespace, sl.claim, sl.pod if pod is None else pod, container,
             sl.claim if claim else "", sl.namespace if claim else "", driver if claim else "",
-            pool, device]  # fmt: skip
+            pool, device, compute_policy(sl)]  # fmt: skip
 
 
 def slice_labels(d: DeviceView, s: SliceDeviceView, hostname: str, driver: str = "") -> list[str]:

@@ -86,13 +86,20 @@ class SliceLimits:
     compute_ratio: float  # 0 = no cap; 0.3 = 30 % of the SMs
 
 
+def compute_policy(s: Slice) -> str:
+    """The compute policy the slice runs under, as its limits file says (the shim enforces
+    that one, whatever the tenant's environment says): hard, elastic or off; "" when the
+    slice's limits are unknown. The `compute_policy` label and `vgpu top`'s policy column."""
+    return s.limits.get("VGPU_COMPUTE_POLICY", "") if s.limits else ""
+
+
 def slice_limits(s: Slice, counters: SliceCounters, device: int) -> SliceLimits:
     """THE one place the observers learn a slice's limits: its limits file (the plugin's for a
     claim, FILE.limits for a `vgpu run --region FILE` slice), never the accounting file (which
     holds usage only). Unknown limits read as none."""
     memory = _int(s.limits.get(f"CUDA_DEVICE_MEMORY_LIMIT_{device}"))
     sm = _float(s.limits.get(f"CUDA_DEVICE_SM_LIMIT_{device}"))
-    policy = s.limits.get("VGPU_COMPUTE_POLICY", "hard")
+    policy = compute_policy(s)
     ratio = sm / 100.0 if sm is not None and 0 < sm < 100 and policy != "off" else 0.0
     return SliceLimits(memory_bytes=memory or 0, compute_ratio=ratio)
 

@@ -119,16 +119,18 @@ def add_claim(
     sm: int,
     ns: str = "team",
     device: tuple[str, str] | None = None,
+    policy: str = "hard",
 ) -> Path:
     """What the plugin leaves for a prepared claim: checkpoint entry, CDI spec, limits file and
     accounting file (driver/claimfiles.py's layout); device: the (pool, device) the claim was
-    allocated. Returns the claim's shared/ directory (the one holding the accounting file)."""
+    allocated; policy: its compute policy. Returns the claim's shared/ directory (the one
+    holding the accounting file)."""
     d = data_dir / "claims" / uid
     (d / "shared").mkdir(parents=True)
     text = render_limits_file(
         memory_limits=[memory],
         sm_limits=[sm],
-        policy="hard",
+        policy=policy,
         priority=1,
         shared_cache="/run/vgpu-sharing/accounting",
     )

@@ -14,8 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.console import Console
 
 from sharing import region
+from sharing.cli import top
+from sharing.counters import DeviceCounters
+from sharing.observe.nodeview import DeviceView, NodeView, SliceDeviceView
+from sharing.observe.nvml_reader import GpuReading
+from sharing.observe.slices import Slice
 from sharing.paths import shim_library
 from tests.sim.simhelp import CONTEXT_MEMORY
 from tests.support.observers import MiB, add_claim, sim_gpu_uuid, start_tenant
@@ -25,8 +31,8 @@ GiB = 1 << 30
 DEVICE_KEYS = {"uuid", "name", "memory_total_bytes", "memory_used_bytes", "utilization_ratio",
                "slices"}  # fmt: skip
 SLICE_KEYS = {"claim_uid", "namespace", "claim", "memory_limit_bytes", "memory_used_bytes",
-              "compute_limit_ratio", "compute_used_ratio", "alloc_denied_total", "processes",
-              "untrusted"}  # fmt: skip
+              "compute_limit_ratio", "compute_policy", "compute_used_ratio", "alloc_denied_total",
+              "processes", "untrusted"}  # fmt: skip
 
 
 def _top_json(env: dict[str, str], data: Path) -> dict[str, Any]:
@@ -90,12 +96,49 @@ def test_json_snapshot(
     train = by_claim["train"]
     assert train["claim_uid"] == "uid-a" and train["namespace"] == "team-a"
     assert train["memory_limit_bytes"] == GiB and train["compute_limit_ratio"] == 0.3
+    assert train["compute_policy"] == "hard"
     # the held allocation, and both processes' contexts (the tenant has freed its chunks)
     assert train["memory_used_bytes"] == 100 * MiB + 2 * CONTEXT_MEMORY
     assert train["alloc_denied_total"] == 1
     assert train["processes"] == 2  # the tenant and the held allocation
     assert 0 < train["compute_used_ratio"] < 0.6
     assert by_claim["infer"]["processes"] == 0 and by_claim["infer"]["compute_used_ratio"] == 0
+
+
+def _policy_view() -> NodeView:
+    """One GPU with a hard, an elastic and an uncapped (computePolicy off) slice."""
+
+    def slice_of(name: str, policy: str, cap: float) -> SliceDeviceView:
+        limits = {"VGPU_COMPUTE_POLICY": policy}
+        sl = Slice(name, name, "team-a", name, "", "/x", ("GPU-0",), {}, limits=limits)
+        counters = DeviceCounters(0, 132 * MiB, 900 * MiB, 1, 1, 12345, 10**9, 12 * 10**9)
+        return SliceDeviceView(sl, 0, counters, GiB, cap, 0.29, 2, 0)
+
+    gpu = GpuReading(0, "GPU-0", "NVIDIA H100 80GB HBM3", "0000", True, 80 * GiB, 3 * GiB, 0.5)
+    slices = (slice_of("train", "hard", 0.3), slice_of("infer", "elastic", 0.5),
+              slice_of("free", "off", 0.0))  # fmt: skip
+    return NodeView(devices=(DeviceView(gpu, slices, 0),), errors=(), counters={})
+
+
+def test_the_cap_column_says_each_slices_compute_policy() -> None:
+    """Issue 33 part 4: a slice running with computePolicy off was shown like any other. The
+    cap column now says the policy its limits file holds: `30%` hard, `50%+` elastic, `off`;
+    at 80 columns every figure stays whole, and --json names the policy."""
+    console = Console(width=80, record=True, color_system=None)
+    console.print(top.render(_policy_view(), 80))
+    text = console.export_text()
+    rows = {line.split()[0]: line.split() for line in text.splitlines() if "team-a/" in line}
+    cap = _COLUMN_INDEX["cap"]
+    assert {name: cells[cap] for name, cells in rows.items()} == {
+        "team-a/train": "30%", "team-a/infer": "50%+", "team-a/free": "off",
+    }  # fmt: skip
+    assert all(cells[-1] == "2" for cells in rows.values()), text  # procs: whole
+    assert "off: compute policy off, no cap" in text
+    doc = top.to_json(_policy_view())
+    assert [s["compute_policy"] for s in doc["devices"][0]["slices"]] == ["hard", "elastic", "off"]
+
+
+_COLUMN_INDEX = {name: i + 1 for i, name in enumerate(top._COLUMNS)}
 
 
 def _tmux() -> str:

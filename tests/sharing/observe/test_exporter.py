@@ -196,7 +196,7 @@ def test_claims_appear_and_disappear_without_restart(served: tuple[Exporter, str
            "hostname": "node-a", "pci_bus_id": "00000000:01:00.0", "container": "",
            "dra_claim_name": "train", "dra_claim_namespace": "team",
            "dra_driver_name": "vgpu.sharing.dev", "dra_pool_name": "node-a",
-           "dra_device_name": "gpu-1"}  # fmt: skip
+           "dra_device_name": "gpu-1", "compute_policy": "hard"}  # fmt: skip
     assert only(s, "vgpu_slice_memory_limit_bytes")[0].labels == lab
     assert value(s, "vgpu_slice_memory_limit_bytes", claim_uid="uid-1") == 8 * GiB
     assert value(s, "vgpu_slice_compute_limit_ratio", claim_uid="uid-1") == 0.25
@@ -212,6 +212,29 @@ def test_claims_appear_and_disappear_without_restart(served: tuple[Exporter, str
     s = scrape(url)
     assert [x.labels["claim_uid"] for x in only(s, "vgpu_slice_memory_limit_bytes")] == ["uid-2"]
     assert value(s, "vgpu_device_slices", gpu="1") == 1
+
+
+def test_every_slice_series_says_the_compute_policy_the_slice_runs_under(
+    served: tuple[Exporter, str, Path],
+) -> None:
+    """Issue 33 part 4: a claim whose own config switched its cap off ran uncapped and nothing
+    said so. Every per-slice series now carries `compute_policy`, its limits file's (the one
+    the shim enforces): an uncapped slice is one query away (`compute_policy="off"`)."""
+    _, url, data = served
+    add_claim(data, "uid-h", "capped", UUID1, GiB, 10)
+    add_claim(data, "uid-e", "borrowing", UUID1, GiB, 20, policy="elastic")
+    add_claim(data, "uid-o", "uncapped", UUID1, GiB, 10, policy="off")
+    s = scrape(url)
+    for name in SLICE_METRICS:
+        policies = {x.labels["claim_uid"]: x.labels["compute_policy"] for x in only(s, name)
+                    if x.labels["claim_uid"]}  # fmt: skip
+        assert policies == {"uid-h": "hard", "uid-e": "elastic", "uid-o": "off"}, name
+    # the GPU's unattributed violations belong to no slice: no policy
+    [unattributed] = only(s, "vgpu_slice_quota_violations_total", claim_uid="")
+    assert unattributed.labels["compute_policy"] == ""
+    [uncapped] = only(s, "vgpu_slice_compute_limit_ratio", compute_policy="off")
+    assert (uncapped.labels["claim"], uncapped.value) == ("uncapped", 0)  # its cap is not held
+    assert value(s, "vgpu_slice_compute_limit_ratio", compute_policy="elastic") == 0.2
 
 
 def test_hostile_claim_directories_do_not_break_a_scrape(

@@ -21,7 +21,8 @@ def _view() -> NodeView:
                     0.25)  # fmt: skip
     g1 = GpuReading(1, "GPU-b", "", "", False)  # unhealthy: NVML gauges absent
     c = DeviceCounters(0, 5 << 20, 9 << 20, 3, 7 << 20, 12345, 10**9 + 7, 2_500_000)
-    s1 = Slice("uid-1", "uid-1", "team\nnewline", "claim-1", "pod-1", "/x", ("GPU-a",), {})
+    s1 = Slice("uid-1", "uid-1", "team\nnewline", "claim-1", "pod-1", "/x", ("GPU-a",), {},
+               limits={"VGPU_COMPUTE_POLICY": "off"})  # fmt: skip
     s2 = region_slice(str(Path("/tmp/some.region")))
     sv = [
         SliceDeviceView(s1, 0, c, 1 << 30, 0.3, 0.2875, 2, 1),
@@ -68,3 +69,7 @@ def test_fast_text_equals_the_collector() -> None:
     untrusted = {dict(k[1])["claim"]: v for k, v in samples.items()
                  if k[0] == "vgpu_slice_untrusted"}  # fmt: skip
     assert untrusted == {"claim-1": 0, "/tmp/some.region": 1}
+    # the compute policy of the slice's limits file, "" where its limits are unknown
+    policy = {dict(k[1])["claim"]: dict(k[1])["compute_policy"] for k in samples
+              if k[0] == "vgpu_slice_memory_limit_bytes"}  # fmt: skip
+    assert policy == {"claim-1": "off", "/tmp/some.region": ""}
