@@ -3,9 +3,10 @@
  * it takes the robust mutex of $SIMGPU_STATE's state file, scribbles over the device 0 total
  * (as a process killed between two writes would leave it) and kills itself. The next process
  * to take the lock must recover (EOWNERDEAD) and rebuild the totals from the process slots.
- * With the argument "sched" it dies holding device 0's scheduler lock instead, leaving the
+ * With a first argument starting with 's' ("sched") it dies holding device 0's scheduler lock instead, leaving the
  * scheduler's state out of range (an owner that does not exist, a lane with more pending work
- * than it ever queued): the next locker must clamp it and go on.
+ * than it ever queued): the next locker must clamp it and go on. A second argument "stop" makes
+ * it stop itself (SIGSTOP) holding the lock instead of dying: a holder that never returns.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -19,6 +20,7 @@
 
 int main(int argc, char **argv) {
     int sched = argc > 1 && argv[1][0] == 's';
+    int stop = argc > 2 && argv[2][0] == 's';
     const char *dir = getenv("SIMGPU_STATE");
     if (!dir) return 2;
     char path[600];
@@ -41,6 +43,6 @@ int main(int argc, char **argv) {
     }
     printf("LOCKED\n");
     fflush(stdout);
-    raise(SIGKILL);
-    return 6;
+    raise(stop ? SIGSTOP : SIGKILL);
+    return stop ? 0 : 6;
 }

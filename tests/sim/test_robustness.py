@@ -108,3 +108,55 @@ def test_death_inside_the_scheduler_lock_is_recovered(
     )
     assert out.returncode == 0, out.stderr
     assert [float(x) for x in out.stdout.split()] == [100.0] * 20
+
+
+@pytest.mark.parametrize(
+    "lock", ["node", "sched"]
+)  # sim_die_locked: the node state lock, or a scheduler
+def test_a_stopped_lock_holder_does_not_hang_the_others_of_its_state(
+    build_c: Callable[..., Path], sim_tool: Path, sim_env: dict[str, str], lock: str
+) -> None:
+    """A process of the same state stopped (SIGSTOP) holding the state lock or device 0's
+    scheduler lock: the others wait SIMGPU_LOCK_TIMEOUT_MS once, say so on stderr, and go on
+    (memory queries, allocations, launches and synchronisation)."""
+    import time
+
+    env = dict(sim_env, SIMGPU_LOCK_TIMEOUT_MS="500", **EXACT_DURATIONS)
+    tool_info(sim_tool, env)  # creates the node state
+    holder = subprocess.Popen([str(build_c("sim_die_locked.c")), lock, "stop"], env=env,
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "LOCKED"
+        t0 = time.monotonic()
+        free, total = tool_info(sim_tool, env)  # would hang for ever on the stopped holder
+        assert free == total
+        r = subprocess.run([str(sim_tool), "alloc", str(GB)], env=env, capture_output=True,
+                           text=True, timeout=30)  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        timing = build_c("sim_timing.c")
+        out = subprocess.run([str(timing), "durations", "sim_100us", "5"], env=env,
+                             capture_output=True, text=True, timeout=30)  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        assert [float(x) for x in out.stdout.split()] == [100.0] * 5
+        assert "its holder does not release it" in out.stderr + r.stderr
+        assert time.monotonic() - t0 < 20
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(10)
+
+
+def test_garbage_in_the_state_lock_word_is_not_waited_on(
+    build_c: Callable[..., Path], sim_tool: Path, sim_env: dict[str, str]
+) -> None:
+    """A process of the state overwrote the lock with garbage (kind and owner words included):
+    the next locker initialises it again instead of blocking for ever or crashing."""
+    import os
+
+    env = dict(sim_env, SIMGPU_LOCK_TIMEOUT_MS="500")
+    tool_info(sim_tool, env)
+    [state] = [p for p in Path(env["SIMGPU_STATE"]).iterdir() if "." not in p.name]
+    with state.open("r+b") as f:
+        f.seek(16)  # the lock, after the magic and the size
+        f.write(os.urandom(40))
+    free, total = tool_info(sim_tool, env)
+    assert free == total

@@ -74,3 +74,20 @@ uint64_t sim_busy_between(int dev, int slot, uint64_t from, uint64_t to, uint64_
     return ring_sum(own ? sim_shm->proc_ring[slot][dev] : no_history, SIM_PROC_RING, SIM_PBUCKET_NS, from, to,
                     window_ns);
 }
+
+uint64_t sim_busy_sum_copy(const uint64_t *ring, uint64_t n, uint64_t bucket_ns, uint64_t from, uint64_t to,
+                           uint64_t *window) {
+    uint64_t b0 = (from + bucket_ns - 1) / bucket_ns, b1 = to / bucket_ns;
+    if (b1 <= b0 || n < 2) {
+        *window = 0;
+        return 0;
+    }
+    if (b1 - b0 > n - 1) b0 = b1 - (n - 1);
+    uint64_t sum = 0;
+    for (uint64_t b = b0; b < b1; b++) {
+        uint64_t v = ring[b % n], busy = v & 0xffffffffull;
+        if ((v >> 32) == (b & 0xffffffffull)) sum += busy < bucket_ns ? busy : bucket_ns; /* garbage: clamped */
+    }
+    *window = (b1 - b0) * bucket_ns;
+    return sum;
+}

@@ -55,10 +55,15 @@ static int lane_ok(int dev, int slot) {
     return sim_shm && dev >= 0 && dev < SIM_MAX_DEVICES && slot >= 0 && slot < SIM_MAX_PROCS;
 }
 
+static __thread int t_sched_held; /* a thread holds at most one scheduler lock at a time */
+static _Atomic int g_sched_wedged[SIM_MAX_DEVICES];
+
 static void sched_lock(sim_sched *q) {
-    int rc = pthread_mutex_lock(&q->lock);
-    if (rc == EOWNERDEAD) {
-        /* The holder died mid-update: bring every field back into range (see the top). */
+    int rc = sim_robust_lock(&q->lock, &g_sched_wedged[q - sim_shm->sched], "a device scheduler's");
+    t_sched_held = rc != 0;
+    if (rc != 1) {
+        /* The holder died mid-update (2), or holds the lock and does not return (0): bring every
+         * field back into range (see the top). */
         sim_run *r = &q->run;
         if (r->owner < -1 || r->owner >= SIM_MAX_PROCS) r->owner = -1;
         for (int i = 0; i < SIM_MAX_PROCS; i++) {
@@ -69,13 +74,14 @@ static void sched_lock(sim_sched *q) {
             else
                 r->active[i / 64] &= ~bit;
         }
-        pthread_mutex_consistent(&q->lock);
-    } else if (rc != 0) {
-        sim_log("scheduler lock: %s", strerror(rc));
+        if (rc == 2) pthread_mutex_consistent(&q->lock);
     }
 }
 
-static void sched_unlock(sim_sched *q) { pthread_mutex_unlock(&q->lock); }
+static void sched_unlock(sim_sched *q) {
+    if (t_sched_held) pthread_mutex_unlock(&q->lock);
+    t_sched_held = 0;
+}
 
 /* The next lane after `o` (cyclically, `o` itself last) with pending work, or -1. */
 static int next_active(const sim_run *r, int o) {
@@ -132,13 +138,21 @@ static void mirror_locked(sim_sched *q, int dev, int slot) {
     g_hist[dev].count = n;
 }
 
+/* Busy time a run on a copy adds up for one lane (-1: any) within [from, to) (sim_sched_project). */
+typedef struct {
+    int lane;
+    uint64_t from, to, busy;
+} span_acc;
+
 /* Run the device from r->t to `until`. `stop` >= 0: stop as soon as that lane has at most
  * `stop_pend` pending and return the time (a prediction on a copy). `q` non-NULL: the real run,
- * recording service history and busy time. Returns the time reached. */
-static uint64_t run(sim_run *r, uint64_t until, int stop, uint64_t stop_pend, sim_sched *q, int dev) {
+ * recording service history and busy time; `acc` non-NULL: a run on a copy adding up busy time.
+ * Returns the time reached. */
+static uint64_t run(sim_run *r, uint64_t until, int stop, uint64_t stop_pend, sim_sched *q, int dev, span_acc *acc) {
     uint64_t slice = sim_sched_slice_ns();
     while (r->t < until) {
         if (stop >= 0 && r->pend[stop] <= stop_pend) return r->t;
+        if (r->owner < -1 || r->owner >= SIM_MAX_PROCS) r->owner = -1; /* never an index out of range */
         int o = r->owner;
         int own = o >= 0 && r->pend[o] > 0;
         if (!own || r->t >= r->slice_end) {
@@ -163,6 +177,10 @@ static uint64_t run(sim_run *r, uint64_t until, int stop, uint64_t stop_pend, si
             note_segment(l, r->t, l->submitted - r->pend[o], n);
             sim_busy_record(dev, o, r->t, r->t + n);
         }
+        if (acc && (acc->lane < 0 || acc->lane == o)) {
+            uint64_t a = r->t > acc->from ? r->t : acc->from, b = r->t + n < acc->to ? r->t + n : acc->to;
+            if (b > a) acc->busy += b - a;
+        }
         r->pend[o] -= n;
         if (!r->pend[o]) r->active[o / 64] &= ~(1ull << (o % 64));
         r->t += n;
@@ -172,7 +190,7 @@ static uint64_t run(sim_run *r, uint64_t until, int stop, uint64_t stop_pend, si
 }
 
 static void advance_locked(sim_sched *q, int dev, uint64_t now) {
-    if (now > q->run.t) run(&q->run, now, -1, 0, q, dev);
+    if (now > q->run.t) run(&q->run, now, -1, 0, q, dev, NULL);
 }
 
 /* Lock device `dev`'s scheduler, run it to now, mirror the slot's history; returns it locked. */
@@ -224,7 +242,7 @@ uint64_t sim_sched_eta(int dev, int slot, uint64_t pos) {
         /* Predict on a copy with the work queued now (it always finishes: no new work arrives). */
         sim_run copy = q->run;
         uint64_t left = pos < sub ? sub - pos : 0;
-        eta = run(&copy, UINT64_MAX / 2, slot, left, NULL, dev);
+        eta = run(&copy, UINT64_MAX / 2, slot, left, NULL, dev, NULL);
         if (eta <= now) eta = now + 1;
     }
     sched_unlock(q);
@@ -272,4 +290,20 @@ void sim_sched_advance(int dev) {
 uint64_t sim_sched_busy_between(int dev, int slot, uint64_t from, uint64_t to, uint64_t *window_ns) {
     sim_sched_advance(dev);
     return sim_busy_between(dev, slot, from, to, window_ns);
+}
+
+uint64_t sim_sched_project(sim_run *r, uint64_t now, int lane, uint64_t from, uint64_t to) {
+    /* A copy read without the lock may be anything (a torn read, a writer's garbage): keep the
+     * run bounded. A state nobody advanced for longer than the busy rings' history starts from
+     * there (work older than that cannot count anyway). */
+    uint64_t horizon = (uint64_t)SIM_DEV_RING * SIM_BUCKET_NS;
+    if (now > horizon && r->t < now - horizon) r->t = now - horizon;
+    if (r->t >= now) return 0;
+    for (int i = 0; i < SIM_MAX_PROCS; i++) {
+        uint64_t bit = 1ull << (i % 64);
+        r->active[i / 64] = r->pend[i] ? r->active[i / 64] | bit : r->active[i / 64] & ~bit;
+    }
+    span_acc acc = {.lane = lane, .from = from, .to = to, .busy = 0};
+    run(r, now, -1, 0, NULL, 0, &acc);
+    return acc.busy;
 }

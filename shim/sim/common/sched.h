@@ -24,4 +24,10 @@ void sim_sched_advance(int dev); /* bring the device's busy rings up to now */
  * written as the device runs. */
 uint64_t sim_sched_busy_between(int dev, int slot, uint64_t from, uint64_t to, uint64_t *window_ns);
 
+/* Busy ns within [from, to) that running the device `r` (a private copy of a state's sim_run) from
+ * its time to `now` gives `lane` (-1: any lane), recording nothing: what an observer that may not
+ * take the lock adds to the busy rings, which the state's own processes advance lazily. The copy
+ * may hold anything (it is sanitised; the run is bounded). */
+uint64_t sim_sched_project(sim_run *r, uint64_t now, int lane, uint64_t from, uint64_t to);
+
 #endif

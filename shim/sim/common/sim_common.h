@@ -11,6 +11,7 @@
  *             shared by every process)
  *   busy.c    the busy-time rings of the node state (utilisation)
  *   sched.c   the device scheduler: processes time-slice each device (SIMGPU_TIMESLICE_US)
+ *   observe.c read-only views of other node states (SIMGPU_OBSERVE), never mapped or locked
  */
 #ifndef VGPU_SIM_COMMON_H
 #define VGPU_SIM_COMMON_H
@@ -18,6 +19,7 @@
 #include "busy.h"
 #include "config.h"
 #include "json.h"
+#include "observe.h"
 #include "sched.h"
 #include "state.h"
 #include "util.h"

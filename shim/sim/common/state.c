@@ -14,7 +14,7 @@
  *    then recomputes every derived total from the slots (device used = sum of slot used), which
  *    is correct whatever instant the owner died at, and marks the mutex consistent.
  *  - Liveness of a slot is an fcntl open-file-description (OFD) write lock on one byte of the
- *    state file (offset SLOT_LOCK_BASE + slot, past the end of the file) held for the process
+ *    state file (offset SIM_SLOT_LOCK_BASE + slot, past the end of the file) held for the process
  *    lifetime. The kernel drops it when the process dies, however it dies, and it works across
  *    PID namespaces (no PIDs are compared). The locks go through their own open file description,
  *    not the one the file is mapped through (a fork child inherits mappings). Dead slots are reaped by whoever next takes the lock
@@ -45,10 +45,8 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
-
-#define SIM_STATE_MAGIC 0x53494d4750553031ull /* "SIMGPU01" */
-#define SLOT_LOCK_BASE  (1ll << 30)
 
 sim_shared *sim_shm;
 static int g_fd = -1;
@@ -137,6 +135,8 @@ int sim_slot_host_pid(int slot, int own_slot) {
     return fl.l_pid;
 }
 
+void sim_state_file_name(char *buf, size_t cap) { snprintf(buf, cap, "state-v1-%zu", sizeof(sim_shared)); }
+
 int sim_state_open(void) {
     if (sim_shm) return 0;
     char dir[512];
@@ -148,9 +148,8 @@ int sim_state_open(void) {
                 dir, why);
         return -1;
     }
-    /* The layout version is in the name: an old file of another layout is never misread. */
     char name[64];
-    snprintf(name, sizeof name, "state-v1-%zu", sizeof(sim_shared));
+    sim_state_file_name(name, sizeof name);
     snprintf(g_path, sizeof g_path, "%s/%s", dir, name);
     int fd = openat(dfd, name, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
     close(dfd);
@@ -186,6 +185,17 @@ int sim_state_open(void) {
         close(fd);
         return -1;
     }
+    /* Re-check the size once mapped: a file shrunk between the sizing and the mapping (by a
+     * process sharing the directory) would fault at the first access past its end. */
+    struct stat mapped;
+    if (fstat(fd, &mapped) != 0 || (size_t)mapped.st_size < sizeof(sim_shared)) {
+        sim_log("state file %s: shrunk to %lld bytes while being opened (another process truncated it?)", g_path,
+                (long long)mapped.st_size);
+        munmap(p, sizeof(sim_shared));
+        flock(fd, LOCK_UN);
+        close(fd);
+        return -1;
+    }
     sim_shared *s = p;
     if (__atomic_load_n(&s->magic, __ATOMIC_ACQUIRE) != SIM_STATE_MAGIC || s->size != sizeof(sim_shared)) {
         /* New (zero-filled) file, or one whose initialiser died before finishing: only the latter
@@ -216,6 +226,8 @@ int sim_state_open(void) {
     return 0;
 }
 
+int sim_state_fd(void) { return g_fd; }
+
 void sim_robust_mutex_init(pthread_mutex_t *m) {
     pthread_mutexattr_t a;
     pthread_mutexattr_init(&a);
@@ -234,23 +246,87 @@ static void recompute_totals(void) {
     }
 }
 
-void sim_state_lock(void) {
-    int rc = pthread_mutex_lock(&sim_shm->lock);
-    if (rc == EOWNERDEAD) {
-        /* The previous owner died holding the lock, maybe mid-update: rebuild what is derived. */
-        recompute_totals();
-        pthread_mutex_consistent(&sim_shm->lock);
-    } else if (rc != 0) {
-        sim_log("state lock: %s", strerror(rc));
+/* How long a locker waits for a holder that does not release a lock of the state: the updates
+ * under them take microseconds, so only a holder that is stopped (SIGSTOP, a debugger) or a lock
+ * word that is not a lock (overwritten) makes anyone wait that long. */
+static uint64_t lock_timeout_ns(void) {
+    static _Atomic uint64_t v;
+    uint64_t ns = atomic_load_explicit(&v, memory_order_relaxed);
+    if (ns) return ns;
+    uint64_t ms = sim_env_u64("SIMGPU_LOCK_TIMEOUT_MS", 10000);
+    if (ms < 10 || ms > 3600000) {
+        sim_log("environment SIMGPU_LOCK_TIMEOUT_MS=%llu is out of range; allowed: 10 .. 3600000 ms; using 10000",
+                (unsigned long long)ms);
+        ms = 10000;
     }
+    atomic_store_explicit(&v, ms * 1000000ull, memory_order_relaxed);
+    return ms * 1000000ull;
 }
 
-void sim_state_unlock(void) { pthread_mutex_unlock(&sim_shm->lock); }
+#ifdef __GLIBC__
+/* The mutex kind word the state's locks were initialised with: another value is not one of our
+ * locks (the file was overwritten), and locking it could block for ever or crash. */
+static int lock_kind_ok(pthread_mutex_t *m) {
+    static int ref = -1;
+    int k = __atomic_load_n(&ref, __ATOMIC_RELAXED);
+    if (k == -1) {
+        pthread_mutex_t r;
+        sim_robust_mutex_init(&r);
+        k = r.__data.__kind;
+        pthread_mutex_destroy(&r);
+        __atomic_store_n(&ref, k, __ATOMIC_RELAXED);
+    }
+    return __atomic_load_n(&m->__data.__kind, __ATOMIC_RELAXED) == k;
+}
+#else
+static int lock_kind_ok(pthread_mutex_t *m) { return 1; }
+#endif
+
+int sim_robust_lock(pthread_mutex_t *m, _Atomic int *wedged, const char *what) {
+    if (!lock_kind_ok(m)) {
+        sim_log("%s lock of state %s is not a lock (overwritten): initialised again", what, g_path);
+        sim_robust_mutex_init(m);
+    }
+    int rc = pthread_mutex_trylock(m); /* uncontended: no clock read, no system call */
+    if (rc == EBUSY && !atomic_load_explicit(wedged, memory_order_relaxed)) {
+        struct timespec dl;
+        clock_gettime(CLOCK_REALTIME, &dl);
+        uint64_t ns = (uint64_t)dl.tv_nsec + lock_timeout_ns();
+        dl.tv_sec += (time_t)(ns / 1000000000ull);
+        dl.tv_nsec = (long)(ns % 1000000000ull);
+        rc = pthread_mutex_timedlock(m, &dl);
+    }
+    if (rc == 0 || rc == EOWNERDEAD) {
+        atomic_store_explicit(wedged, 0, memory_order_relaxed);
+        return rc == 0 ? 1 : 2;
+    }
+    if (!atomic_exchange_explicit(wedged, 1, memory_order_relaxed))
+        sim_log("%s lock of state %s: %s (its holder does not release it: stopped?); going on without it", what, g_path,
+                rc == ETIMEDOUT ? "not released in time" : strerror(rc));
+    return 0;
+}
+
+static __thread int t_state_held;
+static _Atomic int g_state_wedged;
+
+void sim_state_lock(void) {
+    int rc = sim_robust_lock(&sim_shm->lock, &g_state_wedged, "the");
+    t_state_held = rc != 0;
+    /* The previous owner died holding the lock (2), or holds it and does not return (0), maybe
+     * mid-update: rebuild what is derived. */
+    if (rc != 1) recompute_totals();
+    if (rc == 2) pthread_mutex_consistent(&sim_shm->lock);
+}
+
+void sim_state_unlock(void) {
+    if (t_state_held) pthread_mutex_unlock(&sim_shm->lock);
+    t_state_held = 0;
+}
 
 int sim_slot_alive(int slot, int own_slot) {
     if (slot == own_slot) return 1; /* our own OFD lock does not conflict with our own query */
     struct flock fl = {
-        .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = SLOT_LOCK_BASE + slot, .l_len = 1, .l_pid = 0};
+        .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = SIM_SLOT_LOCK_BASE + slot, .l_len = 1, .l_pid = 0};
     if (fcntl(g_fd, F_OFD_GETLK, &fl) != 0) return 1; /* cannot tell: never reap on doubt */
     return fl.l_type != F_UNLCK;
 }
@@ -283,7 +359,7 @@ int sim_state_claim_slot(void) {
         for (int i = 0; i < SIM_MAX_PROCS && got < 0; i++) {
             if (sim_slot_active(i)) continue;
             struct flock fl = {
-                .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = SLOT_LOCK_BASE + i, .l_len = 1, .l_pid = 0};
+                .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = SIM_SLOT_LOCK_BASE + i, .l_len = 1, .l_pid = 0};
             if (fcntl(g_fd, F_OFD_SETLK, &fl) != 0) continue; /* held by someone: not ours to take */
             sim_proc_slot *p = &sim_shm->proc[i];
             memset(p->used, 0, sizeof p->used);

@@ -83,7 +83,16 @@ extern sim_shared *sim_shm;
 
 static inline int sim_slot_active(int i) { return (int)((sim_shm->active[i / 64] >> (i % 64)) & 1); }
 
+/* The slot locks: an OFD write lock on byte SIM_SLOT_LOCK_BASE + slot of the state file (past its
+ * end) is held by the slot's owner for its lifetime (state.c). */
+#define SIM_SLOT_LOCK_BASE (1ll << 30)
+#define SIM_STATE_MAGIC    0x53494d4750553031ull /* "SIMGPU01": sim_shared.magic once initialised */
+
+/* The state file's name in its directory: the layout's version and size are in it, so a file of
+ * another layout is never misread. */
+void sim_state_file_name(char *buf, size_t cap);
 int sim_state_open(void);  /* map the node state; 0 or -1 (one stderr line) */
+int sim_state_fd(void);    /* a descriptor of this process's state file, or -1 before sim_state_open */
 void sim_state_lock(void); /* recovers from a dead owner (EOWNERDEAD) */
 void sim_state_unlock(void);
 void sim_state_reap_locked(int own_slot); /* return the memory of dead processes to the pools */
@@ -96,6 +105,12 @@ uint64_t sim_mem_used(int dev, int own_slot); /* reaps first */
 void sim_ctx_count(int slot, int dev, int delta);
 /* Robust process-shared mutex set-up (state.c initialises every lock of the node state with it). */
 void sim_robust_mutex_init(pthread_mutex_t *m);
+/* Lock one of the node state's robust mutexes: 1 held, 2 held from an owner that died (repair,
+ * then pthread_mutex_consistent), 0 not held. A lock word that is not one of our locks (the file
+ * was overwritten) is initialised again; a holder that does not release the lock within
+ * SIMGPU_LOCK_TIMEOUT_MS (stopped) is not waited for again: *wedged (the caller's, per lock)
+ * remembers it, and later lockers only try until the lock is free again. `what` names the lock. */
+int sim_robust_lock(pthread_mutex_t *m, _Atomic int *wedged, const char *what);
 /* Is the slot's owner alive (its OFD lock held)? Caller holds the lock; own slot counts alive. */
 int sim_slot_alive(int slot, int own_slot);
 /* The slot's owner's PID as the caller's PID namespace sees it (the host's PID for a caller on the

@@ -2,6 +2,7 @@
 #include "nvml.h"
 
 #include "../common/config.h"
+#include "../common/observe.h"
 #include "../common/state.h"
 #include "../common/util.h"
 
@@ -316,6 +317,11 @@ static nvmlReturn_t mem_info(nvmlDevice_t device, unsigned long long *total, uns
     nvmlReturn_t rc = sim_nvml_device(device, &i, &d);
     if (rc != NVML_SUCCESS) return rc;
     uint64_t u = sim_mem_used(i, -1);
+    sim_obs_set obs; /* the observed states' processes (SIMGPU_OBSERVE) use the same device */
+    sim_observe_open(&obs, i, d.memory);
+    uint64_t o = sim_observe_used(&obs);
+    sim_observe_close(&obs);
+    u = u > UINT64_MAX - o ? UINT64_MAX : u + o;
     *total = d.memory;
     *used = u > d.memory ? d.memory : u;
     return NVML_SUCCESS;

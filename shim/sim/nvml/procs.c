@@ -14,29 +14,50 @@
  */
 #include "nvml.h"
 
+#include "../common/observe.h"
 #include "../common/sched.h"
 #include "../common/state.h"
 #include "../common/util.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 typedef struct {
     int slot;
     unsigned pid;
     unsigned long long used;
+    const sim_obs_state *st; /* NULL: this process's own state; else an observed one */
+    const sim_obs_proc *op;
 } proc_entry;
 
-static int list_procs(int dev, proc_entry *out, int cap) {
+/* The processes on a device: those of this process's own state, then those of the observed
+ * states (SIMGPU_OBSERVE) the kernel names a PID for. *out is malloc'ed (free it), `obs` stays
+ * open for their utilisation (sim_observe_close). Returns the count, -1 when out of memory. */
+static int list_procs(int dev, uint64_t total, proc_entry **out, sim_obs_set *obs) {
+    sim_observe_open(obs, dev, total);
+    size_t cap = SIM_MAX_PROCS;
+    for (int s = 0; s < obs->n; s++) cap += (size_t)obs->st[s].nproc;
+    proc_entry *e = malloc(cap * sizeof *e);
+    if (!e) {
+        sim_observe_close(obs);
+        return -1;
+    }
     int n = 0;
     sim_state_lock();
     sim_state_reap_locked(-1);
     for (int i = 0; i < SIM_MAX_PROCS; i++) {
         sim_proc_slot *p = &sim_shm->proc[i];
         if (!sim_slot_active(i) || (p->contexts[dev] == 0 && p->used[dev] == 0)) continue;
-        if (n < cap) out[n] = (proc_entry){.slot = i, .pid = (unsigned)sim_slot_host_pid(i, -1), .used = p->used[dev]};
-        n++;
+        e[n++] = (proc_entry){.slot = i, .pid = (unsigned)sim_slot_host_pid(i, -1), .used = p->used[dev]};
     }
     sim_state_unlock();
+    for (int s = 0; s < obs->n; s++)
+        for (int j = 0; j < obs->st[s].nproc; j++) {
+            const sim_obs_proc *op = &obs->st[s].proc[j];
+            if (op->pid == 0) continue; /* no PID the kernel vouches for: never a recorded number */
+            e[n++] = (proc_entry){.slot = op->slot, .pid = op->pid, .used = op->used, .st = &obs->st[s], .op = op};
+        }
+    *out = e;
     return n;
 }
 
@@ -44,12 +65,17 @@ static int list_procs(int dev, proc_entry *out, int cap) {
 static nvmlReturn_t running(nvmlDevice_t device, unsigned int *infoCount, void *infos, size_t stride, int v1) {
     if (!infoCount) return NVML_ERROR_INVALID_ARGUMENT;
     int dev;
-    nvmlReturn_t rc = sim_nvml_device(device, &dev, NULL);
+    sim_device_cfg cfg;
+    nvmlReturn_t rc = sim_nvml_device(device, &dev, &cfg);
     if (rc != NVML_SUCCESS) return rc;
-    proc_entry e[SIM_MAX_PROCS];
-    int n = list_procs(dev, e, SIM_MAX_PROCS);
+    proc_entry *e;
+    sim_obs_set obs;
+    int n = list_procs(dev, cfg.memory, &e, &obs);
+    if (n < 0) return NVML_ERROR_MEMORY;
+    sim_observe_close(&obs);
     if (!infos || *infoCount < (unsigned)n) {
         *infoCount = (unsigned)n;
+        free(e);
         return n == 0 ? NVML_SUCCESS : NVML_ERROR_INSUFFICIENT_SIZE;
     }
     for (int i = 0; i < n; i++) {
@@ -67,6 +93,7 @@ static nvmlReturn_t running(nvmlDevice_t device, unsigned int *infoCount, void *
         }
     }
     *infoCount = (unsigned)n;
+    free(e);
     return NVML_SUCCESS;
 }
 
@@ -103,10 +130,20 @@ static unsigned pct(uint64_t busy, uint64_t window) {
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *utilization) {
     if (!utilization) return NVML_ERROR_INVALID_ARGUMENT;
     int dev;
-    nvmlReturn_t rc = sim_nvml_device(device, &dev, NULL);
+    sim_device_cfg cfg;
+    nvmlReturn_t rc = sim_nvml_device(device, &dev, &cfg);
     if (rc != NVML_SUCCESS) return rc;
     uint64_t now = sim_now_ns(), window;
     uint64_t busy = sim_sched_busy_between(dev, -1, now - sim_nvml_period_ns(), now, &window);
+    /* Each observed state runs a timeline of its own on the device: their busy times add up
+     * (the percentage is capped at 100). */
+    sim_obs_set obs;
+    sim_observe_open(&obs, dev, cfg.memory);
+    for (int s = 0; s < obs.n; s++) {
+        uint64_t w;
+        busy += sim_observe_busy(&obs.st[s], dev, NULL, now - sim_nvml_period_ns(), now, now, &w);
+    }
+    sim_observe_close(&obs);
     utilization->gpu = pct(busy, window);
     utilization->memory = 0;
     return NVML_SUCCESS;
@@ -118,26 +155,34 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
                                                         unsigned long long lastSeenTimeStamp) {
     if (!processSamplesCount) return NVML_ERROR_INVALID_ARGUMENT;
     int dev;
-    nvmlReturn_t rc = sim_nvml_device(device, &dev, NULL);
+    sim_device_cfg cfg;
+    nvmlReturn_t rc = sim_nvml_device(device, &dev, &cfg);
     if (rc != NVML_SUCCESS) return rc;
     uint64_t now_us = sim_realtime_us(), now = sim_now_ns(), period = sim_nvml_period_ns();
     if (lastSeenTimeStamp >= now_us) return NVML_ERROR_NOT_FOUND; /* nothing newer than what the caller has seen */
     uint64_t span = (now_us - lastSeenTimeStamp) * 1000ull;
     if (lastSeenTimeStamp == 0 || span > period) span = period;
     if (span < 2 * SIM_PBUCKET_NS) span = 2 * SIM_PBUCKET_NS; /* at least one complete bucket */
-    proc_entry e[SIM_MAX_PROCS];
-    int n = list_procs(dev, e, SIM_MAX_PROCS);
-    if (n == 0) return NVML_ERROR_NOT_FOUND;
-    if (!utilization || *processSamplesCount < (unsigned)n) {
+    proc_entry *e;
+    sim_obs_set obs;
+    int n = list_procs(dev, cfg.memory, &e, &obs);
+    if (n < 0) return NVML_ERROR_MEMORY;
+    if (n == 0 || !utilization || *processSamplesCount < (unsigned)n) {
+        free(e);
+        sim_observe_close(&obs);
+        if (n == 0) return NVML_ERROR_NOT_FOUND;
         *processSamplesCount = (unsigned)n;
         return NVML_ERROR_INSUFFICIENT_SIZE;
     }
     for (int i = 0; i < n; i++) {
         uint64_t window;
-        uint64_t busy = sim_sched_busy_between(dev, e[i].slot, now - span, now, &window);
+        uint64_t busy = e[i].st ? sim_observe_busy(e[i].st, dev, e[i].op, now - span, now, now, &window)
+                                : sim_sched_busy_between(dev, e[i].slot, now - span, now, &window);
         utilization[i] =
             (nvmlProcessUtilizationSample_t){.pid = e[i].pid, .timeStamp = now_us, .smUtil = pct(busy, window)};
     }
     *processSamplesCount = (unsigned)n;
+    free(e);
+    sim_observe_close(&obs);
     return NVML_SUCCESS;
 }
