@@ -1,0 +1,81 @@
+"""deploy/base/admission.yaml enforced by the real API server: a pod with a claim that mounts a
+volume over a path the plugin injects is refused; the same pod mounting elsewhere is admitted."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.cluster.kube import DRIVER, Cluster
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(5400)]
+
+POLICY = "vgpu-sharing-pod-mounts"
+
+
+def _pod(name: str, mount_path: str) -> str:
+    return f"""
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata:
+  name: {name}
+  namespace: default
+spec:
+  spec:
+    devices:
+      requests:
+        - name: gpu
+          exactly:
+            deviceClassName: {DRIVER}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+  namespace: default
+spec:
+  restartPolicy: Never
+  resourceClaims:
+    - name: gpu
+      resourceClaimTemplateName: {name}
+  volumes:
+    - name: mine
+      emptyDir: {{}}
+  containers:
+    - name: c
+      image: python:3.12-slim
+      command: ["true"]
+      volumeMounts:
+        - name: mine
+          mountPath: {mount_path}
+      resources:
+        claims:
+          - name: gpu
+"""
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/etc/ld.so.preload",
+        "/usr/local/lib/vgpu-sharing",
+        "/run/vgpu-sharing",
+        "/etc",
+        "//usr/./local/lib/",
+    ],
+)
+def test_the_api_server_refuses_a_mount_over_the_shims_paths(
+    clean_default: Cluster, path: str
+) -> None:
+    r = clean_default.kubectl("apply", "-f", "-", input=_pod("mounts-shim", path), check=False)
+    assert r.returncode != 0, r.stdout
+    assert POLICY in r.stderr, r.stderr
+    assert "denied request" in r.stderr or "Forbidden" in r.stderr, r.stderr
+    got = clean_default.kubectl("get", "pod", "mounts-shim", check=False)
+    assert got.returncode != 0 and "NotFound" in got.stderr
+
+
+def test_a_mount_elsewhere_is_admitted(clean_default: Cluster) -> None:
+    r = clean_default.kubectl(
+        "apply", "--dry-run=server", "-f", "-", input=_pod("mounts-data", "/data"), check=False
+    )
+    assert r.returncode == 0, r.stderr

@@ -1,0 +1,96 @@
+"""Every manifest of deploy/examples/ in the mode the plugin chose, on the real cluster: the real
+scheduler allocates its claim, the real kubelet has the plugin prepare it, containerd applies the
+claim's CDI spec, and the pod prints the share it was given. The test compares what the pod saw
+with the claim's allocation (consumed capacity, or the partition's capacity in the slice)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from sharing.kubequantity import parse_bytes
+from tests.cluster.kube import Cluster, example_files, visible_gib
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(5400)]
+
+MODES = ("sharing", "partition")
+# The NIC of gpu-and-nic comes from another DRA driver (DeviceClass nic.example.com); no NIC
+# driver runs on this cluster, so that claim cannot be allocated here.
+NEEDS_A_NIC_DRIVER = "gpu-and-nic.yaml"
+
+
+def _pods(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d and d.get("kind") == "Pod"]
+
+
+def _device_memory(cluster: Cluster) -> dict[str, int]:
+    """Each published device's memory capacity, in bytes."""
+    out = {}
+    for s in cluster.slices():
+        for d in s["spec"].get("devices", []):
+            out[d["name"]] = parse_bytes(d["capacity"]["memory"]["value"])
+    return out
+
+
+def _expected_gib(cluster: Cluster, claim: dict[str, Any]) -> list[float]:
+    """The memory the claim's devices give, per device in allocation order, in GiB."""
+    memory = _device_memory(cluster)
+    out = []
+    for r in claim["status"]["allocation"]["devices"]["results"]:
+        consumed = r.get("consumedCapacity", {}).get("memory")
+        b = parse_bytes(consumed) if consumed is not None else memory[r["device"]]
+        out.append(round(b / 2**30, 2))
+    return out
+
+
+@pytest.mark.parametrize(
+    "example",
+    [pytest.param(p, id=f"{m}/{p.name}") for m in MODES for p in example_files(m)],
+)
+def test_example_pod_prints_its_share(clean_default: Cluster, example: Path) -> None:
+    cluster = clean_default
+    mode = example.parent.name
+    if mode != cluster.mode:
+        pytest.skip(f"the plugin publishes in {cluster.mode} mode on Kubernetes {cluster.version}")
+    cluster.apply(example)
+    try:
+        for spec in _pods(example):
+            name = spec["metadata"]["name"]
+            if example.name == NEEDS_A_NIC_DRIVER:
+                # What the real scheduler says about a claim no driver here can satisfy.
+                pod = cluster.wait_until(
+                    "the scheduler's verdict",
+                    lambda n=name: _unschedulable(cluster.pod(n)),
+                    timeout=120,
+                )
+                assert "nic.example.com" in pod or "cannot allocate" in pod, pod
+                continue
+            pod = cluster.wait_pod(name, ("Succeeded", "Failed"), timeout=300)
+            logs = {c["name"]: cluster.logs(name, c["name"]) for c in spec["spec"]["containers"]}
+            assert pod["status"]["phase"] == "Succeeded", logs
+            claim = cluster.claim_of(pod)
+            expected = _expected_gib(cluster, claim)
+            for container, log in logs.items():
+                seen = visible_gib(log)
+                assert sorted(seen) == list(range(len(expected))), (container, log, expected)
+                assert [seen[i] for i in sorted(seen)] == expected, (container, log, claim)
+            if example.name == "refused-past-quota.yaml":
+                assert "then refused (CUDA_ERROR_OUT_OF_MEMORY)" in logs["cuda"], logs
+            if example.name == "extended-resource.yaml":
+                # No claim in the pod: the scheduler wrote one for the extended resource.
+                assert "extendedResourceClaimStatus" in pod["status"], pod["status"]
+            print(f"\n=== {mode}/{example.name}: {expected} GiB")
+            for container, log in logs.items():
+                print(f"[{name}/{container}] {log.strip()}")
+    finally:
+        cluster.delete(example)
+
+
+def _unschedulable(pod: dict[str, Any]) -> str:
+    for c in pod.get("status", {}).get("conditions", []):
+        if c["type"] == "PodScheduled" and c["status"] == "False" and c.get("message"):
+            return str(c["message"])
+    return ""
