@@ -17,7 +17,8 @@ Per claim, one of:
            default): the spec is left as it was and a warning logged once.
 With `--sim` (driver/simulated.py) every claim instead gets the packaged simulated driver
 (SimulatorInjector): its libcuda.so.1 and libnvidia-ml.so.1 where Debian/Ubuntu's loader finds
-them, its device file and its node-wide state directory shared by every claim.
+them and its device file, read-only, and a simulator state directory of the claim's own,
+read-write (the plugin's NVML observes every claim's state read-only).
 
 The driver root is seen by the plugin at `mount` (a read-only mount of the host's driver root,
 `/driver-root` in the DaemonSet) and by the container runtime at `host` (`/`, or
@@ -192,7 +193,9 @@ class DriverInjector:
         self.dev_root = dev_root
         self._warned: set[str] = set()
 
-    def for_gpus(self, gpus: Sequence[GpuInfo]) -> Injection:
+    def for_gpus(self, gpus: Sequence[GpuInfo], claim_dir: Path | None = None) -> Injection:
+        """The injection of a claim's GPUs; claim_dir: the claim's directory (DATA/claims/<uid>),
+        where an injection may keep files of the claim's own."""
         toolkit = toolkit_devices(self.spec_dirs)
         ids = []
         for g in gpus:
@@ -260,18 +263,21 @@ def multiarch_lib_dir(machine: str | None = None) -> str:
 class SimulatorInjector(DriverInjector):
     """`--sim`: every claim gets the simulated driver of the node (driver/simulated.py):
     libcuda.so.1 and libnvidia-ml.so.1 read-only in the multiarch library directory, the device
-    file read-only at SIM_CONFIG_PATH, and the node-wide state directory read-write at
-    SIM_STATE_PATH (shared by every claim and the plugin: one simulated GPU memory pool), named
-    by SIMGPU_CONFIG and SIMGPU_STATE."""
+    file read-only at SIM_CONFIG_PATH, and a simulator state directory of the claim's own
+    (DATA/claims/<uid>/sim, created here) read-write at SIM_STATE_PATH, named by SIMGPU_CONFIG
+    and SIMGPU_STATE. Nothing of another claim's or of the plugin's is writable: a tenant can
+    wreck only its own claim's simulated device (docs/driver.md, "Simulated GPUs")."""
 
     def __init__(self, node: SimNode, machine: str | None = None) -> None:
         super().__init__(None, ())
         self.node = node
         self.lib_dir = multiarch_lib_dir(machine)
 
-    def for_gpus(self, gpus: Sequence[GpuInfo]) -> Injection:
+    def for_gpus(self, gpus: Sequence[GpuInfo], claim_dir: Path | None = None) -> Injection:
         if not gpus:
             return Injection()
+        if claim_dir is None:
+            raise ValueError("a simulated claim's injection needs its claim directory")
         libraries = [
             Mount(str(self.node.library(name)), f"{self.lib_dir}/{name}", _RO)
             for name in SIM_LIBRARIES
@@ -279,7 +285,7 @@ class SimulatorInjector(DriverInjector):
         mounts = (
             *libraries,
             Mount(str(self.node.config), SIM_CONFIG_PATH, _RO),
-            Mount(str(self.node.state_dir), SIM_STATE_PATH, _RW),
+            Mount(str(self.node.claim_state(claim_dir)), SIM_STATE_PATH, _RW),
         )
         env = (
             ("SIMGPU_CONFIG", SIM_CONFIG_PATH),

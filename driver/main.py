@@ -280,8 +280,6 @@ class Plugin:
                     else "is the NVIDIA driver loaded and /dev/nvidia* visible to the plugin?"
                 )
                 raise StartupError(f"NVML: cannot list GPUs ({describe_error(e)}); {hint}") from e
-            if sim_node is not None:
-                simulated.share_state(sim_node)
             log.info(
                 "node %s: %d GPU(s): %s",
                 s.node_name,
@@ -321,10 +319,6 @@ class Plugin:
                     else DriverInjector(
                         DriverRoot(s.driver_root, s.driver_root_mount), s.cdi_spec_dirs
                     )
-                ),
-                # The helper's process creates state files of its own (0600) on a simulated node.
-                after_probe=(
-                    (lambda: simulated.share_state(sim_node)) if sim_node is not None else None
                 ),
             )
             self.driver.start()
@@ -385,7 +379,9 @@ class Plugin:
         except OSError as e:
             raise StartupError(f"--sim-config {s.sim_config}: cannot read it: {e}") from e
         try:
-            node = simulated.install(s.data_dir / "sim", content)
+            node = simulated.install(
+                s.data_dir / "sim", content, claims_dir=s.data_dir / claimlayout.CLAIMS_DIR
+            )
         except OSError as e:
             raise StartupError(f"--sim: cannot lay out the simulated GPU: {e}") from e
         log.info(

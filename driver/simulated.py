@@ -7,16 +7,27 @@ on the host, under the data dir (the same path inside the plugin and on the host
     DATA/sim/lib/libcuda.so.1, libnvidia-ml.so.1   copies of the packaged simulator (0755),
                                                    mounted read-only into claims' containers
     DATA/sim/config.json                           the simulated devices (SIMGPU_CONFIG), 0644,
-                                                   from --sim-gpus/--sim-model or --sim-config
-    DATA/sim/state/                                1777 root: the simulator's node-wide state
-                                                   (SIMGPU_STATE: memory pools, processes),
-                                                   mounted read-write into every claim
+                                                   from --sim-gpus/--sim-model or --sim-config,
+                                                   mounted read-only into claims' containers
+    DATA/sim/state/                                0700 root: the plugin's own simulator state
+                                                   (its NVML and its context-size helper),
+                                                   never mounted into a claim
+    DATA/claims/<uid>/sim/                         1777 root, created at prepare and removed
+                                                   with the claim's directory: the claim's own
+                                                   simulator state (SIMGPU_STATE of its
+                                                   processes: their memory and time slices),
+                                                   mounted read-write into that claim alone
 
 and points this process's NVML at it (SIMGPU_CONFIG, SIMGPU_STATE, the simulator's
-libnvidia-ml.so.1 loaded first). `--dry-run --sim` uses a temporary directory instead, so it
-needs no data dir. A simulated node is for trying the driver: the state directory is writable by
-every claim, so a tenant can disturb the simulated GPU (not its limits, which stay in the
-plugin's read-only limits file).
+libnvidia-ml.so.1 loaded first), observing every claim's state read-only (SIMGPU_OBSERVE =
+DATA/claims/*/sim): the plugin's NVML lists every claim's processes and memory, as a kernel driver
+sees every context, and whatever a tenant writes into its own state (truncation, garbage, a
+process stopped holding the state's lock) cannot fault or block it (the simulator reads observed
+states with pread, re-checking sizes, and never takes their locks). A tenant can wreck only its
+own claim's simulated device. The cost: claims no longer contend for one simulated device (each
+claim's processes time-slice a device of their own, and each sees the whole device's memory; the
+shim's limits are what bound them), docs/driver.md "Simulated GPUs". `--dry-run --sim` uses a
+temporary directory instead, so it needs no data dir.
 """
 
 from __future__ import annotations
@@ -84,16 +95,34 @@ def sim_config(node_name: str, gpus: int, model: str) -> dict[str, object]:
     }
 
 
+# A claim's own simulator state directory, in the claim's directory (DATA/claims/<uid>/sim).
+CLAIM_STATE_DIR = "sim"
+
+
 @dataclass(frozen=True)
 class SimNode:
     """Where the simulated node's files are, as the host (and so the CDI spec) names them."""
 
     lib_dir: Path
     config: Path
-    state_dir: Path
+    state_dir: Path  # the plugin's own
+    claims_dir: Path  # DATA/claims: each claim's state is <claims_dir>/<uid>/CLAIM_STATE_DIR
 
     def library(self, name: str) -> Path:
         return self.lib_dir / name
+
+    @property
+    def observe(self) -> str:
+        """SIMGPU_OBSERVE of the plugin's NVML: every claim's state directory."""
+        return f"{self.claims_dir}/*/{CLAIM_STATE_DIR}"
+
+    def claim_state(self, claim_dir: Path) -> Path:
+        """Create (or keep) the claim's own state directory in its claim directory: root's,
+        sticky and writable by all (a claim's processes may run as any user; the simulator
+        accepts such a directory), never through a link (driver/hostfs.py)."""
+        with hostfs.open_dir(claim_dir) as dfd:
+            hostfs.make_dir(dfd, CLAIM_STATE_DIR, 0o1777)
+        return claim_dir / CLAIM_STATE_DIR
 
 
 def config_bytes(node_name: str, gpus: int, model: str, config_file: Path | None) -> bytes:
@@ -105,18 +134,29 @@ def config_bytes(node_name: str, gpus: int, model: str, config_file: Path | None
     return (json.dumps(sim_config(node_name, gpus, model), indent=2) + "\n").encode()
 
 
-def point_nvml_at(config: Path, state_dir: Path) -> None:
+def point_nvml_at(config: Path, state_dir: Path, observe: str | None = None) -> None:
     """This process's NVML is the simulator's, on the node `config` and `state_dir` describe
-    (read by the simulator at every nvmlInit)."""
+    (read by the simulator at every nvmlInit), seeing the states `observe` names read-only too
+    (SIMGPU_OBSERVE, read at every query)."""
     os.environ["SIMGPU_CONFIG"] = str(config)
     os.environ["SIMGPU_STATE"] = str(state_dir)
+    if observe is not None:
+        os.environ["SIMGPU_OBSERVE"] = observe
+    else:
+        os.environ.pop("SIMGPU_OBSERVE", None)
     use_simulator()
 
 
-def install(root: Path, content: bytes) -> SimNode:
-    """Lay the simulated node out under `root` (DATA/sim) and point NVML at it. Files are
-    replaced atomically and only when changed, never through a link (driver/hostfs.py)."""
-    node = SimNode(lib_dir=root / "lib", config=root / "config.json", state_dir=root / "state")
+def install(root: Path, content: bytes, claims_dir: Path) -> SimNode:
+    """Lay the simulated node out under `root` (DATA/sim) and point NVML at it, observing the
+    claims' states under `claims_dir`. Files are replaced atomically and only when changed,
+    never through a link (driver/hostfs.py)."""
+    node = SimNode(
+        lib_dir=root / "lib",
+        config=root / "config.json",
+        state_dir=root / "state",
+        claims_dir=claims_dir,
+    )
     for d in (root, node.lib_dir):
         d.mkdir(mode=0o755, parents=True, exist_ok=True)
         _refuse_link(d)
@@ -129,36 +169,30 @@ def install(root: Path, content: bytes) -> SimNode:
     if _current(node.config) != content:
         atomic_write(node.config, content, mode=0o644)
     try:
-        node.state_dir.mkdir(mode=0o755)
-        # Sticky and writable by all, root's: the simulator accepts such a directory for every
-        # user (a claim's processes may run as any user).
-        os.chmod(node.state_dir, 0o1777)
+        node.state_dir.mkdir(mode=0o700)
     except FileExistsError:
         _refuse_link(node.state_dir)
-    point_nvml_at(node.config, node.state_dir)
+    # The plugin's alone (an older plugin shared it with every claim, 1777): its files are
+    # closed to others too.
+    os.chmod(node.state_dir, 0o700)
+    for name in os.listdir(node.state_dir):
+        _close_to_others(node.state_dir / name)
+    point_nvml_at(node.config, node.state_dir, node.observe)
     return node
 
 
-def share_state(node: SimNode) -> None:
-    """Let claims' processes of any user open the state file(s) the plugin's own NVML created
-    (the simulator creates them 0600). Regular files of this user only, opened without
-    following a link."""
+def _close_to_others(path: Path) -> None:
+    """chmod 0600 a regular file of this user, opened without following a link."""
     try:
-        names = os.listdir(node.state_dir)
-    except OSError as e:
-        log.warning("simulated GPU state %s unreadable: %s", node.state_dir, e)
-        return
-    for name in names:
-        try:
-            fd = os.open(node.state_dir / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except OSError:
-            continue  # a link, or gone
-        try:
-            st = os.fstat(fd)
-            if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
-                os.fchmod(fd, 0o666)
-        finally:
-            os.close(fd)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return  # a link, or gone
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
+            os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
 
 
 def _current(path: Path) -> bytes | None:

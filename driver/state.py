@@ -365,7 +365,7 @@ class DeviceState:
         write_claim_dir(self.paths, ref.uid, files, render_limits(plan, sizes))
         write_metadata(files, {m.request: m.content for m in metadata})
         maybe_crash("prepare-dir")
-        inj = self._injection(plan)
+        inj = self._injection(plan, files.claim_dir)
         spec = build_spec(self.kind, plan, files, self.paths, inj, metadata)
         self.writer.write(spec, ref.uid)
         maybe_crash("prepare-cdi")
@@ -381,10 +381,10 @@ class DeviceState:
             for d in plan.devices
         )
 
-    def _injection(self, plan: ClaimPlan) -> Injection:
+    def _injection(self, plan: ClaimPlan, claim_dir: Path) -> Injection:
         if self.injector is None:
             return NO_INJECTION
-        return self.injector.for_gpus([g.gpu for g in plan.gpu_limits()])
+        return self.injector.for_gpus([g.gpu for g in plan.gpu_limits()], claim_dir)
 
     # --- unprepare ---------------------------------------------------------------------------
 

@@ -3,9 +3,12 @@ the console script as a real process, given nothing but its flags (no LD_LIBRARY
 SIMGPU_* variables), against the fake API server; a kubelet stand-in prepares claims over the
 real sockets and podman + runc start containers from the CDI specs the plugin wrote, with no
 extra volume or variable. The container's root filesystem has no CUDA library: libcuda.so.1 and
-libnvidia-ml.so.1 (the packaged simulator), the simulated node's device file and its state
-directory all come from the claim's CDI spec. Inside, the test program sees its claim's quota and
-is refused past it; two claims' containers and the plugin's own NVML share one simulated GPU.
+libnvidia-ml.so.1 (the packaged simulator), the simulated node's device file and the claim's own
+simulator state directory all come from the claim's CDI spec. Inside, the test program sees its
+claim's quota and is refused past it; the plugin's NVML sees every claim's processes on the
+simulated GPU. A tenant that wrecks its own simulated device (truncates or overwrites its state,
+stops a process holding the simulator's lock) harms neither another claim's GPU process nor the
+plugin (its metrics keep answering).
 
 Skips (with the reason) like tests/driver/test_e2e_podman.py: podman, runc, unshare, gcc, root.
 """
@@ -15,10 +18,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -63,9 +68,14 @@ def rootfs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (rootfs / "bin").mkdir()
     program = compile_program(REPO / "tests" / "c" / "e2e_claim_quota.c",
                               tmp_path_factory.mktemp("cbin"))  # fmt: skip
-    files = [program]
+    # the attacker's tool: takes the simulator's state lock (or a device scheduler's) in the
+    # claim's state and stops itself holding it
+    locker = compile_program(REPO / "tests" / "c" / "sim_die_locked.c",
+                             tmp_path_factory.mktemp("cbin"))  # fmt: skip
+    files = [program, locker]
     shutil.copy2(program, rootfs / "bin" / "e2e_claim_quota")
-    for tool in ("sh", "cat", "ls"):
+    shutil.copy2(locker, rootfs / "bin" / "sim_die_locked")
+    for tool in ("sh", "cat", "ls", "sleep"):
         path = Path(shutil.which(tool) or f"/bin/{tool}").resolve()
         shutil.copy2(path, rootfs / "bin" / tool)
         files.append(path)
@@ -122,13 +132,24 @@ def devices(server: FakeApiServer) -> list[dict[str, Any]]:
     return [d for s in server.objects("ResourceSlice") for d in s["spec"].get("devices") or []]
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 @pytest.fixture
-def world(rootfs: Path) -> Iterator[tuple[FakeApiServer, SimPlugin, KubeletStandin, Path]]:
+def world(
+    rootfs: Path, request: pytest.FixtureRequest
+) -> Iterator[tuple[FakeApiServer, SimPlugin, KubeletStandin, Path]]:
+    """The plugin (flags beyond the simulated node's from an indirect parameter), the fake API
+    server, the kubelet stand-in, the test's root directory."""
+    extra: tuple[str, ...] = getattr(request, "param", ())
     root = Path(tempfile.mkdtemp(prefix="vgs", dir="/tmp"))  # short: unix socket paths
     try:
         with FakeApiServer() as server:
             server.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
-            plugin = SimPlugin(server, root, "--sim-gpus", "2", "--sim-model", "l4")
+            plugin = SimPlugin(server, root, "--sim-gpus", "2", "--sim-model", "l4", *extra)
             try:
                 deadline = time.monotonic() + 60
                 while len(devices(server)) < 2:
@@ -166,7 +187,7 @@ def podman(
 def run(root: Path, rootfs: Path, cdi_id: str, *args: str) -> str:
     p = subprocess.run(podman(root, rootfs, cdi_id, *args), capture_output=True, text=True,
                        timeout=120)  # fmt: skip
-    assert p.returncode == 0, f"container {args} failed ({p.returncode}): {p.stderr[-2000:]}"
+    assert p.returncode == 0, f"container {args} failed ({p.returncode}): {p.stderr[-6000:]}"
     return p.stdout
 
 
@@ -180,11 +201,12 @@ def prepare(server: FakeApiServer, kubelet: KubeletStandin, name: str, memory: s
 
 
 def node_memory_used(data: Path) -> int:
-    """Device 0's used memory as NVML reports it to anyone on the node pointed at the plugin's
-    simulated node (a fresh process: the simulator's own view, not the plugin's)."""
+    """Device 0's used memory as NVML reports it to a process set up as the plugin's own NVML
+    (its state, every claim's observed): a fresh process, the simulator's view."""
     env = dict(os.environ, LD_LIBRARY_PATH=str(sim_lib_dir()),
                SIMGPU_CONFIG=str(data / "sim" / "config.json"),
-               SIMGPU_STATE=str(data / "sim" / "state"))  # fmt: skip
+               SIMGPU_STATE=str(data / "sim" / "state"),
+               SIMGPU_OBSERVE=f"{data / 'claims'}/*/sim")  # fmt: skip
     probe = ("import pynvml; pynvml.nvmlInit(); "
              "print(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).used)")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True,
@@ -214,13 +236,13 @@ def test_sim_plugin_publishes_the_simulated_node(
     assert len(uuids) == 2  # derived from the node name: distinct between nodes too
     config = json.loads((root / "data" / "sim" / "config.json").read_text())
     assert {d["uuid"] for d in config["devices"]} == uuids
+    # The plugin's own simulator state (its NVML and its context-size helper's) is its alone:
+    # no claim mounts it.
     state = root / "data" / "sim" / "state"
-    assert state.stat().st_mode & 0o7777 == 0o1777
-    # The plugin learns the context size at start with a helper process, which creates state
-    # files of its own; once it has, they are shared too.
+    assert state.stat().st_mode & 0o7777 == 0o700
     wait_learned(root)
     files = list(state.iterdir())
-    assert files and all(f.stat().st_mode & 0o777 == 0o666 for f in files)  # any tenant user
+    assert files and all(f.stat().st_mode & 0o077 == 0 for f in files)
     assert "simulated GPUs (2 x NVIDIA L4)" in plugin.output()
 
 
@@ -242,8 +264,13 @@ def test_container_gets_the_simulated_driver_from_the_cdi_spec_alone(
     assert mounts[f"{lib}/libcuda.so.1"]["hostPath"] == str(data / "sim" / "lib" / "libcuda.so.1")
     assert "ro" in mounts[f"{lib}/libcuda.so.1"]["options"]
     assert "ro" in mounts[SIM_CONFIG_PATH]["options"]
-    assert mounts[SIM_STATE_PATH]["hostPath"] == str(data / "sim" / "state")
+    # the claim's own simulator state, writable: nothing of another claim's or the plugin's
+    [claim_dir] = (data / "claims").iterdir()
+    assert mounts[SIM_STATE_PATH]["hostPath"] == str(claim_dir / "sim")
+    assert (claim_dir / "sim").stat().st_mode & 0o7777 == 0o1777
     assert "rw" in mounts[SIM_STATE_PATH]["options"]
+    writable = [m["hostPath"] for m in mounts.values() if "rw" in m["options"]]
+    assert all(p.startswith(str(claim_dir)) or "node-state" in p for p in writable), writable
 
 
 def test_claims_see_their_quota_and_share_one_simulated_gpu(
@@ -270,8 +297,8 @@ def test_claims_see_their_quota_and_share_one_simulated_gpu(
     )  # fmt: skip
     try:
         wait_held(holder, signal)
-        # The holder's memory is on the node's simulated GPU, as every process of the node sees
-        # it (one state directory for the plugin and every claim) ...
+        # The holder's memory is on the node's simulated GPU, as the plugin's NVML sees it (its
+        # own state and every claim's, observed) ...
         assert node_memory_used(root / "data") >= before + 700 * MiB
         # ... its claim's other container is refused past the claim's quota, ...
         assert value_of(run(root, rootfs, a, "/bin/e2e_claim_quota", "alloc", str(700 * MiB)),
@@ -309,3 +336,92 @@ def test_limits_carry_the_context_size_and_the_first_process_does_not_measure(
     # a second claim's limits come from the learned size: no second helper
     prepare(server, kubelet, "b", "2Gi")
     assert plugin.output().count("learned by a helper process") == 1, plugin.output()
+
+
+METRICS_PORT = free_port()
+
+# Inside claim a's container: a GPU process of a's own, then three attacks on a's simulator state,
+# each announced in /signal/<phase> and held until the test says /signal/go-<phase>.
+ATTACK = r"""
+set -u
+/bin/e2e_claim_quota hold 104857600 /signal/a &
+while [ ! -e /signal/a/held ]; do sleep 0.1; done
+for f in /run/vgpu-sim/state-v1-*; do case $f in *.pids) ;; *) F=$f ;; esac; done
+step() { : > "/signal/$1"; while [ ! -e "/signal/go-$1" ]; do sleep 0.1; done; }
+/bin/sim_die_locked node stop > /signal/locked-state &
+/bin/sim_die_locked sched stop > /signal/locked-sched &
+while [ ! -s /signal/locked-state ] || [ ! -s /signal/locked-sched ]; do sleep 0.1; done
+step stopped
+cat /bin/sh 1<> "$F"
+step garbage
+: > "$F"
+step truncated
+"""
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=20) as r:
+        assert r.status == 200
+        return str(r.read().decode())
+
+
+@pytest.mark.parametrize(
+    "world", [("--metrics-address", f"127.0.0.1:{METRICS_PORT}")], indirect=True
+)
+def test_a_tenant_wrecking_its_simulated_gpu_harms_no_other_claim_nor_the_plugin(
+    world: tuple[FakeApiServer, SimPlugin, KubeletStandin, Path], rootfs: Path
+) -> None:
+    """Claim a's container stops processes holding the simulator's locks in its state, fills
+    its state file with garbage, then truncates it, while claim b's container holds GPU memory.
+    After each: b's process is still running, b's next container allocates and launches, the
+    plugin (with --metrics-address: the exporter and the watchdog read NVML) is alive and its
+    metrics answer, and the plugin's NVML still lists b's memory. With one node-wide state
+    (before per-claim states), the stopped holder hung b and the plugin and the truncation
+    killed both with SIGBUS."""
+    server, plugin, kubelet, root = world
+    a = prepare(server, kubelet, "a", "2Gi")
+    b = prepare(server, kubelet, "b", "2Gi")
+    sig = root / "signal"
+    (sig / "a").mkdir(parents=True)
+    (sig / "b").mkdir()
+    assert "vgpu" in scrape(METRICS_PORT)
+    victim = subprocess.Popen(
+        podman(root, rootfs, b, "/bin/e2e_claim_quota", "hold", str(700 * MiB), "/signal/b",
+               volumes=(f"{sig}:/signal",)),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    attacker = None
+    try:
+        wait_held(victim, sig / "b")
+        attacker = subprocess.Popen(
+            podman(root, rootfs, a, "/bin/sh", "-c", ATTACK, volumes=(f"{sig}:/signal",)),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        for phase in ("stopped", "garbage", "truncated"):
+            deadline = time.monotonic() + 60
+            while not (sig / phase).exists():
+                assert attacker.poll() is None, attacker.stderr.read()  # type: ignore[union-attr]
+                if time.monotonic() > deadline:
+                    attacker.kill()
+                    _, err = attacker.communicate(timeout=30)
+                    raise AssertionError(f"the attacker never got to {phase}: {err[-6000:]}")
+                time.sleep(0.1)
+            t0 = time.monotonic()
+            assert scrape(METRICS_PORT), phase
+            assert time.monotonic() - t0 < 10, phase
+            assert plugin.proc.poll() is None, f"{phase}: the plugin died\n{plugin.output()}"
+            assert victim.poll() is None, f"{phase}: b's GPU process died: {victim.returncode}"
+            assert node_memory_used(root / "data") >= 700 * MiB, phase
+            out = run(root, rootfs, b, "/bin/e2e_claim_quota", "alloc", str(100 * MiB))
+            assert value_of(out, "alloc") == 0, f"{phase}: {out}"
+            (sig / f"go-{phase}").touch()
+        attacker.wait(60)
+    finally:
+        (sig / "b" / "release").touch()
+        victim.wait(60)
+        if attacker is not None and attacker.poll() is None:
+            attacker.kill()
+            attacker.wait(30)
+    assert victim.returncode == 0, victim.stderr.read()  # type: ignore[union-attr]
+    assert plugin.proc.poll() is None, plugin.output()
+    assert scrape(METRICS_PORT)
