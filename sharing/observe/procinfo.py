@@ -28,7 +28,7 @@ MOUNTINFO_BYTES = 4 << 20
 LINE_BYTES = 16 << 10  # the kernel's lines are shorter (a path is at most PATH_MAX)
 ENVIRON_BYTES = 8 << 20  # execve caps a new program's environment at 6 MiB
 SMALL_FILE_BYTES = 64 << 10  # stat, status, cgroup
-OPEN_FILES = 65536  # descriptors looked at (each is one stat)
+OPEN_FILES = 16384  # descriptors looked at (each is one stat)
 KEPT_SHIMS = 16  # libvgpu mappings kept from one map
 PATH_KEPT = 4096  # bytes of a mapped path kept
 

@@ -350,10 +350,10 @@ class Watchdog:
         new = []
         claim = bool(s.slice.claim_uid)
         for p, a in procs:
-            if a.too_large and a.maps is None:
-                missing: str | None = a.too_large
-            else:
-                missing = missing_shim(p.pid, self.proc_root, genuine if claim else None, a.maps)
+            # a process nobody can inspect is a process nothing is known to limit
+            missing = a.too_large or missing_shim(
+                p.pid, self.proc_root, genuine if claim else None, a.maps
+            )
             if missing is None and claim:
                 missing = self._not_enforcing(s.slice, a, slots)
             if missing is None:

@@ -104,6 +104,7 @@ class PluginProcess:
             REDISCOVER_INTERVAL="300ms",
             HEALTHCHECK_PORT=str(self.port),
         )
+        self.env = env
         self.log = (root / "plugin.log").open("w+")
         self.proc = subprocess.Popen(
             [str(PLUGIN), *extra], env=env, stdout=self.log, stderr=subprocess.STDOUT, cwd=root

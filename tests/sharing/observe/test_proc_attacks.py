@@ -1,0 +1,175 @@
+"""A tenant's GPU process makes its /proc files as large as it can (issue 33, attack 1): 58,000
+mappings of a file with a 3,800-character path (a ~230 MB /proc/<pid>/maps), a million
+descriptors (as many as its hard RLIMIT_NOFILE allows: 20,000 on machines whose root lacks
+CAP_SYS_RESOURCE, past the readers' bound of 16,384 either way), or 6,000 mounts with 3,000-character mount points (~18 MB of mountinfo; each mount costs the
+kernel more than the last, so 100,000 would take this test minutes). The
+root plugin's watchdog inspects that process at every NVML pass. Run in a 384 MiB memory cgroup,
+as the DaemonSet limits it, the plugin must stay up with its memory bounded, report the
+process, and go on preparing and unpreparing claims.
+
+Before the reads were bounded, the maps attack got the plugin OOM-killed within seconds."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sharing.observe.procinfo import OPEN_FILES
+from tests.driver.kubelet_standin import KubeletStandin, allocated_claim, claim_id, result
+from tests.fakes.apiserver import FakeApiServer, free_port
+from tests.support.observers import only, scrape
+from tests.support.plugin_e2e import (
+    DRIVER,
+    PluginProcess,
+    device,
+    root,
+    server,
+    sim_ready,
+    wait_names,
+    write_config,
+)
+
+pytestmark = pytest.mark.slow
+
+__all__ = ["root", "server", "sim_ready"]  # fixtures used by name
+MiB = 1 << 20
+LIMIT = 384 * MiB  # deploy/base/daemonset.yaml's memory limit for the plugin
+# What a watchdog pass may add to the plugin's peak while it inspects the attacker: the bounded
+# readers stream through 64 KiB buffers and keep only what they look for.
+GROWTH_BOUND = 16 * MiB
+ATTACKER = Path(__file__).resolve().parents[2] / "support" / "proc_attacker.py"
+CGROUP_V1 = Path("/sys/fs/cgroup/memory")
+
+
+@pytest.fixture
+def memory_cgroup() -> Iterator[Path]:
+    """A cgroup v1 memory group limited to LIMIT (the test machines have cgroup v1 memory)."""
+    if os.geteuid() != 0 or not (CGROUP_V1 / "cgroup.procs").exists():
+        if os.environ.get("CI"):
+            pytest.fail("needs root and the cgroup v1 memory controller at /sys/fs/cgroup/memory")
+        pytest.skip("needs root and the cgroup v1 memory controller at /sys/fs/cgroup/memory")
+    cg = CGROUP_V1 / f"vgpu-test-{uuid.uuid4().hex[:12]}"
+    cg.mkdir()
+    try:
+        (cg / "memory.limit_in_bytes").write_text(str(LIMIT))
+        yield cg
+    finally:
+        for pid in (cg / "cgroup.procs").read_text().split():
+            (CGROUP_V1 / "cgroup.procs").write_text(pid)  # leftovers back to the root group
+        cg.rmdir()
+
+
+def _peak(cg: Path) -> int:
+    return int((cg / "memory.max_usage_in_bytes").read_text())
+
+
+def _reset_peak(cg: Path) -> None:
+    (cg / "memory.max_usage_in_bytes").write_text("0")
+
+
+def _oom_kills(cg: Path) -> int:
+    for line in (cg / "memory.oom_control").read_text().splitlines():
+        if line.startswith("oom_kill "):
+            return int(line.split()[1])
+    return 0
+
+
+def _start_attacker(mode: str, base: Path, env: dict[str, str]) -> subprocess.Popen[str]:
+    p = subprocess.Popen(
+        [sys.executable, str(ATTACKER), mode, str(base)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert p.stdout is not None
+    line = p.stdout.readline()  # "ready ..." once its files are that large
+    assert line.startswith("ready"), f"attacker failed: {line}{p.stdout.read()}"
+    return p
+
+
+@pytest.mark.parametrize("mode", ["maps", "fds", "mounts"])
+def test_a_tenant_sized_proc_file_costs_the_plugin_bounded_memory(
+    sim_ready: None, server: FakeApiServer, root: Path, memory_cgroup: Path, mode: str
+) -> None:
+    write_config(root / "simgpu.json", [device(0)])
+    mport = free_port()
+    url = f"http://127.0.0.1:{mport}"
+    p = PluginProcess(
+        server, root, "--metrics-address", f"127.0.0.1:{mport}", "--watchdog-enforce", "kill"
+    )
+    (memory_cgroup / "cgroup.procs").write_text(str(p.proc.pid))
+    attacker = None
+
+    def alive() -> None:
+        assert p.proc.poll() is None, (
+            f"plugin died (exit {p.proc.returncode}, OOM kills in its cgroup: "
+            f"{_oom_kills(memory_cgroup)}): {p.output()[-3000:]}"
+        )
+
+    try:
+        wait_names(server, p, ["gpu-0"])
+        kubelet = KubeletStandin(root / "reg" / f"{DRIVER}-reg.sock")
+        kubelet.register()
+        share = {"consumedCapacity": {"memory": "1Gi", "cores": "30"}}
+        claims = [
+            server.put(
+                allocated_claim(n, namespace="team", results=[result("gpu", "gpu-0") | share])
+            )
+            for n in ("attacker", "later")
+        ]
+        uids = [c["metadata"]["uid"] for c in claims]
+        assert kubelet.prepare([claim_id(claims[0])])[uids[0]].error == ""
+        accounting = root / "data" / "claims" / uids[0] / "shared" / "accounting"
+        env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+        env.update(
+            LD_LIBRARY_PATH=str(p.env["LD_LIBRARY_PATH"]),
+            SIMGPU_CONFIG=str(p.config),
+            SIMGPU_STATE=str(p.env["SIMGPU_STATE"]),
+            CUDA_DEVICE_MEMORY_SHARED_CACHE=str(accounting),  # the claim it belongs to
+        )
+        for _ in range(3):  # the plugin warm: NVML passes, scrapes, a prepared claim
+            scrape(url)
+            time.sleep(1)
+        before = _peak(memory_cgroup)
+        _reset_peak(memory_cgroup)
+        attacker = _start_attacker(mode, root / "attack", env)
+        if mode == "fds":
+            assert len(os.listdir(f"/proc/{attacker.pid}/fd")) > OPEN_FILES
+        deadline = time.monotonic() + 60
+        out = ""
+        while "attacker" not in out or str(attacker.pid) not in out:
+            alive()
+            assert time.monotonic() < deadline, f"no watchdog line about the attacker: {out}"
+            time.sleep(0.5)
+            out = p.output()
+        time.sleep(3)  # more passes over the attacker's files (one a second)
+        alive()
+        peak = _peak(memory_cgroup)
+        print(f"{mode}: plugin peak before {before / MiB:.0f} MiB, during {peak / MiB:.0f} MiB")
+        assert _oom_kills(memory_cgroup) == 0
+        assert peak < before + GROWTH_BOUND, (peak - before) / MiB
+        line = next(x for x in out.splitlines() if f"pid {attacker.pid}" in x)
+        assert "without the sharing shim" in line
+        if mode in ("maps", "fds"):
+            assert "too large to inspect" in line, line
+        # stopped as a process without the shim (--watchdog-enforce kill)
+        assert attacker.wait(30) != 0
+        s = scrape(url)
+        assert only(s, "vgpu_slice_memory_limit_bytes", claim_uid=uids[0])
+        assert kubelet.prepare([claim_id(claims[1])])[uids[1]].error == ""
+        assert all(e == "" for e in kubelet.unprepare([claim_id(c) for c in claims]).values())
+        kubelet.close()
+    finally:
+        if attacker is not None and attacker.poll() is None:
+            attacker.kill()
+            attacker.wait()
+        code = p.terminate()
+    assert code == 0, p.output()
