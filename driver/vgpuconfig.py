@@ -14,6 +14,9 @@ SMs beyond the limit while nobody else wants them; `off` disables compute thrott
 still enforced). priority follows CUDA's and HAMi's convention, which the shim implements
 (docs/compute.md): lower is higher priority, 0 = high, 1 = normal; it decides which elastic
 slices get idle SMs first. The values reach the shim as VGPU_COMPUTE_POLICY and VGPU_PRIORITY.
+A claim's own config (`source: FromClaim`) may only choose what the admin's sharing policy
+allows (allowedComputePolicies, highestPriority: driver/claims.py, docs/policy.md); a
+DeviceClass's config is the admin's and may choose anything.
 
 Decoding is strict because a typo silently ignored would run a workload with limits the user
 did not ask for: unknown fields and bad values raise ConfigError naming the field.
