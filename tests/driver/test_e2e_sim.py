@@ -344,19 +344,23 @@ METRICS_PORT = free_port()
 # each announced in /signal/<phase> and held until the test says /signal/go-<phase>.
 ATTACK = r"""
 set -u
+wait_for() { n=0; while ! "$@"; do n=$((n + 1)); [ "$n" -lt 900 ] || exit 9; sleep 0.1; done; }
 /bin/e2e_claim_quota hold 104857600 /signal/a &
-while [ ! -e /signal/a/held ]; do sleep 0.1; done
+wait_for [ -e /signal/a/held ]
 for f in /run/vgpu-sim/state-v1-*; do case $f in *.pids) ;; *) F=$f ;; esac; done
-step() { : > "/signal/$1"; while [ ! -e "/signal/go-$1" ]; do sleep 0.1; done; }
+step() { : > "/signal/$1"; wait_for [ -e "/signal/go-$1" ]; }
 /bin/sim_die_locked node stop > /signal/locked-state &
 /bin/sim_die_locked sched stop > /signal/locked-sched &
-while [ ! -s /signal/locked-state ] || [ ! -s /signal/locked-sched ]; do sleep 0.1; done
+wait_for [ -s /signal/locked-state ]
+wait_for [ -s /signal/locked-sched ]
 step stopped
 cat /bin/sh 1<> "$F"
 step garbage
 : > "$F"
 step truncated
 """
+# (every wait is bounded: the script, and with it the container's PID 1 and the stopped lock
+# holders, ends within 90 s of a step the test never confirms)
 
 
 def scrape(port: int) -> str:
@@ -419,9 +423,16 @@ def test_a_tenant_wrecking_its_simulated_gpu_harms_no_other_claim_nor_the_plugin
     finally:
         (sig / "b" / "release").touch()
         victim.wait(60)
-        if attacker is not None and attacker.poll() is None:
-            attacker.kill()
-            attacker.wait(30)
+        # the attacker's script runs to its end, and its container's PID 1 with it (which
+        # takes the stopped lock holders along)
+        for phase in ("stopped", "garbage", "truncated"):
+            (sig / f"go-{phase}").touch()
+        if attacker is not None:
+            try:
+                attacker.wait(60)
+            except subprocess.TimeoutExpired:
+                attacker.kill()
+                attacker.wait(30)
     assert victim.returncode == 0, victim.stderr.read()  # type: ignore[union-attr]
     assert plugin.proc.poll() is None, plugin.output()
     assert scrape(METRICS_PORT)
