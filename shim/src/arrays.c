@@ -205,9 +205,7 @@ static CUresult c_mm(const void *p) {
 }
 
 #define PRELUDE(real, ...)                                                                                             \
-    CUresult st = vgpu_init();                                                                                         \
-    if (st != CUDA_SUCCESS) return st;                                                                                 \
-    if (real == NULL) return CUDA_ERROR_NOT_SUPPORTED;                                                                 \
+    VGPU_HOOK_OPEN(real);                                                                                              \
     if (!vgpu_mem_active() || pHandle == NULL || desc == NULL) return real(__VA_ARGS__);
 
 CUresult hook_cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *desc) {
@@ -245,9 +243,7 @@ CUresult hook_cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_ARRAY
     return charged_create(VGPU_TRACK_MIPMAP, desc, numMipmapLevels, c_mm, &a, (void **)pHandle);
 }
 CUresult hook_cuArrayDestroy(CUarray hArray) {
-    CUresult st = vgpu_init();
-    if (st != CUDA_SUCCESS) return st;
-    if (real_cuArrayDestroy == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+    VGPU_HOOK_OPEN(real_cuArrayDestroy);
     int dev;
     uint64_t bytes, key = (uint64_t)(uintptr_t)hArray;
     if (!vgpu_mem_active() || !vgpu_track_take(VGPU_TRACK_ARRAY, key, &dev, &bytes)) return real_cuArrayDestroy(hArray);
@@ -260,9 +256,7 @@ CUresult hook_cuArrayDestroy(CUarray hArray) {
 }
 
 CUresult hook_cuMipmappedArrayDestroy(CUmipmappedArray h) {
-    CUresult st = vgpu_init();
-    if (st != CUDA_SUCCESS) return st;
-    if (real_cuMipmappedArrayDestroy == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+    VGPU_HOOK_OPEN(real_cuMipmappedArrayDestroy);
     int dev;
     uint64_t bytes, key = (uint64_t)(uintptr_t)h;
     if (!vgpu_mem_active() || !vgpu_track_take(VGPU_TRACK_MIPMAP, key, &dev, &bytes))

@@ -98,9 +98,8 @@ static CUresult primary_release_real(CUdevice dev) {
 }
 
 CUresult hook_cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
-    CUresult st = vgpu_init();
-    if (st != CUDA_SUCCESS) return st;
-    if (real_cuDevicePrimaryCtxRetain == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+    VGPU_HOOK_OPEN(real_cuDevicePrimaryCtxRetain);
+    CUresult st;
     int idx = -1;
     if (!vgpu_mem_active() || pctx == NULL || (idx = vgpu_device_index(dev)) < 0) {
         /* a context is memory too: none on a device the slice cannot account (fail closed) */
@@ -146,9 +145,7 @@ CUresult hook_cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
 }
 
 static CUresult primary_drop(CUresult (*real)(CUdevice), CUdevice dev, int reset) {
-    CUresult st = vgpu_init();
-    if (st != CUDA_SUCCESS) return st;
-    if (real == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+    VGPU_HOOK_OPEN(real);
     int idx;
     if (!vgpu_mem_active() || (idx = vgpu_device_index(dev)) < 0) return real(dev);
     ctx_lock();
@@ -301,9 +298,7 @@ static CUresult create_v1(const struct ctx_create_call *c) { return real_cuCtxCr
 /* vgpu_init() resolves the real functions: checked after it (ctx_create), never before. */
 #define CTX_CREATE(real, ...)                                                                                          \
     struct ctx_create_call c = {__VA_ARGS__};                                                                          \
-    CUresult st = vgpu_init();                                                                                         \
-    if (st != CUDA_SUCCESS) return st;                                                                                 \
-    if (real == NULL) return CUDA_ERROR_NOT_SUPPORTED;                                                                 \
+    VGPU_HOOK_OPEN(real);                                                                                              \
     return ctx_create(&c);
 
 CUresult hook_cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *p, unsigned int flags,
@@ -319,9 +314,7 @@ CUresult hook_cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *p, unsigned int
 }
 
 static CUresult ctx_destroy(CUresult (*real)(CUcontext), CUcontext ctx) {
-    CUresult st = vgpu_init();
-    if (st != CUDA_SUCCESS) return st;
-    if (real == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+    VGPU_HOOK_OPEN(real);
     int idx;
     uint64_t bytes, key = (uint64_t)(uintptr_t)ctx;
     if (!vgpu_mem_active()) return real(ctx);

@@ -25,9 +25,7 @@ static const unsigned char runtime_interface[16] = {0x6b, 0xd5, 0xfb, 0x6c, 0x5b
 
 CUresult hook_cuGetExportTable(const void **ppExportTable, const CUuuid *pExportTableId) {
     /* asked before cuInit too: resolve and configure, but nothing that needs the driver up */
-    CUresult st = vgpu_init();
-    if (st != CUDA_SUCCESS) return st;
-    if (real_cuGetExportTable == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+    VGPU_HOOK_OPEN(real_cuGetExportTable);
     CUresult rc = real_cuGetExportTable(ppExportTable, pExportTableId);
     if (rc == CUDA_SUCCESS && ppExportTable != NULL && *ppExportTable != NULL && pExportTableId != NULL &&
         memcmp(pExportTableId->bytes, runtime_interface, sizeof runtime_interface) == 0)

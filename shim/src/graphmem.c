@@ -309,54 +309,47 @@ static CUresult instantiated(CUresult rc, CUgraphExec *e, CUgraph g, unsigned lo
     return rc;
 }
 
-#define NEEDS_DRIVER(sym)                                                                                              \
-    do {                                                                                                               \
-        CUresult st_ = vgpu_init();                                                                                    \
-        if (st_ != CUDA_SUCCESS) return st_;                                                                           \
-        if (real_##sym == NULL) return CUDA_ERROR_NOT_SUPPORTED;                                                       \
-    } while (0)
-
 CUresult hook_cuGraphInstantiate(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode, char *logBuffer,
                                  size_t bufferSize) {
-    NEEDS_DRIVER(cuGraphInstantiate);
+    VGPU_HOOK_OPEN(real_cuGraphInstantiate);
     return instantiated(real_cuGraphInstantiate(phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize), phGraphExec,
                         hGraph, 0);
 }
 
 CUresult hook_cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode, char *logBuffer,
                                     size_t bufferSize) {
-    NEEDS_DRIVER(cuGraphInstantiate_v2);
+    VGPU_HOOK_OPEN(real_cuGraphInstantiate_v2);
     return instantiated(real_cuGraphInstantiate_v2(phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize),
                         phGraphExec, hGraph, 0);
 }
 
 CUresult hook_cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags) {
-    NEEDS_DRIVER(cuGraphInstantiateWithFlags);
+    VGPU_HOOK_OPEN(real_cuGraphInstantiateWithFlags);
     return instantiated(real_cuGraphInstantiateWithFlags(phGraphExec, hGraph, flags), phGraphExec, hGraph, flags);
 }
 
 CUresult hook_cuGraphInstantiateWithParams(CUgraphExec *phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS *p) {
-    NEEDS_DRIVER(cuGraphInstantiateWithParams);
+    VGPU_HOOK_OPEN(real_cuGraphInstantiateWithParams);
     return instantiated(real_cuGraphInstantiateWithParams(phGraphExec, hGraph, p), phGraphExec, hGraph,
                         p ? p->flags : 0);
 }
 
 CUresult hook_cuGraphInstantiateWithParams_ptsz(CUgraphExec *phGraphExec, CUgraph hGraph,
                                                 CUDA_GRAPH_INSTANTIATE_PARAMS *p) {
-    NEEDS_DRIVER(cuGraphInstantiateWithParams_ptsz);
+    VGPU_HOOK_OPEN(real_cuGraphInstantiateWithParams_ptsz);
     return instantiated(real_cuGraphInstantiateWithParams_ptsz(phGraphExec, hGraph, p), phGraphExec, hGraph,
                         p ? p->flags : 0);
 }
 
 CUresult hook_cuGraphExecDestroy(CUgraphExec hGraphExec) {
-    NEEDS_DRIVER(cuGraphExecDestroy);
+    VGPU_HOOK_OPEN(real_cuGraphExecDestroy);
     CUresult rc = real_cuGraphExecDestroy(hGraphExec);
     if (rc == CUDA_SUCCESS) forget_exec(hGraphExec); /* its memory stays in the graph pool until trimmed */
     return rc;
 }
 
 CUresult hook_cuDeviceGraphMemTrim(CUdevice device) {
-    NEEDS_DRIVER(cuDeviceGraphMemTrim);
+    VGPU_HOOK_OPEN(real_cuDeviceGraphMemTrim);
     CUresult rc = real_cuDeviceGraphMemTrim(device);
     int i = vgpu_device_index(device);
     if (rc == CUDA_SUCCESS && vgpu_mem_active() && i >= 0) {

@@ -8,4 +8,13 @@
  * with (bad config, unusable region). */
 CUresult vgpu_init(void);
 
+/* How a hook opens: return vgpu_init's error, or CUDA_ERROR_NOT_SUPPORTED when the driver lacks
+ * what the hook calls (`have`: its real_<symbol>, or a test of it). */
+#define VGPU_HOOK_OPEN(have)                                                                                           \
+    do {                                                                                                               \
+        CUresult vgpu_init_rc_ = vgpu_init();                                                                          \
+        if (vgpu_init_rc_ != CUDA_SUCCESS) return vgpu_init_rc_;                                                       \
+        if (!(have)) return CUDA_ERROR_NOT_SUPPORTED;                                                                  \
+    } while (0)
+
 #endif

@@ -24,9 +24,7 @@ static inline CUstream ptsz_stream(CUstream s) { return s ? s : CU_STREAM_PER_TH
 
 #define PASSTHROUGH_OR_FAIL(sym, args)                                                                                 \
     do {                                                                                                               \
-        CUresult init_rc_ = vgpu_init();                                                                               \
-        if (init_rc_ != CUDA_SUCCESS) return init_rc_;                                                                 \
-        if (!real_##sym) return CUDA_ERROR_NOT_SUPPORTED;                                                              \
+        VGPU_HOOK_OPEN(real_##sym);                                                                                    \
         /* vgpu_compute_on stays 0 when control is disabled (the compute init never runs). */                          \
         if (!vgpu_compute_on) return real_##sym args;                                                                  \
     } while (0)

@@ -67,9 +67,8 @@ static uint64_t got_v1(const void *out) { return *(const CUdeviceptr_v1 *)out; }
 /* Take, allocate, record (or give back). NULL pointer, zero size, no context: the driver's error,
  * not ours. */
 static CUresult mem_alloc(const struct alloc_abi *abi, void *out, uint64_t size, unsigned int flags) {
-    CUresult st = vgpu_init();
-    if (st != CUDA_SUCCESS) return st;
-    if (!abi->has()) return CUDA_ERROR_NOT_SUPPORTED;
+    VGPU_HOOK_OPEN(abi->has());
+    CUresult st;
     int dev;
     if (!vgpu_mem_active() || out == NULL || size == 0 || (dev = vgpu_current_device_index()) == -1)
         return abi->call(out, size, flags);
@@ -137,9 +136,8 @@ static CUresult pitch_taken(int dev, uint64_t p, uint64_t pitch, uint64_t height
 /* width and height in 64 bits: a v1 pitch times height above 4 GiB is charged in full */
 static CUresult mem_alloc_pitch(const struct pitch_abi *abi, void *out, void *pitch_out, uint64_t width,
                                 uint64_t height, unsigned int elem) {
-    CUresult st = vgpu_init();
-    if (st != CUDA_SUCCESS) return st;
-    if (!abi->has()) return CUDA_ERROR_NOT_SUPPORTED;
+    VGPU_HOOK_OPEN(abi->has());
+    CUresult st;
     int dev;
     if (!vgpu_mem_active() || out == NULL || pitch_out == NULL || width == 0 || height == 0 ||
         (dev = vgpu_current_device_index()) == -1)
@@ -189,9 +187,7 @@ CUresult hook_cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pPitch, unsign
 /* p: the caller's pointer, widened (a v1 pointer is its own 32-bit value, so narrowing is exact) */
 static CUresult mem_free(int (*has)(void), CUresult (*real_free)(uint64_t), CUresult (*untracked)(uint64_t),
                          uint64_t p) {
-    CUresult st = vgpu_init();
-    if (st != CUDA_SUCCESS) return st;
-    if (!has()) return CUDA_ERROR_NOT_SUPPORTED;
+    VGPU_HOOK_OPEN(has());
     int dev;
     uint64_t bytes, unit;
     if (!vgpu_mem_active()) return real_free(p);
@@ -248,9 +244,7 @@ static const struct size_io SIZE_V2 = {get_v2, set_v2}, SIZE_V1 = {get_v1, set_v
 
 static CUresult mem_get_info(int (*has)(void), CUresult (*real)(void *, void *), const struct size_io *io, void *free,
                              void *total) {
-    CUresult st = vgpu_init();
-    if (st != CUDA_SUCCESS) return st;
-    if (!has()) return CUDA_ERROR_NOT_SUPPORTED;
+    VGPU_HOOK_OPEN(has());
     CUresult rc = real(free, total);
     int dev;
     if (rc != CUDA_SUCCESS || free == NULL || total == NULL || !vgpu_mem_active() ||
@@ -268,9 +262,7 @@ static CUresult mem_get_info(int (*has)(void), CUresult (*real)(void *, void *),
 /* The slice's limit when below the driver's total (so it fits wherever the driver's answer did) */
 static CUresult device_total_mem(int (*has)(void), CUresult (*real)(void *, CUdevice), const struct size_io *io,
                                  void *bytes, CUdevice dev) {
-    CUresult st = vgpu_init();
-    if (st != CUDA_SUCCESS) return st;
-    if (!has()) return CUDA_ERROR_NOT_SUPPORTED;
+    VGPU_HOOK_OPEN(has());
     CUresult rc = real(bytes, dev);
     int idx;
     if (rc != CUDA_SUCCESS || bytes == NULL || !vgpu_mem_active() || (idx = vgpu_device_index(dev)) < 0) return rc;

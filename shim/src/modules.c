@@ -314,9 +314,7 @@ static const void *unwrap(const void *img) {
 
 #define LOAD_HOOK(sym, out, call, img, len, getter, unload)                                                            \
     do {                                                                                                               \
-        CUresult st_ = vgpu_init();                                                                                    \
-        if (st_ != CUDA_SUCCESS) return st_;                                                                           \
-        if (real_##sym == NULL) return CUDA_ERROR_NOT_SUPPORTED;                                                       \
+        VGPU_HOOK_OPEN(real_##sym);                                                                                    \
         CUresult rc_ = call;                                                                                           \
         if (rc_ != CUDA_SUCCESS || (out) == NULL || !vgpu_mem_active()) return rc_;                                    \
         return charge_loaded((void *)*(out), (img), (len), (getter), (unload));                                        \
@@ -372,9 +370,7 @@ static CUresult charge_file(void *handle, const char *path, const char *getter, 
 }
 
 CUresult hook_cuModuleLoad(CUmodule *module, const char *fname) {
-    CUresult st = vgpu_init();
-    if (st != CUDA_SUCCESS) return st;
-    if (real_cuModuleLoad == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+    VGPU_HOOK_OPEN(real_cuModuleLoad);
     CUresult rc = real_cuModuleLoad(module, fname);
     if (rc != CUDA_SUCCESS || module == NULL || !vgpu_mem_active()) return rc;
     return charge_file((void *)*module, fname, "cuModuleGetGlobal_v2", unload_module);
@@ -384,9 +380,7 @@ CUresult hook_cuLibraryLoadFromFile(CUlibrary *library, const char *fileName, CU
                                     void **jitOptionsValues, unsigned int numJitOptions,
                                     CUlibraryOption *libraryOptions, void **libraryOptionValues,
                                     unsigned int numLibraryOptions) {
-    CUresult st = vgpu_init();
-    if (st != CUDA_SUCCESS) return st;
-    if (real_cuLibraryLoadFromFile == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+    VGPU_HOOK_OPEN(real_cuLibraryLoadFromFile);
     CUresult rc = real_cuLibraryLoadFromFile(library, fileName, jitOptions, jitOptionsValues, numJitOptions,
                                              libraryOptions, libraryOptionValues, numLibraryOptions);
     if (rc != CUDA_SUCCESS || library == NULL || !vgpu_mem_active()) return rc;
@@ -394,18 +388,14 @@ CUresult hook_cuLibraryLoadFromFile(CUlibrary *library, const char *fileName, CU
 }
 
 CUresult hook_cuModuleUnload(CUmodule hmod) {
-    CUresult st = vgpu_init();
-    if (st != CUDA_SUCCESS) return st;
-    if (real_cuModuleUnload == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+    VGPU_HOOK_OPEN(real_cuModuleUnload);
     CUresult rc = real_cuModuleUnload(hmod);
     if (rc == CUDA_SUCCESS && hmod != NULL) release_recs(take_recs(hmod, NULL, -1));
     return rc;
 }
 
 CUresult hook_cuLibraryUnload(CUlibrary library) {
-    CUresult st = vgpu_init();
-    if (st != CUDA_SUCCESS) return st;
-    if (real_cuLibraryUnload == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+    VGPU_HOOK_OPEN(real_cuLibraryUnload);
     CUresult rc = real_cuLibraryUnload(library);
     if (rc == CUDA_SUCCESS && library != NULL) release_recs(take_recs(library, NULL, -1));
     return rc;

@@ -216,9 +216,8 @@ static struct pool_acct *current_pool(int *dev) {
 }
 
 static CUresult alloc_async(alloc_async_fn real, CUdeviceptr *dptr, size_t bytesize, CUstream s) {
-    CUresult st = vgpu_init();
-    if (st != CUDA_SUCCESS) return st;
-    if (real == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+    VGPU_HOOK_OPEN(real);
+    CUresult st;
     int dev = -1;
     struct pool_acct *a = NULL;
     if (!vgpu_mem_active() || dptr == NULL || bytesize == 0 ||
@@ -231,9 +230,8 @@ static CUresult alloc_async(alloc_async_fn real, CUdeviceptr *dptr, size_t bytes
 }
 
 static CUresult alloc_pool(alloc_pool_fn real, CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream s) {
-    CUresult st = vgpu_init();
-    if (st != CUDA_SUCCESS) return st;
-    if (real == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+    VGPU_HOOK_OPEN(real);
+    CUresult st;
     struct pool_acct *a;
     int dev = -1;
     if (!vgpu_mem_active() || dptr == NULL || bytesize == 0 || pool == NULL ||
@@ -269,9 +267,7 @@ static void after_free(struct pool_acct *a, uint64_t size) {
 }
 
 static CUresult free_async(free_async_fn real, CUdeviceptr dptr, CUstream s) {
-    CUresult st = vgpu_init();
-    if (st != CUDA_SUCCESS) return st;
-    if (real == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+    VGPU_HOOK_OPEN(real);
     int dev;
     uint64_t size, pa;
     if (!vgpu_mem_active() || !vgpu_track_take_aux(VGPU_TRACK_ASYNC, dptr, &dev, &size, &pa)) return real(dptr, s);
@@ -317,9 +313,7 @@ CUresult hook_cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
 /* ---- pool lifetime: learn each pool's device; a destroyed pool's charge goes back ---- */
 
 CUresult hook_cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps) {
-    CUresult st = vgpu_init();
-    if (st != CUDA_SUCCESS) return st;
-    if (real_cuMemPoolCreate == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+    VGPU_HOOK_OPEN(real_cuMemPoolCreate);
     CUresult rc = real_cuMemPoolCreate(pool, poolProps);
     if (rc == CUDA_SUCCESS && vgpu_mem_active() && pool != NULL && poolProps != NULL &&
         poolProps->location.type == CU_MEM_LOCATION_TYPE_DEVICE)
@@ -328,9 +322,7 @@ CUresult hook_cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProp
 }
 
 CUresult hook_cuMemPoolDestroy(CUmemoryPool pool) {
-    CUresult st = vgpu_init();
-    if (st != CUDA_SUCCESS) return st;
-    if (real_cuMemPoolDestroy == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+    VGPU_HOOK_OPEN(real_cuMemPoolDestroy);
     CUresult rc = real_cuMemPoolDestroy(pool);
     if (rc != CUDA_SUCCESS || !vgpu_mem_active()) return rc;
     pthread_mutex_lock(&list_mu);
@@ -356,9 +348,7 @@ CUresult hook_cuMemPoolDestroy(CUmemoryPool pool) {
 }
 
 CUresult hook_cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep) {
-    CUresult st = vgpu_init();
-    if (st != CUDA_SUCCESS) return st;
-    if (real_cuMemPoolTrimTo == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+    VGPU_HOOK_OPEN(real_cuMemPoolTrimTo);
     CUresult rc = real_cuMemPoolTrimTo(pool, minBytesToKeep);
     struct pool_acct *a;
     if (rc == CUDA_SUCCESS && vgpu_mem_active() && (a = pool_acct(pool, -1)) != NULL) {
@@ -370,18 +360,14 @@ CUresult hook_cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep) {
 }
 
 CUresult hook_cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev) {
-    CUresult st = vgpu_init();
-    if (st != CUDA_SUCCESS) return st;
-    if (real_cuDeviceGetDefaultMemPool == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+    VGPU_HOOK_OPEN(real_cuDeviceGetDefaultMemPool);
     CUresult rc = real_cuDeviceGetDefaultMemPool(pool_out, dev);
     if (rc == CUDA_SUCCESS && pool_out != NULL && vgpu_mem_active()) pool_acct(*pool_out, vgpu_device_index(dev));
     return rc;
 }
 
 CUresult hook_cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev) {
-    CUresult st = vgpu_init();
-    if (st != CUDA_SUCCESS) return st;
-    if (real_cuDeviceGetMemPool == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+    VGPU_HOOK_OPEN(real_cuDeviceGetMemPool);
     CUresult rc = real_cuDeviceGetMemPool(pool, dev);
     if (rc == CUDA_SUCCESS && pool != NULL && vgpu_mem_active()) pool_acct(*pool, vgpu_device_index(dev));
     return rc;

@@ -35,9 +35,8 @@ static uint64_t handle_bytes(uint64_t size, const CUmemAllocationProp *prop) {
 
 CUresult hook_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
                           unsigned long long flags) {
-    CUresult st = vgpu_init();
-    if (st != CUDA_SUCCESS) return st;
-    if (real_cuMemCreate == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+    VGPU_HOOK_OPEN(real_cuMemCreate);
+    CUresult st;
     int dev;
     /* prop is read only when non-NULL; the device comes from the request itself, never from
      * uninitialised state (the NCCL/vLLM crash of the field) */
@@ -62,9 +61,7 @@ CUresult hook_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, con
 }
 
 CUresult hook_cuMemRelease(CUmemGenericAllocationHandle handle) {
-    CUresult st = vgpu_init();
-    if (st != CUDA_SUCCESS) return st;
-    if (real_cuMemRelease == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+    VGPU_HOOK_OPEN(real_cuMemRelease);
     if (!vgpu_mem_active()) return real_cuMemRelease(handle);
     int dev;
     uint64_t bytes, retains;
@@ -86,9 +83,7 @@ CUresult hook_cuMemRelease(CUmemGenericAllocationHandle handle) {
 }
 
 CUresult hook_cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr) {
-    CUresult st = vgpu_init();
-    if (st != CUDA_SUCCESS) return st;
-    if (real_cuMemRetainAllocationHandle == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+    VGPU_HOOK_OPEN(real_cuMemRetainAllocationHandle);
     if (!vgpu_mem_active() || handle == NULL) return real_cuMemRetainAllocationHandle(handle, addr);
     pthread_mutex_lock(&handles_mu);
     CUresult rc = real_cuMemRetainAllocationHandle(handle, addr);
