@@ -31,6 +31,7 @@ sys.path.insert(0, str(REPO))
 
 from driver.discovery import DiscoveredGpu, Inventory  # noqa: E402
 from driver.slicebuild import pool_slices  # noqa: E402
+from sharing.claimlayout import DEFAULT_DRIVER_NAME as DRIVER  # noqa: E402
 from sharing.gpus import GpuInfo  # noqa: E402
 from sharing.plan.cel_eval import SelectorEvaluator  # noqa: E402
 from sharing.plan.loader import _Ctx, load_slices, parse_claim_spec  # noqa: E402
@@ -38,7 +39,6 @@ from sharing.plan.model import DeviceClass, Workload  # noqa: E402
 from sharing.plan.planner import Plan, plan, prepare  # noqa: E402
 from sharing.plan.report import to_json, to_text  # noqa: E402
 
-DRIVER = "vgpu.sharing.dev"
 CLASS = DeviceClass(DRIVER, (f'device.driver == "{DRIVER}"',))
 GiB = 1024**3
 

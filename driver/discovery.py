@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from sharing.gpus import GpuInfo, list_gpus
+from sharing.observe.nvml_reader import GPU_LOST
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,6 @@ log = logging.getLogger(__name__)
 APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 
 MIG_REASON = "MIG mode enabled (not supported yet)"
-GPU_LOST = "GPU lost: NVML no longer reports it"
 _NVML_UNREACHABLE = "NVML unreachable"
 
 

@@ -17,10 +17,11 @@ from typing import Any, Literal, TypeVar, cast
 from driver.devicenames import MODES, Mode
 from driver.simulated import DEFAULT_SIM_MODEL, MAX_SIM_GPUS, SIM_MODELS
 from sharing import claimlayout
+from sharing.claimlayout import DEFAULT_DRIVER_NAME
+from sharing.observe.exporter import DEFAULT_PORT, ListenError, parse_listen
 
 SharingMode = Literal["auto", Mode]
 SHARING_MODES: tuple[str, ...] = ("auto", *MODES)
-DEFAULT_DRIVER_NAME = "vgpu.sharing.dev"
 MAX_PARTITIONS = 64  # 64 slices of one GPU is already under 1.3 GiB on an 80 GB card
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -171,7 +172,7 @@ _FLAGS: tuple[_Flag, ...] = (
         "metrics-address",
         "METRICS_ADDRESS",
         "HOST:PORT to serve Prometheus metrics and run the quota watchdog on (docs/metrics.md; "
-        "a HOST alone means port 9402); disabled when absent or empty",
+        f"a HOST alone means port {DEFAULT_PORT}); disabled when absent or empty",
         None,
     ),
     _Flag(
@@ -393,19 +394,13 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Settings
 
 
 def _metrics_address(text: str) -> tuple[str, int] | None:
-    """ "" -> None; "HOST" -> (HOST, 9402); "HOST:PORT", ":PORT", "[v6]:PORT"."""
+    """ "" -> None; else parse_listen's HOST:PORT, :PORT, [v6]:PORT, or HOST alone."""
     if not text:
         return None
-    host, sep, port = text.rpartition(":")
-    if not sep or (host and not host.endswith("]") and ":" in host):
-        host, port = text, "9402"
-    if not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise SettingsError(
-            f"--metrics-address: {text!r} invalid; allowed: HOST:PORT, :PORT or HOST "
-            "(port 0..65535, default 9402)"
-        )
-    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    return host or "0.0.0.0", int(port)
+    try:
+        return parse_listen(text, default_port=DEFAULT_PORT)
+    except ListenError as e:
+        raise SettingsError(f"--metrics-address: {e}") from None
 
 
 def _abs_path(flag: str, text: str) -> Path:

@@ -39,7 +39,7 @@ from driver.policy import PolicyView, PolicyWatcher, initial_policy
 from driver.publishloop import PublishLoop, describe_error
 from driver.slicebuild import health_map
 from driver.slicepublisher import SlicePublisher
-from sharing import claimlayout
+from sharing import claimlayout, logsafe
 from sharing.observe.exporter import Exporter, ExporterConfig
 from sharing.fsutil import atomic_write
 from sharing.policy import PolicyError, SharingPolicy
@@ -504,11 +504,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PolicyError as e:
         print(f"vgpu-kubelet-plugin: error: --policy: {e}", file=sys.stderr)
         return EXIT_USAGE
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    logsafe.configure(settings.log_level.upper(), sys.stderr)
     if settings.dry_run:
         if not settings.sim:
             return dry_run(settings, PynvmlBackend(), rules_for=PolicyView(policy).rules)

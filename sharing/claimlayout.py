@@ -31,6 +31,8 @@ from __future__ import annotations
 
 # The host side, relative to the data directory.
 DEFAULT_DATA_DIR = "/var/lib/vgpu-sharing"
+# The plugin's default --driver-name: its claims' driver, and the label the observers give them.
+DEFAULT_DRIVER_NAME = "vgpu.sharing.dev"
 CHECKPOINT_FILE = "checkpoint.json"
 MODE_FILE = "publish-mode"
 LIB_DIR = "lib"

@@ -11,10 +11,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from sharing.claimlayout import DEFAULT_DRIVER_NAME
 from sharing.gpus import use_simulator
 from sharing.observe.exporter import (
     DEFAULT_CACHE_SECONDS,
-    DEFAULT_DRIVER_NAME,
     DEFAULT_PORT,
     Exporter,
     ExporterConfig,

@@ -27,12 +27,14 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from sharing.claimlayout import DEFAULT_DRIVER_NAME
 from sharing.observe.containers import ContainerUsage
 from sharing.observe.metrics import CONTENT_TYPE, VgpuCollector, render_text
 from sharing.observe.nodeview import LineLog, NodeView, ViewBuilder, ViolationCounts
 from sharing.observe.nvml_reader import (
     DEFAULT_INTERVAL,
     DEFAULT_STALE_AFTER,
+    GPU_LOST,
     GpuReading,
     NvmlPoller,
     NvmlReading,
@@ -45,7 +47,6 @@ from sharing.observe.watchdog import DEFAULT_MARGIN, EventSink, Watchdog
 log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 9402  # dcgm-exporter has 9400
-DEFAULT_DRIVER_NAME = "vgpu.sharing.dev"  # the plugin's default --driver-name
 DEFAULT_CACHE_SECONDS = 1.0  # a served exposition is at most about this old
 ACTIVE_WINDOW = 300.0  # seconds after the last scrape the cache is kept warm
 
@@ -54,7 +55,6 @@ NVML_UP = "vgpu_nvml_up"
 _NVML_UP_HELP = (
     "1 if NVML answered the exporter's last pass in time, else 0 (no NVML figure is current)."
 )
-GPU_LOST = "GPU lost: NVML no longer reports it"
 
 # GPU UUID -> why it is unhealthy ("" or absent: healthy), from the plugin's health monitor.
 DeviceHealth = Callable[[], Mapping[str, str]]
@@ -127,12 +127,17 @@ class ListenError(ValueError):
     """A bad HOST:PORT. str() is one line."""
 
 
-def parse_listen(text: str) -> tuple[str, int]:
-    """ "HOST:PORT", "[v6]:PORT" or ":PORT" (all interfaces)."""
+def parse_listen(text: str, default_port: int | None = None) -> tuple[str, int]:
+    """ "HOST:PORT", "[v6]:PORT" or ":PORT" (all interfaces); with a default_port also a HOST
+    alone ("::1" is one: a colon outside brackets belongs to an IPv6 address, never a port)."""
     host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+    if not sep or (host and not host.endswith("]") and ":" in host):
+        host, port = text, "" if default_port is None or not text else str(default_port)
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        alone = "" if default_port is None else f" (a HOST alone: port {default_port})"
         raise ListenError(
-            f"{text!r}: expected HOST:PORT with a port 0..65535 (e.g. :{DEFAULT_PORT})"
+            f"{text!r}: expected HOST:PORT, [IPv6]:PORT or :PORT{alone}, the port 0..65535 "
+            f"(e.g. :{DEFAULT_PORT})"
         )
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     return host or "0.0.0.0", int(port)

@@ -24,6 +24,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL = 1.0  # seconds between NVML passes
 DEFAULT_STALE_AFTER = 10.0  # seconds without a finished pass before devices read unhealthy
+# Why a GPU NVML once listed is unhealthy: the plugin's health monitor (driver/discovery.py) and
+# the exporter's device health say it in the same words.
+GPU_LOST = "GPU lost: NVML no longer reports it"
 
 
 @dataclass(frozen=True)

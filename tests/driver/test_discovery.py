@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from driver.discovery import (
-    GPU_LOST,
     Discovery,
     Inventory,
     Rediscovery,
@@ -20,6 +19,7 @@ from driver.discovery import (
     semver,
     sysfs_bdf,
 )
+from sharing.observe.nvml_reader import GPU_LOST
 from tests.fakes.nvml import FakeEvents, FakeNvml
 from tests.support.gpu_records import a100
 

@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from driver.discovery import GPU_LOST, Discovery, Inventory, PynvmlBackend, Rediscovery
+from driver.discovery import Discovery, Inventory, PynvmlBackend, Rediscovery
 from sharing.gpus import use_simulator
+from sharing.observe.nvml_reader import GPU_LOST
 from sharing.paths import ArtefactMissingError
 from tests.support.plugin_e2e import write_config
 

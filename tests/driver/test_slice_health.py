@@ -17,7 +17,6 @@ import pytest
 import yaml
 
 from driver.discovery import (
-    GPU_LOST,
     DiscoveredGpu,
     Discovery,
     Inventory,
@@ -25,6 +24,7 @@ from driver.discovery import (
     cause_code,
 )
 from driver.slicebuild import pool_slices
+from sharing.observe.nvml_reader import GPU_LOST
 from sharing.plan.cel_eval import SelectorEvaluator
 from sharing.plan.loader import load_slices
 from tests.fakes.apiserver import FakeApiServer, validate_resource_slice

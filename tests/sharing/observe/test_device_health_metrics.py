@@ -11,8 +11,8 @@ from pathlib import Path
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from sharing.observe.exporter import GPU_LOST, Exporter, ExporterConfig
-from sharing.observe.nvml_reader import GpuReading, NvmlReading
+from sharing.observe.exporter import Exporter, ExporterConfig
+from sharing.observe.nvml_reader import GPU_LOST, GpuReading, NvmlReading
 from tests.support.observers import Sample, only, value
 
 GiB = 1 << 30

@@ -12,7 +12,13 @@ from pathlib import Path
 import pytest
 
 from sharing import region
-from sharing.observe.exporter import Exporter, ExporterConfig, ListenError, parse_listen
+from sharing.observe.exporter import (
+    DEFAULT_PORT,
+    Exporter,
+    ExporterConfig,
+    ListenError,
+    parse_listen,
+)
 from sharing.observe.metrics import SLICE_LABELS
 from sharing.observe.nvml_reader import GpuProcess, GpuReading, NvmlReading
 from sharing.paths import shim_library
@@ -64,6 +70,49 @@ def test_listen_parsing() -> None:
     for bad in ("9402x", "host", "h:70000", "h:-1"):
         with pytest.raises(ListenError, match="expected HOST:PORT"):
             parse_listen(bad)
+
+
+# Inputs of `vgpu exporter --listen`, `vgpu demo --listen` (no default port) and the plugin's
+# --metrics-address (a HOST alone means DEFAULT_PORT): one parser, so one answer for each.
+LISTEN_CASES: list[tuple[str, tuple[str, int] | None, tuple[str, int] | None]] = [
+    # text, without a default port, with DEFAULT_PORT (None: refused)
+    (":9402", ("0.0.0.0", 9402), ("0.0.0.0", 9402)),
+    ("127.0.0.1:0", ("127.0.0.1", 0), ("127.0.0.1", 0)),
+    ("[::1]:9000", ("::1", 9000), ("::1", 9000)),
+    ("host:65535", ("host", 65535), ("host", 65535)),
+    ("host", None, ("host", DEFAULT_PORT)),
+    ("0.0.0.0", None, ("0.0.0.0", DEFAULT_PORT)),
+    ("::1", None, ("::1", DEFAULT_PORT)),  # a bare IPv6 address: its last group is no port
+    ("[::1]", None, ("::1", DEFAULT_PORT)),
+    ("h:70000", None, None),
+    ("h:-1", None, None),
+    ("h:x1", None, None),
+    ("h:", None, None),
+    ("", None, None),
+]
+
+
+@pytest.mark.parametrize(("text", "alone", "defaulted"), LISTEN_CASES)
+def test_listen_rules_of_both_callers(
+    text: str, alone: tuple[str, int] | None, defaulted: tuple[str, int] | None
+) -> None:
+    from driver.flags import SettingsError, parse
+
+    for default, want in ((None, alone), (DEFAULT_PORT, defaulted)):
+        if want is None:
+            with pytest.raises(ListenError, match="expected HOST:PORT") as e:
+                parse_listen(text, default)
+            assert "\n" not in str(e.value)
+        else:
+            assert parse_listen(text, default) == want
+    if not text:
+        return  # the plugin's empty --metrics-address: no endpoint (test_plugin_metrics_flags)
+    argv = ["--node-name", "n", "--metrics-address", text]
+    if defaulted is None:
+        with pytest.raises(SettingsError, match=r"--metrics-address: .*expected HOST:PORT"):
+            parse(argv, env={})
+    else:
+        assert parse(argv, env={}).metrics_address == defaulted
 
 
 @pytest.mark.slow
