@@ -8,7 +8,7 @@ import re
 import sys
 from collections.abc import Sequence
 
-from sharing import __version__
+from sharing import __version__, logsafe
 from sharing.cli import demo, exporter, info, run, top
 from sharing.cli.selftest import command as selftest
 from sharing.plan import command as plan
@@ -69,10 +69,7 @@ def attach_negative_values(parser: argparse.ArgumentParser, argv: Sequence[str])
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(attach_negative_values(parser, sys.argv[1:] if argv is None else argv))
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    logsafe.configure(logging.DEBUG if args.verbose else logging.INFO)
     code: int = args.func(args)
     return code
 

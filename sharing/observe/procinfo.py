@@ -20,6 +20,8 @@ import struct
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
+from sharing.logsafe import printable
+
 # Bounds on what one process's files may cost a reader. A real workload is far below each
 # (PyTorch with CUDA maps ~2,000 files in ~300 KB; a container has ~40 mounts); a tenant past
 # one is reported, not read.
@@ -241,8 +243,7 @@ def attribute(
     try:
         st = stat_in_root(f"{proc_root}/{pid}/root", path)
     except OSError as e:
-        shown = path.decode(errors="backslashreplace")
-        why = f"its accounting file {shown!r} is unreachable inside its root ({e.strerror})"
+        why = f"its accounting file {printable(path)} is unreachable inside its root ({e.strerror})"
         return Attribution(None, npid, why, True, start, "", scan, too_large)
     return Attribution(
         (st.st_dev, st.st_ino), npid, "", True, start, "environment", scan, too_large
@@ -344,9 +345,9 @@ def missing_shim(
                 return None
         except TooLarge as e:
             return str(e)
-        where = shims[0][2].decode(errors="backslashreplace")
+        where = printable(shims[0][2])
         return (
-            f"the libvgpu it loaded ({where!r}) is not the plugin's shim (a copy, or another build)"
+            f"the libvgpu it loaded ({where}) is not the plugin's shim (a copy, or another build)"
         )
     if shims:
         return None

@@ -60,6 +60,7 @@ from pathlib import Path
 import psutil
 
 from sharing import region
+from sharing.logsafe import printable
 from sharing.observe.nodeview import NodeView, SliceDeviceView, ViolationCounts
 from sharing.observe.nvml_reader import GpuProcess, NvmlReading
 from sharing.observe.procinfo import Attribution, attribute, missing_shim, start_time
@@ -93,7 +94,7 @@ def _who(sl: Slice) -> str:
 def _describe(pid: int) -> str:
     try:
         p = psutil.Process(pid)
-        return f"pid {pid} ({p.name()}, user {p.username()})"
+        return f"pid {pid} ({printable(p.name())}, user {printable(p.username())})"
     except (psutil.Error, KeyError):
         return f"pid {pid}"
 

@@ -8,7 +8,8 @@ simulated GPU (so NVML lists it and the watchdog inspects it) after:
   CAP_SYS_RESOURCE);
 - mounts: 6,000 bind mounts on directories with ~3,000-character paths, in a mount namespace of
   its own (~18 MB of /proc/<pid>/mountinfo; a tenant could go on to 100,000 mounts, at a cost
-  that grows with each mount).
+  that grows with each mount);
+- name: a process name with a newline in it, which would forge a line of the plugin's log.
 
 It prints "ready <what>" when its files are that large, then waits to be killed. Needs root
 (the test suite's machines are root; container root has what it needs for maps and fds)."""
@@ -54,16 +55,19 @@ def maps(base: str) -> str:
     with open(target, "wb") as f:
         f.truncate(mmap.PAGESIZE)
     fd = os.open(target, os.O_RDONLY)
-    keep = []
+    # libc's mmap: Python's mmap objects each keep a duplicate descriptor
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long)  # fmt: skip
+    n = 0
     for i in range(58000):  # below vm.max_map_count (65530), with room for the driver
         # alternate protections so the kernel cannot merge neighbouring mappings into one
         prot = mmap.PROT_READ if i % 2 else mmap.PROT_READ | mmap.PROT_EXEC
-        try:
-            keep.append(mmap.mmap(fd, mmap.PAGESIZE, mmap.MAP_SHARED, prot))
-        except OSError:
-            break  # vm.max_map_count
-    globals()["_kept"] = keep
-    return f"{len(keep)} mappings"
+        if libc.mmap(None, mmap.PAGESIZE, prot, mmap.MAP_SHARED, fd, 0) in (None, 2**64 - 1):
+            break
+        n += 1
+    return f"{n} mappings"
 
 
 def fds(base: str) -> str:
@@ -106,11 +110,25 @@ def mounts(base: str) -> str:
     return f"{n} mounts"
 
 
+def name(base: str) -> str:
+    """A process name (argv[0]/comm is the tenant's) that would forge a log line."""
+    del base
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_set_name = 15
+    if libc.prctl(pr_set_name, FORGED_NAME.encode(), 0, 0, 0) != 0:
+        sys.exit(f"prctl: {os.strerror(ctypes.get_errno())}")
+    return "a forged name"
+
+
+# 14 bytes: under comm's 15, so the name is read as it is
+FORGED_NAME = "x\nWARNING forg"
+
+
 def main() -> None:
     mode, base = sys.argv[1], sys.argv[2]
     # files first, then the context: the watchdog may stop a GPU process of the claim (it runs
     # without the shim) before a slow attack is in place
-    what = {"maps": maps, "fds": fds, "mounts": mounts}[mode](base)
+    what = {"maps": maps, "fds": fds, "mounts": mounts, "name": name}[mode](base)
     _gpu()
     print(f"ready {what}", flush=True)
     while True:
