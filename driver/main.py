@@ -40,8 +40,9 @@ from driver.publishloop import PublishLoop, describe_error
 from driver.slicebuild import health_map
 from driver.slicepublisher import SlicePublisher
 from sharing import claimlayout, logsafe
-from sharing.observe.exporter import Exporter, ExporterConfig
 from sharing.fsutil import atomic_write
+from sharing.gpus import GpuInfo
+from sharing.observe.exporter import Exporter, ExporterConfig
 from sharing.policy import PolicyError, SharingPolicy
 
 log = logging.getLogger("driver.main")
@@ -254,6 +255,20 @@ class Plugin:
         self.stop_event.set()
 
     def run(self) -> int:
+        """Start, serve until stop() (or a signal), shut down; the exit code."""
+        publisher = self._start()
+        if publisher is None:
+            return self.exit_code
+        try:
+            self._serve(publisher)
+        finally:
+            self._shut_down(publisher)
+        return self.exit_code
+
+    def _start(self) -> SlicePublisher | None:
+        """The health endpoint, NVML, the publishing mode, the Driver's sockets and the metrics;
+        None after a failure (its one line logged, exit_code EXIT_STARTUP) or a stop while
+        waiting for the API server, with whatever was started stopped again."""
         s = self.settings
         if s.healthcheck_port is not None:
             # Up before the first API call: a slow API server must not fail the probes.
@@ -263,29 +278,13 @@ class Plugin:
                 )
             except OSError as e:
                 log.error("--healthcheck-port %d: cannot listen: %s", s.healthcheck_port, e)
-                return EXIT_STARTUP
+                self.exit_code = EXIT_STARTUP
+                return None
             self.healthz.start()
         try:
             api_client = make_api_client(s.kubeconfig)
-            sim_node = self._simulated_node() if s.sim else None
-            if sim_node is None:
-                load_driver_nvml(DriverRoot(s.driver_root, s.driver_root_mount))
-            try:
-                gpus = self.backend.list_gpus()
-            except Exception as e:
-                hint = (
-                    f"the simulator's line above says what is wrong with {sim_node.config}"
-                    + (f" (a copy of --sim-config {s.sim_config})" if s.sim_config else "")
-                    if sim_node is not None
-                    else "is the NVIDIA driver loaded and /dev/nvidia* visible to the plugin?"
-                )
-                raise StartupError(f"NVML: cannot list GPUs ({describe_error(e)}); {hint}") from e
-            log.info(
-                "node %s: %d GPU(s): %s",
-                s.node_name,
-                len(gpus),
-                ", ".join(f"{g.index}={g.name} ({g.uuid})" for g in gpus) or "none",
-            )
+            injector = self._injector()
+            gpus = self._list_gpus(injector)
             publisher = SlicePublisher(
                 Kube(api_client),
                 driver_name=s.driver_name,
@@ -299,42 +298,67 @@ class Plugin:
             mode = self._initial_mode(publisher)
             if mode is None:  # stopped while waiting for the API server
                 self._stop_health()
-                return self.exit_code
+                return None
             self.mode = mode
             publisher.use_mode(mode)
             if s.sharing_mode == "auto":
                 self._remember_mode(mode)
-            health = HealthBroadcaster()
             self.driver = Driver(
                 s,
                 api_client,
                 gpus,
                 mode,
                 s.partitions,
-                health,
+                HealthBroadcaster(),
                 rules_for=self.policy.rules,
-                injector=(
-                    SimulatorInjector(sim_node)
-                    if sim_node is not None
-                    else DriverInjector(
-                        DriverRoot(s.driver_root, s.driver_root_mount), s.cdi_spec_dirs
-                    )
-                ),
+                injector=injector,
             )
             self.driver.start()
             if s.metrics_address is not None:
                 self._start_metrics(api_client)
+            return publisher
         except (KubeConfigError, StartupError, CheckpointError) as e:  # one line each
             log.error("%s", e)
-            self._stop_driver()
-            self._stop_health()
-            return EXIT_STARTUP
         except Exception as e:
             log.exception("node %s: startup failed: %s", s.node_name, describe_error(e))
-            self._stop_driver()
-            self._stop_health()
-            return EXIT_STARTUP
+        self._stop_driver()
+        self._stop_health()
+        self.exit_code = EXIT_STARTUP
+        return None
 
+    def _injector(self) -> DriverInjector:
+        """What claims' containers get of the driver: --sim's simulated node (NVML points at it
+        from here on), else NVIDIA's driver under the driver root (its NVML loaded from there)."""
+        s = self.settings
+        if s.sim:
+            return SimulatorInjector(self._simulated_node())
+        root = DriverRoot(s.driver_root, s.driver_root_mount)
+        load_driver_nvml(root)
+        return DriverInjector(root, s.cdi_spec_dirs)
+
+    def _list_gpus(self, injector: DriverInjector) -> list[GpuInfo]:
+        s = self.settings
+        try:
+            gpus = self.backend.list_gpus()
+        except Exception as e:
+            hint = (
+                f"the simulator's line above says what is wrong with {injector.node.config}"
+                + (f" (a copy of --sim-config {s.sim_config})" if s.sim_config else "")
+                if isinstance(injector, SimulatorInjector)
+                else "is the NVIDIA driver loaded and /dev/nvidia* visible to the plugin?"
+            )
+            raise StartupError(f"NVML: cannot list GPUs ({describe_error(e)}); {hint}") from e
+        log.info(
+            "node %s: %d GPU(s): %s",
+            s.node_name,
+            len(gpus),
+            ", ".join(f"{g.index}={g.name} ({g.uuid})" for g in gpus) or "none",
+        )
+        return gpus
+
+    def _serve(self, publisher: SlicePublisher) -> None:
+        """Publish the slices, rediscover the GPUs and watch the policy until stop()."""
+        s = self.settings
         self.loop = PublishLoop(
             publisher, backoff=self.backoff, resync=self.resync, on_mode=self._on_mode
         )
@@ -361,15 +385,20 @@ class Plugin:
                 watcher.stop()
             for t in threads:
                 t.join(5)
+
+    def _shut_down(self, publisher: SlicePublisher) -> None:
+        """After _serve: stop publishing (with --cleanup, withdraw the slices), then the Driver's
+        sockets, the health endpoint and the metrics."""
+        if self.loop is not None:
             self.loop.stop()
-            if s.cleanup:
-                self._cleanup(publisher)
+        if self.settings.cleanup:
+            self._cleanup(publisher)
+        if self.driver is not None:
             self.driver.stop()
             self.driver.health.close()
-            self._stop_health()
-            if self.metrics is not None:
-                self.metrics.stop()
-        return self.exit_code
+        self._stop_health()
+        if self.metrics is not None:
+            self.metrics.stop()
 
     def _simulated_node(self) -> simulated.SimNode:
         """--sim: the simulated node under the data dir; NVML points at it from here on."""
