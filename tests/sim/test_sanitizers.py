@@ -296,3 +296,73 @@ def test_config_parser_fuzz_is_sanitizer_clean(
         else:
             assert len(lines) == 1 and "allowed:" in lines[0], (text[:200], r.stderr)
     assert ok >= 1  # the unmutated base config loads
+
+
+def test_observing_wrecked_states_is_sanitizer_clean(
+    sanitized: dict[str, Path], sim_env: dict[str, str], tmp_path: Path
+) -> None:
+    """NVML observing (SIMGPU_OBSERVE) states a writer wrecked: random bytes, a forged state (a
+    valid header, everything after it random, every slot lock held: every slot is read and
+    its rings and scheduler state run forward), one cut in half, one emptied; under ASan and
+    UBSan every view answers."""
+    import contextlib
+    import fcntl
+    import struct
+
+    env = _env(sim_env, sanitized["libdir"], leaks=False)
+    root = tmp_path / "observed"
+    tool = sanitized["sim_tool"]
+    names = ("ok", "random", "forged", "half", "empty")
+    holders = []
+    for name in names:
+        (root / name).mkdir(parents=True)
+        holders.append(Client(tool, dict(env, SIMGPU_STATE=str(root / name)), "hold", str(10**9)))
+    lock_fd = -1
+    try:
+        for name in names[1:]:
+            [f] = [p for p in (root / name).iterdir() if "." not in p.name]
+            size = f.stat().st_size
+            if name in ("half", "empty"):
+                os.truncate(f, size // 2 if name == "half" else 0)
+                continue
+            with f.open("r+b") as w:
+                w.seek(0 if name == "random" else 16)
+                left = size - w.tell()
+                while left > 0:
+                    n = min(left, 8 << 20)
+                    w.write(os.urandom(n))
+                    left -= n
+            if name == "forged":
+                lock_fd = os.open(f, os.O_RDWR)
+                for slot in range(128):
+                    lock = struct.pack("hhqqi4x", fcntl.F_WRLCK, 0, (1 << 30) + slot, 1, 0)
+                    with contextlib.suppress(BlockingIOError):  # the holder's own slot
+                        fcntl.fcntl(lock_fd, 37, lock)  # F_OFD_SETLK
+        runtimes = [
+            subprocess.run(
+                ["gcc", f"-print-file-name={lib}"], capture_output=True, text=True, check=True
+            ).stdout.strip()
+            for lib in ("libasan.so", "libubsan.so")
+        ]
+        penv = dict(env, LD_PRELOAD=" ".join(runtimes), SIMGPU_OBSERVE=str(root))
+        got = run_python(
+            penv,
+            """
+nv.nvmlInit()
+h = nv.nvmlDeviceGetHandleByIndex(0)
+procs = [[p.pid, p.usedGpuMemory] for p in nv.nvmlDeviceGetComputeRunningProcesses(h)]
+util = nv.nvmlDeviceGetUtilizationRates(h).gpu
+samples = [[s.pid, s.smUtil] for s in nv.nvmlDeviceGetProcessUtilization(h, 0)]
+mem = nv.nvmlDeviceGetMemoryInfo(h)
+print(json.dumps([procs, util, samples, mem.used, mem.total]))
+""",
+        )
+        procs, util, samples, used, total = got
+        assert [holders[0].pid, 10**9] in procs, got
+        assert 10**9 <= used <= total and 0 <= util <= 100, got
+        assert all(0 <= s <= 100 for _, s in samples), got
+    finally:
+        if lock_fd >= 0:
+            os.close(lock_fd)
+        for h in holders:
+            h.kill()
