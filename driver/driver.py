@@ -170,7 +170,8 @@ class Driver:
         os.chmod(s.data_dir, 0o700)  # the plugin's own; containers get bind mounts
         for d in (self.paths.claims_dir, self.paths.node_state_dir):
             d.mkdir(parents=True, exist_ok=True)
-            # Only the plugin writes here (an older version made node-state 1777: tighten it).
+            # Only the plugin writes here, whatever mode the directory was left with: anyone else
+            # who could create files in node-state could plant a claim's demand record.
             os.chmod(d, 0o755)
         self.state.recover()
         self.context_sizes.learn(self.gpus)  # in the background, before the first prepare needs it
