@@ -118,8 +118,9 @@ class SimNode:
 
     def claim_state(self, claim_dir: Path) -> Path:
         """Create (or keep) the claim's own state directory in its claim directory: root's,
-        sticky and writable by all (a claim's processes may run as any user; the simulator
-        accepts such a directory), never through a link (driver/hostfs.py)."""
+        sticky and writable by all (a claim's processes may run as any user: the simulator
+        accepts such a directory and creates its state files there 0666), never through a link
+        (driver/hostfs.py)."""
         with hostfs.open_dir(claim_dir) as dfd:
             hostfs.make_dir(dfd, CLAIM_STATE_DIR, 0o1777)
         return claim_dir / CLAIM_STATE_DIR

@@ -232,3 +232,43 @@ def test_a_pattern_names_a_directory_in_each_subdirectory(
     finally:
         for h in holders:
             assert h.finish() == 0
+
+
+def test_users_of_a_shared_state_directory_share_one_state(
+    sim_tool: Path, sim_env: dict[str, str]
+) -> None:
+    """A state directory every user may write (sticky, 1777 root: a plugin's claim directory,
+    whose processes may run as any user): the files its first process creates are 0666, so a
+    process of another user shares the state (before, they were 0600 and its cuInit failed)."""
+    import shutil
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(dir="/var/tmp"))
+    try:
+        os.chmod(base, 0o755)
+        shared = base / "claim"
+        shared.mkdir()
+        os.chmod(shared, 0o1777)
+        tool = base / "sim_tool"
+        shutil.copy2(sim_tool, tool)
+        env = dict(sim_env, SIMGPU_STATE=str(shared))
+
+        def as_user(uid: int) -> list[str]:
+            return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", str(tool)]
+
+        first = subprocess.Popen([*as_user(65534), "hold", str(GB)], env=env, text=True,
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE)  # fmt: skip
+        try:
+            assert first.stdout is not None and first.stdout.readline().startswith("READY")
+            assert {f.stat().st_mode & 0o777 for f in shared.iterdir()} == {0o666}
+            other = subprocess.run([*as_user(65533), "info"], env=env, capture_output=True,
+                                   text=True, timeout=30)  # fmt: skip
+            assert other.returncode == 0, other.stderr
+            assert f"free={TOTAL - GB} " in other.stdout + " ", other.stdout
+        finally:
+            if first.stdin:
+                first.stdin.close()
+            first.wait(30)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

@@ -52,6 +52,7 @@ sim_shared *sim_shm;
 static int g_fd = -1;
 static char g_path[600];
 static int g_pid_fd = -1; /* <state>.pids: classic fcntl locks, one byte per slot (never closed) */
+static int g_shared_dir;  /* the state directory is sticky and writable by all: its users share the node */
 
 /* The state directory, opened and checked: a root process must never follow a link another user
  * planted, nor keep its state in someone else's directory. The default (/tmp/simgpu-<uid>) is
@@ -82,6 +83,7 @@ static int state_dir(char *buf, size_t cap, const char **why) {
         *why = "it belongs to another user";
     else if ((st.st_mode & (S_IWGRP | S_IWOTH)) && !(st.st_mode & S_ISVTX))
         *why = "others may write it and it has no sticky bit";
+    g_shared_dir = (st.st_mode & S_IWOTH) && (st.st_mode & S_ISVTX);
     if (*why) {
         close(fd);
         return -1;
@@ -103,6 +105,19 @@ static int reopen_same(int fd) {
     return open(proc, O_RDWR | O_CLOEXEC);
 }
 
+/* Open a file of the state directory read-write, creating it, never through a link. A file this
+ * call creates is 0600, or 0666 in a directory shared by every user (sticky and writable by all:
+ * every user of it shares one node, whoever started first). */
+static int open_state_file(int dfd, const char *name) {
+    int fd = openat(dfd, name, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+        if (g_shared_dir) fchmod(fd, 0666);
+        return fd;
+    }
+    if (errno != EEXIST) return -1;
+    return openat(dfd, name, O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+}
+
 /* The `.pids` file beside the state (created like it: never through a link). -1 if unusable:
  * listers then report the recorded PIDs. */
 static int pid_file(void) {
@@ -110,9 +125,10 @@ static int pid_file(void) {
     if (fd >= 0 || g_path[0] == '\0') return fd;
     char path[sizeof g_path + 8];
     snprintf(path, sizeof path, "%s.pids", g_path);
-    fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
+    fd = open_state_file(AT_FDCWD, path);
     struct stat st;
-    if (fd >= 0 && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (st.st_uid != geteuid() && st.st_uid != 0))) {
+    if (fd >= 0 &&
+        (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (st.st_uid != geteuid() && st.st_uid != 0 && !g_shared_dir))) {
         close(fd); /* before any lock of ours is on it */
         fd = -1;
     }
@@ -151,7 +167,7 @@ int sim_state_open(void) {
     char name[64];
     sim_state_file_name(name, sizeof name);
     snprintf(g_path, sizeof g_path, "%s/%s", dir, name);
-    int fd = openat(dfd, name, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
+    int fd = open_state_file(dfd, name);
     close(dfd);
     struct stat fst;
     if (fd >= 0 && (fstat(fd, &fst) != 0 || !S_ISREG(fst.st_mode))) {
