@@ -44,6 +44,7 @@ OVERLAYS = ("base", "overlays/sharing", "overlays/partition", "overlays/sim")
 SA_USER = "system:serviceaccount:vgpu-sharing:vgpu-kubelet-plugin"
 SLICES_POLICY = "vgpu-sharing-resourceslices"
 MOUNTS_POLICY = "vgpu-sharing-pod-mounts"
+ISOLATION_POLICY = "vgpu-sharing-pod-isolation"
 NODE_NAME_KEY = "authentication.kubernetes.io/node-name"
 IMAGE = "localhost/vgpu-sharing:0.1.0"  # scripts/build-image's default name
 
@@ -64,10 +65,7 @@ def test_overlay_renders_with_every_object(overlay: str) -> None:
             "ServiceAccount",
             "ClusterRole",
             "ClusterRoleBinding",
-            "ValidatingAdmissionPolicy",
-            "ValidatingAdmissionPolicyBinding",
-            "ValidatingAdmissionPolicy",
-            "ValidatingAdmissionPolicyBinding",
+            *["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"] * 3,
             "ConfigMap",
             "DaemonSet",
             "Service",
@@ -108,8 +106,8 @@ def test_every_object_is_valid_strict(version: str) -> None:
 
 def test_validation_covers_overlays_and_examples() -> None:
     ids = [c.id for c in _validation_cases()]
-    assert sum(i.startswith("overlays/partition#") for i in ids) == 13
-    assert sum(i.startswith("overlays/sim#") for i in ids) == 13
+    assert sum(i.startswith("overlays/partition#") for i in ids) == 15
+    assert sum(i.startswith("overlays/sim#") for i in ids) == 15
     assert sum(i.startswith("examples/sharing/") for i in ids) == 15
     assert sum(i.startswith("examples/partition/") for i in ids) == 15
 
@@ -558,3 +556,66 @@ def test_example_workload_prints_the_memory_it_sees(
         held = float(r.stdout.split("allocated ")[1].split(" GiB")[0])
         assert 2.0 <= held < 3.0, r.stdout
         assert "denied" in r.stderr, r.stderr
+
+
+def isolated_pod(pod_seccomp: str | None = "RuntimeDefault", **container: Any) -> dict[str, Any]:
+    """A CREATE request for a claim pod; `container` is the claimant's securityContext."""
+    request = pod(["/data"])
+    spec = request["object"]["spec"]
+    if pod_seccomp is not None:
+        spec["securityContext"] = {"seccompProfile": {"type": pod_seccomp}}
+    worker = next(c for c in spec["containers"] if c["name"] == "worker")
+    if container:
+        worker["securityContext"] = container
+    return request
+
+
+@pytest.mark.parametrize(
+    ("request_", "refused_because"),
+    [
+        (isolated_pod(), None),
+        (isolated_pod("Localhost"), None),
+        (isolated_pod(None, seccompProfile={"type": "RuntimeDefault"}), None),
+        # Kubernetes' default (no profile) is Unconfined: unshare -Urm works there
+        (isolated_pod(None), "without a seccomp profile"),
+        (isolated_pod("Unconfined"), "without a seccomp profile"),
+        (isolated_pod(seccompProfile={"type": "Unconfined"}), "without a seccomp profile"),
+        (isolated_pod(privileged=True), "is privileged, adds SYS_ADMIN"),
+        (isolated_pod(procMount="Unmasked"), "unmasks /proc"),
+        (isolated_pod(capabilities={"add": ["SYS_ADMIN"]}), "adds SYS_ADMIN"),
+        (isolated_pod(capabilities={"add": ["NET_ADMIN", "CAP_SYS_ADMIN"]}), "adds SYS_ADMIN"),
+        (isolated_pod(capabilities={"add": ["ALL"]}), "adds SYS_ADMIN"),
+        (isolated_pod(capabilities={"add": ["NET_BIND_SERVICE"]}, privileged=False), None),
+        (isolated_pod(procMount="Default"), None),
+    ],
+)
+def test_pod_isolation_policy_refuses_claim_pods_that_can_mount_over_their_limits(
+    request_: dict[str, Any], refused_because: str | None
+) -> None:
+    """Issue 33, attack 2: container root in a user + mount namespace of its own mounts its own
+    file over the plugin's limits. The pods that could are refused (the real API server
+    enforces this policy in tests/cluster)."""
+    msg = refusal(request_, ISOLATION_POLICY)
+    if refused_because is None:
+        assert msg is None
+    else:
+        assert msg is not None and msg.startswith("container worker uses a vgpu-sharing claim")
+        assert refused_because in msg, msg
+
+
+def test_pod_isolation_policy_leaves_pods_without_claims_alone() -> None:
+    unconfined = isolated_pod(None, privileged=True)
+    unconfined["object"]["spec"].pop("resourceClaims")
+    assert refusal(unconfined, ISOLATION_POLICY) is None
+    sidecar_only = isolated_pod(None)
+    for c in sidecar_only["object"]["spec"]["containers"]:
+        c.pop("resources", None)
+    assert refusal(sidecar_only, ISOLATION_POLICY) is None
+
+
+def test_pod_isolation_policy_admits_every_example_pod() -> None:
+    pods = [(w, d) for w, d in examples() if d.get("kind") == "Pod"]
+    assert pods
+    for where, d in pods:
+        request = {"request": {"operation": "CREATE"}, "object": d, "oldObject": None}
+        assert refusal(request, ISOLATION_POLICY) is None, where
