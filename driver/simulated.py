@@ -9,9 +9,12 @@ on the host, under the data dir (the same path inside the plugin and on the host
     DATA/sim/config.json                           the simulated devices (SIMGPU_CONFIG), 0644,
                                                    from --sim-gpus/--sim-model or --sim-config,
                                                    mounted read-only into claims' containers
-    DATA/sim/state/                                0700 root: the plugin's own simulator state
+    DATA/sim/plugin-state/                         0700 root: the plugin's own simulator state
                                                    (its NVML and its context-size helper),
-                                                   never mounted into a claim
+                                                   never mounted into a claim (DATA/sim/state,
+                                                   1777, was the node-wide state an older plugin
+                                                   mounted into every claim: left to the claims
+                                                   that still have it mounted, never used here)
     DATA/claims/<uid>/sim/                         1777 root, created at prepare and removed
                                                    with the claim's directory: the claim's own
                                                    simulator state (SIMGPU_STATE of its
@@ -155,7 +158,7 @@ def install(root: Path, content: bytes, claims_dir: Path) -> SimNode:
     node = SimNode(
         lib_dir=root / "lib",
         config=root / "config.json",
-        state_dir=root / "state",
+        state_dir=root / "plugin-state",
         claims_dir=claims_dir,
     )
     for d in (root, node.lib_dir):
@@ -173,27 +176,10 @@ def install(root: Path, content: bytes, claims_dir: Path) -> SimNode:
         node.state_dir.mkdir(mode=0o700)
     except FileExistsError:
         _refuse_link(node.state_dir)
-    # The plugin's alone (an older plugin shared it with every claim, 1777): its files are
-    # closed to others too.
-    os.chmod(node.state_dir, 0o700)
-    for name in os.listdir(node.state_dir):
-        _close_to_others(node.state_dir / name)
+        if stat.S_IMODE(node.state_dir.stat().st_mode) != 0o700:
+            os.chmod(node.state_dir, 0o700)  # the plugin's alone
     point_nvml_at(node.config, node.state_dir, node.observe)
     return node
-
-
-def _close_to_others(path: Path) -> None:
-    """chmod 0600 a regular file of this user, opened without following a link."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return  # a link, or gone
-    try:
-        st = os.fstat(fd)
-        if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
-            os.fchmod(fd, 0o600)
-    finally:
-        os.close(fd)
 
 
 def _current(path: Path) -> bytes | None:

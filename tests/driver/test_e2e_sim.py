@@ -205,7 +205,7 @@ def node_memory_used(data: Path) -> int:
     (its state, every claim's observed): a fresh process, the simulator's view."""
     env = dict(os.environ, LD_LIBRARY_PATH=str(sim_lib_dir()),
                SIMGPU_CONFIG=str(data / "sim" / "config.json"),
-               SIMGPU_STATE=str(data / "sim" / "state"),
+               SIMGPU_STATE=str(data / "sim" / "plugin-state"),
                SIMGPU_OBSERVE=f"{data / 'claims'}/*/sim")  # fmt: skip
     probe = ("import pynvml; pynvml.nvmlInit(); "
              "print(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).used)")  # fmt: skip
@@ -238,7 +238,7 @@ def test_sim_plugin_publishes_the_simulated_node(
     assert {d["uuid"] for d in config["devices"]} == uuids
     # The plugin's own simulator state (its NVML and its context-size helper's) is its alone:
     # no claim mounts it.
-    state = root / "data" / "sim" / "state"
+    state = root / "data" / "sim" / "plugin-state"
     assert state.stat().st_mode & 0o7777 == 0o700
     wait_learned(root)
     files = list(state.iterdir())
