@@ -359,6 +359,35 @@ def missing_shim(
     return "the shim is not loaded into it (LD_PRELOAD cleared, or the loader refused it)"
 
 
+def shim_limits_file(
+    pid: int,
+    proc_root: str,
+    scan: MapsScan,
+    genuine: set[tuple[int, int]],
+    fallback: bytes,
+) -> tuple[bytes, tuple[int, int]] | None:
+    """The limits file the process's shim reads, as the process's own mount namespace resolves
+    it (through /proc/<pid>/root): the file beside the plugin's shim it mapped, else `fallback`
+    (the shim's order, shim/src/settings.c). (path, (st_dev, st_ino)); None if there is none
+    or it cannot be looked at. A mount the tenant made over the plugin's file in a namespace of
+    its own resolves to the tenant's file here: it has another identity than the claim's."""
+    root = f"{proc_root}/{pid}/root"
+    beside = [
+        path.removesuffix(DELETED).rpartition(b"/")[0] + b"/limits"
+        for d, i, path in scan.shims
+        if (d, i) in genuine
+    ]
+    for path in [*beside[:1], fallback]:
+        try:
+            st = stat_in_root(root, path)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError:
+            return None
+        return path, (st.st_dev, st.st_ino)
+    return None
+
+
 # --- the container of a process ---------------------------------------------------------------
 
 SHORT_ID = 12  # hex digits of a container ID shown, as container tools show them

@@ -60,10 +60,17 @@ from pathlib import Path
 import psutil
 
 from sharing import region
+from sharing.claimlayout import CONTAINER_LIMITS
 from sharing.logsafe import printable
 from sharing.observe.nodeview import NodeView, SliceDeviceView, ViolationCounts
 from sharing.observe.nvml_reader import GpuProcess, NvmlReading
-from sharing.observe.procinfo import Attribution, attribute, missing_shim, start_time
+from sharing.observe.procinfo import (
+    Attribution,
+    attribute,
+    missing_shim,
+    shim_limits_file,
+    start_time,
+)
 from sharing.observe.slices import Slice
 
 log = logging.getLogger(__name__)
@@ -72,6 +79,8 @@ DEFAULT_MARGIN = 128 << 20
 ENFORCE_MODES = ("none", "kill")
 
 # (the claim's slice, or None for a process of no slice; reason; message)
+CONTAINER_LIMITS_B = CONTAINER_LIMITS.encode()
+
 EventSink = Callable[[Slice | None, str, str], None]
 
 
@@ -317,14 +326,26 @@ class Watchdog:
             return None
 
     def _not_enforcing(
-        self, sl: Slice, a: Attribution, slots: dict[int, region.SlotLimits] | None
+        self,
+        sl: Slice,
+        pid: int,
+        a: Attribution,
+        slots: dict[int, region.SlotLimits] | None,
+        genuine: set[tuple[int, int]] | None,
     ) -> str | None:
-        """Why a claim's process with the plugin's shim does not enforce the claim's limits."""
+        """Why a claim's process with the plugin's shim does not enforce the claim's limits.
+        First what the tenant cannot write: the file its shim reads, resolved in its own mount
+        namespace, must be the claim's; then what the shim says in its slot."""
         if slots is None:
             return None
         want = self._claim_limits(sl)
         if want is None:
             return None
+        if a.maps is not None and genuine:
+            read = shim_limits_file(pid, self.proc_root, a.maps, genuine, CONTAINER_LIMITS_B)
+            if read is not None and read[1] != want.ident[:2]:
+                return (f"the limits file its shim reads ({printable(read[0])}) is not the "
+                        "claim's: a mount of its own over the plugin's")  # fmt: skip
         got = slots.get(a.ns_pid)
         if got is None:
             return ("the shim never registered it in the slice's accounting file (it reached "
@@ -356,7 +377,7 @@ class Watchdog:
                 p.pid, self.proc_root, genuine if claim else None, a.maps
             )
             if missing is None and claim:
-                missing = self._not_enforcing(s.slice, a, slots)
+                missing = self._not_enforcing(s.slice, p.pid, a, slots, genuine)
             if missing is None:
                 continue
             u = Unshimmed(s.slice, s.device, uuid, p.pid, p.used_bytes, missing)

@@ -12,19 +12,26 @@ runs the watchdog with --enforce kill over the plugin's data directory.
   reports and stops it.
 - A copy of the shim preloaded instead of the plugin's: the watchdog knows the plugin's shim by
   device and inode, reports the copy as no shim and stops the process, under its quota too.
+- A limits file of the tenant's bind-mounted over the plugin's in a user + mount namespace of its
+  own (unshare -Urm), with the claim's hash written into its slot: the watchdog resolves the file
+  the shim reads in the process's own namespace, and it is not the claim's.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import struct
 import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from sharing._region_cffi import ffi
 
+from sharing import region
+from sharing.observe.watchdog import fnv1a64
 from sharing.paths import sim_lib_dir
 from tests.driver.kubelet_standin import KubeletStandin, allocated_claim, claim_id, result
 from tests.fakes.apiserver import FakeApiServer
@@ -44,7 +51,7 @@ __all__ = ["bypass_in_rootfs", "rootfs", "world"]  # fixtures used by name
 pytestmark = pytest.mark.slow
 MiB = 1 << 20
 GiB = 1 << 30
-TOOLS = ("ln", "mv", "mkdir", "cp", "rm")
+TOOLS = ("ln", "mv", "mkdir", "cp", "rm", "unshare", "mount")
 SHIM_DIR = "/usr/local/lib/vgpu-sharing"
 World = tuple[FakeApiServer, KubeletStandin, Path, Podman]
 
@@ -125,6 +132,14 @@ def _end(box: subprocess.Popen[str] | None) -> None:
     if box is not None and box.poll() is None:
         box.kill()
         box.communicate(timeout=60)
+
+
+def _out(box: subprocess.Popen[str]) -> str:
+    """What a container said, once it has ended (killed if need be)."""
+    if box.poll() is None:
+        box.kill()
+    out, err = box.communicate(timeout=60)
+    return f"exit {box.returncode}: {out} {err}"
 
 
 def _held(box: subprocess.Popen[str]) -> None:
@@ -274,3 +289,59 @@ def test_the_previous_shim_after_an_upgrade_is_still_the_shim(world: World, tool
         _end(box)
         log = exp.stop() if exp is not None else ""
     assert "process without the shim" not in log and "stopping pids" not in log, log
+
+
+def test_a_mount_of_its_own_over_the_limits_is_caught_whatever_its_slot_says(
+    world: World, tools: Path
+) -> None:
+    """Issue 33, attack 2. podman's default seccomp profile lets container root make a user and
+    mount namespace (unshare -Urm); there it bind-mounts a limits file of its own (the claim's,
+    with 8 GiB and the compute cap off) over the plugin's and remounts it read-only, which the shim
+    cannot tell from the plugin's mount. It then writes the claim's hash into its slot of the
+    accounting file (its own to write), so the shim's word says nothing is wrong. Before, the
+    watchdog believed the slot and saw nothing."""
+    server, kubelet, root, podman = world
+    uid, cdi = _claim(server, kubelet, "forger", "team-a", "1Gi")
+    limits = root / "data" / "claims" / uid / "limits"
+    accounting = root / "data" / "claims" / uid / "shared" / "accounting"
+    exp = _exporter(root, podman)
+    box: subprocess.Popen[str] | None = None
+    try:
+        inner = (f"mount --bind /tmp/forged {SHIM_DIR}/limits && "
+                 f"mount -o remount,bind,ro {SHIM_DIR}/limits && "
+                 f"exec /bin/e2e_claim_quota hold {256 * MiB} /tmp")  # fmt: skip
+        # the claim's own limits with 8 GiB and no compute cap
+        forge = ('while IFS= read -r l; do case "$l" in '
+                 f'CUDA_DEVICE_MEMORY_LIMIT_0=*) echo CUDA_DEVICE_MEMORY_LIMIT_0={8 * GiB};; '
+                 'VGPU_COMPUTE_POLICY=*) echo VGPU_COMPUTE_POLICY=off;; '
+                 '*) printf "%s\\n" "$l";; esac; '
+                 f'done < {SHIM_DIR}/limits > /tmp/forged')  # fmt: skip
+        script = f"{forge} && exec unshare -Urm sh -c '{inner}'"
+        box = subprocess.Popen(_shell(podman, tools, cdi, script), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)  # fmt: skip
+        assert _wait(lambda: any(s.source == region.LIMITS_FILE
+                                 for s in region.read_slot_limits(accounting))), _out(box)  # fmt: skip
+        # the forgery worked inside: the shim enforces the tenant's file...
+        [slot] = region.read_slot_limits(accounting)
+        genuine = fnv1a64(limits.read_bytes())
+        assert slot.hash != genuine
+        # ...and the tenant makes its slot say the claim's file
+        at = (ffi.offsetof("struct vgpu_region", "procs")
+              + slot.slot * ffi.sizeof("struct vgpu_proc_slot")
+              + ffi.offsetof("struct vgpu_proc_slot", "limits_hash"))  # fmt: skip
+        fd = os.open(accounting, os.O_WRONLY)
+        try:
+            os.pwrite(fd, struct.pack("=Q", genuine), at)
+        finally:
+            os.close(fd)
+        assert region.read_slot_limits(accounting)[0].hash == genuine
+        box.wait(40)
+        assert box.returncode != 0  # stopped
+        assert _violations(exp.url, uid) == 0  # under its quota: no quota violation
+    finally:
+        _end(box)
+        log = exp.stop()
+    lines = [x for x in log.splitlines() if "process without the shim" in x]
+    assert lines and "claim team-a/forger" in lines[0], log
+    assert f"the limits file its shim reads ({SHIM_DIR}/limits) is not the claim's" in lines[0]
+    assert "stopping pids" in log
