@@ -212,6 +212,9 @@ def attribute(
     except (FileNotFoundError, PermissionError) as e:
         # not a violation: the watchdog is blind here (no hostPID, or not root)
         return Attribution(None, npid, f"cannot read its environment ({e.strerror})", False, start)
+    except ProcessLookupError:
+        # it exited after NVML listed it (a zombie's environment is gone): gone is no violation
+        return Attribution(None, npid, "it has exited", False, start)
     except OSError as e:
         return Attribution(None, npid, f"cannot read its environment ({e.strerror})", True, start)
     too_large = "" if env is not None else str(TooLarge(pid, "environment", _mib(ENVIRON_BYTES)))

@@ -136,6 +136,35 @@ def test_processes_it_cannot_see_are_never_violations(
     assert len(blind) == 1  # said once
 
 
+def test_a_process_that_exits_before_its_attribution_is_no_violation(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """NVML lists a process that exits before the watchdog reads its /proc files (a zombie: its
+    environment reads ESRCH). Before, that was an unattributed violation, stopped with kill."""
+    acct = tmp_path / "slice.region"
+    region_with_limits(acct, 1 << 30)
+    counters = read_counters(str(acct), 1)
+    sl = region_slice(str(acct))
+    zombie = subprocess.Popen(["true"])
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{zombie.pid}/stat").read_text().split()[2] != "Z":
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    try:
+        gpu = GpuReading(0, "GPU-x", "m", "p", True, 80 << 30, 8 << 30, 0.5,
+                         (GpuProcess(zombie.pid, 1 << 30),))  # fmt: skip
+        sv = SliceDeviceView(sl, 0, counters.devices[0], 1 << 30, 0.0, 0.0, 0, 0)
+        view = NodeView((DeviceView(gpu, (sv,), 0),), (), {sl.key: counters})
+        counts = ViolationCounts()
+        wd = Watchdog(counts, enforce="kill")
+        with caplog.at_level("WARNING"):
+            wd.check(view, NvmlReading(taken=0.0, gpus=(gpu,)))
+        assert counts.unattributed("GPU-x") == 0
+        assert not [r for r in caplog.records if "quota violation" in r.getMessage()]
+    finally:
+        zombie.wait()
+
+
 WAITER = "#include <stdio.h>\nint main(void) { char b[8]; puts(\"up\"); fflush(stdout);\n  return fgets(b, sizeof b, stdin) == NULL; }\n"  # fmt: skip
 
 
@@ -334,8 +363,10 @@ def test_a_claims_process_must_enforce_the_claims_limits(
         slots = {x.pid: x for x in read_slot_limits(acct)}
         a = attribute(held.proc.pid, known={_ident(acct): "uid-1"})
         assert a.how == "mapped"
-        why = wd._not_enforcing(sl, a, slots)
+        why = wd._not_enforcing(sl, held.proc.pid, a, slots, None)
         assert why is not None and "from its environment" in why, why
-        assert "never registered" in (wd._not_enforcing(sl, replace(a, ns_pid=1), slots) or "")
+        assert "never registered" in (
+            wd._not_enforcing(sl, held.proc.pid, replace(a, ns_pid=1), slots, None) or ""
+        )
     finally:
         held.release()
