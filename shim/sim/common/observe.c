@@ -188,6 +188,9 @@ void sim_observe_open(sim_obs_set *set, int dev, uint64_t total) {
         if (read_state(sfd, dev, total, &set->st[set->n], slots) == 0) set->n++;
         close(sfd);
     }
+    static int capped;
+    if (set->n == SIM_OBSERVE_MAX && readdir(d) != NULL && !__atomic_exchange_n(&capped, 1, __ATOMIC_RELAXED))
+        sim_log("SIMGPU_OBSERVE=%s: more than %d state directories; the others are not observed", v, SIM_OBSERVE_MAX);
     free(slots);
     closedir(d);
 }
