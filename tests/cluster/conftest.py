@@ -3,7 +3,9 @@
 VGPU_TEST_CLUSTER=0 skips every test here, saying so. Otherwise a missing prerequisite (not
 root, no Go, no podman...) is a skip with the reason outside CI and a failure on CI (CI=true):
 CI never skips the cluster. VGPU_TEST_CLUSTER_KEEP=1 leaves the cluster running afterwards
-(for looking at it; `scripts/cluster down` removes it). The first run builds Kubernetes,
+(for looking at it; `scripts/cluster down` removes it); VGPU_TEST_CLUSTER_REUSE=1 runs against a
+cluster already up instead of starting one (the host-state baseline of test_zz_down is then
+taken with the cluster running, so only run the other modules that way). The first run builds Kubernetes,
 etcd and containerd from the Go module proxy (25-45 min on two cores); later runs start in
 about a minute.
 """
@@ -40,19 +42,21 @@ def cluster() -> Iterator[Cluster]:
         if os.environ.get("CI") == "true":
             pytest.fail(f"real-cluster tests cannot run on CI: {why}")
         pytest.skip(why)
+    reuse = os.environ.get("VGPU_TEST_CLUSTER_REUSE") == "1" and (RUN / "admin.kubeconfig").exists()
     before = host_state()
     t = time.monotonic()
-    r = subprocess.run(
-        [str(SCRIPT), "up", "--kubernetes", VERSION, "--with-driver"],
-        capture_output=True,
-        text=True,
-        timeout=5400,
-    )
+    if not reuse:
+        r = subprocess.run(
+            [str(SCRIPT), "up", "--kubernetes", VERSION, "--with-driver"],
+            capture_output=True,
+            text=True,
+            timeout=5400,
+        )
+        if r.returncode != 0:
+            subprocess.run([str(SCRIPT), "down"], capture_output=True, timeout=600)
+            pytest.fail(f"scripts/cluster up failed (rc={r.returncode}):\n{r.stderr[-6000:]}")
+        print(f"\n{r.stderr}")  # the progress lines, for -s / the report
     up_seconds = time.monotonic() - t
-    if r.returncode != 0:
-        subprocess.run([str(SCRIPT), "down"], capture_output=True, timeout=600)
-        pytest.fail(f"scripts/cluster up failed (rc={r.returncode}):\n{r.stderr[-6000:]}")
-    print(f"\n{r.stderr}")  # the progress lines, for -s / the report
     bin_dir = CACHE / f"k8s-{VERSION}" / "bin"
     env = dict(os.environ, KUBECONFIG=str(RUN / "admin.kubeconfig"))
     env["PATH"] = f"{bin_dir}:{env['PATH']}"

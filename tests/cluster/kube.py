@@ -9,6 +9,7 @@ import json
 import os
 import re
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -139,6 +140,51 @@ class Cluster:
                 return last
             time.sleep(every)
         raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+class ClaimRecorder:
+    """Every ResourceClaim of a namespace as last seen allocated, polled in the background: the
+    claims made from a pod's templates are deleted as soon as the pod is done, so a test reads
+    them from here afterwards."""
+
+    def __init__(self, cluster: Cluster, namespace: str = "default") -> None:
+        self.cluster, self.namespace = cluster, namespace
+        self.claims: dict[str, Obj] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> ClaimRecorder:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            r = self.cluster.kubectl(
+                "get", "resourceclaims", "-n", self.namespace, "-o", "json", check=False
+            )
+            if r.returncode == 0:
+                for c in json.loads(r.stdout)["items"]:
+                    if c.get("status", {}).get("allocation"):
+                        self.claims[c["metadata"]["name"]] = c
+            self._stop.wait(0.3)
+
+    def claim_of(self, pod: Obj, timeout: float = 30) -> Obj:
+        """The allocated claim of `pod` (its only claim, from a template or the scheduler's
+        claim for an extended resource)."""
+        status = pod.get("status", {})
+        names = [s["resourceClaimName"] for s in status.get("resourceClaimStatuses", [])]
+        if status.get("extendedResourceClaimStatus"):
+            names.append(status["extendedResourceClaimStatus"]["resourceClaimName"])
+        assert len(names) == 1, status
+        deadline = time.monotonic() + timeout
+        while names[0] not in self.claims and time.monotonic() < deadline:
+            time.sleep(0.3)
+        assert names[0] in self.claims, f"claim {names[0]} never seen allocated"
+        return self.claims[names[0]]
 
 
 def example_files(mode: str) -> list[Path]:

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from sharing.kubequantity import parse_bytes
-from tests.cluster.kube import Cluster, example_files, visible_gib
+from tests.cluster.kube import ClaimRecorder, Cluster, example_files, visible_gib
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(5400)]
 
@@ -35,6 +35,14 @@ def _device_memory(cluster: Cluster) -> dict[str, int]:
     return out
 
 
+def mode_of(example: Path) -> str:
+    return example.parent.name
+
+
+def _device_gib(cluster: Cluster, device: str) -> float:
+    return round(_device_memory(cluster)[device] / 2**30, 2)
+
+
 def _expected_gib(cluster: Cluster, claim: dict[str, Any]) -> list[float]:
     """The memory the claim's devices give, per device in allocation order, in GiB."""
     memory = _device_memory(cluster)
@@ -43,6 +51,23 @@ def _expected_gib(cluster: Cluster, claim: dict[str, Any]) -> list[float]:
         consumed = r.get("consumedCapacity", {}).get("memory")
         b = parse_bytes(consumed) if consumed is not None else memory[r["device"]]
         out.append(round(b / 2**30, 2))
+    return out
+
+
+def _outputs(cluster: Cluster, name: str, containers: list[str], done: str) -> dict[str, str]:
+    """Each container's log once every one printed `done` (or the pod ended)."""
+
+    def ready() -> dict[str, str] | None:
+        pod = cluster.pod(name)
+        phase = pod.get("status", {}).get("phase")
+        if phase not in ("Running", "Succeeded", "Failed"):
+            return None
+        logs = {c: cluster.logs(name, c) for c in containers}
+        if phase != "Running" or all(done in log for log in logs.values()):
+            return logs
+        return None
+
+    out: dict[str, str] = cluster.wait_until(f"{name}'s output", ready, timeout=300, every=2)
     return out
 
 
@@ -55,38 +80,57 @@ def test_example_pod_prints_its_share(clean_default: Cluster, example: Path) -> 
     mode = example.parent.name
     if mode != cluster.mode:
         pytest.skip(f"the plugin publishes in {cluster.mode} mode on Kubernetes {cluster.version}")
-    cluster.apply(example)
-    try:
-        for spec in _pods(example):
-            name = spec["metadata"]["name"]
-            if example.name == NEEDS_A_NIC_DRIVER:
-                # What the real scheduler says about a claim no driver here can satisfy.
-                pod = cluster.wait_until(
-                    "the scheduler's verdict",
-                    lambda n=name: _unschedulable(cluster.pod(n)),
-                    timeout=120,
-                )
-                assert "nic.example.com" in pod or "cannot allocate" in pod, pod
-                continue
-            pod = cluster.wait_pod(name, ("Succeeded", "Failed"), timeout=300)
-            logs = {c["name"]: cluster.logs(name, c["name"]) for c in spec["spec"]["containers"]}
-            assert pod["status"]["phase"] == "Succeeded", logs
-            claim = cluster.claim_of(pod)
-            expected = _expected_gib(cluster, claim)
-            for container, log in logs.items():
-                seen = visible_gib(log)
-                assert sorted(seen) == list(range(len(expected))), (container, log, expected)
-                assert [seen[i] for i in sorted(seen)] == expected, (container, log, claim)
-            if example.name == "refused-past-quota.yaml":
-                assert "then refused (CUDA_ERROR_OUT_OF_MEMORY)" in logs["cuda"], logs
-            if example.name == "extended-resource.yaml":
-                # No claim in the pod: the scheduler wrote one for the extended resource.
-                assert "extendedResourceClaimStatus" in pod["status"], pod["status"]
-            print(f"\n=== {mode}/{example.name}: {expected} GiB")
-            for container, log in logs.items():
-                print(f"[{name}/{container}] {log.strip()}")
-    finally:
-        cluster.delete(example)
+    with ClaimRecorder(cluster) as claims:
+        cluster.apply(example)
+        try:
+            for spec in _pods(example):
+                _check_pod(cluster, claims, example, spec)
+        finally:
+            cluster.delete(example)
+
+
+def _check_pod(
+    cluster: Cluster, claims: ClaimRecorder, example: Path, spec: dict[str, Any]
+) -> None:
+    name = spec["metadata"]["name"]
+    if example.name == NEEDS_A_NIC_DRIVER:
+        # What the real scheduler says about a claim no driver here can satisfy.
+        verdict = cluster.wait_until(
+            "the scheduler's verdict", lambda: _unschedulable(cluster.pod(name)), timeout=120
+        )
+        assert "nic.example.com" in verdict or "cannot allocate" in verdict, verdict
+        return
+    refused = example.name == "refused-past-quota.yaml"
+    done = "then refused" if refused else "GiB visible"
+    logs = _outputs(cluster, name, [c["name"] for c in spec["spec"]["containers"]], done)
+    pod = cluster.pod(name)
+    assert pod["status"]["phase"] in ("Running", "Succeeded"), (pod["status"], logs)
+    claim = claims.claim_of(pod)
+    expected = _expected_gib(cluster, claim)
+    exclusive = example.name == "whole-gpu.yaml"
+    if exclusive:
+        # The whole GPU (docs/driver-kubelet.md, "exclusive"): all its memory, at least what
+        # the slice offers to claims, and every core held so that no other claim fits.
+        results = claim["status"]["allocation"]["devices"]["results"]
+        if mode_of(example) == "sharing":
+            assert [parse_bytes(r["consumedCapacity"]["cores"]) for r in results] == [100]
+        expected = [_device_gib(cluster, r["device"]) for r in results]
+    for container, log in logs.items():
+        seen = visible_gib(log)
+        assert sorted(seen) == list(range(len(expected))), (container, log, expected)
+        got = [seen[i] for i in sorted(seen)]
+        if exclusive:
+            assert all(g >= e for g, e in zip(got, expected, strict=True)), (log, expected)
+        else:
+            assert got == expected, (container, log, claim)
+    if refused:
+        assert "then refused (CUDA_ERROR_OUT_OF_MEMORY)" in logs["cuda"], logs
+    if example.name == "extended-resource.yaml":
+        # No claim in the pod: the scheduler wrote one for the extended resource.
+        assert "extendedResourceClaimStatus" in pod["status"], pod["status"]
+    print(f"\n=== {example.parent.name}/{example.name}: {expected} GiB")
+    for container, log in logs.items():
+        print(f"[{name}/{container}] {log.strip()}")
 
 
 def _unschedulable(pod: dict[str, Any]) -> str:
