@@ -33,6 +33,8 @@ metadata:
   name: {name}
   namespace: default
 spec:
+  securityContext:
+    seccompProfile: {{type: RuntimeDefault}}  # claim pods need one (deploy/base/admission.yaml)
   restartPolicy: Never
   resourceClaims:
     - name: gpu
