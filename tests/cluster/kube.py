@@ -285,12 +285,20 @@ class HostState:
 
 
 def host_state() -> HostState:
+    """The host as it is; while a cluster is up (or after one crashed), the sysctls as they were
+    before it, which `up` saved and `down` restores."""
     links = set(json_cmd(["ip", "-j", "link", "show"], key="ifname"))
     sysctls = {}
     for s in SYSCTLS:
         r = subprocess.run(["sysctl", "-n", s], capture_output=True, text=True)
         if r.returncode == 0:
             sysctls[s] = r.stdout.strip()
+    saved = CACHE / "sysctl.before"
+    if saved.exists():
+        for line in saved.read_text().splitlines():
+            k, _, v = line.partition("=")
+            if k in sysctls:
+                sysctls[k] = v
     return HostState(links=links, sysctls=sysctls)
 
 

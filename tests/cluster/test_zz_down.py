@@ -54,7 +54,7 @@ metadata: {name: sleeper, namespace: default}
 spec:
   terminationGracePeriodSeconds: 1
   containers:
-    - {name: c, image: python:3.12-slim, command: ["sleep", "100000"]}
+    - {name: c, image: "localhost/pause:3.10"}  # the one image every `up` loads
 """
     )
     cluster.wait_pod("sleeper", ("Running",), timeout=180)
