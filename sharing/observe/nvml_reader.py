@@ -33,6 +33,7 @@ GPU_LOST = "GPU lost: NVML no longer reports it"
 class GpuProcess:
     pid: int  # in the PID namespace of the reader (the host's, for the plugin's DaemonSet)
     used_bytes: int  # device memory NVML says the process holds (0 if NVML does not know)
+    sm_util: int | None = None  # percent of the SMs' time it used over NVML's last sample period
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,16 @@ def _processes(h: Any) -> tuple[GpuProcess, ...]:
             # NVML reports "not available" as None (pynvml) or a huge sentinel
             used = int(used) if isinstance(used, int) and used < 1 << 62 else 0
             out[int(p.pid)] = max(out.get(int(p.pid), 0), used)
-    return tuple(GpuProcess(pid, used) for pid, used in sorted(out.items()))
+    util: dict[int, int] = {}
+    try:  # the last sample period's (timestamp 0); NOT_FOUND: no process ran a kernel in it
+        for s in pynvml.nvmlDeviceGetProcessUtilization(h, 0):
+            util[int(s.pid)] = max(util.get(int(s.pid), 0), min(int(s.smUtil), 100))
+    except pynvml.NVMLError:
+        util = {}
+    return tuple(
+        GpuProcess(pid, used, util.get(pid, 0) if util else None)
+        for pid, used in sorted(out.items())
+    )
 
 
 def read_nvml() -> NvmlReading:

@@ -53,7 +53,7 @@ import select
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,11 +71,16 @@ from sharing.observe.procinfo import (
     shim_limits_file,
     start_time,
 )
-from sharing.observe.slices import Slice
+from sharing.observe.slices import Slice, compute_policy
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MARGIN = 128 << 20
+# The compute cap from outside: a slice's processes' SM utilisation (NVML, per process) averaged
+# over COMPUTE_WINDOW seconds of passes may exceed what its cap allows by COMPUTE_MARGIN points
+# (the shim holds a cap to about 1 point over such a window: docs/compute.md).
+COMPUTE_WINDOW = 10.0
+COMPUTE_MARGIN = 10.0
 ENFORCE_MODES = ("none", "kill")
 
 # (the claim's slice, or None for a process of no slice; reason; message)
@@ -200,6 +205,9 @@ class Watchdog:
         self._shims: set[tuple[int, int]] = set()  # every identity shim_file had (this run)
         self._limits: dict[str, tuple[ClaimLimits, Path]] = {}  # claim key -> its limits file
         self._over: set[tuple[str, int]] = set()  # (slice key, device): episodes in progress
+        # (slice key, device) -> the passes' (time, SM percent of its processes) in the window
+        self._sm: dict[tuple[str, int], list[tuple[float, float]]] = {}
+        self._sm_over: set[tuple[str, int]] = set()  # compute episodes in progress
         self._strays: set[tuple[int, int]] = set()  # unattributed processes already counted
         self._unshimmed_seen: set[tuple[int, int]] = set()  # reported processes without shim
         self._unshimmed: tuple[Unshimmed, ...] = ()
@@ -258,6 +266,7 @@ class Watchdog:
         unshimmed_seen: set[tuple[int, int]] = set()
         to_stop: list[tuple[int, int]] = []
         slots: dict[str, dict[int, region.SlotLimits] | None] = {}
+        seen: dict[int, Attribution] = {}  # this pass's attributions, by host PID
         for gpu in reading.gpus:
             dv = devices.get(gpu.uuid)
             if dv is None or not gpu.processes:
@@ -268,6 +277,7 @@ class Watchdog:
                 if p.pid == self._self:
                     continue
                 a = attribute(p.pid, self.proc_root, files)
+                seen[p.pid] = a
                 if not a.visible:
                     self._blind(p.pid, a.why)
                     continue
@@ -294,6 +304,7 @@ class Watchdog:
                 if (key, s.device) not in self._over:
                     to_stop += self._over_quota(gpu.uuid, s, procs, total, view)
         self._over = over_now
+        to_stop += self._check_compute(view, reading, files, seen)
         self._strays = strays_now
         self._unshimmed_seen = unshimmed_seen
         with self._unshimmed_lock:
@@ -309,6 +320,72 @@ class Watchdog:
                 name="watchdog-kill",
                 daemon=True,
             ).start()
+
+    def _check_compute(
+        self,
+        view: NodeView,
+        reading: NvmlReading,
+        files: Mapping[tuple[int, int], str],
+        seen: Mapping[int, Attribution],
+    ) -> list[tuple[int, int]]:
+        """A slice whose processes used more of a device's SMs, over the window, than its cap
+        allows (hard: the cap; elastic: the cap plus what the busy slices' caps leave idle;
+        off: anything) is a violation like memory, whatever its shim says: a tenant that lifted
+        its cap inside its process is seen from NVML."""
+        to_stop: list[tuple[int, int]] = []
+        now = reading.taken
+        gpus = {g.uuid: g for g in reading.gpus}
+        live: set[tuple[str, int]] = set()
+        over_now: set[tuple[str, int]] = set()
+        for dv in view.devices:
+            gpu = gpus.get(dv.gpu.uuid)
+            if gpu is None or not dv.slices or all(p.sm_util is None for p in gpu.processes):
+                continue
+            on_dev = {s.slice.key: s for s in dv.slices}
+            procs: dict[str, list[tuple[GpuProcess, int]]] = {}
+            for p in gpu.processes:
+                if p.pid == self._self or not p.sm_util:
+                    continue
+                a = seen.get(p.pid) or attribute(p.pid, self.proc_root, files)
+                key = files.get(a.file_id) if a.file_id else None
+                if key is not None and key in on_dev:
+                    procs.setdefault(key, []).append((p, a.start))
+            used = {k: float(sum(p.sm_util or 0 for p, _ in v)) for k, v in procs.items()}
+            for key, s in on_dev.items():
+                ident = (key, s.device)
+                live.add(ident)
+                window = [x for x in self._sm.get(ident, []) if x[0] > now - COMPUTE_WINDOW]
+                window.append((now, used.get(key, 0.0)))
+                self._sm[ident] = window
+                policy = compute_policy(s.slice)
+                if policy == "off" or s.compute_limit_ratio <= 0:
+                    continue
+                if len(window) < 5 or window[-1][0] - window[0][0] < 0.8 * COMPUTE_WINDOW:
+                    continue  # not yet a window's worth of passes
+                allowed = 100.0 * s.compute_limit_ratio
+                if policy == "elastic":  # idle time the busy slices' caps leave is its to take
+                    busy = sum(100.0 * o.compute_limit_ratio or 100.0
+                               for k, o in on_dev.items() if k != key and used.get(k))  # fmt: skip
+                    allowed = max(allowed, 100.0 - busy)
+                mean = sum(u for _, u in window) / len(window)
+                if mean <= allowed + COMPUTE_MARGIN:
+                    continue
+                over_now.add(ident)
+                if ident in self._sm_over:
+                    continue
+                self.violations.add_slice(key, s.device)
+                mine = sorted(procs.get(key, []), key=lambda pa: -(pa[0].sm_util or 0))
+                msg = (
+                    f"{_who(s.slice)} used {mean:.0f}% of GPU {gpu.uuid}'s SMs over "
+                    f"{COMPUTE_WINDOW:g} s by NVML's count, over its {policy} cap "
+                    f"{allowed:.0f}% + margin {COMPUTE_MARGIN:g}: its processes "
+                    f"{', '.join(_describe(p.pid) for p, _ in mine) or 'none now'}"
+                )
+                self._report(s.slice, "ComputeCapExceeded", "compute cap violation", msg)
+                to_stop += [(p.pid, start) for p, start in mine]
+        self._sm = {k: v for k, v in self._sm.items() if k in live}
+        self._sm_over = over_now
+        return to_stop
 
     def without_shim(self) -> tuple[Unshimmed, ...]:
         """The slices' GPU processes that ran without the shim at the last pass."""

@@ -4,6 +4,7 @@ no slice, attributed from outside (/proc/<pid>/environ + /proc/<pid>/root)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -25,6 +26,7 @@ from sharing.observe.watchdog import Watchdog, _stop
 from sharing.paths import shim_library
 from sharing.region import read_slot_limits
 from tests.sim.simhelp import CONTEXT_MEMORY
+from tests.support.compute_workload import Workload
 from tests.support.observers import ExporterProcess, MiB, only, region_with_limits, scrape
 from tests.support.shim_ops import Held
 
@@ -163,6 +165,87 @@ def test_a_process_that_exits_before_its_attribution_is_no_violation(
         assert not [r for r in caplog.records if "quota violation" in r.getMessage()]
     finally:
         zombie.wait()
+
+
+@pytest.mark.parametrize(
+    ("policy", "sm_util", "violation"),
+    [("hard", 90, True), ("hard", 35, False), ("elastic", 90, False), ("off", 100, False)],
+)
+def test_a_slice_over_its_compute_cap_by_nvml_is_a_violation(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, policy: str, sm_util: int, violation: bool
+) -> None:
+    """Issue 33, attack 2: a tenant that lifts its cap inside its process (a forged limits file,
+    a patched shim) is seen from outside: NVML's per-process SM utilisation of the slice's
+    processes, over the window, against the cap (30% + a 10-point margin). An elastic slice
+    alone on the device may take the idle time; `off` (an admin's choice) is not checked."""
+    acct = tmp_path / "slice.region"
+    region_with_limits(acct, 1 << 30, sm=30)
+    limits = Path(f"{acct}.limits")
+    limits.write_text(
+        limits.read_text().replace("VGPU_COMPUTE_POLICY=hard", f"VGPU_COMPUTE_POLICY={policy}")
+    )
+    counters = read_counters(str(acct), 1)
+    sl = region_slice(str(acct))
+    # a process of the slice with the shim mapped (so only its compute is in question)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"import time; f = open({str(acct)!r}, 'rb'); time.sleep(60)"],
+        env=dict(os.environ, LD_PRELOAD=str(shim_library())),
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while not any(os.path.realpath(f"/proc/{holder.pid}/fd/{n}") == str(acct)
+                      for n in os.listdir(f"/proc/{holder.pid}/fd")):  # fmt: skip
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        ratio = 0.3 if policy != "off" else 0.0  # slice_limits: no ratio for `off`
+        sv = SliceDeviceView(sl, 0, counters.devices[0], 1 << 30, ratio, 0.0, 0, 0)
+        counts = ViolationCounts()
+        wd = Watchdog(counts, enforce="kill", kill_grace=1.0)
+        with caplog.at_level("WARNING"):
+            for second in range(12):  # one NVML pass a second
+                gpu = GpuReading(0, "GPU-x", "m", "p", True, 80 << 30, 1 << 30, 0.9,
+                                 (GpuProcess(holder.pid, 0, sm_util),))  # fmt: skip
+                view = NodeView((DeviceView(gpu, (sv,), 0),), (), {sl.key: counters})
+                wd.check(view, NvmlReading(taken=float(second), gpus=(gpu,)))
+        lines = [
+            r.getMessage() for r in caplog.records if "compute cap violation" in r.getMessage()
+        ]
+        if violation:
+            assert len(lines) == 1, lines  # one episode, one line
+            assert f"used {sm_util}% of GPU GPU-x's SMs" in lines[0] and "hard cap 30%" in lines[0]
+            assert f"pid {holder.pid}" in lines[0]
+            assert counts.slice(sl.key, 0) == 1
+            assert holder.wait(10) != 0  # stopped (enforce kill)
+        else:
+            assert lines == []
+            assert counts.slice(sl.key, 0) == 0
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+        holder.wait()
+
+
+def test_nvml_reader_reports_each_processs_sm_utilisation(
+    sim_env: dict[str, str], tmp_path: Path, build_c: Callable[..., Path]
+) -> None:
+    """What the compute check reads: NVML's per-process SM utilisation (the simulated driver
+    reports it as a driver does), through the observers' reader (sharing/observe/nvml_reader.py)."""
+    w = Workload(build_c("compute_workload.c"), sim_env, tmp_path)
+    busy = w.start(w.env(shim=False), "--warmup", "0", "--seconds", "6")
+    try:
+        time.sleep(2.5)
+        code = (
+            "import json; from sharing.observe.nvml_reader import read_nvml; r = read_nvml(); "
+            "print(json.dumps([[p.pid, p.sm_util] for g in r.gpus for p in g.processes]))"
+        )
+        out = subprocess.run([sys.executable, "-c", code], env=sim_env, capture_output=True,
+                             text=True, timeout=60, check=True)  # fmt: skip
+        got = dict(json.loads(out.stdout))
+        assert busy.pid in got, (busy.pid, got)
+        assert got[busy.pid] is not None and got[busy.pid] > 50, got  # it runs kernels back to back
+    finally:
+        busy.kill()
+        busy.communicate()
 
 
 WAITER = "#include <stdio.h>\nint main(void) { char b[8]; puts(\"up\"); fflush(stdout);\n  return fgets(b, sizeof b, stdin) == NULL; }\n"  # fmt: skip
