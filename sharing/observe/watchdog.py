@@ -51,6 +51,7 @@ import logging
 import os
 import select
 import signal
+import stat
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -208,6 +209,7 @@ class Watchdog:
         # (slice key, device) -> the passes' (time, SM percent of its processes) in the window
         self._sm: dict[tuple[str, int], list[tuple[float, float]]] = {}
         self._sm_over: set[tuple[str, int]] = set()  # compute episodes in progress
+        self._grown: set[str] = set()  # claims whose accounting file was seen grown
         self._strays: set[tuple[int, int]] = set()  # unattributed processes already counted
         self._unshimmed_seen: set[tuple[int, int]] = set()  # reported processes without shim
         self._unshimmed: tuple[Unshimmed, ...] = ()
@@ -305,6 +307,7 @@ class Watchdog:
                     to_stop += self._over_quota(gpu.uuid, s, procs, total, view)
         self._over = over_now
         to_stop += self._check_compute(view, reading, files, seen)
+        self._cut_grown(view)
         self._strays = strays_now
         self._unshimmed_seen = unshimmed_seen
         with self._unshimmed_lock:
@@ -386,6 +389,40 @@ class Watchdog:
         self._sm = {k: v for k, v in self._sm.items() if k in live}
         self._sm_over = over_now
         return to_stop
+
+    def _cut_grown(self, view: NodeView) -> None:
+        """A claim's accounting file that its processes grew past its size (any process of the
+        claim can write past its end) is cut back to its size with enforce=kill, so that a
+        tenant cannot fill the node's disk through it; reported once per episode either way.
+        The slice's processes map only the file's size: nothing they use is cut."""
+        grown: set[str] = set()
+        for u in view.unreadable:
+            sl = u.slice
+            if not sl.claim_uid:
+                continue  # a `vgpu run --region` file is its user's
+            try:
+                fd = os.open(sl.region_path, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+                             | os.O_CLOEXEC)  # fmt: skip
+            except OSError:
+                continue
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode) or st.st_size <= region.FILE_SIZE:
+                    continue
+                grown.add(sl.key)
+                cut = self.enforce == "kill"
+                if cut:
+                    os.ftruncate(fd, region.FILE_SIZE)
+                if sl.key not in self._grown:
+                    what = "cut back to" if cut else "not cut (enforce none); it should be"
+                    msg = (f"{_who(sl)}: its accounting file grew to {st.st_size} bytes (written "
+                           f"from inside the claim); {what} {region.FILE_SIZE} bytes")  # fmt: skip
+                    self._report(sl, "AccountingFileGrew", "accounting file grown", msg)
+            except OSError as e:
+                log.warning("watchdog: %s: %s", sl.region_path, e.strerror)
+            finally:
+                os.close(fd)
+        self._grown = grown
 
     def without_shim(self) -> tuple[Unshimmed, ...]:
         """The slices' GPU processes that ran without the shim at the last pass."""
