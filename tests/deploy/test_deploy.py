@@ -619,3 +619,19 @@ def test_pod_isolation_policy_admits_every_example_pod() -> None:
     for where, d in pods:
         request = {"request": {"operation": "CREATE"}, "object": d, "oldObject": None}
         assert refusal(request, ISOLATION_POLICY) is None, where
+
+
+@pytest.mark.parametrize(
+    "path", ["/tmp/../etc/ld.so.preload", "/data/..", "..", "../x", "/a/../../run/vgpu-sharing"]
+)
+def test_pod_mount_policy_refuses_a_path_that_climbs(path: str) -> None:
+    """Issue 33: `/tmp/../etc/ld.so.preload` matched none of the patterns, and the runtime
+    resolves the '..' inside the container's root."""
+    for request in (pod([path]), pod([], devices=[path]), pod(["/data", path], init=True)):
+        msg = refusal(request, MOUNTS_POLICY)
+        assert msg is not None and "with a '..' segment" in msg, (path, msg)
+
+
+@pytest.mark.parametrize("path", ["/data/..x", "/data/x..", "/a..b/c", "/.../x"])
+def test_pod_mount_policy_admits_dots_that_do_not_climb(path: str) -> None:
+    assert refusal(pod([path]), MOUNTS_POLICY) is None
