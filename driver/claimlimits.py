@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from driver.claims import ClaimPlan
+from driver.claims import ClaimPlan, GpuLimit
 from sharing.claimlayout import (
     CONTAINER_ACCOUNTING,
     CONTAINER_DEMAND_FILE,
@@ -15,9 +15,11 @@ from sharing.claimlayout import (
 from sharing.limitsfile import render_limits_file
 
 
-def render_limits(plan: ClaimPlan, context_sizes: Sequence[int | None] = ()) -> str:
-    """context_sizes: what a context takes on each GPU (driver/contextsize.py), None unknown."""
-    limits = plan.gpu_limits()
+def render_limits(
+    plan: ClaimPlan, limits: Sequence[GpuLimit], context_sizes: Sequence[int | None] = ()
+) -> str:
+    """limits: the plan's gpu_limits(); context_sizes: what a context takes on each GPU
+    (driver/contextsize.py), None unknown."""
     return render_limits_file(
         memory_limits=[g.memory_limit for g in limits],
         sm_limits=[g.sm_limit for g in limits],

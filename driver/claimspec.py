@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from cdi.spec import ContainerEdits, Device, DeviceNode, Mount, Spec
 from driver.claimfiles import ClaimFiles, HostPaths
-from driver.claims import ClaimPlan
+from driver.claims import ClaimPlan, GpuLimit
 from driver.devicemetadata import MetadataFile
 from driver.injection import NO_INJECTION, Injection
 from driver.injection import apply as apply_injection
@@ -29,12 +29,13 @@ _RW = ("rw", "nosuid", "nodev", "bind")
 def build_spec(
     kind: str,
     plan: ClaimPlan,
+    limits: Sequence[GpuLimit],
     files: ClaimFiles,
     paths: HostPaths,
     inj: Injection = NO_INJECTION,
     metadata: Sequence[MetadataFile] = (),
 ) -> Spec:
-    limits = plan.gpu_limits()
+    """limits: the plan's gpu_limits()."""
     uuids = ",".join(g.gpu.uuid for g in limits)
     env: list[tuple[str, str]] = [
         ("CUDA_VISIBLE_DEVICES", uuids),

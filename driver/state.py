@@ -360,13 +360,14 @@ class DeviceState:
         """Create (or complete) the claim's files; existing ones are kept, except the limits
         file, the metadata files and the spec, which are rewritten atomically. Returns the
         answer's devices."""
-        gpus = [g.gpu for g in plan.gpu_limits()]
+        limits = plan.gpu_limits()  # once per prepare: the limits file, injection and spec share it
+        gpus = [g.gpu for g in limits]
         sizes = self.context_sizes.for_gpus(gpus) if self.context_sizes else []
-        write_claim_dir(self.paths, ref.uid, files, render_limits(plan, sizes))
+        write_claim_dir(self.paths, ref.uid, files, render_limits(plan, limits, sizes))
         write_metadata(files, {m.request: m.content for m in metadata})
         maybe_crash("prepare-dir")
-        inj = self._injection(plan, files.claim_dir)
-        spec = build_spec(self.kind, plan, files, self.paths, inj, metadata)
+        inj = self._injection(gpus, files.claim_dir)
+        spec = build_spec(self.kind, plan, limits, files, self.paths, inj, metadata)
         self.writer.write(spec, ref.uid)
         maybe_crash("prepare-cdi")
         cdi_id = spec.qualified_name(ref.uid)
@@ -381,10 +382,10 @@ class DeviceState:
             for d in plan.devices
         )
 
-    def _injection(self, plan: ClaimPlan, claim_dir: Path) -> Injection:
+    def _injection(self, gpus: Sequence[GpuInfo], claim_dir: Path) -> Injection:
         if self.injector is None:
             return NO_INJECTION
-        return self.injector.for_gpus([g.gpu for g in plan.gpu_limits()], claim_dir)
+        return self.injector.for_gpus(gpus, claim_dir)
 
     # --- unprepare ---------------------------------------------------------------------------
 
