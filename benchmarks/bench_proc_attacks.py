@@ -25,8 +25,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.fakes.apiserver import FakeApiServer  # noqa: E402
-from tests.sharing.observe.test_proc_attacks import _start_attacker, _world  # noqa: E402
+from tests.sharing.observe.test_proc_attacks import _start_attacker  # noqa: E402
 from tests.support.observers import scrape  # noqa: E402
+from tests.support.plugin_e2e import claim_world  # noqa: E402
 
 MiB = 2**20
 WHAT = {
@@ -48,7 +49,7 @@ def measure(mode: str) -> dict[str, float | str]:
     root = Path(tempfile.mkdtemp(prefix="vgpa", dir="/tmp"))
     attacker = None
     try:
-        with FakeApiServer() as server, _world(server, root) as w:
+        with FakeApiServer() as server, claim_world(server, root) as w:
             for _ in range(3):
                 scrape(w.url)
                 time.sleep(1)

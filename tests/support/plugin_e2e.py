@@ -15,6 +15,8 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ import pytest
 import yaml
 
 from sharing.paths import ArtefactMissingError, sim_lib_dir
+from tests.driver.kubelet_standin import KubeletStandin, allocated_claim, claim_id, result
 from tests.fakes.apiserver import FakeApiServer, RecordedRequest, free_port
 
 NODE = "node-a"
@@ -220,3 +223,82 @@ def probe(port: int, path: str) -> tuple[int, dict[str, Any]]:
         return e.code, json.loads(e.read())
     except OSError:
         return 0, {}
+
+
+@dataclass
+class ClaimWorld:
+    """The real plugin with a watchdog, one prepared claim and one allocated (claim_world)."""
+
+    plugin: PluginProcess
+    kubelet: KubeletStandin
+    claims: list[dict[str, Any]]
+    uids: list[str]
+    url: str
+    env: dict[str, str]  # a GPU process of claims[0], on the plugin's simulated GPU
+
+    def alive(self, why: str = "") -> None:
+        """Fails at once, with the plugin's log, if it died (`why`: what else to say)."""
+        p = self.plugin
+        assert p.proc.poll() is None, (
+            f"plugin died (exit {p.proc.returncode}{why}): {p.output()[-3000:]}"
+        )
+
+    def wait_for_line(self, pid: int) -> str:
+        """The watchdog's line about process `pid`."""
+        deadline = time.monotonic() + 60
+        while True:
+            self.alive()
+            line = next((x for x in self.plugin.output().splitlines() if f"pid {pid} " in x), "")
+            if line:
+                return line
+            assert time.monotonic() < deadline, f"no watchdog line about pid {pid}"
+            time.sleep(0.5)
+
+
+@contextmanager
+def claim_world(
+    server: FakeApiServer, root: Path, cg: Path | None = None, first: str = "attacker"
+) -> Iterator[ClaimWorld]:
+    """The real plugin (--metrics-address, --watchdog-enforce kill, as deploy/base runs it; in
+    the memory cgroup `cg` if given) with claim `first` prepared and claim "later" allocated; at
+    the end "later" is prepared and both unprepared (the plugin still serves every tenant)."""
+    write_config(root / "simgpu.json", [device(0)])
+    mport = free_port()
+    url = f"http://127.0.0.1:{mport}"
+    p = PluginProcess(
+        server, root, "--metrics-address", f"127.0.0.1:{mport}", "--watchdog-enforce", "kill"
+    )
+    if cg is not None:
+        (cg / "cgroup.procs").write_text(str(p.proc.pid))
+    try:
+        wait_names(server, p, ["gpu-0"])
+        kubelet = KubeletStandin(root / "reg" / f"{DRIVER}-reg.sock")
+        kubelet.register()
+        share = {"consumedCapacity": {"memory": "1Gi", "cores": "30"}}
+        claims = [
+            server.put(
+                allocated_claim(n, namespace="team", results=[result("gpu", "gpu-0") | share])
+            )
+            for n in (first, "later")
+        ]
+        uids = [c["metadata"]["uid"] for c in claims]
+        assert kubelet.prepare([claim_id(claims[0])])[uids[0]].error == ""
+        env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+        env.update(
+            LD_LIBRARY_PATH=str(p.env["LD_LIBRARY_PATH"]),
+            SIMGPU_CONFIG=str(p.config),
+            SIMGPU_STATE=str(p.env["SIMGPU_STATE"]),
+            # the claim it belongs to
+            CUDA_DEVICE_MEMORY_SHARED_CACHE=str(
+                root / "data" / "claims" / uids[0] / "shared" / "accounting"
+            ),
+        )
+        w = ClaimWorld(p, kubelet, claims, uids, url, env)
+        yield w
+        # prepare and unprepare go on for every tenant
+        assert kubelet.prepare([claim_id(claims[1])])[uids[1]].error == ""
+        assert all(e == "" for e in kubelet.unprepare([claim_id(c) for c in claims]).values())
+        kubelet.close()
+    finally:
+        code = p.terminate()
+    assert code == 0, p.output()

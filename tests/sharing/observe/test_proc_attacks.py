@@ -17,28 +17,15 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from sharing.logsafe import printable
 from sharing.observe.procinfo import OPEN_FILES
-from tests.driver.kubelet_standin import KubeletStandin, allocated_claim, claim_id, result
-from tests.fakes.apiserver import FakeApiServer, free_port
+from tests.fakes.apiserver import FakeApiServer
 from tests.support.observers import only, scrape
-from tests.support.plugin_e2e import (
-    DRIVER,
-    PluginProcess,
-    device,
-    root,
-    server,
-    sim_ready,
-    wait_names,
-    write_config,
-)
+from tests.support.plugin_e2e import claim_world, root, server, sim_ready
 from tests.support.proc_attacker import FORGED_NAME
 
 pytestmark = pytest.mark.slow
@@ -100,86 +87,12 @@ def _start_attacker(mode: str, base: Path, env: dict[str, str]) -> subprocess.Po
     return p
 
 
-@dataclass
-class World:
-    plugin: PluginProcess
-    kubelet: KubeletStandin
-    claims: list[dict[str, Any]]
-    uids: list[str]
-    url: str
-    env: dict[str, str]  # a GPU process of claims[0], on the plugin's simulated GPU
-
-    def alive(self, cg: Path | None = None) -> None:
-        p = self.plugin
-        oom = f", OOM kills in its cgroup: {_oom_kills(cg)}" if cg else ""
-        assert p.proc.poll() is None, (
-            f"plugin died (exit {p.proc.returncode}{oom}): {p.output()[-3000:]}"
-        )
-
-    def wait_for_line(self, pid: int) -> str:
-        """The watchdog's line about process `pid`."""
-        deadline = time.monotonic() + 60
-        while True:
-            self.alive()
-            line = next((x for x in self.plugin.output().splitlines() if f"pid {pid} " in x), "")
-            if line:
-                return line
-            assert time.monotonic() < deadline, f"no watchdog line about pid {pid}"
-            time.sleep(0.5)
-
-
-@contextmanager
-def _world(server: FakeApiServer, root: Path, cg: Path | None = None) -> Iterator[World]:
-    """The real plugin (--metrics-address, --watchdog-enforce kill; in the cgroup `cg`) with
-    claim "attacker" prepared and claim "later" allocated."""
-    write_config(root / "simgpu.json", [device(0)])
-    mport = free_port()
-    url = f"http://127.0.0.1:{mport}"
-    p = PluginProcess(
-        server, root, "--metrics-address", f"127.0.0.1:{mport}", "--watchdog-enforce", "kill"
-    )
-    if cg is not None:
-        (cg / "cgroup.procs").write_text(str(p.proc.pid))
-    try:
-        wait_names(server, p, ["gpu-0"])
-        kubelet = KubeletStandin(root / "reg" / f"{DRIVER}-reg.sock")
-        kubelet.register()
-        share = {"consumedCapacity": {"memory": "1Gi", "cores": "30"}}
-        claims = [
-            server.put(
-                allocated_claim(n, namespace="team", results=[result("gpu", "gpu-0") | share])
-            )
-            for n in ("attacker", "later")
-        ]
-        uids = [c["metadata"]["uid"] for c in claims]
-        assert kubelet.prepare([claim_id(claims[0])])[uids[0]].error == ""
-        env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-        env.update(
-            LD_LIBRARY_PATH=str(p.env["LD_LIBRARY_PATH"]),
-            SIMGPU_CONFIG=str(p.config),
-            SIMGPU_STATE=str(p.env["SIMGPU_STATE"]),
-            # the claim it belongs to
-            CUDA_DEVICE_MEMORY_SHARED_CACHE=str(
-                root / "data" / "claims" / uids[0] / "shared" / "accounting"
-            ),
-        )
-        w = World(p, kubelet, claims, uids, url, env)
-        yield w
-        # prepare and unprepare go on for every tenant
-        assert kubelet.prepare([claim_id(claims[1])])[uids[1]].error == ""
-        assert all(e == "" for e in kubelet.unprepare([claim_id(c) for c in claims]).values())
-        kubelet.close()
-    finally:
-        code = p.terminate()
-    assert code == 0, p.output()
-
-
 @pytest.mark.parametrize("mode", ["maps", "fds", "mounts"])
 def test_a_tenant_sized_proc_file_costs_the_plugin_bounded_memory(
     sim_ready: None, server: FakeApiServer, root: Path, memory_cgroup: Path, mode: str
 ) -> None:
     attacker = None
-    with _world(server, root, memory_cgroup) as w:
+    with claim_world(server, root, memory_cgroup) as w:
         try:
             for _ in range(3):  # the plugin warm: NVML passes, scrapes, a prepared claim
                 scrape(w.url)
@@ -191,7 +104,7 @@ def test_a_tenant_sized_proc_file_costs_the_plugin_bounded_memory(
                 assert len(os.listdir(f"/proc/{attacker.pid}/fd")) > OPEN_FILES
             line = w.wait_for_line(attacker.pid)
             time.sleep(3)  # more passes over the attacker's files (one a second)
-            w.alive(memory_cgroup)
+            w.alive(f", OOM kills in its cgroup: {_oom_kills(memory_cgroup)}")
             peak = _peak(memory_cgroup)
             print(f"{mode}: plugin peak before {before / MiB:.0f} MiB, during {peak / MiB:.0f} MiB")
             assert _oom_kills(memory_cgroup) == 0
@@ -214,7 +127,7 @@ def test_a_process_name_cannot_forge_a_line_of_the_plugins_log(
     """argv[0] and comm are the tenant's: a newline in them must not split the watchdog's line
     (issue 33, attack 5), in the log or in the Event."""
     attacker = None
-    with _world(server, root) as w:
+    with claim_world(server, root) as w:
         try:
             attacker = _start_attacker("name", root / "attack", w.env)
             line = w.wait_for_line(attacker.pid)

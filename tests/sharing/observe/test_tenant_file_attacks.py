@@ -31,6 +31,7 @@ from tests.support.observers import ExporterProcess, Sample, add_claim, only, sc
 from tests.support.plugin_e2e import (
     DRIVER,
     PluginProcess,
+    claim_world,
     device,
     root,
     server,
@@ -299,28 +300,17 @@ def test_the_plugin_cuts_back_an_accounting_file_grown_from_inside(
     review; the data dir is on the node's root file system). The plugin's watchdog (enforce
     kill, as deploy/base runs it) cuts the file back to its size, says so once, and the slice is
     readable again."""
-    write_config(root / "simgpu.json", [device(0)])
-    mport = free_port()
-    url = f"http://127.0.0.1:{mport}"
-    p = PluginProcess(
-        server, root, "--metrics-address", f"127.0.0.1:{mport}", "--watchdog-enforce", "kill"
-    )
-
-    def alive() -> str | None:
-        return None if p.proc.poll() is None else f"plugin died: {p.output()}"
-
-    try:
-        wait_names(server, p, ["gpu-0"])
-        kubelet = KubeletStandin(root / "reg" / f"{DRIVER}-reg.sock")
-        kubelet.register()
-        share = {"consumedCapacity": {"memory": "1Gi", "cores": "30"}}
-        claim = server.put(
-            allocated_claim("grower", namespace="team", results=[result("gpu", "gpu-0") | share])
-        )
-        uid = claim["metadata"]["uid"]
-        assert kubelet.prepare([claim_id(claim)])[uid].error == ""
+    with claim_world(server, root, first="grower") as w:
+        uid = w.uids[0]
         target = root / "data" / "claims" / uid / "shared" / "accounting"
-        _scrape_until(url, lambda s: len(only(s, "vgpu_slice_memory_used_bytes")) == 1, alive)
+
+        def alive() -> str | None:
+            return None if w.plugin.proc.poll() is None else f"plugin died: {w.plugin.output()}"
+
+        def served(s: list[Sample]) -> bool:
+            return len(only(s, "vgpu_slice_memory_used_bytes", claim_uid=uid)) == 1
+
+        _scrape_until(w.url, served, alive)
         with target.open("r+b") as f:  # as a tenant does from inside: write past the end
             f.seek(region.FILE_SIZE + (64 << 20))
             f.write(b"x" * 4096)
@@ -328,13 +318,8 @@ def test_the_plugin_cuts_back_an_accounting_file_grown_from_inside(
         while target.stat().st_size != region.FILE_SIZE:
             assert alive() is None and time.monotonic() < deadline, target.stat().st_size
             time.sleep(0.2)
-        s = _scrape_until(url, lambda s: len(only(s, "vgpu_slice_memory_used_bytes")) == 1, alive)
+        s = _scrape_until(w.url, served, alive)
         assert only(s, "vgpu_slice_unreadable", claim_uid=uid) == []
-        assert kubelet.unprepare([claim_id(claim)])[uid] == ""
-        kubelet.close()
-    finally:
-        code = p.terminate()
-    assert code == 0, p.output()
-    lines = [x for x in p.output().splitlines() if "accounting file grew to" in x]
-    assert len(lines) == 1, p.output()
+    lines = [x for x in w.plugin.output().splitlines() if "accounting file grew to" in x]
+    assert len(lines) == 1, w.plugin.output()
     assert f"cut back to {region.FILE_SIZE} bytes" in lines[0] and "team/grower" in lines[0]
