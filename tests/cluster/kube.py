@@ -177,6 +177,11 @@ class ClaimRecorder:
         claim for an extended resource)."""
         status = pod.get("status", {})
         names = [s["resourceClaimName"] for s in status.get("resourceClaimStatuses", [])]
+        names += [
+            c["resourceClaimName"]
+            for c in pod["spec"].get("resourceClaims", [])
+            if c.get("resourceClaimName")
+        ]
         if status.get("extendedResourceClaimStatus"):
             names.append(status["extendedResourceClaimStatus"]["resourceClaimName"])
         assert len(names) == 1, status
