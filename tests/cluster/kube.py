@@ -228,10 +228,19 @@ time.sleep(100000)
 """
 
 
-def claim_pod(name: str, memory_gi: int, cores: int, gpu_index: int = 0) -> str:
+def claim_pod(name: str, memory_gi: int | None, cores: int, gpu_index: int = 0) -> str:
     """A ResourceClaim for a share of GPU `gpu_index` (sharing mode) and a pod that prints what it
     sees (`GPU 0: X GiB visible, ...`) and then sleeps."""
     program = "\n".join("            " + line for line in PROGRAM.strip().splitlines())
+    capacity = (
+        ""
+        if memory_gi is None  # partition mode: one slice, no capacity to ask for
+        else f"""          capacity:
+            requests:
+              memory: {memory_gi}Gi
+              cores: "{cores}"
+"""
+    )
     return f"""
 apiVersion: resource.k8s.io/v1
 kind: ResourceClaim
@@ -247,11 +256,7 @@ spec:
           selectors:
             - cel:
                 expression: device.attributes["{DRIVER}"].index == {gpu_index}
-          capacity:
-            requests:
-              memory: {memory_gi}Gi
-              cores: "{cores}"
----
+{capacity}---
 apiVersion: v1
 kind: Pod
 metadata:
