@@ -227,7 +227,24 @@ class Spec:
         return d
 
 
+_SPEC_SUFFIX = ".json"
+
+
+def transient_spec_prefix(kind: str) -> str:
+    """What every per-claim spec file name of `kind` starts with: `<vendor>-<class>_`."""
+    vendor, _, klass = kind.partition("/")
+    return f"{vendor}-{klass}_"
+
+
 def transient_spec_name(kind: str, uid: str) -> str:
     """The file name of a per-claim ("transient") spec: `<vendor>-<class>_<uid>.json`."""
-    vendor, _, klass = kind.partition("/")
-    return f"{vendor}-{klass}_{uid}.json"
+    return f"{transient_spec_prefix(kind)}{uid}{_SPEC_SUFFIX}"
+
+
+def transient_spec_uid(kind: str, name: str) -> str | None:
+    """The claim UID whose spec of `kind` has the file name `name` (transient_spec_name's
+    inverse), or None when `name` is not such a name."""
+    prefix = transient_spec_prefix(kind)
+    if name.startswith(prefix) and name.endswith(_SPEC_SUFFIX):
+        return name[len(prefix) : -len(_SPEC_SUFFIX)]
+    return None

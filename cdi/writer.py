@@ -13,10 +13,15 @@ import logging
 from pathlib import Path
 
 from cdi.schema import validate
-from cdi.spec import Spec, transient_spec_name
+from cdi.spec import Spec, transient_spec_name, transient_spec_prefix
 from sharing.fsutil import atomic_write, fsync_dir
 
 log = logging.getLogger(__name__)
+
+
+def is_write_leftover(kind: str, name: str) -> bool:
+    """Whether `name` is a temporary file of a write of a spec of `kind` a crash cut short."""
+    return name.startswith(f".{transient_spec_prefix(kind)}") and name.endswith(".tmp")
 
 
 class SpecWriter:
@@ -39,7 +44,8 @@ class SpecWriter:
         return path
 
     def remove(self, kind: str, uid: str) -> bool:
-        """Remove the spec for claim `uid`; True if it existed. Idempotent."""
+        """Remove the spec for claim `uid`; True if it existed. Idempotent. A link in its place
+        is removed as a link (unlink never follows one)."""
         path = self.path_for(kind, uid)
         try:
             path.unlink()

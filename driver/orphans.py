@@ -9,6 +9,8 @@ import os
 from collections.abc import Callable, Collection
 from pathlib import Path
 
+from cdi.spec import transient_spec_uid
+from cdi.writer import is_write_leftover
 from driver import hostfs
 from driver.claimfiles import HostPaths
 from driver.trash import Trash
@@ -28,11 +30,13 @@ def remove_orphans(
 ) -> None:
     """Remove what belongs to no UID in `known` (call with the plugin's lock held: claim
     directories go to `trash`, whose moved names the caller hands to its remover)."""
-    prefix = f"{kind.replace('/', '-')}_"
+
+    def spec_orphan(name: str) -> bool:
+        uid = transient_spec_uid(kind, name)
+        return (uid is not None and uid not in known) or is_write_leftover(kind, name)
+
     sweeps: list[tuple[Path, Callable[[str], bool]]] = [
-        (cdi_root, lambda n: (n.startswith(prefix) and n.endswith(".json")
-                              and n[len(prefix) : -len(".json")] not in known)
-                             or (n.startswith(f".{prefix}") and n.endswith(".tmp"))),
+        (cdi_root, spec_orphan),
         (paths.claims_dir, lambda n: n not in known),
         (paths.node_state_dir, lambda n: n.endswith(DEMAND_SUFFIX)
                                          and n[: -len(DEMAND_SUFFIX)] not in known),

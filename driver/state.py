@@ -306,7 +306,7 @@ class DeviceState:
         self.checkpoint.put(started)
         maybe_crash("prepare-started")
         try:
-            self._remove_files(files)  # leftovers of anything earlier under these names
+            self._remove_files(ref.uid)  # leftovers of anything earlier under these names
             devices = self._write_files(ref, plan, files, self._metadata(plan, claim, attrs))
             self.checkpoint.put(replace(started, state=PREPARE_COMPLETED, devices=devices))
         except BaseException:
@@ -414,7 +414,7 @@ class DeviceState:
         entry = self.checkpoint.get(ref.uid)
         if entry is None:
             # Not ours (or already done); names are deterministic, so sweep them anyway.
-            self._remove_files(self.files(ref.uid))
+            self._remove_files(ref.uid)
             log.debug("claim %s: unprepare of an unknown claim: nothing to do", ref)
             return
         if entry.state != UNPREPARE_STARTED:
@@ -446,10 +446,11 @@ class DeviceState:
                     recorded,
                     expected,
                 )
-        self._remove_files(files, crash_hooks)
+        self._remove_files(entry.uid, crash_hooks)
 
-    def _remove_files(self, files: ClaimFiles, crash_hooks: bool = False) -> None:
-        hostfs.remove(files.spec, self.writer.cdi_root)
+    def _remove_files(self, uid: str, crash_hooks: bool = False) -> None:
+        files = self.files(uid)
+        self.writer.remove(self.kind, uid)
         if crash_hooks:
             maybe_crash("unprepare-cdi")
         self._trash.move(files.claim_dir)  # removed after the lock (driver/trash.py)

@@ -22,7 +22,8 @@ from cdi import (
     SpecWriter,
     validate,
 )
-from cdi.spec import transient_spec_name
+from cdi.spec import transient_spec_name, transient_spec_uid
+from cdi.writer import is_write_leftover
 
 REPO = Path(__file__).resolve().parents[2]
 VENDORED = REPO / "cdi" / "schema"
@@ -162,6 +163,29 @@ def test_validate_rejects() -> None:
 def test_transient_file_name() -> None:
     uid = "0c4e7a3e-1111-4222-8333-444455556666"
     assert transient_spec_name(KIND, uid) == f"k8s.vgpu.sharing.dev-claim_{uid}.json"
+    assert transient_spec_uid(KIND, transient_spec_name(KIND, uid)) == uid
+    for other in (f"k8s.vgpu.sharing.dev-claim_{uid}.yaml", f"k8s.other-claim_{uid}.json",
+                  f".k8s.vgpu.sharing.dev-claim_{uid}.json.0a1b2c.tmp"):  # fmt: skip
+        assert transient_spec_uid(KIND, other) is None
+
+
+def test_write_leftovers_are_the_writers_temporary_files_only(tmp_path: Path) -> None:
+    w = SpecWriter(tmp_path)
+    w.write(spec(ContainerEdits(env=(("A", "1"),)), name="u1"), "u1")
+    name = transient_spec_name(KIND, "u1")
+    assert not is_write_leftover(KIND, name)
+    assert is_write_leftover(KIND, f".{name}.0a1b2c3d4e5f.tmp")
+    assert not is_write_leftover(KIND, ".k8s.other-claim_u1.json.0a1b2c3d4e5f.tmp")
+
+
+def test_writer_removes_a_link_in_place_of_a_spec_as_a_link(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    w = SpecWriter(tmp_path / "cdi")
+    w.cdi_root.mkdir()
+    w.path_for(KIND, "u1").symlink_to(victim)
+    assert w.remove(KIND, "u1") is True
+    assert list(w.cdi_root.iterdir()) == [] and victim.read_text() == "keep"
 
 
 def test_writer_atomic_write_and_remove(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
