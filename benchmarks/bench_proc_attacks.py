@@ -25,9 +25,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.fakes.apiserver import FakeApiServer  # noqa: E402
-from tests.sharing.observe.test_proc_attacks import _start_attacker  # noqa: E402
 from tests.support.observers import scrape  # noqa: E402
 from tests.support.plugin_e2e import claim_world  # noqa: E402
+from tests.support.proc_attacker import start_attacker  # noqa: E402
 
 MiB = 2**20
 WHAT = {
@@ -55,7 +55,7 @@ def measure(mode: str) -> dict[str, float | str]:
                 time.sleep(1)
             before = hwm_mib(w.plugin.proc.pid)
             # "name" makes ordinary files: the baseline process, inspected the same way
-            attacker = _start_attacker("name" if mode == "none" else mode, root / "a", w.env)
+            attacker = start_attacker("name" if mode == "none" else mode, root / "a", w.env)
             start = time.monotonic()
             w.wait_for_line(attacker.pid)
             seen = time.monotonic() - start

@@ -9,6 +9,8 @@ import ast
 import re
 from pathlib import Path
 
+from tests.support.graphs import circles
+
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("driver", "sharing", "cdi")
 
@@ -105,38 +107,7 @@ def test_imports_run_one_way() -> None:
 
 
 def test_no_import_circle() -> None:
-    graph = _graph()
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    circles: list[list[str]] = []
-
-    def visit(v: str) -> None:  # Tarjan's strongly connected components
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in graph.get(v, ()):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            scc = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                scc.append(w)
-                if w == v:
-                    break
-            if len(scc) > 1:
-                circles.append(sorted(scc))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    assert circles == []
+    assert circles(_graph()) == []
 
 
 def test_the_checks_see_a_circle_and_an_import_back_up() -> None:

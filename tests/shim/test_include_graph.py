@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from shim.build import CFLAGS, INCLUDE_DIR, LIBRARIES, SHIM_DIR, Library
+from tests.support.graphs import Graph, circles
 
 REPO = Path(__file__).resolve().parents[2]
 SRC = SHIM_DIR / "src"
@@ -29,8 +30,6 @@ SIM = SHIM_DIR / "sim"
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 SIM_DIRS = [SIM / "common", SIM / "cuda", SIM / "nvml"]
-
-Graph = dict[str, set[str]]
 
 
 def _module(path: Path, root: Path) -> str:
@@ -59,41 +58,6 @@ def include_graph(root: Path, dirs: Iterable[Path]) -> Graph:
                         deps.add(dep)
                         graph.setdefault(dep, set())
     return graph
-
-
-def circles(graph: Graph) -> list[list[str]]:
-    """The strongly connected components with more than one module (Tarjan), each sorted."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in sorted(graph.get(v, ())):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                found.append(sorted(comp))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return found
 
 
 def reachable(graph: Graph, start: str) -> set[str]:

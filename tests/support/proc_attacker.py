@@ -20,8 +20,10 @@ import ctypes
 import mmap
 import os
 import resource
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 # Each mount costs the kernel more than the last (20,000 took 150 s here), so the mount table is
 # made large with long mount points: 6,000 lines of ~3,100 bytes, ~18 MB.
@@ -122,6 +124,21 @@ def name(base: str) -> str:
 
 # 14 bytes: under comm's 15, so the name is read as it is
 FORGED_NAME = "x\nWARNING forg"
+
+
+def start_attacker(mode: str, base: Path, env: dict[str, str]) -> subprocess.Popen[str]:
+    """This program as a process with `env`, returned once its files are that large."""
+    p = subprocess.Popen(
+        [sys.executable, __file__, mode, str(base)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert p.stdout is not None
+    line = p.stdout.readline()  # "ready ..." once its files are that large
+    assert line.startswith("ready"), f"attacker failed: {line}{p.stdout.read()}"
+    return p
 
 
 def main() -> None:

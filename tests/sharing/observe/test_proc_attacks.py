@@ -12,8 +12,6 @@ Before the reads were bounded, the maps attack got the plugin OOM-killed within 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -26,7 +24,7 @@ from sharing.observe.procinfo import OPEN_FILES
 from tests.fakes.apiserver import FakeApiServer
 from tests.support.observers import only, scrape
 from tests.support.plugin_e2e import claim_world, root, server, sim_ready
-from tests.support.proc_attacker import FORGED_NAME
+from tests.support.proc_attacker import FORGED_NAME, start_attacker
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +34,6 @@ LIMIT = 384 * MiB  # deploy/base/daemonset.yaml's memory limit for the plugin
 # What a watchdog pass may add to the plugin's peak while it inspects the attacker: the bounded
 # readers stream through 64 KiB buffers and keep only what they look for.
 GROWTH_BOUND = 16 * MiB
-ATTACKER = Path(__file__).resolve().parents[2] / "support" / "proc_attacker.py"
 CGROUP_V1 = Path("/sys/fs/cgroup/memory")
 
 
@@ -73,20 +70,6 @@ def _oom_kills(cg: Path) -> int:
     return 0
 
 
-def _start_attacker(mode: str, base: Path, env: dict[str, str]) -> subprocess.Popen[str]:
-    p = subprocess.Popen(
-        [sys.executable, str(ATTACKER), mode, str(base)],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    assert p.stdout is not None
-    line = p.stdout.readline()  # "ready ..." once its files are that large
-    assert line.startswith("ready"), f"attacker failed: {line}{p.stdout.read()}"
-    return p
-
-
 @pytest.mark.parametrize("mode", ["maps", "fds", "mounts"])
 def test_a_tenant_sized_proc_file_costs_the_plugin_bounded_memory(
     sim_ready: None, server: FakeApiServer, root: Path, memory_cgroup: Path, mode: str
@@ -99,7 +82,7 @@ def test_a_tenant_sized_proc_file_costs_the_plugin_bounded_memory(
                 time.sleep(1)
             before = _peak(memory_cgroup)
             _reset_peak(memory_cgroup)
-            attacker = _start_attacker(mode, root / "attack", w.env)
+            attacker = start_attacker(mode, root / "attack", w.env)
             if mode == "fds":
                 assert len(os.listdir(f"/proc/{attacker.pid}/fd")) > OPEN_FILES
             line = w.wait_for_line(attacker.pid)
@@ -129,7 +112,7 @@ def test_a_process_name_cannot_forge_a_line_of_the_plugins_log(
     attacker = None
     with claim_world(server, root) as w:
         try:
-            attacker = _start_attacker("name", root / "attack", w.env)
+            attacker = start_attacker("name", root / "attack", w.env)
             line = w.wait_for_line(attacker.pid)
             shown = printable(FORGED_NAME)
             assert shown == "x\\nWARNING forg"
