@@ -54,11 +54,11 @@ def _mib(n: int) -> str:
 def read_capped(path: str, cap: int) -> bytes | None:
     """The file's contents if they fit in `cap` bytes, else None (OSError as raised)."""
     with open(path, "rb", buffering=0) as f:
-        data = b""
+        data = bytearray()  # appended in place: no copy of what was read per chunk
         while len(data) <= cap:
             chunk = f.read(min(65536, cap + 1 - len(data)))
             if not chunk:
-                return data
+                return bytes(data)
             data += chunk
     return None
 
