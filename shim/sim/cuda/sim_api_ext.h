@@ -130,4 +130,7 @@ VGPU_CUDA_API CUresult cuGraphExecKernelNodeSetParams(CUgraphExec hGraphExec, CU
 VGPU_CUDA_API CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec hGraphExec, CUgraphNode hNode,
                                                          const CUDA_KERNEL_NODE_PARAMS *nodeParams);
 
+/* tensor maps (tensormap.c): a header of their own, checked against cuda.h */
+#include "tensormap_api.h"
+
 #endif
