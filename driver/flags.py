@@ -345,12 +345,6 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Settings
             "--sim-gpus and --sim-model"
         )
     watchdog_enforce = get("watchdog-enforce", lambda n, t: _choice(n, t, ("none", "kill")))
-    if sim and watchdog_enforce == "kill":
-        raise SettingsError(
-            "--watchdog-enforce: kill is not allowed with --sim (the simulated GPU reports "
-            "processes by their PID inside their container, which names other processes on the "
-            "node); allowed: none"
-        )
     sim_config = raw["sim-config"]
     return Settings(
         node_name=_dns_subdomain("node-name", node, 253),

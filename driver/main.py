@@ -13,6 +13,7 @@ auto mode (restart to republish in the new mode; the DaemonSet does that).
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import tempfile
@@ -52,6 +53,17 @@ EXIT_STARTUP = 1
 EXIT_USAGE = 2
 EXIT_MODE_CHANGED = 3
 CLEANUP_TIMEOUT = 10.0  # seconds of retrying the slice deletion at shutdown
+# The inode of the initial PID namespace (PROC_PID_INIT_INO, linux/proc_ns.h), the same on
+# every Linux host.
+HOST_PID_NS_INODE = 0xEFFFFFFC
+
+
+def in_host_pid_namespace(ns: str = "/proc/self/ns/pid") -> bool:
+    """True when this process runs in the host's PID namespace (hostPID: true, or no container)."""
+    try:
+        return os.stat(ns).st_ino == HOST_PID_NS_INODE
+    except OSError:
+        return False
 
 
 class StartupError(Exception):
@@ -282,6 +294,7 @@ class Plugin:
                 return None
             self.healthz.start()
         try:
+            self._check_sim_watchdog()
             api_client = make_api_client(s.kubeconfig)
             injector = self._injector()
             gpus = self._list_gpus(injector)
@@ -400,6 +413,29 @@ class Plugin:
         if self.metrics is not None:
             self.metrics.stop()
 
+    def _check_sim_watchdog(self) -> None:
+        """--sim with the watchdog: the simulated NVML names a claim's process by the PID the
+        kernel gives it in the plugin's PID namespace, which is its host PID only when the plugin
+        runs in the host's (hostPID: true). Elsewhere it falls back to the PID the process
+        recorded in its own container, which may name another process here: the watchdog would
+        blame, and with kill stop, the wrong one. So kill needs the host's PID namespace, and
+        the watchdog alone is warned about."""
+        s = self.settings
+        if not (s.sim and s.watchdog) or in_host_pid_namespace():
+            return
+        if s.watchdog_enforce == "kill":
+            raise StartupError(
+                "--watchdog-enforce kill with --sim needs the host's PID namespace (hostPID: "
+                "true on a node that is not itself a container): the simulated GPU names "
+                "processes by their PID in this namespace; allowed here: --watchdog-enforce none"
+            )
+        log.warning(
+            "node %s: the watchdog cannot attribute processes on the simulated GPU outside the "
+            "host's PID namespace (it names them by their PIDs inside their containers, "
+            "NVIDIA's driver by the host's); run with hostPID: true or --watchdog=false",
+            s.node_name,
+        )
+
     def _simulated_node(self) -> simulated.SimNode:
         """--sim: the simulated node under the data dir; NVML points at it from here on."""
         s = self.settings
@@ -443,13 +479,6 @@ class Plugin:
                 s.kubelet_plugins_directory_path.parent / "pod-resources" / "kubelet.sock"
             ),
         )
-        if s.watchdog and s.sim:
-            log.warning(
-                "node %s: the watchdog cannot attribute processes on the simulated GPU (it "
-                "reports PIDs inside their containers, NVIDIA's driver the host's); run with "
-                "--watchdog=false",
-                s.node_name,
-            )
         events = EventPoster(api_client, s.driver_name, s.node_name)
         assert self.driver is not None
         ops = self.driver.plugin.ops  # the plugin's own requests, after the node's series

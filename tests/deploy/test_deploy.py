@@ -40,7 +40,9 @@ from tests.support.deploy_tree import (
     with_component,
 )
 
-OVERLAYS = ("base", "overlays/sharing", "overlays/partition", "overlays/sim")
+OVERLAYS = (
+    "base", "overlays/sharing", "overlays/partition", "overlays/sim", "overlays/sim-watchdog"
+)  # fmt: skip
 SA_USER = "system:serviceaccount:vgpu-sharing:vgpu-kubelet-plugin"
 SLICES_POLICY = "vgpu-sharing-resourceslices"
 MOUNTS_POLICY = "vgpu-sharing-pod-mounts"
@@ -76,7 +78,9 @@ def test_overlay_renders_with_every_object(overlay: str) -> None:
     names = {d["metadata"]["name"] for d in of_kind(overlay, "DeviceClass")}
     assert names == {"vgpu.sharing.dev", "vgpu-whole.sharing.dev"}
     env = {e["name"]: e.get("value") for e in plugin_container(overlay)["env"]}
-    mode = {"base": "auto", "overlays/sim": "auto"}.get(overlay, overlay.split("/")[-1])
+    mode = {"base": "auto", "overlays/sim": "auto", "overlays/sim-watchdog": "auto"}.get(
+        overlay, overlay.split("/")[-1]
+    )
     assert env["SHARING_MODE"] == mode
     assert plugin_container(overlay)["image"] == IMAGE
 
@@ -108,6 +112,7 @@ def test_validation_covers_overlays_and_examples() -> None:
     ids = [c.id for c in _validation_cases()]
     assert sum(i.startswith("overlays/partition#") for i in ids) == 15
     assert sum(i.startswith("overlays/sim#") for i in ids) == 15
+    assert sum(i.startswith("overlays/sim-watchdog#") for i in ids) == 15
     assert sum(i.startswith("examples/sharing/") for i in ids) == 15
     assert sum(i.startswith("examples/partition/") for i in ids) == 15
 
@@ -263,6 +268,25 @@ def test_sim_overlay_runs_the_simulator_on_any_node_unprivileged() -> None:
         "/var/lib/vgpu-sharing",
     }
     assert host[mounts[str(s.data_dir)]] == str(s.data_dir)
+
+
+def test_sim_watchdog_overlay_enforces_with_host_pids_unprivileged() -> None:
+    """The sim overlay plus the watchdog with kill (tests/cluster/test_watchdog.py): hostPID, so
+    the simulated NVML names host PIDs; nothing else changes from the sim overlay."""
+    [ds] = of_kind("overlays/sim-watchdog", "DaemonSet")
+    [sim] = of_kind("overlays/sim", "DaemonSet")
+    pod = ds["spec"]["template"]["spec"]
+    s = parse([], env={k: v or "node-x" for k, v in _env("overlays/sim-watchdog").items()})
+    assert s.sim and s.watchdog and s.watchdog_enforce == "kill"
+    assert pod["hostPID"] is True
+    assert (
+        plugin_container("overlays/sim-watchdog")["securityContext"]
+        == (plugin_container("overlays/sim")["securityContext"])
+    )
+    del pod["hostPID"], sim["spec"]["template"]["spec"]["hostPID"]
+    for c in (pod["containers"][0], sim["spec"]["template"]["spec"]["containers"][0]):
+        c["env"] = [e for e in c["env"] if e["name"] not in ("WATCHDOG", "WATCHDOG_ENFORCE")]
+    assert ds == sim
 
 
 def test_gpu_overlays_stay_privileged_for_nvml() -> None:

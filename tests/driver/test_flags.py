@@ -108,11 +108,6 @@ def test_env_twins_and_flag_precedence() -> None:
             {},
             "--sim-config: the device file names the GPUs",
         ),
-        (
-            ["--node-name", "n", "--sim", "--watchdog-enforce", "kill"],
-            {},
-            "--watchdog-enforce: kill is not allowed with --sim",
-        ),
         (["--node-name", "n", "--watchdog=perhaps"], {}, "--watchdog: 'perhaps' is not a boolean"),
     ],
 )
@@ -179,3 +174,30 @@ def test_documented_flags_match_help() -> None:
     help_rows, doc_rows = _help_flags(), _doc_flags()
     assert len(help_rows) >= 20, help_rows
     assert doc_rows == help_rows
+
+
+@pytest.mark.parametrize("host_pids", [True, False])
+def test_sim_kill_needs_the_hosts_pid_namespace(
+    host_pids: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--sim's NVML names processes by their host PID only to a plugin in the host's PID
+    namespace (hostPID): elsewhere kill is refused at startup, and parsing accepts it."""
+    from driver import main
+
+    s = parse(["--node-name", "n", "--sim", "--watchdog-enforce", "kill"], env={})
+    assert s.watchdog_enforce == "kill"
+    monkeypatch.setattr(main, "in_host_pid_namespace", lambda: host_pids)
+    plugin = main.Plugin(s)
+    if host_pids:
+        plugin._check_sim_watchdog()
+    else:
+        with pytest.raises(main.StartupError, match="needs the host's PID namespace"):
+            plugin._check_sim_watchdog()
+
+
+def test_the_host_pid_namespace_is_known_by_its_inode() -> None:
+    from driver.main import HOST_PID_NS_INODE, in_host_pid_namespace
+
+    ino = os.stat("/proc/self/ns/pid").st_ino
+    assert in_host_pid_namespace() == (ino == HOST_PID_NS_INODE)
+    assert not in_host_pid_namespace("/nonexistent")

@@ -1,0 +1,134 @@
+"""The quota watchdog on the real cluster (deploy/overlays/sim-watchdog: the sim overlay with
+hostPID, WATCHDOG=true and WATCHDOG_ENFORCE=kill, as deploy/base runs on GPU nodes).
+
+A process in a claim's pod gets around the shim the way the shim cannot close (a copy of the
+driver library under another name, loaded beside the one the shim hooks: docs/shim.md, "Threat
+model") and allocates twice its share. The watchdog, in the plugin's pod, sees it through the
+simulated NVML by its host PID, attributes it to the claim by the accounting file it has mapped,
+counts the violation, posts a QuotaExceeded Event on the claim and stops the process; the
+pod's other process, within its share, keeps running. The sim overlay is applied again after.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.cluster.kube import REPO, Cluster, claim_pod, visible_gib
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(5400)]
+
+NS = "vgpu-sharing"
+POD = "bypasser"
+SHARE_GI = 2
+BYPASS_GI = 2 * SHARE_GI
+# The driver library the shim hooked, copied and loaded again under another name: a second
+# driver instance whose calls the shim never sees (tests/c/bypass_copy.c, in Python).
+BYPASS = f"""
+import ctypes as C, shutil, time
+C.CDLL("libcuda.so.1")
+path = next(line.split()[-1] for line in open("/proc/self/maps")
+            if line.rstrip().endswith("/libcuda.so.1"))
+shutil.copy(path, "/tmp/bypass-driver.so")
+cu = C.CDLL("/tmp/bypass-driver.so")
+dev, ctx, ptr = C.c_int(), C.c_void_p(), C.c_uint64()
+assert cu.cuInit(0) == 0
+cu.cuDeviceGet(C.byref(dev), 0)
+cu.cuCtxCreate_v2(C.byref(ctx), 0, dev)
+print(f"held rc={{cu.cuMemAlloc_v2(C.byref(ptr), C.c_size_t({BYPASS_GI} << 30))}}", flush=True)
+time.sleep(100000)
+"""
+
+
+def _rollout(cluster: Cluster, overlay: str) -> None:
+    cluster.kubectl("apply", "-k", str(REPO / "deploy" / "overlays" / overlay), timeout=120)
+    cluster.kubectl(
+        "rollout", "status", "-n", NS, "daemonset/vgpu-kubelet-plugin", "--timeout=180s",
+        timeout=240,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def watchdog(clean_default: Cluster) -> Iterator[Cluster]:
+    cluster = clean_default
+    if cluster.mode != "sharing":
+        pytest.skip(f"the plugin publishes in {cluster.mode} mode on Kubernetes {cluster.version}")
+    try:
+        _rollout(cluster, "sim-watchdog")
+        [ds] = cluster.get("daemonsets", "-n", NS)["items"]
+        assert ds["spec"]["template"]["spec"].get("hostPID") is True, ds["spec"]
+        cluster.wait_until("the slices republished", cluster.slices, timeout=120)
+        yield cluster
+    finally:
+        _rollout(cluster, "sim")
+
+
+def _metrics_url(cluster: Cluster) -> str:
+    pods = cluster.get("pods", "-n", NS, "-l", "app.kubernetes.io/name=vgpu-kubelet-plugin")
+    running = [p for p in pods["items"] if p["status"].get("phase") == "Running"]
+    assert len(running) == 1, [p["metadata"]["name"] for p in pods["items"]]
+    # hostPID does not put the pod in the host's network: its own address
+    return f"http://{running[0]['status']['podIP']}:9402/metrics"
+
+
+def _violations(url: str, claim: str) -> float:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        text = r.read().decode()
+    total = 0.0
+    for fam in text_string_to_metric_families(text):
+        if fam.name == "vgpu_slice_quota_violations":  # the parser drops _total
+            total += sum(s.value for s in fam.samples if s.labels.get("claim") == claim)
+    return total
+
+
+def _events(cluster: Cluster, claim: str) -> list[str]:
+    items = cluster.get(
+        "events", "-n", "default", "--field-selector", f"involvedObject.name={claim}"
+    )["items"]
+    return [f"{e['reason']}: {e['message']}" for e in items]
+
+
+def test_a_process_around_the_shim_is_caught_and_stopped(watchdog: Cluster) -> None:
+    cluster = watchdog
+    cluster.apply(claim_pod(POD, SHARE_GI, 10))
+    cluster.wait_pod(POD, ("Running",))
+    assert cluster.wait_until("output", lambda: visible_gib(cluster.logs(POD))) == {
+        0: float(SHARE_GI)
+    }
+    url = _metrics_url(cluster)
+    assert _violations(url, POD) == 0
+
+    bypass = subprocess.Popen(
+        ["kubectl", "exec", POD, "-c", "cuda", "--", "python3", "-c", BYPASS],
+        env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        out, err = bypass.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        bypass.kill()
+        out, err = bypass.communicate()
+        raise AssertionError(f"the bypass still runs after 120 s: {out!r} {err!r}") from None
+    # It did get past its share (else the test proves nothing), and was stopped from outside:
+    # SIGTERM (143), or SIGKILL (137) after the grace.
+    assert "held rc=0" in out, (out, err)
+    assert bypass.returncode in (137, 143), (bypass.returncode, out, err)
+
+    events = cluster.wait_until(
+        "a QuotaExceeded Event on the claim",
+        lambda: [e for e in _events(cluster, POD) if e.startswith("QuotaExceeded")],
+        timeout=60,
+    )
+    assert f"claim default/{POD} " in events[0] and "over its quota" in events[0], events
+    assert "holding more than the shim charged: pid " in events[0], events
+    violations = cluster.wait_until(
+        "the violation counted", lambda: _violations(url, POD), timeout=60, every=2
+    )
+    assert violations == 1, violations
+    # The pod's own process, within its share, is left alone.
+    pod = cluster.pod(POD)
+    assert pod["status"]["phase"] == "Running", pod["status"]
+    assert pod["status"]["containerStatuses"][0]["restartCount"] == 0, pod["status"]
