@@ -4,16 +4,25 @@
   claim's pod keeps running, untouched, and a new pod's claim still prepares.
 - The kubelet restarted: it wipes its node's ResourceSlices at start; the plugin registers again
   and the slices are published again.
+- The plugin gone longer than the kubelet's wipe delay (30 s in 1.37's DRA manager): the kubelet
+  deletes the node's slices; a claim's running pod is untouched; the plugin back, they are
+  published again.
+- The policy ConfigMap edited: the plugin republishes its slices with the new values (the
+  kubelet swaps the mounted file on a pod resync), and a running claim keeps its allocation,
+  its limits file and its pod.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 from typing import Any
 
 import pytest
+import yaml
 
-from tests.cluster.kube import SCRIPT, Cluster, claim_pod, visible_gib
+from sharing.kubequantity import parse_bytes
+from tests.cluster.kube import DATA_DIR, SCRIPT, Cluster, claim_pod, visible_gib
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(5400)]
 
@@ -80,3 +89,101 @@ def test_kubelet_restart_wipes_and_republishes_the_slices(cluster: Cluster) -> N
     node = cluster.get("node", cluster.get("nodes")["items"][0]["metadata"]["name"])
     ready = [c for c in node["status"]["conditions"] if c["type"] == "Ready"]
     assert ready[0]["status"] == "True"
+
+
+GONE_LABEL = "vgpu.sharing.dev/test-plugin-gone"
+
+
+def test_plugin_gone_past_the_wipe_delay_then_back(clean_default: Cluster) -> None:
+    cluster = clean_default
+    _sharing(cluster)
+    cluster.apply(claim_pod("while-gone", 4, 10))
+    cluster.wait_pod("while-gone", ("Running",))
+    cluster.wait_until("output", lambda: visible_gib(cluster.logs("while-gone")))
+    before = {s["metadata"]["uid"] for s in cluster.slices()}
+    assert before
+    # The DaemonSet no longer selects the node: its pod goes and stays away.
+    patch = {"spec": {"template": {"spec": {"nodeSelector": {GONE_LABEL: "true"}}}}}
+    cluster.kubectl("patch", "daemonset", "-n", NS, "vgpu-kubelet-plugin", "-p", json.dumps(patch))
+    try:
+        cluster.wait_until("the plugin's pod gone", lambda: not _plugin_pods(cluster), timeout=120)
+        # The kubelet wipes the slices once the plugin has been unregistered for its delay.
+        cluster.wait_until("the slices wiped", lambda: not cluster.slices(), timeout=150, every=2)
+        pod = cluster.pod("while-gone")
+        assert pod["status"]["phase"] == "Running", pod["status"]
+    finally:
+        remove = [
+            {
+                "op": "remove",
+                "path": "/spec/template/spec/nodeSelector/" + GONE_LABEL.replace("/", "~1"),
+            }
+        ]
+        cluster.kubectl("patch", "daemonset", "-n", NS, "vgpu-kubelet-plugin", "--type=json",
+                        "-p", json.dumps(remove))  # fmt: skip
+    cluster.wait_until(
+        "a Ready plugin pod", lambda: [p for p in _plugin_pods(cluster) if _ready(p)], timeout=180
+    )
+    after = cluster.wait_until(
+        "the slices published again", lambda: {s["metadata"]["uid"] for s in cluster.slices()}
+    )
+    assert not after & before, (after, before)
+    pod = cluster.pod("while-gone")
+    assert pod["status"]["phase"] == "Running", pod["status"]
+    assert pod["status"]["containerStatuses"][0]["restartCount"] == 0
+    # A new claim prepares with the plugin back.
+    cluster.apply(claim_pod("after-return", 4, 10))
+    cluster.wait_pod("after-return", ("Running",))
+    assert cluster.wait_until("output", lambda: visible_gib(cluster.logs("after-return"))) == {
+        0: 4.0
+    }
+
+
+POLICY_MAP = "vgpu-sharing-policy"
+
+
+def _gpu0_memory(cluster: Cluster) -> int:
+    for s in cluster.slices():
+        for d in s["spec"].get("devices", []):
+            if d["name"] == "gpu-0":
+                return parse_bytes(d["capacity"]["memory"]["value"])
+    return -1
+
+
+def _set_policy(cluster: Cluster, text: str) -> None:
+    patch = {"data": {"policy.yaml": text}}
+    cluster.kubectl("patch", "configmap", "-n", NS, POLICY_MAP, "-p", json.dumps(patch))
+
+
+def test_policy_edit_republishes_and_leaves_running_claims(clean_default: Cluster) -> None:
+    cluster = clean_default
+    _sharing(cluster)
+    cluster.apply(claim_pod("policy-victim", 8, 20))
+    cluster.wait_pod("policy-victim", ("Running",))
+    cluster.wait_until("output", lambda: visible_gib(cluster.logs("policy-victim")))
+    claim = cluster.get("resourceclaim", "policy-victim", "-n", "default")
+    limits = DATA_DIR / "claims" / claim["metadata"]["uid"] / "limits"
+    limits_before = limits.read_bytes()
+    original = cluster.get("configmap", "-n", NS, POLICY_MAP)["data"]["policy.yaml"]
+    policy = yaml.safe_load(original)
+    reserved = parse_bytes(policy["default"]["reservedMemory"])
+    memory_before = _gpu0_memory(cluster)
+    policy["default"]["reservedMemory"] = f"{(reserved >> 30) + 2}Gi"
+    try:
+        _set_policy(cluster, yaml.safe_dump(policy))
+        cluster.wait_until(
+            "gpu-0's memory 2 GiB smaller in the slices",
+            lambda: _gpu0_memory(cluster) == memory_before - (2 << 30),
+            timeout=120,
+            every=2,
+        )
+        pod = cluster.pod("policy-victim")
+        assert pod["status"]["phase"] == "Running", pod["status"]
+        assert pod["status"]["containerStatuses"][0]["restartCount"] == 0
+        now = cluster.get("resourceclaim", "policy-victim", "-n", "default")
+        assert now["status"]["allocation"] == claim["status"]["allocation"]
+        assert limits.read_bytes() == limits_before
+    finally:
+        _set_policy(cluster, original)
+    cluster.wait_until(
+        "gpu-0's memory back", lambda: _gpu0_memory(cluster) == memory_before, timeout=120
+    )
