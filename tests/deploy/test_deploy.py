@@ -519,22 +519,6 @@ def test_readme_mentions_every_manifest_and_overlay() -> None:
     assert re.search(r"kubectl delete -k", readme)
 
 
-def test_kind_script_applies_the_sim_overlay_and_existing_examples() -> None:
-    """deploy/kind/up.sh (not run here: no cluster) names the sim overlay and, per mode,
-    examples that exist and run on two simulated GPUs (no NIC, no whole GPU)."""
-    script = (DEPLOY / "kind" / "up.sh").read_text()
-    assert "apply -k deploy/overlays/sim" in script
-    sets = re.findall(r"examples=\(([^)]*)\)", script)
-    assert len(sets) == 2
-    for mode, names in zip(("sharing", "partition"), sets, strict=True):
-        for name in names.split():
-            assert (DEPLOY / "examples" / mode / f"{name}.yaml").exists(), (mode, name)
-        assert "refused-past-quota" in names.split()
-    kind = yaml.safe_load((DEPLOY / "kind" / "cluster.yaml").read_text())
-    assert kind["featureGates"] == {"DRAConsumableCapacity": True}
-    assert "enable_cdi = true" in kind["containerdConfigPatches"][0]
-
-
 # --- the examples' workload ------------------------------------------------------------------------
 
 
