@@ -123,6 +123,14 @@ static void release_slot_locked(int i) {
     s->state = VGPU_SLOT_FREE;
 }
 
+/* Under the lock: what the live slots hold on dev (the truth the total must match). */
+static uint64_t used_by_live_locked(int dev) {
+    uint64_t sum = 0;
+    for (int i = 0; i < VGPU_MAX_PROCS; i++)
+        if (R->procs[i].state == VGPU_SLOT_LIVE) sum += R->procs[i].used[dev];
+    return sum;
+}
+
 /* A holder died inside a critical section: its updates may be half done. The slots are the
  * truth (each slot's counters are single stores), so recompute the totals from them. */
 static void recover_locked(void) {
@@ -130,12 +138,8 @@ static void recover_locked(void) {
     for (int i = 0; i < VGPU_MAX_PROCS; i++)
         if (R->procs[i].state == VGPU_SLOT_LIVE) hwm = (uint32_t)i + 1;
     if (hwm > R->slots_hwm) R->slots_hwm = hwm;
-    for (int d = 0; d < VGPU_MAX_DEVICES; d++) {
-        uint64_t sum = 0;
-        for (int i = 0; i < VGPU_MAX_PROCS; i++)
-            if (R->procs[i].state == VGPU_SLOT_LIVE) sum += R->procs[i].used[d];
-        __atomic_store_n(&R->devices[d].used, sum, __ATOMIC_RELAXED);
-    }
+    for (int d = 0; d < VGPU_MAX_DEVICES; d++)
+        __atomic_store_n(&R->devices[d].used, used_by_live_locked(d), __ATOMIC_RELAXED);
     R->lock_recoveries++;
 }
 
@@ -502,6 +506,15 @@ int vgpu_region_charge(int dev, uint64_t bytes, uint64_t limit, uint64_t *used_o
                 /* before refusing, return dead processes' memory (at most one scan) */
                 vgpu_region_unlock();
                 vgpu_region_reclaim_dead();
+                continue;
+            }
+            /* ... and check the total against the live slots: a critical section that overlapped
+             * a takeover (a holder taken for hung, garbage in the word) may have stored a stale
+             * total, which would otherwise refuse every allocation until the next takeover */
+            uint64_t live = attempt == 1 ? used_by_live_locked(dev) : used;
+            if (live != used) {
+                __atomic_store_n(&a->used, live, __ATOMIC_RELAXED);
+                vgpu_region_unlock();
                 continue;
             }
             /* atomic: observers read these without the lock (region.h) */

@@ -122,6 +122,13 @@ int main(int argc, char **argv) {
         fflush(stdout);
         for (;;) pause();
     }
+    if (!strcmp(argv[1], "charge") && argc == 6) { /* one charge against a limit, then exit */
+        if (open_region(argv[2]) != 0) return 3;
+        uint64_t used;
+        int rc = vgpu_region_charge(atoi(argv[3]), strtoull(argv[4], NULL, 10), strtoull(argv[5], NULL, 10), &used);
+        printf("%s total=%llu\n", rc == 0 ? "granted" : "refused", (unsigned long long)vgpu_region_used(atoi(argv[3])));
+        return rc == 0 ? 0 : 5;
+    }
     if (!strcmp(argv[1], "lockdie") && argc == 3) {
         if (open_region(argv[2]) != 0) return 3;
         uint64_t used;

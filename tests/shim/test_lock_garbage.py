@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from sharing._region_cffi import ffi
 
 from sharing import region
 from tests.sim.simhelp import NO_CONTEXT_MEMORY
@@ -115,3 +116,44 @@ def test_garbage_in_the_lock_word_does_not_hang_the_slice(
     snap = region.read(path)
     assert snap.devices[0].used == 0 == snap.used_by_live(0)
     assert snap.lock_recoveries >= 2  # one during the run (the log says so), the newcomer's
+
+
+def test_a_stale_total_left_by_an_overlapped_critical_section_does_not_refuse_for_ever(
+    shim_harness: Path, tmp_path: Path
+) -> None:
+    """A holder taken over (hung, or garbage in the word) may still finish its critical section
+    and store a total computed before the takeover's recount: the total then says more than the
+    live slots hold. The next allocation the slots leave room for must be granted (and the total
+    set right), not refused until some later takeover."""
+    path = tmp_path / "slice.region"
+    region.create(path)
+    holder = subprocess.Popen(
+        [str(shim_harness), "hold", str(path), "0", str(64 * MiB)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        # what the overlapped section stores: its stale total plus its own charge
+        used_at = ffi.offsetof("struct vgpu_region", "devices") + ffi.offsetof(
+            "struct vgpu_device_account", "used"
+        )
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            os.pwrite(fd, (256 * MiB).to_bytes(8, "little"), used_at)
+        finally:
+            os.close(fd)
+        assert region.read(path).devices[0].used == 256 * MiB
+        charge = subprocess.run(
+            [str(shim_harness), "charge", str(path), "0", str(64 * MiB), str(256 * MiB)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert charge.stdout.strip() == f"granted total={128 * MiB}", (charge.stdout, charge.stderr)
+        # and a charge that does not fit what the live slots hold is still refused
+        over = subprocess.run(
+            [str(shim_harness), "charge", str(path), "0", str(200 * MiB), str(256 * MiB)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert over.returncode == 5 and over.stdout.strip() == f"refused total={64 * MiB}", over
+    finally:
+        holder.kill()
+        holder.wait()
