@@ -1,7 +1,8 @@
 """cffi build of the accounting-file binding: the layout comes from shim/include/vgpu/region.h.
 
 region.h embeds struct vgpu_compute_state (compute_state.h), so the CFFI part of compute_state.h
-is fed to cffi first, then region.h's.
+is fed to cffi first, then region.h's, then that of shim/src/enforced.h (what a set of settings
+makes the shim enforce).
 """
 
 from __future__ import annotations
@@ -12,7 +13,12 @@ from pathlib import Path
 from cffi import FFI
 
 _INCLUDE = Path(__file__).resolve().parent.parent / "shim" / "include"
-_HEADERS = (_INCLUDE / "vgpu" / "compute_state.h", _INCLUDE / "vgpu" / "region.h")
+_SHIM_SRC = _INCLUDE.parent / "src"
+_HEADERS = (
+    _INCLUDE / "vgpu" / "compute_state.h",
+    _INCLUDE / "vgpu" / "region.h",
+    _SHIM_SRC / "enforced.h",
+)
 
 
 def _cffi_part(header: Path) -> str:
@@ -25,8 +31,8 @@ def _cffi_part(header: Path) -> str:
 # The shim's own creation code (shim/src/region_init.c) compiled into the binding: one
 # implementation of a new file's contents for the shim and for sharing.region.create(). And its
 # check of the limits file (shim/src/limitkeys.c, vgpu/limits.def): one set of rules for the
-# plugin's writer and the shim's reader.
-_SHIM_SRC = _INCLUDE.parent / "src"
+# plugin's writer and the shim's reader. And its resolution of the settings into what it enforces
+# (shim/src/enforced.c): `vgpu run` shows and records exactly what the shim will enforce.
 _HELPERS_CDEF = """
 int vgpu_region_init(struct vgpu_region *r);
 int vgpu_limits_check(char **entries, char *why, size_t len);
@@ -41,8 +47,8 @@ ffibuilder = FFI()
 ffibuilder.cdef(_cdef_text() + _HELPERS_CDEF)
 ffibuilder.set_source(
     "sharing._region_cffi",
-    '#include "region_init.h"\n#include "limitkeys.h"',
-    sources=[os.path.relpath(_SHIM_SRC / n) for n in ("region_init.c", "limitkeys.c")],
+    '#include "region_init.h"\n#include "limitkeys.h"\n#include "enforced.h"',
+    sources=[os.path.relpath(_SHIM_SRC / n) for n in ("region_init.c", "limitkeys.c", "enforced.c")],
     include_dirs=[str(_INCLUDE), str(_SHIM_SRC)],
 )
 

@@ -1,5 +1,5 @@
 """Compute (SM) caps as the shim reads them (CUDA_DEVICE_SM_LIMIT[_i], the limits file, `vgpu
-run --compute`): one rule for every side, the same as shim/src/compute_config.c's parse_percent.
+run --compute`): one rule for every side, the same as shim/src/enforced.c's parse_percent.
 
 Accepted: `[0-9]+(.[0-9]+)?` with an optional `%` and surrounding blanks, from 0 to 100.
 `0` and `100` mean "no cap" (0 as HAMi-core spells it); anything above 100, a sign, hex or an
@@ -36,3 +36,9 @@ def parse_permille(text: str, what: str = "compute cap") -> int:
     if x - pm >= 0.5:
         pm += 1
     return min(max(pm, 1), 999)
+
+
+def format_permille(permille: int) -> str:
+    """A cap in permille as the percentage parse_permille reads back: 300 -> '30', 125 -> '12.5'."""
+    whole, tenth = divmod(permille, 10)
+    return f"{whole}.{tenth}" if tenth else str(whole)

@@ -1,6 +1,6 @@
 """`vgpu run`: run a command with the shim preloaded and the slice's limits set, without Kubernetes.
 
-    vgpu run [--memory Q] [--memory-<i> Q] [--region FILE] [--sim] -- CMD [ARGS...]
+    vgpu run [--memory Q] [--memory-<i> Q] [--region FILE] [--sim] [--show] -- CMD [ARGS...]
 
 The command replaces this process (exec), so its exit code, signals and pid are the command's.
 
@@ -19,15 +19,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from sharing import region
+from sharing import enforced, region
 from sharing.claimlayout import REGION_LIMITS_SUFFIX
 from sharing.cli.compute_run import COMPUTE
 from sharing.cli.context_cache import CacheUntrusted, ContextCache, model_key
 from sharing.cli.run_flags import EnvContributor, RunConfigError, add_per_device, per_device_env
 from sharing.fsutil import atomic_write
-from sharing.limitsfile import HAMI_POLICIES, LimitsFileError, render_limits_file
+from sharing.limitsfile import LimitsFileError, render_limits_file
 from sharing.paths import shim_library, sim_lib_dir
-from sharing.quantity import QuantityError, parse_bytes
+from sharing.percent import format_permille
+from sharing.quantity import QuantityError, format_bytes, parse_bytes
 
 __all__ = ["CONTRIBUTORS", "EnvContributor", "RunConfigError", "build_env", "register", "run"]
 
@@ -90,6 +91,12 @@ def register(sub: Any) -> None:
         "without it, the processes of CMD share a quota of their own",
     )
     p.add_argument("--sim", action="store_true", help="run on the simulated GPU")
+    p.add_argument(
+        "--show",
+        action="store_true",
+        help="print what the shim would enforce (resolved by the shim's own code from the flags "
+        "and the environment) and exit; CMD is not run",
+    )
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
     p.set_defaults(func=run)
 
@@ -151,49 +158,49 @@ def prepare_region(args: argparse.Namespace, env: dict[str, str]) -> int | None:
 
 
 def write_region_limits(path: str, env: Mapping[str, str]) -> None:
-    """FILE.limits beside a --region FILE: the limits this run gives CMD, read from its
-    environment as the shim reads them (docs/shim.md), in the limits-file format, for observers
-    (`vgpu top`, the exporter; the accounting file holds usage only). The shim does not read it:
-    CMD's environment carries the limits. Written atomically, never through a link
-    (sharing.fsutil.atomic_write), in the region's checked directory."""
-
-    def per_device(prefix: str, i: int, default: str) -> str:
-        return env.get(f"{prefix}_{i}", env.get(prefix, default))
-
-    indexed = [
-        int(k.rsplit("_", 1)[1])
-        for k in env
-        if k.startswith(("CUDA_DEVICE_MEMORY_LIMIT_", "CUDA_DEVICE_SM_LIMIT_"))
-        and k.rsplit("_", 1)[1].isdigit()
-    ]
-    devices = range(max(indexed, default=0) + 1)
+    """FILE.limits beside a --region FILE: the limits this run gives CMD, as the shim resolves
+    them from its environment (sharing/enforced.py runs the shim's own resolver), in the
+    limits-file format, for observers (`vgpu top`, the exporter; the accounting file holds usage
+    only). The shim does not read it: CMD's environment carries the limits. Written atomically,
+    never through a link (sharing.fsutil.atomic_write), in the region's checked directory."""
     try:
-        memory = [
-            parse_bytes(per_device("CUDA_DEVICE_MEMORY_LIMIT", i, "0"), f"memory of device {i}")
-            for i in devices
-        ]
-    except QuantityError as e:
-        raise LimitsFileError(str(e)) from e
-    sm = [per_device("CUDA_DEVICE_SM_LIMIT", i, "100").strip() for i in devices]
-    policy = (env.get("VGPU_COMPUTE_POLICY") or "").lower()
-    if not policy:
-        hami = (env.get("GPU_CORE_UTILIZATION_POLICY") or "").lower()
-        policy = HAMI_POLICIES.get(hami, hami) if hami else "hard"
-    priority_text = env.get("VGPU_PRIORITY") or env.get("CUDA_TASK_PRIORITY") or "1"
-    try:
-        priority = int(priority_text)
-    except ValueError:
-        raise LimitsFileError(f"priority {priority_text!r} is not an integer") from None
+        e = enforced.resolve(env)
+    except enforced.SettingError as err:
+        raise LimitsFileError(str(err)) from err
+    n = e.distinct_devices()
     text = render_limits_file(
-        memory_limits=memory,
-        sm_limits=sm,
-        policy=policy,
-        priority=priority,
+        memory_limits=e.memory[:n],
+        sm_limits=[format_permille(c) for c in e.cap_permille[:n]],
+        policy=e.policy,
+        priority=e.priority,
         shared_cache=path,
         header="written by vgpu run for observers; the shim reads CMD's environment",
     )
     os.close(region.open_dir(path + REGION_LIMITS_SUFFIX)[0])  # the region's checked directory
     atomic_write(Path(path + REGION_LIMITS_SUFFIX), text.encode())
+
+
+def describe(e: enforced.Enforced) -> list[str]:
+    """What the shim enforces, a line per device named on its own and one for the rest (--show)."""
+    if e.disabled:
+        return ["nothing: CUDA_DISABLE_CONTROL=true (the shim passes every call through)"]
+    if not e.any_limit:
+        return ["no limit on any device (memory and compute unlimited)"]
+    n = e.distinct_devices()
+    last = len(e.memory) - 1
+    lines = []
+    for i in range(n):
+        mem, cap = e.memory[i], e.cap_permille[i]
+        quota = format_bytes(mem) if mem else "no quota"
+        if cap and e.policy != "off":
+            compute = f"compute {format_permille(cap)}% ({e.policy}, priority {e.priority})"
+        elif cap:
+            compute = f"compute uncapped (policy off: {format_permille(cap)}% not enforced)"
+        else:
+            compute = "compute uncapped"
+        which = "every device" if n == 1 else f"device {i}" if i < n - 1 else f"devices {i}-{last}"
+        lines.append(f"{which}: memory {quota}, {compute}")
+    return lines
 
 
 def hand_over_context_size(args: argparse.Namespace, env: dict[str, str]) -> None:
@@ -255,11 +262,20 @@ def run(args: argparse.Namespace) -> int:
     cmd: list[str] = list(args.cmd)
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
-    if not cmd:
+    if not cmd and not args.show:
         print("vgpu run: no command given (vgpu run [options] -- CMD [ARGS...])", file=sys.stderr)
         return 2
     try:
         env = build_env(args, dict(os.environ))
+        try:
+            # the shim would refuse to start (cuInit fails) on a setting it cannot read: say so now
+            shim_view = enforced.resolve(env)
+        except enforced.SettingError as e:
+            raise RunConfigError(f"the shim would refuse {e}") from e
+        if args.show:
+            for line in describe(shim_view):
+                print(line)
+            return 0
         hand_over_context_size(args, env)
         prepare_region(args, env)
     except RunConfigError as e:

@@ -87,6 +87,15 @@ int main(int argc, char **argv) {
         printf("OK %u\n", vgpu_compute_cap_permille(0));
         return 0;
     }
+    if (!strcmp(argv[1], "enforced")) { /* what the shim's setup takes from the environment */
+        if (vgpu_config_load() != 0 || vgpu_compute_init() != 0) return 3;
+        const struct vgpu_enforced *e = &vgpu_config()->enforced;
+        printf("disabled=%d policy=%u priority=%d", e->disabled, e->policy, e->priority);
+        for (int i = 0; i < VGPU_MAX_DEVICES; i++)
+            printf(" mem%d=%llu cap%d=%u", i, (unsigned long long)e->memory[i], i, vgpu_compute_cap_permille(i));
+        printf("\n");
+        return 0;
+    }
     if (!strcmp(argv[1], "config")) {
         if (vgpu_config_load() != 0) return 3;
         const struct vgpu_config *c = vgpu_config();

@@ -1,5 +1,5 @@
 """The one table of compute-cap cases every reader of a cap must agree on: the shim's
-environment (shim/src/compute_config.c), the limits file (sharing/limitsfile.py), `vgpu run --compute`
+environment (shim/src/enforced.c), the limits file (sharing/limitsfile.py), `vgpu run --compute`
 (sharing/cli/compute_run.py), all through sharing/percent.py on the Python side.
 Value -> permille (0 = no cap) or None = refused."""
 
