@@ -170,7 +170,7 @@ def write_region_limits(path: str, env: Mapping[str, str]) -> None:
     n = e.distinct_devices()
     text = render_limits_file(
         memory_limits=e.memory[:n],
-        sm_limits=[format_permille(c) for c in e.cap_permille[:n]],
+        sm_limits=[format_permille(c) if c else "100" for c in e.cap_permille[:n]],  # the whole GPU
         policy=e.policy,
         priority=e.priority,
         shared_cache=path,
