@@ -5,6 +5,10 @@ containerd. The claim's CDI spec gives them the simulated driver and the shim.
 
 - The quota: a 2 GiB share shows 2 GiB; 3 GiB is refused with CUDA_ERROR_OUT_OF_MEMORY, 1 GiB
   is granted.
+- PyTorch (.venv/frameworks' CUDA 13 build, mounted read-only from the host into the example
+  image, whose Python is also 3.11: copying its 5.7 GB into an image would cost minutes) sees
+  its 2 GiB share, its caching allocator runs out of memory at the quota, and cuBLAS works once
+  the memory is freed.
 - The compute cap: kernels launched back to back get at most about their claim's cores (20 %),
   while a claim of every core (100) gets the device, both measured by the simulator's own count
   of the device time each process was served (tests/shim_compute's bounds: the cap is an upper
@@ -13,6 +17,7 @@ containerd. The claim's CDI spec gives them the simulated driver and the shim.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -22,6 +27,7 @@ import pytest
 
 from tests.cluster.kube import CACHE, DRIVER, RUN, Cluster
 from tests.support.cbuild import compile_program
+from tests.support.clients import frameworks_python
 from tests.support.compute_workload import at_least, parse
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(5400)]
@@ -126,3 +132,71 @@ def test_a_c_program_is_held_to_its_cores(clean_default: Cluster, image: str) ->
     print(f"\n=== cores 20: {capped.stdout.strip()}\n=== cores 100: {whole.stdout.strip()}")
     assert capped.share < 30 and at_least(capped, 8), capped.stdout
     assert at_least(whole, 60), whole.stdout
+
+
+TORCH = """
+import torch
+print("devices", torch.cuda.is_available(), torch.cuda.device_count(), flush=True)
+free, total = torch.cuda.mem_get_info()
+print(f"total={total}", flush=True)
+held = []
+try:
+    while True:
+        held.append(torch.empty(64 << 20, dtype=torch.uint8, device="cuda"))
+except torch.cuda.OutOfMemoryError:
+    print(f"oom after={len(held) * (64 << 20)}", flush=True)
+del held
+torch.cuda.empty_cache()
+a = torch.ones(256, 256, device="cuda")
+print("matmul", tuple((a @ a).shape), flush=True)
+"""
+
+
+def _site_packages() -> str:
+    """.venv/frameworks' site-packages, when its Python is the image's 3.11."""
+    python = frameworks_python("torch")
+    out = subprocess.run(
+        [python, "-c", "import json, sys, sysconfig; "
+         "print(json.dumps([sys.version_info[:2], sysconfig.get_paths()['purelib']]))"],
+        capture_output=True, text=True, check=True, timeout=60,
+    ).stdout  # fmt: skip
+    version, purelib = json.loads(out)
+    if version != [3, 11]:
+        pytest.skip(f".venv/frameworks runs Python {version}; the image's python3 is 3.11")
+    return str(purelib)
+
+
+def test_pytorch_in_a_pod_sees_and_stops_at_its_share(clean_default: Cluster) -> None:
+    cluster = clean_default
+    _sharing(cluster)
+    site = _site_packages()
+    program = "\n".join("          " + line for line in TORCH.strip().splitlines())
+    manifest = (
+        _pod("torch-share", 2, 50, "true")
+        .replace(
+            f"""      image: {IMAGE}
+      command: ["sh", "-c", "true"]
+""",
+            f"""      image: python:3.12-slim
+      env: [{{name: PYTHONPATH, value: /opt/frameworks}}]
+      volumeMounts: [{{name: frameworks, mountPath: /opt/frameworks, readOnly: true}}]
+      command: ["python3", "-c"]
+      args:
+        - |
+{program}
+""",
+        )
+        .replace(
+            "  containers:\n",
+            f"  volumes: [{{name: frameworks, hostPath: {{path: {site}, type: Directory}}}}]\n"
+            "  containers:\n",
+        )
+    )
+    cluster.apply(manifest)
+    log = _finished(cluster, "torch-share")
+    print(f"\n=== {log.strip()}")
+    assert "devices True 1" in log, log
+    assert f"total={2 << 30}" in log, log
+    [oom] = [int(x.split("=")[1]) for x in log.split() if x.startswith("after=")]
+    assert (1 << 30) < oom <= (2 << 30), log
+    assert "matmul (256, 256)" in log, log
