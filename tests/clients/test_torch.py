@@ -1,4 +1,4 @@
-"""PyTorch (torch 2.14.1, the default PyPI build on NVIDIA's CUDA 13.0 runtime; installed by
+"""PyTorch (torch 2.14.0, the default PyPI build on NVIDIA's CUDA 13.0 runtime; installed by
 scripts/setup into .venv/frameworks) on the simulated GPU under `vgpu run --sim --memory`: the
 slice is the device torch sees, its caching allocator (and the expandable-segments path on the
 virtual memory API) meets torch.cuda.OutOfMemoryError at the quota and recovers after

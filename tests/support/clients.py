@@ -36,7 +36,7 @@ def frameworks_python(module: str) -> str:
         if os.environ.get("CI"):
             pytest.fail(f"{why} (scripts/setup installs the frameworks)")
         pytest.skip(
-            f"{why}: run scripts/setup (without VGPU_SETUP_FRAMEWORKS=0) to install PyTorch and CuPy"
+            f"{why}: run scripts/setup (without VGPU_SETUP_FRAMEWORKS=0) to install PyTorch, CuPy and vLLM"
         )
     return str(FRAMEWORKS_PYTHON)
 
