@@ -7,6 +7,10 @@ model") and allocates twice its share. The watchdog, in the plugin's pod, sees i
 simulated NVML by its host PID, attributes it to the claim by the accounting file it has mapped,
 counts the violation, posts a QuotaExceeded Event on the claim and stops the process; the
 pod's other process, within its share, keeps running. The sim overlay is applied again after.
+
+With the host's PIDs the exporter also attributes a claim's GPU processes to their containers:
+a process holding memory within its share is left running and shows in the per-container
+series (vgpu_container_memory_used_bytes) under its pod's and container's names.
 """
 
 from __future__ import annotations
@@ -52,9 +56,9 @@ def _rollout(cluster: Cluster, overlay: str) -> None:
     )  # fmt: skip
 
 
-@pytest.fixture
-def watchdog(clean_default: Cluster) -> Iterator[Cluster]:
-    cluster = clean_default
+@pytest.fixture(scope="module")
+def watchdog_on(cluster: Cluster) -> Iterator[Cluster]:
+    """The sim-watchdog overlay for this module's tests; the sim overlay again after them."""
     if cluster.mode != "sharing":
         pytest.skip(f"the plugin publishes in {cluster.mode} mode on Kubernetes {cluster.version}")
     try:
@@ -67,6 +71,11 @@ def watchdog(clean_default: Cluster) -> Iterator[Cluster]:
         _rollout(cluster, "sim")
 
 
+@pytest.fixture
+def watchdog(watchdog_on: Cluster, clean_default: Cluster) -> Cluster:
+    return clean_default
+
+
 def _metrics_url(cluster: Cluster) -> str:
     pods = cluster.get("pods", "-n", NS, "-l", "app.kubernetes.io/name=vgpu-kubelet-plugin")
     running = [p for p in pods["items"] if p["status"].get("phase") == "Running"]
@@ -75,14 +84,21 @@ def _metrics_url(cluster: Cluster) -> str:
     return f"http://{running[0]['status']['podIP']}:9402/metrics"
 
 
-def _violations(url: str, claim: str) -> float:
+def _samples(url: str, family: str) -> list[tuple[dict[str, str], float]]:
+    """(labels, value) of one family; the parser drops a counter's _total."""
     with urllib.request.urlopen(url, timeout=10) as r:
         text = r.read().decode()
-    total = 0.0
-    for fam in text_string_to_metric_families(text):
-        if fam.name == "vgpu_slice_quota_violations":  # the parser drops _total
-            total += sum(s.value for s in fam.samples if s.labels.get("claim") == claim)
-    return total
+    return [
+        (dict(s.labels), s.value)
+        for fam in text_string_to_metric_families(text)
+        if fam.name == family
+        for s in fam.samples
+    ]
+
+
+def _violations(url: str, claim: str) -> float:
+    samples = _samples(url, "vgpu_slice_quota_violations")
+    return sum(v for labels, v in samples if labels.get("claim") == claim)
 
 
 def _events(cluster: Cluster, claim: str) -> list[str]:
@@ -132,3 +148,47 @@ def test_a_process_around_the_shim_is_caught_and_stopped(watchdog: Cluster) -> N
     pod = cluster.pod(POD)
     assert pod["status"]["phase"] == "Running", pod["status"]
     assert pod["status"]["containerStatuses"][0]["restartCount"] == 0, pod["status"]
+
+
+HOLD = """
+import ctypes as C, time
+cu = C.CDLL("libcuda.so.1")
+dev, ctx, ptr = C.c_int(), C.c_void_p(), C.c_uint64()
+assert cu.cuInit(0) == 0
+cu.cuDeviceGet(C.byref(dev), 0)
+cu.cuCtxCreate_v2(C.byref(ctx), 0, dev)
+print(f"held rc={cu.cuMemAlloc_v2(C.byref(ptr), C.c_size_t(1 << 30))}", flush=True)
+time.sleep(100000)
+"""
+
+
+def test_a_process_within_its_share_shows_under_its_pod_and_container(watchdog: Cluster) -> None:
+    cluster = watchdog
+    cluster.apply(claim_pod("holder", SHARE_GI, 10))
+    cluster.wait_pod("holder", ("Running",))
+    cluster.wait_until("output", lambda: visible_gib(cluster.logs("holder")))
+    url = _metrics_url(cluster)
+    hold = subprocess.Popen(
+        ["kubectl", "exec", "holder", "-c", "cuda", "--", "python3", "-c", HOLD],
+        env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert hold.stdout is not None
+        assert hold.stdout.readline().strip() == "held rc=0"
+
+        def mine() -> list[float]:
+            return [
+                v
+                for labels, v in _samples(url, "vgpu_container_memory_used_bytes")
+                if labels.get("claim") == "holder"
+                and (labels.get("pod"), labels.get("container")) == ("holder", "cuda")
+                and v >= 1 << 30
+            ]
+
+        used = cluster.wait_until("the container's series", mine, timeout=60, every=2)
+        assert len(used) == 1, used
+        assert hold.poll() is None, "the watchdog stopped a process within its share"
+        assert _violations(url, "holder") == 0
+    finally:
+        hold.kill()
+        hold.communicate()
