@@ -46,6 +46,7 @@ def _run(cmd: list[str], timeout: float = 300) -> None:
 @pytest.fixture(scope="module")
 def image(cluster: Cluster) -> Iterator[str]:
     """The programs in an image in containerd's k8s.io namespace (nothing is pulled)."""
+    _sharing(cluster)  # not built where every test of the module skips
     with tempfile.TemporaryDirectory(prefix="vgpu-cuda-image-") as d:
         ctx = Path(d)
         for src in ("e2e_claim_quota.c", "compute_workload.c"):
