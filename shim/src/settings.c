@@ -453,6 +453,10 @@ void vgpu_settings_report(void) {
         memcpy(name, *e, len);
         name[len] = '\0';
         if (!vgpu_setting_is_controlled(name)) continue;
+        /* the plugin's CDI spec sets some of these to the file's own values (for tools that read
+         * them): a value the file agrees with is not ignored, and not worth a warning */
+        const char *in_file = vgpu_setting(name);
+        if (in_file != NULL && strcmp(in_file, eq + 1) == 0) continue;
         int w = snprintf(ignored + n, sizeof ignored - n, "%s%s", n ? ", " : "", name);
         if (w < 0 || (size_t)w >= sizeof ignored - n) break;
         n += (size_t)w;

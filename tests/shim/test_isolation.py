@@ -133,6 +133,27 @@ def test_limits_file_overrides_every_tenant_setting(
     assert "CUDA_DEVICE_MEMORY_SHARED_CACHE" in ignored[0]
 
 
+def test_the_file_s_own_values_in_the_environment_are_not_warned_about(
+    shim_ops: Path, shim_env: dict[str, str], shim_dir: Path, tmp_path: Path
+) -> None:
+    """The plugin's CDI spec sets the limits in the environment too, to the file's values (for
+    tools that read them): no warning for those; a value that differs is still named."""
+    acct = tmp_path / "acct"
+    write_limits(shim_dir, complete(64 * MiB, acct))
+    agreeing = {"CUDA_DEVICE_MEMORY_LIMIT_0": str(64 * MiB), "CUDA_DEVICE_SM_LIMIT_0": "100",
+                "VGPU_COMPUTE_POLICY": "hard", "VGPU_PRIORITY": "1",
+                "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(acct)}  # fmt: skip
+    env = dict(shim_env, **agreeing, LD_PRELOAD=str(shim_dir / "libvgpu.so"))
+    res, lines = run(shim_ops, env, "init", "ctx", "info", setup=plugin_mounts(shim_dir))
+    assert [r["rc"] for r in res] == ["0", "0", "0"] and res[2]["total"] == str(64 * MiB)
+    assert not [x for x in lines if "limits come from" in x], lines
+    env["VGPU_PRIORITY"] = "0"  # differs from the file's 1
+    res, lines = run(shim_ops, env, "init", setup=plugin_mounts(shim_dir))
+    assert [r["rc"] for r in res] == ["0"]
+    (line,) = [x for x in lines if "limits come from" in x]
+    assert line.endswith("ignoring the environment's VGPU_PRIORITY"), line
+
+
 def test_limits_file_still_ignores_the_kill_switch(
     shim_ops: Path, shim_env: dict[str, str], shim_dir: Path, tmp_path: Path
 ) -> None:
