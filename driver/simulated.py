@@ -1,5 +1,5 @@
 """`vgpu-kubelet-plugin --sim`: the packaged simulated GPU (docs/simulator.md) instead of NVIDIA's
-driver, for a cluster without GPUs (a kind cluster, deploy/overlays/sim).
+driver, for a cluster without GPUs (scripts/cluster, deploy/overlays/sim).
 
 The plugin and every claim's containers must see one simulated node, so this module lays it out
 on the host, under the data dir (the same path inside the plugin and on the host):
