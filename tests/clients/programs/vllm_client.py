@@ -1,0 +1,115 @@
+"""vLLM's offline engine (`vllm.LLM`) on a made-up model: vllm_client.py MODEL_DIR MODE [ARGS].
+
+MODEL_DIR holds a config.json only (tests/clients/test_vllm.py writes it): the weights are vLLM's
+dummy ones (load_format="dummy"), there is no tokenizer (skip_tokenizer_init) and prompts are
+token ids, so nothing is fetched. The engine runs in this process (the test sets
+VLLM_ENABLE_V1_MULTIPROCESSING=0), so the driver's per-process figures are the engine's.
+
+  generate [UTIL]    eager; generate 8 tokens of a 4-token prompt, print "generated n=N"
+                     (UTIL: gpu_memory_utilization, default 0.9)
+  sleep LEVEL        eager with sleep mode: generate, llm.sleep(LEVEL), print "asleep" and wait
+                     for a line on stdin, llm.wake_up(), print "awake" and wait, generate again
+  graphs WARMUP S    torch.compile and CUDA graphs (vLLM's defaults): generate batches for WARMUP
+                     seconds, then for S more, and print the share of the device the simulated
+                     driver served this process over the second stretch (simgpuProcessBusyNs),
+                     bracketed by torch.cuda.synchronize(): share=P batches=N window_s=W cpu_wait=F
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from vllm import LLM, SamplingParams
+from vllm.inputs import TokensPrompt
+
+# the repository's own measure of a process's wait for a CPU (this interpreter is .venv/frameworks')
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+from sharing.observe.cpuwait import cpu_wait_ns
+
+PROMPT = TokensPrompt(prompt_token_ids=[3, 4, 5, 6])
+
+
+def engine(model: str, **kw: Any) -> LLM:
+    args: dict[str, Any] = dict(
+        model=model,
+        load_format="dummy",
+        skip_tokenizer_init=True,
+        max_model_len=256,
+        max_num_seqs=16,
+        gpu_memory_utilization=0.9,
+    )
+    args.update(kw)
+    return LLM(**args)
+
+
+def generate(llm: LLM, n: int = 1, tokens: int = 8) -> int:
+    params = SamplingParams(max_tokens=tokens, ignore_eos=True, detokenize=False)
+    out = llm.generate([PROMPT] * n, params, use_tqdm=False)
+    return sum(len(o.outputs[0].token_ids) for o in out)
+
+
+def served_share(t0: int, t1: int) -> float:
+    """The percentage of [t0, t1] (CLOCK_MONOTONIC ns) the simulated driver served this process."""
+    fn = ctypes.CDLL("libcuda.so.1").simgpuProcessBusyNs
+    fn.argtypes = [ctypes.c_int, ctypes.c_ulonglong, ctypes.c_ulonglong]
+    fn.argtypes += [ctypes.POINTER(ctypes.c_ulonglong)] * 2
+    busy, window = ctypes.c_ulonglong(), ctypes.c_ulonglong()
+    rc = fn(torch.cuda.current_device(), t0, t1, ctypes.byref(busy), ctypes.byref(window))
+    if rc != 0 or window.value == 0:
+        raise SystemExit(f"simgpuProcessBusyNs answered {rc}, window {window.value}")
+    return 100.0 * busy.value / window.value
+
+
+def main() -> None:
+    model, mode, args = sys.argv[1], sys.argv[2], sys.argv[3:]
+    if mode == "generate":
+        util = float(args[0]) if args else 0.9
+        llm = engine(model, enforce_eager=True, gpu_memory_utilization=util)
+        print(f"generated n={generate(llm)}", flush=True)
+    elif mode == "sleep":
+        llm = engine(model, enforce_eager=True, enable_sleep_mode=True)
+        print(f"generated n={generate(llm)}", flush=True)
+        llm.sleep(level=int(args[0]))
+        print("asleep", flush=True)
+        sys.stdin.readline()
+        llm.wake_up()
+        print("awake", flush=True)
+        sys.stdin.readline()
+        print(f"generated n={generate(llm)}", flush=True)
+    elif mode == "graphs":
+        warmup, seconds = float(args[0]), float(args[1])
+        llm = engine(
+            model,
+            compilation_config={"cudagraph_capture_sizes": [1, 2, 4, 8, 16]},
+            kernel_config={"enable_jit_warmup": False},
+        )
+
+        def run(s: float) -> int:
+            n, end = 0, time.monotonic() + s
+            while time.monotonic() < end:
+                generate(llm, n=16, tokens=32)
+                n += 1
+            return n
+
+        run(warmup)
+        torch.cuda.synchronize()
+        w0, t0 = cpu_wait_ns(), time.monotonic_ns()
+        n = run(seconds)
+        torch.cuda.synchronize()
+        w1, t1 = cpu_wait_ns(), time.monotonic_ns()
+        print(
+            f"share={served_share(t0, t1):.3f} batches={n} window_s={(t1 - t0) / 1e9:.3f} "
+            f"cpu_wait={(w1 - w0) / (t1 - t0):.3f}",
+            flush=True,
+        )
+    else:
+        raise SystemExit(f"unknown mode {mode}")
+
+
+if __name__ == "__main__":
+    main()

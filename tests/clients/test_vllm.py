@@ -1,0 +1,401 @@
+"""vLLM 0.33.0 (installed by scripts/setup into .venv/frameworks) in a slice of the simulated GPU
+under `vgpu run --sim`: offline generate and `vllm serve` answer, every memory figure of vLLM's
+log follows the slice, a model larger than the slice stops with torch's own out-of-memory error
+while the driver read from outside never holds more than the quota, CUDA graphs with
+torch.compile keep to a compute cap, and sleep mode gives the slice's memory back and takes it
+again (programs/vllm_client.py).
+
+The model is made up (a config.json written here: Llama, dummy weights, no tokenizer, prompts as
+token ids), so nothing is fetched. What vLLM needs of the simulated GPU, and why the tests set
+VLLM_USE_FLASHINFER_SAMPLER=0 and VLLM_USE_V2_MODEL_RUNNER=0, is in docs/simulator.md ("vLLM").
+The engine runs in the program's own process (VLLM_ENABLE_V1_MULTIPROCESSING=0) except under
+`vllm serve`. Every run has a deadline: a generate that never returns (the V2 model runner on a
+simulator that computes nothing) fails the test naming the deadline, never hangs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sharing import region
+from sharing.observe.cpuwait import starved
+from tests.sim.simhelp import CONTEXT_MEMORY
+from tests.support.clients import FRAMEWORKS_PYTHON, PROGRAMS, Client, frameworks_python
+from tests.support.context_storm import Sampler
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(480)]
+
+GiB = 1 << 30
+QUOTA = 8 * GiB
+DEADLINE_S = 420.0  # one vLLM process's start and work on 2 busy cores takes 30-130 s
+PROGRAM = str(PROGRAMS / "vllm_client.py")
+
+# One made-up Llama for every test (the OOM test scales it up): bf16, 2 layers, a 32k vocabulary.
+MODEL = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 1024,
+    "intermediate_size": 4096,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 8,
+    "vocab_size": 32000,
+    "max_position_embeddings": 512,
+    "rms_norm_eps": 1e-5,
+    "torch_dtype": "bfloat16",
+    "tie_word_embeddings": False,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+
+
+def write_model(d: Path, **overrides: Any) -> Path:
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.json").write_text(json.dumps(dict(MODEL, **overrides)))
+    return d
+
+
+@pytest.fixture(scope="module")
+def vllm_cache() -> Iterator[Path]:
+    """vLLM's cache (torch.compile artefacts), shared by the module's runs, removed after."""
+    with tempfile.TemporaryDirectory(prefix="vllm-cache-") as d:
+        yield Path(d)
+
+
+@pytest.fixture(scope="module")
+def vllm_installed() -> None:
+    """Once per module: `import vllm` takes 15 s."""
+    frameworks_python("vllm")
+
+
+@pytest.fixture
+def vllm_env(
+    vllm_installed: None, client: Client, vllm_cache: Path, tmp_path: Path
+) -> dict[str, str]:
+    return dict(
+        client.env,
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        VLLM_NO_USAGE_STATS="1",
+        DO_NOT_TRACK="1",
+        VLLM_CACHE_ROOT=str(vllm_cache),
+        VLLM_CONFIG_ROOT=str(tmp_path / "vllm-config"),
+        # FlashInfer's sampler is JIT-compiled with nvcc and needs cuRAND's headers (a toolkit)
+        VLLM_USE_FLASHINFER_SAMPLER="0",
+        # the V2 runner counts sampled tokens on the device: on a simulator nothing is counted
+        VLLM_USE_V2_MODEL_RUNNER="0",
+        VLLM_ENABLE_V1_MULTIPROCESSING="0",
+    )
+
+
+def vgpu(*flags: str) -> list[str]:
+    return [sys.executable, "-m", "sharing.cli", "run", "--sim", *flags, "--"]
+
+
+class Run:
+    """A process (its own session) whose output lines are read by a thread; every wait has a
+    deadline, after which the whole session is killed and the test fails saying what it waited
+    for."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str], what: str) -> None:
+        self.what = what
+        self.deadline = time.monotonic() + DEADLINE_S
+        self.err = tempfile.TemporaryFile("w+")  # noqa: SIM115 (read after the run; freed with it)
+        self.proc = subprocess.Popen(
+            cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err,
+            text=True, start_new_session=True,
+        )  # fmt: skip
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.out: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def log(self) -> str:
+        """What the process printed so far: vLLM logs to standard output, tracebacks go to
+        standard error."""
+        self.err.seek(0)
+        return "".join(self.out) + self.err.read()
+
+    def _fail(self, waiting_for: str) -> None:
+        self.kill()
+        pytest.fail(
+            f"{self.what}: no {waiting_for} within {DEADLINE_S:.0f} s (a generate that never "
+            f"returns? docs/simulator.md, vLLM); its output: {self.log()[-6000:]}"
+        )
+
+    def expect(self, prefix: str) -> str:
+        """The next output line starting with `prefix` (fails at the deadline or at the end)."""
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.0, self.deadline - time.monotonic()))
+            except queue.Empty:
+                self._fail(repr(prefix))
+            if line is None:
+                rc = self.proc.wait()
+                pytest.fail(f"{self.what} ended ({rc}) before {prefix!r}: {self.log()[-6000:]}")
+            self.out.append(line)
+            if line.startswith(prefix):
+                return line
+
+    def send(self, text: str = "go") -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(text + "\n")
+        self.proc.stdin.flush()
+
+    def wait(self) -> int:
+        try:
+            rc = self.proc.wait(timeout=max(0.0, self.deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self._fail("exit")
+        while (line := self.lines.get(timeout=10)) is not None:
+            self.out.append(line)
+        return rc
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+@pytest.fixture
+def runs() -> Iterator[list[Run]]:
+    """Every Run a test starts is killed at its end, whatever happened."""
+    started: list[Run] = []
+    yield started
+    for r in started:
+        r.kill()
+
+
+def gib(line: str, pattern: str) -> list[float]:
+    m = re.search(pattern, line)
+    assert m, (pattern, line)
+    return [float(x) for x in m.groups()]
+
+
+def memory_lines(log: str) -> list[str]:
+    """vLLM's log lines that state device memory in GiB."""
+    return [ln for ln in log.splitlines() if re.search(r"\d GiB", ln) and "] " in ln]
+
+
+def check_memory_lines(log: str, quota_gib: float) -> dict[str, list[float]]:
+    """Every GiB figure of vLLM's memory lines is within the slice; the sizing lines say the
+    slice: the device's total is the quota, the utilisation target a fraction of it."""
+    lines = memory_lines(log)
+    over = [
+        ln for ln in lines for x in re.findall(r"([\d.]+) GiB", ln) if float(x) > quota_gib + 0.005
+    ]
+    assert over == [], over
+    found: dict[str, list[float]] = {}
+    for ln in lines:
+        if "Free memory on device" in ln:
+            found["free_total"] = gib(ln, r"Free memory on device \(([\d.]+)/([\d.]+) GiB\)")
+            found["desired"] = gib(ln, r"utilization is \(([\d.]+), ([\d.]+) GiB\)")
+        elif "Available KV cache memory" in ln:
+            found["kv"] = gib(ln, r"Available KV cache memory: ([\d.]+) GiB")
+    assert {"free_total", "desired", "kv"} <= set(found), "\n".join(lines) or log[-4000:]
+    free, total = found["free_total"]
+    assert total == quota_gib and free <= total - CONTEXT_MEMORY / GiB + 0.01, found
+    util, desired = found["desired"]
+    assert abs(desired - util * quota_gib) < 0.06, found  # 0.9 of the slice, not of the GPU
+    assert 0 < found["kv"][0] <= desired, found
+    return found
+
+
+def test_offline_generate_in_a_slice_and_every_memory_line_follows_it(
+    vllm_env: dict[str, str], tmp_path: Path, runs: list[Run]
+) -> None:
+    model = write_model(tmp_path / "model")
+    sampler = Sampler(vllm_env, QUOTA)
+    run = Run(
+        [*vgpu("--memory", "8Gi"), str(FRAMEWORKS_PYTHON), PROGRAM, str(model), "generate"],
+        vllm_env,
+        "vLLM generate",
+    )
+    runs.append(run)
+    assert run.expect("generated") == "generated n=8\n"
+    assert run.wait() == 0, run.log()[-4000:]
+    sampled = sampler.stop()
+    check_memory_lines(run.log(), 8.0)
+    assert sampled["over"] == 0 and CONTEXT_MEMORY <= sampled["peak"] <= QUOTA, sampled
+
+
+def test_sleep_level_1_gives_the_slice_back_and_wake_up_takes_it(
+    vllm_env: dict[str, str], tmp_path: Path, runs: list[Run]
+) -> None:
+    model = write_model(tmp_path / "model")
+    accounting = tmp_path / "slice.region"
+    run = Run(
+        [
+            *vgpu("--memory", "8Gi", "--region", str(accounting)),
+            str(FRAMEWORKS_PYTHON), PROGRAM, str(model), "sleep", "1",
+        ],
+        vllm_env,
+        "vLLM sleep mode",
+    )  # fmt: skip
+    runs.append(run)
+
+    def used() -> int:
+        return region.read(accounting).used_by_live(0)
+
+    run.expect("generated")
+    awake_before = used()
+    run.expect("asleep")
+    asleep = used()
+    run.send()
+    run.expect("awake")
+    awake = used()
+    run.send()
+    assert run.expect("generated") == "generated n=8\n"
+    assert run.wait() == 0, run.log()[-4000:]
+    figures = [awake_before, asleep, awake]
+    # the KV cache (0.9 of the slice less the context and the weights) is released and taken back
+    assert all(0 < x <= QUOTA for x in figures), figures
+    assert awake_before >= 7 * GiB and asleep <= GiB, figures
+    assert awake >= awake_before - (64 << 20), figures
+    freed, kept = gib(
+        run.log(), r"Sleep mode freed ([\d.]+) GiB memory, ([\d.]+) GiB memory is still"
+    )
+    assert freed + kept <= 8.0 and abs(kept - asleep / GiB) < 0.1, (freed, kept, figures)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def post(url: str, doc: Any) -> Any:
+    req = urllib.request.Request(
+        url, json.dumps(doc).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.loads(r.read())
+
+
+def test_vllm_serve_in_a_slice_answers_completions(
+    vllm_env: dict[str, str], tmp_path: Path, runs: list[Run]
+) -> None:
+    model = write_model(tmp_path / "model")
+    port = free_port()
+    vllm = str(FRAMEWORKS_PYTHON.parent / "vllm")
+    env = {k: v for k, v in vllm_env.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+    serve = [
+        vllm, "serve", str(model), "--host", "127.0.0.1", "--port", str(port),
+        "--load-format", "dummy", "--skip-tokenizer-init", "--enforce-eager",
+        "--max-model-len", "256", "--max-num-seqs", "4",
+    ]  # fmt: skip
+    run = Run([*vgpu("--memory", "8Gi"), *serve], env, "vllm serve")
+    runs.append(run)
+    base = f"http://127.0.0.1:{port}"
+    while True:  # up when /health answers; the server may still die first
+        if run.proc.poll() is not None:
+            pytest.fail(f"vllm serve ended ({run.proc.returncode}): {run.log()[-6000:]}")
+        if time.monotonic() > run.deadline:
+            run._fail("answer on /health")
+        try:
+            with urllib.request.urlopen(f"{base}/health", timeout=5) as r:
+                if r.status == 200:
+                    break
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.5)
+    got = post(
+        f"{base}/v1/completions",
+        {"model": str(model), "prompt": [3, 4, 5, 6], "max_tokens": 4, "ignore_eos": True},
+    )
+    assert len(got["choices"]) == 1 and got["usage"]["completion_tokens"] == 4, got
+    assert got["usage"]["prompt_tokens"] == 4, got
+    os.killpg(run.proc.pid, signal.SIGINT)
+    run.wait()
+    check_memory_lines(run.log(), 8.0)
+
+
+def test_a_model_larger_than_the_slice_meets_torchs_oom_and_the_driver_never_sees_more(
+    vllm_env: dict[str, str], tmp_path: Path, runs: list[Run]
+) -> None:
+    # 16 layers of 2048 x 8192: about 2.4 GB of bf16 weights for a 2 GiB slice
+    model = write_model(
+        tmp_path / "big", hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+        num_attention_heads=16, num_key_value_heads=16,
+    )  # fmt: skip
+    quota = 2 * GiB
+    sampler = Sampler(vllm_env, quota)
+    run = Run(
+        # half the slice: vLLM's own start-up check (free memory against the target) passes
+        [*vgpu("--memory", "2Gi"), str(FRAMEWORKS_PYTHON), PROGRAM, str(model), "generate", "0.5"],
+        vllm_env,
+        "vLLM on a model larger than its slice",
+    )
+    runs.append(run)
+    rc = run.wait()
+    sampled = sampler.stop()
+    log = run.log()
+    assert rc != 0 and "generated" not in "".join(run.out), log[-4000:]
+    assert "Failed to load model - not enough GPU memory" in log, log[-6000:]  # vLLM's words
+    m = re.search(r"torch\.OutOfMemoryError: CUDA out of memory\..*", log)
+    assert m, log[-6000:]
+    assert "total capacity of 2.00 GiB" in m.group(0), m.group(0)
+    assert sampled["over"] == 0 and CONTEXT_MEMORY <= sampled["peak"] <= quota, sampled
+
+
+CAP = 30
+POINTS = 2.0
+# A GPU of 8 SMs: the model's kernels take several waves each, so its decode loop keeps the
+# device about 90% busy uncapped (measured on 2 busy cores), well above the cap.
+SMALL_GPU = {"devices": [{"sm_count": 8}]}
+
+
+def test_cuda_graphs_and_torch_compile_keep_to_a_compute_cap(
+    vllm_env: dict[str, str], tmp_path: Path, runs: list[Run]
+) -> None:
+    model = write_model(tmp_path / "model")
+    config = tmp_path / "gpu.json"
+    config.write_text(json.dumps(SMALL_GPU))
+    # the simulator's default duration spread and tail, and a second of queued work (as
+    # tests/clients/test_torch_compute.py)
+    env = {k: v for k, v in vllm_env.items() if not k.startswith("SIMGPU_KERNEL_")}
+    env.update(SIMGPU_CONFIG=str(config), SIMGPU_QUEUE_AHEAD_US="1000000")
+    run = Run(
+        [
+            *vgpu("--memory", "8Gi", "--compute", str(CAP)),
+            str(FRAMEWORKS_PYTHON), PROGRAM, str(model), "graphs", "3", "5",
+        ],
+        env,
+        "vLLM with CUDA graphs under a compute cap",
+    )  # fmt: skip
+    runs.append(run)
+    out = run.expect("share=")
+    assert run.wait() == 0, run.log()[-4000:]
+    log = run.log()
+    # the decode steps ran as CUDA graphs of a torch.compile'd model
+    assert re.search(r"torch\.compile took [\d.]+ s", log), log[-4000:]
+    assert "Graph capturing finished" in log, log[-4000:]
+    share = float(gib(out, r"share=([\d.]+)")[0])
+    assert share <= CAP + POINTS, out
+    if share < CAP - POINTS:
+        window, wait = gib(out, r"window_s=([\d.]+) cpu_wait=([\d.]+)")
+        assert starved(wait * window, window), out
+        warnings.warn(f"{out.strip()}: short of the cap on a starved host", stacklevel=1)
