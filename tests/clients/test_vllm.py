@@ -280,6 +280,58 @@ def test_sleep_level_1_gives_the_slice_back_and_wake_up_takes_it(
     assert freed + kept <= 8.0 and abs(kept - asleep / GiB) < 0.1, (freed, kept, figures)
 
 
+def test_two_processes_swap_in_one_slice_by_sleeping(
+    vllm_env: dict[str, str], tmp_path: Path, runs: list[Run]
+) -> None:
+    """Two vLLM processes in one 8 GiB slice (two `vgpu run --region` of one accounting file),
+    each sized for 0.6 of it: the second starts only once the first sleeps (vLLM's start-up check
+    sees the slice's free memory), then they take turns; the driver, read from outside, never
+    holds more than the slice."""
+    model = write_model(tmp_path / "model")
+    accounting = tmp_path / "slice.region"
+    sampler = Sampler(vllm_env, QUOTA)
+
+    def start(name: str) -> Run:
+        cmd = [
+            *vgpu("--memory", "8Gi", "--region", str(accounting)),
+            str(FRAMEWORKS_PYTHON), PROGRAM, str(model), "sleep", "1", "0.6",
+        ]  # fmt: skip
+        run = Run(cmd, vllm_env, f"vLLM {name} swapping")
+        runs.append(run)
+        return run
+
+    def used() -> int:
+        return region.read(accounting).used_by_live(0)
+
+    a = start("A")
+    a.expect("generated")
+    a_awake = used()
+    a.expect("asleep")
+    b = start("B")  # fits only because A sleeps: 0.6 of the slice each, and A's context stays
+    b.expect("generated")
+    both = used()
+    b.expect("asleep")
+    a.send()
+    a.expect("awake")
+    a_again = used()
+    a.send()
+    assert a.expect("generated") == "generated n=8\n"
+    assert a.wait() == 0, a.log()[-4000:]
+    b.send()
+    b.expect("awake")
+    b.send()
+    assert b.expect("generated") == "generated n=8\n"
+    assert b.wait() == 0, b.log()[-4000:]
+    sampled = sampler.stop()
+    figures = [a_awake, both, a_again]
+    # one awake (0.6 of the slice and its context) and one asleep, never both awake
+    assert a_awake > 0.6 * QUOTA and all(x <= QUOTA for x in figures), figures
+    assert a_awake < both < a_awake + GiB and a_again < a_awake + GiB, figures
+    assert sampled["over"] == 0 and sampled["peak"] <= QUOTA, sampled
+    # B sized its KV cache from what the slice had free with A asleep, within the slice
+    check_memory_lines(b.log(), 8.0)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -7,7 +7,7 @@ VLLM_ENABLE_V1_MULTIPROCESSING=0), so the driver's per-process figures are the e
 
   generate [UTIL]    eager; generate 8 tokens of a 4-token prompt, print "generated n=N"
                      (UTIL: gpu_memory_utilization, default 0.9)
-  sleep LEVEL        eager with sleep mode: generate, llm.sleep(LEVEL), print "asleep" and wait
+  sleep LEVEL [UTIL] eager with sleep mode: generate, llm.sleep(LEVEL), print "asleep" and wait
                      for a line on stdin, llm.wake_up(), print "awake" and wait, generate again
   graphs WARMUP S    torch.compile and CUDA graphs (vLLM's defaults): generate batches for WARMUP
                      seconds, then for S more, and print the share of the device the simulated
@@ -72,7 +72,8 @@ def main() -> None:
         llm = engine(model, enforce_eager=True, gpu_memory_utilization=util)
         print(f"generated n={generate(llm)}", flush=True)
     elif mode == "sleep":
-        llm = engine(model, enforce_eager=True, enable_sleep_mode=True)
+        util = float(args[1]) if len(args) > 1 else 0.9
+        llm = engine(model, enforce_eager=True, enable_sleep_mode=True, gpu_memory_utilization=util)
         print(f"generated n={generate(llm)}", flush=True)
         llm.sleep(level=int(args[0]))
         print("asleep", flush=True)
