@@ -39,6 +39,7 @@ from sharing.observe.cpuwait import starved
 from tests.sim.simhelp import CONTEXT_MEMORY
 from tests.support.clients import FRAMEWORKS_PYTHON, PROGRAMS, Client, frameworks_python
 from tests.support.context_storm import Sampler
+from tests.support.vllm_model import write_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(480)]
 
@@ -46,30 +47,6 @@ GiB = 1 << 30
 QUOTA = 8 * GiB
 DEADLINE_S = 420.0  # one vLLM process's start and work on 2 busy cores takes 30-130 s
 PROGRAM = str(PROGRAMS / "vllm_client.py")
-
-# One made-up Llama for every test (the OOM test scales it up): bf16, 2 layers, a 32k vocabulary.
-MODEL = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 1024,
-    "intermediate_size": 4096,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 8,
-    "vocab_size": 32000,
-    "max_position_embeddings": 512,
-    "rms_norm_eps": 1e-5,
-    "torch_dtype": "bfloat16",
-    "tie_word_embeddings": False,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-}
-
-
-def write_model(d: Path, **overrides: Any) -> Path:
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "config.json").write_text(json.dumps(dict(MODEL, **overrides)))
-    return d
 
 
 @pytest.fixture(scope="module")

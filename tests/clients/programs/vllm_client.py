@@ -9,6 +9,8 @@ VLLM_ENABLE_V1_MULTIPROCESSING=0), so the driver's per-process figures are the e
                      (UTIL: gpu_memory_utilization, default 0.9)
   sleep LEVEL [UTIL] eager with sleep mode: generate, llm.sleep(LEVEL), print "asleep" and wait
                      for a line on stdin, llm.wake_up(), print "awake" and wait, generate again
+  ttft N             eager; after two warm-up requests, N requests of one token from a 4-token
+                     prompt, one at a time: print "ttft_ms=MEDIAN min=MIN" of their wall times
   graphs WARMUP S    torch.compile and CUDA graphs (vLLM's defaults): generate batches for WARMUP
                      seconds, then for S more, and print the share of the device the simulated
                      driver served this process over the second stretch (simgpuProcessBusyNs),
@@ -82,6 +84,17 @@ def main() -> None:
         print("awake", flush=True)
         sys.stdin.readline()
         print(f"generated n={generate(llm)}", flush=True)
+    elif mode == "ttft":
+        llm = engine(model, enforce_eager=True)
+        generate(llm, tokens=1)
+        generate(llm, tokens=1)
+        times = []
+        for _ in range(int(args[0])):
+            t0 = time.perf_counter()
+            generate(llm, tokens=1)
+            times.append(1000 * (time.perf_counter() - t0))
+        times.sort()
+        print(f"ttft_ms={times[len(times) // 2]:.3f} min={times[0]:.3f}", flush=True)
     elif mode == "graphs":
         warmup, seconds = float(args[0]), float(args[1])
         llm = engine(
