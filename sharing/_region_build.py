@@ -48,7 +48,9 @@ ffibuilder.cdef(_cdef_text() + _HELPERS_CDEF)
 ffibuilder.set_source(
     "sharing._region_cffi",
     '#include "region_init.h"\n#include "limitkeys.h"\n#include "enforced.h"',
-    sources=[os.path.relpath(_SHIM_SRC / n) for n in ("region_init.c", "limitkeys.c", "enforced.c")],
+    sources=[
+        os.path.relpath(_SHIM_SRC / n) for n in ("region_init.c", "limitkeys.c", "enforced.c")
+    ],
     include_dirs=[str(_INCLUDE), str(_SHIM_SRC)],
 )
 
