@@ -218,18 +218,21 @@ def test_offline_generate_in_a_slice_and_every_memory_line_follows_it(
     assert sampled["over"] == 0 and CONTEXT_MEMORY <= sampled["peak"] <= QUOTA, sampled
 
 
-def test_sleep_level_1_gives_the_slice_back_and_wake_up_takes_it(
-    vllm_env: dict[str, str], tmp_path: Path, runs: list[Run]
+@pytest.mark.parametrize("level", [1, 2])
+def test_sleep_gives_the_slice_back_and_wake_up_takes_it(
+    vllm_env: dict[str, str], tmp_path: Path, runs: list[Run], level: int
 ) -> None:
+    """Level 1 offloads the weights to the host and discards the KV cache, level 2 discards
+    both: either way the device memory goes back to the slice, and wake_up() takes it again."""
     model = write_model(tmp_path / "model")
     accounting = tmp_path / "slice.region"
     run = Run(
         [
             *vgpu("--memory", "8Gi", "--region", str(accounting)),
-            str(FRAMEWORKS_PYTHON), PROGRAM, str(model), "sleep", "1",
+            str(FRAMEWORKS_PYTHON), PROGRAM, str(model), "sleep", str(level),
         ],
         vllm_env,
-        "vLLM sleep mode",
+        f"vLLM sleep mode, level {level}",
     )  # fmt: skip
     runs.append(run)
 
