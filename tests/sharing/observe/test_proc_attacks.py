@@ -119,8 +119,13 @@ def test_a_process_name_cannot_forge_a_line_of_the_plugins_log(
             assert f"pid {attacker.pid} ({shown}, user " in line, line
             log = w.plugin.output()
             assert not any(x.startswith("WARNING forg") for x in log.splitlines()), log
-            events = [e for e in server.objects("Event") if f"pid {attacker.pid} " in e["message"]]
-            assert events, server.objects("Event")
+            # the Event is posted by the plugin's event thread, after the line: wait for it
+            deadline = time.monotonic() + 30
+            while not (events := [e for e in server.objects("Event")
+                                  if f"pid {attacker.pid} " in e["message"]]):  # fmt: skip
+                assert time.monotonic() < deadline, ("no Event names the process within 30 s",
+                                                     server.objects("Event"))  # fmt: skip
+                time.sleep(0.1)
             assert all("\n" not in e["message"] and shown in e["message"] for e in events), events
         finally:
             if attacker is not None and attacker.poll() is None:
