@@ -65,12 +65,33 @@ def create(path: str | os.PathLike[str], mode: int = 0o644) -> None:
         os.unlink(tmp)
 
 
+def create_anonymous() -> int:
+    """A new, empty pool file in a memfd (`vgpu run`: CMD inherits it and the shim reads it as
+    /proc/<pid>/fd/<n>). Returns the descriptor (close-on-exec: the caller decides)."""
+    fd = os.memfd_create("vgpu-pool", os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(fd, FILE_SIZE)
+        with mmap.mmap(fd, FILE_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE) as m:
+            lib.vgpu_pool_init(ffi.cast("struct vgpu_pool *", ffi.from_buffer(m)))
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
 class Pool:
     """An open pool file: read-write for the plugin (and tests), read-only for observers."""
 
-    def __init__(self, path: str | os.PathLike[str], *, writable: bool = False) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str] | None = None, *, fd: int | None = None,
+        writable: bool = False,
+    ) -> None:  # fmt: skip
+        """The file at path (never through a link), or the open file fd (dup'ed: the caller keeps
+        its own)."""
         flags = (os.O_RDWR if writable else os.O_RDONLY) | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(path, flags)
+        if (path is None) == (fd is None):
+            raise ValueError("Pool: give a path or an fd")
+        fd = os.open(path, flags) if path is not None else os.dup(fd)  # type: ignore[arg-type]
         try:
             size = os.fstat(fd).st_size
             if size != FILE_SIZE:

@@ -12,7 +12,9 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include "burst.h"
@@ -27,6 +29,30 @@ static const struct vgpu_pool *P; /* the read-only mapping, NULL when no device 
 
 static const char pool_forms[] = "the plugin's pool file, mounted read-only (VGPU_BURST_POOL)";
 
+/* The pool file, never through a link, except where the settings are the environment's and the
+ * link is /proc/<pid>/fd/<n> (`vgpu run`'s pool is a memfd CMD inherits): a kernel link nobody can
+ * plant, the one the accounting file follows too (region.c). -1 with errno. */
+static int open_pool(const char *path) {
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+    if (fd >= 0 || errno != ELOOP || vgpu_settings_file() != NULL) return fd;
+    char dir[4096];
+    const char *slash = strrchr(path, '/');
+    size_t n = slash != NULL ? (size_t)(slash - path) : 0;
+    struct statfs sfs;
+    int dfd = -1;
+    if (n > 0 && n < sizeof dir) {
+        memcpy(dir, path, n);
+        dir[n] = '\0';
+        dfd = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    }
+    if (dfd >= 0 && fstatfs(dfd, &sfs) == 0 && sfs.f_type == PROC_SUPER_MAGIC)
+        fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    else
+        errno = ELOOP;
+    if (dfd >= 0) close(dfd);
+    return fd;
+}
+
 int vgpu_burst_open(void) {
     const struct vgpu_config *cfg = vgpu_config();
     if (!cfg->any_burst) return 0;
@@ -34,7 +60,7 @@ int vgpu_burst_open(void) {
     char why[160] = "";
     const char *w = NULL;
     void *m = MAP_FAILED;
-    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+    int fd = open_pool(path);
     struct stat st;
     if (fd < 0)
         snprintf(why, sizeof why, "%s", vgpu_open_error(errno));
