@@ -26,7 +26,14 @@ from sharing.cli.compute_run import COMPUTE
 from sharing.cli.context_cache import CacheUntrusted, ContextCache, model_key
 from sharing.cli.run_flags import EnvContributor, RunConfigError, add_per_device, per_device_env
 from sharing.fsutil import atomic_write
-from sharing.limitsfile import LimitsFileError, render_limits_file
+from sharing.limitsfile import (
+    BURST_GRANT_KEY,
+    BURST_KEY_KEY,
+    BURST_LIMIT_KEY,
+    BurstLimit,
+    LimitsFileError,
+    render_limits_file,
+)
 from sharing.paths import shim_library, sim_lib_dir
 from sharing.percent import format_permille
 from sharing.quantity import QuantityError, format_bytes, parse_bytes
@@ -198,12 +205,14 @@ def prepare_burst(
     bursting device's grant is its whole limit - request and nothing is taken back: CMD may use its
     limit, is shown its request (docs/policy.md). A bare --memory-limit applies to every device
     NVML lists (the shim names each device's grant entry: VGPU_BURST_GRANT_<i>, _KEY_<i>)."""
-    bare = env.pop("VGPU_MEMORY_BURST_LIMIT", None)
-    limits = {
-        int(k.rsplit("_", 1)[1]): int(v)
-        for k, v in env.items()
-        if k.startswith("VGPU_MEMORY_BURST_LIMIT_")
-    }
+    bare_text = env.pop("VGPU_MEMORY_BURST_LIMIT", None)
+    bare = int(_bytes("--memory-limit", bare_text)) if bare_text is not None else None
+    limits: dict[int, int] = {}
+    for k in [k for k in env if k.startswith(BURST_LIMIT_KEY)]:  # flags' or the environment's
+        index = k[len(BURST_LIMIT_KEY) :]
+        if not index.isdigit() or int(index) >= region.MAX_DEVICES:
+            raise RunConfigError(f"{k}: not a device index (0..{region.MAX_DEVICES - 1})")
+        limits[int(index)] = int(_bytes(f"--memory-limit-{int(index)}", env.pop(k)))
     if bare is not None:
         count = _gpu_count(args.sim)
         if count == 0:
@@ -260,13 +269,24 @@ def write_region_limits(path: str, env: Mapping[str, str]) -> None:
         e = enforced.resolve(env)
     except enforced.SettingError as err:
         raise LimitsFileError(str(err)) from err
-    n = e.distinct_devices()
+    bursting = [int(k[len(BURST_LIMIT_KEY) :]) for k in env if k.startswith(BURST_LIMIT_KEY)]
+    n = max(e.distinct_devices(), max(bursting, default=-1) + 1)
+    bursts = [
+        BurstLimit(int(env[f"{BURST_LIMIT_KEY}{i}"]), int(env[f"{BURST_GRANT_KEY}{i}"]),
+                   int(env[f"{BURST_KEY_KEY}{i}"]))
+        if i in bursting
+        else None
+        for i in range(n)
+    ]  # fmt: skip
     text = render_limits_file(
         memory_limits=e.memory[:n],
         sm_limits=[format_permille(c) if c else "100" for c in e.cap_permille[:n]],  # the whole GPU
         policy=e.policy,
         priority=e.priority,
         shared_cache=path,
+        bursts=bursts,
+        burst_pool=env.get("VGPU_BURST_POOL"),
+        show_limit=env.get("VGPU_MEMORY_SHOW_LIMIT") == "1",
         header="written by vgpu run for observers; the shim reads CMD's environment",
     )
     os.close(region.open_dir(path + REGION_LIMITS_SUFFIX)[0])  # the region's checked directory

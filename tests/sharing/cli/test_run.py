@@ -306,3 +306,37 @@ def test_a_bad_memory_limit_is_refused_before_cmd(
     r = vgpu_run(["--sim", *args, "--", "touch", str(marker)])
     assert r.returncode == 2 and says in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and not marker.exists()
+
+
+@pytest.mark.slow
+def test_a_bursting_region_shows_its_borrowed_bytes_in_top(
+    shim_ops: Path, sim_env: dict[str, str], tmp_path: Path
+) -> None:
+    """`vgpu run --memory-limit --region FILE` writes the burst limit into FILE.limits; `vgpu top`
+    shows the request as the quota, the limit, and what the slice holds above the request."""
+    import json
+
+    from sharing.limitsfile import parse_limits_file
+
+    env = {k: v for k, v in sim_env.items() if k != "LD_LIBRARY_PATH"}
+    reg = tmp_path / "burst.region"
+    request, limit = CONTEXT_MEMORY + 64 * MiB, CONTEXT_MEMORY + 256 * MiB
+    run = [*VGPU[1:], "run", "--sim", "--memory", str(request), "--memory-limit", str(limit),
+           "--region", str(reg), "--", str(shim_ops), "init", "ctx", f"alloc:{160 * MiB}"]  # fmt: skip
+    held = Held(Path(VGPU[0]), env, *run)
+    try:
+        assert held.results[-1]["rc"] == "0", held.results
+        limits = parse_limits_file((tmp_path / "burst.region.limits").read_text())
+        assert limits["CUDA_DEVICE_MEMORY_LIMIT_0"] == str(request)
+        assert limits["VGPU_MEMORY_BURST_LIMIT_0"] == str(limit)
+        r = subprocess.run([*VGPU, "top", "--sim", "--data-dir", str(tmp_path / "none"),
+                            "--region", str(reg), "--json"], env=env, capture_output=True,
+                           text=True, timeout=60)  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        [dev] = json.loads(r.stdout)["devices"]
+        [s] = dev["slices"]
+        assert (s["memory_limit_bytes"], s["memory_burst_limit_bytes"]) == (request, limit), s
+        assert s["memory_used_bytes"] == CONTEXT_MEMORY + 160 * MiB, s
+        assert s["memory_borrowed_bytes"] == 96 * MiB, s
+    finally:
+        held.release()
