@@ -72,17 +72,18 @@ class Bench:
         self.prog = compile_program(REPO / "benchmarks" / "c" / "shim_bench.c", work, ["-O2"])
         self.envs = variant_envs(work)
 
-    def ns(self, mode: str, env: dict[str, str], n: int) -> float:
+    def ns(self, mode: str, env: dict[str, str], n: int, *extra: str) -> float:
         out = subprocess.run(
-            [str(self.prog), mode, str(n)], env=env, capture_output=True, text=True, check=True
-        )
+            [str(self.prog), mode, str(n), *extra], env=env, capture_output=True, text=True,
+            check=True,
+        )  # fmt: skip
         return float(re.search(r"ns_per_op=([\d.]+)", out.stdout).group(1))  # type: ignore[union-attr]
 
-    def instructions(self, mode: str, env: dict[str, str], n: int) -> float:
+    def instructions(self, mode: str, env: dict[str, str], n: int, *extra: str) -> float:
         out_file = self.work / f"cg.{mode}.{abs(hash(tuple(sorted(env.items()))))}"
         subprocess.run(
             ["valgrind", "--tool=callgrind", "--toggle-collect=bench_loop", f"--callgrind-out-file={out_file}",
-             str(self.prog), mode, str(n)],
+             str(self.prog), mode, str(n), *extra],
             env=env, capture_output=True, text=True, check=True,
         )  # fmt: skip
         text = out_file.read_text()

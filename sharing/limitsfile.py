@@ -18,6 +18,7 @@ Every error is a LimitsFileError whose str() is one line naming the key and what
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from sharing._region_cffi import ffi, lib
 
@@ -32,6 +33,19 @@ HAMI_POLICIES = {"force": "hard", "default": "elastic", "disable": "off"}
 MEMORY_KEY = "CUDA_DEVICE_MEMORY_LIMIT_"
 SM_KEY = "CUDA_DEVICE_SM_LIMIT_"
 CONTEXT_SIZE_KEY = "VGPU_CONTEXT_SIZE_"
+BURST_LIMIT_KEY = "VGPU_MEMORY_BURST_LIMIT_"
+BURST_GRANT_KEY = "VGPU_BURST_GRANT_"
+BURST_KEY_KEY = "VGPU_BURST_KEY_"
+
+
+@dataclass(frozen=True)
+class BurstLimit:
+    """A device's burst limit (bytes, at least its request) and its grant entry in the pool file
+    (sharing/burstpool.py) with that entry's key (docs/policy.md, "The pool file")."""
+
+    limit: int
+    entry: int
+    key: int
 
 
 class LimitsFileError(ValueError):
@@ -74,6 +88,9 @@ def render_limits_file(
     demand_file: str | None = None,
     context_reserve: int | None = None,
     context_sizes: Sequence[int | None] = (),
+    bursts: Sequence[BurstLimit | None] = (),
+    burst_pool: str | None = None,
+    show_limit: bool = False,
     header: str = "written by the DRA plugin, read by the shim",
 ) -> str:
     """The file's text for one slice; limits (and context sizes, None where unknown) in container
@@ -94,6 +111,15 @@ def render_limits_file(
         lines.append(f"VGPU_NODE_STATE_DIR={node_state_dir}")
     if demand_file is not None:
         lines.append(f"VGPU_DEMAND_FILE={demand_file}")
+    for i, b in enumerate(bursts):
+        if b is not None:
+            lines.append(f"{BURST_LIMIT_KEY}{i}={b.limit}")
+            lines.append(f"{BURST_GRANT_KEY}{i}={b.entry}")
+            lines.append(f"{BURST_KEY_KEY}{i}={b.key}")
+    if burst_pool is not None:
+        lines.append(f"VGPU_BURST_POOL={burst_pool}")
+    if show_limit:
+        lines.append("VGPU_MEMORY_SHOW_LIMIT=1")
     text = "\n".join(lines) + "\n"
     parse_limits_file(text)  # the same rules both ways
     return text

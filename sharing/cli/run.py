@@ -1,6 +1,7 @@
 """`vgpu run`: run a command with the shim preloaded and the slice's limits set, without Kubernetes.
 
-    vgpu run [--memory Q] [--memory-<i> Q] [--region FILE] [--sim] [--show] -- CMD [ARGS...]
+    vgpu run [--memory Q] [--memory-<i> Q] [--memory-limit Q] [--memory-limit-<i> Q]
+             [--show-memory-limit] [--region FILE] [--sim] [--show] -- CMD [ARGS...]
 
 The command replaces this process (exec), so its exit code, signals and pid are the command's.
 
@@ -19,13 +20,20 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from sharing import enforced, region
+from sharing import burstpool, enforced, region
 from sharing.claimlayout import REGION_LIMITS_SUFFIX
 from sharing.cli.compute_run import COMPUTE
 from sharing.cli.context_cache import CacheUntrusted, ContextCache, model_key
 from sharing.cli.run_flags import EnvContributor, RunConfigError, add_per_device, per_device_env
 from sharing.fsutil import atomic_write
-from sharing.limitsfile import LimitsFileError, render_limits_file
+from sharing.limitsfile import (
+    BURST_GRANT_KEY,
+    BURST_KEY_KEY,
+    BURST_LIMIT_KEY,
+    BurstLimit,
+    LimitsFileError,
+    render_limits_file,
+)
 from sharing.paths import shim_library, sim_lib_dir
 from sharing.percent import format_permille
 from sharing.quantity import QuantityError, format_bytes, parse_bytes
@@ -71,9 +79,38 @@ def _bytes(flag: str, text: str) -> str:
 MIN_QUOTA = 1 << 20  # bytes; the smallest quota `vgpu run` takes (a GPU page is 2 MiB)
 
 
+class BurstContributor:
+    """--memory-limit / --memory-limit-<i>: a limit above the quota (then the request) that CMD
+    may burst to (docs/policy.md): VGPU_MEMORY_BURST_LIMIT[_i] in plain bytes; the pool it borrows
+    from is prepare_burst's. --show-memory-limit: VGPU_MEMORY_SHOW_LIMIT=1."""
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        add_per_device(
+            parser,
+            "memory-limit",
+            "QUANTITY",
+            "burst limit for every device (at least --memory, the request): CMD may allocate up "
+            "to it and is shown the request as the device's total (e.g. --memory 4Gi "
+            "--memory-limit 8Gi)",
+            "burst limit for device <i> as the command sees it",
+        )
+        parser.add_argument(
+            "--show-memory-limit",
+            action="store_true",
+            help="show CMD the burst limit as the device's total (default: the request)",
+        )
+
+    def env(self, args: argparse.Namespace) -> dict[str, str]:
+        env = per_device_env(args, "memory-limit", "VGPU_MEMORY_BURST_LIMIT", _bytes)
+        if args.show_memory_limit:
+            env["VGPU_MEMORY_SHOW_LIMIT"] = "1"
+        return env
+
+
 MEMORY = MemoryContributor()
+BURST = BurstContributor()
 # Every contributor of flags and environment.
-CONTRIBUTORS: list[EnvContributor] = [MEMORY, COMPUTE]
+CONTRIBUTORS: list[EnvContributor] = [MEMORY, BURST, COMPUTE]
 
 
 def register(sub: Any) -> None:
@@ -157,6 +194,71 @@ def prepare_region(args: argparse.Namespace, env: dict[str, str]) -> int | None:
     return fd
 
 
+BURST_KEY = 1  # the key of every grant entry of `vgpu run`'s own pool
+
+
+def prepare_burst(
+    args: argparse.Namespace, env: dict[str, str], shim_view: enforced.Enforced
+) -> int | None:
+    """A pool of CMD's own for --memory-limit (returns its fd, inherited by CMD; None without
+    bursting). Without Kubernetes no other claim shares the GPU through the plugin, so each
+    bursting device's grant is its whole limit - request and nothing is taken back: CMD may use its
+    limit, is shown its request (docs/policy.md). A bare --memory-limit applies to every device
+    NVML lists (the shim names each device's grant entry: VGPU_BURST_GRANT_<i>, _KEY_<i>)."""
+    bare_text = env.pop("VGPU_MEMORY_BURST_LIMIT", None)
+    bare = int(_bytes("--memory-limit", bare_text)) if bare_text is not None else None
+    limits: dict[int, int] = {}
+    for k in [k for k in env if k.startswith(BURST_LIMIT_KEY)]:  # flags' or the environment's
+        index = k[len(BURST_LIMIT_KEY) :]
+        if not index.isdigit() or int(index) >= region.MAX_DEVICES:
+            raise RunConfigError(f"{k}: not a device index (0..{region.MAX_DEVICES - 1})")
+        limits[int(index)] = int(_bytes(f"--memory-limit-{int(index)}", env.pop(k)))
+    if bare is not None:
+        count = _gpu_count(args.sim)
+        if count == 0:
+            raise RunConfigError(
+                "--memory-limit: NVML lists no GPU to apply it to; name devices with --memory-limit-<i>"
+            )
+        limits = {i: limits.get(i, int(bare)) for i in range(count)} | limits
+    if not limits:
+        return None
+    fd = burstpool.create_anonymous()
+    with burstpool.Pool(fd=fd, writable=True) as pool:
+        for i, limit in sorted(limits.items()):
+            request = shim_view.memory[i]  # the quota as the shim resolves it
+            flag = "--memory-limit" if bare is not None else f"--memory-limit-{i}"
+            if request == 0:
+                raise RunConfigError(
+                    f"{flag}: device {i} has no --memory (the request) to burst above"
+                )
+            if limit < request:
+                raise RunConfigError(
+                    f"{flag}: {limit} bytes is below device {i}'s --memory ({request} bytes, the request)"
+                )
+            pool.write_grant(i, key=BURST_KEY, device=i, state=burstpool.GRANT_OPEN,
+                             request=request, limit=limit, grant=limit - request)  # fmt: skip
+            env[f"VGPU_MEMORY_BURST_LIMIT_{i}"] = str(limit)
+            env[f"VGPU_BURST_GRANT_{i}"] = str(i)
+            env[f"VGPU_BURST_KEY_{i}"] = str(BURST_KEY)
+    os.set_inheritable(fd, True)
+    env["VGPU_BURST_POOL"] = f"/proc/{os.getpid()}/fd/{fd}"
+    return fd
+
+
+def _gpu_count(sim: bool) -> int:
+    """How many GPUs NVML lists (0 when it cannot say)."""
+    import pynvml
+
+    from sharing.gpus import list_gpus, use_simulator
+
+    try:
+        if sim:
+            use_simulator()
+        return len(list_gpus())
+    except (pynvml.NVMLError, OSError):
+        return 0
+
+
 def write_region_limits(path: str, env: Mapping[str, str]) -> None:
     """FILE.limits beside a --region FILE: the limits this run gives CMD, as the shim resolves
     them from its environment (sharing/enforced.py runs the shim's own resolver), in the
@@ -167,13 +269,24 @@ def write_region_limits(path: str, env: Mapping[str, str]) -> None:
         e = enforced.resolve(env)
     except enforced.SettingError as err:
         raise LimitsFileError(str(err)) from err
-    n = e.distinct_devices()
+    bursting = [int(k[len(BURST_LIMIT_KEY) :]) for k in env if k.startswith(BURST_LIMIT_KEY)]
+    n = max(e.distinct_devices(), max(bursting, default=-1) + 1)
+    bursts = [
+        BurstLimit(int(env[f"{BURST_LIMIT_KEY}{i}"]), int(env[f"{BURST_GRANT_KEY}{i}"]),
+                   int(env[f"{BURST_KEY_KEY}{i}"]))
+        if i in bursting
+        else None
+        for i in range(n)
+    ]  # fmt: skip
     text = render_limits_file(
         memory_limits=e.memory[:n],
         sm_limits=[format_permille(c) if c else "100" for c in e.cap_permille[:n]],  # the whole GPU
         policy=e.policy,
         priority=e.priority,
         shared_cache=path,
+        bursts=bursts,
+        burst_pool=env.get("VGPU_BURST_POOL"),
+        show_limit=env.get("VGPU_MEMORY_SHOW_LIMIT") == "1",
         header="written by vgpu run for observers; the shim reads CMD's environment",
     )
     os.close(region.open_dir(path + REGION_LIMITS_SUFFIX)[0])  # the region's checked directory
@@ -277,6 +390,7 @@ def run(args: argparse.Namespace) -> int:
                 print(line)
             return 0
         hand_over_context_size(args, env)
+        prepare_burst(args, env, shim_view)
         prepare_region(args, env)
     except RunConfigError as e:
         print(f"vgpu run: {e}", file=sys.stderr)

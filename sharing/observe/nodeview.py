@@ -58,6 +58,21 @@ class SliceDeviceView:
     untrusted: bool = False  # its counters claimed the impossible here and were clamped
     # the memory its containers hold there, as the last NVML pass saw it (sharing/observe/containers.py)
     containers: tuple[ContainerMemory, ...] = ()
+    # bursting (docs/policy.md): the limit above memory_limit (then the request), 0 = none
+    memory_burst_limit: int = 0
+
+    @property
+    def memory_bound(self) -> int:
+        """The most the slice may ever hold there: its limit while it bursts, else its quota."""
+        return self.memory_burst_limit or self.memory_limit
+
+    @property
+    def memory_borrowed(self) -> int:
+        """Bytes the slice uses above its request (borrowed from the device's pool), 0 unless it
+        bursts."""
+        if not self.memory_burst_limit:
+            return 0
+        return max(0, self.counters.used - self.memory_limit)
 
 
 @dataclass(frozen=True)
@@ -290,6 +305,7 @@ class ViewBuilder:
                         without_shim=self.violations.without_shim(s.key, dc.index),
                         untrusted=untrusted,
                         containers=self.containers.get(s.key, dc.index) if self.containers else (),
+                        memory_burst_limit=lim.memory_burst_bytes,
                     )
                 )
                 samples[(s.key, dc.index)] = (now, dc.charged_ns)

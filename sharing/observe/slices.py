@@ -82,8 +82,9 @@ class Slice:
 class SliceLimits:
     """A slice's limits on one of its devices."""
 
-    memory_bytes: int  # 0 = no quota
+    memory_bytes: int  # 0 = no quota (under bursting: the request)
     compute_ratio: float  # 0 = no cap; 0.3 = 30 % of the SMs
+    memory_burst_bytes: int = 0  # bursting (docs/policy.md): the limit above the request, 0 = none
 
 
 def compute_policy(s: Slice) -> str:
@@ -101,7 +102,12 @@ def slice_limits(s: Slice, counters: SliceCounters, device: int) -> SliceLimits:
     sm = _float(s.limits.get(f"CUDA_DEVICE_SM_LIMIT_{device}"))
     policy = compute_policy(s)
     ratio = sm / 100.0 if sm is not None and 0 < sm < 100 and policy != "off" else 0.0
-    return SliceLimits(memory_bytes=memory or 0, compute_ratio=ratio)
+    burst = _int(s.limits.get(f"VGPU_MEMORY_BURST_LIMIT_{device}")) or 0
+    return SliceLimits(
+        memory_bytes=memory or 0,
+        compute_ratio=ratio,
+        memory_burst_bytes=burst if memory and burst > memory else 0,
+    )
 
 
 def _int(v: str | None) -> int | None:

@@ -14,8 +14,8 @@ outside, after every NVML pass:
   path the host resolves. The exporter must see the host's PIDs (NVML lists them; the plugin's
   DaemonSet runs with hostPID).
 - A slice is in violation on a device when NVML's memory of its processes there exceeds its
-  quota plus the margin (default 128 MiB: NVML counts per-process driver memory the shim does
-  not charge). A GPU process of no slice on a device that has slices is a violation too.
+  quota (a bursting slice's: its burst limit; docs/policy.md) plus the margin (default 128 MiB:
+  NVML counts per-process driver memory the shim does not charge). A GPU process of no slice on a device that has slices is a violation too.
 - A violation counts vgpu_slice_quota_violations_total once per episode (a slice that stays
   over quota is one violation until it is back under), logs one line, posts a Kubernetes Event
   on the claim (in the plugin), and with enforce="kill" stops the offending processes: SIGTERM,
@@ -300,7 +300,7 @@ class Watchdog:
                 to_stop += self._without_shim(gpu.uuid, s, procs, unshimmed, unshimmed_seen,
                                               genuine, slots[key])  # fmt: skip
                 total = sum(p.used_bytes for p, _ in procs)
-                if s.memory_limit <= 0 or total <= s.memory_limit + self.margin:
+                if s.memory_limit <= 0 or total <= s.memory_bound + self.margin:
                     continue
                 over_now.add((key, s.device))
                 if (key, s.device) not in self._over:
@@ -554,8 +554,9 @@ class Watchdog:
         bypass = [(p, a) for p, a in procs
                   if p.used_bytes > charged.get(a.ns_pid, 0) + self.margin]  # fmt: skip
         msg = (
-            f"{_who(sl)} holds {total} bytes on GPU {uuid} by NVML's count, over its quota "
-            f"{s.memory_limit} + margin {self.margin}; holding more than the shim charged: "
+            f"{_who(sl)} holds {total} bytes on GPU {uuid} by NVML's count, over its "
+            f"{'burst limit' if s.memory_burst_limit else 'quota'} {s.memory_bound} + margin "
+            f"{self.margin}; holding more than the shim charged: "
             f"{', '.join(_describe(p.pid) for p, _ in bypass) or 'none'}"
         )
         self._report(sl, "QuotaExceeded", "quota violation", msg)
@@ -563,7 +564,7 @@ class Watchdog:
             return [(p.pid, a.start) for p, a in bypass]
         out, rest = [], total
         for p, a in sorted(procs, key=lambda pa: -pa[0].used_bytes):
-            if rest <= s.memory_limit + self.margin:
+            if rest <= s.memory_bound + self.margin:
                 break
             out.append((p.pid, a.start))
             rest -= p.used_bytes

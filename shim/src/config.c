@@ -28,6 +28,83 @@ static int refused(const struct vgpu_setting_fault *f) {
     return -1;
 }
 
+/* A vgpu_value_parser of whole numbers (grant entries and keys). */
+static int count_value(const char *v, uint64_t *out, const char **why, const char **forms) {
+    char *end = NULL;
+    errno = 0;
+    unsigned long long n = v != NULL && *v >= '0' && *v <= '9' ? strtoull(v, &end, 10) : 0;
+    *why = "not a whole number";
+    *forms = "0|[1-9][0-9]* below 2^64";
+    if (end == NULL || errno != 0 || *end != '\0') return -1;
+    *out = (uint64_t)n;
+    return 0;
+}
+
+/* One device's burst settings, checked against its request: 0, or -1 after the one line. */
+static int check_burst(const struct vgpu_config *cfg, int d, const int have[3][VGPU_MAX_DEVICES]) {
+    char name[64], val[32];
+    if (!have[0][d]) {
+        if (!have[1][d] && !have[2][d]) return 0;
+        snprintf(name, sizeof name, "VGPU_BURST_%s_%d", have[1][d] ? "GRANT" : "KEY", d);
+        vgpu_config_error(name, "(set)", "a grant entry for a device without VGPU_MEMORY_BURST_LIMIT",
+                          "VGPU_MEMORY_BURST_LIMIT_<i> with VGPU_BURST_GRANT_<i> and VGPU_BURST_KEY_<i>");
+        return -1;
+    }
+    snprintf(name, sizeof name, "VGPU_MEMORY_BURST_LIMIT_%d", d);
+    snprintf(val, sizeof val, "%llu", (unsigned long long)cfg->burst_limit[d]);
+    const char *why = NULL,
+               *allowed = "at least the device's CUDA_DEVICE_MEMORY_LIMIT (its request), which must be set";
+    if (cfg->limit[d] == 0)
+        why = "a burst limit without a memory limit (request)";
+    else if (cfg->burst_limit[d] < cfg->limit[d])
+        why = "below the request (CUDA_DEVICE_MEMORY_LIMIT)";
+    else if (!have[1][d] || !have[2][d] || cfg->burst_pool == NULL) {
+        why = "no pool to borrow from";
+        allowed = "VGPU_BURST_POOL, VGPU_BURST_GRANT_<i> and VGPU_BURST_KEY_<i> with it";
+    } else if (cfg->burst_entry[d] >= VGPU_POOL_MAX_GRANTS || cfg->burst_key[d] == 0) {
+        why = cfg->burst_key[d] == 0 ? "grant key 0 (a free entry's)" : "grant entry past the pool's table";
+        allowed = "VGPU_BURST_GRANT_<i> below 1024 and a VGPU_BURST_KEY_<i> other than 0";
+    } else {
+        for (int e = 0; e < d && why == NULL; e++)
+            if (cfg->burst_limit[e] != 0 && cfg->burst_entry[e] == cfg->burst_entry[d])
+                why = "two devices share a grant entry";
+    }
+    if (why != NULL) vgpu_config_error(name, val, why, allowed);
+    return why != NULL ? -1 : 0;
+}
+
+/* Bursting's settings (docs/policy.md): fail closed on anything malformed or inconsistent. */
+static int load_burst(struct vgpu_config *cfg) {
+    static int have[3][VGPU_MAX_DEVICES];
+    struct vgpu_setting_fault fault;
+    char **entries = vgpu_setting_entries();
+    if (vgpu_indexed_values(entries, "VGPU_MEMORY_BURST_LIMIT", vgpu_quantity_value, cfg->burst_limit, have[0],
+                            &fault) != 0 ||
+        vgpu_indexed_values(entries, "VGPU_BURST_GRANT", count_value, cfg->burst_entry, have[1], &fault) != 0 ||
+        vgpu_indexed_values(entries, "VGPU_BURST_KEY", count_value, cfg->burst_key, have[2], &fault) != 0)
+        return refused(&fault);
+    const char *v = vgpu_setting("VGPU_BURST_POOL");
+    if (v != NULL && *v == '\0') {
+        vgpu_config_error("VGPU_BURST_POOL", v, "empty", "the pool file's absolute path");
+        return -1;
+    }
+    cfg->burst_pool = v != NULL ? strdup(v) : NULL;
+    v = vgpu_setting("VGPU_MEMORY_SHOW_LIMIT");
+    if (v == NULL || *v == '\0' || !strcasecmp(v, "false") || !strcmp(v, "0"))
+        cfg->show_limit = 0;
+    else if (!strcasecmp(v, "true") || !strcmp(v, "1"))
+        cfg->show_limit = 1;
+    else {
+        vgpu_config_error("VGPU_MEMORY_SHOW_LIMIT", v, "not a boolean", "true, false, 1, 0");
+        return -1;
+    }
+    for (int d = 0; d < VGPU_MAX_DEVICES; d++) {
+        if (check_burst(cfg, d, (const int (*)[VGPU_MAX_DEVICES])have) != 0) return -1;
+        if (cfg->burst_limit[d] > cfg->limit[d]) cfg->any_burst = 1;
+    }
+    return 0;
+}
+
 static struct vgpu_config loaded;
 
 const struct vgpu_config *vgpu_config(void) { return &loaded; }
@@ -67,7 +144,7 @@ static int load(struct vgpu_config *cfg) {
 
     v = vgpu_setting("CUDA_DEVICE_MEMORY_SHARED_CACHE");
     cfg->region_path = (v != NULL && *v != '\0') ? strdup(v) : NULL; /* env may change later */
-    return 0;
+    return load_burst(cfg);
 }
 
 int vgpu_config_load(void) { return load(&loaded); }

@@ -26,6 +26,7 @@
 #include <pthread.h>
 
 #include "context.h"
+#include "burst.h"
 #include "compute.h"
 #include "config.h"
 #include "ctxmem.h"
@@ -194,7 +195,7 @@ static void adopt_locked(int idx, CUdevice dev) {
         uint64_t m = vgpu_ctxmem_existing(&probe, dev), floor = vgpu_config()->context_reserve;
         if (m != 0) bytes = m > floor ? m : floor;
     }
-    int over = vgpu_region_charge(idx, bytes, vgpu_region_limit(idx), &used) != 0;
+    int over = vgpu_region_charge(idx, bytes, vgpu_burst_bound(idx), &used) != 0; /* a bursting slice: its grant too */
     if (over) vgpu_region_charge(idx, bytes, 0, &used);
     vgpu_ctxmem_done(&probe); /* publishes a measurement, or drops the claim */
     primary_charge[idx] = bytes;

@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "init.h"
+#include "burst.h"
 #include "compute.h"
 #include "config.h"
 #include "devices.h"
@@ -69,6 +70,10 @@ static void init_once(void) {
         vgpu_settings_publish(&rp.limits_source, &rp.limits_dev, &rp.limits_ino, &rp.limits_hash);
         init_status = vgpu_region_open(&rp);
         if (init_status != CUDA_SUCCESS) return;
+        if (vgpu_burst_open() != 0) {
+            init_status = CUDA_ERROR_INVALID_VALUE;
+            return;
+        }
         pthread_atfork(NULL, NULL, atfork_child);
         int same = 1;
         for (int d = 1; d < VGPU_MAX_DEVICES; d++) same &= vgpu_region_limit(d) == vgpu_region_limit(0);

@@ -121,6 +121,61 @@ static void allowed_keys(char *buf, size_t len) {
     }
 }
 
+static size_t key_index(const char *name) {
+    size_t i = 0;
+    while (i < NKEYS && strcmp(keys[i].name, name) != 0) i++;
+    return i;
+}
+
+/* KEY_<d> as a number (its form already checked), 0 when absent. */
+static uint64_t number_of(char **entries, const char *key, int d) {
+    char name[64];
+    int n = snprintf(name, sizeof name, "%s_%d=", key, d);
+    for (char **e = entries; n > 0 && *e != NULL; e++)
+        if (strncmp(*e, name, (size_t)n) == 0) return strtoull(*e + n, NULL, 10);
+    return 0;
+}
+
+/* Bursting (docs/policy.md): a device's limit, grant entry and key go together with the pool file;
+ * the limit is at least the device's request, which is set; the entry is in the pool's table, its
+ * key not a free entry's, and no two devices share an entry. */
+static int check_bursts(char **entries, const uint64_t *seen, char *why, size_t len) {
+    size_t lim = key_index("VGPU_MEMORY_BURST_LIMIT"), ent = key_index("VGPU_BURST_GRANT"),
+           key = key_index("VGPU_BURST_KEY"), pool = key_index("VGPU_BURST_POOL");
+    uint64_t any = seen[lim] | seen[ent] | seen[key], entry_of[VGPU_MAX_DEVICES];
+    int rc = 0;
+    for (int d = 0; d < VGPU_MAX_DEVICES && rc == 0; d++) {
+        uint64_t bit = 1ULL << d;
+        if (!(any & bit)) continue;
+        uint64_t limit = number_of(entries, "VGPU_MEMORY_BURST_LIMIT", d),
+                 request = number_of(entries, "CUDA_DEVICE_MEMORY_LIMIT", d);
+        entry_of[d] = number_of(entries, "VGPU_BURST_GRANT", d);
+        rc = -1;
+        if (!(seen[lim] & bit) || !(seen[ent] & bit) || !(seen[key] & bit) || !seen[pool])
+            snprintf(why, len,
+                     "VGPU_MEMORY_BURST_LIMIT_%d, VGPU_BURST_GRANT_%d, VGPU_BURST_KEY_%d and VGPU_BURST_POOL go "
+                     "together",
+                     d, d, d);
+        else if (request == 0 || limit < request)
+            snprintf(why, len,
+                     "VGPU_MEMORY_BURST_LIMIT_%d must be at least CUDA_DEVICE_MEMORY_LIMIT_%d (the request), "
+                     "which must not be 0",
+                     d, d);
+        else if (entry_of[d] >= VGPU_POOL_MAX_GRANTS)
+            snprintf(why, len, "VGPU_BURST_GRANT_%d must be below %d (the pool's table)", d, VGPU_POOL_MAX_GRANTS);
+        else if (number_of(entries, "VGPU_BURST_KEY", d) == 0)
+            snprintf(why, len, "VGPU_BURST_KEY_%d must not be 0 (a free entry's)", d);
+        else
+            rc = 0;
+        for (int e = 0; e < d && rc == 0; e++)
+            if ((any >> e & 1) && entry_of[e] == entry_of[d]) {
+                snprintf(why, len, "VGPU_BURST_GRANT_%d names device %d's entry too", d, e);
+                rc = -1;
+            }
+    }
+    return rc;
+}
+
 int vgpu_limits_check(char **entries, char *why, size_t len) {
     uint64_t seen[NKEYS] = {0}; /* bit i: device i (indexed keys), bit 0: present (the others) */
     for (char **e = entries; *e != NULL; e++) {
@@ -185,5 +240,5 @@ int vgpu_limits_check(char **entries, char *why, size_t len) {
             return -1;
         }
     }
-    return 0;
+    return check_bursts(entries, seen, why, len);
 }

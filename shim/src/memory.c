@@ -215,14 +215,14 @@ CUresult hook_cuMemFree(CUdeviceptr_v1 dptr) { return mem_free(has_cuMemFree, un
 
 /* The slice's (total, free) for device index dev given the driver's view; 0 if unlimited. */
 static int slice_view(int dev, uint64_t drv_total, uint64_t drv_free, uint64_t *total, uint64_t *free_out) {
-    uint64_t limit = vgpu_region_limit(dev);
+    uint64_t limit = vgpu_mem_shown_total(dev), allowed = vgpu_mem_allowed_now(dev);
     if (limit == 0) return 0;
     vgpu_region_reclaim_dead(); /* what dead processes held is free again */
     vgpu_mem_settle(dev, 0);    /* caches that released cached memory at a synchronisation */
     uint64_t used = vgpu_region_used(dev);
     uint64_t t = limit < drv_total ? limit : drv_total;
-    uint64_t f = used >= limit ? 0 : limit - used; /* never negative, never wrapped */
-    if (f > drv_free) f = drv_free;                /* the GPU itself may have less left (other tenants) */
+    uint64_t f = used >= allowed ? 0 : allowed - used; /* never negative, never wrapped */
+    if (f > drv_free) f = drv_free;                    /* the GPU itself may have less left (other tenants) */
     if (f > t) f = t;
     *total = t;
     *free_out = f;
@@ -266,7 +266,7 @@ static CUresult device_total_mem(int (*has)(void), CUresult (*real)(void *, CUde
     CUresult rc = real(bytes, dev);
     int idx;
     if (rc != CUDA_SUCCESS || bytes == NULL || !vgpu_mem_active() || (idx = vgpu_device_index(dev)) < 0) return rc;
-    uint64_t limit = vgpu_region_limit(idx);
+    uint64_t limit = vgpu_mem_shown_total(idx);
     if (limit != 0 && limit < io->get(bytes)) io->set(bytes, limit);
     return rc;
 }

@@ -16,14 +16,15 @@ static int slice_of(nvmlDevice_t device, uint64_t drv_total, uint64_t *total, ui
     if (vgpu_init() != CUDA_SUCCESS || !vgpu_mem_active()) return 0;
     int idx = vgpu_nvml_device_index(device);
     if (idx < 0) return 0;
-    uint64_t limit = vgpu_region_limit(idx);
+    uint64_t limit = vgpu_mem_shown_total(idx), allowed = vgpu_mem_allowed_now(idx);
     if (limit == 0) return 0;
     vgpu_region_reclaim_dead();
     uint64_t u = vgpu_region_used(idx);
     uint64_t t = limit < drv_total ? limit : drv_total;
     *total = t;
     *used = u < t ? u : t;
-    *free_out = t - *used; /* never negative, never wrapped */
+    uint64_t f = u >= allowed ? 0 : allowed - u; /* never negative, never wrapped */
+    *free_out = f < t - *used ? f : t - *used;
     return 1;
 }
 

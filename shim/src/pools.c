@@ -146,7 +146,7 @@ static int alloc_from_cache(struct pool_acct *a, CUdeviceptr *dptr, size_t bytes
     pool_attr_fn f = get_attr();
     uint64_t used;
     if (f && f(a->pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &r) == CUDA_SUCCESS &&
-        (r <= a->charged || vgpu_region_charge(a->dev, r - a->charged, vgpu_region_limit(a->dev), &used) == 0)) {
+        (r <= a->charged || vgpu_mem_charge_bounded(a->dev, r - a->charged, &used) == 0)) {
         if (r > a->charged) a->charged = r;
         return 1;
     }
@@ -161,7 +161,7 @@ static CUresult charged_alloc(struct pool_acct *a, CUdeviceptr *dptr, size_t byt
     uint64_t want = vgpu_mem_estimate(a->dev, bytesize), used;
     CUresult rc = CUDA_SUCCESS;
     int allocated = 0;
-    if (vgpu_region_charge(a->dev, want, vgpu_region_limit(a->dev), &used) != 0) {
+    if (vgpu_mem_charge_bounded(a->dev, want, &used) != 0) {
         /* Refused as it stands. The refusal path (vgpu_mem_reserve) settles and trims the other
          * pools but cannot touch this one, whose lock we hold: reuse its freed blocks, or trim
          * it, here. */

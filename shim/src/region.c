@@ -531,6 +531,12 @@ int vgpu_region_charge(int dev, uint64_t bytes, uint64_t limit, uint64_t *used_o
     }
 }
 
+void vgpu_region_count_denial(int dev, uint64_t bytes) {
+    if (R == NULL) return;
+    __atomic_fetch_add(&R->devices[dev].denials, 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&R->devices[dev].denied_bytes, bytes, __ATOMIC_RELAXED);
+}
+
 void vgpu_region_uncharge(int dev, uint64_t bytes) {
     if (my_slot < 0 || vgpu_region_lock() != 0) return;
     struct vgpu_device_account *a = &R->devices[dev];

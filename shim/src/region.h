@@ -38,6 +38,8 @@ int vgpu_region_charge(int dev, uint64_t bytes, uint64_t limit, uint64_t *used_o
 /* The quota of device index dev (the configuration's: never the writable region's). */
 uint64_t vgpu_region_limit(int dev);
 void vgpu_region_uncharge(int dev, uint64_t bytes);
+/* Count a refusal decided outside vgpu_region_charge (observers read the counters). */
+void vgpu_region_count_denial(int dev, uint64_t bytes);
 uint64_t vgpu_region_used(int dev);
 /* This process's charge on device index dev (UINT64_MAX without a slot: none yet, or exiting). */
 uint64_t vgpu_region_mine(int dev);

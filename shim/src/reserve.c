@@ -23,6 +23,7 @@
 #include <stdatomic.h>
 
 #include "reserve.h"
+#include "burst.h"
 #include "config.h"
 #include "devices.h"
 #include "log.h"
@@ -183,22 +184,63 @@ CUresult vgpu_mem_unaccounted(void) {
     return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
+/* Charge bytes on dev against what the slice may use now: its request, or while it bursts its
+ * request plus its grant. A charge that took the slice above its request reads the grant again
+ * after a full fence; if the plugin lowered it meanwhile below what the slice now uses, the
+ * charge is undone: the plugin writes the grant, fences, then reads the slice's usage, so of the
+ * two at least one sees the other's write (docs/policy.md, "The pool file"). */
+#ifdef VGPU_TEST_HOOKS
+void (*vgpu_test_after_charge)(int dev); /* tests/c/shim_harness.c: the plugin acts here */
+#endif
+
+int vgpu_mem_charge_bounded(int dev, uint64_t bytes, uint64_t *used_out) {
+    uint64_t bound = vgpu_burst_bound(dev), request = vgpu_region_limit(dev);
+    int rc = vgpu_region_charge(dev, bytes, bound, used_out);
+#ifdef VGPU_TEST_HOOKS
+    if (rc == 0 && vgpu_test_after_charge != NULL) vgpu_test_after_charge(dev);
+#endif
+    if (rc == 0 && bound != request && *used_out + bytes > request) {
+        __atomic_thread_fence(__ATOMIC_SEQ_CST);
+        uint64_t now = vgpu_burst_bound(dev);
+        if (vgpu_region_used(dev) > now) {
+            vgpu_region_uncharge(dev, bytes);
+            vgpu_region_count_denial(dev, bytes);
+            rc = -1;
+        }
+    }
+    return rc;
+}
+
+uint64_t vgpu_mem_shown_total(int dev) {
+    return vgpu_config()->show_limit && vgpu_burst_on(dev) ? vgpu_burst_limit(dev) : vgpu_region_limit(dev);
+}
+
+uint64_t vgpu_mem_allowed_now(int dev) {
+    return vgpu_config()->show_limit ? vgpu_burst_bound(dev) : vgpu_region_limit(dev);
+}
+
 CUresult vgpu_mem_reserve(int dev, uint64_t bytes) {
     void (*adopt)(int) = __atomic_load_n(&before_charge, __ATOMIC_ACQUIRE);
     if (adopt != NULL) adopt(dev); /* a context the CUDA runtime retained out of sight is charged first */
-    uint64_t limit = vgpu_region_limit(dev), used = 0;
-    int rc = vgpu_region_charge(dev, bytes, limit, &used);
+    uint64_t used = 0;
+    int rc = vgpu_mem_charge_bounded(dev, bytes, &used);
     /* before refusing: memory our pools merely cache goes back to the device, then retry */
-    if (rc == -1 && vgpu_mem_settle(dev, 1)) rc = vgpu_region_charge(dev, bytes, limit, &used);
+    if (rc == -1 && vgpu_mem_settle(dev, 1)) rc = vgpu_mem_charge_bounded(dev, bytes, &used);
     if (rc == 0) return CUDA_SUCCESS;
     if (rc == -2) return CUDA_ERROR_OPERATING_SYSTEM; /* region unusable: reported already */
     static atomic_flag said = ATOMIC_FLAG_INIT;
     if (!atomic_flag_test_and_set(&said)) {
-        char want[32], u[32], l[32];
+        char want[32], u[32], l[32], b[32];
+        uint64_t limit = vgpu_region_limit(dev), bound = vgpu_burst_bound(dev);
         vgpu_format_bytes(bytes, want, sizeof want);
         vgpu_format_bytes(used, u, sizeof u);
         vgpu_format_bytes(limit, l, sizeof l);
-        vgpu_log(VGPU_LOG_WARN, "device %d: %s denied, slice uses %s of %s", dev, want, u, l);
+        vgpu_format_bytes(bound - limit, b, sizeof b);
+        if (vgpu_burst_on(dev))
+            vgpu_log(VGPU_LOG_WARN, "device %d: %s denied, slice uses %s of %s requested + %s borrowable now", dev,
+                     want, u, l, b);
+        else
+            vgpu_log(VGPU_LOG_WARN, "device %d: %s denied, slice uses %s of %s", dev, want, u, l);
     }
     return CUDA_ERROR_OUT_OF_MEMORY;
 }

@@ -11,6 +11,11 @@
 
 #include "vgpu/cuda_api.h"
 
+/* What the slice is shown as a device's total (its request; its burst limit if it opted in to see
+ * it: VGPU_MEMORY_SHOW_LIMIT) and what it is shown it may use now (its request; with the opt-in,
+ * its request plus its grant), 0 = unlimited. docs/policy.md, "What the slice sees". */
+uint64_t vgpu_mem_shown_total(int dev);
+uint64_t vgpu_mem_allowed_now(int dev);
 /* Is memory accounting on (a region is in use and control not disabled)? */
 int vgpu_mem_active(void);
 /* Reserve bytes on dev, printing the once-per-process denial line on refusal. Before refusing,
@@ -18,6 +23,9 @@ int vgpu_mem_active(void);
  * retried. CUDA_SUCCESS or CUDA_ERROR_OUT_OF_MEMORY. */
 CUresult vgpu_mem_reserve(int dev, uint64_t bytes);
 void vgpu_mem_release(int dev, uint64_t bytes);
+/* Charge bytes on dev against the slice's bound now (its request, plus its grant while it bursts:
+ * burst.h), undone if the grant fell meanwhile. As vgpu_region_charge: 0, -1 refused, -2 unusable. */
+int vgpu_mem_charge_bounded(int dev, uint64_t bytes, uint64_t *used_out);
 /* A settle function: bring device index dev's charge of a cache to what it holds (trim it first
  * if trim); nonzero if some charge was returned. Registered once, when the cache first exists. */
 typedef int (*vgpu_mem_settle_fn)(int dev, int trim);

@@ -3,6 +3,7 @@
 #define VGPU_SETTINGS_H
 
 #include <stdint.h>
+#include <sys/stat.h>
 
 /* The plugin's read-only limits file, in the container beside the shim's container path. */
 #define VGPU_LIMITS_CONTAINER_PATH "/usr/local/lib/vgpu-sharing/limits"
@@ -20,6 +21,9 @@ const char *vgpu_setting(const char *name);
 char **vgpu_setting_entries(void);
 const char *vgpu_settings_file(void); /* the limits file in force, or NULL */
 int vgpu_setting_is_controlled(const char *name);
+/* Whether the open file (st: its fstat) is the root of a read-only mount of its own, as the plugin
+ * mounts its files: 1 yes, 0 no, -1 cannot tell (*why says why not, for 0 and -1). */
+int vgpu_plugin_mount(int fd, const struct stat *st, const char **why);
 /* Log once where the limits come from and which environment settings were ignored. */
 void vgpu_settings_report(void);
 

@@ -10,6 +10,10 @@
  *   hold PATH DEV BYTES          charge BYTES, print "held", then sleep forever (to be SIGKILLed)
  *   lockdie PATH                 take the region lock and die by SIGKILL while holding it
  *   used PATH DEV                print the device's used bytes after a dead-slot scan
+ *   burstrace POOL BYTES LOWER   (built with -DVGPU_TEST_HOOKS) the env's bursting slice charges
+ *                                BYTES on device 0; if LOWER is 1, the "plugin" lowers the device's
+ *                                grant to 0 between the charge and its check, as a plugin racing
+ *                                the allocation would: "rc=.. used=.. bound=.."
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -19,8 +23,14 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+
+#include "burst.h"
 #include "compute.h"
 #include "config.h"
+#include "pool_io.h"
+#include "reserve.h"
 #include "region.h"
 #include "settings.h"
 
@@ -65,6 +75,36 @@ static void *stress_thread(void *p) {
     while (n > 0) vgpu_region_uncharge(a->dev, held[--n]);
     return NULL;
 }
+
+#ifdef VGPU_TEST_HOOKS
+extern void (*vgpu_test_after_charge)(int dev);
+static struct vgpu_pool_grant *race_grant;
+static uint64_t race_key;
+static void lower_grant(int dev) {
+    (void)dev;
+    vgpu_pool_grant_write(race_grant, race_key, 0, VGPU_GRANT_RECLAIM, 0, 0, 0, 0);
+}
+
+static int burst_race(const char *pool_path, uint64_t bytes, int lower) {
+    if (vgpu_config_load() != 0) return 3;
+    const struct vgpu_config *c = vgpu_config();
+    struct vgpu_region_params p = {.path = c->region_path};
+    for (int d = 0; d < VGPU_MAX_DEVICES; d++) p.limit[d] = c->limit[d];
+    vgpu_settings_publish(&p.limits_source, &p.limits_dev, &p.limits_ino, &p.limits_hash);
+    if (vgpu_region_open(&p) != CUDA_SUCCESS || vgpu_burst_open() != 0) return 3;
+    int fd = open(pool_path, O_RDWR | O_CLOEXEC);
+    struct vgpu_pool *pool = fd < 0 ? MAP_FAILED : mmap(NULL, sizeof *pool, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (pool == MAP_FAILED) return 3;
+    race_grant = &pool->grants[c->burst_entry[0]];
+    race_key = c->burst_key[0];
+    if (lower) vgpu_test_after_charge = lower_grant;
+    uint64_t used = 0;
+    int rc = vgpu_mem_charge_bounded(0, bytes, &used);
+    printf("rc=%d used=%llu bound=%llu\n", rc, (unsigned long long)vgpu_region_used(0),
+           (unsigned long long)vgpu_burst_bound(0));
+    return 0;
+}
+#endif
 
 int main(int argc, char **argv) {
     if (argc < 2) return 2;
@@ -147,6 +187,10 @@ int main(int argc, char **argv) {
         vgpu_region()->devices[0].used += 12345;
         raise(SIGKILL);
     }
+#ifdef VGPU_TEST_HOOKS
+    if (!strcmp(argv[1], "burstrace") && argc == 5)
+        return burst_race(argv[2], strtoull(argv[3], NULL, 10), atoi(argv[4]));
+#endif
     if (!strcmp(argv[1], "used") && argc == 4) {
         if (open_region(argv[2]) != 0) return 3;
         vgpu_region_reclaim_dead();

@@ -4,6 +4,7 @@
  * stack; "free" releases the top one with the matching call, "freeall" all of them.
  *
  *   init | ctx[:ORD] | info | total[:ORD] | sync | sleep:MS | ready (print, wait for stdin EOF)
+ *   step (print "step", wait for one line on stdin: the test changes something in between)
  *   alloc:N | alloc1:N | pitch:W:H | managed:N | create:N[:ORD] | async:N | pool:N | newpool:N
  *   release[:ORD] | reset[:ORD] (cuDevicePrimaryCtxRelease_v2 / cuDevicePrimaryCtxReset_v2)
  *   array:W:H | array3d:W:H:D | mipmap:W:H:LEVELS | ctxcreate[:ORD] | fill:N (allocate N-byte
@@ -28,6 +29,7 @@
  *                           if the answer was such an entry point (the driver's, passed through)
  *   stress:THREADS:ITERS:MAX      random cuMemAlloc_v2/cuMemFree_v2 of 1..MAX bytes per thread
  *                                 (ok=.. oom=.. other=..)
+ *   storm:THREADS:MAX       the same until stdin closes (prints "storming" once the threads run)
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -115,12 +117,14 @@ struct stress {
     long ok, oom, other;
 };
 
+static int storm_stop; /* storm: set when stdin closes */
+
 static void *stress_thread(void *p) {
     struct stress *s = p;
     cuCtxSetCurrent(ctx);
     CUdeviceptr held[64];
     int n = 0;
-    for (long i = 0; i < s->iters; i++) {
+    for (long i = 0; s->iters < 0 ? !__atomic_load_n(&storm_stop, __ATOMIC_RELAXED) : i < s->iters; i++) {
         if (n < 64 && (n == 0 || rand_r(&s->seed) % 3 != 0)) {
             size_t b = 1 + (size_t)rand_r(&s->seed) % s->max;
             CUresult rc = cuMemAlloc_v2(&held[n], b);
@@ -196,6 +200,11 @@ int main(int argc, char **argv) {
             printf("ready\n");
             char c;
             while (read(0, &c, 1) > 0) {}
+        } else if (!strcmp(op, "step")) {
+            printf("step\n");
+            fflush(stdout);
+            char line[64];
+            if (fgets(line, sizeof line, stdin) == NULL) rc = CUDA_ERROR_UNKNOWN;
         } else if (!strcmp(op, "alloc")) {
             CUdeviceptr p;
             rc = cuMemAlloc_v2(&p, num(f[1]));
@@ -417,13 +426,25 @@ int main(int argc, char **argv) {
                 snprintf(extra, sizeof extra, "same=%d real=%d status=%d internal=%d",
                          t != NULL && t == dlsym(RTLD_DEFAULT, f[4]), real, (int)st, t != fn);
             }
-        } else if (!strcmp(op, "stress")) {
-            int nt = atoi(f[1]);
+        } else if (!strcmp(op, "stress") || !strcmp(op, "storm")) {
+            int nt = atoi(f[1]), storm = !strcmp(op, "storm");
             pthread_t t[64];
             struct stress s[64];
             for (int k = 0; k < nt && k < 64; k++) {
-                s[k] = (struct stress){(long)num(f[2]), (size_t)num(f[3]), (unsigned)(getpid() * 7919 + k), 0, 0, 0};
+                s[k] = (struct stress){storm ? -1 : (long)num(f[2]),
+                                       (size_t)num(f[storm ? 2 : 3]),
+                                       (unsigned)(getpid() * 7919 + k),
+                                       0,
+                                       0,
+                                       0};
                 pthread_create(&t[k], NULL, stress_thread, &s[k]);
+            }
+            if (storm) {
+                printf("storming\n");
+                fflush(stdout);
+                char c;
+                while (read(0, &c, 1) > 0) {}
+                __atomic_store_n(&storm_stop, 1, __ATOMIC_RELAXED);
             }
             long ok = 0, oom = 0, other = 0;
             for (int k = 0; k < nt && k < 64; k++) {

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from sharing import region
+from sharing import burstpool, region
 from sharing.limitsfile import LimitsFileError, parse_limits_file
 from sharing.paths import shim_library
 from tests.support.shim_ops import parse_ops
@@ -73,14 +73,62 @@ def _text(entries: dict[str, str]) -> str:
     return "".join(f"{k}={v}\n" for k, v in entries.items())
 
 
+# Bursting's keys go together (docs/policy.md): each is tried in a file with the whole group.
+def _burst(tmp: Path) -> dict[str, str]:
+    return {"VGPU_MEMORY_BURST_LIMIT_0": "2048", "VGPU_BURST_GRANT_0": "3",
+            "VGPU_BURST_KEY_0": "7", "VGPU_BURST_POOL": str(tmp / "pool")}  # fmt: skip
+
+
+# Values of a good form that the group's rules refuse: a limit below the request (the base's
+# CUDA_DEVICE_MEMORY_LIMIT_0 is 1024), an entry past the pool's table, a free entry's key.
+BURST_REFUSED = {
+    ("VGPU_MEMORY_BURST_LIMIT_0", "0"),
+    ("VGPU_BURST_GRANT_0", "1024"),
+    ("VGPU_BURST_GRANT_0", "18446744073709551615"),
+    ("VGPU_BURST_KEY_0", "0"),
+}
+
+
+def _burst_cases(tmp: Path, base: dict[str, str]) -> list[tuple[str, str, bool]]:
+    group = base | _burst(tmp)
+    out = [("a bursting device", _text(group), True)]
+    for k in _burst(tmp):
+        out.append(
+            (f"burst group without {k}", _text({x: v for x, v in group.items() if x != k}), False)
+        )
+    out += [
+        ("burst limit = request", _text(group | {"VGPU_MEMORY_BURST_LIMIT_0": "1024"}), True),
+        (
+            "burst limit below the request",
+            _text(group | {"VGPU_MEMORY_BURST_LIMIT_0": "1023"}),
+            False,
+        ),
+        ("burst without a request", _text(group | {"CUDA_DEVICE_MEMORY_LIMIT_0": "0"}), False),
+        ("burst entry 1023", _text(group | {"VGPU_BURST_GRANT_0": "1023"}), True),
+        ("burst entry 1024", _text(group | {"VGPU_BURST_GRANT_0": "1024"}), False),
+    ]
+    two = {k: v for k, v in base.items()}
+    two |= {f"{k[:-2]}_1": v for k, v in base.items() if k.endswith("_0")}
+    two |= _burst(tmp) | {"VGPU_MEMORY_BURST_LIMIT_1": "2048", "VGPU_BURST_KEY_1": "8"}
+    out.append(("two devices, one entry", _text(two | {"VGPU_BURST_GRANT_1": "3"}), False))
+    out.append(("two devices, two entries", _text(two | {"VGPU_BURST_GRANT_1": "4"}), True))
+    return out
+
+
 def cases(tmp: Path) -> list[tuple[str, str, bool]]:
     """(name, file text, valid) for every key and form, and the file-level rules."""
     base = _base(tmp)
     out = [("complete", _text(base), True)]
+    burst_keys = {k.removesuffix("_0") for k in _burst(tmp)}
+    out += _burst_cases(tmp, base)
     for key, form, presence in table():
         name = f"{key}_0" if presence in ("INDEXED", "PER_DEVICE") else key
+        with_group = base | _burst(tmp) if key in burst_keys else base
         for v in GOOD[form]:
-            out.append((f"{name}={v}", _text(base | {name: _value(form, v, tmp)}), True))
+            ok = (name, v) not in BURST_REFUSED
+            # the pool must be the (mounted) pool file: the shim maps it
+            value = with_group[name] if name == "VGPU_BURST_POOL" else _value(form, v, tmp)
+            out.append((f"{name}={v}", _text(with_group | {name: value}), ok))
         for v in BAD[form]:
             out.append((f"{name}={v!r}", _text(base | {name: v}), False))
         if presence == "REQUIRED":
@@ -137,6 +185,7 @@ def test_both_readers_agree_on_every_key_and_form(
     shim_dir.mkdir()
     shutil.copy(shim_library(), shim_dir / "libvgpu.so")
     env = dict(shim_env, SIMGPU_CONTEXT_MEMORY="0", LD_PRELOAD=str(shim_dir / "libvgpu.so"))
+    burstpool.create(tmp_path / "pool")  # what the bursting cases name, mounted as the plugin does
     disagree = []
     for name, text, valid in cases(tmp_path):
         (tmp_path / "acct").unlink(missing_ok=True)
@@ -146,7 +195,7 @@ def test_both_readers_agree_on_every_key_and_form(
         # the plugin's files are read-only bind mounts of their own (what CDI's mounts make)
         mounts = " && ".join(
             f"mount --bind -o ro {shlex.quote(str(f))} {shlex.quote(str(f))}"
-            for f in (shim_dir / "libvgpu.so", limits)
+            for f in (shim_dir / "libvgpu.so", limits, tmp_path / "pool")
         )
         r = subprocess.run(
             ["unshare", "--mount", "--propagation", "private", "sh", "-c",

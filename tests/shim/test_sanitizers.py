@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from sharing import burstpool
 from shim.build import SANITIZER_FLAGS, build_with_gcc
 from tests.support.cbuild import compile_shared_library
 from tests.support.lock_garbage import garbage_patterns, hold_hung_slot, scribble
@@ -93,6 +94,11 @@ def test_shim_sanitized_in_a_cuda_program(
     # the shim creates and destroys to ask the driver an array's size are such handles.
     base["LSAN_OPTIONS"] = f"suppressions={SIM_LSAN_SUPP}:print_suppressions=0"
     reg = str(tmp_path / "s.region")
+    pool = tmp_path / "pool"
+    burstpool.create(pool)
+    with burstpool.Pool(pool, writable=True) as bp:
+        bp.write_grant(3, key=9, device=0, state=burstpool.GRANT_OPEN, request=64 * MiB,
+                       limit=256 * MiB, grant=96 * MiB)  # fmt: skip
     many = tmp_path / "sim66.json"
     many.write_text(json.dumps({"devices": [{} for _ in range(66)]}))
     scenarios: list[tuple[dict[str, str], list[str]]] = [
@@ -113,6 +119,12 @@ def test_shim_sanitized_in_a_cuda_program(
         ({"CUDA_DEVICE_MEMORY_LIMIT": "64Mi", "CUDA_DEVICE_MEMORY_SHARED_CACHE": reg, "SIMGPU_CONFIG": str(many)},
          ["init", "ctx:65", "alloc:100", "pitch:1000:100", "array:64:64", "async:4096", "create:131072:65"]),
         ({"CUDA_DEVICE_MEMORY_LIMIT": "1Gi", "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(tmp_path)}, ["init"]),
+        # bursting (docs/policy.md): every charge against request + grant, borrowing ones re-read
+        ({"CUDA_DEVICE_MEMORY_LIMIT": "64Mi", "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(tmp_path / "b.region"),
+          "VGPU_MEMORY_BURST_LIMIT_0": "256Mi", "VGPU_BURST_GRANT_0": "3", "VGPU_BURST_KEY_0": "9",
+          "VGPU_BURST_POOL": str(pool), "VGPU_MEMORY_SHOW_LIMIT": "1", "SIMGPU_CONTEXT_MEMORY": "0"},
+         ["init", "ctx", f"alloc:{100 * MiB}", "info", "pool:4096", f"alloc:{64 * MiB}", "freeall",
+          f"stress:4:2000:{8 * MiB}"]),
         # a handed-over context size (too small): verified by the shim's own thread
         ({"CUDA_DEVICE_MEMORY_LIMIT": "4Gi", "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(tmp_path / "h.region"),
           "VGPU_CONTEXT_SIZE": "100Mi"},
@@ -120,7 +132,10 @@ def test_shim_sanitized_in_a_cuda_program(
     ]  # fmt: skip
     for extra, ops in scenarios:
         r = _run_clean([str(shim_ops), *ops], {**base, **extra})
-        assert parse_ops(r.stdout)[-1]["op"] == ops[-1].split(":")[0]
+        res = parse_ops(r.stdout)
+        assert res[-1]["op"] == ops[-1].split(":")[0]
+        if "VGPU_BURST_POOL" in extra:  # it borrowed: 100 MiB of a 64 MiB request
+            assert res[2]["rc"] == "0" and res[3]["total"] == str(256 * MiB), res
 
 
 def test_shim_sanitized_over_graph_memory_and_module_globals(

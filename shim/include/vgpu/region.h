@@ -120,11 +120,69 @@ struct vgpu_region {
     struct vgpu_compute_state compute[VGPU_MAX_DEVICES];
     struct vgpu_proc_slot procs[VGPU_MAX_PROCS];
 };
+/* ---- The burst pool file (docs/policy.md, "Memory that bursts and is given back") ----
+ * One node-wide file, the plugin's: written only by the plugin, in place (never replaced, so a
+ * read-only bind mount of it sees every change), mounted read-only into bursting claims'
+ * containers. Its own layout version: the accounting file's layout is unchanged by it.
+ *  - devices[d]: the plugin's view of host device d (observers: pool and the sum of grants).
+ *  - grants[k]: one per bursting (claim, device). Each entry is written under its `seq`: the
+ *    writer makes it odd, stores the fields (each a single aligned 64/32-bit store), makes it even
+ *    again (the next even number); a reader reads seq, the fields, seq again and retries while
+ *    they differ or seq is odd (shim/src/pool_io.c, the one implementation of both sides).
+ *  - A slice's limits file names its entry (VGPU_BURST_GRANT_<i>) and the entry's key
+ *    (VGPU_BURST_KEY_<i>): an entry with another key counts as grant 0 (given to another claim).
+ *  - `grant` is what the slice may use above its request now. While the plugin takes memory back
+ *    the entry says VGPU_GRANT_RECLAIM, `grant` already holds the lower value and `deadline_unix_ns`
+ *    when the plugin stops the borrowers (0 under reclaim `wait`). */
+#define VGPU_POOL_MAGIC          0x4c4f4f50 /* "POOL" little-endian */
+#define VGPU_POOL_LAYOUT_VERSION 1
+#define VGPU_POOL_MAX_GRANTS     1024
+#define VGPU_GRANT_FREE          0
+#define VGPU_GRANT_OPEN          1
+#define VGPU_GRANT_RECLAIM       2
+
+struct vgpu_pool_header {
+    uint32_t magic;          /* VGPU_POOL_MAGIC */
+    uint32_t layout_version; /* VGPU_POOL_LAYOUT_VERSION */
+    uint64_t file_size;      /* sizeof(struct vgpu_pool) */
+    uint32_t max_devices;    /* VGPU_MAX_DEVICES */
+    uint32_t max_grants;     /* VGPU_POOL_MAX_GRANTS */
+    uint64_t created_unix_ns;
+};
+
+struct vgpu_pool_device {
+    uint64_t seq;       /* as a grant's */
+    uint64_t capacity;  /* the device's memory */
+    uint64_t reserved;  /* the policy's reservedMemory */
+    uint64_t requested; /* the sum of the prepared claims' requests */
+    uint64_t pool;      /* capacity - reserved - requested (0 when negative) */
+    uint64_t granted;   /* the sum of the device's grants (<= pool) */
+};
+
+struct vgpu_pool_grant {
+    uint64_t seq;              /* even: stable; odd: being written */
+    uint64_t key;              /* the owner's key (its limits file's VGPU_BURST_KEY_<i>), 0: free */
+    uint32_t device;           /* host device index */
+    uint32_t state;            /* VGPU_GRANT_* */
+    uint64_t request;          /* the owner's request on the device (observers) */
+    uint64_t limit;            /* its limit (observers) */
+    uint64_t grant;            /* bytes it may use above its request now */
+    uint64_t deadline_unix_ns; /* VGPU_GRANT_RECLAIM under evict: when the borrowers are stopped */
+};
+
+struct vgpu_pool {
+    struct vgpu_pool_header header;
+    struct vgpu_pool_device devices[VGPU_MAX_DEVICES];
+    struct vgpu_pool_grant grants[VGPU_POOL_MAX_GRANTS];
+};
 /* CFFI-END */
 
 _Static_assert(VGPU_DEMAND_DEVICES == VGPU_MAX_DEVICES, "a demand file has an entry per accounted device");
 _Static_assert(sizeof(struct vgpu_device_account) == 48, "devices[] entries are part of the layout");
 _Static_assert(sizeof(struct vgpu_proc_slot) == 48 + 8 * VGPU_MAX_DEVICES, "procs[] entries are part of the layout");
 _Static_assert(__builtin_offsetof(struct vgpu_device_account, context_measurer) % 4 == 0, "a futex word is 4-aligned");
+_Static_assert(sizeof(struct vgpu_pool_device) == 48, "pool devices[] entries are part of the pool's layout");
+_Static_assert(sizeof(struct vgpu_pool_grant) == 56, "grants[] entries are part of the pool's layout");
+_Static_assert(sizeof(struct vgpu_pool_header) == 32, "the pool's header is part of its layout");
 
 #endif

@@ -264,3 +264,79 @@ def test_region_limits_show_the_policy_the_shim_enforces(
     assert limits["VGPU_PRIORITY"] == priority
     assert limits["CUDA_DEVICE_MEMORY_LIMIT_1"] == str(1024 * MiB)
     assert (limits["CUDA_DEVICE_SM_LIMIT_0"], limits["CUDA_DEVICE_SM_LIMIT_1"]) == ("100", "20")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("show", [False, True])
+def test_memory_limit_bursts_above_the_request(
+    shim_ops: Path, sim_env: dict[str, str], show: bool
+) -> None:
+    """--memory is the request CMD is shown (unless --show-memory-limit), --memory-limit what it
+    may allocate: a pool of its own grants the difference (docs/policy.md)."""
+    env = {k: v for k, v in sim_env.items() if k != "LD_LIBRARY_PATH"}
+    request = 64 * MiB + CONTEXT_MEMORY
+    flags = ["--sim", "--memory", str(request), "--memory-limit", str(request + 64 * MiB)]
+    r = vgpu_run([*flags, *(["--show-memory-limit"] if show else []), "--", str(shim_ops),
+                  "init", "ctx", f"alloc:{64 * MiB}", "info", f"alloc:{64 * MiB}", f"alloc:{2 * MiB}"],
+                 env)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    res = parse_ops(r.stdout)
+    # the request, then 64 MiB borrowed, then refused at the limit
+    assert [x["rc"] for x in res if x["op"] == "alloc"] == ["0", "0", "2"], res
+    info = next(x for x in res if x["op"] == "info")
+    if show:
+        assert info["total"] == str(request + 64 * MiB) and info["free"] == str(64 * MiB), info
+    else:
+        assert info["total"] == str(request) and info["free"] == "0", info
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--memory-limit", "8Gi"], "no --memory (the request)"),
+        (["--memory", "8Gi", "--memory-limit", "4Gi"], "below device 0's --memory"),
+        (["--memory", "4Gi", "--memory-limit-0", "8GB"], "--memory-limit-0"),
+    ],
+)
+def test_a_bad_memory_limit_is_refused_before_cmd(
+    args: list[str], says: str, tmp_path: Path
+) -> None:
+    marker = tmp_path / "ran"
+    r = vgpu_run(["--sim", *args, "--", "touch", str(marker)])
+    assert r.returncode == 2 and says in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not marker.exists()
+
+
+@pytest.mark.slow
+def test_a_bursting_region_shows_its_borrowed_bytes_in_top(
+    shim_ops: Path, sim_env: dict[str, str], tmp_path: Path
+) -> None:
+    """`vgpu run --memory-limit --region FILE` writes the burst limit into FILE.limits; `vgpu top`
+    shows the request as the quota, the limit, and what the slice holds above the request."""
+    import json
+
+    from sharing.limitsfile import parse_limits_file
+
+    env = {k: v for k, v in sim_env.items() if k != "LD_LIBRARY_PATH"}
+    reg = tmp_path / "burst.region"
+    request, limit = CONTEXT_MEMORY + 64 * MiB, CONTEXT_MEMORY + 256 * MiB
+    run = [*VGPU[1:], "run", "--sim", "--memory", str(request), "--memory-limit", str(limit),
+           "--region", str(reg), "--", str(shim_ops), "init", "ctx", f"alloc:{160 * MiB}"]  # fmt: skip
+    held = Held(Path(VGPU[0]), env, *run)
+    try:
+        assert held.results[-1]["rc"] == "0", held.results
+        limits = parse_limits_file((tmp_path / "burst.region.limits").read_text())
+        assert limits["CUDA_DEVICE_MEMORY_LIMIT_0"] == str(request)
+        assert limits["VGPU_MEMORY_BURST_LIMIT_0"] == str(limit)
+        r = subprocess.run([*VGPU, "top", "--sim", "--data-dir", str(tmp_path / "none"),
+                            "--region", str(reg), "--json"], env=env, capture_output=True,
+                           text=True, timeout=60)  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        [dev] = json.loads(r.stdout)["devices"]
+        [s] = dev["slices"]
+        assert (s["memory_limit_bytes"], s["memory_burst_limit_bytes"]) == (request, limit), s
+        assert s["memory_used_bytes"] == CONTEXT_MEMORY + 160 * MiB, s
+        assert s["memory_borrowed_bytes"] == 96 * MiB, s
+    finally:
+        held.release()

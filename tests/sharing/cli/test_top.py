@@ -31,7 +31,7 @@ GiB = 1 << 30
 DEVICE_KEYS = {"uuid", "name", "memory_total_bytes", "memory_used_bytes", "utilization_ratio",
                "slices"}  # fmt: skip
 SLICE_KEYS = {"claim_uid", "namespace", "claim", "memory_limit_bytes", "memory_used_bytes",
-              "compute_limit_ratio", "compute_policy", "compute_used_ratio", "alloc_denied_total",
+              "memory_burst_limit_bytes", "memory_borrowed_bytes", "compute_limit_ratio", "compute_policy", "compute_used_ratio", "alloc_denied_total",
               "processes", "untrusted"}  # fmt: skip
 
 
@@ -99,6 +99,7 @@ def test_json_snapshot(
     assert train["compute_policy"] == "hard"
     # the held allocation, and both processes' contexts (the tenant has freed its chunks)
     assert train["memory_used_bytes"] == 100 * MiB + 2 * CONTEXT_MEMORY
+    assert train["memory_burst_limit_bytes"] == train["memory_borrowed_bytes"] == 0  # no burst
     assert train["alloc_denied_total"] == 1
     assert train["processes"] == 2  # the tenant and the held allocation
     assert 0 < train["compute_used_ratio"] < 0.6

@@ -453,3 +453,37 @@ def test_a_claims_process_must_enforce_the_claims_limits(
         )
     finally:
         held.release()
+
+
+@pytest.mark.parametrize(("held_mib", "violation"), [(900, False), (1200, True)])
+def test_a_bursting_slice_is_held_to_its_limit_not_its_request(
+    tmp_path: Path, held_mib: int, violation: bool
+) -> None:
+    """A bursting slice (request 512 MiB, limit 1 GiB: docs/policy.md) may hold more than its
+    request by NVML's count; above its limit (plus the margin) it is a violation."""
+    acct = tmp_path / "slice.region"
+    region_with_limits(acct, 512 * MiB)
+    counters = read_counters(str(acct), 1)
+    sl = region_slice(str(acct))
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"import time; f = open({str(acct)!r}, 'rb'); time.sleep(60)"],
+        env=dict(os.environ, LD_PRELOAD=str(shim_library())),
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while not any(os.path.realpath(f"/proc/{holder.pid}/fd/{n}") == str(acct)
+                      for n in os.listdir(f"/proc/{holder.pid}/fd")):  # fmt: skip
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        sv = SliceDeviceView(sl, 0, counters.devices[0], 512 * MiB, 0.0, 0.0, 0, 0,
+                             memory_burst_limit=1 << 30)  # fmt: skip
+        counts = ViolationCounts()
+        wd = Watchdog(counts)  # reports, stops nothing
+        gpu = GpuReading(0, "GPU-x", "m", "p", True, 80 << 30, 2 << 30, 0.0,
+                         (GpuProcess(holder.pid, held_mib * MiB, 0),))  # fmt: skip
+        view = NodeView((DeviceView(gpu, (sv,), 0),), (), {sl.key: counters})
+        wd.check(view, NvmlReading(taken=0.0, gpus=(gpu,)))
+        assert counts.slice(sl.key, 0) == (1 if violation else 0)
+    finally:
+        holder.kill()
+        holder.wait()
