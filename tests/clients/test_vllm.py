@@ -365,6 +365,157 @@ def test_vllm_serve_in_a_slice_answers_completions(
     check_memory_lines(run.log(), 8.0)
 
 
+def start_server(
+    env: dict[str, str], model: Path, vgpu_flags: list[str], runs: list[Run], what: str
+) -> tuple[Run, str]:
+    """`vllm serve` (eager) in a slice on 127.0.0.1; returns once /health answers."""
+    port = free_port()
+    vllm = str(FRAMEWORKS_PYTHON.parent / "vllm")
+    env = {k: v for k, v in env.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+    serve = [
+        vllm, "serve", str(model), "--host", "127.0.0.1", "--port", str(port),
+        "--load-format", "dummy", "--skip-tokenizer-init", "--enforce-eager",
+        "--max-model-len", "256", "--max-num-seqs", "16",
+        # vLLM's default (0.92) asks more than a 4 GiB slice has free beside its 500 MiB context
+        "--gpu-memory-utilization", "0.8",
+    ]  # fmt: skip
+    run = Run([*vgpu(*vgpu_flags), *serve], env, what)
+    runs.append(run)
+    return run, f"http://127.0.0.1:{port}"
+
+
+def wait_healthy(run: Run, base: str) -> None:
+    while True:  # up when /health answers; the server may still die first
+        if run.proc.poll() is not None:
+            pytest.fail(f"{run.what} ended ({run.proc.returncode}): {run.log()[-6000:]}")
+        if time.monotonic() > run.deadline:
+            run._fail("answer on /health")
+        try:
+            with urllib.request.urlopen(f"{base}/health", timeout=5) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.5)
+
+
+def descendants(pid: int) -> set[int]:
+    """pid and every process under it (from /proc's parent links)."""
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d.name))
+    out, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        out.add(p)
+        todo += children.get(p, [])
+    return out
+
+
+# NVML's per-process samples, read from outside every slice once a second for argv[1] seconds:
+# each process's busy percentage of the device over each period, averaged per process.
+PROCESS_SHARES = """
+import json, sys, time
+import pynvml as nv
+nv.nvmlInit()
+h = nv.nvmlDeviceGetHandleByIndex(0)
+seen, sums, n = 0, {}, 0
+try:
+    seen = max(s.timeStamp for s in nv.nvmlDeviceGetProcessUtilization(h, 0))
+except nv.NVMLError:
+    pass
+end = time.monotonic() + float(sys.argv[1])
+while time.monotonic() < end:
+    time.sleep(1.0)
+    try:
+        samples = nv.nvmlDeviceGetProcessUtilization(h, seen)
+    except nv.NVMLError:
+        samples = []
+    n += 1
+    for s in samples:
+        sums[s.pid] = sums.get(s.pid, 0) + s.smUtil
+        seen = max(seen, s.timeStamp)
+print(json.dumps({str(p): v / n for p, v in sums.items()}))
+"""
+
+
+def test_two_servers_in_two_slices_of_one_gpu(
+    vllm_env: dict[str, str], tmp_path: Path, runs: list[Run]
+) -> None:
+    """`vllm serve` in a 4 GiB / 30% slice and in an 8 GiB / 60% slice of one simulated GPU: each
+    sizes its KV cache to its own slice, both answer while the other serves, and their device
+    shares, read from outside through NVML's per-process samples, follow their caps within 3
+    points (the compute benchmark's bound for two slices). The GPU has one SM, so every kernel
+    takes a wave per block and the eager decode loops ask for more than their caps (with 4 SMs
+    the 60% server got 47%: its host, not the cap, held it back)."""
+    model = write_model(tmp_path / "model")
+    config = tmp_path / "gpu.json"
+    config.write_text(json.dumps({"devices": [{"sm_count": 1}]}))
+    env = {k: v for k, v in vllm_env.items() if not k.startswith("SIMGPU_KERNEL_")}
+    env.update(SIMGPU_CONFIG=str(config), SIMGPU_QUEUE_AHEAD_US="1000000")
+    slices = {"4Gi/30": (4.0, 30), "8Gi/60": (8.0, 60)}
+    servers = {
+        name: start_server(
+            env, model, ["--memory", f"{q:.0f}Gi", "--compute", str(c)], runs, f"vllm serve {name}"
+        )
+        for name, (q, c) in slices.items()
+    }
+    for run, base in servers.values():
+        wait_healthy(run, base)
+    stop = threading.Event()
+    answered = {name: 0 for name in servers}
+    errors: list[str] = []
+
+    def load(name: str, base: str) -> None:
+        doc = {"model": str(model), "prompt": [3, 4, 5, 6], "max_tokens": 64, "ignore_eos": True}
+        while not stop.is_set():
+            try:
+                got = post(f"{base}/v1/completions", doc)
+                answered[name] += got["usage"]["completion_tokens"] == 64
+            except (urllib.error.URLError, OSError, KeyError) as e:
+                errors.append(f"{name}: {e}")
+                return
+
+    threads = [
+        threading.Thread(target=load, args=(name, base), daemon=True)
+        for name, (_, base) in servers.items()
+        for _ in range(8)
+    ]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(3)  # the loops fill both servers' batches
+        plain = {k: v for k, v in env.items() if k != "LD_PRELOAD"}
+        r = subprocess.run(
+            [sys.executable, "-c", PROCESS_SHARES, "8"],
+            env=plain, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        by_pid = {int(p): v for p, v in json.loads(r.stdout.strip().splitlines()[-1]).items()}
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=90)
+    assert errors == [], errors
+    shares = {
+        name: sum(v for p, v in by_pid.items() if p in descendants(run.proc.pid))
+        for name, (run, _) in servers.items()
+    }
+    assert all(answered.values()), answered
+    for run, _ in servers.values():
+        os.killpg(run.proc.pid, signal.SIGINT)
+    for name, (run, _) in servers.items():
+        run.wait()
+        check_memory_lines(run.log(), slices[name][0])
+    for name, (_, cap) in slices.items():
+        assert abs(shares[name] - cap) <= 3, (shares, by_pid, answered)
+
+
 def test_a_model_larger_than_the_slice_meets_torchs_oom_and_the_driver_never_sees_more(
     vllm_env: dict[str, str], tmp_path: Path, runs: list[Run]
 ) -> None:
