@@ -331,29 +331,8 @@ def test_vllm_serve_in_a_slice_answers_completions(
     vllm_env: dict[str, str], tmp_path: Path, runs: list[Run]
 ) -> None:
     model = write_model(tmp_path / "model")
-    port = free_port()
-    vllm = str(FRAMEWORKS_PYTHON.parent / "vllm")
-    env = {k: v for k, v in vllm_env.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
-    serve = [
-        vllm, "serve", str(model), "--host", "127.0.0.1", "--port", str(port),
-        "--load-format", "dummy", "--skip-tokenizer-init", "--enforce-eager",
-        "--max-model-len", "256", "--max-num-seqs", "4",
-    ]  # fmt: skip
-    run = Run([*vgpu("--memory", "8Gi"), *serve], env, "vllm serve")
-    runs.append(run)
-    base = f"http://127.0.0.1:{port}"
-    while True:  # up when /health answers; the server may still die first
-        if run.proc.poll() is not None:
-            pytest.fail(f"vllm serve ended ({run.proc.returncode}): {run.log()[-6000:]}")
-        if time.monotonic() > run.deadline:
-            run._fail("answer on /health")
-        try:
-            with urllib.request.urlopen(f"{base}/health", timeout=5) as r:
-                if r.status == 200:
-                    break
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            pass
-        time.sleep(0.5)
+    run, base = start_server(vllm_env, model, ["--memory", "8Gi"], runs, "vllm serve")
+    wait_healthy(run, base)
     got = post(
         f"{base}/v1/completions",
         {"model": str(model), "prompt": [3, 4, 5, 6], "max_tokens": 4, "ignore_eos": True},
