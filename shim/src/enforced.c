@@ -206,8 +206,8 @@ int vgpu_indexed_values(char **entries, const char *prefix, vgpu_value_parser pa
             }
         }
         if (i < 0 || i >= VGPU_MAX_DEVICES) {
-            static char allowed[96]; /* the same text for every caller: written once per prefix */
-            snprintf(allowed, sizeof allowed, "%s_<i> with i in 0..%d", prefix, VGPU_MAX_DEVICES - 1);
+            char *allowed = f->forms_buf; /* the fault's own: no state shared between callers */
+            snprintf(allowed, sizeof f->forms_buf, "%s_<i> with i in 0..%d", prefix, VGPU_MAX_DEVICES - 1);
             why = "not a device index";
             forms = allowed;
             goto refused;

@@ -24,7 +24,8 @@ struct vgpu_setting_fault {
     char var[96];
     char value[160]; /* cut to fit */
     const char *why;
-    const char *forms;
+    const char *forms;  /* a constant, or forms_buf */
+    char forms_buf[96]; /* forms made for this fault (a device index's range) */
 };
 
 /* Resolve *out from entries ("K=V", NULL-terminated: the environment or the limits file's): 0, or
