@@ -26,8 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench_shim_memory import Bench  # noqa: E402  (this directory: run as a script)
-
+from benchmarks.bench_shim_memory import Bench  # noqa: E402
 from sharing import burstpool  # noqa: E402
 
 HELD_MIB = 1024

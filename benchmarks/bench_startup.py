@@ -47,8 +47,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench_shim_memory import pct, variant_envs  # noqa: E402  (this directory: run as a script)
-
+from benchmarks.bench_shim_memory import pct, variant_envs  # noqa: E402
 from sharing import region  # noqa: E402
 from sharing.limitsfile import render_limits_file  # noqa: E402
 from tests.support.cbuild import compile_program  # noqa: E402

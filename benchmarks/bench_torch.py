@@ -49,7 +49,6 @@ import argparse
 import json
 import os
 import re
-import shutil
 import statistics
 import subprocess
 import sys
@@ -60,11 +59,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks import callgrind  # noqa: E402
 from sharing.paths import sim_lib_dir  # noqa: E402
 
 FRAMEWORKS_PYTHON = REPO / ".venv" / "frameworks" / "bin" / "python"
 SMALL = REPO / "benchmarks" / "torch_small_kernels.py"
-TOGGLE_C = REPO / "benchmarks" / "c" / "callgrind_toggle.c"
 CLIENT = REPO / "tests" / "clients" / "programs" / "torch_client.py"
 PARTS = ("overhead", "instructions", "elementwise", "matmul")
 QUOTA = "4Gi"
@@ -144,67 +143,21 @@ def overhead(rounds: int, iterations: int) -> dict[str, dict[str, float]]:
     return result
 
 
-def callgrind_objects(path: Path) -> dict[str, int]:
-    """Exclusive instructions per shared object of one callgrind profile."""
-    cmd = ["callgrind_annotate", "--inclusive=no", "--threshold=100", str(path)]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-    objects: dict[str, int] = {}
-    for m in re.finditer(r"^\s*([\d,]+) \(\s*[\d.]+%\)\s+\S.*\[(\S+)\]\s*$", out, re.M):
-        obj = Path(m.group(2)).name
-        objects[obj] = objects.get(obj, 0) + int(m.group(1).replace(",", ""))
-    return objects
-
-
-def build_toggle(out_dir: Path) -> Path:
-    """benchmarks/c/callgrind_toggle.c as a library for ctypes: cg_start(), cg_stop()."""
-    lib = out_dir / "libcallgrind_toggle.so"
-    cc = ["gcc", "-O1", "-Wall", "-Wextra", "-Werror", "-fPIC", "-shared"]
-    subprocess.run([*cc, "-o", str(lib), str(TOGGLE_C)], check=True)
-    return lib
-
-
-def thread_totals(profile: Path) -> list[int]:
-    """Instructions per thread of a callgrind run with --separate-threads=yes (main first)."""
-    totals = []
-    for f in sorted(profile.parent.glob(f"{profile.name}-*")):
-        # the header's summary line is 0 after CALLGRIND_ZERO_STATS: read the totals
-        m = re.search(r"^totals:\s+(\d+)", f.read_text(), re.M)
-        totals.append(int(m.group(1)) if m else 0)
-    return totals
-
-
 def instructions(iterations: int) -> dict[str, dict[str, float]]:
-    for tool in ("valgrind", "callgrind_annotate", "gcc"):
-        if not shutil.which(tool):
-            raise SystemExit(f"{tool} not found: the instruction count needs valgrind and gcc")
+    callgrind.need_tools()
     result: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        toggle = build_toggle(tmp)
+        toggle = callgrind.build_toggle(tmp)
         env = base_env(tmp)
         for i, (name, vgpu) in enumerate(CONFIGS.items()):
             cg = tmp / f"cg.{i}"
-            wrap = ["valgrind", "--tool=callgrind", "--instr-atstart=no"]
-            wrap += ["--separate-threads=yes", f"--callgrind-out-file={cg}"]
             t0 = time.monotonic()
-            x = kv(run(env, vgpu, str(SMALL), str(iterations), str(toggle), wrap=tuple(wrap)))
-            threads = sorted(tmp.glob(f"{cg.name}-*"))  # one profile per thread: -01 is main
-            totals = thread_totals(cg)
-            objects: dict[str, int] = {}
-            for f in threads:
-                for obj, n in callgrind_objects(f).items():
-                    objects[obj] = objects.get(obj, 0) + n
-            if not totals or not totals[0]:
-                raise SystemExit(f"{name}: callgrind counted nothing in {threads}")
-            result[name] = {
-                "all": sum(totals) / iterations,
-                "main": totals[0] / iterations,
-                "shim": objects.get("libvgpu.so", 0) / iterations,
-                "sim": objects.get("libcuda.so.1", 0) / iterations,
-                "threads": len(threads),
-                "cpu_us": x["cpu_ns_per_iter"] / 1e3,
-                "run_s": time.monotonic() - t0,
-            }
+            wrap = tuple(callgrind.wrapper(cg))
+            x = kv(run(env, vgpu, str(SMALL), str(iterations), str(toggle), wrap=wrap))
+            result[name] = callgrind.summary(cg, iterations)
+            result[name]["cpu_us"] = x["cpu_ns_per_iter"] / 1e3
+            result[name]["run_s"] = time.monotonic() - t0
             print(f"callgrind {name}: {result[name]}", file=sys.stderr, flush=True)
     ratios(result, ["all", "main"])
     return result

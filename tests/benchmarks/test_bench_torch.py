@@ -1,6 +1,6 @@
 """benchmarks/bench_torch.py's machinery (its figures are measured, never asserted here): every part
 it measures has its block in BENCHMARKS.md and `--update-md` rewrites that block alone; a bad
---gemm-n is refused; the callgrind toggle counts the instructions between cg_start and cg_stop and
+--gemm-n is refused; the callgrind toggle (benchmarks/callgrind.py, shared with bench_vllm.py) counts the instructions between cg_start and cg_stop and
 nothing of the interpreter's start-up."""
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from benchmarks import callgrind
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -83,26 +85,17 @@ toggle.cg_stop()
 @pytest.mark.slow
 @pytest.mark.skipif(not shutil.which("valgrind"), reason="valgrind is not installed")
 def test_callgrind_counts_only_between_the_toggles(tmp_path: Path) -> None:
-    lib = bench.build_toggle(tmp_path)
+    lib = callgrind.build_toggle(tmp_path)
 
     def count(n: int) -> int:
         out = tmp_path / f"cg.{n}"
-        valgrind = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes"]
         subprocess.run(
-            [
-                *valgrind,
-                f"--callgrind-out-file={out}",
-                sys.executable,
-                "-c",
-                LOOP,
-                str(lib),
-                str(n),
-            ],
+            [*callgrind.wrapper(out), sys.executable, "-c", LOOP, str(lib), str(n)],
             check=True,
             capture_output=True,
             timeout=600,
         )
-        return sum(bench.thread_totals(out))
+        return sum(callgrind.thread_totals(out))
 
     empty, loop = count(0), count(20_000)
     # Python's start-up alone is tens of millions of instructions; an empty toggle pair a few
