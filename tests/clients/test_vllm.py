@@ -39,6 +39,7 @@ from sharing.observe.cpuwait import starved
 from tests.sim.simhelp import CONTEXT_MEMORY
 from tests.support.clients import FRAMEWORKS_PYTHON, PROGRAMS, Client, frameworks_python
 from tests.support.context_storm import Sampler
+from tests.support.observers import ExporterProcess, only, scrape_until, value
 from tests.support.vllm_model import write_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(480)]
@@ -47,6 +48,7 @@ GiB = 1 << 30
 QUOTA = 8 * GiB
 DEADLINE_S = 420.0  # one vLLM process's start and work on 2 busy cores takes 30-130 s
 PROGRAM = str(PROGRAMS / "vllm_client.py")
+METRIC = "vgpu_slice_memory_used_bytes"
 
 
 @pytest.fixture(scope="module")
@@ -200,64 +202,85 @@ def check_memory_lines(log: str, quota_gib: float) -> dict[str, list[float]]:
     return found
 
 
-def test_offline_generate_in_a_slice_and_every_memory_line_follows_it(
+def test_sleep_gives_the_slice_back_and_wake_up_takes_it(
     vllm_env: dict[str, str], tmp_path: Path, runs: list[Run]
 ) -> None:
-    model = write_model(tmp_path / "model")
-    sampler = Sampler(vllm_env, QUOTA)
-    run = Run(
-        [*vgpu("--memory", "8Gi"), str(FRAMEWORKS_PYTHON), PROGRAM, str(model), "generate"],
-        vllm_env,
-        "vLLM generate",
-    )
-    runs.append(run)
-    assert run.expect("generated") == "generated n=8\n"
-    assert run.wait() == 0, run.log()[-4000:]
-    sampled = sampler.stop()
-    check_memory_lines(run.log(), 8.0)
-    assert sampled["over"] == 0 and CONTEXT_MEMORY <= sampled["peak"] <= QUOTA, sampled
-
-
-@pytest.mark.parametrize("level", [1, 2])
-def test_sleep_gives_the_slice_back_and_wake_up_takes_it(
-    vllm_env: dict[str, str], tmp_path: Path, runs: list[Run], level: int
-) -> None:
-    """Level 1 offloads the weights to the host and discards the KV cache, level 2 discards
-    both: either way the device memory goes back to the slice, and wake_up() takes it again."""
+    """One offline engine in an 8 GiB slice generates, sleeps at level 1 (weights offloaded to
+    the host, KV cache discarded), wakes, generates, sleeps at level 2 (both discarded), wakes
+    and generates again. Each time the device memory goes back to the slice and wake_up() takes
+    it again, as the accounting file, `vgpu top --json` and the exporter all say; every memory
+    line of vLLM's log follows the slice, and the driver, sampled from outside, never holds more
+    than the slice."""
     model = write_model(tmp_path / "model")
     accounting = tmp_path / "slice.region"
+    sampler = Sampler(vllm_env, QUOTA)
     run = Run(
         [
             *vgpu("--memory", "8Gi", "--region", str(accounting)),
-            str(FRAMEWORKS_PYTHON), PROGRAM, str(model), "sleep", str(level),
+            str(FRAMEWORKS_PYTHON), PROGRAM, str(model), "sleep", "1,2",
         ],
         vllm_env,
-        f"vLLM sleep mode, level {level}",
+        "vLLM sleep mode, levels 1 and 2",
     )  # fmt: skip
     runs.append(run)
+    plain = {k: v for k, v in vllm_env.items() if k != "LD_PRELOAD"}
+    observer = ["--sim", "--data-dir", str(tmp_path / "no-plugin"), "--region", str(accounting)]
 
     def used() -> int:
-        return region.read(accounting).used_by_live(0)
+        """The slice's usage by its accounting file, checked against `vgpu top` and the exporter
+        (the engine waits on its stdin, so nothing moves meanwhile)."""
+        n = region.read(accounting).used_by_live(0)
+        top = subprocess.run(
+            [sys.executable, "-m", "sharing.cli", "top", *observer, "--json"],
+            env=plain, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert top.returncode == 0, top.stderr
+        [dev] = json.loads(top.stdout)["devices"]
+        [mine] = [s for s in dev["slices"] if s["claim"] == str(accounting)]
+        assert mine["memory_used_bytes"] == n, (mine, n)
+        got = scrape_until(
+            exporter.url,
+            lambda s: [x.value for x in only(s, METRIC, claim=str(accounting))] == [n],
+        )
+        assert value(got, METRIC, claim=str(accounting)) == n
+        return n
 
-    run.expect("generated")
-    awake_before = used()
-    run.expect("asleep")
-    asleep = used()
-    run.send()
-    run.expect("awake")
-    awake = used()
-    run.send()
     assert run.expect("generated") == "generated n=8\n"
-    assert run.wait() == 0, run.log()[-4000:]
-    figures = [awake_before, asleep, awake]
+    exporter = ExporterProcess([*observer, "--pod-resources-socket", ""], plain)
+    try:
+        figures = {"awake before": used()}
+        run.send()
+        for level in (1, 2):
+            assert run.expect("asleep") == f"asleep level={level}\n"
+            figures[f"asleep {level}"] = used()
+            run.send()
+            run.expect("awake")
+            figures[f"awake {level}"] = used()
+            run.send()
+            assert run.expect("generated") == "generated n=8\n"
+        assert run.wait() == 0, run.log()[-4000:]
+    finally:
+        log = exporter.stop()
+    assert "Traceback" not in log, log
+    sampled = sampler.stop()
     # the KV cache (0.9 of the slice less the context and the weights) is released and taken back
-    assert all(0 < x <= QUOTA for x in figures), figures
-    assert awake_before >= 7 * GiB and asleep <= GiB, figures
-    assert awake >= awake_before - (64 << 20), figures
-    freed, kept = gib(
-        run.log(), r"Sleep mode freed ([\d.]+) GiB memory, ([\d.]+) GiB memory is still"
+    assert all(0 < x <= QUOTA for x in figures.values()), figures
+    assert figures["awake before"] >= 7 * GiB, figures
+    for level in (1, 2):
+        assert figures[f"asleep {level}"] <= GiB, figures
+        assert figures[f"awake {level}"] >= figures["awake before"] - (64 << 20), figures
+    said = re.findall(
+        r"Sleep mode freed ([\d.]+) GiB memory, ([\d.]+) GiB memory is still", run.log()
     )
-    assert freed + kept <= 8.0 and abs(kept - asleep / GiB) < 0.1, (freed, kept, figures)
+    assert len(said) == 2, run.log()[-4000:]
+    for level, (freed, kept) in zip((1, 2), said, strict=True):
+        asleep = figures[f"asleep {level}"] / GiB
+        assert float(freed) + float(kept) <= 8.0 and abs(float(kept) - asleep) < 0.1, (
+            said,
+            figures,
+        )
+    check_memory_lines(run.log(), 8.0)
+    assert sampled["over"] == 0 and CONTEXT_MEMORY <= sampled["peak"] <= QUOTA, sampled
 
 
 def test_two_processes_swap_in_one_slice_by_sleeping(
@@ -286,10 +309,12 @@ def test_two_processes_swap_in_one_slice_by_sleeping(
     a = start("A")
     a.expect("generated")
     a_awake = used()
+    a.send()
     a.expect("asleep")
     b = start("B")  # fits only because A sleeps: 0.6 of the slice each, and A's context stays
     b.expect("generated")
     both = used()
+    b.send()
     b.expect("asleep")
     a.send()
     a.expect("awake")
@@ -325,23 +350,6 @@ def post(url: str, doc: Any) -> Any:
     )
     with urllib.request.urlopen(req, timeout=60) as r:
         return json.loads(r.read())
-
-
-def test_vllm_serve_in_a_slice_answers_completions(
-    vllm_env: dict[str, str], tmp_path: Path, runs: list[Run]
-) -> None:
-    model = write_model(tmp_path / "model")
-    run, base = start_server(vllm_env, model, ["--memory", "8Gi"], runs, "vllm serve")
-    wait_healthy(run, base)
-    got = post(
-        f"{base}/v1/completions",
-        {"model": str(model), "prompt": [3, 4, 5, 6], "max_tokens": 4, "ignore_eos": True},
-    )
-    assert len(got["choices"]) == 1 and got["usage"]["completion_tokens"] == 4, got
-    assert got["usage"]["prompt_tokens"] == 4, got
-    os.killpg(run.proc.pid, signal.SIGINT)
-    run.wait()
-    check_memory_lines(run.log(), 8.0)
 
 
 def start_server(
@@ -396,6 +404,26 @@ def descendants(pid: int) -> set[int]:
     return out
 
 
+def thread_waits(pid: int) -> dict[str, int]:
+    """Nanoseconds each thread of `pid` has spent runnable but waiting for a CPU (schedstat)."""
+    out = {}
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return {}
+    for t in tasks:
+        try:
+            out[t] = int(Path(f"/proc/{pid}/task/{t}/schedstat").read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
+
+
+def most_waited(before: dict[str, int], pid_now: dict[str, int]) -> int:
+    """The longest wait for a CPU any one thread added between two `thread_waits`."""
+    return max((n - before.get(t, 0) for t, n in pid_now.items()), default=0)
+
+
 # NVML's per-process samples, read from outside every slice once a second for argv[1] seconds:
 # each process's busy percentage of the device over each period, averaged per process.
 PROCESS_SHARES = """
@@ -429,7 +457,9 @@ def test_two_servers_in_two_slices_of_one_gpu(
     """`vllm serve` in a 4 GiB / 30% slice and in an 8 GiB / 60% slice of one simulated GPU: each
     sizes its KV cache to its own slice, both answer while the other serves, and their device
     shares, read from outside through NVML's per-process samples, follow their caps within 3
-    points (the compute benchmark's bound for two slices). The GPU has one SM, so every kernel
+    points (the compute benchmark's bound for two slices): never above, and below only when the
+    server's busiest thread spent over a quarter of the window waiting for a CPU (on 2 busy
+    cores in CI both servers got 60% of their caps, 18 and 36, the host starving them alike). The GPU has one SM, so every kernel
     takes a wave per block and the eager decode loops ask for more than their caps (with 4 SMs
     the 60% server got 47%: its host, not the cap, held it back)."""
     model = write_model(tmp_path / "model")
@@ -446,6 +476,12 @@ def test_two_servers_in_two_slices_of_one_gpu(
     }
     for run, base in servers.values():
         wait_healthy(run, base)
+        got = post(
+            f"{base}/v1/completions",
+            {"model": str(model), "prompt": [3, 4, 5, 6], "max_tokens": 4, "ignore_eos": True},
+        )
+        assert len(got["choices"]) == 1 and got["usage"]["completion_tokens"] == 4, got
+        assert got["usage"]["prompt_tokens"] == 4, got
     stop = threading.Event()
     answered = {name: 0 for name in servers}
     errors: list[str] = []
@@ -470,10 +506,15 @@ def test_two_servers_in_two_slices_of_one_gpu(
     try:
         time.sleep(3)  # the loops fill both servers' batches
         plain = {k: v for k, v in env.items() if k != "LD_PRELOAD"}
+        pids = set().union(*(descendants(run.proc.pid) for run, _ in servers.values()))
+        before = {pid: thread_waits(pid) for pid in pids}
+        window = time.monotonic()
         r = subprocess.run(
             [sys.executable, "-c", PROCESS_SHARES, "8"],
             env=plain, capture_output=True, text=True, timeout=60,
         )  # fmt: skip
+        window = time.monotonic() - window
+        waited = {pid: most_waited(was, thread_waits(pid)) for pid, was in before.items()}
         assert r.returncode == 0, r.stderr
         by_pid = {int(p): v for p, v in json.loads(r.stdout.strip().splitlines()[-1]).items()}
     finally:
@@ -491,8 +532,21 @@ def test_two_servers_in_two_slices_of_one_gpu(
     for name, (run, _) in servers.items():
         run.wait()
         check_memory_lines(run.log(), slices[name][0])
-    for name, (_, cap) in slices.items():
-        assert abs(shares[name] - cap) <= 3, (shares, by_pid, answered)
+    # The cap holds whatever the host does. Short of it, the server's launching thread must have
+    # been kept off a CPU (two engines, two API servers and the load on two cores): a server
+    # that launches nothing for want of a CPU says nothing about its cap.
+    for name, (run, _) in servers.items():
+        cap = slices[name][1]
+        assert shares[name] <= cap + 3, (shares, by_pid, answered)
+        if shares[name] < cap - 3:
+            gpu = [p for p in by_pid if p in descendants(run.proc.pid)]
+            wait_s = max((waited.get(p, 0) for p in gpu), default=0) / 1e9
+            assert starved(wait_s, window), (name, shares, by_pid, wait_s, window)
+            warnings.warn(
+                f"{name}: {shares[name]:.1f}% short of its cap on a starved host "
+                f"(its busiest thread waited {wait_s:.1f} s of {window:.1f} s for a CPU)",
+                stacklevel=1,
+            )
 
 
 def test_a_model_larger_than_the_slice_meets_torchs_oom_and_the_driver_never_sees_more(

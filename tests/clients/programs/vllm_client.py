@@ -7,10 +7,17 @@ VLLM_ENABLE_V1_MULTIPROCESSING=0), so the driver's per-process figures are the e
 
   generate [UTIL]    eager; generate 8 tokens of a 4-token prompt, print "generated n=N"
                      (UTIL: gpu_memory_utilization, default 0.9)
-  sleep LEVEL [UTIL] eager with sleep mode: generate, llm.sleep(LEVEL), print "asleep" and wait
-                     for a line on stdin, llm.wake_up(), print "awake" and wait, generate again
+  sleep LEVELS [UTIL] eager with sleep mode: generate, print "generated n=N" and wait for a line
+                     on stdin; then for each level of LEVELS (comma-separated, e.g. 1,2):
+                     llm.sleep(level), print "asleep level=L" and wait, llm.wake_up(), print
+                     "awake" and wait, generate again (each wait: the test reads the slice while
+                     the engine holds still)
   ttft N             eager; after two warm-up requests, N requests of one token from a 4-token
                      prompt, one at a time: print "ttft_ms=MEDIAN min=MIN" of their wall times
+  decode N [LIB]     eager; after two warm-up batches, one batch of 8 sequences of N tokens each
+                     from a 4-token prompt (a prefill and N-1 decode steps); with LIB (the
+                     benchmarks' callgrind toggle, benchmarks/c/callgrind_toggle.c) loaded,
+                     callgrind counts that batch only: print "tokens=T steps=N"
   graphs WARMUP S    torch.compile and CUDA graphs (vLLM's defaults): generate batches for WARMUP
                      seconds, then for S more, and print the share of the device the simulated
                      driver served this process over the second stretch (simgpuProcessBusyNs),
@@ -77,13 +84,15 @@ def main() -> None:
         util = float(args[1]) if len(args) > 1 else 0.9
         llm = engine(model, enforce_eager=True, enable_sleep_mode=True, gpu_memory_utilization=util)
         print(f"generated n={generate(llm)}", flush=True)
-        llm.sleep(level=int(args[0]))
-        print("asleep", flush=True)
         sys.stdin.readline()
-        llm.wake_up()
-        print("awake", flush=True)
-        sys.stdin.readline()
-        print(f"generated n={generate(llm)}", flush=True)
+        for level in args[0].split(","):
+            llm.sleep(level=int(level))
+            print(f"asleep level={level}", flush=True)
+            sys.stdin.readline()
+            llm.wake_up()
+            print("awake", flush=True)
+            sys.stdin.readline()
+            print(f"generated n={generate(llm)}", flush=True)
     elif mode == "ttft":
         llm = engine(model, enforce_eager=True)
         generate(llm, tokens=1)
@@ -95,6 +104,18 @@ def main() -> None:
             times.append(1000 * (time.perf_counter() - t0))
         times.sort()
         print(f"ttft_ms={times[len(times) // 2]:.3f} min={times[0]:.3f}", flush=True)
+    elif mode == "decode":
+        steps = int(args[0])
+        toggle = ctypes.CDLL(args[1]) if len(args) > 1 else None
+        llm = engine(model, enforce_eager=True)
+        generate(llm, n=8, tokens=steps)
+        generate(llm, n=8, tokens=steps)
+        if toggle is not None:
+            toggle.cg_start()
+        tokens = generate(llm, n=8, tokens=steps)
+        if toggle is not None:
+            toggle.cg_stop()
+        print(f"tokens={tokens} steps={steps}", flush=True)
     elif mode == "graphs":
         warmup, seconds = float(args[0]), float(args[1])
         llm = engine(
