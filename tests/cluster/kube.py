@@ -5,10 +5,12 @@ Only tests/cluster imports this (tests/README.md: a helper next to the tests of 
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import re
 import subprocess
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -142,54 +144,226 @@ class Cluster:
         raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
 
 
-class ClaimRecorder:
-    """Every ResourceClaim of a namespace as last seen allocated, polled in the background: the
-    claims made from a pod's templates are deleted as soon as the pod is done, so a test reads
-    them from here afterwards."""
+class Watch:
+    """One collection of the API (a path such as
+    /apis/resource.k8s.io/v1/namespaces/default/resourceclaims) listed, then watched from the
+    list's resourceVersion with `kubectl get --raw '...?watch=1'` in a thread: `on_event(type,
+    object)` gets an ADDED for each object of the list, then every change after it, in order.
 
-    def __init__(self, cluster: Cluster, namespace: str = "default") -> None:
-        self.cluster, self.namespace = cluster, namespace
-        self.claims: dict[str, Obj] = {}
+    Nothing between the list and the watch is lost and no handshake is needed: the API server
+    replays every change after the list's version, however late the watch connects, so whatever
+    a test does after `start()` returns is seen. A watch that ends (the server's timeout, a
+    broken connection) resumes from the last version seen; one whose version is too old (410
+    Gone / Expired) lists again, and the new list's objects come as ADDED (a consumer keyed by
+    name takes them as they are).
+    """
+
+    def __init__(self, cluster: Cluster, path: str, on_event: Any) -> None:
+        self.cluster, self.path, self.on_event = cluster, path, on_event
+        self.problems: list[str] = []  # what went wrong in the thread, for assertion messages
+        self.relists = 0
+        self._rv = ""
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True, name=f"watch {path}")
 
-    def __enter__(self) -> ClaimRecorder:
+    def start(self) -> None:
+        """List (here, so that a failure is the caller's), then watch in the thread."""
+        self._list()
         self._thread.start()
-        return self
 
-    def __exit__(self, *exc: object) -> None:
+    def stop(self) -> None:
         self._stop.set()
+        with self._lock:
+            proc = self._proc
+        if proc is not None:
+            _end(proc)
         self._thread.join(timeout=30)
+        assert not self._thread.is_alive(), f"the watch of {self.path} did not stop"
+
+    def _list(self) -> None:
+        body = json.loads(self.cluster.kubectl("get", "--raw", self.path).stdout)
+        for obj in body.get("items") or []:
+            self._deliver("ADDED", obj)
+        self._rv = body["metadata"]["resourceVersion"]
+
+    def _deliver(self, kind: str, obj: Obj) -> None:
+        try:
+            self.on_event(kind, obj)
+        except Exception as e:  # kept for the test's message; the watch goes on
+            self.problems.append(f"on_event({kind}): {e!r}")
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            r = self.cluster.kubectl(
-                "get", "resourceclaims", "-n", self.namespace, "-o", "json", check=False
-            )
-            if r.returncode == 0:
-                for c in json.loads(r.stdout)["items"]:
-                    if c.get("status", {}).get("allocation"):
-                        self.claims[c["metadata"]["name"]] = c
-            self._stop.wait(0.3)
+            try:
+                if self._watch_once() == "expired":
+                    self.relists += 1
+                    self._list()
+                    continue
+            except Exception as e:  # a failed list or watch: say so, go again
+                self.problems.append(f"{type(e).__name__}: {e}")
+            self._stop.wait(0.5)  # the watch ended or failed: not a busy loop
+
+    def _watch_once(self) -> str:
+        """Stream events from self._rv until the stream ends: "expired" when the server says
+        the version is too old, "ended" otherwise."""
+        url = f"{self.path}?watch=1&allowWatchBookmarks=true&resourceVersion={self._rv}"
+        # stderr to a file: read once the process is gone, it can neither fill up nor block
+        with tempfile.TemporaryFile() as err:
+            proc = subprocess.Popen(
+                ["kubectl", "get", "--raw", url],
+                stdout=subprocess.PIPE, stderr=err, env=self.cluster.env, bufsize=0,
+            )  # fmt: skip
+            result = self._stream(proc)
+            err.seek(0)
+            stderr = err.read().decode(errors="replace")
+        if result == "ended" and not self._stop.is_set() and proc.returncode not in (0, None):
+            # An expired version answered as an HTTP error rather than as an ERROR event.
+            if re.search(r"\b410\b|Expired|too old resource version|Gone", stderr):
+                return "expired"
+            self.problems.append(f"watch rc={proc.returncode}: {stderr.strip()[-500:]}")
+        return result
+
+    def _stream(self, proc: subprocess.Popen[bytes]) -> str:
+        """The events of the running watch `proc`, to its end: "expired" or "ended"."""
+        with self._lock:
+            self._proc = proc
+        if self._stop.is_set():  # stop() ran before the process was known to it
+            _end(proc)
+        assert proc.stdout is not None
+        decoder = codecs.getincrementaldecoder("utf-8")()
+        buf, result = "", "ended"
+        try:
+            while chunk := proc.stdout.read(65536):  # unbuffered: what has come
+                buf += decoder.decode(chunk)
+                events, buf = _json_stream(buf, self.problems)
+                for event in events:
+                    if self._event(event) == "expired":
+                        result = "expired"
+                        break
+                if result == "expired":
+                    break
+        finally:
+            _end(proc)
+            proc.stdout.close()
+            with self._lock:
+                self._proc = None
+        return result
+
+    def _event(self, event: Obj) -> str:
+        kind, obj = event.get("type"), event.get("object") or {}
+        if kind == "ERROR":
+            if obj.get("code") == 410 or obj.get("reason") in ("Expired", "Gone"):
+                return "expired"
+            self.problems.append(f"watch error: {obj}")
+            return "error"
+        rv = obj.get("metadata", {}).get("resourceVersion")
+        if rv:
+            self._rv = rv
+        if kind in ("ADDED", "MODIFIED", "DELETED"):
+            self._deliver(kind, obj)
+        return "ok"  # BOOKMARK: only its version
+
+
+def _json_stream(buf: str, problems: list[str]) -> tuple[list[Obj], str]:
+    """The whole JSON objects at the start of `buf` (one a line from the API server, but any
+    white space between them will do), and what is left: an object not yet complete."""
+    decoder = json.JSONDecoder()
+    out: list[Obj] = []
+    i = 0
+    while True:
+        while i < len(buf) and buf[i].isspace():
+            i += 1
+        if i == len(buf):
+            return out, ""
+        try:
+            obj, i = decoder.raw_decode(buf, i)
+        except json.JSONDecodeError:
+            if buf[i] == "{":
+                return out, buf[i:]  # incomplete: wait for the rest
+            # Not JSON (nothing else should come on stdout): skip the line, say so.
+            nl = buf.find("\n", i)
+            if nl < 0:
+                return out, buf[i:]
+            problems.append(f"not JSON in the watch stream: {buf[i:nl][:200]!r}")
+            i = nl + 1
+            continue
+        if isinstance(obj, dict):
+            out.append(obj)
+
+
+def _end(proc: subprocess.Popen[bytes]) -> None:
+    """The watch's kubectl stopped: SIGTERM, then SIGKILL if it lingers; reaped either way."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+class ClaimRecorder:
+    """Every ResourceClaim of a namespace as last seen allocated, and the pods each was ever
+    reserved for, from a watch (a list, then the changes from its version on; `Watch`): the
+    claims made from a pod's templates are deleted, and a named claim deallocated, as soon as
+    the pod is done, which may be well under a second after the allocation, so a test reads them
+    from here afterwards. Every version the API server stored is seen, however short-lived."""
+
+    def __init__(self, cluster: Cluster, namespace: str = "default") -> None:
+        self.claims: dict[str, Obj] = {}
+        self.history: list[str] = []  # every event, one line each, for assertion messages
+        self._reserved_for: dict[str, set[str]] = {}  # claim name -> pod UIDs
+        self._seen = threading.Condition()
+        path = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"
+        self._watch = Watch(cluster, path, self._on_event)
+
+    def __enter__(self) -> ClaimRecorder:
+        self._watch.start()  # listed: everything the test does from here on is seen
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._watch.stop()
+
+    def _on_event(self, kind: str, claim: Obj) -> None:
+        meta, status = claim["metadata"], claim.get("status", {})
+        users = {r["uid"] for r in status.get("reservedFor", []) if r.get("uid")}
+        self.history.append(
+            f"{kind} {meta['name']} rv={meta.get('resourceVersion')} "
+            f"allocated={bool(status.get('allocation'))} "
+            f"reservedFor={[r.get('name') for r in status.get('reservedFor', [])]}"
+            + (" deleting" if meta.get("deletionTimestamp") else "")
+        )
+        with self._seen:
+            self._reserved_for.setdefault(meta["name"], set()).update(users)
+            if status.get("allocation"):
+                self.claims[meta["name"]] = claim
+            self._seen.notify_all()
 
     def claim_of(self, pod: Obj, timeout: float = 30) -> Obj:
-        """The allocated claim of `pod` (its only claim, from a template or the scheduler's
-        claim for an extended resource)."""
-        status = pod.get("status", {})
-        names = [s["resourceClaimName"] for s in status.get("resourceClaimStatuses", [])]
-        names += [
-            c["resourceClaimName"]
-            for c in pod["spec"].get("resourceClaims", [])
-            if c.get("resourceClaimName")
-        ]
-        if status.get("extendedResourceClaimStatus"):
-            names.append(status["extendedResourceClaimStatus"]["resourceClaimName"])
-        assert len(names) == 1, status
-        deadline = time.monotonic() + timeout
-        while names[0] not in self.claims and time.monotonic() < deadline:
-            time.sleep(0.3)
-        assert names[0] in self.claims, f"claim {names[0]} never seen allocated"
-        return self.claims[names[0]]
+        """The allocated claim `pod` ran with (its only claim: from a template, by name, or the
+        scheduler's claim for an extended resource), found by the pod's UID in the claim's
+        `reservedFor`, not by the name in the pod's status: once the pod is done, the claim
+        controller deletes a template's claim and, now and then (a stale cache, seen on 1.37.2
+        under load), makes a new one for the finished pod, writes its name into the pod's
+        status and deletes it at once; that claim was never allocated. The pod ran, so its
+        claim was allocated and reserved before: the timeout only covers the watch's delay."""
+        uid = pod["metadata"]["uid"]
+
+        def used() -> list[str]:
+            return [n for n in self.claims if uid in self._reserved_for.get(n, set())]
+
+        with self._seen:
+            self._seen.wait_for(used, timeout)
+            names = used()
+            claims = [self.claims[n] for n in names]
+        assert len(claims) == 1, (
+            f"{len(claims)} allocated claims reserved for pod {pod['metadata']['name']} "
+            f"({names}); its status: {pod.get('status', {}).get('resourceClaimStatuses')}; "
+            f"watch problems: {self._watch.problems}; events:\n" + "\n".join(self.history)
+        )
+        return claims[0]
 
 
 def example_files(mode: str) -> list[Path]:
