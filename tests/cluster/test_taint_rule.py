@@ -3,6 +3,8 @@ kube-controller-manager's device-taint eviction; docs/operations.md, "Unhealthy 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.cluster.kube import DRIVER, NODE, Cluster, claim_pod, visible_gib
@@ -41,10 +43,11 @@ def test_a_noexecute_device_taint_rule_evicts_the_pod(clean_default: Cluster) ->
         cluster.apply(RULE)
 
         def evicted() -> bool:
+            # One read: a second `get` could come after the pod is gone and fail the test.
             r = cluster.kubectl("get", "pod", "on-gpu-0", "-o", "json", check=False)
             if r.returncode != 0:
-                return True  # deleted
-            pod = cluster.pod("on-gpu-0")
+                return "NotFound" in r.stderr  # deleted; another error: ask again
+            pod = json.loads(r.stdout)
             return pod["status"].get("phase") in ("Failed", "Succeeded") or bool(
                 pod["metadata"].get("deletionTimestamp")
             )
