@@ -36,13 +36,14 @@ from pathlib import Path
 from typing import Any
 
 from cdi.writer import SpecWriter
-from driver import hostfs
+from driver import burst, hostfs
 from driver.checkpoint import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
     UNPREPARE_STARTED,
     Checkpoint,
     ClaimEntry,
+    ClaimMemory,
     PreparedDevice,
 )
 from driver.claimfiles import (
@@ -64,6 +65,7 @@ from driver.orphans import remove_orphans
 from driver.trash import Trash
 from sharing.claimlayout import demand_name
 from sharing.gpus import GpuInfo
+from sharing.policy import BUILTIN
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +124,9 @@ class DeviceState:
         self._on_prepared = on_prepared
         self._on_unprepared = on_unprepared
         self._published = published
+        self.pool = burst.PoolFile(paths.burst_pool)
+        builtin = replace(BUILTIN, partitions=partitions)
+        self._rules_of = rules_for or (lambda _gpu: builtin)
 
     def set_gpus(self, gpus: Sequence[GpuInfo]) -> None:
         """Plan later claims on these GPUs (rediscovery saw GPUs appear or go). Prepared claims
@@ -171,6 +176,8 @@ class DeviceState:
                 paths=self.paths,
                 trash=self._trash,
             )
+            self.pool.open()
+            self._apply_pool(full=True)  # the file's grants recomputed from the prepared claims
             log.info("checkpoint %s: %d prepared claims", self.checkpoint.path,
                      len(self.checkpoint.entries()))  # fmt: skip
             self._trash.take()
@@ -192,6 +199,24 @@ class DeviceState:
             return
         self._remove_artifacts(entry)
         self.checkpoint.delete(entry.uid)
+
+    # --- the burst pool ------------------------------------------------------------------------
+
+    def _apply_pool(self, full: bool = False) -> burst.Grants:
+        """Recompute the grants from the checkpoint and write them into the pool file (call with
+        the lock held, after every change of the checkpoint's set of claims)."""
+        entries = self.checkpoint.entries()
+        grants = burst.compute(entries, self.gpus, self._rules_of)
+        if not self.pool.is_open:
+            self.pool.open()
+            full = True
+        self.pool.apply(entries, grants, full=full)
+        return grants
+
+    def grants(self) -> burst.Grants:
+        """The grants as the checkpoint gives them now (tests, metrics)."""
+        with self._lock:
+            return burst.compute(self.checkpoint.entries(), self.gpus, self._rules_of)
 
     def trash_idle(self, timeout: float) -> bool:
         """Wait until every queued removal is done (tests; False on timeout)."""
@@ -295,6 +320,13 @@ class DeviceState:
             self._remove_artifacts(entry)
             self.checkpoint.delete(ref.uid)
         plan = self._plan(ref, claim)
+        others = self.checkpoint.entries()
+        try:
+            memory = burst.plan_memory(
+                [(g.gpu.index, g.memory_limit, g.burst_limit) for g in plan.gpu_limits()], others
+            )
+        except ValueError as e:
+            raise ClaimError(str(e)) from e
         started = ClaimEntry(
             uid=ref.uid,
             namespace=ref.namespace,
@@ -302,16 +334,22 @@ class DeviceState:
             state=PREPARE_STARTED,
             cdi_spec=str(files.spec),
             claim_dir=str(files.claim_dir),
+            memory=memory,
+            seq=max((e.seq for e in others), default=0) + 1,
         )
         self.checkpoint.put(started)
         maybe_crash("prepare-started")
         try:
+            # its request leaves the pool now: older claims' grants are cut, its own is written
+            self._apply_pool()
             self._remove_files(ref.uid)  # leftovers of anything earlier under these names
-            devices = self._write_files(ref, plan, files, self._metadata(plan, claim, attrs))
+            meta = self._metadata(plan, claim, attrs)
+            devices = self._write_files(ref, plan, files, meta, memory)
             self.checkpoint.put(replace(started, state=PREPARE_COMPLETED, devices=devices))
         except BaseException:
             self._remove_artifacts(started)
             self.checkpoint.delete(ref.uid)
+            self._apply_pool()
             raise
         maybe_crash("prepare-completed")
         if self._on_prepared is not None:
@@ -338,7 +376,7 @@ class DeviceState:
         try:
             plan = self._plan(ref, claim)
             meta = self._metadata(plan, claim, attrs)
-            devices = self._write_files(ref, plan, self.files(ref.uid), meta)
+            devices = self._write_files(ref, plan, self.files(ref.uid), meta, entry.memory or ())
         except ClaimError as e:
             raise ClaimError(
                 f"prepared earlier, but recreating its missing files failed: {e}"
@@ -355,7 +393,12 @@ class DeviceState:
         return metadata_files(plan, claim.get("metadata") or {}, self.driver_name, attrs)
 
     def _write_files(
-        self, ref: ClaimRef, plan: ClaimPlan, files: ClaimFiles, metadata: list[MetadataFile]
+        self,
+        ref: ClaimRef,
+        plan: ClaimPlan,
+        files: ClaimFiles,
+        metadata: list[MetadataFile],
+        memory: Sequence[ClaimMemory] = (),
     ) -> tuple[PreparedDevice, ...]:
         """Create (or complete) the claim's files; existing ones are kept, except the limits
         file, the metadata files and the spec, which are rewritten atomically. Returns the
@@ -363,11 +406,12 @@ class DeviceState:
         limits = plan.gpu_limits()  # once per prepare: the limits file, injection and spec share it
         gpus = [g.gpu for g in limits]
         sizes = self.context_sizes.for_gpus(gpus) if self.context_sizes else []
-        write_claim_dir(self.paths, ref.uid, files, render_limits(plan, limits, sizes))
+        write_claim_dir(self.paths, ref.uid, files, render_limits(plan, limits, sizes, memory))
         write_metadata(files, {m.request: m.content for m in metadata})
         maybe_crash("prepare-dir")
         inj = self._injection(gpus, files.claim_dir)
-        spec = build_spec(self.kind, plan, limits, files, self.paths, inj, metadata)
+        pool = self.paths.burst_pool if any(m.bursts for m in memory) else None
+        spec = build_spec(self.kind, plan, limits, files, self.paths, inj, metadata, pool)
         self.writer.write(spec, ref.uid)
         maybe_crash("prepare-cdi")
         cdi_id = spec.qualified_name(ref.uid)
@@ -425,6 +469,7 @@ class DeviceState:
             maybe_crash("unprepare-started")
         self._remove_artifacts(entry, crash_hooks=True)
         self.checkpoint.delete(ref.uid)
+        self._apply_pool()  # its request returns to the pool: older grants grow again
         log.info("claim %s: unprepared", ref)
         if self._on_unprepared is not None:
             self._on_unprepared(ref)
