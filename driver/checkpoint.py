@@ -112,11 +112,16 @@ class ClaimEntry:
     # per GPU its request (and burst limit); None: recorded by a plugin that did not record it
     memory: tuple[ClaimMemory, ...] | None = None
     seq: int = 0  # prepare order (the burst pool's grants go oldest first)
+    # a burst reclaim this claim's prepare started and has not finished (driver/state.py):
+    # {"policy": "evict"|"wait", "deadline_unix_ns": int, "borrowers": [[uid, gpu], ...]}
+    reclaim: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         extra: dict[str, Any] = {}
         if self.memory is not None:
             extra = {"memory": [m.to_dict() for m in self.memory], "seq": self.seq}
+        if self.reclaim is not None:
+            extra["reclaim"] = self.reclaim
         return extra | {
             "uid": self.uid,
             "namespace": self.namespace,
@@ -145,7 +150,23 @@ class ClaimEntry:
                 else tuple(ClaimMemory.from_dict(x) for x in d["memory"])
             ),
             seq=int(d.get("seq", 0)),
+            reclaim=_reclaim(d.get("reclaim")),
         )
+
+
+def _reclaim(r: Any) -> dict[str, Any] | None:
+    if r is None:
+        return None
+    if not (
+        isinstance(r, dict)
+        and r.get("policy") in ("evict", "wait")
+        and isinstance(r.get("deadline_unix_ns"), int)
+        and isinstance(r.get("borrowers"), list)
+        and all(isinstance(b, list) and len(b) == 2 for b in r["borrowers"])
+    ):
+        raise ValueError(f"reclaim record {r!r} invalid")
+    return {"policy": r["policy"], "deadline_unix_ns": r["deadline_unix_ns"],
+            "borrowers": [[str(u), int(g)] for u, g in r["borrowers"]]}  # fmt: skip
 
 
 def _checksum(claims: dict[str, Any]) -> str:

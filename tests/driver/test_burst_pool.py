@@ -13,17 +13,23 @@ import subprocess
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from sharing import burstpool
 from sharing.claimlayout import CONTAINER_BURST_POOL
-from sharing.limitsfile import parse_limits_file
 from sharing.policy import BUILTIN, Burst
-from tests.driver.kubelet_standin import ClaimId, result, vgpu_config
 from tests.sim.simhelp import NO_CONTEXT_MEMORY
 from tests.support import cdi_exec
+from tests.support.burst_world import (
+    claim,
+    grant_of,
+    granted,
+    limits_of,
+    pool_path,
+    prepare,
+    spec_path,
+)
 from tests.support.prepare_world import World, close_world, make_world
 from tests.support.shim_ops import parse_ops
 
@@ -37,44 +43,6 @@ def bworld() -> Iterator[World]:
     w = make_world(rules_for=lambda _g: BURSTY)
     yield w
     close_world(w)
-
-
-def claim(w: World, name: str, request: str, limit: str | None = None, *,
-          device: str = "gpu-0", source: str = "FromClaim", **config: Any) -> ClaimId:  # fmt: skip
-    params = dict(config)
-    if limit is not None:
-        params["memoryLimit"] = limit
-    configs = [vgpu_config(source, params)] if params else []
-    return w.claim(name, results=[result("gpu", device, memory=request, cores="10")],
-                   configs=configs)  # fmt: skip
-
-
-def prepare(w: World, *claims: ClaimId) -> None:
-    answers = w.kubelet.prepare(list(claims))
-    for c in claims:
-        assert answers[c.uid].error == "", answers[c.uid].error
-
-
-def limits_of(w: World, c: ClaimId) -> dict[str, str]:
-    return parse_limits_file((w.plugin.settings.data_dir / "claims" / c.uid / "limits").read_text())
-
-
-def pool_path(w: World) -> Path:
-    return w.plugin.settings.data_dir / "burst-pool"
-
-
-def grant_of(w: World, c: ClaimId, index: int = 0) -> burstpool.Grant | None:
-    lim = limits_of(w, c)
-    with burstpool.Pool(pool_path(w)) as p:
-        g = p.read_grant(int(lim[f"VGPU_BURST_GRANT_{index}"]))
-    assert g is not None
-    return g if g.key == int(lim[f"VGPU_BURST_KEY_{index}"]) else None
-
-
-def granted(w: World, c: ClaimId) -> int:
-    g = grant_of(w, c)
-    assert g is not None and g.state == burstpool.GRANT_OPEN
-    return g.grant
 
 
 def test_grants_go_oldest_first_and_follow_prepare_and_unprepare(bworld: World) -> None:
@@ -202,7 +170,7 @@ def test_a_process_in_a_bursting_claim_is_held_to_request_plus_the_plugins_grant
     w = bworld
     a = claim(w, "a", "20Gi", "3x")
     prepare(w, a)
-    spec = w.root / "cdi" / f"k8s.vgpu.sharing.dev-claim_{a.uid}.json"
+    spec = spec_path(w, a)
     p = run_ops(spec, sim_env, shim_ops, "init", "ctx", f"alloc:{45 * GiB}", f"alloc:{20 * GiB}",
                 "free", "step", f"alloc:{45 * GiB}", f"alloc:{35 * GiB}", "free", "step",
                 f"alloc:{55 * GiB}", f"alloc:{6 * GiB}")  # fmt: skip
