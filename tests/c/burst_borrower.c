@@ -8,11 +8,14 @@
  *   storm   four threads allocate and free CHUNK-sized blocks as fast as they can on top of what
  *           it holds (a cudaMalloc storm); on SIGWINCH the storm stops and it frees down to KEEP,
  *           prints "freed <count>"
+ *   greedy  until stdin closes: allocates chunks up to N whenever it can (when refused, frees one
+ *           and tries again), and on every SIGWINCH frees down to KEEP and goes on
  *
  * Then it waits until stdin closes (or it is killed) and exits 0.
  *
- *   burst_borrower MODE CHUNK N KEEP
+ *   burst_borrower polite|deaf|storm|greedy CHUNK N KEEP
  */
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -73,6 +76,23 @@ int main(int argc, char **argv) {
         for (; nthreads < 4; nthreads++) pthread_create(&threads[nthreads], NULL, storm, NULL);
     printf("held %d\n", count);
     fflush(stdout);
+    if (strcmp(mode, "greedy") == 0) {
+        pthread_sigmask(SIG_UNBLOCK, &winch, NULL);
+        struct pollfd pfd = {.fd = 0, .events = POLLIN};
+        while (poll(&pfd, 1, 0) == 0) {
+            if (noticed) {
+                noticed = 0;
+                while (count > keep) cuMemFree_v2(held[--count]);
+            }
+            if (count < n && cuMemAlloc_v2(&held[count], chunk) == CUDA_SUCCESS) {
+                count++;
+            } else {
+                if (count > keep) cuMemFree_v2(held[--count]);
+                usleep(200);
+            }
+        }
+        return 0;
+    }
     if (strcmp(mode, "deaf") != 0) {
         while (!noticed) sigsuspend(&orig);
         storming = 0;

@@ -10,7 +10,9 @@ request is free.
   the middle of a cudaMalloc storm; two borrowers; a request that fills the device;
 - wait: the prepare fails with the documented line while the memory is borrowed, and succeeds once
   it is given back;
-- a plugin killed during an evict (SIGKILL after the notice) finishes it at its next start.
+- a plugin killed during an evict (SIGKILL after the notice) finishes it at its next start;
+- greedy borrowers while claims are prepared and unprepared concurrently, the host's NVML sampled
+  from outside: never a byte of a prepared claim's request held by a borrower.
 
 Waiting is on conditions with deadlines; nothing here asserts a duration.
 """
@@ -20,7 +22,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -317,3 +322,92 @@ def test_a_plugin_killed_during_an_evict_finishes_it_at_its_next_start(
         plugin.stop()
         server.down()
         shutil.rmtree(root, ignore_errors=True)
+
+
+# ------------------------------------------------------- never a byte of a prepared claim's request
+
+SAMPLER = """
+import json, sys, time
+import pynvml as nv
+nv.nvmlInit()
+h = nv.nvmlDeviceGetHandleByIndex(0)
+pids = {int(p): c for p, c in (x.split("=") for x in sys.argv[1].split(","))}
+samples = []
+print("sampling", flush=True)
+import select
+while not select.select([sys.stdin], [], [], 0)[0]:
+    t0 = time.monotonic()
+    held = {}
+    for p in nv.nvmlDeviceGetComputeRunningProcesses(h):
+        if p.pid in pids and p.usedGpuMemory is not None:
+            held[pids[p.pid]] = held.get(pids[p.pid], 0) + p.usedGpuMemory
+    samples.append([t0, time.monotonic(), held])
+print(json.dumps(samples))
+"""
+
+
+def test_concurrent_prepares_never_let_a_borrower_use_a_prepared_claims_request(
+    worlds: Callable[..., World], borrower_bin: Path, sim_env: dict[str, str],
+    borrowers: list[Borrower],
+) -> None:  # fmt: skip
+    """Two greedy borrowers (each 10 GiB, limit 60 GiB; they allocate 1 GiB blocks whenever they
+    can and free everything at each notice) while two threads prepare and unprepare claims of 30
+    and 20 GiB over and over, concurrently. The simulated GPU's NVML (no shim) is sampled from
+    outside throughout: at every sample, what the borrowers hold above their requests fits in
+    80 GiB minus the requests of every claim prepared (answered, not yet unprepared) around it."""
+    w = worlds(reclaim="evict", grace=2.0)
+    a, b = claim(w, "a", "10Gi", "6x"), claim(w, "b", "10Gi", "6x")
+    prepare(w, a)
+    prepare(w, b)
+    greedy = [start(borrower_bin, w, c, sim_env, "greedy", 50, 0, borrowers, chunk=1 * GiB)
+              for c in (a, b)]  # fmt: skip
+    owners = ",".join(f"{g.proc.pid}={c.name}" for g, c in zip(greedy, (a, b), strict=True))
+    plain = {k: v for k, v in sim_env.items() if k != "LD_PRELOAD"}
+    sampler = subprocess.Popen([sys.executable, "-c", SAMPLER, owners], env=plain, text=True,
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
+    assert sampler.stdout is not None and sampler.stdout.readline().strip() == "sampling"
+    # (claim request, prepared-answered time, unprepare-called time) of each prepared interval
+    intervals: list[tuple[int, float, float]] = []
+    lock = threading.Lock()
+    errors: list[str] = []
+
+    def churn(name: str, request: int, rounds: int) -> None:
+        for i in range(rounds):
+            c = claim(w, f"{name}-{i}", f"{request}Gi")
+            err = w.kubelet.prepare([c])[c.uid].error
+            answered = time.monotonic()
+            if err:
+                errors.append(err)
+                continue
+            # let the borrowers fill what they are granted while this claim is prepared (a
+            # bounded look, not a condition of the test: grants move with the other thread)
+            until = time.monotonic() + 2.0
+            while time.monotonic() < until and not all(
+                used(w, c) >= 10 * GiB + granted(w, c) - GiB for c in (a, b)
+            ):
+                time.sleep(0.01)
+            called = time.monotonic()
+            assert w.kubelet.unprepare([c]) == {c.uid: ""}
+            with lock:
+                intervals.append((request * GiB, answered, called))
+
+    threads = [threading.Thread(target=churn, args=("x", 30, 6)),
+               threading.Thread(target=churn, args=("y", 20, 6))]  # fmt: skip
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(DEADLINE * 4)
+    out, _ = sampler.communicate(input="\n", timeout=DEADLINE)
+    samples = json.loads(out)
+    assert not errors, errors
+    assert len(intervals) == 12 and len(samples) > 100
+    base = 20 * GiB  # a and b's requests
+    borrowing, squeezed = 0, 0
+    for t0, t1, held in samples:
+        requested = base + sum(r for r, ans, call in intervals if ans < t0 and call > t1)
+        over = sum(max(0, held.get(c.name, 0) - 10 * GiB) for c in (a, b))
+        borrowing += over > 0
+        squeezed += over > 0 and requested > base
+        assert over <= 80 * GiB - requested, (t0, held, requested)
+    # the rule was put to the test: borrowing while other claims were prepared
+    assert borrowing > 0 and squeezed > 0, (borrowing, squeezed)
