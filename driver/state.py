@@ -62,6 +62,7 @@ from driver.contextsize import ContextSizes
 from driver.crashpoints import maybe_crash
 from driver.devicemetadata import Attributes, MetadataFile, metadata_files, metadata_requests
 from driver.injection import NO_INJECTION, DriverInjector, Injection
+from driver.opmetrics import BurstReading
 from driver.orphans import remove_orphans
 from driver.trash import Trash
 from sharing.claimlayout import demand_name
@@ -391,6 +392,24 @@ class DeviceState:
     def _event(self, b: reclaim.Borrower, reason: str, message: str) -> None:
         if self._on_event is not None:
             self._on_event(b.namespace, b.name, b.uid, reason, message)
+
+    def burst_reading(self) -> BurstReading:
+        """The burst pool's numbers for the metrics: each bursting claim's borrowed bytes and
+        grant per GPU, each GPU's pool, the reclaims' outcomes and durations."""
+        with self._lock:
+            entries = self.checkpoint.entries()
+            grants = burst.compute(entries, self.gpus, self._rules_of)
+            outcomes = dict(self.reclaims.outcomes)
+            seconds = list(self.reclaims.seconds)
+        slices = []
+        for e in entries:
+            for i, m in enumerate(e.memory or ()):
+                if m.bursts:
+                    b = reclaim.borrowed(self.files(e.uid).accounting, i, m.request)
+                    slices.append((f"{e.namespace}/{e.name}", m.gpu, b,
+                                   grants.grants.get((e.uid, m.gpu), 0)))  # fmt: skip
+        pools = {i: d.pool for i, d in grants.devices.items()}
+        return BurstReading(slices, pools, outcomes, seconds)
 
     def grants(self) -> burst.Grants:
         """The grants as the checkpoint gives them now (tests, metrics)."""

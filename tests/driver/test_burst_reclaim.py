@@ -33,7 +33,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from driver.opmetrics import OperationMetrics
 from sharing import burstpool, region
 from sharing.observe.procinfo import start_time
 from sharing.policy import BUILTIN, Burst
@@ -163,6 +165,7 @@ def test_evict_a_polite_borrower_frees_on_the_notice_and_lives(
     prepare(w, a)
     b = start(borrower_bin, w, a, sim_env, "polite", 10, 4, borrowers)
     assert b.held == 10 and used(w, a) == 50 * GiB  # 30 GiB borrowed of a grant of 40
+    assert metrics(w)[("vgpu_slice_borrowed_bytes", ("default/a", "gpu-0"))] == 30 * GiB
     new = claim(w, "b", "40Gi")
     prepare(w, new)  # pool 20 GiB: a's grant falls to 20, it must give 10 back
     assert b.freed() == 4 and b.alive()
@@ -170,6 +173,7 @@ def test_evict_a_polite_borrower_frees_on_the_notice_and_lives(
     assert events(w.server, a, "BurstReclaimNotice") and events(w.server, a, "BurstReclaimed")
     assert "no process stopped" in events(w.server, a, "BurstReclaimed")[0]["message"]
     assert w.plugin.driver.state.reclaims.outcomes == {"freed": 1, "evicted": 0, "timeout": 0}
+    assert metrics(w)[("vgpu_slice_borrowed_bytes", ("default/a", "gpu-0"))] == 0
 
 
 def test_evict_a_borrower_that_ignores_the_notice_is_stopped_after_the_grace(
@@ -187,6 +191,26 @@ def test_evict_a_borrower_that_ignores_the_notice_is_stopped_after_the_grace(
     (ev,) = events(w.server, a, "BurstReclaimed")
     assert f"processes stopped: {deaf.proc.pid}" in ev["message"], ev["message"]
     assert w.plugin.driver.state.reclaims.outcomes["evicted"] == 1
+    m = metrics(w)
+    assert m[("vgpu_burst_reclaims_total", ("evicted",))] == 1
+    assert m[("vgpu_burst_reclaims_total", ("freed",))] == 0
+    assert m[("vgpu_burst_reclaim_seconds_count", ())] == 1
+    assert m[("vgpu_slice_borrowed_bytes", ("default/a", "gpu-0"))] == 0
+    assert m[("vgpu_burst_grant_bytes", ("default/a", "gpu-0"))] == 20 * GiB
+    assert m[("vgpu_burst_pool_bytes", ("gpu-0",))] == 20 * GiB
+
+
+def metrics(w: World) -> dict[tuple[str, tuple[str, ...]], float]:
+    """The plugin's burst series as the metrics endpoint renders them (labels but driver)."""
+    ops = OperationMetrics("vgpu.sharing.dev")
+    ops.track_burst(w.plugin.driver.state.burst_reading)
+    out = {}
+    for fam in text_string_to_metric_families(ops.render().decode()):
+        for smp in fam.samples:
+            labels = tuple(v for k, v in smp.labels.items() if k not in ("driver", "le"))
+            if "le" not in smp.labels:
+                out[(smp.name, labels)] = smp.value
+    return out
 
 
 def test_evict_during_a_cudamalloc_storm(
