@@ -315,16 +315,17 @@ class DeviceState:
         self._apply_pool(reclaims={(b.uid, b.gpu): deadline_ns for b in borrowers})
         need = {m.gpu: m.request for m in entry.memory or ()}
         for b in borrowers:
+            held = b.borrowed()
             self._event(b, "BurstReclaimNotice",
                         f"claim {entry.namespace}/{entry.name} needs its request of "
                         f"{format_bytes(need.get(b.gpu, 0))} on GPU {b.gpu}: this claim borrows "
-                        f"{format_bytes(b.borrowed())} above its request and its grant is now "
+                        f"{format_bytes(held)} above its request and its grant is now "
                         f"{format_bytes(b.grant)}; free the rest before the deadline or its "
                         "processes are stopped (SIGWINCH sent; the pool file says RECLAIM)")  # fmt: skip
             pids = reclaim.notify(b)
             log.warning("burst reclaim for claim %s/%s: claim %s borrows %d bytes on GPU %d, "
                         "grant %d: notice sent to %s", entry.namespace, entry.name, b.claim,
-                        b.borrowed(), b.gpu, b.grant, pids or "no process")  # fmt: skip
+                        held, b.gpu, b.grant, pids or "no process")  # fmt: skip
         maybe_crash("reclaim-notice")
         self._finish_evict(entry, borrowers, deadline)
 
