@@ -8,8 +8,9 @@
  *   storm   four threads allocate and free CHUNK-sized blocks as fast as they can on top of what
  *           it holds (a cudaMalloc storm); on SIGWINCH the storm stops and it frees down to KEEP,
  *           prints "freed <count>"
- *   greedy  until stdin closes: allocates chunks up to N whenever it can (when refused, frees one
- *           and tries again), and on every SIGWINCH frees down to KEEP and goes on
+ *   greedy  until stdin closes: allocates chunks up to N whenever it can, frees nothing of its own
+ *           accord (a refusal only makes it try again), and on every SIGWINCH frees down to KEEP
+ *           and goes on
  *
  * Then it waits until stdin closes (or it is killed) and exits 0.
  *
@@ -84,12 +85,10 @@ int main(int argc, char **argv) {
                 noticed = 0;
                 while (count > keep) cuMemFree_v2(held[--count]);
             }
-            if (count < n && cuMemAlloc_v2(&held[count], chunk) == CUDA_SUCCESS) {
+            if (count < n && cuMemAlloc_v2(&held[count], chunk) == CUDA_SUCCESS)
                 count++;
-            } else {
-                if (count > keep) cuMemFree_v2(held[--count]);
+            else
                 usleep(200);
-            }
         }
         return 0;
     }

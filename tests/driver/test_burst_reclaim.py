@@ -97,8 +97,14 @@ class Borrower:
         self.held = int(self._expect("held"))
 
     def _expect(self, word: str) -> str:
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
+        """The program's next line, which must start with word (within DEADLINE)."""
+        stdout = self.proc.stdout
+        assert stdout is not None
+        got: list[str] = []
+        reader = threading.Thread(target=lambda: got.append(stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(DEADLINE)
+        line = got[0] if got else f"(no line within {DEADLINE}s)"
         assert line.startswith(word), (line, self.stop())
         return line.split()[1]
 
