@@ -12,7 +12,9 @@ A claim goes PrepareStarted (recorded before anything is created, with the paths
 create) -> PrepareCompleted (with the answer given to the kubelet) -> UnprepareStarted (recorded
 before anything is removed) -> gone. At startup a PrepareStarted entry is a prepare that died
 half-way: it is rolled back; an UnprepareStarted entry is an unprepare that died half-way: it is
-finished. Either way the claim's files are found from its UID, inside the plugin's own
+finished. Entries also record each claim's memory per GPU (request, burst limit and grant
+entry) and its prepare order, from which the burst pool is computed (driver/burst.py). Either
+way the claim's files are found from its UID, inside the plugin's own
 directories; the paths recorded here are only compared with those (driver/claimfiles.py).
 """
 
@@ -69,6 +71,36 @@ class PreparedDevice:
 
 
 @dataclass(frozen=True)
+class ClaimMemory:
+    """A claim's memory on one GPU, for the burst pool (driver/burst.py): its request and, when it
+    bursts, its limit and its grant entry in the pool file with that entry's key."""
+
+    gpu: int  # host GPU index
+    request: int  # bytes
+    limit: int = 0  # bytes; above request: it bursts
+    entry: int = -1
+    key: int = 0
+
+    @property
+    def bursts(self) -> bool:
+        return self.limit > self.request
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"gpu": self.gpu, "request": self.request}
+        if self.bursts:
+            d.update(limit=self.limit, entry=self.entry, key=self.key)
+        return d
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> ClaimMemory:
+        m = ClaimMemory(gpu=int(d["gpu"]), request=int(d["request"]), limit=int(d.get("limit", 0)),
+                        entry=int(d.get("entry", -1)), key=int(d.get("key", 0)))  # fmt: skip
+        if m.bursts and not (m.entry >= 0 and m.key > 0):
+            raise ValueError(f"memory entry {d!r}: a burst limit needs a grant entry and key")
+        return m
+
+
+@dataclass(frozen=True)
 class ClaimEntry:
     uid: str
     namespace: str
@@ -77,9 +109,20 @@ class ClaimEntry:
     cdi_spec: str  # path of the claim's CDI spec file
     claim_dir: str  # path of the claim's accounting directory
     devices: tuple[PreparedDevice, ...] = field(default=())
+    # per GPU its request (and burst limit); None: recorded by a plugin that did not record it
+    memory: tuple[ClaimMemory, ...] | None = None
+    seq: int = 0  # prepare order (the burst pool's grants go oldest first)
+    # a burst reclaim this claim's prepare started and has not finished (driver/state.py):
+    # {"policy": "evict"|"wait", "deadline_unix_ns": int, "borrowers": [[uid, gpu], ...]}
+    reclaim: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        extra: dict[str, Any] = {}
+        if self.memory is not None:
+            extra = {"memory": [m.to_dict() for m in self.memory], "seq": self.seq}
+        if self.reclaim is not None:
+            extra["reclaim"] = self.reclaim
+        return extra | {
             "uid": self.uid,
             "namespace": self.namespace,
             "name": self.name,
@@ -101,7 +144,29 @@ class ClaimEntry:
             cdi_spec=d["cdi_spec"],
             claim_dir=d["claim_dir"],
             devices=tuple(PreparedDevice.from_dict(x) for x in d.get("devices", [])),
+            memory=(
+                None
+                if d.get("memory") is None
+                else tuple(ClaimMemory.from_dict(x) for x in d["memory"])
+            ),
+            seq=int(d.get("seq", 0)),
+            reclaim=_reclaim(d.get("reclaim")),
         )
+
+
+def _reclaim(r: Any) -> dict[str, Any] | None:
+    if r is None:
+        return None
+    if not (
+        isinstance(r, dict)
+        and r.get("policy") in ("evict", "wait")
+        and isinstance(r.get("deadline_unix_ns"), int)
+        and isinstance(r.get("borrowers"), list)
+        and all(isinstance(b, list) and len(b) == 2 for b in r["borrowers"])
+    ):
+        raise ValueError(f"reclaim record {r!r} invalid")
+    return {"policy": r["policy"], "deadline_unix_ns": r["deadline_unix_ns"],
+            "borrowers": [[str(u), int(g)] for u, g in r["borrowers"]]}  # fmt: skip
 
 
 def _checksum(claims: dict[str, Any]) -> str:

@@ -37,7 +37,14 @@ from pathlib import Path
 
 from driver import hostfs
 from sharing import region
-from sharing.claimlayout import ACCOUNTING_FILE, LIMITS_FILE, METADATA_DIR, SHARED_DIR, TRASH_DIR
+from sharing.claimlayout import (
+    ACCOUNTING_FILE,
+    BURST_POOL_FILE,
+    LIMITS_FILE,
+    METADATA_DIR,
+    SHARED_DIR,
+    TRASH_DIR,
+)
 from sharing.fsutil import atomic_write
 
 CLAIM_CLASS = "claim"
@@ -73,6 +80,11 @@ class HostPaths:
     @property
     def data_dir(self) -> Path:
         return self.claims_dir.parent
+
+    @property
+    def burst_pool(self) -> Path:
+        """The node's burst pool file (driver/burst.py), mounted read-only into bursting claims."""
+        return self.data_dir / BURST_POOL_FILE
 
     @property
     def trash_dir(self) -> Path:

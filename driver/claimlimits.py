@@ -6,21 +6,32 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from driver.checkpoint import ClaimMemory
 from driver.claims import ClaimPlan, GpuLimit
 from sharing.claimlayout import (
     CONTAINER_ACCOUNTING,
+    CONTAINER_BURST_POOL,
     CONTAINER_DEMAND_FILE,
     CONTAINER_NODE_STATE_DIR,
 )
-from sharing.limitsfile import render_limits_file
+from sharing.limitsfile import BurstLimit, render_limits_file
 
 
 def render_limits(
-    plan: ClaimPlan, limits: Sequence[GpuLimit], context_sizes: Sequence[int | None] = ()
+    plan: ClaimPlan,
+    limits: Sequence[GpuLimit],
+    context_sizes: Sequence[int | None] = (),
+    memory: Sequence[ClaimMemory] = (),
 ) -> str:
     """limits: the plan's gpu_limits(); context_sizes: what a context takes on each GPU
-    (driver/contextsize.py), None unknown."""
+    (driver/contextsize.py), None unknown; memory: the claim's checkpointed memory record in
+    the same order (its burst limits and grant entries: docs/policy.md)."""
+    bursts = [BurstLimit(m.limit, m.entry, m.key) if m.bursts else None for m in memory]
+    any_burst = any(b is not None for b in bursts)
     return render_limits_file(
+        bursts=bursts,
+        burst_pool=CONTAINER_BURST_POOL if any_burst else None,
+        show_limit=any_burst and plan.config.show_memory_limit,
         memory_limits=[g.memory_limit for g in limits],
         sm_limits=[g.sm_limit for g in limits],
         policy=plan.config.compute_policy,

@@ -57,6 +57,13 @@ class AllocatedDevice:
     sm_limit: int  # percent of the GPU's SMs, 1..100
     share_id: str | None
     config: EffectiveConfig
+    burst_limit: int = (
+        0  # bytes the slice may use, borrowing above memory_limit (0: = memory_limit)
+    )
+
+    @property
+    def limit(self) -> int:
+        return max(self.memory_limit, self.burst_limit)
 
 
 @dataclass(frozen=True)
@@ -66,6 +73,11 @@ class GpuLimit:
     gpu: GpuInfo
     memory_limit: int
     sm_limit: int
+    burst_limit: int = 0  # 0: no bursting (the limit is the request, memory_limit)
+
+    @property
+    def bursts(self) -> bool:
+        return self.burst_limit > self.memory_limit
 
 
 @dataclass(frozen=True)
@@ -74,20 +86,29 @@ class ClaimPlan:
     devices: tuple[AllocatedDevice, ...]
     config: EffectiveConfig
 
+    @property
+    def show_limit(self) -> bool:
+        """Does the slice see its limit as the total (showMemoryLimit, where it bursts)?"""
+        return self.config.show_memory_limit and any(g.bursts for g in self.gpu_limits())
+
     def gpu_limits(self) -> list[GpuLimit]:
         """Per-GPU limits in container index order (by host GPU index)."""
         by_index: dict[int, GpuLimit] = {}
         for d in self.devices:
             prev = by_index.get(d.gpu.index)
             if prev is None:
-                by_index[d.gpu.index] = GpuLimit(d.gpu, d.memory_limit, d.sm_limit)
+                by_index[d.gpu.index] = GpuLimit(
+                    d.gpu, d.memory_limit, d.sm_limit, d.limit if d.limit > d.memory_limit else 0
+                )
             else:
                 # Two slices of one GPU in one claim add up (capped at the whole GPU).
+                memory = min(prev.memory_limit + d.memory_limit, d.gpu.memory_total)
+                limit = min(max(prev.burst_limit, prev.memory_limit) + d.limit,
+                            d.gpu.memory_total)  # fmt: skip
                 by_index[d.gpu.index] = GpuLimit(
-                    d.gpu,
-                    min(prev.memory_limit + d.memory_limit, d.gpu.memory_total),
-                    min(prev.sm_limit + d.sm_limit, 100),
-                )
+                    d.gpu, memory, min(prev.sm_limit + d.sm_limit, 100),
+                    limit if limit > memory else 0,
+                )  # fmt: skip
         return [by_index[i] for i in sorted(by_index)]
 
 
@@ -241,6 +262,7 @@ def plan_claim(
                     f"{format_bytes(memory)}; it may only lower the limit"
                 )
             memory = config.memory_limit_override
+        burst_limit = _burst_limit(config, memory, gpu, rules, mode, where)
         devices.append(
             AllocatedDevice(
                 request=request,
@@ -251,6 +273,7 @@ def plan_claim(
                 sm_limit=cores,
                 share_id=r.get("shareID"),
                 config=config,
+                burst_limit=burst_limit,
             )
         )
     # The policy and priority reach the container as one env var each: they must agree.
@@ -261,6 +284,49 @@ def plan_claim(
             "between its requests; a claim runs with one policy and priority"
         )
     return ClaimPlan(ref=ref, devices=tuple(devices), config=devices[0].config)
+
+
+def _burst_limit(
+    config: EffectiveConfig, request: int, gpu: GpuInfo, rules: Rules, mode: str, where: str
+) -> int:
+    """The device's burst limit in bytes (0: no bursting), held to the admin's `burst` policy
+    (docs/policy.md): ClaimError, one line naming the field, the rule and what is allowed."""
+    asked = config.memory_limit
+    if asked is None:
+        return 0
+    limit = asked.of(request)
+    field = f"{where}: VgpuConfig memoryLimit {asked.text}"
+    if limit < request:
+        raise ClaimError(
+            f"{field} ({format_bytes(limit)}) is below the request {format_bytes(request)}; "
+            "allowed: at least the request"
+        )
+    if limit == request:
+        return 0
+    if mode != devicenames.SHARING:
+        raise ClaimError(
+            f"{field}: partition mode offers no bursting; allowed: leave memoryLimit out"
+        )
+    b = rules.burst
+    if not b.allowed:
+        raise ClaimError(
+            f"{field}: the node's sharing policy allows no bursting (burst.maxRatio: 1); "
+            "allowed: leave memoryLimit out"
+        )
+    most = int(request * b.max_ratio)
+    if b.max_limit is not None:
+        most = min(most, b.max_limit)
+    if limit > most:
+        rule = f"burst.maxRatio: {b.max_ratio:g}"
+        if b.max_limit is not None:
+            rule += f", burst.maxLimit: {format_bytes(b.max_limit)}"
+        raise ClaimError(
+            f"{field} ({format_bytes(limit)}) is above what the node's sharing policy allows "
+            f"for a request of {format_bytes(request)} ({rule}); allowed: at most "
+            f"{format_bytes(most)}"
+        )
+    # never more than the device offers: a grant is bounded by the pool anyway
+    return max(request, min(limit, rules.shareable_memory(gpu.memory_total)))
 
 
 def _check_claim_choices(
@@ -279,6 +345,18 @@ def _check_claim_choices(
     for source, c in configs:
         if "FromClaim" not in source:
             continue
+        if c.memory_limit is not None and not rules.burst.from_claim:
+            raise ClaimError(
+                f"{where}: {source}: VgpuConfig memoryLimit {c.memory_limit.text}: the node's "
+                "sharing policy lets only DeviceClass configs give a burst limit "
+                "(burst.fromClaim: false); allowed: leave memoryLimit out, or use a DeviceClass "
+                "that gives one"
+            )
+        if c.show_memory_limit and not rules.burst.show_limit:
+            raise ClaimError(
+                f"{where}: {source}: VgpuConfig showMemoryLimit true is not allowed by the "
+                "node's sharing policy (burst.showLimit: false); allowed: false or leave it out"
+            )
         if c.compute_policy is not None and c.compute_policy not in choices:
             raise ClaimError(
                 f"{where}: {source}: VgpuConfig computePolicy {c.compute_policy!r} is not "

@@ -6,6 +6,7 @@ files, the device metadata files, the environment tools read) plus the driver's 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 from cdi.spec import ContainerEdits, Device, DeviceNode, Mount, Spec
 from driver.claimfiles import ClaimFiles, HostPaths
@@ -15,6 +16,7 @@ from driver.injection import NO_INJECTION, Injection
 from driver.injection import apply as apply_injection
 from sharing.claimlayout import (
     CONTAINER_ACCOUNTING,
+    CONTAINER_BURST_POOL,
     CONTAINER_DEMAND_FILE,
     CONTAINER_LIB,
     CONTAINER_LIMITS,
@@ -34,8 +36,10 @@ def build_spec(
     paths: HostPaths,
     inj: Injection = NO_INJECTION,
     metadata: Sequence[MetadataFile] = (),
+    burst_pool: Path | None = None,
 ) -> Spec:
-    """limits: the plan's gpu_limits()."""
+    """limits: the plan's gpu_limits(); burst_pool: the node's pool file, mounted read-only when
+    the claim bursts (docs/policy.md)."""
     uuids = ",".join(g.gpu.uuid for g in limits)
     env: list[tuple[str, str]] = [
         ("CUDA_VISIBLE_DEVICES", uuids),
@@ -63,6 +67,8 @@ def build_spec(
         Mount(str(files.demand), CONTAINER_DEMAND_FILE, _RW),
         # the device metadata of each request (KEP-5304), each file alone and read-only
         *(Mount(str(files.metadata(m.request)), m.container_path, _RO) for m in metadata),
+        # the node's burst pool, alone and read-only: the shim reads the claim's grant from it
+        *([Mount(str(burst_pool), CONTAINER_BURST_POOL, _RO)] if burst_pool is not None else []),
     )
     nodes: list[DeviceNode] = []
     names = [f"nvidia{g.gpu.minor}" for g in limits] + ["nvidiactl", "nvidia-uvm"]

@@ -17,6 +17,7 @@ CRASH_STEPS = (
     "prepare-started",  # after the PrepareStarted checkpoint
     "prepare-dir",  # after the claim directory, limits, shared dir and demand file exist
     "prepare-cdi",  # after the CDI spec is written
+    "reclaim-notice",  # a burst reclaim (evict) recorded and its notice sent, before the grace
     "prepare-completed",  # after the PrepareCompleted checkpoint, before answering
     "unprepare-started",  # after the UnprepareStarted checkpoint
     "unprepare-cdi",  # after the CDI spec is removed

@@ -36,6 +36,7 @@ from driver.claims import RulesFor
 from driver.claimstatus import ClaimStatusWriter
 from driver.contextsize import ContextSizes
 from driver.devicemetadata import published_attributes
+from driver.events import ClaimEventPoster
 from driver.flags import Settings
 from driver.health import HealthBroadcaster
 from driver.injection import DriverInjector
@@ -140,6 +141,9 @@ class Driver:
             on_prepared=self.claim_status.submit,
             on_unprepared=self.claim_status.submit_removal,
             published=self._published,
+            on_event=ClaimEventPoster(
+                api_client, settings.driver_name, settings.node_name
+            ).for_claim,
         )
         self.plugin = KubeletPlugin(
             driver_name=settings.driver_name,

@@ -67,3 +67,20 @@ class EventPoster:
             self.core.create_namespaced_event(ns, cast(Any, body), _request_timeout=REQUEST_TIMEOUT)
         except Exception as e:
             log.warning("watchdog: cannot post Event %s in %s: %s", body["reason"], ns, e)
+
+
+BURST_COMPONENT = "vgpu-sharing-burst"
+
+
+class ClaimEventPoster(EventPoster):
+    """Events of the burst reclaim (docs/policy.md): on a ResourceClaim named by its namespace,
+    name and UID, posted in a short-lived thread like the watchdog's."""
+
+    def for_claim(self, namespace: str, name: str, uid: str, reason: str, message: str) -> None:
+        body = self.body(None, reason, message)
+        body["metadata"] = {"name": f"{name}.{uuid.uuid4().hex[:16]}", "namespace": namespace}
+        body["involvedObject"] = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                                  "namespace": namespace, "name": name, "uid": uid}  # fmt: skip
+        body["source"] = {"component": BURST_COMPONENT, "host": self.node_name}
+        body["reportingComponent"] = f"{self.driver_name}/{BURST_COMPONENT}"
+        threading.Thread(target=self._post, args=(body,), name="burst-event", daemon=True).start()

@@ -483,6 +483,7 @@ class Plugin:
         assert self.driver is not None
         ops = self.driver.plugin.ops  # the plugin's own requests, after the node's series
         ops.track_prepared(s.node_name, self.driver.state.prepared)
+        ops.track_burst(self.driver.state.burst_reading)
         self.metrics = Exporter(
             config,
             events=events,

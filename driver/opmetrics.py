@@ -10,6 +10,15 @@ dashboards and alerts read ours by the `driver` label:
   nvidia_dra_prepared_devices{node,driver,device_type}     prepared devices (the checkpoint)
   vgpu_dra_prepared_claims{node,driver}                    prepared claims (the checkpoint)
 
+Bursting (docs/policy.md, "Memory that bursts and is given back"), once track_burst() is called:
+
+  vgpu_slice_borrowed_bytes{driver,claim,device}    what a bursting claim uses above its request
+  vgpu_burst_grant_bytes{driver,claim,device}       what it may use above its request now
+  vgpu_burst_pool_bytes{driver,device}              the device's pool (memory no claim was given)
+  vgpu_burst_reclaims_total{driver,outcome}         reclaims in prepare: freed | evicted | timeout
+  vgpu_burst_reclaim_seconds{driver}                from the prepare that needed the memory to
+                                                    the memory being free (histogram)
+
 operation: prepare | unprepare (a kubelet call of either API version). error_type: `claim`, one
 per claim the call answered with an error (the claim cannot be prepared here, or its files could
 not be made or removed); `request`, a call that failed as a whole (the kubelet got a gRPC error).
@@ -26,7 +35,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from driver.checkpoint import PREPARE_COMPLETED, ClaimEntry
@@ -40,6 +54,19 @@ ERROR_TYPES = ("claim", "request")
 BUCKETS = tuple(0.05 * 2**i for i in range(9))
 
 R = TypeVar("R", bound=Mapping[str, Any])
+# reclaim latency: 10 ms .. about 41 s (the longest grace or timeout is 40 s)
+RECLAIM_BUCKETS = tuple(0.01 * 2**i for i in range(13))
+
+
+class BurstReading:
+    """What the burst series show at one scrape (driver/state.py DeviceState.burst_reading)."""
+
+    def __init__(self, slices: list[tuple[str, int, int, int]], pools: dict[int, int],
+                 outcomes: dict[str, int], seconds: list[float]) -> None:  # fmt: skip
+        self.slices = slices  # (namespace/name, GPU index, borrowed, grant)
+        self.pools = pools  # GPU index -> pool bytes
+        self.outcomes = outcomes
+        self.seconds = seconds
 
 
 def _failed(answer: object) -> bool:
@@ -110,6 +137,10 @@ class OperationMetrics:
             self._prepared = _Prepared(node, self.driver, entries)
             self.registry.register(self._prepared)
 
+    def track_burst(self, burst: Callable[[], BurstReading]) -> None:
+        """Serve the burst pool's series, read from `burst` at each scrape."""
+        self.registry.register(_Burst(self.driver, burst))
+
     def render(self) -> bytes:
         """The exposition of these series (text format 0.0.4)."""
         return generate_latest(self.registry)
@@ -146,3 +177,47 @@ class _Prepared(Collector):
         )
         claims.add_metric([self.node, self.driver], float(len(done)))
         yield claims
+
+
+class _Burst(Collector):
+    def __init__(self, driver: str, read: Callable[[], BurstReading]) -> None:
+        self.driver = driver
+        self.read = read
+
+    def describe(self) -> list[Metric]:
+        return []  # read at the scrape only
+
+    def collect(self) -> Iterator[Metric]:
+        r = self.read()
+        borrowed = GaugeMetricFamily(
+            "vgpu_slice_borrowed_bytes",
+            "Bytes a bursting claim uses above its request on a device (its live processes).",
+            labels=("driver", "claim", "device"),
+        )
+        grant = GaugeMetricFamily(
+            "vgpu_burst_grant_bytes",
+            "Bytes a bursting claim may use above its request on a device now.",
+            labels=("driver", "claim", "device"),
+        )
+        for claim, gpu, b, g in r.slices:
+            borrowed.add_metric([self.driver, claim, f"gpu-{gpu}"], float(b))
+            grant.add_metric([self.driver, claim, f"gpu-{gpu}"], float(g))
+        yield borrowed
+        yield grant
+        pool = GaugeMetricFamily("vgpu_burst_pool_bytes", "A device's memory no prepared claim "
+                                 "was allocated.", labels=("driver", "device"))  # fmt: skip
+        for gpu, n in sorted(r.pools.items()):
+            pool.add_metric([self.driver, f"gpu-{gpu}"], float(n))
+        yield pool
+        total = CounterMetricFamily("vgpu_burst_reclaims", "Burst reclaims in prepare, by "
+                                    "outcome.", labels=("driver", "outcome"))  # fmt: skip
+        for outcome, n in r.outcomes.items():
+            total.add_metric([self.driver, outcome], float(n))
+        yield total
+        buckets = [(f"{b:g}", float(sum(1 for x in r.seconds if x <= b))) for b in RECLAIM_BUCKETS]
+        buckets.append(("+Inf", float(len(r.seconds))))
+        hist = HistogramMetricFamily("vgpu_burst_reclaim_seconds", "From the prepare that needed "
+                                     "borrowed memory to the memory being free.",
+                                     labels=("driver",))  # fmt: skip
+        hist.add_metric([self.driver], buckets, sum_value=float(sum(r.seconds)))
+        yield hist

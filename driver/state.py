@@ -30,19 +30,21 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from cdi.writer import SpecWriter
-from driver import hostfs
+from driver import burst, hostfs, reclaim
 from driver.checkpoint import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
     UNPREPARE_STARTED,
     Checkpoint,
     ClaimEntry,
+    ClaimMemory,
     PreparedDevice,
 )
 from driver.claimfiles import (
@@ -60,14 +62,32 @@ from driver.contextsize import ContextSizes
 from driver.crashpoints import maybe_crash
 from driver.devicemetadata import Attributes, MetadataFile, metadata_files, metadata_requests
 from driver.injection import NO_INJECTION, DriverInjector, Injection
+from driver.opmetrics import BurstReading
 from driver.orphans import remove_orphans
 from driver.trash import Trash
 from sharing.claimlayout import demand_name
 from sharing.gpus import GpuInfo
+from sharing.policy import BUILTIN
+from sharing.quantity import format_bytes
 
 log = logging.getLogger(__name__)
 
 ClaimReader = Callable[[ClaimRef], dict[str, Any]]
+# (namespace, name, uid, reason, message): an Event on a ResourceClaim (driver/events.py)
+ClaimEvent = Callable[[str, str, str, str, str], None]
+RECLAIM_OUTCOMES = ("freed", "evicted", "timeout")
+
+
+@dataclass
+class ReclaimStats:
+    """What the burst reclaims did since the start (the plugin's metrics)."""
+
+    outcomes: dict[str, int]
+    seconds: list[float]  # from the prepare that needed the memory to the memory being free
+
+    @staticmethod
+    def new() -> ReclaimStats:
+        return ReclaimStats(dict.fromkeys(RECLAIM_OUTCOMES, 0), [])
 
 
 @dataclass(frozen=True)
@@ -98,6 +118,7 @@ class DeviceState:
         on_prepared: Callable[[ClaimPlan], None] | None = None,
         on_unprepared: Callable[[ClaimRef], None] | None = None,
         published: Callable[[], Attributes] | None = None,
+        on_event: ClaimEvent | None = None,
     ) -> None:
         """on_prepared: told of every claim whose files were (re)written, e.g. to write its
         device status (driver/claimstatus.py); it must not block. on_unprepared: told of every
@@ -122,6 +143,11 @@ class DeviceState:
         self._on_prepared = on_prepared
         self._on_unprepared = on_unprepared
         self._published = published
+        self.pool = burst.PoolFile(paths.burst_pool)
+        builtin = replace(BUILTIN, partitions=partitions)
+        self._rules_of = rules_for or (lambda _gpu: builtin)
+        self._on_event = on_event
+        self.reclaims = ReclaimStats.new()
 
     def set_gpus(self, gpus: Sequence[GpuInfo]) -> None:
         """Plan later claims on these GPUs (rediscovery saw GPUs appear or go). Prepared claims
@@ -152,6 +178,8 @@ class DeviceState:
         """
         with self._lock:
             self.checkpoint.load()
+            self.pool.open()
+            self._finish_reclaims()
             for entry in self.checkpoint.entries():
                 try:
                     self._recover_entry(entry)
@@ -171,6 +199,7 @@ class DeviceState:
                 paths=self.paths,
                 trash=self._trash,
             )
+            self._apply_pool(full=True)  # the file's grants recomputed from the prepared claims
             log.info("checkpoint %s: %d prepared claims", self.checkpoint.path,
                      len(self.checkpoint.entries()))  # fmt: skip
             self._trash.take()
@@ -192,6 +221,201 @@ class DeviceState:
             return
         self._remove_artifacts(entry)
         self.checkpoint.delete(entry.uid)
+
+    # --- the burst pool ------------------------------------------------------------------------
+
+    def _apply_pool(
+        self, full: bool = False, reclaims: dict[tuple[str, int], int] | None = None
+    ) -> burst.Grants:
+        """Recompute the grants from the checkpoint and write them into the pool file (call with
+        the lock held, after every change of the checkpoint's set of claims). reclaims: the
+        (uid, GPU) entries under an evict in progress, with its deadline (unix ns)."""
+        entries = self.checkpoint.entries()
+        grants = burst.compute(entries, self.gpus, self._rules_of)
+        if not self.pool.is_open:
+            self.pool.open()
+            full = True
+        self.pool.apply(entries, grants, reclaims=reclaims, full=full)
+        return grants
+
+    def _borrowers(self, entry: ClaimEntry, grants: burst.Grants) -> list[reclaim.Borrower]:
+        """The bursting claims on entry's GPUs that borrow more than their (new) grant, newest
+        claim first. The grants are already in the pool file: read after it (the protocol's
+        fence: docs/policy.md), their usage shows any allocation charged before the write."""
+        gpus = {m.gpu for m in entry.memory or ()}
+        out = []
+        for e in sorted(self.checkpoint.entries(), key=lambda x: (x.seq, x.uid), reverse=True):
+            if e.uid == entry.uid:
+                continue
+            for i, m in enumerate(e.memory or ()):
+                if not m.bursts or m.gpu not in gpus:
+                    continue
+                b = reclaim.Borrower(
+                    uid=e.uid, namespace=e.namespace, name=e.name, gpu=m.gpu,
+                    container_index=i, request=m.request,
+                    grant=grants.grants.get((e.uid, m.gpu), 0),
+                    accounting=self.files(e.uid).accounting,
+                )  # fmt: skip
+                if not b.fits():
+                    out.append(b)
+        return out
+
+    def _take_back(self, entry: ClaimEntry, grants: burst.Grants) -> None:
+        """Before the new claim's prepare returns: every borrower on its GPUs down to its grant,
+        by the policy's reclaim (docs/policy.md, "Taking it back"). ClaimError when the memory
+        is not free: the kubelet retries."""
+        borrowers = self._borrowers(entry, grants)
+        if not borrowers:
+            return
+        t0 = time.monotonic()
+        by_index = {g.index: g for g in self.gpus}
+        gpu = by_index.get(borrowers[0].gpu)
+        policy = self._rules_of(gpu).burst if gpu is not None else BUILTIN.burst
+        span = policy.timeout if policy.reclaim == "wait" else policy.grace
+        record = {
+            "policy": policy.reclaim,
+            "deadline_unix_ns": time.time_ns() + int(span * 1e9),
+            "borrowers": [[b.uid, b.gpu] for b in borrowers],
+        }
+        self.checkpoint.put(replace(entry, reclaim=record))  # before any notice or stop
+        try:
+            if policy.reclaim == "wait":
+                self._wait(entry, borrowers, t0 + span, span)
+            else:
+                self._evict(entry, borrowers, record, t0 + span)
+        finally:
+            self._apply_pool()  # the entries back to OPEN (and the grants as they are now)
+            self.checkpoint.put(entry)  # the record finished
+        self.reclaims.seconds.append(time.monotonic() - t0)
+
+    def _wait(
+        self, entry: ClaimEntry, borrowers: list[reclaim.Borrower], deadline: float, span: float
+    ) -> None:
+        if reclaim.wait_until(lambda: all(b.fits() for b in borrowers), deadline):
+            self.reclaims.outcomes["freed"] += 1
+            return
+        self.reclaims.outcomes["timeout"] += 1
+        b = next(b for b in borrowers if not b.fits())
+        need = next((m.request for m in entry.memory or () if m.gpu == b.gpu), 0)
+        taken = b.borrowed() - b.grant
+        raise ClaimError(
+            f"device gpu-{b.gpu}: {format_bytes(min(taken, need))} of the {format_bytes(need)} "
+            f"this claim's request needs are borrowed by claim {b.claim} and were not given back "
+            f"within {span:g}s (burst reclaim: wait); the kubelet retries"
+        )
+
+    def _evict(
+        self,
+        entry: ClaimEntry,
+        borrowers: list[reclaim.Borrower],
+        record: dict[str, Any],
+        deadline: float,
+    ) -> None:
+        deadline_ns = int(record["deadline_unix_ns"])
+        self._apply_pool(reclaims={(b.uid, b.gpu): deadline_ns for b in borrowers})
+        need = {m.gpu: m.request for m in entry.memory or ()}
+        for b in borrowers:
+            held = b.borrowed()
+            self._event(b, "BurstReclaimNotice",
+                        f"claim {entry.namespace}/{entry.name} needs its request of "
+                        f"{format_bytes(need.get(b.gpu, 0))} on GPU {b.gpu}: this claim borrows "
+                        f"{format_bytes(held)} above its request and its grant is now "
+                        f"{format_bytes(b.grant)}; free the rest before the deadline or its "
+                        "processes are stopped (SIGWINCH sent; the pool file says RECLAIM)")  # fmt: skip
+            pids = reclaim.notify(b)
+            log.warning("burst reclaim for claim %s/%s: claim %s borrows %d bytes on GPU %d, "
+                        "grant %d: notice sent to %s", entry.namespace, entry.name, b.claim,
+                        held, b.gpu, b.grant, pids or "no process")  # fmt: skip
+        maybe_crash("reclaim-notice")
+        self._finish_evict(entry, borrowers, deadline)
+
+    def _finish_evict(
+        self, entry: ClaimEntry, borrowers: list[reclaim.Borrower], deadline: float
+    ) -> None:
+        """After the grace: stop the borrowers' processes, newest claim and process first, until
+        each fits its grant; ClaimError if one still does not."""
+        if reclaim.wait_until(lambda: all(b.fits() for b in borrowers), deadline):
+            self.reclaims.outcomes["freed"] += 1
+            for b in borrowers:
+                self._event(b, "BurstReclaimed",
+                            f"claim {entry.namespace}/{entry.name} needed its request on GPU "
+                            f"{b.gpu}: this claim gave back what it borrowed above its grant of "
+                            f"{format_bytes(b.grant)} within the grace; no process stopped")  # fmt: skip
+            return
+        self.reclaims.outcomes["evicted"] += 1
+        for b in borrowers:
+            before = b.borrowed()
+            stopped = reclaim.stop_until_fits(b)
+            self._event(b, "BurstReclaimed",
+                        f"claim {entry.namespace}/{entry.name} needed its request on GPU {b.gpu}: "
+                        f"{format_bytes(max(0, before - b.borrowed()))} taken back from this "
+                        f"claim (grant now {format_bytes(b.grant)}); processes stopped: "
+                        f"{', '.join(map(str, stopped)) or 'none'}")  # fmt: skip
+        for b in borrowers:
+            if not b.fits():
+                raise ClaimError(
+                    f"device gpu-{b.gpu}: claim {b.claim} still borrows "
+                    f"{format_bytes(b.borrowed())} above its grant of {format_bytes(b.grant)} "
+                    "after its processes were stopped (burst reclaim: evict); the kubelet retries"
+                )
+
+    def _finish_reclaims(self) -> None:
+        """At start, before any prepare is served: finish every reclaim a killed plugin left in
+        its checkpoint. Its grants are written low first (the claim that needed the memory
+        still counts); an evict waits out its absolute deadline and stops what still borrows.
+        The claim itself is then rolled back like any interrupted prepare."""
+        pending = [e for e in self.checkpoint.entries() if e.reclaim is not None]
+        if not pending:
+            return
+        entries = self.checkpoint.entries()
+        grants = burst.compute(entries, self.gpus, self._rules_of)
+        deadlines = {
+            (u, g): int(e.reclaim["deadline_unix_ns"]) if e.reclaim["policy"] == "evict" else 0
+            for e in pending
+            if e.reclaim is not None
+            for u, g in e.reclaim["borrowers"]
+        }
+        self.pool.apply(entries, grants, reclaims=deadlines, full=True)
+        for e in pending:
+            assert e.reclaim is not None
+            log.warning("claim %s/%s (%s): finishing a burst reclaim (%s) a restart interrupted",
+                        e.namespace, e.name, e.uid, e.reclaim["policy"])  # fmt: skip
+            if e.reclaim["policy"] != "evict":
+                continue
+            wanted = {(u, g) for u, g in e.reclaim["borrowers"]}
+            borrowers = [b for b in self._borrowers(e, grants) if (b.uid, b.gpu) in wanted]
+            left = (int(e.reclaim["deadline_unix_ns"]) - time.time_ns()) / 1e9
+            try:
+                self._finish_evict(e, borrowers, time.monotonic() + max(0.0, left))
+            except ClaimError as err:  # the claim is rolled back; its retried prepare decides
+                log.error("claim %s/%s (%s): %s", e.namespace, e.name, e.uid, err)
+
+    def _event(self, b: reclaim.Borrower, reason: str, message: str) -> None:
+        if self._on_event is not None:
+            self._on_event(b.namespace, b.name, b.uid, reason, message)
+
+    def burst_reading(self) -> BurstReading:
+        """The burst pool's numbers for the metrics: each bursting claim's borrowed bytes and
+        grant per GPU, each GPU's pool, the reclaims' outcomes and durations."""
+        with self._lock:
+            entries = self.checkpoint.entries()
+            grants = burst.compute(entries, self.gpus, self._rules_of)
+            outcomes = dict(self.reclaims.outcomes)
+            seconds = list(self.reclaims.seconds)
+        slices = []
+        for e in entries:
+            for i, m in enumerate(e.memory or ()):
+                if m.bursts:
+                    b = reclaim.borrowed(self.files(e.uid).accounting, i, m.request)
+                    slices.append((f"{e.namespace}/{e.name}", m.gpu, b,
+                                   grants.grants.get((e.uid, m.gpu), 0)))  # fmt: skip
+        pools = {i: d.pool for i, d in grants.devices.items()}
+        return BurstReading(slices, pools, outcomes, seconds)
+
+    def grants(self) -> burst.Grants:
+        """The grants as the checkpoint gives them now (tests, metrics)."""
+        with self._lock:
+            return burst.compute(self.checkpoint.entries(), self.gpus, self._rules_of)
 
     def trash_idle(self, timeout: float) -> bool:
         """Wait until every queued removal is done (tests; False on timeout)."""
@@ -295,6 +519,13 @@ class DeviceState:
             self._remove_artifacts(entry)
             self.checkpoint.delete(ref.uid)
         plan = self._plan(ref, claim)
+        others = self.checkpoint.entries()
+        try:
+            memory = burst.plan_memory(
+                [(g.gpu.index, g.memory_limit, g.burst_limit) for g in plan.gpu_limits()], others
+            )
+        except ValueError as e:
+            raise ClaimError(str(e)) from e
         started = ClaimEntry(
             uid=ref.uid,
             namespace=ref.namespace,
@@ -302,16 +533,23 @@ class DeviceState:
             state=PREPARE_STARTED,
             cdi_spec=str(files.spec),
             claim_dir=str(files.claim_dir),
+            memory=memory,
+            seq=max((e.seq for e in others), default=0) + 1,
         )
         self.checkpoint.put(started)
         maybe_crash("prepare-started")
         try:
+            # its request leaves the pool now: older claims' grants are cut, its own is written;
+            # what borrowers hold above their new grants is taken back before it returns
+            self._take_back(started, self._apply_pool())
             self._remove_files(ref.uid)  # leftovers of anything earlier under these names
-            devices = self._write_files(ref, plan, files, self._metadata(plan, claim, attrs))
+            meta = self._metadata(plan, claim, attrs)
+            devices = self._write_files(ref, plan, files, meta, memory)
             self.checkpoint.put(replace(started, state=PREPARE_COMPLETED, devices=devices))
         except BaseException:
             self._remove_artifacts(started)
             self.checkpoint.delete(ref.uid)
+            self._apply_pool()
             raise
         maybe_crash("prepare-completed")
         if self._on_prepared is not None:
@@ -338,7 +576,7 @@ class DeviceState:
         try:
             plan = self._plan(ref, claim)
             meta = self._metadata(plan, claim, attrs)
-            devices = self._write_files(ref, plan, self.files(ref.uid), meta)
+            devices = self._write_files(ref, plan, self.files(ref.uid), meta, entry.memory or ())
         except ClaimError as e:
             raise ClaimError(
                 f"prepared earlier, but recreating its missing files failed: {e}"
@@ -355,7 +593,12 @@ class DeviceState:
         return metadata_files(plan, claim.get("metadata") or {}, self.driver_name, attrs)
 
     def _write_files(
-        self, ref: ClaimRef, plan: ClaimPlan, files: ClaimFiles, metadata: list[MetadataFile]
+        self,
+        ref: ClaimRef,
+        plan: ClaimPlan,
+        files: ClaimFiles,
+        metadata: list[MetadataFile],
+        memory: Sequence[ClaimMemory] = (),
     ) -> tuple[PreparedDevice, ...]:
         """Create (or complete) the claim's files; existing ones are kept, except the limits
         file, the metadata files and the spec, which are rewritten atomically. Returns the
@@ -363,11 +606,12 @@ class DeviceState:
         limits = plan.gpu_limits()  # once per prepare: the limits file, injection and spec share it
         gpus = [g.gpu for g in limits]
         sizes = self.context_sizes.for_gpus(gpus) if self.context_sizes else []
-        write_claim_dir(self.paths, ref.uid, files, render_limits(plan, limits, sizes))
+        write_claim_dir(self.paths, ref.uid, files, render_limits(plan, limits, sizes, memory))
         write_metadata(files, {m.request: m.content for m in metadata})
         maybe_crash("prepare-dir")
         inj = self._injection(gpus, files.claim_dir)
-        spec = build_spec(self.kind, plan, limits, files, self.paths, inj, metadata)
+        pool = self.paths.burst_pool if any(m.bursts for m in memory) else None
+        spec = build_spec(self.kind, plan, limits, files, self.paths, inj, metadata, pool)
         self.writer.write(spec, ref.uid)
         maybe_crash("prepare-cdi")
         cdi_id = spec.qualified_name(ref.uid)
@@ -425,6 +669,7 @@ class DeviceState:
             maybe_crash("unprepare-started")
         self._remove_artifacts(entry, crash_hooks=True)
         self.checkpoint.delete(ref.uid)
+        self._apply_pool()  # its request returns to the pool: older grants grow again
         log.info("claim %s: unprepared", ref)
         if self._on_unprepared is not None:
             self._on_unprepared(ref)

@@ -8,6 +8,13 @@ A DeviceClass or ResourceClaim carries it in `config[].opaque.parameters` for ou
     priority: 1                # integer -100..100, lower is served first (default 1)
     memoryLimitOverride: 2Gi   # a Kubernetes quantity; lowers the slice's memory limit, never above the allocation
     exclusive: true            # a whole GPU (set by the vgpu-whole.sharing.dev DeviceClass)
+    memoryLimit: 2x            # burst limit: a quantity, or <r>x for r times the request
+    showMemoryLimit: false     # the slice sees its limit, not its request, as the total
+
+memoryLimit / showMemoryLimit: bursting (docs/policy.md, "Memory that bursts and is given back"):
+the slice may use memory above its request, up to this limit, out of what no claim was
+allocated, and the plugin takes it back when a new claim needs it. Bounded by the admin's
+`burst` policy (driver/claims.py), which allows none by default.
 
 computePolicy: `hard` caps the slice's SM share at its limit always; `elastic` lets it use idle
 SMs beyond the limit while nobody else wants them; `off` disables compute throttling (memory is
@@ -28,6 +35,7 @@ the GPU; prepare refuses it otherwise.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -40,7 +48,33 @@ KIND = "VgpuConfig"
 COMPUTE_POLICIES = POLICIES
 PRIORITY_MIN, PRIORITY_MAX = -100, 100
 PRIORITY_DEFAULT = 1  # the shim's default: normal
-_FIELDS = ("apiVersion", "kind", "computePolicy", "priority", "memoryLimitOverride", "exclusive")
+_FIELDS = (
+    "apiVersion",
+    "kind",
+    "computePolicy",
+    "priority",
+    "memoryLimitOverride",
+    "exclusive",
+    "memoryLimit",
+    "showMemoryLimit",
+)
+_RATIO_RE = re.compile(r"([0-9]{1,6}(?:\.[0-9]{1,6})?)x")
+
+
+@dataclass(frozen=True)
+class MemoryLimit:
+    """A burst limit as a config gives it: bytes, or a ratio of the request."""
+
+    text: str  # as written, for messages
+    nbytes: int | None = None
+    ratio: float | None = None
+
+    def of(self, request: int) -> int:
+        """The limit in bytes on a device where the request is `request`."""
+        if self.nbytes is not None:
+            return self.nbytes
+        assert self.ratio is not None
+        return int(request * self.ratio)
 
 
 class ConfigError(ValueError):
@@ -56,6 +90,8 @@ class VgpuConfig:
     priority: int | None = None
     memory_limit_override: int | None = None  # bytes
     exclusive: bool | None = None
+    memory_limit: MemoryLimit | None = None
+    show_memory_limit: bool | None = None
 
     def merged(self, later: VgpuConfig) -> VgpuConfig:
         """This config with every field `later` sets taking precedence."""
@@ -68,6 +104,14 @@ class VgpuConfig:
                 else self.memory_limit_override
             ),
             exclusive=later.exclusive if later.exclusive is not None else self.exclusive,
+            memory_limit=(
+                later.memory_limit if later.memory_limit is not None else self.memory_limit
+            ),
+            show_memory_limit=(
+                later.show_memory_limit
+                if later.show_memory_limit is not None
+                else self.show_memory_limit
+            ),
         )
 
 
@@ -79,6 +123,8 @@ class EffectiveConfig:
     priority: int = PRIORITY_DEFAULT
     memory_limit_override: int | None = None
     exclusive: bool = False
+    memory_limit: MemoryLimit | None = None
+    show_memory_limit: bool = False
 
     @staticmethod
     def of(configs: Iterable[VgpuConfig]) -> EffectiveConfig:
@@ -91,6 +137,8 @@ class EffectiveConfig:
             priority=acc.priority if acc.priority is not None else PRIORITY_DEFAULT,
             memory_limit_override=acc.memory_limit_override,
             exclusive=bool(acc.exclusive),
+            memory_limit=acc.memory_limit,
+            show_memory_limit=bool(acc.show_memory_limit),
         )
 
 
@@ -148,9 +196,38 @@ def decode(parameters: Any) -> VgpuConfig:
     if exclusive is not None and not isinstance(exclusive, bool):
         raise ConfigError(f"VgpuConfig: exclusive {exclusive!r} invalid; allowed: true, false")
 
+    show = parameters.get("showMemoryLimit")
+    if show is not None and not isinstance(show, bool):
+        raise ConfigError(f"VgpuConfig: showMemoryLimit {show!r} invalid; allowed: true, false")
+
     return VgpuConfig(
         compute_policy=policy,
         priority=priority,
         memory_limit_override=memory,
         exclusive=exclusive,
+        memory_limit=_memory_limit(parameters.get("memoryLimit")),
+        show_memory_limit=show,
     )
+
+
+def _memory_limit(raw: Any) -> MemoryLimit | None:
+    if raw is None:
+        return None
+    allowed = f"{kubequantity.FORMS}, or <r>x for r times the request (such as 2x, 1.5x)"
+    if isinstance(raw, bool) or not isinstance(raw, str | int):
+        raise ConfigError(f"VgpuConfig: memoryLimit {raw!r} invalid; allowed: {allowed}")
+    if isinstance(raw, str) and (m := _RATIO_RE.fullmatch(raw.strip())):
+        ratio = float(m.group(1))
+        if ratio < 1:
+            raise ConfigError(
+                f"VgpuConfig: memoryLimit {raw!r} is below the request; allowed: 1x or more"
+            )
+        return MemoryLimit(text=raw, ratio=ratio)
+    try:
+        n = kubequantity.parse_bytes(raw, "VgpuConfig: memoryLimit")
+    except kubequantity.KubeQuantityError as e:
+        reason = str(e).split("; allowed:")[0]
+        raise ConfigError(f"{reason}; allowed: {allowed}") from e
+    if n <= 0:
+        raise ConfigError("VgpuConfig: memoryLimit must be more than 0 bytes")
+    return MemoryLimit(text=str(raw), nbytes=n)

@@ -171,3 +171,16 @@ class Pool:
             grant=out.grant,
             deadline_unix_ns=out.deadline_unix_ns,
         )
+
+    def read_device(self, device: int) -> tuple[int, int, int, int, int] | None:
+        """Device entry `device` as (capacity, reserved, requested, pool, granted), one consistent
+        copy under its sequence number, or None if a writer held it through every try."""
+        if not 0 <= device < MAX_DEVICES:
+            raise PoolFileError(f"device entry {device} outside 0..{MAX_DEVICES - 1}")
+        d = self._p.devices[device]
+        for _ in range(1000):
+            before = d.seq
+            fields = (d.capacity, d.reserved, d.requested, d.pool, d.granted)
+            if before % 2 == 0 and d.seq == before:
+                return fields
+        return None

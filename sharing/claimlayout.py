@@ -18,6 +18,8 @@ On the node, under the plugin's data directory (`--data-dir`, DEFAULT_DATA_DIR):
                                      mounted read-only under CONTAINER_METADATA_ROOT
     trash/                           0700: claim directories moved aside before removal
     node-state/<uid>.demand          0666: the claim's elastic-demand record
+    burst-pool                       0644: the node's burst pool file (sharing/burstpool.py),
+                                     mounted read-only into bursting claims at CONTAINER_BURST_POOL
 
 In the container: the shim and its limits under CONTAINER_LIB_DIR, read-only; the claim's
 accounting file at CONTAINER_ACCOUNTING; the node's demand records read-only at
@@ -40,6 +42,7 @@ SHIM_LIBRARY = "libvgpu.so"
 PRELOAD_FILE = "ld.so.preload"
 CLAIMS_DIR = "claims"
 NODE_STATE_DIR = "node-state"
+BURST_POOL_FILE = "burst-pool"  # the node's burst pool (docs/policy.md, issue 37)
 TRASH_DIR = "trash"  # claim directories moved aside, removed outside the plugin's lock
 # Inside one claim's directory.
 LIMITS_FILE = "limits"
@@ -57,6 +60,7 @@ CONTAINER_CLAIM_DIR = "/run/vgpu-sharing"
 CONTAINER_ACCOUNTING = f"{CONTAINER_CLAIM_DIR}/{ACCOUNTING_FILE}"
 CONTAINER_NODE_STATE_DIR = "/run/vgpu-node"
 CONTAINER_DEMAND_FILE = "/run/vgpu-demand"
+CONTAINER_BURST_POOL = "/run/vgpu-burst-pool"  # a bursting claim's read-only mount of the pool
 # Kubernetes' device metadata (KEP-5304): <root>/resourceclaims/<claim>/<request>/<driver>-metadata.json,
 # or resourceclaimtemplates/<pod claim name>/... for a claim made from a template.
 CONTAINER_METADATA_ROOT = "/var/run/kubernetes.io/dra-device-attributes"

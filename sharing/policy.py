@@ -11,6 +11,7 @@
       allowedComputePolicies: [hard, elastic]
       highestPriority: 0
       partitions: 4
+      burst: {maxRatio: 2, maxLimit: 16Gi, fromClaim: false, reclaim: evict, grace: 10s}
     overrides:
     - match: {modelName: "NVIDIA A100*"}
       reservedMemory: 4Gi
@@ -18,7 +19,10 @@
 Every field is optional; what the file leaves out comes from the built-in default (BUILTIN).
 An override applies to a GPU when every key of its `match` matches (`modelName`: a shell glob
 on the NVML name; `nodeLabels`: each key has that value on the Node); the first match wins and
-its fields replace the default's (inside `memory`/`cores`, field by field).
+its fields replace the default's (inside `memory`/`cores`/`burst`, field by field).
+
+`burst` bounds a claim's memory limit above its request (docs/policy.md, "Memory that bursts
+and is given back"): the built-in maxRatio 1 lets nothing burst.
 
 A claim's own VgpuConfig may only narrow what the admin allows: `allowedComputePolicies` lists
 the compute policies it may choose (besides the admin's `computePolicy`, which it may always
@@ -37,6 +41,7 @@ naming the field path (`overrides[0].memory.step`) and what is allowed. Both the
 from __future__ import annotations
 
 import fnmatch
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -71,7 +76,13 @@ _RULE_FIELDS = (
     "highestPriority",
     "allowPolicyOverride",  # deprecated: read as allowedComputePolicies (docs/policy.md)
     "partitions",
+    "burst",
 )
+_BURST_FIELDS = ("maxRatio", "maxLimit", "fromClaim", "reclaim", "grace", "timeout", "showLimit")
+RECLAIM_POLICIES = ("evict", "wait")
+MAX_BURST_RATIO = 64
+GRACE_RANGE = (0.0, 30.0)  # seconds: evict's notice to stop
+TIMEOUT_RANGE = (1.0, 40.0)  # seconds: wait's longest wait in one prepare (the kubelet's bound)
 _RANGE_FIELDS = ("min", "step", "default")
 _MATCH_FIELDS = ("modelName", "nodeLabels")
 
@@ -100,6 +111,24 @@ class Range:
 
 
 @dataclass(frozen=True)
+class Burst:
+    """How far a claim's memory may burst above its request on a GPU, and how it is taken back
+    (docs/policy.md, "Memory that bursts and is given back")."""
+
+    max_ratio: float = 1.0  # limit <= max_ratio * request; 1: no bursting
+    max_limit: int | None = None  # bytes; None: no bound besides max_ratio
+    from_claim: bool = False  # may a claim's own VgpuConfig ask for a limit?
+    reclaim: str = "evict"  # evict | wait
+    grace: float = 10.0  # seconds (evict)
+    timeout: float = 30.0  # seconds (wait)
+    show_limit: bool = False  # may a claim opt in to see its limit as the total?
+
+    @property
+    def allowed(self) -> bool:
+        return self.max_ratio > 1
+
+
+@dataclass(frozen=True)
 class Rules:
     """The resolved policy of one GPU."""
 
@@ -112,6 +141,7 @@ class Rules:
     allowed_compute_policies: tuple[str, ...] = ALLOWED_DEFAULT
     highest_priority: int = HIGHEST_PRIORITY_DEFAULT  # a claim's priority must be >= this
     partitions: int = 4
+    burst: Burst = Burst()
 
     def claim_may_choose(self, policy: str) -> bool:
         """May a claim's own VgpuConfig choose this compute policy?"""
@@ -203,6 +233,63 @@ def _cores(value: Any, path: str) -> int:
     if isinstance(value, str) and value.strip().isdigit():
         value = int(value)
     return _int(value, path, 1, CORES_TOTAL)
+
+
+_DURATION_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m)")
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0}
+
+
+def _duration(value: Any, path: str, lo: float, hi: float) -> float:
+    """A duration such as `10s`, `500ms`, `1m` (or a number of seconds) within lo..hi seconds."""
+    allowed = f"a duration {lo:g}s..{hi:g}s (such as 10s, 500ms)"
+    if isinstance(value, bool):
+        raise _fail(path, f"{value!r} invalid; allowed: {allowed}")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str) and (m := _DURATION_RE.fullmatch(value.strip())):
+        seconds = float(m.group(1)) * _DURATION_UNITS[m.group(2)]
+    else:
+        raise _fail(path, f"{value!r} invalid; allowed: {allowed}")
+    if not lo <= seconds <= hi:
+        raise _fail(path, f"{value!r} invalid; allowed: {allowed}")
+    return seconds
+
+
+def _bool(value: Any, path: str) -> bool:
+    if not isinstance(value, bool):
+        raise _fail(path, f"{value!r} invalid; allowed: true, false")
+    return value
+
+
+def _burst(value: Any, path: str, base: Burst) -> Burst:
+    raw = _object(value, path, _BURST_FIELDS)
+    b = base
+    if "maxRatio" in raw:
+        r = raw["maxRatio"]
+        if isinstance(r, bool) or not isinstance(r, int | float) or not 1 <= r <= MAX_BURST_RATIO:
+            raise _fail(
+                f"{path}.maxRatio",
+                f"{r!r} invalid; allowed: a number 1..{MAX_BURST_RATIO} (1: no bursting)",
+            )
+        b = replace(b, max_ratio=float(r))
+    if "maxLimit" in raw:
+        b = replace(b, max_limit=_memory(raw["maxLimit"], f"{path}.maxLimit"))
+    if "fromClaim" in raw:
+        b = replace(b, from_claim=_bool(raw["fromClaim"], f"{path}.fromClaim"))
+    if "reclaim" in raw:
+        how = raw["reclaim"]
+        if how not in RECLAIM_POLICIES:
+            allowed = ", ".join(RECLAIM_POLICIES)
+            also = " (migrate is not implemented)" if how == "migrate" else ""
+            raise _fail(f"{path}.reclaim", f"{how!r} invalid; allowed: {allowed}{also}")
+        b = replace(b, reclaim=how)
+    if "grace" in raw:
+        b = replace(b, grace=_duration(raw["grace"], f"{path}.grace", *GRACE_RANGE))
+    if "timeout" in raw:
+        b = replace(b, timeout=_duration(raw["timeout"], f"{path}.timeout", *TIMEOUT_RANGE))
+    if "showLimit" in raw:
+        b = replace(b, show_limit=_bool(raw["showLimit"], f"{path}.showLimit"))
+    return b
 
 
 def _range(value: Any, path: str, base: Range, memory: bool) -> Range:
@@ -305,6 +392,8 @@ def _rules(
         )
     if "partitions" in raw:
         r = replace(r, partitions=_int(raw["partitions"], f"{path}.partitions", 1, MAX_PARTITIONS))
+    if "burst" in raw:
+        r = replace(r, burst=_burst(raw["burst"], f"{path}.burst", r.burst))
     _check_range(r.memory, f"{path}.memory", True)
     _check_range(r.cores, f"{path}.cores", False)
     rest = {k: v for k, v in raw.items() if k not in _RULE_FIELDS}

@@ -133,12 +133,21 @@ def render(view: NodeView, width: int = 0) -> Group:
     """The table; on a terminal `width` columns wide (0: the console's), the figures keep their
     full width and the names are cut (…) to fit."""
     rows: list[tuple[str, ...]] = []
+    # a borrowed column after used where a slice bursts (docs/policy.md); left out otherwise, so
+    # the usual table keeps its width
+    bursting = any(s.memory_burst_limit for d in view.devices for s in d.slices)
+    columns = (*_COLUMNS[:2], "borrowed", *_COLUMNS[2:]) if bursting else _COLUMNS
+
+    def lent(cells: tuple[str, ...], borrowed: str) -> tuple[str, ...]:
+        return (*cells[:3], borrowed, *cells[3:]) if bursting else cells
+
     for d in view.devices:
         g = d.gpu
         name = f"GPU {g.index} {g.name}".strip() if g.index >= 0 else g.uuid
         name = name.replace("NVIDIA ", "")
         state = "" if g.healthy else " [red](no NVML)[/red]"
-        rows.append(
+        device_borrowed = sum(s.memory_borrowed for s in d.slices)
+        row = lent(
             (
                 f"[bold]{name}[/bold]{state}",
                 _bytes(g.memory_total),
@@ -150,36 +159,41 @@ def render(view: NodeView, width: int = 0) -> Group:
                 "",
                 "",
                 str(sum(s.processes for s in d.slices)),
-            )
+            ),
+            _bytes(device_borrowed) if any(s.memory_burst_limit for s in d.slices) else "",
         )
+        rows.append(row)
         for s in d.slices:
             c = s.counters
             # clamped figures of a slice whose file claimed the impossible: marked, not believed
             bang = "[red]![/red]" if s.untrusted else ""
             rows.append(
-                (
-                    f"  {_label(s.slice)}{' [red](untrusted)[/red]' if s.untrusted else ''}",
-                    _bytes(s.memory_limit),
-                    _bytes(c.used) + bang,
-                    _bytes(c.peak) + bang,
-                    _cap(s),
-                    _pct(s.compute_used_ratio),
-                    f"{c.wait_ns / 1e9:.1f}s",
-                    str(c.launches),
-                    str(c.denials),
-                    str(s.processes),
+                lent(
+                    (
+                        f"  {_label(s.slice)}{' [red](untrusted)[/red]' if s.untrusted else ''}",
+                        _bytes(s.memory_limit),
+                        _bytes(c.used) + bang,
+                        _bytes(c.peak) + bang,
+                        _cap(s),
+                        _pct(s.compute_used_ratio),
+                        f"{c.wait_ns / 1e9:.1f}s",
+                        str(c.launches),
+                        str(c.denials),
+                        str(s.processes),
+                    ),
+                    _bytes(s.memory_borrowed) + bang if s.memory_burst_limit else "",
                 )
             )
     for u in view.unreadable:
-        rows.append((f"  {_label(u.slice)} [red](unreadable)[/red]", *[""] * len(_COLUMNS)))
+        rows.append((f"  {_label(u.slice)} [red](unreadable)[/red]", *[""] * len(columns)))
     if not view.devices and not view.unreadable:
-        rows.append(("no GPUs or slices found", *[""] * len(_COLUMNS)))
+        rows.append(("no GPUs or slices found", *[""] * len(columns)))
     figures = [
         max([len(col), *(Text.from_markup(r[i + 1]).cell_len for r in rows)])
-        for i, col in enumerate(_COLUMNS)
+        for i, col in enumerate(columns)
     ]
     # Two spaces between columns and one at each edge of the table.
-    room = (width or Console().width) - sum(figures) - 2 * len(_COLUMNS) - 2
+    room = (width or Console().width) - sum(figures) - 2 * len(columns) - 2
     t = Table(
         title="vgpu top  (got: achieved compute share; held: time launches waited for the cap)",
         title_justify="left",
@@ -194,7 +208,7 @@ def render(view: NodeView, width: int = 0) -> Group:
         min_width=_NAME_WIDTH[0],
         max_width=max(_NAME_WIDTH[0], min(_NAME_WIDTH[1], room)),
     )
-    for col, w in zip(_COLUMNS, figures, strict=True):
+    for col, w in zip(columns, figures, strict=True):
         t.add_column(col, justify="right", no_wrap=True, min_width=w)
     for row in rows:
         t.add_row(*row)

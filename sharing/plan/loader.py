@@ -8,6 +8,7 @@ Workloads: `{workloads: [{name, replicas, spec: <ResourceClaimSpec>}], deviceCla
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -16,11 +17,12 @@ from typing import Any, cast
 import yaml
 
 from sharing.kubequantity import KubeQuantityError as QuantityError
-from sharing.kubequantity import parse
+from sharing.kubequantity import parse, parse_bytes
 from sharing.plan.model import (
     Allocated,
     AttrKind,
     AttrValue,
+    BurstLimit,
     Capacity,
     ClaimSpec,
     Constraint,
@@ -475,7 +477,46 @@ def parse_claim_spec(ctx: _Ctx, path: str, raw: Any) -> ClaimSpec:
                 f"{attr!r} must be fully qualified (<domain>/<name>)",
             )
         constraints.append(Constraint(names, attr if match else None, attr if distinct else None))
-    return ClaimSpec(tuple(requests), tuple(constraints))
+    return ClaimSpec(tuple(requests), tuple(constraints), _burst(ctx, path, devices, seen))
+
+
+_RATIO = re.compile(r"([0-9]{1,6}(?:\.[0-9]{1,6})?)x")
+
+
+def _burst(
+    ctx: _Ctx, path: str, devices: dict[str, Any], requests: set[str]
+) -> tuple[tuple[str, BurstLimit], ...]:
+    """The `memoryLimit` of each VgpuConfig among the claim's configs (the driver's opaque
+    parameters; other configs and fields are not the plan's to judge)."""
+    out: list[tuple[str, BurstLimit]] = []
+    for i, entry in enumerate(ctx.seq(devices.get("config"), f"{path}.devices.config")):
+        opaque = entry.get("opaque") if isinstance(entry, dict) else None
+        params = opaque.get("parameters") if isinstance(opaque, dict) else None
+        if not isinstance(params, dict) or params.get("kind") != "VgpuConfig":
+            continue
+        raw = params.get("memoryLimit")
+        if raw is None:
+            continue
+        where = f"{path}.devices.config[{i}].opaque.parameters.memoryLimit"
+        if isinstance(raw, str) and (m := _RATIO.fullmatch(raw.strip())):
+            ratio = Decimal(m.group(1))
+            if ratio < 1:
+                raise ctx.fail(where, f"{raw!r} is below the request; allowed: 1x or more")
+            limit = BurstLimit(raw, ratio=ratio)
+        else:
+            if isinstance(raw, bool) or not isinstance(raw, str | int):
+                raise ctx.fail(where, f"{raw!r} invalid; allowed: a quantity, or <r>x")
+            try:
+                limit = BurstLimit(str(raw), nbytes=parse_bytes(raw, where))
+            except QuantityError as e:
+                raise InputError(ctx.file, "", str(e)) from None
+        names = [str(n) for n in entry.get("requests") or []] or [""]
+        for n in names:
+            if n and n.split("/")[0] not in requests:
+                raise ctx.fail(f"{path}.devices.config[{i}].requests", f"{n!r} is not a request "
+                               "of this claim")  # fmt: skip
+            out.append((n, limit))
+    return tuple(out)
 
 
 def load_workloads(file: Path) -> tuple[list[Workload], dict[str, DeviceClass]]:

@@ -120,9 +120,32 @@ class Constraint:
 
 
 @dataclass(frozen=True)
+class BurstLimit:
+    """A VgpuConfig `memoryLimit` of the claim's config (docs/policy.md, bursting): bytes, or a
+    ratio of the request."""
+
+    text: str
+    nbytes: int | None = None
+    ratio: Decimal | None = None
+
+    def of(self, request: Decimal) -> Decimal:
+        return Decimal(self.nbytes) if self.nbytes is not None else request * (self.ratio or 1)
+
+
+@dataclass(frozen=True)
 class ClaimSpec:
     requests: tuple[Request, ...]
     constraints: tuple[Constraint, ...]
+    # request name ("" for every request) -> its burst limit; planning counts requests only
+    burst: tuple[tuple[str, BurstLimit], ...] = ()
+
+    def burst_limit(self, request: str) -> BurstLimit | None:
+        """The limit of a request ("req" or "req/sub"), the last config naming it winning."""
+        found = None
+        for name, limit in self.burst:
+            if name in ("", request, request.split("/")[0]):
+                found = limit
+        return found
 
 
 @dataclass(frozen=True)

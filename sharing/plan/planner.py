@@ -47,6 +47,32 @@ class Plan:
     devices: list[tuple[Device, dict[str, Decimal]]] = field(default_factory=list)  # free
     warnings: list[str] = field(default_factory=list)
     workloads: list[tuple[str, int]] = field(default_factory=list)  # (name, replicas) in order
+    # per device: (device, what its placed bursting claims may use above their requests, its
+    # free memory): bursting could add min(the two); planning counts requests only
+    burst: list[tuple[Device, Decimal, Decimal]] = field(default_factory=list)
+
+
+def _burst(plan: Plan, workloads: dict[str, Workload]) -> list[tuple[Device, Decimal, Decimal]]:
+    """What bursting could add per device (docs/policy.md): the placed claims' headroom above
+    their memory requests (a VgpuConfig memoryLimit in their spec), and the device's free memory,
+    which is the pool they borrow from."""
+    headroom: dict[tuple[str, str, str], Decimal] = {}
+    for p in plan.placed:
+        spec = workloads[p.workload].spec
+        for pl in p.placements:
+            limit = spec.burst_limit(pl.request)
+            memory = next((v for q, v in pl.consumed.items()
+                           if pl.device.capacity[q].name == "memory"), None)  # fmt: skip
+            if limit is None or memory is None:
+                continue
+            extra = max(Decimal(0), limit.of(memory) - memory)
+            headroom[pl.device.key] = headroom.get(pl.device.key, Decimal(0)) + extra
+    out = []
+    for d, free in plan.devices:
+        if d.key in headroom:
+            mem = next((v for q, v in free.items() if d.capacity[q].name == "memory"), Decimal(0))
+            out.append((d, headroom[d.key], mem))
+    return out
 
 
 def prepare(
@@ -143,6 +169,7 @@ def plan(
             "combinations); that claim was treated as not fitting there"
         )
     result.devices = [(d, usage.free(d)) for d in all_devices]
+    result.burst = _burst(result, {w.name: w for w in workloads})
     if progress is not None:
         progress(total, total)
     return result

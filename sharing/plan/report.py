@@ -37,7 +37,17 @@ def to_json(plan: Plan) -> dict[str, Any]:
             {"node": d.node, "device": d.name, "free": _amounts(d.capacity, free)}
             for d, free in plan.devices
         ],
-    }
+    } | _burst_json(plan)
+
+
+def _burst_json(plan: Plan) -> dict[str, Any]:
+    if not plan.burst:
+        return {}
+    return {"burst": [
+        {"node": d.node, "device": d.name, "headroom": format_quantity(h),
+         "pool": format_quantity(pool), "could_add": format_quantity(min(h, pool))}
+        for d, h, pool in plan.burst
+    ]}  # fmt: skip
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -84,6 +94,14 @@ def to_text(plan: Plan) -> str:
             ["NODE", "DEVICE", "FREE"],
             [[d.node, d.name, _kv(_amounts(d.capacity, free))] for d, free in plan.devices],
         )
+    if plan.burst:
+        out.append("")
+        out.append("BURST (the plan counts requests only; what memoryLimit could add)")
+        out += _table(
+            ["NODE", "DEVICE", "HEADROOM", "POOL", "COULD ADD"],
+            [[d.node, d.name, format_quantity(h), format_quantity(pool),
+              format_quantity(min(h, pool))] for d, h, pool in plan.burst],
+        )  # fmt: skip
     out.append("")
     out.append("SUMMARY")
     placed = Counter(p.workload for p in plan.placed)

@@ -30,6 +30,7 @@ from driver.flags import Settings
 from driver.health import HealthBroadcaster
 from driver.injection import DriverInjector, DriverRoot
 from sharing.gpus import GpuInfo, list_gpus, use_simulator
+from sharing.policy import load as load_policy
 
 DRIVER = "vgpu.sharing.dev"
 NODE = "node-a"
@@ -59,6 +60,7 @@ def main() -> int:
     p.add_argument("--mode", default="sharing")
     p.add_argument("--partitions", type=int, default=4)
     p.add_argument("--driver-root", type=Path, help="inject the driver's files from here")
+    p.add_argument("--policy", type=Path, help="the admin's sharing policy (sharing/policy.py)")
     args = p.parse_args()
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -68,6 +70,10 @@ def main() -> int:
         gpus = list_gpus()
     else:
         gpus = [GpuInfo(**g) for g in json.loads(args.gpus.read_text())]
+    rules_for: RulesFor | None = None
+    if args.policy is not None:
+        policy = load_policy(args.policy)
+        rules_for = lambda g: policy.for_gpu(g.name, {})  # noqa: E731
     cfg = kubernetes.client.Configuration()
     cfg.host = args.api
     driver = Driver(
@@ -83,6 +89,7 @@ def main() -> int:
             [args.root / "cdi-static"],
             dev_root=args.root / "dev",
         ),
+        rules_for=rules_for,
     )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -3,6 +3,7 @@ and one-line errors that name the field path and what is allowed."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,15 @@ import pytest
 import yaml
 
 from sharing import kubequantity
-from sharing.policy import BUILTIN, PolicyError, Range, SharingPolicy, from_document, load
+from sharing.policy import (
+    BUILTIN,
+    Burst,
+    PolicyError,
+    Range,
+    SharingPolicy,
+    from_document,
+    load,
+)
 
 GiB = 1024**3
 MiB = 1024**2
@@ -181,6 +190,28 @@ def test_reserved_memory_and_partitions() -> None:
     assert p.shareable_memory(GiB) == 0
 
 
+def test_the_builtin_burst_policy_allows_no_bursting() -> None:
+    b = from_document(doc()).default.burst
+    assert b == Burst() and not b.allowed
+    assert (b.max_ratio, b.max_limit, b.from_claim, b.reclaim, b.grace, b.timeout,
+            b.show_limit) == (1.0, None, False, "evict", 10.0, 30.0, False)  # fmt: skip
+
+
+def test_burst_fields_and_overrides_field_by_field() -> None:
+    p = from_document(
+        doc(burst={"maxRatio": 2.5, "maxLimit": "16Gi", "grace": "500ms", "timeout": "40s",
+                   "showLimit": True})
+        | {"overrides": [{"match": {"modelName": "*A100*"},
+                          "burst": {"reclaim": "wait", "fromClaim": True}}]}
+    )  # fmt: skip
+    d = p.default.burst
+    assert (d.max_ratio, d.max_limit, d.grace, d.timeout, d.show_limit) == (
+        2.5, 16 * GiB, 0.5, 40.0, True)  # fmt: skip
+    assert d.allowed and d.reclaim == "evict" and not d.from_claim
+    a100 = p.for_gpu("NVIDIA A100-SXM4-80GB", {}).burst
+    assert a100 == replace(d, reclaim="wait", from_claim=True)
+
+
 @pytest.mark.parametrize(
     ("document", "message"),
     [
@@ -243,6 +274,40 @@ def test_reserved_memory_and_partitions() -> None:
             "overrides[0].highestPriority: '0' invalid; allowed: an integer -100..100",
         ),
         (doc(partitions=65), "default.partitions: 65 invalid; allowed: an integer 1..64"),
+        (
+            doc(burst={"maxRatio": 0.5}),
+            "default.burst.maxRatio: 0.5 invalid; allowed: a number 1..64 (1: no bursting)",
+        ),
+        (doc(burst={"maxRatio": True}), "default.burst.maxRatio: True invalid; allowed: a number"),
+        (doc(burst={"maxRatio": 65}), "default.burst.maxRatio: 65 invalid; allowed: a number"),
+        (doc(burst={"maxLimit": "0"}), "default.burst.maxLimit: must be more than 0 bytes"),
+        (doc(burst={"maxLimit": "4g"}), "default.burst.maxLimit: '4g' is not a quantity"),
+        (doc(burst={"fromClaim": "yes"}), "default.burst.fromClaim: 'yes' invalid; allowed: true"),
+        (
+            doc(burst={"reclaim": "migrate"}),
+            "default.burst.reclaim: 'migrate' invalid; allowed: evict, wait (migrate is not "
+            "implemented)",
+        ),
+        (
+            doc(burst={"grace": "31s"}),
+            "default.burst.grace: '31s' invalid; allowed: a duration 0s..30s",
+        ),
+        (doc(burst={"grace": "10"}), "default.burst.grace: '10' invalid; allowed: a duration"),
+        (
+            doc(burst={"timeout": "500ms"}),
+            "default.burst.timeout: '500ms' invalid; allowed: a duration 1s..40s",
+        ),
+        (doc(burst={"showLimit": 1}), "default.burst.showLimit: 1 invalid; allowed: true, false"),
+        (
+            doc(burst={"ratio": 2}),
+            "default.burst.ratio: unknown field; allowed: maxRatio, maxLimit, fromClaim, reclaim, "
+            "grace, timeout, showLimit",
+        ),
+        (doc(burst=2), "default.burst: must be a mapping with fields maxRatio"),
+        (
+            doc() | {"overrides": [{"match": {"modelName": "*"}, "burst": {"grace": "1h"}}]},
+            "overrides[0].burst.grace: '1h' invalid",
+        ),
         (doc(sharers=3), "default.sharers: unknown field; allowed: reservedMemory, memory"),
         (doc() | {"overrides": {"a": 1}}, "overrides: must be a list"),
         (doc() | {"overrides": [{"maxSharers": 2}]}, "overrides[0].match: required"),

@@ -142,6 +142,34 @@ def test_the_cap_column_says_each_slices_compute_policy() -> None:
 _COLUMN_INDEX = {name: i + 1 for i, name in enumerate(top._COLUMNS)}
 
 
+def test_a_bursting_slice_adds_the_borrowed_column() -> None:
+    """docs/policy.md, bursting: where a slice bursts, a borrowed column after used says what it
+    uses above its request (blank for the others; the device's row sums them); without one the
+    table keeps its columns (above)."""
+
+    def slice_of(name: str, used: int, burst_limit: int) -> SliceDeviceView:
+        sl = Slice(name, name, "team-a", name, "", "/x", ("GPU-0",), {},
+                   limits={"VGPU_COMPUTE_POLICY": "hard"})  # fmt: skip
+        counters = DeviceCounters(0, used, used, 0, 1, 0, 0, 0)
+        return SliceDeviceView(sl, 0, counters, GiB, 0.3, 0.1, 1, 0,
+                               memory_burst_limit=burst_limit)  # fmt: skip
+
+    gpu = GpuReading(0, "GPU-0", "NVIDIA H100 80GB HBM3", "0000", True, 80 * GiB, 3 * GiB, 0.5)
+    slices = (slice_of("burst", 3 * GiB, 4 * GiB), slice_of("plain", 512 * MiB, 0))
+    view = NodeView(devices=(DeviceView(gpu, slices, 0),), errors=(), counters={})
+    console = Console(width=100, record=True, color_system=None)
+    console.print(top.render(view, 100))
+    text = console.export_text()
+    header = next(line.split() for line in text.splitlines() if "quota" in line)
+    assert header[header.index("used") + 1] == "borrowed", text
+    rows = {line.split()[0]: line.split() for line in text.splitlines() if "team-a/" in line}
+    col = header.index("borrowed") - 2  # "GPU / slice": three words of the header, one cell
+    assert rows["team-a/burst"][col] == "2.0G", text  # 3 GiB used of a 1 GiB request
+    # the plain slice's borrowed cell is blank: its next figure there is its peak
+    assert rows["team-a/plain"][col] == "512M" and len(rows["team-a/plain"]) == len(
+        rows["team-a/burst"]) - 1, text  # fmt: skip
+
+
 def _tmux() -> str:
     tool = shutil.which("tmux")
     if tool is None:

@@ -1,0 +1,158 @@
+"""Taking borrowed memory back (docs/policy.md, "Taking it back"): what a bursting slice borrows,
+its processes, and the two policies, `wait` and `evict`.
+
+A slice's borrowed bytes on a device are its live processes' charges there (its accounting file,
+read as an observer reads it: pread, never mapped) above its request. Its processes are the host
+processes that have its accounting file mapped (its device and inode in /proc/<pid>/maps: a
+tenant cannot map another claim's file). Stopping goes newest process first (start time in
+/proc/<pid>/stat), each checked to be the process that was seen (a pidfd opened before the check),
+one at a time until the slice fits its grant.
+
+The host NVML's per-process memory is not consulted yet (docs/policy.md says which is taken when
+they differ: the larger): a tenant that rewrites its own accounting file can hide what it
+borrows from `wait` and from the stop order; the watchdog's bound is its limit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from sharing import region
+from sharing.observe.procinfo import scan_maps, start_time
+
+log = logging.getLogger(__name__)
+
+POLL = 0.02  # seconds between looks at a slice's usage
+EXIT_WAIT = 5.0  # seconds a stopped process has to vanish before the next one is stopped
+
+
+@dataclass(frozen=True)
+class Borrower:
+    """A bursting (claim, device) whose grant fell below what it borrows."""
+
+    uid: str
+    namespace: str
+    name: str
+    gpu: int  # host GPU index
+    container_index: int  # the device's index in the slice (its limits file, accounting file)
+    request: int
+    grant: int
+    accounting: Path
+
+    def borrowed(self) -> int:
+        return borrowed(self.accounting, self.container_index, self.request)
+
+    def fits(self) -> bool:
+        return self.borrowed() <= self.grant
+
+    @property
+    def claim(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def borrowed(accounting: Path, index: int, request: int) -> int:
+    """Bytes the slice's live processes hold on its device `index` above `request` (0 when the
+    file cannot be read: a slice that never ran)."""
+    try:
+        snap = region.read(accounting)
+    except (OSError, region.RegionError):
+        return 0
+    if not 0 <= index < len(snap.devices):
+        return 0
+    return max(0, snap.used_by_live(index) - request)
+
+
+def slice_pids(accounting: Path, proc_root: str = "/proc") -> list[tuple[int, int]]:
+    """(pid, start time) of the host processes that have the accounting file mapped, newest
+    first."""
+    try:
+        st = os.stat(accounting)
+    except OSError:
+        return []
+    want = frozenset({(st.st_dev, st.st_ino)})
+    out = []
+    for name in os.listdir(proc_root):
+        if not name.isdigit():
+            continue
+        pid = int(name)
+        try:
+            if scan_maps(pid, proc_root, want).found:
+                out.append((pid, start_time(pid, proc_root)))
+        except Exception:  # gone, or too large to read: not a process we can attribute
+            continue
+    return sorted(out, key=lambda p: (p[1], p[0]), reverse=True)
+
+
+def notify(b: Borrower) -> list[int]:
+    """SIGWINCH to every process of the slice; returns their pids."""
+    pids = [p for p, _ in slice_pids(b.accounting)]
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGWINCH)
+    return pids
+
+
+def wait_until(done: Callable[[], bool], deadline: float) -> bool:
+    """Poll done() until it is true or time.monotonic() passes deadline."""
+    while True:
+        if done():
+            return True
+        if time.monotonic() >= deadline:
+            return done()
+        time.sleep(POLL)
+
+
+def stop_until_fits(b: Borrower) -> list[int]:
+    """SIGKILL the slice's processes, newest first, one at a time, until it fits its grant.
+    Returns the pids stopped."""
+    stopped: list[int] = []
+    while not b.fits():
+        procs = [p for p in slice_pids(b.accounting) if p[0] not in stopped]
+        if not procs:
+            break
+        pid, start = procs[0]
+        if _kill(pid, start):
+            stopped.append(pid)
+            wait_until(lambda pid=pid: not Path(f"/proc/{pid}").exists() or _zombie(pid),  # type: ignore[misc]
+                       time.monotonic() + EXIT_WAIT)  # fmt: skip
+            # the driver frees a dead process's memory; its slot stops counting as live
+            wait_until(b.fits, time.monotonic() + 0.5)
+        else:
+            stopped.append(pid)  # gone or reused meanwhile: not ours to stop
+    return stopped
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _kill(pid: int, start: int) -> bool:
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return False
+    try:
+        if start_time(pid) != start:
+            return False
+        signal.pidfd_send_signal(fd, signal.SIGKILL)
+        log.warning("burst reclaim: stopped process %d (SIGKILL)", pid)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def describe(borrowers: Sequence[Borrower]) -> str:
+    return ", ".join(f"claim {b.claim}" for b in borrowers)
