@@ -114,6 +114,18 @@ int vgpu_track_peek_aux(int kind, uint64_t key, int *dev, uint64_t *bytes, uint6
 }
 int vgpu_track_set_aux(int kind, uint64_t key, uint64_t aux) { return lookup(kind, key, NULL, NULL, &aux, -1); }
 
+int vgpu_track_move_bytes(int kind, uint64_t key, uint64_t from, uint64_t to) {
+    uint64_t h = mix(kind, key);
+    struct shard *s = shard_of(h);
+    pthread_mutex_lock(&s->mu);
+    struct node *n = *bucket_of(s, h);
+    while (n != NULL && !(n->key == key && n->kind == kind)) n = n->next;
+    int moved = n != NULL && n->bytes == from;
+    if (moved) n->bytes = to;
+    pthread_mutex_unlock(&s->mu);
+    return moved;
+}
+
 /* The mappings, sorted by address. They never overlap: the driver maps only unmapped address
  * space, and a recorded mapping that meets a new one is taken first (vmm.c), so both their
  * starts and their ends are in order. A process maps what it has created (hundreds, thousands for

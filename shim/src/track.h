@@ -20,6 +20,9 @@ int vgpu_track_take_aux(int kind, uint64_t key, int *dev, uint64_t *bytes, uint6
 /* A record's fields left in place (1 found, 0 not); its aux word changed in place (vmm.c's counts). */
 int vgpu_track_peek_aux(int kind, uint64_t key, int *dev, uint64_t *bytes, uint64_t *aux);
 int vgpu_track_set_aux(int kind, uint64_t key, uint64_t aux);
+/* A record's bytes moved from `from` to `to` if it exists and holds `from`: 1 moved, 0 not
+ * (context.c: a context's charge settled on the driver's figure while it may be destroyed). */
+int vgpu_track_move_bytes(int kind, uint64_t key, uint64_t from, uint64_t to);
 
 /* cuMemMap's mappings of charged handles (vmm.c): [va, va + size) maps `handle`. A handle's memory
  * lives while it is mapped, so its charge does too; an unmap gives a range, which may hold several
