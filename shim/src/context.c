@@ -7,7 +7,10 @@
  * After, a measured one's reservation is settled to the measurement; one that then does not fit
  * in what is left of the quota is destroyed again (a primary context released) and its creation
  * fails with CUDA_ERROR_OUT_OF_MEMORY. Only then is the measurement published to the slice, whose
- * other processes wait for it before creating theirs (ctxmem.c). The charge is returned when the context is destroyed, when
+ * other processes wait for it before creating theirs (ctxmem.c). A handed-over size
+ * (VGPU_CONTEXT_SIZE) is reserved and charged as it is, then settled on the driver's figure by
+ * ctxmem.c's verifier, down as well as up, together with the record this file returns at the
+ * context's end (settle_context). The charge is returned when the context is destroyed, when
  * the primary context is released to inactive or reset, and when the process dies (its slot).
  * Primary contexts are charged at the process's first retain of a device.
  *
@@ -67,10 +70,39 @@ static int ctx_mine(void) {
     return __atomic_load_n(&ctx_held, __ATOMIC_ACQUIRE) && pthread_equal(ctx_owner, pthread_self());
 }
 
+#define PRIMARY_KEY UINT64_MAX /* settle_context's key of a device's primary context */
+
+/* A handed-over size verified (ctxmem.c, on its own thread): the context's charge moves from
+ * `from` to the driver's figure `to`, with this file's record of it (key: the created context,
+ * PRIMARY_KEY the device's primary context, 0 none: a context not charged), so that its
+ * destruction returns what it is charged. The record is moved first and only if it still holds
+ * `from`: a context destroyed meanwhile returned `from` and nothing more is done; one destroyed
+ * just after returns `to`, and the slice's charge moved by the difference here adds up to the
+ * same. Up even past the quota (the context exists). */
+static int settle_context(int idx, uint64_t key, uint64_t from, uint64_t to) {
+    uint64_t expected = from, used = 0;
+    int moved = key == 0             ? 0
+                : key == PRIMARY_KEY ? __atomic_compare_exchange_n(&primary_charge[idx], &expected, to, 0,
+                                                                   __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)
+                                     : vgpu_track_move_bytes(VGPU_TRACK_CTX, key, from, to);
+    if (moved && to > from) vgpu_region_charge(idx, to - from, 0, &used);
+    if (moved && to < from) vgpu_mem_release(idx, from - to);
+    return moved;
+}
+
+/* Before refusing an allocation: a verification under way may give back a handed-over size that
+ * was too large (reserve.c's settle functions; trim has no meaning here). */
+static int settle_verification(int idx, int trim) {
+    (void)trim;
+    return vgpu_ctxmem_wait_verified(idx);
+}
+
 /* Before a context is created on idx: reserve what it is expected to take (the slice's learned
  * size: all there is to do), else read the driver. On failure nothing is held. */
 static CUresult charge_begin(int idx, CUdevice dev, struct vgpu_ctxmem_probe *p, uint64_t *held) {
     *held = vgpu_ctxmem_expect(p, idx, dev);
+    if (p->hinted) vgpu_mem_add_settle(settle_verification); /* registered once */
+    p->settle = settle_context;
     if (*held != 0 && vgpu_mem_reserve(idx, *held) != CUDA_SUCCESS) {
         vgpu_ctxmem_cancel(p);
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -135,10 +167,11 @@ CUresult hook_cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
                 primary_release_real(dev);
                 vgpu_mem_release(idx, held);
             } else {
-                primary_charge[idx] = held;
+                __atomic_store_n(&primary_charge[idx], held, __ATOMIC_SEQ_CST);
                 __atomic_store_n(&primary_refs[idx], 1, __ATOMIC_RELEASE);
             }
-            vgpu_ctxmem_done(&probe); /* charged or gone: the slice's others may go on */
+            probe.key = rc == CUDA_SUCCESS ? PRIMARY_KEY : 0; /* a verification settles primary_charge */
+            vgpu_ctxmem_done(&probe);                         /* charged or gone: the slice's others may go on */
         }
     }
     ctx_unlock();
@@ -153,10 +186,9 @@ static CUresult primary_drop(CUresult (*real)(CUdevice), CUdevice dev, int reset
     CUresult rc = real(dev);
     if (rc == CUDA_SUCCESS && primary_refs[idx] > 0) {
         __atomic_store_n(&primary_refs[idx], reset ? 0 : primary_refs[idx] - 1, __ATOMIC_RELEASE);
-        if (primary_refs[idx] == 0) {
-            vgpu_mem_release(idx, primary_charge[idx]);
-            primary_charge[idx] = 0;
-        }
+        /* exchanged: a verification settling the charge meanwhile moves it with the slice's */
+        if (primary_refs[idx] == 0)
+            vgpu_mem_release(idx, __atomic_exchange_n(&primary_charge[idx], 0, __ATOMIC_SEQ_CST));
     }
     ctx_unlock();
     return rc;
@@ -198,7 +230,7 @@ static void adopt_locked(int idx, CUdevice dev) {
     int over = vgpu_region_charge(idx, bytes, vgpu_burst_bound(idx), &used) != 0; /* a bursting slice: its grant too */
     if (over) vgpu_region_charge(idx, bytes, 0, &used);
     vgpu_ctxmem_done(&probe); /* publishes a measurement, or drops the claim */
-    primary_charge[idx] = bytes;
+    __atomic_store_n(&primary_charge[idx], bytes, __ATOMIC_SEQ_CST);
     __atomic_store_n(&primary_refs[idx], 1, __ATOMIC_RELEASE);
     char b[32];
     vgpu_format_bytes(bytes, b, sizeof b);
@@ -280,6 +312,7 @@ static CUresult ctx_create(const struct ctx_create_call *c) {
                     vgpu_mem_release(idx, held); /* cannot be returned later: not charged at all */
                 created[idx]++;
             }
+            probe.key = rc == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*c->pctx : 0; /* its record's key */
             vgpu_ctxmem_done(&probe); /* charged or gone: the slice's others may go on */
         }
     }

@@ -266,15 +266,23 @@ uint64_t vgpu_ctxmem_existing(struct vgpu_ctxmem_probe *p, CUdevice cudev) {
 }
 
 /* ---- a handed-over size (VGPU_CONTEXT_SIZE), verified against the driver off the start-up path ----
- * The slice's first process charges the plugin's size for its context before creating it, and a
- * thread of its own then measures the context through NVML (this process's entry) while the
+ * The slice's first process charges the handed-over size for its context before creating it, and
+ * a thread of its own then measures the context through NVML (this process's entry) while the
  * program goes on: loading and reading NVML is most of what a first process would otherwise add
- * to its start-up. The slice's other processes wait for the verified size, as for any
- * measurement, so a wrong size is charged at most for this one context; one too small is made up
- * at once (charged even past the quota: the context exists, and the slice then refuses
- * allocations until it is back under). Our host PID: getpid() in the initial PID namespace; in
- * another, the one PID that appears across the context's creation, which needs the list before
- * it, read on the caller's thread (the start-up then pays that reading, not the rest). */
+ * to its start-up. The context's charge then settles on the driver's figure, down as well as up
+ * (the caller's settle function moves its record of the context with it, so its destruction
+ * returns what it is charged): a hint is a guess (a cache from another program, whose context
+ * took more: lazy loading, limits it set), the driver's figure is what the context takes, 0
+ * included. One too small is made up at once (charged even past the quota: the context exists,
+ * and the slice then refuses allocations until it is back under); one too large is given back,
+ * and an allocation refused meanwhile waits for the verification and is retried
+ * (vgpu_ctxmem_wait_verified). A figure below the charge is read twice and the larger taken: an
+ * allocation of the program between its charge and the driver's answer, or a free between the
+ * driver's and the uncharge, reads low once. The slice's other processes wait for the verified
+ * size, as for any measurement, so a wrong size is charged at most for this one context. Our
+ * host PID: getpid() in the initial PID namespace; in another, the one PID that appears across
+ * the context's creation, which needs the list before it, read on the caller's thread (the
+ * start-up then pays that reading, not the rest). */
 static struct {
     int dev;
     CUdevice cudev;
@@ -283,6 +291,9 @@ static struct {
     int have_pids;
     unsigned npids, pids[VGPU_CTXMEM_PIDS];
     int created; /* futex word: 0 pending, 1 the context exists and is charged, -1 not created */
+    int (*settle)(int dev, uint64_t key, uint64_t from, uint64_t to);
+    uint64_t key;
+    int gave_back; /* the verification gave charge back */
 } vjob;
 /* futex word: a verifier thread owns vjob, the slice's claim and the NVML state (futexes, not
  * condition variables: those are libpthread's before glibc 2.34, which the shim does not need) */
@@ -325,31 +336,44 @@ static void verifier_register(void) {
 
 static void wait_verifier(void) { word_wait(&verifying, 1, 0); }
 
-/* What this process's entry says the context takes: our entry's used memory less what else the
- * process has charged on the device (its allocations since; re-read if they moved meanwhile).
- * 0 when it cannot tell. */
-static uint64_t verify_measure(nvmlProcessInfo_t *buf) {
-    int dev = vjob.dev;
+int vgpu_ctxmem_wait_verified(int dev) {
+    /* only past the context's creation: before it, the verifier waits for the caller, which may
+     * be this very thread */
+    if (!__atomic_load_n(&verifying, __ATOMIC_ACQUIRE) || __atomic_load_n(&vjob.created, __ATOMIC_ACQUIRE) <= 0 ||
+        vjob.dev != dev)
+        return 0;
+    wait_verifier();
+    return __atomic_load_n(&vjob.gave_back, __ATOMIC_ACQUIRE);
+}
+
+/* What this process's entry says the context takes (*m): our entry's used memory less what else
+ * the process has charged on the device (its allocations since; re-read if they moved
+ * meanwhile). 1 measured (0 is a figure: a context that takes nothing), 0 when it cannot tell. */
+static int verify_measure(nvmlProcessInfo_t *buf, uint64_t *m) {
+    int dev = vjob.dev, ok = 0;
     if (!device_handle(dev, vjob.cudev)) return 0;
-    for (int attempt = 0; attempt < 3; attempt++) {
+    /* a program allocating as it starts moves its charge between readings: a few more tries (a
+     * refused allocation waits for this thread, and then its charge stands still) */
+    for (int attempt = 0; attempt < 10 && !ok; attempt++) {
         uint64_t mine = vgpu_region_mine(dev);
-        if (mine == UINT64_MAX) return 0; /* exiting: its charges are gone already */
+        if (mine == UINT64_MAX) break; /* exiting: its charges are gone already */
         int n = read_procs_into(dev, buf);
-        if (n < 0) return 0;
+        if (n < 0) break;
         unsigned self = vjob.self;
         if (self == 0 && vjob.have_pids) self = find_new_pid_in(vjob.pids, vjob.npids, buf, n);
         uint64_t used = 0;
-        if (self == 0 || self_used_in(buf, n, self, &used) <= 0) return 0;
+        if (self == 0 || self_used_in(buf, n, self, &used) <= 0) break;
         if (vgpu_region_mine(dev) != mine) continue;
         if (vjob.self == 0) {
             host_pid = self;
             host_pid_of = getpid();
         }
         uint64_t others = mine > vjob.charged ? mine - vjob.charged : 0;
-        uint64_t m = used > others ? used - others : 0;
-        return m != 0 && (vjob.cuda_total == 0 || m < vjob.cuda_total) ? m : 0;
+        *m = used > others ? used - others : 0;
+        ok = vjob.cuda_total == 0 || *m < vjob.cuda_total;
+        if (!ok) break; /* not credible: nothing */
     }
-    return 0;
+    return ok;
 }
 
 static void *verifier(void *arg) {
@@ -365,32 +389,43 @@ static void *verifier(void *arg) {
     int dev = vjob.dev;
     if (created > 0) {
         static nvmlProcessInfo_t buf[MAX_PROCS]; /* one verifier at a time */
-        uint64_t m = verify_measure(buf);
+        uint64_t m = 0, again = 0;
+        int ok = verify_measure(buf, &m);
+        /* below the charge: read again, the larger wins (a reading low by an allocation in flight) */
+        if (ok && m < vjob.charged) ok = verify_measure(buf, &again);
+        if (ok && again > m) m = again;
         char a[32], b[32];
         vgpu_format_bytes(m, a, sizeof a);
         vgpu_format_bytes(vjob.charged, b, sizeof b);
-        if (m == 0) {
+        if (!ok) {
             vgpu_log(VGPU_LOG_DEBUG, "context on device %d: charged %s (VGPU_CONTEXT_SIZE); NVML could not verify it",
                      dev, b);
             vgpu_region_context_publish(dev, 0, VGPU_CONTEXT_UNKNOWN, 0, 1); /* the next process tries */
         } else {
-            if (m > vjob.charged) {
-                uint64_t used = 0;
-                vgpu_region_charge(dev, m - vjob.charged, 0, &used); /* it exists: charged, even past the quota */
+            /* the context's charge moves to the driver's figure (never below the admin's floor),
+             * with its record (if it still exists: one destroyed meanwhile returned what it was
+             * charged) */
+            uint64_t floor = vgpu_config()->context_reserve, to = m > floor ? m : floor;
+            int moved = to != vjob.charged && vjob.settle != NULL && vjob.settle(dev, vjob.key, vjob.charged, to);
+            char t[32];
+            vgpu_format_bytes(to, t, sizeof t);
+            if (to > vjob.charged)
                 vgpu_log(VGPU_LOG_WARN,
-                         "context on device %d: the driver took %s, more than VGPU_CONTEXT_SIZE (%s): charging %s "
-                         "(until the process ends)",
-                         dev, a, b, a);
-            } else {
+                         "context on device %d: the driver took %s, more than VGPU_CONTEXT_SIZE (%s): charging %s%s",
+                         dev, a, b, t, moved ? "" : " (the context is gone)");
+            else if (to < vjob.charged)
+                vgpu_log(VGPU_LOG_DEBUG,
+                         "context on device %d: the driver took %s, less than VGPU_CONTEXT_SIZE (%s): charging %s%s",
+                         dev, a, b, t, moved ? "" : " (the context is gone)");
+            else
                 vgpu_log(VGPU_LOG_DEBUG,
                          "context on device %d: charged %s (VGPU_CONTEXT_SIZE); %s measured from this "
                          "process's NVML entry",
                          dev, b, a);
-            }
-            uint64_t learned = m > vjob.charged ? m : vjob.charged;
-            memo[dev] = learned;
+            __atomic_store_n(&vjob.gave_back, moved && to < vjob.charged, __ATOMIC_RELEASE);
+            memo[dev] = m;
             memo_exact[dev] = 1;
-            vgpu_region_context_publish(dev, learned, VGPU_CONTEXT_EXACT, vjob.cuda_total, 1);
+            vgpu_region_context_publish(dev, m, VGPU_CONTEXT_EXACT, vjob.cuda_total, 1);
         }
     } else {
         vgpu_region_context_publish(dev, 0, VGPU_CONTEXT_UNKNOWN, 0, 1);
@@ -407,6 +442,9 @@ static int start_verifier(struct vgpu_ctxmem_probe *p, CUdevice cudev) {
     vjob.cudev = cudev;
     vjob.charged = p->charge;
     vjob.cuda_total = p->cuda_total;
+    vjob.settle = NULL; /* the caller's, at vgpu_ctxmem_done */
+    vjob.key = 0;
+    vjob.gave_back = 0;
     __atomic_store_n(&vjob.created, 0, __ATOMIC_RELAXED);
     vjob.self = known_host_pid();
     vjob.have_pids = 0;
@@ -451,6 +489,8 @@ static void verifier_at_exit(void) {
 
 /* The hinted context was created and charged (created 1) or not (-1): the verifier goes on. */
 static void verifier_go(struct vgpu_ctxmem_probe *p, int created) {
+    vjob.settle = p->settle; /* published to the verifier by the release store below */
+    vjob.key = p->key;
     word_set(&vjob.created, created);
     p->hinted = 0;
     p->claimed = 0; /* the verifier publishes and drops the claim */

@@ -17,6 +17,12 @@ struct vgpu_ctxmem_probe { /* the driver's readings before a context is created 
     uint64_t pub_bytes;  /* measured by vgpu_ctxmem_after, published by vgpu_ctxmem_done */
     uint32_t pub_source; /* VGPU_CONTEXT_*: UNKNOWN when there is nothing to publish */
     unsigned npids, pids[VGPU_CTXMEM_PIDS];
+    /* set by the caller before vgpu_ctxmem_done: how a verification of a handed-over size moves
+     * the context's charge from the bytes charged to the driver's figure, down as well as up
+     * (context.c: its record of the context, key, and the slice's charge; nonzero if the context
+     * was still there to move). Called on the verifier's thread, never under the caller's locks. */
+    int (*settle)(int dev, uint64_t key, uint64_t from, uint64_t to);
+    uint64_t key;
 };
 /* Before a context on device index dev is created: what to reserve for it. The slice's learned
  * size when it knows one (p->learned: nothing else to do, vgpu_ctxmem_after returns it), waiting
@@ -38,5 +44,9 @@ uint64_t vgpu_ctxmem_existing(struct vgpu_ctxmem_probe *p, CUdevice cudev);
  * was measured for the slice and wake the processes waiting for it. Until then nobody else of
  * the slice creates a context on the device, so a context never exists uncharged beside them. */
 void vgpu_ctxmem_done(struct vgpu_ctxmem_probe *p);
+/* A verification of a handed-over size on device index dev that is under way, its context
+ * created: wait for it (NVML's readings; never for a context not yet created). Nonzero if it gave
+ * charge back (the size was too large): a refusal is then retried (reserve.c's settle). */
+int vgpu_ctxmem_wait_verified(int dev);
 
 #endif

@@ -1,13 +1,17 @@
 /*
  * Virtual memory management: physical memory is taken by cuMemCreate (device-located handles)
- * and given back by cuMemRelease. Mapping and unmapping move no memory, so they are not hooked.
- * A handle takes its size in whole units of the granularity the driver reports for its
- * properties (cuMemGetAllocationGranularity, minimum; the driver refuses other sizes, so this
- * is the size itself whenever the driver accepts it).
- * A handle is counted by the driver: cuMemRetainAllocationHandle (the handle of a mapped address)
- * adds a reference that a cuMemRelease drops, and the memory goes only at the last release. So
- * the shim counts the retains of each handle it charged (the record's aux word) and returns the
- * charge at the release that drops the last reference.
+ * and freed by the driver when the handle is released AND its last mapping is unmapped
+ * (cuMemRelease: "the memory will be freed when all outstanding mappings to the memory are
+ * unmapped"). So the charge lives as long: a program that creates, maps and releases without
+ * unmapping keeps the memory on the device, and must keep it on the slice's quota. A handle takes
+ * its size in whole units of the granularity the driver reports for its properties
+ * (cuMemGetAllocationGranularity, minimum; the driver refuses other sizes, so this is the size
+ * itself whenever the driver accepts it).
+ * Each charged handle's record (track.c) keeps in its aux word the driver's references
+ * (cuMemCreate 1, + each cuMemRetainAllocationHandle, - each cuMemRelease; 0: released) and its
+ * mappings (cuMemMap + 1, - each that cuMemUnmap or cuMemAddressFree takes away); the mappings
+ * themselves are in track.c's ordered table, since an unmap names an address range, not a handle.
+ * The charge returns when both counts are 0.
  */
 #include <pthread.h>
 
@@ -19,9 +23,49 @@
 #include "symbols.h"
 #include "track.h"
 
-/* A retain or release of a charged handle and its record change together: a release racing a
- * retain must not see the driver's count and ours disagree. */
+/* A charged handle's counts and the driver's change together: every hook below that touches them
+ * calls the driver under this lock, so that a release racing an unmap, or a map at an address an
+ * unmap is just giving back, never sees the driver and the record disagree. */
 static pthread_mutex_t handles_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* aux word of a handle's record: references in the low half, mappings in the high half */
+#define REFS(aux)       ((aux) & 0xffffffffu)
+#define MAPS(aux)       ((aux) >> 32)
+#define AUX(refs, maps) (((uint64_t)(maps) << 32) | (uint64_t)(refs))
+#define COUNT_MAX       0xffffffffu
+
+/* Apply a change to a charged handle's counts (handles_mu held; a handle not charged here is left
+ * alone): d_refs, d_maps are +1, 0 or -1, never taking a count below 0 or past COUNT_MAX (a driver
+ * that answers success where ours says the handle is released is not followed into a double
+ * uncharge). The charge returns when both are 0. */
+static void handle_count(CUmemGenericAllocationHandle handle, int d_refs, int d_maps) {
+    int dev;
+    uint64_t bytes, aux;
+    if (!vgpu_track_peek_aux(VGPU_TRACK_HANDLE, handle, &dev, &bytes, &aux)) return; /* not ours */
+    uint64_t refs = REFS(aux), maps = MAPS(aux);
+    if (d_refs > 0 && refs < COUNT_MAX) refs++;
+    if (d_refs < 0 && refs > 0) refs--;
+    if (d_maps > 0 && maps < COUNT_MAX) maps++;
+    if (d_maps < 0 && maps > 0) maps--;
+    if (refs == 0 && maps == 0) {
+        /* released and unmapped: the driver freed it */
+        if (vgpu_track_take(VGPU_TRACK_HANDLE, handle, NULL, NULL)) vgpu_mem_release(dev, bytes);
+    } else {
+        vgpu_track_set_aux(VGPU_TRACK_HANDLE, handle, AUX(refs, maps));
+    }
+}
+
+/* Is `handle` one this process charged? (handles_mu held) */
+static int handle_charged(CUmemGenericAllocationHandle handle) {
+    return vgpu_track_peek_aux(VGPU_TRACK_HANDLE, handle, NULL, NULL, NULL);
+}
+
+/* The driver says nothing is mapped in [ptr, ptr + size) any more: every recorded mapping there
+ * (`whole`: wholly inside the range; else any that meets it) is gone. (handles_mu held) */
+static void mappings_gone(CUdeviceptr ptr, size_t size, int whole) {
+    uint64_t handle;
+    while (vgpu_track_map_take(ptr, size, whole, &handle)) handle_count(handle, 0, -1);
+}
 
 typedef CUresult (*gran_fn)(size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags);
 
@@ -52,7 +96,7 @@ CUresult hook_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, con
         vgpu_mem_release(dev, charge);
         return rc;
     }
-    if (vgpu_track_add(VGPU_TRACK_HANDLE, *handle, dev, charge) != 0) {
+    if (vgpu_track_add_aux(VGPU_TRACK_HANDLE, *handle, dev, charge, AUX(1, 0)) != 0) {
         real_cuMemRelease(*handle);
         vgpu_mem_release(dev, charge);
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -63,21 +107,9 @@ CUresult hook_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, con
 CUresult hook_cuMemRelease(CUmemGenericAllocationHandle handle) {
     VGPU_HOOK_OPEN(real_cuMemRelease);
     if (!vgpu_mem_active()) return real_cuMemRelease(handle);
-    int dev;
-    uint64_t bytes, retains;
     pthread_mutex_lock(&handles_mu);
-    if (!vgpu_track_take_aux(VGPU_TRACK_HANDLE, handle, &dev, &bytes, &retains)) {
-        pthread_mutex_unlock(&handles_mu);
-        return real_cuMemRelease(handle);
-    }
     CUresult rc = real_cuMemRelease(handle);
-    if (rc == CUDA_SUCCESS && retains == 0) {
-        vgpu_mem_release(dev, bytes); /* the last reference: the memory is gone */
-    } else {
-        /* still referenced (or not released): the record stays, one retain fewer on success;
-         * the node just taken is reused, so this cannot fail for want of memory */
-        vgpu_track_add_aux(VGPU_TRACK_HANDLE, handle, dev, bytes, rc == CUDA_SUCCESS ? retains - 1 : retains);
-    }
+    if (rc == CUDA_SUCCESS) handle_count(handle, -1, 0); /* still mapped: the charge stays */
     pthread_mutex_unlock(&handles_mu);
     return rc;
 }
@@ -87,10 +119,55 @@ CUresult hook_cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, 
     if (!vgpu_mem_active() || handle == NULL) return real_cuMemRetainAllocationHandle(handle, addr);
     pthread_mutex_lock(&handles_mu);
     CUresult rc = real_cuMemRetainAllocationHandle(handle, addr);
-    int dev;
-    uint64_t bytes, retains;
-    if (rc == CUDA_SUCCESS && vgpu_track_take_aux(VGPU_TRACK_HANDLE, *handle, &dev, &bytes, &retains))
-        vgpu_track_add_aux(VGPU_TRACK_HANDLE, *handle, dev, bytes, retains + 1);
+    /* a reference more, even to a handle released while mapped: its next release drops it again */
+    if (rc == CUDA_SUCCESS) handle_count(*handle, +1, 0);
+    pthread_mutex_unlock(&handles_mu);
+    return rc;
+}
+
+CUresult hook_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                       unsigned long long flags) {
+    VGPU_HOOK_OPEN(real_cuMemMap);
+    if (!vgpu_mem_active()) return real_cuMemMap(ptr, size, offset, handle, flags);
+    pthread_mutex_lock(&handles_mu);
+    CUresult rc = real_cuMemMap(ptr, size, offset, handle, flags);
+    /* the driver mapped the range, so whatever was recorded there went by a route not seen */
+    if (rc == CUDA_SUCCESS) mappings_gone(ptr, size, 0);
+    if (rc == CUDA_SUCCESS && handle_charged(handle)) {
+        if (vgpu_track_map_add(ptr, size, handle) == 0) {
+            handle_count(handle, 0, +1);
+        } else {
+            /* untracked, the mapping would let the charge go while the memory lives: undone */
+            CUresult undo = real_cuMemUnmap ? real_cuMemUnmap(ptr, size) : CUDA_ERROR_NOT_SUPPORTED;
+            if (undo != CUDA_SUCCESS)
+                vgpu_log(VGPU_LOG_WARN, "cuMemMap: no room to record a mapping and its unmap failed (%d)", (int)undo);
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    }
+    pthread_mutex_unlock(&handles_mu);
+    return rc;
+}
+
+CUresult hook_cuMemUnmap(CUdeviceptr ptr, size_t size) {
+    VGPU_HOOK_OPEN(real_cuMemUnmap);
+    if (!vgpu_mem_active()) return real_cuMemUnmap(ptr, size);
+    pthread_mutex_lock(&handles_mu);
+    CUresult rc = real_cuMemUnmap(ptr, size);
+    /* NVIDIA's driver unmaps whole mappings only; a mapping the range covers in part (a driver that
+     * allowed it) keeps its record and its handle's charge: too much, never too little */
+    if (rc == CUDA_SUCCESS) mappings_gone(ptr, size, 1);
+    pthread_mutex_unlock(&handles_mu);
+    return rc;
+}
+
+CUresult hook_cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+    VGPU_HOOK_OPEN(real_cuMemAddressFree);
+    if (!vgpu_mem_active()) return real_cuMemAddressFree(ptr, size);
+    pthread_mutex_lock(&handles_mu);
+    CUresult rc = real_cuMemAddressFree(ptr, size);
+    /* the reservation is gone, and with it any mapping still in it (a driver that refuses to free a
+     * mapped range answers an error, and nothing changes) */
+    if (rc == CUDA_SUCCESS) mappings_gone(ptr, size, 0);
     pthread_mutex_unlock(&handles_mu);
     return rc;
 }

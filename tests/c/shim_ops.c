@@ -13,6 +13,19 @@
  *   retainrelease:N         map the top handle (N bytes), cuMemRetainAllocationHandle of the mapped
  *                           address (same=1 if it is that handle), unmap, cuMemRelease of that extra
  *                           reference: the handle stays on the stack
+ *   map:N                   map the topmost handle on the stack (N bytes at offset 0) into an address range
+ *                           of its own, read-write: pushed as a mapping, which "free" unmaps (and frees
+ *                           its range)
+ *   twomaps:N               two handles of N bytes mapped side by side into one range of 2N, then
+ *                           released: the range is pushed as one mapping, which "free" unmaps in one call
+ *   relh                    cuMemRelease of the topmost handle on the stack, taken off it (mappings stay)
+ *   retain                  cuMemRetainAllocationHandle of the top mapping's address: the handle is pushed
+ *                           (same=1 if it is the handle that mapping maps)
+ *   leak:N:COUNT            up to COUNT times: cuMemCreate(N), map it, cuMemRelease, never unmap (ok=..
+ *                           how many were created; rc is the first failure's)
+ *   vmmodd                  odd VMM calls, each rc printed (unmap=.. of a range never mapped, release2=..
+ *                           a second release, map0=.. a handle that is no handle, retain0=.. an address
+ *                           no mapping holds, afree=.. a range never reserved, unmapnull=.. size 0)
  *   rtctx[:ORD]             the primary context as NVIDIA's runtime retains it: slot 2 of the private
  *                           table cuGetExportTable answers for 6bd5fb6c-5bf4-e74a-8987-d93912fd9df9,
  *                           made current (slots=.. the table's size slot / pointer size)
@@ -42,10 +55,12 @@
 #include "entry_target.h"
 #include "vgpu/cuda_api.h"
 
-enum { K_PTR, K_PTR1, K_HANDLE, K_ASYNC, K_ARRAY, K_MIPMAP, K_CTX, K_POOL };
+enum { K_PTR, K_PTR1, K_HANDLE, K_ASYNC, K_ARRAY, K_MIPMAP, K_CTX, K_POOL, K_MAP };
 struct obj {
     int kind;
     unsigned long long h;
+    size_t size;              /* K_MAP: the mapping's size (h its address) */
+    unsigned long long whose; /* K_MAP: the handle it maps */
 };
 static struct obj stack[1 << 16];
 static int top;
@@ -53,7 +68,7 @@ static CUcontext ctx;
 static CUstream stream;
 
 static void push(int kind, unsigned long long h) {
-    if (top < (int)(sizeof stack / sizeof stack[0])) stack[top++] = (struct obj){kind, h};
+    if (top < (int)(sizeof stack / sizeof stack[0])) stack[top++] = (struct obj){kind, h, 0, 0};
 }
 
 static CUresult release(struct obj o) {
@@ -70,6 +85,11 @@ static CUresult release(struct obj o) {
     case K_MIPMAP: return cuMipmappedArrayDestroy((CUmipmappedArray)(uintptr_t)o.h);
     case K_CTX: return cuCtxDestroy_v2((CUcontext)(uintptr_t)o.h);
     case K_POOL: return cuMemPoolDestroy((CUmemoryPool)(uintptr_t)o.h);
+    case K_MAP: {
+        CUresult rc = cuMemUnmap((CUdeviceptr)o.h, o.size);
+        CUresult frc = cuMemAddressFree((CUdeviceptr)o.h, o.size);
+        return rc != CUDA_SUCCESS ? rc : frc;
+    }
     }
     return CUDA_ERROR_INVALID_VALUE;
 }
@@ -147,6 +167,32 @@ static void *stress_thread(void *p) {
 }
 
 static unsigned long long num(const char *s) { return strtoull(s, NULL, 0); }
+
+/* Reserve an address range of `size`, map `h` there read-write: its address, or 0 (*rc says why). */
+static CUdeviceptr map_rw(CUmemGenericAllocationHandle h, size_t size, CUresult *rc) {
+    CUdeviceptr va = 0;
+    CUdevice d = 0;
+    cuCtxGetDevice(&d);
+    CUmemAccessDesc acc = {.location = {CU_MEM_LOCATION_TYPE_DEVICE, d}, .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    *rc = cuMemAddressReserve(&va, size, 0, 0, 0);
+    if (*rc == CUDA_SUCCESS) *rc = cuMemMap(va, size, 0, h, 0);
+    if (*rc == CUDA_SUCCESS) *rc = cuMemSetAccess(va, size, &acc, 1);
+    if (*rc != CUDA_SUCCESS && va) {
+        cuMemUnmap(va, size);
+        cuMemAddressFree(va, size);
+        va = 0;
+    }
+    return va;
+}
+
+static CUmemAllocationProp device_prop(int ordinal) {
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = ordinal;
+    return prop;
+}
 
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -341,6 +387,78 @@ int main(int argc, char **argv) {
             if (va) cuMemAddressFree(va, size);
             if (rc == CUDA_SUCCESS) rc = cuMemRelease(again);
             snprintf(extra, sizeof extra, "same=%d", again == h);
+        } else if (!strcmp(op, "map")) {
+            int i = top - 1;
+            while (i >= 0 && stack[i].kind != K_HANDLE) i--;
+            size_t size = num(f[1]);
+            rc = CUDA_ERROR_INVALID_VALUE;
+            CUdeviceptr va = i >= 0 ? map_rw((CUmemGenericAllocationHandle)stack[i].h, size, &rc) : 0;
+            if (va && top < (int)(sizeof stack / sizeof stack[0]))
+                stack[top++] = (struct obj){K_MAP, va, size, stack[i].h};
+        } else if (!strcmp(op, "twomaps")) {
+            CUmemAllocationProp prop = device_prop(0);
+            size_t size = num(f[1]);
+            CUmemGenericAllocationHandle h[2] = {0, 0};
+            CUdeviceptr va = 0;
+            rc = cuMemAddressReserve(&va, 2 * size, 0, 0, 0);
+            for (int k = 0; k < 2 && rc == CUDA_SUCCESS; k++) {
+                rc = cuMemCreate(&h[k], size, &prop, 0);
+                if (rc == CUDA_SUCCESS) rc = cuMemMap(va + k * size, size, 0, h[k], 0);
+            }
+            for (int k = 0; k < 2; k++)
+                if (h[k]) cuMemRelease(h[k]); /* the mappings hold the memory */
+            if (rc == CUDA_SUCCESS && top < (int)(sizeof stack / sizeof stack[0]))
+                stack[top++] = (struct obj){K_MAP, va, 2 * size, h[0]};
+        } else if (!strcmp(op, "relh")) {
+            int i = top - 1;
+            while (i >= 0 && stack[i].kind != K_HANDLE) i--;
+            rc = i >= 0 ? cuMemRelease((CUmemGenericAllocationHandle)stack[i].h) : CUDA_ERROR_INVALID_VALUE;
+            if (rc == CUDA_SUCCESS) {
+                memmove(&stack[i], &stack[i + 1], (size_t)(top - i - 1) * sizeof stack[0]);
+                top--;
+            }
+        } else if (!strcmp(op, "retain")) {
+            CUmemGenericAllocationHandle h = 0;
+            struct obj m = top > 0 ? stack[top - 1] : (struct obj){K_PTR, 0, 0, 0};
+            rc = m.kind == K_MAP ? cuMemRetainAllocationHandle(&h, (void *)(uintptr_t)(m.h + m.size / 2))
+                                 : CUDA_ERROR_INVALID_VALUE;
+            if (rc == CUDA_SUCCESS) push(K_HANDLE, h);
+            snprintf(extra, sizeof extra, "same=%d", rc == CUDA_SUCCESS && h == m.whose);
+        } else if (!strcmp(op, "leak")) {
+            CUmemAllocationProp prop = device_prop(0);
+            size_t size = num(f[1]);
+            long ok = 0, count = (long)num(f[2]);
+            while (ok < count) {
+                CUmemGenericAllocationHandle h;
+                if ((rc = cuMemCreate(&h, size, &prop, 0)) != CUDA_SUCCESS) break;
+                ok++;
+                CUdeviceptr va = map_rw(h, size, &rc);
+                CUresult rrc = cuMemRelease(h); /* the mapping keeps the memory */
+                if (rc == CUDA_SUCCESS) rc = rrc;
+                if (rc != CUDA_SUCCESS || va == 0) break;
+            }
+            snprintf(extra, sizeof extra, "ok=%ld", ok);
+        } else if (!strcmp(op, "vmmodd")) {
+            CUmemAllocationProp prop = device_prop(0);
+            size_t gran = 0;
+            CUdeviceptr va = 0;
+            CUmemGenericAllocationHandle h = 0, r = 0;
+            rc = cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+            if (rc == CUDA_SUCCESS) rc = cuMemAddressReserve(&va, 2 * gran, 0, 0, 0);
+            if (rc == CUDA_SUCCESS) rc = cuMemCreate(&h, gran, &prop, 0);
+            if (rc == CUDA_SUCCESS) {
+                CUresult unmap = cuMemUnmap(va, gran);
+                CUresult unmapnull = cuMemUnmap(va, 0);
+                CUresult map0 = cuMemMap(va, gran, 0, (CUmemGenericAllocationHandle)0x7777777, 0);
+                CUresult retain0 = cuMemRetainAllocationHandle(&r, (void *)(uintptr_t)(va + gran));
+                CUresult afree = cuMemAddressFree(va + gran, gran);
+                CUresult release1 = cuMemRelease(h);
+                CUresult release2 = cuMemRelease(h);
+                rc = cuMemAddressFree(va, 2 * gran);
+                snprintf(extra, sizeof extra,
+                         "unmap=%d unmapnull=%d map0=%d retain0=%d afree=%d release1=%d release2=%d", (int)unmap,
+                         (int)unmapnull, (int)map0, (int)retain0, (int)afree, (int)release1, (int)release2);
+            }
         } else if (!strcmp(op, "rtctx")) {
             static const unsigned char id[16] = {0x6b, 0xd5, 0xfb, 0x6c, 0x5b, 0xf4, 0xe7, 0x4a,
                                                  0x89, 0x87, 0xd9, 0x39, 0x12, 0xfd, 0x9d, 0xf9};

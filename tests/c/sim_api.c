@@ -375,13 +375,39 @@ static void test_vmm(void) {
     CHECK(cuMemUnmap(va, 4 * MiB));
     EXPECT(f0 - free_mem() == 4 * MiB); /* unmapping does not release */
     CHECK(cuMemRelease(h));
-    EXPECT(free_mem() == f0);                        /* release does */
+    /* released but still mapped at va + 4 MiB: NVIDIA's driver frees at the last unmap */
+    EXPECT(f0 - free_mem() == 4 * MiB);
     CHECK(cuMemcpyDtoH_v2(&y, va + 4 * MiB + 5, 1)); /* still mapped: pages live on */
     EXPECT(y == 42);
+    EXPECT_RC(cuMemRelease(h), CUDA_ERROR_INVALID_VALUE);                /* released once is all */
+    EXPECT_RC(cuMemMap(va, 2 * MiB, 0, h, 0), CUDA_ERROR_INVALID_VALUE); /* nor mapped again */
+    CUmemGenericAllocationHandle again = 0;
+    CHECK(cuMemRetainAllocationHandle(&again, (void *)(uintptr_t)(va + 4 * MiB + 5))); /* the mapping names it */
+    EXPECT(again == h);
+    CHECK(cuMemRelease(again));
+    EXPECT(f0 - free_mem() == 4 * MiB);
+    EXPECT_RC(cuMemUnmap(va + 4 * MiB, page), CUDA_ERROR_INVALID_VALUE); /* part of a mapping */
+    EXPECT_RC(cuMemUnmap(va + 4 * MiB + page, 2 * MiB), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(f0 - free_mem() == 4 * MiB);
     CHECK(cuMemUnmap(va + 4 * MiB, 2 * MiB));
+    EXPECT(free_mem() == f0); /* released and unmapped: freed */
     EXPECT_RC(cuMemUnmap(va, 2 * MiB), CUDA_ERROR_INVALID_VALUE);
-    CHECK(cuMemAddressFree(va, 8 * MiB));
     EXPECT_RC(cuMemRelease(h), CUDA_ERROR_INVALID_VALUE);
+    /* one unmap of a range holding several mappings of a released handle frees it */
+    CHECK(cuMemCreate(&h, 2 * MiB, &prop, 0));
+    CHECK(cuMemMap(va, 2 * MiB, 0, h, 0));
+    CHECK(cuMemMap(va + 2 * MiB, 2 * MiB, 0, h, 0));
+    CHECK(cuMemRelease(h));
+    EXPECT(f0 - free_mem() == 2 * MiB);
+    CHECK(cuMemUnmap(va, 4 * MiB));
+    EXPECT(free_mem() == f0);
+    /* cuMemAddressFree unmaps what is left, and so frees a released handle */
+    CHECK(cuMemCreate(&h, 2 * MiB, &prop, 0));
+    CHECK(cuMemMap(va + 6 * MiB, 2 * MiB, 0, h, 0));
+    CHECK(cuMemRelease(h));
+    EXPECT(f0 - free_mem() == 2 * MiB);
+    CHECK(cuMemAddressFree(va, 8 * MiB));
+    EXPECT(free_mem() == f0);
     EXPECT_RC(cuMemCreate(NULL, 2 * MiB, &prop, 0), CUDA_ERROR_INVALID_VALUE);
     EXPECT_RC(cuMemCreate(&h, 2 * MiB, NULL, 0), CUDA_ERROR_INVALID_VALUE);
     EXPECT_RC(cuMemCreate(&h, 82 * GiB, &prop, 0), CUDA_ERROR_OUT_OF_MEMORY);

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -31,6 +32,22 @@ def test_device_arrays_up_to_and_past_the_quota(client: Client) -> None:
     # 64 MiB arrays: exactly 16 fit in 1 GiB; the 17th is a clean CUDA_ERROR_OUT_OF_MEMORY
     assert "oom after 16 arrays" in out, out
     assert f"allocated={1 << 30}" in out
+
+
+def test_a_cached_context_size_does_not_shrink_a_slice_whose_context_takes_nothing(
+    client: Client, tmp_path: Path
+) -> None:
+    """`vgpu run`'s per-user cache learns 500 MiB from an earlier program's slice; a numba process
+    whose driver says its context takes nothing is charged that hint at creation, then the
+    driver's 0: all of its 1 GiB slice holds arrays (before: 8 of the 16, for its whole life)."""
+    reg = str(tmp_path / "slice.region")
+    teach = ["--memory", "4Gi", "--region", reg]
+    client.run("numba_client.py", "basic", vgpu=teach)  # its context measured: 500 MiB
+    client.run("/bin/true", vgpu=teach)  # `vgpu run` reads the slice and keeps the size
+    env = dict(client.env, SIMGPU_CONTEXT_MEMORY="0")
+    out = Client(env).run("numba_client.py", "quota", str(1 << 30), vgpu=["--memory", "1Gi"])
+    assert "oom after 16 arrays" in out, out  # 16 x 64 MiB: the whole slice
+    assert f"allocated={1 << 30}" in out, out
 
 
 def test_compute_cap_holds_for_jit_kernels(client: Client) -> None:

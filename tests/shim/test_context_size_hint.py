@@ -98,8 +98,9 @@ def test_a_size_too_small_never_lets_the_slice_exceed_its_quota(
 def test_a_size_is_bounded_like_a_learned_one(
     shim_ops: Path, shim_env: dict[str, str], tmp_path: Path
 ) -> None:
-    """Not below VGPU_CONTEXT_RESERVE (the floor is charged, and stays: the verification only
-    ever raises a charge); one not below the device's memory is ignored (measured as without)."""
+    """Not below VGPU_CONTEXT_RESERVE (the floor is charged, and stays: the verification settles
+    on the driver's figure, never below the floor); one not below the device's memory is ignored
+    (measured as without)."""
     env, reg = slice_env(shim_env, tmp_path, "4Gi")
     env.update(VGPU_CONTEXT_SIZE="100Mi", VGPU_CONTEXT_RESERVE="800Mi", LIBCUDA_LOG_LEVEL="4")
     held = Held(shim_ops, env, "init", "ctx")

@@ -125,6 +125,11 @@ def test_shim_sanitized_in_a_cuda_program(
           "VGPU_BURST_POOL": str(pool), "VGPU_MEMORY_SHOW_LIMIT": "1", "SIMGPU_CONTEXT_MEMORY": "0"},
          ["init", "ctx", f"alloc:{100 * MiB}", "info", "pool:4096", f"alloc:{64 * MiB}", "freeall",
           f"stress:4:2000:{8 * MiB}"]),
+        # VMM: released while mapped, mapped twice, a retained handle, a leak loop, odd calls
+        ({"CUDA_DEVICE_MEMORY_LIMIT": "64Mi", "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(tmp_path / "v.region"),
+          "SIMGPU_CONTEXT_MEMORY": "0"},
+         ["init", "ctx", f"create:{8 * MiB}", f"map:{8 * MiB}", f"map:{8 * MiB}", "relh", "retain", "free",
+          "free", f"twomaps:{4 * MiB}", "vmmodd", f"leak:{8 * MiB}:32", "freeall", "info"]),
         # a handed-over context size (too small): verified by the shim's own thread
         ({"CUDA_DEVICE_MEMORY_LIMIT": "4Gi", "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(tmp_path / "h.region"),
           "VGPU_CONTEXT_SIZE": "100Mi"},

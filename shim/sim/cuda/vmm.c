@@ -5,11 +5,17 @@
  *  - A physical allocation is a memfd of its size (sparse: pages are committed when written), so
  *    two mappings of one handle share data, as on a GPU. Sizes and addresses must be multiples of
  *    the granularity, 2 MiB (cuMemGetAllocationGranularity reports it for both options).
- *  - It is charged to the device at cuMemCreate and returned at cuMemRelease, not at unmap
- *    (the pages live on until the last mapping goes, but are no longer counted, as with the real
- *    driver's deferred release).
+ *  - It is charged to the device at cuMemCreate and freed (uncharged, its memfd closed) only when
+ *    it is both released and unmapped, as NVIDIA's driver frees it: cuMemRelease "will free the
+ *    memory when all outstanding mappings to the memory are unmapped". A handle released while
+ *    mapped stays charged (cuMemGetInfo, NVML) until its last mapping goes; it is then no longer a
+ *    handle the program may use (map, release, export: CUDA_ERROR_INVALID_VALUE), except through
+ *    cuMemRetainAllocationHandle of a mapped address, which gives it a reference again.
  *  - A reservation is a PROT_NONE mapping; cuMemMap maps the memfd over part of it (still no
- *    access); cuMemSetAccess makes it readable/writable; cuMemUnmap puts PROT_NONE back.
+ *    access); cuMemSetAccess makes it readable/writable; cuMemUnmap puts PROT_NONE back. An unmap
+ *    takes whole mappings (one or several): a range that covers part of a mapping is
+ *    CUDA_ERROR_INVALID_VALUE, as the driver's "cannot unmap a sub-range"; cuMemAddressFree
+ *    unmaps whatever is still mapped in the reservation.
  *    Copies into a mapped range without access are CUDA_ERROR_INVALID_VALUE, not a fault.
  *  - A handle is counted: cuMemRetainAllocationHandle (the handle of a mapped address) adds a
  *    reference, each cuMemRelease drops one; the memory is returned at the last.
@@ -41,7 +47,8 @@ typedef struct vmm_handle {
     size_t size;
     int dev;
     uint64_t charged;
-    int refs; /* cuMemCreate / import 1, + each retain */
+    int refs; /* cuMemCreate / import 1, + each retain, - each release; 0: released */
+    int maps; /* live cuMemMap mappings of it; freed when refs and maps are both 0 */
     CUmemAllocationProp prop;
     struct vmm_handle *next;
 } vmm_handle;
@@ -56,10 +63,28 @@ static vmm_handle *handles;   /* G.lock */
 static vmm_reserve *reserves; /* G.lock */
 static CUmemGenericAllocationHandle next_id = 0x5100;
 
-static vmm_handle *find_handle(CUmemGenericAllocationHandle id) {
+/* The handle `id`, released or not (a released one lives on while it is mapped). */
+static vmm_handle *find_any(CUmemGenericAllocationHandle id) {
     for (vmm_handle *h = handles; h; h = h->next)
         if (h->id == id) return h;
     return NULL;
+}
+
+/* The handle `id` as the program may name it: not released. */
+static vmm_handle *find_handle(CUmemGenericAllocationHandle id) {
+    vmm_handle *h = find_any(id);
+    return h && h->refs > 0 ? h : NULL;
+}
+
+/* Free h's memory once nothing holds it: neither a reference nor a mapping. G.lock held. */
+static void free_if_unused_locked(vmm_handle *h) {
+    if (h->refs > 0 || h->maps > 0) return;
+    vmm_handle **pp = &handles;
+    while (*pp != h) pp = &(*pp)->next;
+    *pp = h->next;
+    sim_mem_uncharge(G.slot, sim_phys(h->dev), h->charged);
+    close(h->fd);
+    free(h);
 }
 
 static vmm_reserve *find_reserve(uintptr_t p, size_t n) {
@@ -134,23 +159,13 @@ SIM_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
     CUresult rc = sim_check_init();
     if (rc != CUDA_SUCCESS) return rc;
     pthread_mutex_lock(&G.lock);
-    vmm_handle **pp = &handles;
-    while (*pp && (*pp)->id != handle) pp = &(*pp)->next;
-    if (!*pp) {
-        pthread_mutex_unlock(&G.lock);
-        return CUDA_ERROR_INVALID_VALUE;
+    vmm_handle *h = find_handle(handle); /* a released handle is released no more */
+    if (h) {
+        h->refs--;
+        free_if_unused_locked(h); /* still mapped: freed at its last unmap */
     }
-    vmm_handle *h = *pp;
-    if (--h->refs > 0) {
-        pthread_mutex_unlock(&G.lock);
-        return CUDA_SUCCESS;
-    }
-    *pp = h->next;
-    sim_mem_uncharge(G.slot, sim_phys(h->dev), h->charged);
-    close(h->fd); /* live mappings keep the pages until unmapped */
-    free(h);
     pthread_mutex_unlock(&G.lock);
-    return CUDA_SUCCESS;
+    return h ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 SIM_EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
@@ -183,7 +198,22 @@ SIM_EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t al
     return CUDA_SUCCESS;
 }
 
-/* Drop the mapping records inside [p, p+n). G.lock held. Returns how many were dropped. */
+/* Does [p, p+n) cover every mapping it meets whole? G.lock held. */
+static int covers_whole_maps_locked(uintptr_t p, size_t n) {
+    sim_alloc a;
+    for (uintptr_t cur = p; cur < p + n;) {
+        if (sim_alloc_find(cur, &a) == 0 && a.kind == ALLOC_VMM_MAP) {
+            if (a.base < p || a.size > p + n - a.base) return 0;
+            cur = a.base + a.size;
+        } else {
+            cur += SIM_VMM_GRANULARITY;
+        }
+    }
+    return 1;
+}
+
+/* Drop the mappings that meet [p, p+n): each one's handle has one mapping fewer, and goes if it
+ * was released. G.lock held. Returns how many were dropped. */
 static int drop_maps_locked(uintptr_t p, size_t n) {
     int dropped = 0;
     sim_alloc a;
@@ -193,6 +223,11 @@ static int drop_maps_locked(uintptr_t p, size_t n) {
             sim_alloc_remove(a.base, NULL);
             dropped++;
             cur = a.base + a.size;
+            vmm_handle *h = find_any(a.handle);
+            if (h) {
+                h->maps--;
+                free_if_unused_locked(h);
+            }
         } else {
             cur += SIM_VMM_GRANULARITY;
         }
@@ -253,6 +288,7 @@ SIM_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemG
         pthread_mutex_unlock(&G.lock);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
+    h->maps++;
     pthread_mutex_unlock(&G.lock);
     return CUDA_SUCCESS;
 }
@@ -262,7 +298,9 @@ SIM_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
     if (rc != CUDA_SUCCESS) return rc;
     if (size == 0 || size % SIM_VMM_GRANULARITY || ptr % SIM_VMM_GRANULARITY) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&G.lock);
-    if (!find_reserve((uintptr_t)ptr, size) || drop_maps_locked((uintptr_t)ptr, size) == 0) {
+    /* whole mappings only, checked before anything is dropped: a refused unmap changes nothing */
+    if (!find_reserve((uintptr_t)ptr, size) || !covers_whole_maps_locked((uintptr_t)ptr, size) ||
+        drop_maps_locked((uintptr_t)ptr, size) == 0) {
         pthread_mutex_unlock(&G.lock);
         return CUDA_ERROR_INVALID_VALUE;
     }
@@ -321,7 +359,8 @@ SIM_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *ha
     pthread_mutex_lock(&G.lock);
     sim_alloc a;
     vmm_handle *h = NULL;
-    if (sim_alloc_find((uintptr_t)addr, &a) == 0 && a.kind == ALLOC_VMM_MAP) h = find_handle(a.handle);
+    /* a mapped address names its handle even after the handle was released: the mapping holds it */
+    if (sim_alloc_find((uintptr_t)addr, &a) == 0 && a.kind == ALLOC_VMM_MAP) h = find_any(a.handle);
     if (h) {
         h->refs++;
         *handle = h->id;

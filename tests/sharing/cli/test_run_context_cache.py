@@ -12,6 +12,7 @@ import pytest
 
 from sharing.cli.context_cache import ContextCache
 from tests.sim.simhelp import CONTEXT_MEMORY
+from tests.support.shim_ops import parse_ops
 from tests.support.vgpu_cli import vgpu_run
 
 SHOW = ["--", "sh", "-c", 'echo "size=${VGPU_CONTEXT_SIZE:-none}"']
@@ -54,6 +55,32 @@ def test_a_region_teaches_the_cache_and_later_runs_hand_it_over(
     # the caller's own size wins
     r = vgpu_run(["--sim", "--memory", "4Gi", *SHOW], dict(env, VGPU_CONTEXT_SIZE="123"))
     assert r.stdout.strip() == "size=123"
+
+
+@pytest.mark.slow
+def test_a_hint_larger_than_the_context_settles_on_the_drivers_figure(
+    shim_ops: Path, env: dict[str, str], tmp_path: Path
+) -> None:
+    """The cache learned 500 MiB from an earlier program; a program whose driver says its context
+    takes nothing (SIMGPU_CONTEXT_MEMORY=0) is charged the hint at creation, then the driver's 0:
+    it uses its whole 1 GiB slice, 8 x 128 MiB, as it does with a fresh cache (before, 4: the
+    hint, 524 MiB free, for its whole life). The fifth allocation comes before or after the
+    verification: refused meanwhile, it waits for it and is retried."""
+    reg = str(tmp_path / "slice.region")
+    teach = ["--sim", "--memory", "4Gi", "--region", reg, "--"]
+    assert vgpu_run([*teach, str(shim_ops), "init", "ctx"], env).returncode == 0
+    r = vgpu_run([*teach, "sh", "-c", 'echo "size=${VGPU_CONTEXT_SIZE:-none}"'], env)
+    assert r.stdout.strip() == f"size={CONTEXT_MEMORY}", r.stderr  # the cache has it now
+    ops = ["init", "ctx", *[f"alloc:{128 << 20}"] * 9, "info"]
+    r = vgpu_run(
+        ["--sim", "--memory", "1Gi", "--", str(shim_ops), *ops],
+        dict(env, SIMGPU_CONTEXT_MEMORY="0", LIBCUDA_LOG_LEVEL="4"),
+    )
+    assert r.returncode == 0, r.stderr
+    res = parse_ops(r.stdout)
+    assert [x["rc"] for x in res[2:11]] == ["0"] * 8 + ["2"], (res, r.stderr)
+    assert res[11]["used"] == str(1 << 30), res
+    assert "the driver took 0 B, less than VGPU_CONTEXT_SIZE (500.0 MiB): charging 0 B" in r.stderr
 
 
 def plant(env: dict[str, str], how: str, tmp_path: Path) -> None:
