@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "cluster"
 RUN = Path(os.environ.get("VGPU_CLUSTER_RUN", "/var/lib/vgpu-cluster"))
@@ -109,6 +111,14 @@ class Cluster:
             f"pod {name} not in {phases} after {timeout}s: "
             f"{json.dumps(pod.get('status'), indent=1)}\nevents:\n{events}"
         )
+
+    def wait_output(self, name: str, timeout: float = 240) -> dict[int, float]:
+        """A `claim_pod` pod Running, and what it printed: {GPU index: GiB visible}."""
+        self.wait_pod(name, ("Running",), timeout=timeout)
+        seen: dict[int, float] = self.wait_until(
+            f"{name}'s output", lambda: visible_gib(self.logs(name))
+        )
+        return seen
 
     def logs(self, pod: str, container: str | None = None) -> str:
         args = ["logs", pod] + (["-c", container] if container else [])
@@ -364,6 +374,20 @@ class ClaimRecorder:
             f"watch problems: {self._watch.problems}; events:\n" + "\n".join(self.history)
         )
         return claims[0]
+
+
+def require_sharing(cluster: Cluster) -> None:
+    """Skip, saying why, unless the plugin publishes in sharing mode."""
+    if cluster.mode != "sharing":
+        pytest.skip(f"the plugin publishes in {cluster.mode} mode on Kubernetes {cluster.version}")
+
+
+def unschedulable(pod: Obj) -> str:
+    """The scheduler's message on a pod it cannot place, or ""."""
+    for c in pod.get("status", {}).get("conditions", []):
+        if c["type"] == "PodScheduled" and c["status"] == "False" and c.get("message"):
+            return str(c["message"])
+    return ""
 
 
 def example_files(mode: str) -> list[Path]:

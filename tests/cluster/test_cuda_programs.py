@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.kube import CACHE, DRIVER, RUN, Cluster
+from tests.cluster.kube import CACHE, DRIVER, RUN, Cluster, require_sharing
 from tests.support.cbuild import compile_program
 from tests.support.clients import frameworks_python
 from tests.support.compute_workload import at_least, parse
@@ -46,7 +46,7 @@ def _run(cmd: list[str], timeout: float = 300) -> None:
 @pytest.fixture(scope="module")
 def image(cluster: Cluster) -> Iterator[str]:
     """The programs in an image in containerd's k8s.io namespace (nothing is pulled)."""
-    _sharing(cluster)  # not built where every test of the module skips
+    require_sharing(cluster)  # not built where every test of the module skips
     with tempfile.TemporaryDirectory(prefix="vgpu-cuda-image-") as d:
         ctx = Path(d)
         for src in ("e2e_claim_quota.c", "compute_workload.c"):
@@ -95,11 +95,6 @@ spec:
 """
 
 
-def _sharing(cluster: Cluster) -> None:
-    if cluster.mode != "sharing":
-        pytest.skip(f"the plugin publishes in {cluster.mode} mode on Kubernetes {cluster.version}")
-
-
 def _finished(cluster: Cluster, name: str) -> str:
     pod = cluster.wait_pod(name, ("Succeeded", "Failed"), timeout=240)
     log = cluster.logs(name)
@@ -109,7 +104,7 @@ def _finished(cluster: Cluster, name: str) -> str:
 
 def test_a_c_program_is_refused_past_its_share(clean_default: Cluster, image: str) -> None:
     cluster = clean_default
-    _sharing(cluster)
+    require_sharing(cluster)
     command = (
         f"e2e_claim_quota info && e2e_claim_quota alloc {3 << 30} && "
         f"e2e_claim_quota alloc {1 << 30}"
@@ -124,7 +119,7 @@ def test_a_c_program_is_refused_past_its_share(clean_default: Cluster, image: st
 
 def test_a_c_program_is_held_to_its_cores(clean_default: Cluster, image: str) -> None:
     cluster = clean_default
-    _sharing(cluster)
+    require_sharing(cluster)
     run = "compute_workload --warmup 0.5 --seconds 3"
     cluster.apply(_pod("c-capped", 4, 20, run, gpu=1))
     cluster.apply(_pod("c-whole", 4, 100, run, gpu=0))
@@ -169,7 +164,7 @@ def _site_packages() -> str:
 
 def test_pytorch_in_a_pod_sees_and_stops_at_its_share(clean_default: Cluster) -> None:
     cluster = clean_default
-    _sharing(cluster)
+    require_sharing(cluster)
     site = _site_packages()
     program = "\n".join("          " + line for line in TORCH.strip().splitlines())
     manifest = (

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from sharing.kubequantity import parse_bytes
-from tests.cluster.kube import ClaimRecorder, Cluster, example_files, visible_gib
+from tests.cluster.kube import ClaimRecorder, Cluster, example_files, unschedulable, visible_gib
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(5400)]
 
@@ -101,7 +101,7 @@ def _check_pod(
     ):
         # What the real scheduler says about a claim no driver here can satisfy.
         verdict = cluster.wait_until(
-            "the scheduler's verdict", lambda: _unschedulable(cluster.pod(name)), timeout=120
+            "the scheduler's verdict", lambda: unschedulable(cluster.pod(name)), timeout=120
         )
         assert "nic.example.com" in verdict or "cannot allocate" in verdict, verdict
         print(f"\n=== {mode_of(example)}/{example.name}: Pending, as expected here: {verdict}")
@@ -137,10 +137,3 @@ def _check_pod(
     print(f"\n=== {example.parent.name}/{example.name}: {expected} GiB")
     for container, log in logs.items():
         print(f"[{name}/{container}] {log.strip()}")
-
-
-def _unschedulable(pod: dict[str, Any]) -> str:
-    for c in pod.get("status", {}).get("conditions", []):
-        if c["type"] == "PodScheduled" and c["status"] == "False" and c.get("message"):
-            return str(c["message"])
-    return ""

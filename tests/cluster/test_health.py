@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.kube import DATA_DIR, DRIVER, Cluster, claim_pod, visible_gib
+from tests.cluster.kube import DATA_DIR, DRIVER, Cluster, claim_pod
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(5400)]
 
@@ -54,8 +54,7 @@ def test_an_xid_taints_the_gpu_and_shows_in_the_pods_status(clean_default: Clust
     assert SIM_CONFIG.exists(), f"no simulator device file at {SIM_CONFIG}"
     memory = 4 if cluster.mode == "sharing" else None
     cluster.apply(claim_pod("xid-victim", memory, 10))
-    cluster.wait_pod("xid-victim", ("Running",))
-    cluster.wait_until("output", lambda: visible_gib(cluster.logs("xid-victim")))
+    cluster.wait_output("xid-victim")
     assert _gpu0_taints(cluster) == []
     # Before the XID the kubelet reports the device Healthy, or (1.34) nothing yet.
     assert set(_device_health(cluster, "xid-victim")) <= {"Healthy"}

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from sharing.kubequantity import parse_bytes
-from tests.cluster.kube import DATA_DIR, SCRIPT, Cluster, claim_pod, visible_gib
+from tests.cluster.kube import DATA_DIR, SCRIPT, Cluster, claim_pod, require_sharing
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(5400)]
 
@@ -41,17 +41,11 @@ def _ready(pod: dict[str, Any]) -> bool:
     )
 
 
-def _sharing(cluster: Cluster) -> None:
-    if cluster.mode != "sharing":
-        pytest.skip(f"the plugin publishes in {cluster.mode} mode on Kubernetes {cluster.version}")
-
-
 def test_plugin_restart_keeps_prepared_claims(clean_default: Cluster) -> None:
     cluster = clean_default
-    _sharing(cluster)
+    require_sharing(cluster)
     cluster.apply(claim_pod("before-restart", 8, 20))
-    cluster.wait_pod("before-restart", ("Running",))
-    cluster.wait_until("output", lambda: visible_gib(cluster.logs("before-restart")))
+    cluster.wait_output("before-restart")
     old = _plugin_pods(cluster)
     assert len(old) == 1 and _ready(old[0])
     old_uid = old[0]["metadata"]["uid"]
@@ -68,8 +62,7 @@ def test_plugin_restart_keeps_prepared_claims(clean_default: Cluster) -> None:
     assert pod["status"]["containerStatuses"][0]["restartCount"] == 0
 
     cluster.apply(claim_pod("after-restart", 8, 20))
-    cluster.wait_pod("after-restart", ("Running",))
-    seen = cluster.wait_until("output", lambda: visible_gib(cluster.logs("after-restart")))
+    seen = cluster.wait_output("after-restart")
     assert seen == {0: 8.0}
 
 
@@ -96,10 +89,9 @@ GONE_LABEL = "vgpu.sharing.dev/test-plugin-gone"
 
 def test_plugin_gone_past_the_wipe_delay_then_back(clean_default: Cluster) -> None:
     cluster = clean_default
-    _sharing(cluster)
+    require_sharing(cluster)
     cluster.apply(claim_pod("while-gone", 4, 10))
-    cluster.wait_pod("while-gone", ("Running",))
-    cluster.wait_until("output", lambda: visible_gib(cluster.logs("while-gone")))
+    cluster.wait_output("while-gone")
     before = {s["metadata"]["uid"] for s in cluster.slices()}
     assert before
     # The DaemonSet no longer selects the node: its pod goes and stays away.
@@ -132,10 +124,7 @@ def test_plugin_gone_past_the_wipe_delay_then_back(clean_default: Cluster) -> No
     assert pod["status"]["containerStatuses"][0]["restartCount"] == 0
     # A new claim prepares with the plugin back.
     cluster.apply(claim_pod("after-return", 4, 10))
-    cluster.wait_pod("after-return", ("Running",))
-    assert cluster.wait_until("output", lambda: visible_gib(cluster.logs("after-return"))) == {
-        0: 4.0
-    }
+    assert cluster.wait_output("after-return") == {0: 4.0}
 
 
 POLICY_MAP = "vgpu-sharing-policy"
@@ -156,10 +145,9 @@ def _set_policy(cluster: Cluster, text: str) -> None:
 
 def test_policy_edit_republishes_and_leaves_running_claims(clean_default: Cluster) -> None:
     cluster = clean_default
-    _sharing(cluster)
+    require_sharing(cluster)
     cluster.apply(claim_pod("policy-victim", 8, 20))
-    cluster.wait_pod("policy-victim", ("Running",))
-    cluster.wait_until("output", lambda: visible_gib(cluster.logs("policy-victim")))
+    cluster.wait_output("policy-victim")
     claim = cluster.get("resourceclaim", "policy-victim", "-n", "default")
     limits = DATA_DIR / "claims" / claim["metadata"]["uid"] / "limits"
     limits_before = limits.read_bytes()

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from sharing.kubequantity import parse_bytes
-from tests.cluster.kube import DRIVER, Cluster
+from tests.cluster.kube import DRIVER, Cluster, require_sharing
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(5400)]
 
@@ -70,11 +70,6 @@ spec:
       command: ["sleep", "100000"]
       resources: {{claims: [{{name: by-name}}, {{name: from-template}}]}}
 """
-
-
-def _sharing(cluster: Cluster) -> None:
-    if cluster.mode != "sharing":
-        pytest.skip(f"the plugin publishes in {cluster.mode} mode on Kubernetes {cluster.version}")
 
 
 def _claims(cluster: Cluster) -> dict[str, dict[str, Any]]:
@@ -126,7 +121,7 @@ def _slice_owners(url: str) -> dict[str, tuple[str, str]]:
 
 def test_claim_status_metadata_files_and_pod_labels(clean_default: Cluster) -> None:
     cluster = clean_default
-    _sharing(cluster)
+    require_sharing(cluster)
     cluster.apply(MANIFEST)
     cluster.wait_pod(POD, ("Running",))
     claims = _claims(cluster)

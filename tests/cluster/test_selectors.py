@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from sharing.kubequantity import parse_bytes
-from tests.cluster.kube import DRIVER, ClaimRecorder, Cluster, visible_gib
+from tests.cluster.kube import DRIVER, ClaimRecorder, Cluster, require_sharing, visible_gib
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(5400)]
 
@@ -92,8 +92,7 @@ def _run(cluster: Cluster, name: str, manifest: str) -> tuple[dict[str, Any], di
 
 def test_cel_selector_on_our_attributes_picks_the_gpu(clean_default: Cluster) -> None:
     cluster = clean_default
-    if cluster.mode != "sharing":
-        pytest.skip(f"the plugin publishes in {cluster.mode} mode on Kubernetes {cluster.version}")
+    require_sharing(cluster)
     attrs = _slice_attrs(cluster)
     uuid = attrs["gpu-1"]["uuid"]["string"]
     cel = (
@@ -109,8 +108,7 @@ def test_cel_selector_on_our_attributes_picks_the_gpu(clean_default: Cluster) ->
 
 def test_match_attribute_puts_two_requests_on_one_gpu(clean_default: Cluster) -> None:
     cluster = clean_default
-    if cluster.mode != "sharing":
-        pytest.skip(f"the plugin publishes in {cluster.mode} mode on Kubernetes {cluster.version}")
+    require_sharing(cluster)
     any_gpu = f'device.attributes["{DRIVER}"].type == "gpu"'
     requests = _request("a", "2Gi", any_gpu) + "\n" + _request("b", "6Gi", any_gpu)
     constraints = f"""    constraints:

@@ -10,12 +10,18 @@ kubelet has the plugin prepare and unprepare the claims.
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from sharing.kubequantity import parse_bytes
-from tests.cluster.kube import CDI_ROOT, DATA_DIR, Cluster, claim_pod, visible_gib
+from tests.cluster.kube import (
+    CDI_ROOT,
+    DATA_DIR,
+    Cluster,
+    claim_pod,
+    require_sharing,
+    unschedulable,
+    visible_gib,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(5400)]
 
@@ -23,32 +29,14 @@ MEMORY_GI = 30  # three of these do not fit in one 80 GB GPU; two do
 CORES = 30
 
 
-def _sharing(cluster: Cluster) -> None:
-    if cluster.mode != "sharing":
-        pytest.skip(f"the plugin publishes in {cluster.mode} mode on Kubernetes {cluster.version}")
-
-
-def _running_with_output(cluster: Cluster, name: str) -> dict[str, Any]:
-    pod = cluster.wait_pod(name, ("Running",), timeout=240)
-    cluster.wait_until(f"{name}'s output", lambda: visible_gib(cluster.logs(name)), timeout=60)
-    return pod
-
-
-def _unschedulable(cluster: Cluster, name: str) -> str:
-    for c in cluster.pod(name).get("status", {}).get("conditions", []):
-        if c["type"] == "PodScheduled" and c["status"] == "False" and c.get("message"):
-            return str(c["message"])
-    return ""
-
-
 def test_pods_share_one_gpu_and_a_claim_that_does_not_fit_waits(clean_default: Cluster) -> None:
     cluster = clean_default
-    _sharing(cluster)
+    require_sharing(cluster)
     names = ["share-a", "share-b", "share-c"]
     for n in names[:2]:
         cluster.apply(claim_pod(n, MEMORY_GI, CORES))
     for n in names[:2]:
-        _running_with_output(cluster, n)
+        cluster.wait_output(n)
 
     claims = [cluster.get("resourceclaim", n, "-n", "default") for n in names[:2]]
     results = [c["status"]["allocation"]["devices"]["results"][0] for c in claims]
@@ -63,7 +51,9 @@ def test_pods_share_one_gpu_and_a_claim_that_does_not_fit_waits(clean_default: C
 
     # The third does not fit beside the two: Pending, with the real scheduler's reason.
     cluster.apply(claim_pod(names[2], MEMORY_GI, CORES))
-    reason = cluster.wait_until("the scheduler's reason", lambda: _unschedulable(cluster, names[2]))
+    reason = cluster.wait_until(
+        "the scheduler's reason", lambda: unschedulable(cluster.pod(names[2]))
+    )
     assert "cannot allocate all claims" in reason, reason
     assert cluster.pod(names[2])["status"]["phase"] == "Pending"
     claim_c = cluster.get("resourceclaim", names[2], "-n", "default")
@@ -81,7 +71,7 @@ def test_pods_share_one_gpu_and_a_claim_that_does_not_fit_waits(clean_default: C
 
     # Deleting a pod (and its claim) makes room: the third schedules and sees its share.
     cluster.delete(claim_pod(names[0], MEMORY_GI, CORES))
-    _running_with_output(cluster, names[2])
+    cluster.wait_output(names[2])
     assert visible_gib(cluster.logs(names[2])) == {0: float(MEMORY_GI)}
     c = cluster.get("resourceclaim", names[2], "-n", "default")
     r = c["status"]["allocation"]["devices"]["results"][0]
@@ -90,10 +80,10 @@ def test_pods_share_one_gpu_and_a_claim_that_does_not_fit_waits(clean_default: C
 
 def test_pod_deletion_unprepares_the_claim(clean_default: Cluster) -> None:
     cluster = clean_default
-    _sharing(cluster)
+    require_sharing(cluster)
     name = "unprepare-me"
     cluster.apply(claim_pod(name, MEMORY_GI, CORES))
-    _running_with_output(cluster, name)
+    cluster.wait_output(name)
     uid = cluster.get("resourceclaim", name, "-n", "default")["metadata"]["uid"]
     specs = [p for p in CDI_ROOT.glob("*.json") if uid in p.name]
     accounting = DATA_DIR / "claims" / uid / "shared" / "accounting"

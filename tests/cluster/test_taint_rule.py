@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.cluster.kube import DRIVER, NODE, Cluster, claim_pod, visible_gib
+from tests.cluster.kube import DRIVER, NODE, Cluster, claim_pod, require_sharing
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(5400)]
 
@@ -32,13 +32,11 @@ def test_a_noexecute_device_taint_rule_evicts_the_pod(clean_default: Cluster) ->
     cluster = clean_default
     if not cluster.version.startswith("1.37."):
         pytest.skip(f"DeviceTaintRule is resource.k8s.io/v1 from 1.37 (this is {cluster.version})")
-    if cluster.mode != "sharing":
-        pytest.skip(f"the plugin publishes in {cluster.mode} mode on Kubernetes {cluster.version}")
+    require_sharing(cluster)
     cluster.apply(claim_pod("on-gpu-0", 4, 10, gpu_index=0))
     cluster.apply(claim_pod("on-gpu-1", 4, 10, gpu_index=1))
     for name in ("on-gpu-0", "on-gpu-1"):
-        cluster.wait_pod(name, ("Running",))
-        cluster.wait_until("output", lambda n=name: visible_gib(cluster.logs(n)))
+        cluster.wait_output(name)
     try:
         cluster.apply(RULE)
 

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.cluster.kube import REPO, Cluster, claim_pod, visible_gib
+from tests.cluster.kube import REPO, Cluster, claim_pod, require_sharing
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(5400)]
 
@@ -59,8 +59,7 @@ def _rollout(cluster: Cluster, overlay: str) -> None:
 @pytest.fixture(scope="module")
 def watchdog_on(cluster: Cluster) -> Iterator[Cluster]:
     """The sim-watchdog overlay for this module's tests; the sim overlay again after them."""
-    if cluster.mode != "sharing":
-        pytest.skip(f"the plugin publishes in {cluster.mode} mode on Kubernetes {cluster.version}")
+    require_sharing(cluster)
     try:
         _rollout(cluster, "sim-watchdog")
         [ds] = cluster.get("daemonsets", "-n", NS)["items"]
@@ -111,10 +110,7 @@ def _events(cluster: Cluster, claim: str) -> list[str]:
 def test_a_process_around_the_shim_is_caught_and_stopped(watchdog: Cluster) -> None:
     cluster = watchdog
     cluster.apply(claim_pod(POD, SHARE_GI, 10))
-    cluster.wait_pod(POD, ("Running",))
-    assert cluster.wait_until("output", lambda: visible_gib(cluster.logs(POD))) == {
-        0: float(SHARE_GI)
-    }
+    assert cluster.wait_output(POD) == {0: float(SHARE_GI)}
     url = _metrics_url(cluster)
     assert _violations(url, POD) == 0
 
@@ -165,8 +161,7 @@ time.sleep(100000)
 def test_a_process_within_its_share_shows_under_its_pod_and_container(watchdog: Cluster) -> None:
     cluster = watchdog
     cluster.apply(claim_pod("holder", SHARE_GI, 10))
-    cluster.wait_pod("holder", ("Running",))
-    cluster.wait_until("output", lambda: visible_gib(cluster.logs("holder")))
+    cluster.wait_output("holder")
     url = _metrics_url(cluster)
     hold = subprocess.Popen(
         ["kubectl", "exec", "holder", "-c", "cuda", "--", "python3", "-c", HOLD],
