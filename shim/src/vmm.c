@@ -28,6 +28,18 @@
  * unmap is just giving back, never sees the driver and the record disagree. */
 static pthread_mutex_t handles_mu = PTHREAD_MUTEX_INITIALIZER;
 
+static pthread_once_t handles_once = PTHREAD_ONCE_INIT;
+
+/* A fork child gets the lock as it was: another thread of the parent may have held it (the
+ * handles' records themselves are reset with track.c's). */
+static void atfork_child(void) { pthread_mutex_init(&handles_mu, NULL); }
+static void handles_init(void) { pthread_atfork(NULL, NULL, atfork_child); }
+
+static void lock_handles(void) {
+    pthread_once(&handles_once, handles_init);
+    pthread_mutex_lock(&handles_mu);
+}
+
 /* aux word of a handle's record: references in the low half, mappings in the high half */
 #define REFS(aux)       ((aux) & 0xffffffffu)
 #define MAPS(aux)       ((aux) >> 32)
@@ -107,7 +119,7 @@ CUresult hook_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, con
 CUresult hook_cuMemRelease(CUmemGenericAllocationHandle handle) {
     VGPU_HOOK_OPEN(real_cuMemRelease);
     if (!vgpu_mem_active()) return real_cuMemRelease(handle);
-    pthread_mutex_lock(&handles_mu);
+    lock_handles();
     CUresult rc = real_cuMemRelease(handle);
     if (rc == CUDA_SUCCESS) handle_count(handle, -1, 0); /* still mapped: the charge stays */
     pthread_mutex_unlock(&handles_mu);
@@ -117,7 +129,7 @@ CUresult hook_cuMemRelease(CUmemGenericAllocationHandle handle) {
 CUresult hook_cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr) {
     VGPU_HOOK_OPEN(real_cuMemRetainAllocationHandle);
     if (!vgpu_mem_active() || handle == NULL) return real_cuMemRetainAllocationHandle(handle, addr);
-    pthread_mutex_lock(&handles_mu);
+    lock_handles();
     CUresult rc = real_cuMemRetainAllocationHandle(handle, addr);
     /* a reference more, even to a handle released while mapped: its next release drops it again */
     if (rc == CUDA_SUCCESS) handle_count(*handle, +1, 0);
@@ -129,7 +141,7 @@ CUresult hook_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGeneric
                        unsigned long long flags) {
     VGPU_HOOK_OPEN(real_cuMemMap);
     if (!vgpu_mem_active()) return real_cuMemMap(ptr, size, offset, handle, flags);
-    pthread_mutex_lock(&handles_mu);
+    lock_handles();
     CUresult rc = real_cuMemMap(ptr, size, offset, handle, flags);
     /* the driver mapped the range, so whatever was recorded there went by a route not seen */
     if (rc == CUDA_SUCCESS) mappings_gone(ptr, size, 0);
@@ -151,7 +163,7 @@ CUresult hook_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGeneric
 CUresult hook_cuMemUnmap(CUdeviceptr ptr, size_t size) {
     VGPU_HOOK_OPEN(real_cuMemUnmap);
     if (!vgpu_mem_active()) return real_cuMemUnmap(ptr, size);
-    pthread_mutex_lock(&handles_mu);
+    lock_handles();
     CUresult rc = real_cuMemUnmap(ptr, size);
     /* NVIDIA's driver unmaps whole mappings only; a mapping the range covers in part (a driver that
      * allowed it) keeps its record and its handle's charge: too much, never too little */
@@ -163,7 +175,7 @@ CUresult hook_cuMemUnmap(CUdeviceptr ptr, size_t size) {
 CUresult hook_cuMemAddressFree(CUdeviceptr ptr, size_t size) {
     VGPU_HOOK_OPEN(real_cuMemAddressFree);
     if (!vgpu_mem_active()) return real_cuMemAddressFree(ptr, size);
-    pthread_mutex_lock(&handles_mu);
+    lock_handles();
     CUresult rc = real_cuMemAddressFree(ptr, size);
     /* the reservation is gone, and with it any mapping still in it (a driver that refuses to free a
      * mapped range answers an error, and nothing changes) */
