@@ -40,6 +40,9 @@ SYSCTLS = (
     "kernel.panic_on_oops",
 )
 
+PLUGIN_NS = "vgpu-sharing"  # the plugin's namespace (deploy/base)
+POLICY_MAP = "vgpu-sharing-policy"  # the admin policy's ConfigMap (key policy.yaml)
+
 Obj = dict[str, Any]
 
 
@@ -572,3 +575,26 @@ def cni_host_veths() -> list[str]:
             if not i.get("sandbox") and i.get("name", "").startswith("veth"):
                 names.append(i["name"])
     return names
+
+
+# --- the product's deployment --------------------------------------------------------------------
+
+
+def rollout(cluster: Cluster, overlay: str) -> None:
+    """`kubectl apply -k deploy/overlays/OVERLAY`, then wait for the plugin's DaemonSet."""
+    cluster.kubectl("apply", "-k", str(REPO / "deploy" / "overlays" / overlay), timeout=120)
+    cluster.kubectl(
+        "rollout", "status", "-n", PLUGIN_NS, "daemonset/vgpu-kubelet-plugin", "--timeout=180s",
+        timeout=240,
+    )  # fmt: skip
+
+
+def set_policy(cluster: Cluster, text: str) -> None:
+    """The admin policy's ConfigMap to `text` (the plugin watches the mounted file)."""
+    patch = {"data": {"policy.yaml": text}}
+    cluster.kubectl("patch", "configmap", "-n", PLUGIN_NS, POLICY_MAP, "-p", json.dumps(patch))
+
+
+def policy_text(cluster: Cluster) -> str:
+    text: str = cluster.get("configmap", "-n", PLUGIN_NS, POLICY_MAP)["data"]["policy.yaml"]
+    return text

@@ -22,7 +22,15 @@ import pytest
 import yaml
 
 from sharing.kubequantity import parse_bytes
-from tests.cluster.kube import DATA_DIR, SCRIPT, Cluster, claim_pod, require_sharing
+from tests.cluster.kube import (
+    DATA_DIR,
+    SCRIPT,
+    Cluster,
+    claim_pod,
+    policy_text,
+    require_sharing,
+    set_policy,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(5400)]
 
@@ -127,20 +135,12 @@ def test_plugin_gone_past_the_wipe_delay_then_back(clean_default: Cluster) -> No
     assert cluster.wait_output("after-return") == {0: 4.0}
 
 
-POLICY_MAP = "vgpu-sharing-policy"
-
-
 def _gpu0_memory(cluster: Cluster) -> int:
     for s in cluster.slices():
         for d in s["spec"].get("devices", []):
             if d["name"] == "gpu-0":
                 return parse_bytes(d["capacity"]["memory"]["value"])
     return -1
-
-
-def _set_policy(cluster: Cluster, text: str) -> None:
-    patch = {"data": {"policy.yaml": text}}
-    cluster.kubectl("patch", "configmap", "-n", NS, POLICY_MAP, "-p", json.dumps(patch))
 
 
 def test_policy_edit_republishes_and_leaves_running_claims(clean_default: Cluster) -> None:
@@ -151,13 +151,13 @@ def test_policy_edit_republishes_and_leaves_running_claims(clean_default: Cluste
     claim = cluster.get("resourceclaim", "policy-victim", "-n", "default")
     limits = DATA_DIR / "claims" / claim["metadata"]["uid"] / "limits"
     limits_before = limits.read_bytes()
-    original = cluster.get("configmap", "-n", NS, POLICY_MAP)["data"]["policy.yaml"]
+    original = policy_text(cluster)
     policy = yaml.safe_load(original)
     reserved = parse_bytes(policy["default"]["reservedMemory"])
     memory_before = _gpu0_memory(cluster)
     policy["default"]["reservedMemory"] = f"{(reserved >> 30) + 2}Gi"
     try:
-        _set_policy(cluster, yaml.safe_dump(policy))
+        set_policy(cluster, yaml.safe_dump(policy))
         cluster.wait_until(
             "gpu-0's memory 2 GiB smaller in the slices",
             lambda: _gpu0_memory(cluster) == memory_before - (2 << 30),
@@ -171,7 +171,7 @@ def test_policy_edit_republishes_and_leaves_running_claims(clean_default: Cluste
         assert now["status"]["allocation"] == claim["status"]["allocation"]
         assert limits.read_bytes() == limits_before
     finally:
-        _set_policy(cluster, original)
+        set_policy(cluster, original)
     cluster.wait_until(
         "gpu-0's memory back", lambda: _gpu0_memory(cluster) == memory_before, timeout=120
     )

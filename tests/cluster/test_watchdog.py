@@ -22,7 +22,7 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.cluster.kube import REPO, Cluster, claim_pod, require_sharing
+from tests.cluster.kube import Cluster, claim_pod, require_sharing, rollout
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(5400)]
 
@@ -48,26 +48,18 @@ time.sleep(100000)
 """
 
 
-def _rollout(cluster: Cluster, overlay: str) -> None:
-    cluster.kubectl("apply", "-k", str(REPO / "deploy" / "overlays" / overlay), timeout=120)
-    cluster.kubectl(
-        "rollout", "status", "-n", NS, "daemonset/vgpu-kubelet-plugin", "--timeout=180s",
-        timeout=240,
-    )  # fmt: skip
-
-
 @pytest.fixture(scope="module")
 def watchdog_on(cluster: Cluster) -> Iterator[Cluster]:
     """The sim-watchdog overlay for this module's tests; the sim overlay again after them."""
     require_sharing(cluster)
     try:
-        _rollout(cluster, "sim-watchdog")
+        rollout(cluster, "sim-watchdog")
         [ds] = cluster.get("daemonsets", "-n", NS)["items"]
         assert ds["spec"]["template"]["spec"].get("hostPID") is True, ds["spec"]
         cluster.wait_until("the slices republished", cluster.slices, timeout=120)
         yield cluster
     finally:
-        _rollout(cluster, "sim")
+        rollout(cluster, "sim")
 
 
 @pytest.fixture
