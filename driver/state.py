@@ -286,6 +286,9 @@ class DeviceState:
         self.checkpoint.put(replace(entry, reclaim=record))  # before any notice or stop
         try:
             if policy.reclaim == "wait":
+                # the entries say RECLAIM (no deadline) while prepare waits: the watchdog then
+                # holds the borrowers to their limits, not their new grants (wait stops nobody)
+                self._apply_pool(reclaims={(b.uid, b.gpu): 0 for b in borrowers})
                 self._wait(entry, borrowers, t0 + span, span)
             else:
                 self._evict(entry, borrowers, record, t0 + span)

@@ -40,7 +40,6 @@ from sharing._region_cffi import ffi, lib
 
 from driver.opmetrics import OperationMetrics
 from sharing import burstpool, region
-from sharing.observe.nvml_reader import GpuProcess, GpuReading, NvmlReading
 from sharing.observe.procinfo import start_time
 from sharing.policy import BUILTIN, Burst
 from tests.driver.kubelet_standin import ClaimId, KubeletStandin
@@ -56,6 +55,7 @@ from tests.support.burst_world import (
     prepare,
     spec_path,
 )
+from tests.support.host_nvml import HostNvml
 from tests.support.prepare_world import World, close_world, make_world
 
 pytestmark = [NO_CONTEXT_MEMORY, pytest.mark.slow]
@@ -88,56 +88,6 @@ def worlds() -> Iterator[Callable[..., World]]:
     yield make
     for w in made:
         close_world(w)
-
-
-NVML_SERVER = """
-import json, sys
-from sharing.observe.nvml_reader import read_nvml
-for _ in sys.stdin:
-    r = read_nvml()
-    gpus = [[g.index, g.uuid, [[p.pid, p.used_bytes] for p in g.processes]] for g in r.gpus]
-    print(json.dumps([r.error, gpus]), flush=True)
-"""
-
-
-class HostNvml:
-    """The simulated node's NVML, read by a helper process on the borrowers' simulator state (an
-    NVML in this process keeps the first state it opened): one fresh pass per call, as
-    sharing/observe/nvml_reader.read_nvml makes it."""
-
-    def __init__(self, sim_env: dict[str, str]) -> None:
-        env = {k: v for k, v in sim_env.items() if k != "LD_PRELOAD"}
-        self.proc = subprocess.Popen([sys.executable, "-c", NVML_SERVER], env=env, text=True,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
-        self._lock = threading.Lock()
-
-    def __call__(self) -> NvmlReading:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        with self._lock:
-            self.proc.stdin.write("\n")
-            self.proc.stdin.flush()
-            error, gpus = json.loads(self.proc.stdout.readline())
-        return NvmlReading(taken=time.monotonic(), error=error, gpus=tuple(
-            GpuReading(index=i, uuid=uuid, name="", pci_bus_id="", healthy=True,
-                       processes=tuple(GpuProcess(pid, used) for pid, used in procs))
-            for i, uuid, procs in gpus
-        ))  # fmt: skip
-
-    def used(self, pid: int) -> int:
-        """What NVML says the process holds on GPU 0 (0: not listed)."""
-        r = self()
-        assert not r.error, r.error
-        return sum(p.used_bytes for p in r.gpus[0].processes if p.pid == pid)
-
-    def close(self) -> None:
-        self.proc.communicate(timeout=DEADLINE)
-
-
-@pytest.fixture
-def host_nvml(sim_env: dict[str, str]) -> Iterator[HostNvml]:
-    nvml = HostNvml(sim_env)
-    yield nvml
-    nvml.close()
 
 
 def nvml_world(worlds: Callable[..., World], nvml: HostNvml, **burst: Any) -> World:
@@ -384,6 +334,37 @@ def test_wait_fails_the_prepare_while_borrowed_and_succeeds_once_given_back(
     assert granted(w, a) == 20 * GiB
     # nothing was borrowed at the retry: no reclaim
     assert w.plugin.driver.state.reclaims.outcomes == {"freed": 0, "evicted": 0, "timeout": 1}
+
+
+def test_wait_marks_the_borrowers_grant_entry_reclaim_while_it_waits(
+    worlds: Callable[..., World], borrower_bin: Path, sim_env: dict[str, str],
+    borrowers: list[Borrower],
+) -> None:  # fmt: skip
+    """While prepare waits, the borrower's entry says RECLAIM with no deadline (what the watchdog
+    holds it to its limit by: `wait` stops nobody); given back, the wait ends and it is OPEN."""
+    w = worlds(reclaim="wait", timeout=40.0)
+    a = claim(w, "a", "20Gi", "3x")
+    prepare(w, a)
+    holder = start(borrower_bin, w, a, sim_env, "deaf", 10, 0, borrowers)
+    new = claim(w, "train", "40Gi")
+    answer: list[str] = []
+    waiting = threading.Thread(
+        target=lambda: answer.append(w.kubelet.prepare([new])[new.uid].error)
+    )
+    waiting.start()
+
+    def reclaiming() -> bool:
+        g = grant_of(w, a)
+        return g is not None and g.state == burstpool.GRANT_RECLAIM
+
+    wait_for(reclaiming, "the borrower's entry says RECLAIM")
+    g = grant_of(w, a)
+    assert g is not None and (g.grant, g.deadline_unix_ns) == (20 * GiB, 0)
+    holder.stop()
+    waiting.join(DEADLINE)
+    assert answer == [""]
+    assert granted(w, a) == 20 * GiB  # OPEN again
+    assert w.plugin.driver.state.reclaims.outcomes["freed"] == 1
 
 
 # ------------------------------------------------------ a borrower that hides what it borrows
