@@ -42,6 +42,7 @@ from driver.health import HealthBroadcaster
 from driver.injection import DriverInjector
 from driver.kube import Kube
 from driver.kubelet import KubeletPlugin, PluginSockets
+from driver.reclaim import NvmlRead
 from driver.state import DeviceState
 from sharing import claimlayout as layout
 from sharing.fsutil import atomic_write
@@ -97,13 +98,16 @@ class Driver:
         rules_for: RulesFor | None = None,
         injector: DriverInjector | None = None,
         after_probe: Callable[[], None] | None = None,
+        nvml: NvmlRead | None = None,
     ) -> None:
         """shim_source (default sharing.paths.shim_library()), dev_root (where /dev/nvidia* are
         looked for) and node_state_dir (host directory of the compute controller's node-wide files,
         default <data dir>/node-state) exist for tests; main.py leaves them alone. rules_for: the
         admin sharing policy's rules per GPU (driver/policy.py; None: the built-in policy); injector:
         the driver's files for CDI-only runtimes (driver/injection.py; None: not injected);
-        after_probe: called after each context-size helper ran (driver/contextsize.py)."""
+        after_probe: called after each context-size helper ran (driver/contextsize.py); nvml: one
+        fresh pass of the host's NVML, what a burst reclaim measures borrowers by besides their
+        accounting files (driver/reclaim.py; None: the accounting files alone)."""
         if mode not in devicenames.MODES:
             raise ValueError(f"mode {mode!r} unknown; allowed: {', '.join(devicenames.MODES)}")
         if partitions < 1:
@@ -144,6 +148,7 @@ class Driver:
             on_event=ClaimEventPoster(
                 api_client, settings.driver_name, settings.node_name
             ).for_claim,
+            nvml=nvml,
         )
         self.plugin = KubeletPlugin(
             driver_name=settings.driver_name,

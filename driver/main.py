@@ -44,6 +44,7 @@ from sharing import claimlayout, logsafe
 from sharing.fsutil import atomic_write
 from sharing.gpus import GpuInfo
 from sharing.observe.exporter import Exporter, ExporterConfig
+from sharing.observe.nvml_reader import read_nvml
 from sharing.policy import PolicyError, SharingPolicy
 
 log = logging.getLogger("driver.main")
@@ -325,6 +326,7 @@ class Plugin:
                 HealthBroadcaster(),
                 rules_for=self.policy.rules,
                 injector=injector,
+                nvml=read_nvml,  # the ground truth of a burst reclaim (driver/reclaim.py)
             )
             self.driver.start()
             if s.metrics_address is not None:

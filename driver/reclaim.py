@@ -1,16 +1,23 @@
 """Taking borrowed memory back (docs/policy.md, "Taking it back"): what a bursting slice borrows,
 its processes, and the two policies, `wait` and `evict`.
 
-A slice's borrowed bytes on a device are its live processes' charges there (its accounting file,
-read as an observer reads it: pread, never mapped) above its request. Its processes are the host
-processes that have its accounting file mapped (its device and inode in /proc/<pid>/maps: a
-tenant cannot map another claim's file). Stopping goes newest process first (start time in
-/proc/<pid>/stat), each checked to be the process that was seen (a pidfd opened before the check),
-one at a time until the slice fits its grant.
+A slice's borrowed bytes on a device are the larger of two measures above its request:
 
-The host NVML's per-process memory is not consulted yet (docs/policy.md says which is taken when
-they differ: the larger): a tenant that rewrites its own accounting file can hide what it
-borrows from `wait` and from the stop order; the watchdog's bound is its limit.
+- its live processes' charges there (its accounting file, read as an observer reads it: pread,
+  never mapped), which the tenant can write;
+- the host NVML's per-process memory of its processes on that GPU, which it cannot, less the
+  watchdog's margin (NVML counts per-process driver memory the shim does not charge). NVML's
+  processes are attributed to the slice exactly as the watchdog attributes them
+  (sharing/observe/procinfo.attribute: the accounting file a process has mapped or open, else the
+  one it names inside its own root). No NVML reading (none given, NVML down, the GPU not listed):
+  the accounting file's measure alone.
+
+Its processes are the host processes that have its accounting file mapped (its device and inode
+in /proc/<pid>/maps: a tenant cannot map another claim's file) and those NVML lists on the GPU
+that are attributed to it. Stopping goes newest process first (start time in /proc/<pid>/stat)
+among those that hold device memory there (by NVML, or by their slot in the accounting file),
+each checked to be the process that was seen (a pidfd opened before the check), one at a time
+until the slice fits its grant.
 """
 
 from __future__ import annotations
@@ -21,11 +28,15 @@ import os
 import signal
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sharing import region
-from sharing.observe.procinfo import scan_maps, start_time
+from sharing.observe.nvml_reader import NvmlReading
+from sharing.observe.procinfo import attribute, ns_pid, scan_maps, start_time
+from sharing.observe.watchdog import DEFAULT_MARGIN
+
+NvmlRead = Callable[[], NvmlReading]  # one fresh NVML pass (sharing/observe/nvml_reader.read_nvml)
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +56,21 @@ class Borrower:
     request: int
     grant: int
     accounting: Path
+    uuid: str = ""  # the GPU's UUID, as NVML names it
+    nvml: NvmlRead | None = field(default=None, compare=False, repr=False)
+    margin: int = DEFAULT_MARGIN  # what NVML may count above the shim's charges
+
+    def nvml_held(self) -> dict[int, tuple[int, int]]:
+        """pid -> (start time, bytes) of the slice's processes NVML lists on the GPU."""
+        if self.nvml is None or not self.uuid:
+            return {}
+        return nvml_held(self.accounting, self.uuid, self.nvml())
 
     def borrowed(self) -> int:
-        return borrowed(self.accounting, self.container_index, self.request)
+        """The larger of the accounting file's and NVML's measure (module docstring)."""
+        own = borrowed(self.accounting, self.container_index, self.request)
+        held = sum(b for _, b in self.nvml_held().values())
+        return max(own, held - self.margin - self.request, 0)
 
     def fits(self) -> bool:
         return self.borrowed() <= self.grant
@@ -67,6 +90,27 @@ def borrowed(accounting: Path, index: int, request: int) -> int:
     if not 0 <= index < len(snap.devices):
         return 0
     return max(0, snap.used_by_live(index) - request)
+
+
+def nvml_held(
+    accounting: Path, uuid: str, reading: NvmlReading, proc_root: str = "/proc"
+) -> dict[int, tuple[int, int]]:
+    """pid -> (start time, bytes NVML says it holds) of the processes NVML lists on GPU `uuid`
+    that belong to the slice of `accounting`, attributed as the watchdog attributes them."""
+    gpu = next((g for g in reading.gpus if g.uuid == uuid), None)
+    if gpu is None or not gpu.processes:
+        return {}
+    try:
+        st = os.stat(accounting)
+    except OSError:
+        return {}
+    ident = (st.st_dev, st.st_ino)
+    out = {}
+    for p in gpu.processes:
+        a = attribute(p.pid, proc_root, {ident: accounting})
+        if a.file_id == ident:
+            out[p.pid] = (a.start, p.used_bytes)
+    return out
 
 
 def slice_pids(accounting: Path, proc_root: str = "/proc") -> list[tuple[int, int]]:
@@ -109,12 +153,28 @@ def wait_until(done: Callable[[], bool], deadline: float) -> bool:
         time.sleep(POLL)
 
 
+def holders(b: Borrower) -> list[tuple[int, int]]:
+    """(pid, start time) of the slice's processes that hold device memory on the borrower's
+    device, by NVML or by their slot in the accounting file, newest first."""
+    nvml = b.nvml_held()
+    try:
+        snap = region.read(b.accounting)
+        charged = {p.pid for p in snap.processes if p.alive and p.used[b.container_index] > 0}
+    except (OSError, region.RegionError, IndexError):
+        charged = set()
+    procs = dict(slice_pids(b.accounting))
+    procs.update({pid: start for pid, (start, _) in nvml.items()})
+    out = [(pid, start) for pid, start in procs.items()
+           if nvml.get(pid, (0, 0))[1] > 0 or ns_pid(pid) in charged]  # fmt: skip
+    return sorted(out, key=lambda p: (p[1], p[0]), reverse=True)
+
+
 def stop_until_fits(b: Borrower) -> list[int]:
-    """SIGKILL the slice's processes, newest first, one at a time, until it fits its grant.
-    Returns the pids stopped."""
+    """SIGKILL the slice's processes that hold device memory, newest first, one at a time, until
+    it fits its grant. Returns the pids stopped."""
     stopped: list[int] = []
     while not b.fits():
-        procs = [p for p in slice_pids(b.accounting) if p[0] not in stopped]
+        procs = [p for p in holders(b) if p[0] not in stopped]
         if not procs:
             break
         pid, start = procs[0]

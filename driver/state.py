@@ -119,12 +119,15 @@ class DeviceState:
         on_unprepared: Callable[[ClaimRef], None] | None = None,
         published: Callable[[], Attributes] | None = None,
         on_event: ClaimEvent | None = None,
+        nvml: reclaim.NvmlRead | None = None,
     ) -> None:
         """on_prepared: told of every claim whose files were (re)written, e.g. to write its
         device status (driver/claimstatus.py); it must not block. on_unprepared: told of every
         claim of ours that was unprepared (to remove that status); it must not block. published: this node's
         devices' attributes as its ResourceSlices publish them, for the device metadata files
-        (driver/devicemetadata.py; None: limits only)."""
+        (driver/devicemetadata.py; None: limits only). nvml: one fresh pass of the host's NVML
+        (sharing/observe/nvml_reader.read_nvml), the ground truth a burst reclaim measures what a
+        borrower holds by besides its accounting file (None: the accounting file alone)."""
         self.driver_name = driver_name
         self.node_name = node_name
         self.gpus = list(gpus)
@@ -147,6 +150,7 @@ class DeviceState:
         builtin = replace(BUILTIN, partitions=partitions)
         self._rules_of = rules_for or (lambda _gpu: builtin)
         self._on_event = on_event
+        self._nvml = nvml
         self.reclaims = ReclaimStats.new()
 
     def set_gpus(self, gpus: Sequence[GpuInfo]) -> None:
@@ -243,6 +247,7 @@ class DeviceState:
         claim first. The grants are already in the pool file: read after it (the protocol's
         fence: docs/policy.md), their usage shows any allocation charged before the write."""
         gpus = {m.gpu for m in entry.memory or ()}
+        uuids = {g.index: g.uuid for g in self.gpus}
         out = []
         for e in sorted(self.checkpoint.entries(), key=lambda x: (x.seq, x.uid), reverse=True):
             if e.uid == entry.uid:
@@ -255,6 +260,7 @@ class DeviceState:
                     container_index=i, request=m.request,
                     grant=grants.grants.get((e.uid, m.gpu), 0),
                     accounting=self.files(e.uid).accounting,
+                    uuid=uuids.get(m.gpu, ""), nvml=self._nvml,
                 )  # fmt: skip
                 if not b.fits():
                     out.append(b)
@@ -280,6 +286,9 @@ class DeviceState:
         self.checkpoint.put(replace(entry, reclaim=record))  # before any notice or stop
         try:
             if policy.reclaim == "wait":
+                # the entries say RECLAIM (no deadline) while prepare waits: the watchdog then
+                # holds the borrowers to their limits, not their new grants (wait stops nobody)
+                self._apply_pool(reclaims={(b.uid, b.gpu): 0 for b in borrowers})
                 self._wait(entry, borrowers, t0 + span, span)
             else:
                 self._evict(entry, borrowers, record, t0 + span)

@@ -10,6 +10,7 @@ import pytest
 
 from sharing.paths import shim_library, sim_lib_dir
 from tests.support.cbuild import compile_program
+from tests.support.host_nvml import HostNvml
 
 
 @pytest.fixture(autouse=True)
@@ -54,6 +55,15 @@ def sim_env(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[dict[str
     for mark in reversed(list(request.node.iter_markers("simgpu"))):
         env.update(mark.kwargs)
     yield env
+
+
+@pytest.fixture
+def host_nvml(sim_env: dict[str, str]) -> Iterator[HostNvml]:
+    """The simulated node's NVML as the plugin and the watchdog read it (read_nvml), from a helper
+    process on sim_env's simulator state (tests/support/host_nvml.py)."""
+    nvml = HostNvml(sim_env)
+    yield nvml
+    nvml.close()
 
 
 @pytest.fixture

@@ -76,6 +76,9 @@ class Slice:
     cdi_devices: tuple[str, ...] = ()
     # the containers the kubelet gave the claim to, sorted; () when unknown
     holders: tuple[PodContainer, ...] = ()
+    # the plugin's burst pool file on the host (<data-dir>/burst-pool) for a claim of the plugin,
+    # "" for a --region slice: where the watchdog reads a bursting slice's grant
+    burst_pool: str = ""
 
 
 @dataclass(frozen=True)
@@ -274,6 +277,7 @@ class SliceFinder:
                     dra_devices=dra_devices,
                     cdi_devices=cdi_devices,
                     holders=holders,
+                    burst_pool=os.path.join(data_dir, layout.BURST_POOL_FILE),
                 )
             )
         return out

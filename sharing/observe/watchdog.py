@@ -14,8 +14,14 @@ outside, after every NVML pass:
   path the host resolves. The exporter must see the host's PIDs (NVML lists them; the plugin's
   DaemonSet runs with hostPID).
 - A slice is in violation on a device when NVML's memory of its processes there exceeds its
-  quota (a bursting slice's: its burst limit; docs/policy.md) plus the margin (default 128 MiB:
-  NVML counts per-process driver memory the shim does not charge). A GPU process of no slice on a device that has slices is a violation too.
+  quota plus the margin (default 128 MiB: NVML counts per-process driver memory the shim does
+  not charge). A bursting claim's quota is its request plus its grant, read from the plugin's
+  pool file as the shim reads it (an entry whose key is not the claim's, or that is free, grants
+  0); while the plugin takes memory back from it (the entry says RECLAIM) it may hold up to its
+  limit: under `wait` (no deadline) until the plugin ends the reclaim, under `evict` until
+  RECLAIM_SLACK seconds past the entry's deadline (docs/policy.md, "Taking it back"). A bursting
+  `vgpu run` slice, or a claim whose grant cannot be read, is held to its limit. A GPU process
+  of no slice on a device that has slices is a violation too.
 - A violation counts vgpu_slice_quota_violations_total once per episode (a slice that stays
   over quota is one violation until it is back under), logs one line, posts a Kubernetes Event
   on the claim (in the plugin), and with enforce="kill" stops the offending processes: SIGTERM,
@@ -60,7 +66,7 @@ from pathlib import Path
 
 import psutil
 
-from sharing import region
+from sharing import burstpool, region
 from sharing.claimlayout import CONTAINER_LIMITS
 from sharing.logsafe import printable
 from sharing.observe.nodeview import NodeView, SliceDeviceView, ViolationCounts
@@ -83,6 +89,10 @@ DEFAULT_MARGIN = 128 << 20
 COMPUTE_WINDOW = 10.0
 COMPUTE_MARGIN = 10.0
 ENFORCE_MODES = ("none", "kill")
+# Seconds past an evict's deadline a slice whose grant entry still says RECLAIM may hold up to
+# its limit: the plugin stops its processes at the deadline, one at a time, waiting up to 5 s for
+# each to exit (driver/reclaim.py); the watchdog does not race it.
+RECLAIM_SLACK = 10.0
 
 # (the claim's slice, or None for a process of no slice; reason; message)
 CONTAINER_LIMITS_B = CONTAINER_LIMITS.encode()
@@ -157,6 +167,13 @@ def _stop(targets: list[tuple[int, int]], grace: float, proc_root: str = "/proc"
         os.close(fd)
 
 
+def _number(v: str | None) -> int | None:
+    try:
+        return int(v) if v is not None else None
+    except ValueError:
+        return None
+
+
 def fnv1a64(data: bytes) -> int:
     """The shim's hash of the limits file it read (settings.c)."""
     h = 0xCBF29CE484222325
@@ -217,6 +234,7 @@ class Watchdog:
         self._self = os.getpid()
         self._warned_blind = False
         self._warned_shim = False
+        self._warned_pool: set[str] = set()  # pool files found unreadable (said once each)
 
     def _genuine_shims(self) -> set[tuple[int, int]] | None:
         if self.shim_file is None:
@@ -269,6 +287,7 @@ class Watchdog:
         to_stop: list[tuple[int, int]] = []
         slots: dict[str, dict[int, region.SlotLimits] | None] = {}
         seen: dict[int, Attribution] = {}  # this pass's attributions, by host PID
+        now_ns = time.time_ns()
         for gpu in reading.gpus:
             dv = devices.get(gpu.uuid)
             if dv is None or not gpu.processes:
@@ -300,11 +319,14 @@ class Watchdog:
                 to_stop += self._without_shim(gpu.uuid, s, procs, unshimmed, unshimmed_seen,
                                               genuine, slots[key])  # fmt: skip
                 total = sum(p.used_bytes for p, _ in procs)
-                if s.memory_limit <= 0 or total <= s.memory_bound + self.margin:
+                if s.memory_limit <= 0:
+                    continue
+                bound, what = self._memory_bound(s, now_ns)
+                if total <= bound + self.margin:
                     continue
                 over_now.add((key, s.device))
                 if (key, s.device) not in self._over:
-                    to_stop += self._over_quota(gpu.uuid, s, procs, total, view)
+                    to_stop += self._over_quota(gpu.uuid, s, procs, total, view, bound, what)
         self._over = over_now
         to_stop += self._check_compute(view, reading, files, seen)
         self._cut_grown(view)
@@ -323,6 +345,45 @@ class Watchdog:
                 name="watchdog-kill",
                 daemon=True,
             ).start()
+
+    def _memory_bound(self, s: SliceDeviceView, now_ns: int) -> tuple[int, str]:
+        """The most the slice may hold on its device now, by NVML's count, and what that bound
+        is (module docstring)."""
+        if not s.memory_burst_limit:
+            return s.memory_limit, "quota"
+        sl, request, limit = s.slice, s.memory_limit, s.memory_burst_limit
+        if not sl.burst_pool:
+            return limit, "burst limit"  # `vgpu run`: its grant is its whole limit
+        entry = _number(sl.limits.get(f"VGPU_BURST_GRANT_{s.device}"))
+        key = _number(sl.limits.get(f"VGPU_BURST_KEY_{s.device}"))
+        if entry is None or key is None or not 0 <= entry < burstpool.MAX_GRANTS:
+            return limit, "burst limit"  # no grant entry named
+        g = self._grant(sl.burst_pool, entry)
+        if g is None:
+            return limit, "burst limit"  # a writer held the entry through every try
+        if g.key != key or g.state == burstpool.GRANT_FREE:
+            return request, "request (no grant)"
+        if g.state == burstpool.GRANT_RECLAIM and (
+            g.deadline_unix_ns == 0 or now_ns < g.deadline_unix_ns + int(RECLAIM_SLACK * 1e9)
+        ):
+            return limit, "burst limit (a reclaim in progress)"
+        grant = min(limit - request, g.grant)
+        return request + grant, f"request + grant ({request} + {grant})"
+
+    def _grant(self, path: str, entry: int) -> burstpool.Grant | None:
+        """Grant entry `entry` of the pool file at path (read-only); None when the file cannot be
+        read (said once per file) or a writer held the entry through every try."""
+        try:
+            with burstpool.Pool(path) as pool:
+                g = pool.read_grant(entry)
+        except (OSError, burstpool.PoolFileError) as e:
+            if path not in self._warned_pool:
+                self._warned_pool.add(path)
+                log.warning("watchdog: burst pool file %s unreadable (%s): bursting claims are "
+                            "held to their limits until it can be read", path, e)  # fmt: skip
+            return None
+        self._warned_pool.discard(path)
+        return g
 
     def _check_compute(
         self,
@@ -543,6 +604,8 @@ class Watchdog:
         procs: list[tuple[GpuProcess, Attribution]],
         total: int,
         view: NodeView,
+        bound: int,
+        what: str,
     ) -> list[tuple[int, int]]:
         sl = s.slice
         self.violations.add_slice(sl.key, s.device)
@@ -555,8 +618,7 @@ class Watchdog:
                   if p.used_bytes > charged.get(a.ns_pid, 0) + self.margin]  # fmt: skip
         msg = (
             f"{_who(sl)} holds {total} bytes on GPU {uuid} by NVML's count, over its "
-            f"{'burst limit' if s.memory_burst_limit else 'quota'} {s.memory_bound} + margin "
-            f"{self.margin}; holding more than the shim charged: "
+            f"{what} {bound} + margin {self.margin}; holding more than the shim charged: "
             f"{', '.join(_describe(p.pid) for p, _ in bypass) or 'none'}"
         )
         self._report(sl, "QuotaExceeded", "quota violation", msg)
@@ -564,7 +626,7 @@ class Watchdog:
             return [(p.pid, a.start) for p, a in bypass]
         out, rest = [], total
         for p, a in sorted(procs, key=lambda pa: -pa[0].used_bytes):
-            if rest <= s.memory_bound + self.margin:
+            if rest <= bound + self.margin:
                 break
             out.append((p.pid, a.start))
             rest -= p.used_bytes

@@ -29,6 +29,7 @@ from driver.driver import Driver
 from driver.flags import Settings
 from driver.health import HealthBroadcaster
 from driver.injection import DriverInjector, DriverRoot
+from driver.reclaim import NvmlRead
 from sharing.gpus import GpuInfo, list_gpus, use_simulator
 from sharing.policy import load as load_policy
 
@@ -190,14 +191,15 @@ class InProcessPlugin:
     def __init__(self, root: Path, api_client: Any, gpus: list[GpuInfo] | None = None,
                  mode: str = "sharing", partitions: int = 4,
                  registration_backoff: tuple[float, float] = (1.0, 60.0),
-                 rules_for: RulesFor | None = None) -> None:  # fmt: skip
+                 rules_for: RulesFor | None = None,
+                 nvml: NvmlRead | None = None) -> None:  # fmt: skip
         self.root = root
         self.settings = settings_for(root)
         self.health = HealthBroadcaster()
         self.driver = Driver(
             self.settings, api_client, gpus if gpus is not None else fake_gpus(), mode,
             partitions, self.health, dev_root=root / "dev",
-            registration_backoff=registration_backoff, rules_for=rules_for,
+            registration_backoff=registration_backoff, rules_for=rules_for, nvml=nvml,
         )  # fmt: skip
 
     @property

@@ -10,6 +10,8 @@ request is free.
   the middle of a cudaMalloc storm; two borrowers; a request that fills the device;
 - wait: the prepare fails with the documented line while the memory is borrowed, and succeeds once
   it is given back;
+- a borrower that lowers its own accounting file's charges (a root tenant can write it) is still
+  measured by the host NVML's count of its processes: evicted, or failing a `wait`;
 - a plugin killed during an evict (SIGKILL after the notice) finishes it at its next start;
 - greedy borrowers while claims are prepared and unprepared concurrently, the host's NVML sampled
   from outside: never a byte of a prepared claim's request held by a borrower.
@@ -34,6 +36,7 @@ from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from sharing._region_cffi import ffi, lib
 
 from driver.opmetrics import OperationMetrics
 from sharing import burstpool, region
@@ -52,6 +55,7 @@ from tests.support.burst_world import (
     prepare,
     spec_path,
 )
+from tests.support.host_nvml import HostNvml
 from tests.support.prepare_world import World, close_world, make_world
 
 pytestmark = [NO_CONTEXT_MEMORY, pytest.mark.slow]
@@ -76,14 +80,22 @@ def borrower_bin(build_c: Callable[..., Path]) -> Path:
 def worlds() -> Iterator[Callable[..., World]]:
     made: list[World] = []
 
-    def make(**burst: Any) -> World:
-        w: World = make_world(rules_for=policy(**burst))
+    def make(gpus: Any = None, nvml: Any = None, **burst: Any) -> World:
+        w: World = make_world(rules_for=policy(**burst), gpus=gpus, nvml=nvml)
         made.append(w)
         return w
 
     yield make
     for w in made:
         close_world(w)
+
+
+def nvml_world(worlds: Callable[..., World], nvml: HostNvml, **burst: Any) -> World:
+    """A world whose plugin reads the host NVML: its GPU 0 is the simulated GPU (NVML's UUID, the
+    stand-in's memory)."""
+    uuid = nvml().gpus[0].uuid
+    gpus = [replace(g, uuid=uuid) if g.index == 0 else g for g in fake_gpus()]
+    return worlds(gpus=gpus, nvml=nvml, **burst)
 
 
 class Borrower:
@@ -132,6 +144,26 @@ def borrowers() -> Iterator[list[Borrower]]:
 def used(w: World, c: ClaimId) -> int:
     """The slice's live processes' charges on its device 0 (its accounting file)."""
     return region.read(data_dir(w) / "claims" / c.uid / "shared" / "accounting").used_by_live(0)
+
+
+def lower_used(w: World, c: ClaimId) -> None:
+    """What a root tenant can do to its own accounting file: zero every charge in it (each slot's
+    and each device's `used`), as if its processes held nothing."""
+    zeros = bytes(8 * lib.VGPU_MAX_DEVICES)
+    slot = ffi.sizeof("struct vgpu_proc_slot")
+    procs = ffi.offsetof("struct vgpu_region", "procs")
+    used_at = ffi.offsetof("struct vgpu_proc_slot", "used")
+    account = ffi.sizeof("struct vgpu_device_account")
+    devices = ffi.offsetof("struct vgpu_region", "devices")
+    device_used = ffi.offsetof("struct vgpu_device_account", "used")
+    with (data_dir(w) / "claims" / c.uid / "shared" / "accounting").open("r+b") as f:
+        for i in range(lib.VGPU_MAX_PROCS):
+            f.seek(procs + i * slot + used_at)
+            f.write(zeros)
+        for d in range(lib.VGPU_MAX_DEVICES):
+            f.seek(devices + d * account + device_used)
+            f.write(bytes(8))
+    assert used(w, c) == 0
 
 
 def events(server: FakeApiServer, c: ClaimId, reason: str) -> list[dict[str, Any]]:
@@ -302,6 +334,85 @@ def test_wait_fails_the_prepare_while_borrowed_and_succeeds_once_given_back(
     assert granted(w, a) == 20 * GiB
     # nothing was borrowed at the retry: no reclaim
     assert w.plugin.driver.state.reclaims.outcomes == {"freed": 0, "evicted": 0, "timeout": 1}
+
+
+def test_wait_marks_the_borrowers_grant_entry_reclaim_while_it_waits(
+    worlds: Callable[..., World], borrower_bin: Path, sim_env: dict[str, str],
+    borrowers: list[Borrower],
+) -> None:  # fmt: skip
+    """While prepare waits, the borrower's entry says RECLAIM with no deadline (what the watchdog
+    holds it to its limit by: `wait` stops nobody); given back, the wait ends and it is OPEN."""
+    w = worlds(reclaim="wait", timeout=40.0)
+    a = claim(w, "a", "20Gi", "3x")
+    prepare(w, a)
+    holder = start(borrower_bin, w, a, sim_env, "deaf", 10, 0, borrowers)
+    new = claim(w, "train", "40Gi")
+    answer: list[str] = []
+    waiting = threading.Thread(
+        target=lambda: answer.append(w.kubelet.prepare([new])[new.uid].error)
+    )
+    waiting.start()
+
+    def reclaiming() -> bool:
+        g = grant_of(w, a)
+        return g is not None and g.state == burstpool.GRANT_RECLAIM
+
+    wait_for(reclaiming, "the borrower's entry says RECLAIM")
+    g = grant_of(w, a)
+    assert g is not None and (g.grant, g.deadline_unix_ns) == (20 * GiB, 0)
+    holder.stop()
+    waiting.join(DEADLINE)
+    assert answer == [""]
+    assert granted(w, a) == 20 * GiB  # OPEN again
+    assert w.plugin.driver.state.reclaims.outcomes["freed"] == 1
+
+
+# ------------------------------------------------------ a borrower that hides what it borrows
+
+
+def test_evict_measures_a_borrower_by_nvml_when_its_accounting_file_says_less(
+    worlds: Callable[..., World], borrower_bin: Path, sim_env: dict[str, str],
+    borrowers: list[Borrower], host_nvml: HostNvml,
+) -> None:  # fmt: skip
+    """A deaf borrower holds 50 GiB (request 20, grant 40) and its tenant zeroes the charges in
+    its accounting file: by the file it borrows nothing, by the host's NVML 30 GiB. A claim of
+    40 GiB cuts its grant to 20: the plugin still stops it (it holds device memory by NVML's
+    count, though its slot says nothing)."""
+    w = nvml_world(worlds, host_nvml, reclaim="evict", grace=0.5)
+    a = claim(w, "a", "20Gi", "3x")
+    prepare(w, a)
+    deaf = start(borrower_bin, w, a, sim_env, "deaf", 10, 0, borrowers)
+    assert deaf.held == 10 and host_nvml.used(deaf.proc.pid) == 50 * GiB
+    lower_used(w, a)
+    prepare(w, claim(w, "b", "40Gi"))
+    assert deaf.proc.wait(DEADLINE) == -9  # SIGKILL
+    assert host_nvml.used(deaf.proc.pid) == 0
+    (ev,) = events(w.server, a, "BurstReclaimed")
+    assert f"processes stopped: {deaf.proc.pid}" in ev["message"], ev["message"]
+    assert w.plugin.driver.state.reclaims.outcomes["evicted"] == 1
+
+
+def test_wait_measures_a_borrower_by_nvml_when_its_accounting_file_says_less(
+    worlds: Callable[..., World], borrower_bin: Path, sim_env: dict[str, str],
+    borrowers: list[Borrower], host_nvml: HostNvml,
+) -> None:  # fmt: skip
+    w = nvml_world(worlds, host_nvml, reclaim="wait", timeout=1.0)
+    a = claim(w, "a", "20Gi", "3x")
+    prepare(w, a)
+    holder = start(borrower_bin, w, a, sim_env, "deaf", 10, 0, borrowers)
+    lower_used(w, a)
+    new = claim(w, "train", "40Gi")
+    err = w.kubelet.prepare([new])[new.uid].error
+    # by NVML: 50 GiB held, less the margin (128 MiB), above request 20 and grant 20
+    assert err == (
+        "device gpu-0: 9.88 GiB of the 40.0 GiB this claim's request needs are borrowed by "
+        "claim default/a and were not given back within 1s (burst reclaim: wait); the kubelet "
+        "retries"
+    ), err
+    assert holder.alive() and not spec_path(w, new).exists()
+    holder.stop()
+    wait_for(lambda: host_nvml.used(holder.proc.pid) == 0, "the holder's memory is freed")
+    prepare(w, new)
 
 
 # -------------------------------------------------------------- SIGKILL of the plugin mid-reclaim

@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 
 from driver.claims import RulesFor
+from driver.reclaim import NvmlRead
+from sharing.gpus import GpuInfo
 from tests.driver.kubelet_standin import (
     DRIVER,
     ClaimId,
@@ -51,8 +53,11 @@ def make_world(
     partitions: int = 4,
     dev_nodes: tuple[str, ...] = (),
     rules_for: RulesFor | None = None,
+    gpus: list[GpuInfo] | None = None,
+    nvml: NvmlRead | None = None,
 ) -> Any:
-    """A world; rules_for: the admin policy's rules of a GPU (default: the built-in policy)."""
+    """A world; rules_for: the admin policy's rules of a GPU (default: the built-in policy);
+    gpus: the plugin's GPUs (default: stand-ins); nvml: the host NVML a burst reclaim reads."""
     root = Path(tempfile.mkdtemp(prefix="vgp", dir="/tmp"))  # unix socket paths are short
     for n in dev_nodes:
         (root / "dev").mkdir(exist_ok=True)
@@ -60,8 +65,9 @@ def make_world(
     server = FakeApiServer()
     server.up()
     plugin = InProcessPlugin(
-        root, server.api_client(), mode=mode, partitions=partitions, rules_for=rules_for
-    )
+        root, server.api_client(), gpus=gpus, mode=mode, partitions=partitions,
+        rules_for=rules_for, nvml=nvml,
+    )  # fmt: skip
     plugin.driver.start()
     kubelet = KubeletStandin(plugin.registration_socket)
     kubelet.register()

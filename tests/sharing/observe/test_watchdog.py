@@ -17,16 +17,26 @@ from pathlib import Path
 
 import pytest
 
+from sharing import burstpool, region
+from sharing.claimlayout import BURST_POOL_FILE, CONTAINER_ACCOUNTING, CONTAINER_BURST_POOL
 from sharing.counters import read_counters
-from sharing.observe.nodeview import DeviceView, NodeView, SliceDeviceView, ViolationCounts
+from sharing.limitsfile import BurstLimit, render_limits_file
+from sharing.observe.nodeview import (
+    DeviceView,
+    NodeView,
+    SliceDeviceView,
+    ViewBuilder,
+    ViolationCounts,
+)
 from sharing.observe.nvml_reader import GpuProcess, GpuReading, NvmlReading
 from sharing.observe.procinfo import attribute, missing_shim, start_time
-from sharing.observe.slices import region_slice
+from sharing.observe.slices import SliceFinder, region_slice
 from sharing.observe.watchdog import Watchdog, _stop
 from sharing.paths import shim_library
 from sharing.region import read_slot_limits
-from tests.sim.simhelp import CONTEXT_MEMORY
+from tests.sim.simhelp import CONTEXT_MEMORY, NO_CONTEXT_MEMORY
 from tests.support.compute_workload import Workload
+from tests.support.host_nvml import HostNvml
 from tests.support.observers import ExporterProcess, MiB, only, region_with_limits, scrape
 from tests.support.shim_ops import Held
 
@@ -487,3 +497,77 @@ def test_a_bursting_slice_is_held_to_its_limit_not_its_request(
     finally:
         holder.kill()
         holder.wait()
+
+
+# ------------------------------------------------- a bursting claim: its request plus its grant
+
+GiB = 1 << 30
+CLAIM_UID = "c0ffee00-0000-4000-8000-000000000037"
+ENTRY, KEY = 5, 0x5EED
+
+
+def bursting_claim(data: Path, request: int, limit: int) -> tuple[Path, burstpool.Pool]:
+    """A bursting claim of the plugin as its data dir holds it (accounting file, limits file
+    naming grant entry ENTRY and its key) and the node's pool file, writable (the plugin's)."""
+    claim = data / "claims" / CLAIM_UID
+    (claim / "shared").mkdir(parents=True)
+    acct = claim / "shared" / "accounting"
+    region.create(acct)
+    (claim / "limits").write_text(render_limits_file(
+        memory_limits=[request], sm_limits=[100], policy="hard", priority=1,
+        shared_cache=CONTAINER_ACCOUNTING, bursts=[BurstLimit(limit, ENTRY, KEY)],
+        burst_pool=CONTAINER_BURST_POOL,
+    ))  # fmt: skip
+    burstpool.create(data / BURST_POOL_FILE)
+    return acct, burstpool.Pool(data / BURST_POOL_FILE, writable=True)
+
+
+@NO_CONTEXT_MEMORY
+@pytest.mark.parametrize(
+    ("grant_gib", "state", "deadline_s", "key", "violation"),
+    [
+        (3, burstpool.GRANT_OPEN, None, KEY, False),  # request 1 + grant 3 covers 2.5
+        (1, burstpool.GRANT_OPEN, None, KEY, True),  # the grant fell to 1: 2.5 > 1 + 1
+        (1, burstpool.GRANT_RECLAIM, 60.0, KEY, False),  # evict: free until the deadline
+        (1, burstpool.GRANT_RECLAIM, -60.0, KEY, True),  # evict: the deadline long past
+        (1, burstpool.GRANT_RECLAIM, 0.0, KEY, False),  # wait: no deadline, nobody stopped
+        (3, burstpool.GRANT_OPEN, None, KEY + 1, True),  # the entry is another claim's now
+        (3, burstpool.GRANT_FREE, None, 0, True),  # the entry is free: no grant
+    ],
+    ids=["grant-covers", "grant-cut", "evict-grace", "evict-past-deadline", "wait", "not-its-entry",
+         "free-entry"],
+)  # fmt: skip
+def test_a_bursting_claim_is_held_to_its_request_plus_its_grant(
+    sim_env: dict[str, str], tmp_path: Path, build_c: Callable[..., Path], host_nvml: HostNvml,
+    grant_gib: int, state: int, deadline_s: float | None, key: int, violation: bool,
+) -> None:  # fmt: skip
+    """A claim of the plugin with request 1 GiB and limit 4 GiB whose process holds 2.5 GiB on
+    the simulated GPU, by NVML's count (a real process, attributed by the accounting file its
+    environment names; the host's NVML read as the watchdog reads it). The plugin's pool file
+    says what it may hold: request + grant; up to its limit while a reclaim is in progress (an
+    evict's grace until its deadline, a wait); its request alone when its entry is not its own."""
+    ops = build_c("shim_ops.c")
+    data = tmp_path / "data"
+    acct, pool = bursting_claim(data, 1 * GiB, 4 * GiB)
+    deadline = 0 if not deadline_s else time.time_ns() + int(deadline_s * 1e9)
+    with pool:
+        pool.write_grant(ENTRY, key=key, device=0, state=state, request=1 * GiB, limit=4 * GiB,
+                         grant=grant_gib * GiB, deadline_unix_ns=deadline)  # fmt: skip
+    holder = Held(ops, dict(sim_env, CUDA_DEVICE_MEMORY_SHARED_CACHE=str(acct)),
+                  "init", "ctx", f"alloc:{5 * GiB // 2}")  # fmt: skip
+    try:
+        reading = host_nvml()
+        assert host_nvml.used(holder.proc.pid) == 5 * GiB // 2
+        counts = ViolationCounts()
+        view = ViewBuilder(SliceFinder(data), lambda: reading, counts).build()
+        wd = Watchdog(counts)  # reports, stops nothing
+        logs: list[str] = []
+        wd.events = lambda _sl, reason, msg: logs.append(f"{reason}: {msg}")
+        wd.check(view, reading)
+        assert counts.slice(CLAIM_UID, 0) == (1 if violation else 0), logs
+        quota = [m for m in logs if m.startswith("QuotaExceeded")]
+        assert len(quota) == (1 if violation else 0), logs
+        if violation and state == burstpool.GRANT_OPEN and key == KEY:
+            assert f"over its request + grant ({GiB} + {GiB}) {2 * GiB}" in quota[0], quota
+    finally:
+        holder.kill()
