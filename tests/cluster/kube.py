@@ -429,19 +429,42 @@ time.sleep(100000)
 """
 
 
-def claim_pod(name: str, memory_gi: int | None, cores: int, gpu_index: int = 0) -> str:
-    """A ResourceClaim for a share of GPU `gpu_index` (sharing mode) and a pod that prints what it
-    sees (`GPU 0: X GiB visible, ...`) and then sleeps."""
-    program = "\n".join("            " + line for line in PROGRAM.strip().splitlines())
+def claim_pod(
+    name: str,
+    memory_gi: int | None,
+    cores: int,
+    gpu_index: int = 0,
+    *,
+    memory: str | None = None,
+    program: str = PROGRAM,
+    parameters: dict[str, str] | None = None,
+) -> str:
+    """A ResourceClaim for a share of GPU `gpu_index` (sharing mode; `memory`, a quantity, in
+    place of `memory_gi`) and a pod that runs `program` with Python (by default: prints what it
+    sees, `GPU 0: X GiB visible, ...`, and then sleeps). `parameters`: the claim's VgpuConfig
+    (apiVersion and kind added)."""
+    program = "\n".join("            " + line for line in program.strip().splitlines())
+    if memory is None and memory_gi is not None:
+        memory = f"{memory_gi}Gi"
     capacity = (
         ""
-        if memory_gi is None  # partition mode: one slice, no capacity to ask for
+        if memory is None  # partition mode: one slice, no capacity to ask for
         else f"""          capacity:
             requests:
-              memory: {memory_gi}Gi
+              memory: "{memory}"
               cores: "{cores}"
 """
     )
+    if parameters:
+        fields = "".join(f"\n            {k}: {v}" for k, v in parameters.items())
+        capacity += f"""    config:
+      - requests: ["gpu"]
+        opaque:
+          driver: {DRIVER}
+          parameters:
+            apiVersion: vgpu.sharing.dev/v1alpha1
+            kind: VgpuConfig{fields}
+"""
     return f"""
 apiVersion: resource.k8s.io/v1
 kind: ResourceClaim

@@ -22,9 +22,9 @@ import yaml
 
 from sharing.kubequantity import parse_bytes
 from tests.cluster.kube import (
-    DRIVER,
     PLUGIN_NS,
     Cluster,
+    claim_pod,
     policy_text,
     require_sharing,
     rollout,
@@ -89,52 +89,10 @@ time.sleep(100000)
 
 
 def pod(name: str, memory: int, program: str, limit_gi: int | None = None) -> str:
-    config = (
-        ""
-        if limit_gi is None
-        else f"""    config:
-      - requests: ["gpu"]
-        opaque:
-          driver: {DRIVER}
-          parameters:
-            apiVersion: vgpu.sharing.dev/v1alpha1
-            kind: VgpuConfig
-            memoryLimit: {limit_gi}Gi
-"""
-    )
-    body = "\n".join("            " + line for line in program.strip().splitlines())
-    return f"""
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {{name: {name}, namespace: default}}
-spec:
-  devices:
-    requests:
-      - name: gpu
-        exactly:
-          deviceClassName: {DRIVER}
-          selectors:
-            - cel: {{expression: 'device.attributes["{DRIVER}"].index == {GPU}'}}
-          capacity: {{requests: {{memory: "{memory}", cores: "5"}}}}
-{config}---
-apiVersion: v1
-kind: Pod
-metadata: {{name: {name}, namespace: default}}
-spec:
-  securityContext: {{seccompProfile: {{type: RuntimeDefault}}}}
-  restartPolicy: Never
-  terminationGracePeriodSeconds: 1
-  resourceClaims:
-    - {{name: gpu, resourceClaimName: {name}}}
-  containers:
-    - name: cuda
-      image: python:3.12-slim
-      command: ["python3", "-c"]
-      args:
-        - |
-{body}
-      resources: {{claims: [{{name: gpu}}]}}
-"""
+    """A claim of `memory` bytes and 5 cores of gpu-GPU (with a `memoryLimit` of `limit_gi`),
+    and a pod running `program`."""
+    config = None if limit_gi is None else {"memoryLimit": f"{limit_gi}Gi"}
+    return claim_pod(name, None, 5, GPU, memory=str(memory), program=program, parameters=config)
 
 
 def _plugin_log(cluster: Cluster) -> str:
