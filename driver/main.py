@@ -67,6 +67,16 @@ def in_host_pid_namespace(ns: str = "/proc/self/ns/pid") -> bool:
         return False
 
 
+def evict_blind(policy: SharingPolicy, host_pid: bool) -> bool:
+    """Whether `policy` lets a claim burst with reclaim `evict` on some GPU while the plugin is
+    outside the host's PID namespace: it then finds none of a borrower's processes in /proc, so
+    it can neither notice nor stop them (docs/policy.md, "Taking it back")."""
+    if host_pid:
+        return False
+    rules = [policy.default, *(o.rules for o in policy.overrides)]
+    return any(r.burst.allowed and r.burst.reclaim == "evict" for r in rules)
+
+
 class StartupError(Exception):
     """The plugin cannot start. str() is one line."""
 
@@ -190,8 +200,19 @@ class Plugin:
         loop.submit(inv)
         driver.health.publish(health_map(inv, mode, self.settings.partitions, self.policy.rules))
 
+    def _check_burst_visibility(self, policy: SharingPolicy) -> None:
+        if evict_blind(policy, in_host_pid_namespace()):
+            log.warning(
+                "node %s: the policy lets claims burst with reclaim evict, but the plugin is not "
+                "in the host's PID namespace (hostPID: true): it cannot see a borrower's "
+                "processes, to notify or stop them, so a prepare that needs borrowed memory fails "
+                "until the borrower frees it by itself; run with hostPID, or reclaim: wait",
+                self.settings.node_name,
+            )
+
     def _on_policy(self, policy: SharingPolicy) -> None:
         """A new admin policy: republish now (partition counts may change device names)."""
+        self._check_burst_visibility(policy)
         inv, loop, driver, mode = self._inventory, self.loop, self.driver, self.mode
         if loop is not None:
             loop.republish()
@@ -296,6 +317,7 @@ class Plugin:
             self.healthz.start()
         try:
             self._check_sim_watchdog()
+            self._check_burst_visibility(self.policy.policy)
             api_client = make_api_client(s.kubeconfig)
             injector = self._injector()
             gpus = self._list_gpus(injector)

@@ -30,10 +30,12 @@ from driver.main import (
     EXIT_STARTUP,
     EXIT_USAGE,
     Plugin,
+    evict_blind,
     main,
 )
 from sharing.claimlayout import MODE_FILE
 from sharing.gpus import GpuInfo
+from sharing.policy import SharingPolicy, from_document
 from tests.fakes.apiserver import FakeApiServer
 from tests.fakes.nvml import FakeNvml
 
@@ -408,3 +410,33 @@ def test_healthcheck_port_in_use_is_a_startup_error(
     assert any(f"--healthcheck-port {port}: cannot listen" in m for m in caplog.messages)
     # The Driver it had started is stopped again: no sockets left behind.
     assert not (short_tmp / "plugins" / DRIVER / "dra.sock").exists()
+
+
+def _policy(default: dict[str, Any], *overrides: dict[str, Any]) -> SharingPolicy:
+    return from_document(
+        {
+            "apiVersion": "vgpu.sharing.dev/v1alpha1",
+            "kind": "SharingPolicy",
+            "default": default,
+            "overrides": [{"match": {"modelName": "*"}, **o} for o in overrides],
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("default", "overrides", "host_pid", "blind"),
+    [
+        ({}, [], False, False),  # the built-in: nothing bursts
+        ({"burst": {"maxRatio": 2}}, [], True, False),  # hostPID: the plugin sees the borrowers
+        ({"burst": {"maxRatio": 2}}, [], False, True),  # evict is the built-in reclaim
+        ({"burst": {"maxRatio": 2, "reclaim": "wait"}}, [], False, False),  # wait needs no /proc
+        ({}, [{"burst": {"maxRatio": 4, "reclaim": "evict"}}], False, True),  # in an override
+    ],
+)
+def test_a_policy_that_evicts_borrowers_the_plugin_cannot_see_is_told_apart(
+    default: dict[str, Any], overrides: list[dict[str, Any]], host_pid: bool, blind: bool
+) -> None:
+    """Outside the host's PID namespace the plugin finds no borrower's process in /proc: a
+    policy whose reclaim is evict then cannot notify or stop anyone (the plugin warns at start
+    and at every reload)."""
+    assert evict_blind(_policy(default, *overrides), host_pid) is blind
