@@ -270,11 +270,7 @@ int main(int argc, char **argv) {
             rc = cuMemAllocManaged(&p, num(f[1]), CU_MEM_ATTACH_GLOBAL);
             if (rc == CUDA_SUCCESS) push(K_PTR, p);
         } else if (!strcmp(op, "create")) {
-            CUmemAllocationProp prop;
-            memset(&prop, 0, sizeof prop);
-            prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-            prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-            prop.location.id = nf > 2 ? atoi(f[2]) : 0;
+            CUmemAllocationProp prop = device_prop(nf > 2 ? atoi(f[2]) : 0);
             CUmemGenericAllocationHandle h;
             rc = cuMemCreate(&h, num(f[1]), &prop, 0);
             if (rc == CUDA_SUCCESS) push(K_HANDLE, h);
