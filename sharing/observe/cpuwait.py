@@ -22,18 +22,23 @@ def starved(cpu_wait_s: float, seconds: float) -> bool:
     return seconds > 0 and 100.0 * cpu_wait_s > STARVED_PERCENT * seconds
 
 
-def cpu_wait_ns(pid: int | str = "self") -> int:
-    """Nanoseconds the threads of `pid` have spent runnable but waiting for a CPU
-    (/proc/PID/task/*/schedstat, second field); 0 where the kernel does not keep it."""
-    total = 0
+def thread_waits_ns(pid: int | str = "self") -> dict[str, int]:
+    """Nanoseconds each thread of `pid` has spent runnable but waiting for a CPU, by thread id
+    (/proc/PID/task/*/schedstat, second field); {} where the kernel does not keep it."""
+    waits: dict[str, int] = {}
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
-        return 0
+        return waits
     for t in tasks:
         try:
             with open(f"/proc/{pid}/task/{t}/schedstat") as f:
-                total += int(f.read().split()[1])
+                waits[t] = int(f.read().split()[1])
         except (OSError, IndexError, ValueError):
             continue
-    return total
+    return waits
+
+
+def cpu_wait_ns(pid: int | str = "self") -> int:
+    """Nanoseconds the threads of `pid` have spent runnable but waiting for a CPU, together."""
+    return sum(thread_waits_ns(pid).values())

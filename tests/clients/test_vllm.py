@@ -35,7 +35,7 @@ from typing import Any
 import pytest
 
 from sharing import region
-from sharing.observe.cpuwait import starved
+from sharing.observe.cpuwait import starved, thread_waits_ns
 from tests.sim.simhelp import CONTEXT_MEMORY
 from tests.support.clients import FRAMEWORKS_PYTHON, PROGRAMS, Client, frameworks_python
 from tests.support.context_storm import Sampler
@@ -404,23 +404,8 @@ def descendants(pid: int) -> set[int]:
     return out
 
 
-def thread_waits(pid: int) -> dict[str, int]:
-    """Nanoseconds each thread of `pid` has spent runnable but waiting for a CPU (schedstat)."""
-    out = {}
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return {}
-    for t in tasks:
-        try:
-            out[t] = int(Path(f"/proc/{pid}/task/{t}/schedstat").read_text().split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-    return out
-
-
 def most_waited(before: dict[str, int], pid_now: dict[str, int]) -> int:
-    """The longest wait for a CPU any one thread added between two `thread_waits`."""
+    """The longest wait for a CPU any one thread added between two `thread_waits_ns`."""
     return max((n - before.get(t, 0) for t, n in pid_now.items()), default=0)
 
 
@@ -507,14 +492,14 @@ def test_two_servers_in_two_slices_of_one_gpu(
         time.sleep(3)  # the loops fill both servers' batches
         plain = {k: v for k, v in env.items() if k != "LD_PRELOAD"}
         pids = set().union(*(descendants(run.proc.pid) for run, _ in servers.values()))
-        before = {pid: thread_waits(pid) for pid in pids}
+        before = {pid: thread_waits_ns(pid) for pid in pids}
         window = time.monotonic()
         r = subprocess.run(
             [sys.executable, "-c", PROCESS_SHARES, "8"],
             env=plain, capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         window = time.monotonic() - window
-        waited = {pid: most_waited(was, thread_waits(pid)) for pid, was in before.items()}
+        waited = {pid: most_waited(was, thread_waits_ns(pid)) for pid, was in before.items()}
         assert r.returncode == 0, r.stderr
         by_pid = {int(p): v for p, v in json.loads(r.stdout.strip().splitlines()[-1]).items()}
     finally:

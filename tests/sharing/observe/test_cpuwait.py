@@ -6,11 +6,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
-from sharing.observe.cpuwait import STARVED_PERCENT, cpu_wait_ns, starved
+from sharing.observe.cpuwait import STARVED_PERCENT, cpu_wait_ns, starved, thread_waits_ns
 
 BUSY = "import time\nend = time.process_time() + 0.6\nwhile time.process_time() < end: pass\nprint('ok')"
 
@@ -41,6 +42,15 @@ def test_two_busy_processes_on_one_cpu_wait_for_each_other() -> None:
 
 def test_an_unknown_process_waited_nothing() -> None:
     assert cpu_wait_ns(2**22 + 7) == 0  # beyond pid_max's default: no such task
+    assert thread_waits_ns(2**22 + 7) == {}
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/schedstat"), reason="kernel without schedstat")
+def test_each_thread_is_counted_once_and_the_total_is_their_sum() -> None:
+    per_thread = thread_waits_ns()
+    total = cpu_wait_ns()  # read after: waits only grow
+    assert str(threading.get_native_id()) in per_thread, per_thread
+    assert sum(per_thread.values()) <= total
 
 
 def test_starved_is_more_than_the_threshold_of_the_run() -> None:
