@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from sharing.kubequantity import parse_bytes
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "cluster"
 RUN = Path(os.environ.get("VGPU_CLUSTER_RUN", "/var/lib/vgpu-cluster"))
@@ -145,6 +147,21 @@ class Cluster:
             "items"
         ]
         return [s for s in items if s["spec"]["driver"] == DRIVER]
+
+    def events(self, name: str, namespace: str = "default") -> list[str]:
+        """`reason: message` of every Event about the object called `name` (a claim, a pod)."""
+        items = self.get(
+            "events", "-n", namespace, "--field-selector", f"involvedObject.name={name}"
+        )["items"]
+        return [f"{e['reason']}: {e['message']}" for e in items]
+
+    def published_memory(self, device: str) -> int:
+        """The `memory` capacity the slices publish for `device` (gpu-<i>), in bytes; -1 if none."""
+        for s in self.slices():
+            for d in s["spec"].get("devices", []):
+                if d["name"] == device:
+                    return parse_bytes(d["capacity"]["memory"]["value"])
+        return -1
 
     def wait_until(self, what: str, cond: Any, timeout: float = 120, every: float = 1) -> Any:
         deadline = time.monotonic() + timeout

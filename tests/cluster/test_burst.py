@@ -20,7 +20,6 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
-from sharing.kubequantity import parse_bytes
 from tests.cluster.kube import (
     PLUGIN_NS,
     Cluster,
@@ -126,26 +125,12 @@ def bursting(cluster: Cluster) -> Iterator[Cluster]:
         rollout(cluster, "sim")
 
 
-def _capacity(cluster: Cluster) -> int:
-    for s in cluster.slices():
-        for d in s["spec"].get("devices", []):
-            if d["name"] == f"gpu-{GPU}":
-                return parse_bytes(d["capacity"]["memory"]["value"])
-    raise AssertionError(f"gpu-{GPU} not published: {cluster.slices()}")
-
-
-def _events(cluster: Cluster, claim: str) -> list[str]:
-    items = cluster.get(
-        "events", "-n", "default", "--field-selector", f"involvedObject.name={claim}"
-    )["items"]
-    return [f"{e['reason']}: {e['message']}" for e in items]
-
-
 def test_a_new_claim_gets_its_whole_request_back_from_a_borrower(
     bursting: Cluster, clean_default: Cluster
 ) -> None:
     cluster = clean_default
-    capacity = _capacity(cluster)
+    capacity = cluster.published_memory(f"gpu-{GPU}")
+    assert capacity > 0, cluster.slices()
     cluster.apply(pod("borrower", REQUEST_GI * GiB, BORROWER, limit_gi=LIMIT_GI))
     cluster.wait_pod("borrower", ("Running",))
     line = cluster.wait_until(
@@ -177,7 +162,7 @@ def test_a_new_claim_gets_its_whole_request_back_from_a_borrower(
     assert p["status"]["containerStatuses"][0]["restartCount"] == 0, p["status"]
 
     def both() -> list[str] | None:
-        e = _events(cluster, "borrower")
+        e = cluster.events("borrower")
         reasons = {x.split(":", 1)[0] for x in e}
         return e if {"BurstReclaimNotice", "BurstReclaimed"} <= reasons else None
 

@@ -135,14 +135,6 @@ def test_plugin_gone_past_the_wipe_delay_then_back(clean_default: Cluster) -> No
     assert cluster.wait_output("after-return") == {0: 4.0}
 
 
-def _gpu0_memory(cluster: Cluster) -> int:
-    for s in cluster.slices():
-        for d in s["spec"].get("devices", []):
-            if d["name"] == "gpu-0":
-                return parse_bytes(d["capacity"]["memory"]["value"])
-    return -1
-
-
 def test_policy_edit_republishes_and_leaves_running_claims(clean_default: Cluster) -> None:
     cluster = clean_default
     require_sharing(cluster)
@@ -154,13 +146,13 @@ def test_policy_edit_republishes_and_leaves_running_claims(clean_default: Cluste
     original = policy_text(cluster)
     policy = yaml.safe_load(original)
     reserved = parse_bytes(policy["default"]["reservedMemory"])
-    memory_before = _gpu0_memory(cluster)
+    memory_before = cluster.published_memory("gpu-0")
     policy["default"]["reservedMemory"] = f"{(reserved >> 30) + 2}Gi"
     try:
         set_policy(cluster, yaml.safe_dump(policy))
         cluster.wait_until(
             "gpu-0's memory 2 GiB smaller in the slices",
-            lambda: _gpu0_memory(cluster) == memory_before - (2 << 30),
+            lambda: cluster.published_memory("gpu-0") == memory_before - (2 << 30),
             timeout=120,
             every=2,
         )
@@ -173,5 +165,7 @@ def test_policy_edit_republishes_and_leaves_running_claims(clean_default: Cluste
     finally:
         set_policy(cluster, original)
     cluster.wait_until(
-        "gpu-0's memory back", lambda: _gpu0_memory(cluster) == memory_before, timeout=120
+        "gpu-0's memory back",
+        lambda: cluster.published_memory("gpu-0") == memory_before,
+        timeout=120,
     )

@@ -92,13 +92,6 @@ def _violations(url: str, claim: str) -> float:
     return sum(v for labels, v in samples if labels.get("claim") == claim)
 
 
-def _events(cluster: Cluster, claim: str) -> list[str]:
-    items = cluster.get(
-        "events", "-n", "default", "--field-selector", f"involvedObject.name={claim}"
-    )["items"]
-    return [f"{e['reason']}: {e['message']}" for e in items]
-
-
 def test_a_process_around_the_shim_is_caught_and_stopped(watchdog: Cluster) -> None:
     cluster = watchdog
     cluster.apply(claim_pod(POD, SHARE_GI, 10))
@@ -123,7 +116,7 @@ def test_a_process_around_the_shim_is_caught_and_stopped(watchdog: Cluster) -> N
 
     events = cluster.wait_until(
         "a QuotaExceeded Event on the claim",
-        lambda: [e for e in _events(cluster, POD) if e.startswith("QuotaExceeded")],
+        lambda: [e for e in cluster.events(POD) if e.startswith("QuotaExceeded")],
         timeout=60,
     )
     assert f"claim default/{POD} " in events[0] and "over its quota" in events[0], events
