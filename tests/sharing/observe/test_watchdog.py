@@ -51,6 +51,20 @@ def start_bypass(program: Path, env: dict[str, str], nbytes: int) -> subprocess.
     return p
 
 
+def start_holder(acct: Path) -> subprocess.Popen[str]:
+    """A process of the slice with the shim mapped and the accounting file open, returned once
+    it has opened it (it says so on stdout; polling its /proc fd table raced with the
+    interpreter's own short-lived descriptors)."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         f"import time; f = open({str(acct)!r}, 'rb'); print('open', flush=True); time.sleep(60)"],
+        env=dict(os.environ, LD_PRELOAD=str(shim_library())),
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert holder.stdout is not None and holder.stdout.readline() == "open\n"
+    return holder
+
+
 def _violations(url: str, claim: str) -> float:
     got = only(scrape(url), "vgpu_slice_quota_violations_total", claim=claim)
     return got[0].value if got else 0.0
@@ -197,16 +211,8 @@ def test_a_slice_over_its_compute_cap_by_nvml_is_a_violation(
     counters = read_counters(str(acct), 1)
     sl = region_slice(str(acct))
     # a process of the slice with the shim mapped (so only its compute is in question)
-    holder = subprocess.Popen(
-        [sys.executable, "-c", f"import time; f = open({str(acct)!r}, 'rb'); time.sleep(60)"],
-        env=dict(os.environ, LD_PRELOAD=str(shim_library())),
-    )
+    holder = start_holder(acct)
     try:
-        deadline = time.monotonic() + 10
-        while not any(os.path.realpath(f"/proc/{holder.pid}/fd/{n}") == str(acct)
-                      for n in os.listdir(f"/proc/{holder.pid}/fd")):  # fmt: skip
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
         ratio = 0.3 if policy != "off" else 0.0  # slice_limits: no ratio for `off`
         sv = SliceDeviceView(sl, 0, counters.devices[0], 1 << 30, ratio, 0.0, 0, 0)
         counts = ViolationCounts()
@@ -232,7 +238,7 @@ def test_a_slice_over_its_compute_cap_by_nvml_is_a_violation(
     finally:
         if holder.poll() is None:
             holder.kill()
-        holder.wait()
+        holder.communicate()  # closes its stdout
 
 
 def test_nvml_reader_reports_each_processs_sm_utilisation(
@@ -475,16 +481,8 @@ def test_a_bursting_slice_is_held_to_its_limit_not_its_request(
     region_with_limits(acct, 512 * MiB)
     counters = read_counters(str(acct), 1)
     sl = region_slice(str(acct))
-    holder = subprocess.Popen(
-        [sys.executable, "-c", f"import time; f = open({str(acct)!r}, 'rb'); time.sleep(60)"],
-        env=dict(os.environ, LD_PRELOAD=str(shim_library())),
-    )
+    holder = start_holder(acct)
     try:
-        deadline = time.monotonic() + 10
-        while not any(os.path.realpath(f"/proc/{holder.pid}/fd/{n}") == str(acct)
-                      for n in os.listdir(f"/proc/{holder.pid}/fd")):  # fmt: skip
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
         sv = SliceDeviceView(sl, 0, counters.devices[0], 512 * MiB, 0.0, 0.0, 0, 0,
                              memory_burst_limit=1 << 30)  # fmt: skip
         counts = ViolationCounts()
@@ -496,7 +494,7 @@ def test_a_bursting_slice_is_held_to_its_limit_not_its_request(
         assert counts.slice(sl.key, 0) == (1 if violation else 0)
     finally:
         holder.kill()
-        holder.wait()
+        holder.communicate()  # closes its stdout
 
 
 # ------------------------------------------------- a bursting claim: its request plus its grant
