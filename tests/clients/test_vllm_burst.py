@@ -13,8 +13,10 @@ own process, programs/vllm_client.py `burst`).
   plugin lowers the grant and sends its notice (SIGWINCH), the engine sleeps at level 1 (KV cache
   discarded, weights offloaded to the host: vLLM's model swap) and lives on; the new claim's
   prepare succeeds with nobody stopped, and the engine holds no more than its new grant, as its
-  accounting file, the host NVML and its own mem_get_info() say. Once the new claim is
-  unprepared the grant grows back, the engine wakes and generates again.
+  accounting file, the host NVML and its own mem_get_info() say. Waking while the new claim
+  holds its request is refused by the shim at the new grant (vLLM's wake_up meets CUDA's out of
+  memory and the engine lives); once the new claim is unprepared the grant grows back, the
+  engine wakes and generates again.
 
 One start of each engine, both at once; waits are on output lines and conditions with
 deadlines, never on durations.
@@ -201,12 +203,24 @@ def test_vllm_sizes_its_kv_cache_from_the_request_or_the_limit_and_sleeps_at_the
     fresh(a).send("generate")
     assert seen(a.expect("generated n=8")) == (REQUEST - before["plain"], REQUEST)
     assert not any(line.startswith("asleep") for line in a.out), a.out
+    # waking now would take back what the new claim was promised: the shim refuses it at the new
+    # grant (its denial line), the engine lives, and the new request stays free on the GPU
+    b.send("wake")
+    refused = b.expect("wake ")
+    assert refused.startswith("wake refused") and "out of memory" in refused, refused
+    held = used(w, shows)
+    assert seen(refused) == (REQUEST + 1 * GiB - held, LIMIT) and held <= REQUEST + 1 * GiB
+    # the shim's own line: the KV cache (one allocation) denied, at request + the new grant
+    denial = re.search(r"device 0: ([\d.]+) GiB denied, slice uses [\d.]+ [KMG]iB of 4\.00 GiB "
+                       r"requested \+ 1\.00 GiB borrowable now", b.log())  # fmt: skip
+    assert denial and float(denial.group(1)) > 1.0, b.log()[-4000:]
+    assert host_nvml().gpus[0].memory_used <= DEVICE - NEW
 
     # The new claim goes: the grant grows back, the engine wakes and borrows again.
     assert w.kubelet.unprepare([new]) == {new.uid: ""}
     assert granted(w, shows) == granted(w, plain) == LIMIT - REQUEST
     b.send("wake")
-    b.expect("awake")
+    assert b.expect("wake ").startswith("wake ok")
     b.send("generate")
     free, total = seen(b.expect("generated n=8"))
     again = used(w, shows)

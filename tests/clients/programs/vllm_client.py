@@ -18,7 +18,9 @@ VLLM_ENABLE_V1_MULTIPROCESSING=0), so the driver's per-process figures are the e
                      notice (SIGWINCH: give borrowed memory back) makes it llm.sleep(level=1) (the
                      KV cache discarded, the weights offloaded to the host) and print "asleep on
                      notice free=F total=T"; a line "generate" generates again, "wake" wakes it
-                     (llm.wake_up()), each answered as above ("generated ...", "awake ...")
+                     (llm.wake_up()), answered "generated n=N free=F total=T" and "wake ok
+                     free=F total=T"; a wake the slice refuses memory for prints "wake refused
+                     free=F total=T: WHY" and may be asked again (vLLM wakes what still sleeps)
   ttft N             eager; after two warm-up requests, N requests of one token from a 4-token
                      prompt, one at a time: print "ttft_ms=MEDIAN min=MIN" of their wall times
   decode N [LIB]     eager; after two warm-up batches, one batch of 8 sequences of N tokens each
@@ -116,8 +118,12 @@ def burst(model: str, util: float) -> None:
         if command == "generate":
             print(f"generated n={generate(llm)} {memory()}", flush=True)
         elif command == "wake":
-            llm.wake_up()
-            print(f"awake {memory()}", flush=True)
+            try:
+                llm.wake_up()
+            except (RuntimeError, torch.OutOfMemoryError) as e:  # the slice may not allow it yet
+                print(f"wake refused {memory()}: {str(e).splitlines()[0]}", flush=True)
+                continue
+            print(f"wake ok {memory()}", flush=True)
         elif command == "exit":
             return
         else:
