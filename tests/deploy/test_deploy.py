@@ -557,6 +557,28 @@ def test_burst_example_claim_is_allowed_by_its_policy_and_refused_by_the_shipped
         _check_claim_choices([("FromClaim", config)], builtin, "request gpu")
 
 
+@pytest.mark.slow
+def test_burst_example_program_prints_the_readme_output(tmp_path: Path) -> None:
+    """The pod's program under `vgpu run --memory 4Gi --memory-limit 8Gi` (what its claim's
+    request and limit give it, and the whole limit borrowable as on an idle GPU) prints what the
+    README shows the pod printing on the cluster."""
+    pod = next(d for w, d in examples() if w == "examples/burst/pod.yaml#1")
+    script = pod["spec"]["containers"][0]["args"][0]
+    vgpu = str(Path(sys.executable).parent / "vgpu")
+    r = subprocess.run(
+        [vgpu, "run", "--sim", "--memory", "4Gi", "--memory-limit", "8Gi", "--",
+         sys.executable, "-c", script],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    readme = (DEPLOY.parent / "README.md").read_text()
+    section = readme[readme.index("### Memory that bursts (Kubernetes)") :]
+    blocks = re.findall(r"^```([a-z]*)\n(.*?)^```", section, re.M | re.S)
+    lines = next(text for lang, text in blocks if lang == "").splitlines()  # the output
+    assert r.stdout.splitlines() == [x for x in lines if not x.startswith("vgpu: ")], r.stdout
+    assert r.stderr.splitlines() == [x for x in lines if x.startswith("vgpu: ")], r.stderr
+
+
 # --- docs ----------------------------------------------------------------------------------------
 
 
