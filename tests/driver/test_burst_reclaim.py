@@ -336,6 +336,36 @@ def test_wait_fails_the_prepare_while_borrowed_and_succeeds_once_given_back(
     assert w.plugin.driver.state.reclaims.outcomes == {"freed": 0, "evicted": 0, "timeout": 1}
 
 
+def prepare_in_background(w: World, c: ClaimId) -> tuple[threading.Thread, list[str]]:
+    """The kubelet's prepare of c in a thread of its own; its answer (the error) lands in the
+    list."""
+    answer: list[str] = []
+    waiting = threading.Thread(target=lambda: answer.append(w.kubelet.prepare([c])[c.uid].error))
+    waiting.start()
+    return waiting, answer
+
+
+def reclaiming(w: World, c: ClaimId) -> bool:
+    """Does c's grant entry say RECLAIM?"""
+    g = grant_of(w, c)
+    return g is not None and g.state == burstpool.GRANT_RECLAIM
+
+
+def waiting_for_a(
+    w: World, borrower_bin: Path, sim_env: dict[str, str], borrowers: list[Borrower]
+) -> tuple[ClaimId, Borrower, ClaimId, threading.Thread, list[str]]:
+    """Claim a (20 GiB, limit 60) whose deaf process holds 50 GiB; claim train (40 GiB)
+    prepared in the background, waiting for a's entry to give back 10: (a, its process, train,
+    the prepare's thread, its answer)."""
+    a = claim(w, "a", "20Gi", "3x")
+    prepare(w, a)
+    holder = start(borrower_bin, w, a, sim_env, "deaf", 10, 0, borrowers)
+    new = claim(w, "train", "40Gi")
+    waiting, answer = prepare_in_background(w, new)
+    wait_for(lambda: reclaiming(w, a), "the borrower's entry says RECLAIM")
+    return a, holder, new, waiting, answer
+
+
 def test_wait_marks_the_borrowers_grant_entry_reclaim_while_it_waits(
     worlds: Callable[..., World], borrower_bin: Path, sim_env: dict[str, str],
     borrowers: list[Borrower],
@@ -343,21 +373,7 @@ def test_wait_marks_the_borrowers_grant_entry_reclaim_while_it_waits(
     """While prepare waits, the borrower's entry says RECLAIM with no deadline (what the watchdog
     holds it to its limit by: `wait` stops nobody); given back, the wait ends and it is OPEN."""
     w = worlds(reclaim="wait", timeout=40.0)
-    a = claim(w, "a", "20Gi", "3x")
-    prepare(w, a)
-    holder = start(borrower_bin, w, a, sim_env, "deaf", 10, 0, borrowers)
-    new = claim(w, "train", "40Gi")
-    answer: list[str] = []
-    waiting = threading.Thread(
-        target=lambda: answer.append(w.kubelet.prepare([new])[new.uid].error)
-    )
-    waiting.start()
-
-    def reclaiming() -> bool:
-        g = grant_of(w, a)
-        return g is not None and g.state == burstpool.GRANT_RECLAIM
-
-    wait_for(reclaiming, "the borrower's entry says RECLAIM")
+    a, holder, _new, waiting, answer = waiting_for_a(w, borrower_bin, sim_env, borrowers)
     g = grant_of(w, a)
     assert g is not None and (g.grant, g.deadline_unix_ns) == (20 * GiB, 0)
     holder.stop()
@@ -378,21 +394,7 @@ def test_a_wait_holds_up_no_other_claims_prepare_or_unprepare(
     A wait that held the plugin's lock would answer neither call before its own timed out, and
     then fail."""
     w = worlds(reclaim="wait", timeout=40.0)
-    a = claim(w, "a", "20Gi", "3x")
-    prepare(w, a)
-    holder = start(borrower_bin, w, a, sim_env, "deaf", 10, 0, borrowers)
-    new = claim(w, "train", "40Gi")
-    answer: list[str] = []
-    waiting = threading.Thread(
-        target=lambda: answer.append(w.kubelet.prepare([new])[new.uid].error)
-    )
-    waiting.start()
-
-    def reclaiming() -> bool:
-        g = grant_of(w, a)
-        return g is not None and g.state == burstpool.GRANT_RECLAIM
-
-    wait_for(reclaiming, "the borrower's entry says RECLAIM")
+    a, holder, new, waiting, answer = waiting_for_a(w, borrower_bin, sim_env, borrowers)
     other = claim(w, "other", "10Gi", device="gpu-1")
     prepare(w, other)  # answered while the wait goes on
     again = w.kubelet.prepare([new])[new.uid].error  # the kubelet's retry meanwhile
@@ -400,7 +402,7 @@ def test_a_wait_holds_up_no_other_claims_prepare_or_unprepare(
         "an earlier prepare of this claim is still waiting for borrowed memory (burst "
         "reclaim); the kubelet retries"
     ), again
-    assert waiting.is_alive() and reclaiming() and holder.alive()
+    assert waiting.is_alive() and reclaiming(w, a) and holder.alive()
     holder.stop()  # the borrower's pod ends
     assert w.kubelet.unprepare([a]) == {a.uid: ""}
     waiting.join(DEADLINE)
@@ -432,11 +434,7 @@ def test_each_borrower_is_taken_back_under_its_own_gpus_policy(
         assert used(w, a) == used(w, b) == 30 * GiB  # each borrows 20 of a grant of 30
         both = w.claim("both", results=[result("gpu", "gpu-0", memory="65Gi", cores="10"),
                                          result("gpu", "gpu-1", memory="65Gi", cores="10")])  # fmt: skip
-        answer: list[str] = []
-        waiting = threading.Thread(
-            target=lambda: answer.append(w.kubelet.prepare([both])[both.uid].error)
-        )
-        waiting.start()
+        waiting, answer = prepare_in_background(w, both)
         assert deaf_a.proc.wait(DEADLINE) == -9  # gpu-0: evict, after the grace
         assert waiting.is_alive() and deaf_b.alive()  # gpu-1: wait stops nobody
         g = grant_of(w, b)
