@@ -50,7 +50,6 @@ import json
 import os
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -59,10 +58,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks import callgrind  # noqa: E402
-from sharing.paths import sim_lib_dir  # noqa: E402
+from benchmarks import callgrind, frameworks  # noqa: E402
 
-FRAMEWORKS_PYTHON = REPO / ".venv" / "frameworks" / "bin" / "python"
+FRAMEWORKS_PYTHON = frameworks.FRAMEWORKS_PYTHON
 SMALL = REPO / "benchmarks" / "torch_small_kernels.py"
 CLIENT = REPO / "tests" / "clients" / "programs" / "torch_client.py"
 PARTS = ("overhead", "instructions", "elementwise", "matmul")
@@ -82,19 +80,7 @@ CONFIGS = {
 
 
 def base_env(tmp: Path, sm_count: int | None = None) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("CUDA_DEVICE_", "VGPU_", "SIMGPU_")) and k != "LD_PRELOAD"
-    }
-    state = tmp / "simgpu-state"
-    state.mkdir(exist_ok=True)
-    env.update(
-        LD_LIBRARY_PATH=str(sim_lib_dir()),
-        SIMGPU_STATE=str(state),
-        VGPU_NODE_STATE_DIR=str(tmp / "node"),
-        PYTHONWARNINGS="ignore",
-    )
+    env = frameworks.sim_env(tmp)
     if sm_count is not None:
         cfg = tmp / f"sim-{sm_count}.json"
         cfg.write_text(json.dumps({"devices": [{"sm_count": sm_count}]}))
@@ -103,13 +89,7 @@ def base_env(tmp: Path, sm_count: int | None = None) -> dict[str, str]:
 
 
 def run(env: dict[str, str], vgpu: list[str] | None, *cmd: str, wrap: tuple[str, ...] = ()) -> str:
-    full = [*wrap, str(FRAMEWORKS_PYTHON), *cmd]
-    if vgpu is not None:
-        full = [sys.executable, "-m", "sharing.cli", "run", "--sim", *vgpu, "--", *full]
-    r = subprocess.run(full, env=env, capture_output=True, text=True, timeout=3600)
-    if r.returncode != 0:
-        raise SystemExit(f"{' '.join(full)} exited {r.returncode}: {r.stderr[-2000:]}")
-    return r.stdout
+    return frameworks.run_python(env, vgpu, *cmd, wrap=wrap)
 
 
 def kv(out: str) -> dict[str, float]:

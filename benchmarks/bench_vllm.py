@@ -29,10 +29,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -40,11 +38,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks import callgrind  # noqa: E402
-from sharing.paths import sim_lib_dir  # noqa: E402
+from benchmarks import callgrind, frameworks  # noqa: E402
 from tests.support.vllm_model import write_model  # noqa: E402
 
-FRAMEWORKS_PYTHON = REPO / ".venv" / "frameworks" / "bin" / "python"
 CLIENT = REPO / "tests" / "clients" / "programs" / "vllm_client.py"
 CONFIGS: dict[str, list[str] | None] = {
     "no shim": None,
@@ -54,18 +50,8 @@ CONFIGS: dict[str, list[str] | None] = {
 
 
 def base_env(tmp: Path) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("CUDA_DEVICE_", "VGPU_", "SIMGPU_")) and k != "LD_PRELOAD"
-    }
-    state = tmp / "simgpu-state"
-    state.mkdir(exist_ok=True)
-    env.update(
-        LD_LIBRARY_PATH=str(sim_lib_dir()),
-        SIMGPU_STATE=str(state),
-        VGPU_NODE_STATE_DIR=str(tmp / "node"),
-        PYTHONWARNINGS="ignore",
+    return frameworks.sim_env(
+        tmp,
         HF_HUB_OFFLINE="1",
         VLLM_NO_USAGE_STATS="1",
         VLLM_CACHE_ROOT=str(tmp / "vllm-cache"),
@@ -73,19 +59,10 @@ def base_env(tmp: Path) -> dict[str, str]:
         VLLM_USE_V2_MODEL_RUNNER="0",
         VLLM_ENABLE_V1_MULTIPROCESSING="0",
     )
-    return env
 
 
 def client(env: dict[str, str], vgpu: list[str] | None, wrap: list[str], *args: str) -> str:
-    cmd = [*wrap, str(FRAMEWORKS_PYTHON), str(CLIENT), *args]
-    if vgpu is not None:
-        cmd = [sys.executable, "-m", "sharing.cli", "run", "--sim", *vgpu, "--", *cmd]
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
-    if r.returncode != 0:
-        raise SystemExit(
-            f"{' '.join(cmd)} exited {r.returncode}: {r.stdout[-2000:]}{r.stderr[-2000:]}"
-        )
-    return r.stdout
+    return frameworks.run_python(env, vgpu, str(CLIENT), *args, wrap=wrap)
 
 
 def ttft(

@@ -155,6 +155,8 @@ class ClaimEntry:
 
 
 def _reclaim(r: Any) -> dict[str, Any] | None:
+    """A reclaim's record: each borrower as [uid, gpu, policy, deadline (unix ns)]. A record
+    of an older plugin ([uid, gpu], one policy and deadline for all) is read into that form."""
     if r is None:
         return None
     if not (
@@ -162,11 +164,17 @@ def _reclaim(r: Any) -> dict[str, Any] | None:
         and r.get("policy") in ("evict", "wait")
         and isinstance(r.get("deadline_unix_ns"), int)
         and isinstance(r.get("borrowers"), list)
-        and all(isinstance(b, list) and len(b) == 2 for b in r["borrowers"])
+        and all(isinstance(b, list) and len(b) in (2, 4) for b in r["borrowers"])
     ):
         raise ValueError(f"reclaim record {r!r} invalid")
+    borrowers = []
+    for b in r["borrowers"]:
+        uid, gpu, policy, deadline = b if len(b) == 4 else [*b, r["policy"], r["deadline_unix_ns"]]
+        if policy not in ("evict", "wait") or not isinstance(deadline, int):
+            raise ValueError(f"reclaim record {r!r} invalid")
+        borrowers.append([str(uid), int(gpu), policy, deadline])
     return {"policy": r["policy"], "deadline_unix_ns": r["deadline_unix_ns"],
-            "borrowers": [[str(u), int(g)] for u, g in r["borrowers"]]}  # fmt: skip
+            "borrowers": borrowers}  # fmt: skip
 
 
 def _checksum(claims: dict[str, Any]) -> str:

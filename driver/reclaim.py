@@ -60,20 +60,21 @@ class Borrower:
     nvml: NvmlRead | None = field(default=None, compare=False, repr=False)
     margin: int = DEFAULT_MARGIN  # what NVML may count above the shim's charges
 
-    def nvml_held(self) -> dict[int, tuple[int, int]]:
-        """pid -> (start time, bytes) of the slice's processes NVML lists on the GPU."""
+    def nvml_held(self, reading: NvmlReading | None = None) -> dict[int, tuple[int, int]]:
+        """pid -> (start time, bytes) of the slice's processes NVML lists on the GPU, in
+        `reading` (None: a fresh pass)."""
         if self.nvml is None or not self.uuid:
             return {}
-        return nvml_held(self.accounting, self.uuid, self.nvml())
+        return nvml_held(self.accounting, self.uuid, reading or self.nvml())
 
-    def borrowed(self) -> int:
+    def borrowed(self, reading: NvmlReading | None = None) -> int:
         """The larger of the accounting file's and NVML's measure (module docstring)."""
         own = borrowed(self.accounting, self.container_index, self.request)
-        held = sum(b for _, b in self.nvml_held().values())
+        held = sum(b for _, b in self.nvml_held(reading).values())
         return max(own, held - self.margin - self.request, 0)
 
-    def fits(self) -> bool:
-        return self.borrowed() <= self.grant
+    def fits(self, reading: NvmlReading | None = None) -> bool:
+        return self.borrowed(reading) <= self.grant
 
     @property
     def claim(self) -> str:
@@ -141,6 +142,13 @@ def notify(b: Borrower) -> list[int]:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGWINCH)
     return pids
+
+
+def one_reading(borrowers: Sequence[Borrower]) -> NvmlReading | None:
+    """One NVML pass for a round of looks at several borrowers (a pass reads every GPU: one per
+    borrower per poll would cost a node of many GPUs that many passes)."""
+    read = next((b.nvml for b in borrowers if b.nvml is not None and b.uuid), None)
+    return read() if read is not None else None
 
 
 def wait_until(done: Callable[[], bool], deadline: float) -> bool:

@@ -11,7 +11,9 @@ Prepare of one claim:
      claim is read again and the missing files are recreated; an existing shared/ directory
      (the slice's usage) is kept;
   2. read the ResourceClaim, check it and compute the limits (driver/claims.py);
-  3. checkpoint PrepareStarted;
+  3. checkpoint PrepareStarted; its request leaves the burst pool, and what bursting claims
+     borrow above their new grants is taken back (driver/reclaim.py, docs/policy.md): the
+     reclaim is recorded and noticed under the lock, waited for without it;
   4. create the claim directory, limits file, shared directory, accounting file, demand file,
      device metadata files (attributes from this node's ResourceSlices); write the CDI spec;
   5. checkpoint PrepareCompleted with the answer, return it.
@@ -90,6 +92,40 @@ class ReclaimStats:
         return ReclaimStats(dict.fromkeys(RECLAIM_OUTCOMES, 0), [])
 
 
+@dataclass
+class _Owed:
+    """A borrower a reclaim waits for, under its own GPU's policy."""
+
+    borrower: reclaim.Borrower  # its grant as the checkpoint now gives it
+    policy: str  # evict | wait
+    span: float  # the policy's grace or timeout (seconds)
+    deadline: float  # time.monotonic()
+    deadline_ns: int  # the same in unix ns (the pool file's and the checkpoint's clock)
+
+
+@dataclass
+class _Reclaim:
+    """Borrowed memory a prepare takes back before it answers."""
+
+    entry: ClaimEntry  # the claim that needs it (PrepareStarted, with the reclaim's record)
+    owed: list[_Owed]
+    t0: float
+
+    def states(self) -> dict[tuple[str, int], int]:
+        """The pool entries' RECLAIM deadlines (0: `wait`, no deadline)."""
+        return {(o.borrower.uid, o.borrower.gpu): o.deadline_ns if o.policy == "evict" else 0
+                for o in self.owed}  # fmt: skip
+
+
+def _record(owed: Sequence[_Owed]) -> dict[str, Any]:
+    """The checkpoint's record of a reclaim: each borrower with its policy and deadline."""
+    return {
+        "policy": "evict" if any(o.policy == "evict" for o in owed) else "wait",
+        "deadline_unix_ns": max(o.deadline_ns for o in owed),
+        "borrowers": [[o.borrower.uid, o.borrower.gpu, o.policy, o.deadline_ns] for o in owed],
+    }
+
+
 @dataclass(frozen=True)
 class PrepareResult:
     devices: tuple[PreparedDevice, ...] = ()
@@ -98,7 +134,8 @@ class PrepareResult:
 
 class DeviceState:
     """Prepared claims of this node. Thread-safe: changes to files and checkpoint are serialised
-    by one lock; reading claims from the API server happens outside it."""
+    by one lock; reading claims from the API server and waiting for a burst reclaim happen
+    outside it."""
 
     def __init__(
         self,
@@ -152,6 +189,9 @@ class DeviceState:
         self._on_event = on_event
         self._nvml = nvml
         self.reclaims = ReclaimStats.new()
+        # new claim's uid -> the borrowers its prepare's reclaim waits for (the pool's RECLAIM
+        # entries, _reclaim_states); also what tells a second prepare of that claim to wait
+        self._reclaiming: dict[str, dict[tuple[str, int], int]] = {}
 
     def set_gpus(self, gpus: Sequence[GpuInfo]) -> None:
         """Plan later claims on these GPUs (rediscovery saw GPUs appear or go). Prepared claims
@@ -183,7 +223,9 @@ class DeviceState:
         with self._lock:
             self.checkpoint.load()
             self.pool.open()
-            self._finish_reclaims()
+            pending = self._interrupted_reclaims()
+        self._finish_reclaims(pending)  # waits out deadlines: without the lock
+        with self._lock:
             for entry in self.checkpoint.entries():
                 try:
                     self._recover_entry(entry)
@@ -228,102 +270,81 @@ class DeviceState:
 
     # --- the burst pool ------------------------------------------------------------------------
 
-    def _apply_pool(
-        self, full: bool = False, reclaims: dict[tuple[str, int], int] | None = None
-    ) -> burst.Grants:
-        """Recompute the grants from the checkpoint and write them into the pool file (call with
-        the lock held, after every change of the checkpoint's set of claims). reclaims: the
-        (uid, GPU) entries under an evict in progress, with its deadline (unix ns)."""
+    def _apply_pool(self, full: bool = False) -> burst.Grants:
+        """Recompute the grants from the checkpoint and write them into the pool file, with the
+        entries every reclaim in progress waits for in state RECLAIM (call with the lock held,
+        after every change of the checkpoint's set of claims)."""
         entries = self.checkpoint.entries()
         grants = burst.compute(entries, self.gpus, self._rules_of)
         if not self.pool.is_open:
             self.pool.open()
             full = True
-        self.pool.apply(entries, grants, reclaims=reclaims, full=full)
+        self.pool.apply(entries, grants, reclaims=self._reclaim_states(), full=full)
         return grants
+
+    def _reclaim_states(self) -> dict[tuple[str, int], int]:
+        """(uid, GPU) -> deadline (unix ns; 0 under `wait`) of each borrower a reclaim in
+        progress waits for; one two reclaims wait for keeps the earlier `evict` deadline."""
+        out: dict[tuple[str, int], int] = {}
+        for owed in self._reclaiming.values():
+            for key, ns in owed.items():
+                cur = out.get(key)
+                if cur is None or (ns != 0 and (cur == 0 or ns < cur)):
+                    out[key] = ns
+        return out
 
     def _borrowers(self, entry: ClaimEntry, grants: burst.Grants) -> list[reclaim.Borrower]:
         """The bursting claims on entry's GPUs that borrow more than their (new) grant, newest
         claim first. The grants are already in the pool file: read after it (the protocol's
         fence: docs/policy.md), their usage shows any allocation charged before the write."""
         gpus = {m.gpu for m in entry.memory or ()}
-        uuids = {g.index: g.uuid for g in self.gpus}
-        out = []
-        for e in sorted(self.checkpoint.entries(), key=lambda x: (x.seq, x.uid), reverse=True):
-            if e.uid == entry.uid:
-                continue
-            for i, m in enumerate(e.memory or ()):
-                if not m.bursts or m.gpu not in gpus:
-                    continue
-                b = reclaim.Borrower(
-                    uid=e.uid, namespace=e.namespace, name=e.name, gpu=m.gpu,
-                    container_index=i, request=m.request,
-                    grant=grants.grants.get((e.uid, m.gpu), 0),
-                    accounting=self.files(e.uid).accounting,
-                    uuid=uuids.get(m.gpu, ""), nvml=self._nvml,
-                )  # fmt: skip
-                if not b.fits():
-                    out.append(b)
-        return out
+        others = [e for e in self.checkpoint.entries() if e.uid != entry.uid]
+        bursting = [b for b in self._bursting(others, grants) if b.gpu in gpus]
+        reading = reclaim.one_reading(bursting)
+        return [b for b in bursting if not b.fits(reading)]
 
-    def _take_back(self, entry: ClaimEntry, grants: burst.Grants) -> None:
-        """Before the new claim's prepare returns: every borrower on its GPUs down to its grant,
-        by the policy's reclaim (docs/policy.md, "Taking it back"). ClaimError when the memory
-        is not free: the kubelet retries."""
+    def _bursting(
+        self, entries: Sequence[ClaimEntry], grants: burst.Grants
+    ) -> list[reclaim.Borrower]:
+        """Every (claim, GPU) of entries that may burst, with its grant, newest claim first."""
+        uuids = {g.index: g.uuid for g in self.gpus}
+        return [
+            reclaim.Borrower(
+                uid=e.uid, namespace=e.namespace, name=e.name, gpu=m.gpu,
+                container_index=i, request=m.request,
+                grant=grants.grants.get((e.uid, m.gpu), 0),
+                accounting=self.files(e.uid).accounting,
+                uuid=uuids.get(m.gpu, ""), nvml=self._nvml,
+            )
+            for e in sorted(entries, key=lambda x: (x.seq, x.uid), reverse=True)
+            for i, m in enumerate(e.memory or ())
+            if m.bursts
+        ]  # fmt: skip
+
+    def _begin_reclaim(self, entry: ClaimEntry, grants: burst.Grants) -> _Reclaim | None:
+        """The new claim's request has left the pool (grants written): record a reclaim of what
+        borrowers hold above their new grants, each under its own GPU's policy, mark their
+        entries RECLAIM and send `evict`'s notices. None when nobody borrows too much. Call with
+        the lock held; the waiting is _settle's, without it."""
         borrowers = self._borrowers(entry, grants)
         if not borrowers:
-            return
-        t0 = time.monotonic()
-        by_index = {g.index: g for g in self.gpus}
-        gpu = by_index.get(borrowers[0].gpu)
-        policy = self._rules_of(gpu).burst if gpu is not None else BUILTIN.burst
-        span = policy.timeout if policy.reclaim == "wait" else policy.grace
-        record = {
-            "policy": policy.reclaim,
-            "deadline_unix_ns": time.time_ns() + int(span * 1e9),
-            "borrowers": [[b.uid, b.gpu] for b in borrowers],
-        }
-        self.checkpoint.put(replace(entry, reclaim=record))  # before any notice or stop
-        try:
-            if policy.reclaim == "wait":
-                # the entries say RECLAIM (no deadline) while prepare waits: the watchdog then
-                # holds the borrowers to their limits, not their new grants (wait stops nobody)
-                self._apply_pool(reclaims={(b.uid, b.gpu): 0 for b in borrowers})
-                self._wait(entry, borrowers, t0 + span, span)
-            else:
-                self._evict(entry, borrowers, record, t0 + span)
-        finally:
-            self._apply_pool()  # the entries back to OPEN (and the grants as they are now)
-            self.checkpoint.put(entry)  # the record finished
-        self.reclaims.seconds.append(time.monotonic() - t0)
-
-    def _wait(
-        self, entry: ClaimEntry, borrowers: list[reclaim.Borrower], deadline: float, span: float
-    ) -> None:
-        if reclaim.wait_until(lambda: all(b.fits() for b in borrowers), deadline):
-            self.reclaims.outcomes["freed"] += 1
-            return
-        self.reclaims.outcomes["timeout"] += 1
-        b = next(b for b in borrowers if not b.fits())
-        need = next((m.request for m in entry.memory or () if m.gpu == b.gpu), 0)
-        taken = b.borrowed() - b.grant
-        raise ClaimError(
-            f"device gpu-{b.gpu}: {format_bytes(min(taken, need))} of the {format_bytes(need)} "
-            f"this claim's request needs are borrowed by claim {b.claim} and were not given back "
-            f"within {span:g}s (burst reclaim: wait); the kubelet retries"
-        )
-
-    def _evict(
-        self,
-        entry: ClaimEntry,
-        borrowers: list[reclaim.Borrower],
-        record: dict[str, Any],
-        deadline: float,
-    ) -> None:
-        deadline_ns = int(record["deadline_unix_ns"])
-        self._apply_pool(reclaims={(b.uid, b.gpu): deadline_ns for b in borrowers})
-        need = {m.gpu: m.request for m in entry.memory or ()}
+            return None
+        t0, now_ns = time.monotonic(), time.time_ns()
+        owed = []
         for b in borrowers:
+            gpu = next((g for g in self.gpus if g.index == b.gpu), None)
+            pol = self._rules_of(gpu).burst if gpu is not None else BUILTIN.burst
+            span = pol.timeout if pol.reclaim == "wait" else pol.grace
+            owed.append(_Owed(b, pol.reclaim, span, t0 + span, now_ns + int(span * 1e9)))
+        r = _Reclaim(replace(entry, reclaim=_record(owed)), owed, t0)
+        self.checkpoint.put(r.entry)  # before any notice or stop
+        self._reclaiming[entry.uid] = r.states()
+        # `wait`'s entries say RECLAIM with no deadline: the watchdog then holds the borrowers
+        # to their limits, not their new grants (wait stops nobody)
+        self._apply_pool()
+        need = {m.gpu: m.request for m in entry.memory or ()}
+        evicts = [o.borrower for o in owed if o.policy == "evict"]
+        for b in evicts:
             held = b.borrowed()
             self._event(b, "BurstReclaimNotice",
                         f"claim {entry.namespace}/{entry.name} needs its request of "
@@ -335,89 +356,153 @@ class DeviceState:
             log.warning("burst reclaim for claim %s/%s: claim %s borrows %d bytes on GPU %d, "
                         "grant %d: notice sent to %s", entry.namespace, entry.name, b.claim,
                         held, b.gpu, b.grant, pids or "no process")  # fmt: skip
-        maybe_crash("reclaim-notice")
-        self._finish_evict(entry, borrowers, deadline)
+        if evicts:
+            maybe_crash("reclaim-notice")
+        return r
 
-    def _finish_evict(
-        self, entry: ClaimEntry, borrowers: list[reclaim.Borrower], deadline: float
-    ) -> None:
-        """After the grace: stop the borrowers' processes, newest claim and process first, until
-        each fits its grant; ClaimError if one still does not."""
-        if reclaim.wait_until(lambda: all(b.fits() for b in borrowers), deadline):
-            self.reclaims.outcomes["freed"] += 1
-            for b in borrowers:
-                self._event(b, "BurstReclaimed",
-                            f"claim {entry.namespace}/{entry.name} needed its request on GPU "
-                            f"{b.gpu}: this claim gave back what it borrowed above its grant of "
-                            f"{format_bytes(b.grant)} within the grace; no process stopped")  # fmt: skip
-            return
-        self.reclaims.outcomes["evicted"] += 1
-        for b in borrowers:
-            before = b.borrowed()
-            stopped = reclaim.stop_until_fits(b)
-            self._event(b, "BurstReclaimed",
-                        f"claim {entry.namespace}/{entry.name} needed its request on GPU {b.gpu}: "
-                        f"{format_bytes(max(0, before - b.borrowed()))} taken back from this "
-                        f"claim (grant now {format_bytes(b.grant)}); processes stopped: "
-                        f"{', '.join(map(str, stopped)) or 'none'}")  # fmt: skip
-        for b in borrowers:
-            if not b.fits():
+    def _settle(self, r: _Reclaim) -> None:
+        """Without the lock (other prepares and unprepares go on; an unprepare of a borrower may
+        be what frees the memory): wait until every borrower fits its grant as it is now, each
+        `evict` borrower past its grace stopped then and there, until nobody is short or every
+        one short is past its time. ClaimError when the memory is not free, or when the claim
+        was unprepared meanwhile."""
+        need = {m.gpu: m.request for m in r.entry.memory or ()}
+        stopped: set[int] = set()  # ids of the _Owed whose processes were stopped
+        while True:
+            with self._lock:
+                mine = self._still_preparing(r.entry)
+                entries = self.checkpoint.entries()
+                grants = burst.compute(entries, self.gpus, self._rules_of)
+            if not mine:
                 raise ClaimError(
-                    f"device gpu-{b.gpu}: claim {b.claim} still borrows "
-                    f"{format_bytes(b.borrowed())} above its grant of {format_bytes(b.grant)} "
-                    "after its processes were stopped (burst reclaim: evict); the kubelet retries"
+                    "unprepared while its prepare waited for borrowed memory (burst reclaim); "
+                    "nothing was prepared"
                 )
+            present = {e.uid for e in entries}
+            r.owed = [o for o in r.owed if o.borrower.uid in present]  # unprepared: holds none
+            for o in r.owed:
+                o.borrower = replace(
+                    o.borrower, grant=grants.grants.get((o.borrower.uid, o.borrower.gpu), 0)
+                )
+            reading = reclaim.one_reading([o.borrower for o in r.owed])
+            short = [o for o in r.owed if not o.borrower.fits(reading)]
+            now = time.monotonic()
+            due = [o for o in short
+                   if o.policy == "evict" and now >= o.deadline and id(o) not in stopped]  # fmt: skip
+            for o in due:
+                stopped.add(id(o))
+                self._stop(r.entry, o.borrower)
+            if due:
+                continue  # look again now that they are stopped
+            if all(now >= o.deadline for o in short):
+                break
+            time.sleep(reclaim.POLL)
+        for o in r.owed:
+            if o.policy == "evict" and id(o) not in stopped:
+                self._event(o.borrower, "BurstReclaimed",
+                            f"claim {r.entry.namespace}/{r.entry.name} needed its request on GPU "
+                            f"{o.borrower.gpu}: this claim gave back what it borrowed above its "
+                            f"grant of {format_bytes(o.borrower.grant)} within the grace; no "
+                            "process stopped")  # fmt: skip
+        waits = [o for o in short if o.policy == "wait"]
+        self._count("timeout" if waits else "evicted" if stopped else "freed")
+        if waits:
+            b, span = waits[0].borrower, waits[0].span
+            taken = b.borrowed() - b.grant
+            raise ClaimError(
+                f"device gpu-{b.gpu}: {format_bytes(min(taken, need.get(b.gpu, 0)))} of the "
+                f"{format_bytes(need.get(b.gpu, 0))} this claim's request needs are borrowed by "
+                f"claim {b.claim} and were not given back within {span:g}s (burst "
+                "reclaim: wait); the kubelet retries"
+            )
+        if short:
+            b = short[0].borrower
+            raise ClaimError(
+                f"device gpu-{b.gpu}: claim {b.claim} still borrows "
+                f"{format_bytes(b.borrowed())} above its grant of {format_bytes(b.grant)} "
+                "after its processes were stopped (burst reclaim: evict); the kubelet retries"
+            )
 
-    def _finish_reclaims(self) -> None:
-        """At start, before any prepare is served: finish every reclaim a killed plugin left in
-        its checkpoint. Its grants are written low first (the claim that needed the memory
-        still counts); an evict waits out its absolute deadline and stops what still borrows.
-        The claim itself is then rolled back like any interrupted prepare."""
-        pending = [e for e in self.checkpoint.entries() if e.reclaim is not None]
-        if not pending:
-            return
-        entries = self.checkpoint.entries()
-        grants = burst.compute(entries, self.gpus, self._rules_of)
-        deadlines = {
-            (u, g): int(e.reclaim["deadline_unix_ns"]) if e.reclaim["policy"] == "evict" else 0
-            for e in pending
-            if e.reclaim is not None
-            for u, g in e.reclaim["borrowers"]
-        }
-        self.pool.apply(entries, grants, reclaims=deadlines, full=True)
-        for e in pending:
-            assert e.reclaim is not None
+    def _stop(self, entry: ClaimEntry, b: reclaim.Borrower) -> None:
+        """`evict` after the grace: stop b's processes, newest first, until it fits."""
+        before = b.borrowed()
+        stopped = reclaim.stop_until_fits(b)
+        self._event(b, "BurstReclaimed",
+                    f"claim {entry.namespace}/{entry.name} needed its request on GPU {b.gpu}: "
+                    f"{format_bytes(max(0, before - b.borrowed()))} taken back from this "
+                    f"claim (grant now {format_bytes(b.grant)}); processes stopped: "
+                    f"{', '.join(map(str, stopped)) or 'none'}")  # fmt: skip
+
+    def _still_preparing(self, entry: ClaimEntry) -> bool:
+        """Is entry's prepare still the checkpoint's (not unprepared meanwhile)?"""
+        cur = self.checkpoint.get(entry.uid)
+        return cur is not None and cur.state == PREPARE_STARTED and cur.seq == entry.seq
+
+    def _count(self, outcome: str) -> None:
+        with self._lock:
+            self.reclaims.outcomes[outcome] += 1
+
+    def _end_reclaim(self, r: _Reclaim) -> None:
+        """The reclaim is over, whatever its outcome (call with the lock held)."""
+        self._reclaiming.pop(r.entry.uid, None)
+        self.reclaims.seconds.append(time.monotonic() - r.t0)
+
+    def _interrupted_reclaims(self) -> list[_Reclaim]:
+        """At start (the lock held, nothing served yet): the `evict` reclaims a killed plugin
+        left in its checkpoint, their entries RECLAIM again with their absolute deadlines. The
+        grants are written low first (the claim that needed the memory still counts). Their
+        claims are rolled back afterwards like any interrupted prepare; `wait` needs nothing
+        more (its claim's rollback returns the memory)."""
+        out = []
+        grants = burst.compute(self.checkpoint.entries(), self.gpus, self._rules_of)
+        for e in self.checkpoint.entries():
+            if e.reclaim is None:
+                continue
             log.warning("claim %s/%s (%s): finishing a burst reclaim (%s) a restart interrupted",
                         e.namespace, e.name, e.uid, e.reclaim["policy"])  # fmt: skip
-            if e.reclaim["policy"] != "evict":
-                continue
-            wanted = {(u, g) for u, g in e.reclaim["borrowers"]}
-            borrowers = [b for b in self._borrowers(e, grants) if (b.uid, b.gpu) in wanted]
-            left = (int(e.reclaim["deadline_unix_ns"]) - time.time_ns()) / 1e9
+            now, now_ns = time.monotonic(), time.time_ns()
+            wanted = {(u, g): (pol, ns) for u, g, pol, ns in e.reclaim["borrowers"]}
+            owed = []
+            for b in self._borrowers(e, grants):
+                pol, ns = wanted.get((b.uid, b.gpu), ("", 0))
+                if pol == "evict":
+                    left = max(0.0, (ns - now_ns) / 1e9)
+                    owed.append(_Owed(b, pol, left, now + left, ns))
+            if owed:
+                r = _Reclaim(e, owed, now)
+                self._reclaiming[e.uid] = r.states()
+                out.append(r)
+        self._apply_pool(full=True)
+        return out
+
+    def _finish_reclaims(self, pending: Sequence[_Reclaim]) -> None:
+        """At start, without the lock: wait out each interrupted evict's deadline and stop what
+        still borrows."""
+        for r in pending:
             try:
-                self._finish_evict(e, borrowers, time.monotonic() + max(0.0, left))
+                self._settle(r)
             except ClaimError as err:  # the claim is rolled back; its retried prepare decides
-                log.error("claim %s/%s (%s): %s", e.namespace, e.name, e.uid, err)
+                log.error("claim %s/%s (%s): %s", r.entry.namespace, r.entry.name, r.entry.uid,
+                          err)  # fmt: skip
+            finally:
+                with self._lock:
+                    self._end_reclaim(r)
 
     def _event(self, b: reclaim.Borrower, reason: str, message: str) -> None:
         if self._on_event is not None:
             self._on_event(b.namespace, b.name, b.uid, reason, message)
 
     def burst_reading(self) -> BurstReading:
-        """The burst pool's numbers for the metrics: each bursting claim's borrowed bytes and
-        grant per GPU, each GPU's pool, the reclaims' outcomes and durations."""
+        """The burst pool's numbers for the metrics: each bursting claim's borrowed bytes (the
+        larger of its accounting file's and the host NVML's measure) and grant per GPU, each GPU's pool, the reclaims' outcomes and durations."""
         with self._lock:
             entries = self.checkpoint.entries()
             grants = burst.compute(entries, self.gpus, self._rules_of)
             outcomes = dict(self.reclaims.outcomes)
             seconds = list(self.reclaims.seconds)
-        slices = []
-        for e in entries:
-            for i, m in enumerate(e.memory or ()):
-                if m.bursts:
-                    b = reclaim.borrowed(self.files(e.uid).accounting, i, m.request)
-                    slices.append((f"{e.namespace}/{e.name}", m.gpu, b,
-                                   grants.grants.get((e.uid, m.gpu), 0)))  # fmt: skip
+        bursting = self._bursting(entries, grants)
+        reading = reclaim.one_reading(bursting)  # measured as a reclaim measures them
+        slices = [(b.claim, b.gpu, b.borrowed(reading), b.grant) for b in bursting]
         pools = {i: d.pool for i, d in grants.devices.items()}
         return BurstReading(slices, pools, outcomes, seconds)
 
@@ -492,10 +577,36 @@ class DeviceState:
             done, missing = self._completed(ref)  # a concurrent call may have got there first
             if done is not None:
                 return done
+            if ref.uid in self._reclaiming:
+                raise ClaimError(
+                    "an earlier prepare of this claim is still waiting for borrowed memory "
+                    "(burst reclaim); the kubelet retries"
+                )
             entry = self.checkpoint.get(ref.uid)
             if entry is not None and entry.state == PREPARE_COMPLETED:
                 return self._repair(ref, claim, entry, attrs)
-            return self._create(ref, claim, attrs)
+            started, plan, pending = self._start(ref, claim)
+            if pending is None:
+                return self._complete(ref, claim, attrs, started, plan)
+        # Borrowed memory is being taken back: waited for without the lock, so that other
+        # claims' prepares and unprepares (one may free the memory) are not held up by it.
+        try:
+            self._settle(pending)
+        except BaseException:
+            with self._lock:
+                self._end_reclaim(pending)
+                self._roll_back(pending.entry)
+                self._apply_pool()
+            raise
+        with self._lock:
+            self._end_reclaim(pending)
+            if not self._still_preparing(pending.entry):
+                self._apply_pool()
+                raise ClaimError(
+                    "unprepared while its prepare waited for borrowed memory (burst reclaim); "
+                    "nothing was prepared"
+                )
+            return self._complete(ref, claim, attrs, started, plan)
 
     def _published_attributes(self) -> Attributes:
         if self._published is None:
@@ -519,10 +630,11 @@ class DeviceState:
             rules_for=self.rules_for,
         )
 
-    def _create(
-        self, ref: ClaimRef, claim: dict[str, Any], attrs: Attributes
-    ) -> tuple[PreparedDevice, ...]:
-        files = self.files(ref.uid)
+    def _start(
+        self, ref: ClaimRef, claim: dict[str, Any]
+    ) -> tuple[ClaimEntry, ClaimPlan, _Reclaim | None]:
+        """Plan the claim, checkpoint PrepareStarted, take its request out of the pool and
+        begin any reclaim it needs (call with the lock held)."""
         entry = self.checkpoint.get(ref.uid)
         if entry is not None:  # PrepareStarted left by a failure, or UnprepareStarted: start over
             self._remove_artifacts(entry)
@@ -540,8 +652,8 @@ class DeviceState:
             namespace=ref.namespace,
             name=ref.name,
             state=PREPARE_STARTED,
-            cdi_spec=str(files.spec),
-            claim_dir=str(files.claim_dir),
+            cdi_spec=str(self.files(ref.uid).spec),
+            claim_dir=str(self.files(ref.uid).claim_dir),
             memory=memory,
             seq=max((e.seq for e in others), default=0) + 1,
         )
@@ -549,15 +661,37 @@ class DeviceState:
         maybe_crash("prepare-started")
         try:
             # its request leaves the pool now: older claims' grants are cut, its own is written;
-            # what borrowers hold above their new grants is taken back before it returns
-            self._take_back(started, self._apply_pool())
+            # what borrowers hold above their new grants is taken back before prepare returns
+            pending = self._begin_reclaim(started, self._apply_pool())
+        except BaseException:
+            self._reclaiming.pop(ref.uid, None)
+            self._roll_back(started)
+            self._apply_pool()
+            raise
+        return started, plan, pending
+
+    def _complete(
+        self,
+        ref: ClaimRef,
+        claim: dict[str, Any],
+        attrs: Attributes,
+        started: ClaimEntry,
+        plan: ClaimPlan,
+    ) -> tuple[PreparedDevice, ...]:
+        """Write the claim's files and checkpoint PrepareCompleted (the lock held; its memory
+        is free)."""
+        files = self.files(ref.uid)
+        try:
+            cur = self.checkpoint.get(ref.uid)
+            if cur is not None and cur.reclaim is not None:  # a reclaim ran: it is over
+                self._apply_pool()  # the borrowers' entries back to OPEN
+                self.checkpoint.put(started)  # without the reclaim's record
             self._remove_files(ref.uid)  # leftovers of anything earlier under these names
             meta = self._metadata(plan, claim, attrs)
-            devices = self._write_files(ref, plan, files, meta, memory)
+            devices = self._write_files(ref, plan, files, meta, started.memory or ())
             self.checkpoint.put(replace(started, state=PREPARE_COMPLETED, devices=devices))
         except BaseException:
-            self._remove_artifacts(started)
-            self.checkpoint.delete(ref.uid)
+            self._roll_back(started)
             self._apply_pool()
             raise
         maybe_crash("prepare-completed")
@@ -575,6 +709,13 @@ class DeviceState:
                 d.config.compute_policy,
             )
         return devices
+
+    def _roll_back(self, started: ClaimEntry) -> None:
+        """Undo a prepare that failed, if the checkpoint's entry is still its own (the lock
+        held; the caller rewrites the pool)."""
+        if self._still_preparing(started):
+            self._remove_artifacts(started)
+            self.checkpoint.delete(started.uid)
 
     def _repair(
         self, ref: ClaimRef, claim: dict[str, Any], entry: ClaimEntry, attrs: Attributes

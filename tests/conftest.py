@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from sharing.paths import shim_library, sim_lib_dir
+from shim.build import SANITIZER_FLAGS, build_with_gcc
 from tests.support.cbuild import compile_program
 from tests.support.host_nvml import HostNvml
 
@@ -26,6 +27,14 @@ def _private_user_cache(
 def cbin_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Where compiled C test programs are cached for the session."""
     return tmp_path_factory.mktemp("cbin")
+
+
+@pytest.fixture(scope="session")
+def asan_libs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The shim and the simulator built with ASan and UBSan, once per run (a build is minutes
+    of CPU): the shim's, the simulator's and the compute gate's sanitizer tests share it.
+    {file name: path}; the simulator's are in the `sim` directory beside the shim."""
+    return build_with_gcc(tmp_path_factory.mktemp("asan") / "lib", SANITIZER_FLAGS)
 
 
 @pytest.fixture

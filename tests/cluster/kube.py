@@ -100,13 +100,18 @@ class Cluster:
     def wait_pod(
         self, name: str, phases: tuple[str, ...], timeout: float = 240, namespace: str = "default"
     ) -> Obj:
-        """The pod once its phase is one of `phases`; a timeout says where it stood."""
+        """The pod once its phase is one of `phases`; a timeout, or a pod that ended in a
+        phase not asked for (it will not move again), says where it stood."""
         deadline = time.monotonic() + timeout
         pod: Obj = {}
         while time.monotonic() < deadline:
             pod = self.pod(name, namespace)
-            if pod.get("status", {}).get("phase") in phases:
+            phase = pod.get("status", {}).get("phase")
+            if phase in phases:
                 return pod
+            if phase in ("Succeeded", "Failed"):
+                timeout = round(timeout - (deadline - time.monotonic()))
+                break
             time.sleep(1)
         events = self.kubectl(
             "get", "events", "-n", namespace, "--field-selector", f"involvedObject.name={name}",

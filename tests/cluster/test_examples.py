@@ -12,11 +12,24 @@ import pytest
 import yaml
 
 from sharing.kubequantity import parse_bytes
-from tests.cluster.kube import ClaimRecorder, Cluster, example_files, unschedulable, visible_gib
+from tests.cluster.kube import (
+    REPO,
+    ClaimRecorder,
+    Cluster,
+    example_files,
+    unschedulable,
+    visible_gib,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(5400)]
 
 MODES = ("sharing", "partition")
+# The folders of deploy/examples this test leaves to another, and why: the examples here run
+# under the policy the cluster has, and these need another one.
+ELSEWHERE = {
+    # a policy that allows bursting (the shipped one allows none), applied before its pod
+    "burst": "tests/cluster/test_burst_example.py",
+}
 # The NIC of gpu-and-nic comes from another DRA driver (DeviceClass nic.example.com); no NIC
 # driver runs on this cluster, so that claim cannot be allocated here.
 NEEDS_A_NIC_DRIVER = "gpu-and-nic.yaml"
@@ -72,6 +85,14 @@ def _outputs(cluster: Cluster, name: str, containers: list[str], done: str) -> d
 
     out: dict[str, str] = cluster.wait_until(f"{name}'s output", ready, timeout=300, every=2)
     return out
+
+
+def test_every_example_folder_is_run_here_or_elsewhere() -> None:
+    """A new folder of examples is not silently left out of the cluster's runs."""
+    folders = {p.name for p in (REPO / "deploy" / "examples").iterdir() if p.is_dir()}
+    assert folders <= set(MODES) | set(ELSEWHERE), folders
+    for where in ELSEWHERE.values():
+        assert (REPO / where).is_file(), where
 
 
 @pytest.mark.parametrize(

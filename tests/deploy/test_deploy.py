@@ -115,6 +115,9 @@ def test_validation_covers_overlays_and_examples() -> None:
     assert sum(i.startswith("overlays/sim-watchdog#") for i in ids) == 15
     assert sum(i.startswith("examples/sharing/") for i in ids) == 15
     assert sum(i.startswith("examples/partition/") for i in ids) == 15
+    assert sorted(i for i in ids if i.startswith("examples/burst/")) == [
+        "examples/burst/pod.yaml#0", "examples/burst/pod.yaml#1", "examples/burst/policy.yaml#0",
+    ]  # fmt: skip
 
 
 def test_strict_validation_catches_a_typo() -> None:
@@ -504,6 +507,78 @@ def test_pod_mount_policy_is_bound_and_fails_closed() -> None:
     assert binding["spec"]["validationActions"] == ["Deny"]
 
 
+# --- the bursting example (examples/burst) -------------------------------------------------------
+
+
+def _burst_policy() -> dict[str, Any]:
+    """The policy `kubectl apply -k deploy/examples/burst` gives the plugin."""
+    [cm] = rendered("examples/burst")  # the ConfigMap alone: no pod, no other object
+    [shipped] = of_kind("base", "ConfigMap")
+    assert cm["metadata"] == shipped["metadata"] and cm["data"].keys() == shipped["data"].keys()
+    doc: dict[str, Any] = yaml.safe_load(cm["data"]["policy.yaml"])
+    return doc
+
+
+@pytest.mark.slow
+def test_burst_example_policy_is_the_shipped_one_with_bursting() -> None:
+    """The admin's half is deploy/base's policy plus a `burst` block and nothing else, so that
+    applying it changes only what the example is about."""
+    doc = _burst_policy()
+    [shipped] = of_kind("base", "ConfigMap")
+    base = yaml.safe_load(shipped["data"]["policy.yaml"])
+    burst = doc["default"].pop("burst")
+    assert doc == base
+    assert "burst" not in base["default"]  # the shipped policy allows no bursting
+    assert burst["fromClaim"] is True and burst["reclaim"] == "wait"
+
+
+@pytest.mark.slow
+def test_burst_example_claim_is_allowed_by_its_policy_and_refused_by_the_shipped_one() -> None:
+    """The plugin's own check (driver/claims.py) of the pod's VgpuConfig: the example's policy
+    allows its memoryLimit, the shipped one refuses it with one line naming the rule, so a claim
+    prepared before the new policy reached the plugin fails instead of running without its
+    limit."""
+    from driver.claims import ClaimError, _check_claim_choices
+    from driver.vgpuconfig import decode
+
+    template = next(d for w, d in examples() if w == "examples/burst/pod.yaml#0")
+    assert template["kind"] == "ResourceClaimTemplate"
+    [entry] = template["spec"]["spec"]["devices"]["config"]
+    config = decode(entry["opaque"]["parameters"])
+    assert config.memory_limit is not None and config.memory_limit.text == "8Gi"
+    request = template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["capacity"]
+    assert request["requests"]["memory"] == "4Gi"
+    rules = from_document(_burst_policy()).default
+    assert rules.burst.max_ratio * 4 >= 8 and rules.burst.from_claim
+    _check_claim_choices([("FromClaim", config)], rules, "request gpu")
+    [shipped] = of_kind("base", "ConfigMap")
+    builtin = from_document(yaml.safe_load(shipped["data"]["policy.yaml"])).default
+    with pytest.raises(ClaimError, match=r"burst\.fromClaim: false"):
+        _check_claim_choices([("FromClaim", config)], builtin, "request gpu")
+
+
+@pytest.mark.slow
+def test_burst_example_program_prints_the_readme_output(tmp_path: Path) -> None:
+    """The pod's program under `vgpu run --memory 4Gi --memory-limit 8Gi` (what its claim's
+    request and limit give it, and the whole limit borrowable as on an idle GPU) prints what the
+    README shows the pod printing on the cluster."""
+    pod = next(d for w, d in examples() if w == "examples/burst/pod.yaml#1")
+    script = pod["spec"]["containers"][0]["args"][0]
+    vgpu = str(Path(sys.executable).parent / "vgpu")
+    r = subprocess.run(
+        [vgpu, "run", "--sim", "--memory", "4Gi", "--memory-limit", "8Gi", "--",
+         sys.executable, "-c", script],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    readme = (DEPLOY.parent / "README.md").read_text()
+    section = readme[readme.index("### Memory that bursts (Kubernetes)") :]
+    blocks = re.findall(r"^```([a-z]*)\n(.*?)^```", section, re.M | re.S)
+    lines = next(text for lang, text in blocks if lang == "").splitlines()  # the output
+    assert r.stdout.splitlines() == [x for x in lines if not x.startswith("vgpu: ")], r.stdout
+    assert r.stderr.splitlines() == [x for x in lines if x.startswith("vgpu: ")], r.stderr
+
+
 # --- docs ----------------------------------------------------------------------------------------
 
 
@@ -559,7 +634,9 @@ def test_example_workload_prints_the_memory_it_sees(
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("GPU 0: 3.00 GiB visible, "), r.stdout
-    if "cuMemAlloc_v2" in script:  # refused-past-quota: 3Gi less its context, then refused
+    if "3 GiB more" in script:  # burst: no 3 GiB fits beside the context without a limit
+        assert r.stdout.count("3 GiB more: refused (CUDA_ERROR_OUT_OF_MEMORY)") == 3, r.stdout
+    elif "cuMemAlloc_v2" in script:  # refused-past-quota: 3Gi less its context, then refused
         assert "GiB in 256 MiB chunks, then refused (CUDA_ERROR_OUT_OF_MEMORY)" in r.stdout
         held = float(r.stdout.split("allocated ")[1].split(" GiB")[0])
         assert 2.0 <= held < 3.0, r.stdout

@@ -42,7 +42,7 @@ from driver.opmetrics import OperationMetrics
 from sharing import burstpool, region
 from sharing.observe.procinfo import start_time
 from sharing.policy import BUILTIN, Burst
-from tests.driver.kubelet_standin import ClaimId, KubeletStandin
+from tests.driver.kubelet_standin import ClaimId, KubeletStandin, result
 from tests.driver.plugin_process import PluginProcess, fake_gpus
 from tests.fakes.apiserver import FakeApiServer
 from tests.sim.simhelp import NO_CONTEXT_MEMORY
@@ -336,6 +336,36 @@ def test_wait_fails_the_prepare_while_borrowed_and_succeeds_once_given_back(
     assert w.plugin.driver.state.reclaims.outcomes == {"freed": 0, "evicted": 0, "timeout": 1}
 
 
+def prepare_in_background(w: World, c: ClaimId) -> tuple[threading.Thread, list[str]]:
+    """The kubelet's prepare of c in a thread of its own; its answer (the error) lands in the
+    list."""
+    answer: list[str] = []
+    waiting = threading.Thread(target=lambda: answer.append(w.kubelet.prepare([c])[c.uid].error))
+    waiting.start()
+    return waiting, answer
+
+
+def reclaiming(w: World, c: ClaimId) -> bool:
+    """Does c's grant entry say RECLAIM?"""
+    g = grant_of(w, c)
+    return g is not None and g.state == burstpool.GRANT_RECLAIM
+
+
+def waiting_for_a(
+    w: World, borrower_bin: Path, sim_env: dict[str, str], borrowers: list[Borrower]
+) -> tuple[ClaimId, Borrower, ClaimId, threading.Thread, list[str]]:
+    """Claim a (20 GiB, limit 60) whose deaf process holds 50 GiB; claim train (40 GiB)
+    prepared in the background, waiting for a's entry to give back 10: (a, its process, train,
+    the prepare's thread, its answer)."""
+    a = claim(w, "a", "20Gi", "3x")
+    prepare(w, a)
+    holder = start(borrower_bin, w, a, sim_env, "deaf", 10, 0, borrowers)
+    new = claim(w, "train", "40Gi")
+    waiting, answer = prepare_in_background(w, new)
+    wait_for(lambda: reclaiming(w, a), "the borrower's entry says RECLAIM")
+    return a, holder, new, waiting, answer
+
+
 def test_wait_marks_the_borrowers_grant_entry_reclaim_while_it_waits(
     worlds: Callable[..., World], borrower_bin: Path, sim_env: dict[str, str],
     borrowers: list[Borrower],
@@ -343,21 +373,7 @@ def test_wait_marks_the_borrowers_grant_entry_reclaim_while_it_waits(
     """While prepare waits, the borrower's entry says RECLAIM with no deadline (what the watchdog
     holds it to its limit by: `wait` stops nobody); given back, the wait ends and it is OPEN."""
     w = worlds(reclaim="wait", timeout=40.0)
-    a = claim(w, "a", "20Gi", "3x")
-    prepare(w, a)
-    holder = start(borrower_bin, w, a, sim_env, "deaf", 10, 0, borrowers)
-    new = claim(w, "train", "40Gi")
-    answer: list[str] = []
-    waiting = threading.Thread(
-        target=lambda: answer.append(w.kubelet.prepare([new])[new.uid].error)
-    )
-    waiting.start()
-
-    def reclaiming() -> bool:
-        g = grant_of(w, a)
-        return g is not None and g.state == burstpool.GRANT_RECLAIM
-
-    wait_for(reclaiming, "the borrower's entry says RECLAIM")
+    a, holder, _new, waiting, answer = waiting_for_a(w, borrower_bin, sim_env, borrowers)
     g = grant_of(w, a)
     assert g is not None and (g.grant, g.deadline_unix_ns) == (20 * GiB, 0)
     holder.stop()
@@ -365,6 +381,73 @@ def test_wait_marks_the_borrowers_grant_entry_reclaim_while_it_waits(
     assert answer == [""]
     assert granted(w, a) == 20 * GiB  # OPEN again
     assert w.plugin.driver.state.reclaims.outcomes["freed"] == 1
+
+
+def test_a_wait_holds_up_no_other_claims_prepare_or_unprepare(
+    worlds: Callable[..., World], borrower_bin: Path, sim_env: dict[str, str],
+    borrowers: list[Borrower],
+) -> None:  # fmt: skip
+    """While a prepare waits (timeout 40 s) for claim a to give back what it borrows, a claim on
+    the other GPU is prepared and answered, and the borrower's own claim is unprepared (what
+    its pod's end does: the kubelet unprepares the claim once its containers are gone), which
+    returns its memory to the pool: the waiting prepare then answers, well inside its timeout.
+    A wait that held the plugin's lock would answer neither call before its own timed out, and
+    then fail."""
+    w = worlds(reclaim="wait", timeout=40.0)
+    a, holder, new, waiting, answer = waiting_for_a(w, borrower_bin, sim_env, borrowers)
+    other = claim(w, "other", "10Gi", device="gpu-1")
+    prepare(w, other)  # answered while the wait goes on
+    again = w.kubelet.prepare([new])[new.uid].error  # the kubelet's retry meanwhile
+    assert again == (
+        "an earlier prepare of this claim is still waiting for borrowed memory (burst "
+        "reclaim); the kubelet retries"
+    ), again
+    assert waiting.is_alive() and reclaiming(w, a) and holder.alive()
+    holder.stop()  # the borrower's pod ends
+    assert w.kubelet.unprepare([a]) == {a.uid: ""}
+    waiting.join(DEADLINE)
+    assert answer == [""]
+    assert w.plugin.driver.state.reclaims.outcomes == {"freed": 1, "evicted": 0, "timeout": 0}
+    assert w.kubelet.unprepare([other, new]) == {other.uid: "", new.uid: ""}
+
+
+def test_each_borrower_is_taken_back_under_its_own_gpus_policy(
+    borrower_bin: Path, sim_env: dict[str, str], borrowers: list[Borrower]
+) -> None:
+    """One claim needs memory on two GPUs whose policies differ: gpu-0 `evict` (grace 0.5 s),
+    gpu-1 `wait` (timeout 40 s). Claim a borrows on gpu-0, b (newer) on gpu-1, both deaf. a's
+    process is stopped after its grace while the prepare still waits for b, whose process is
+    not stopped; once b's pod ends, the prepare answers. (Under one policy for both, that of
+    whichever borrower came first, a would wait with b and never be stopped.)"""
+    rules = {
+        0: replace(BUILTIN, burst=Burst(max_ratio=8, from_claim=True, reclaim="evict", grace=0.5)),
+        1: replace(BUILTIN, burst=Burst(max_ratio=8, from_claim=True, reclaim="wait", timeout=40)),
+    }
+    w = make_world(rules_for=lambda g: rules[g.index])
+    try:
+        a = claim(w, "a", "10Gi", "4x")
+        b = claim(w, "b", "10Gi", "4x", device="gpu-1")
+        prepare(w, a)
+        prepare(w, b)
+        deaf_a = start(borrower_bin, w, a, sim_env, "deaf", 6, 0, borrowers)
+        deaf_b = start(borrower_bin, w, b, sim_env, "deaf", 6, 0, borrowers)
+        assert used(w, a) == used(w, b) == 30 * GiB  # each borrows 20 of a grant of 30
+        both = w.claim("both", results=[result("gpu", "gpu-0", memory="65Gi", cores="10"),
+                                         result("gpu", "gpu-1", memory="65Gi", cores="10")])  # fmt: skip
+        waiting, answer = prepare_in_background(w, both)
+        assert deaf_a.proc.wait(DEADLINE) == -9  # gpu-0: evict, after the grace
+        assert waiting.is_alive() and deaf_b.alive()  # gpu-1: wait stops nobody
+        g = grant_of(w, b)
+        assert g is not None and (g.state, g.grant, g.deadline_unix_ns) == (
+            burstpool.GRANT_RECLAIM, 5 * GiB, 0)  # fmt: skip
+        deaf_b.stop()
+        waiting.join(DEADLINE)
+        assert answer == [""]
+        assert w.plugin.driver.state.reclaims.outcomes == {"freed": 0, "evicted": 1, "timeout": 0}
+        (ev,) = events(w.server, a, "BurstReclaimed")
+        assert f"processes stopped: {deaf_a.proc.pid}" in ev["message"], ev["message"]
+    finally:
+        close_world(w)
 
 
 # ------------------------------------------------------ a borrower that hides what it borrows
@@ -401,6 +484,9 @@ def test_wait_measures_a_borrower_by_nvml_when_its_accounting_file_says_less(
     prepare(w, a)
     holder = start(borrower_bin, w, a, sim_env, "deaf", 10, 0, borrowers)
     lower_used(w, a)
+    # the metric measures it as the reclaim does: by NVML, 50 GiB less the margin above 20
+    borrowed = metrics(w)[("vgpu_slice_borrowed_bytes", ("default/a", "gpu-0"))]
+    assert borrowed == 30 * GiB - 128 * 1024**2, borrowed
     new = claim(w, "train", "40Gi")
     err = w.kubelet.prepare([new])[new.uid].error
     # by NVML: 50 GiB held, less the margin (128 MiB), above request 20 and grant 20
@@ -512,6 +598,11 @@ def test_concurrent_prepares_never_let_a_borrower_use_a_prepared_claims_request(
     lock = threading.Lock()
     errors: list[str] = []
 
+    def grant(c: ClaimId) -> int:
+        g = grant_of(w, c)  # OPEN, or RECLAIM while another prepare takes memory back
+        assert g is not None
+        return g.grant
+
     def churn(name: str, request: int, rounds: int) -> None:
         for i in range(rounds):
             c = claim(w, f"{name}-{i}", f"{request}Gi")
@@ -521,10 +612,11 @@ def test_concurrent_prepares_never_let_a_borrower_use_a_prepared_claims_request(
                 errors.append(err)
                 continue
             # let the borrowers fill what they are granted while this claim is prepared (a
-            # bounded look, not a condition of the test: grants move with the other thread)
+            # bounded look, not a condition of the test: grants move with the other thread,
+            # whose prepare may be taking memory back meanwhile)
             until = time.monotonic() + 2.0
             while time.monotonic() < until and not all(
-                used(w, c) >= 10 * GiB + granted(w, c) - GiB for c in (a, b)
+                used(w, c) >= 10 * GiB + grant(c) - GiB for c in (a, b)
             ):
                 time.sleep(0.01)
             called = time.monotonic()

@@ -16,6 +16,7 @@ from driver.checkpoint import (
     CheckpointError,
     ClaimEntry,
     PreparedDevice,
+    _checksum,
 )
 from tests.driver.kubelet_standin import KubeletStandin, allocated_claim, claim_id, result
 from tests.driver.plugin_process import InProcessPlugin
@@ -149,3 +150,33 @@ def test_failed_write_keeps_memory_equal_to_disk(
     fresh.load()
     assert [e.uid for e in fresh.entries()] == ["aaaa-1"]
     assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.json"]
+
+
+def test_a_reclaim_record_names_each_borrowers_policy_and_reads_an_older_plugins(
+    tmp_path: Path,
+) -> None:
+    """A reclaim's record holds [uid, gpu, policy, deadline] per borrower (GPUs of one claim
+    may have different policies); a record an older plugin wrote ([uid, gpu], one policy and
+    deadline for all) is read into that form, and one that is neither is refused."""
+    path = tmp_path / "checkpoint.json"
+    now = [["u-a", 0, "evict", 5], ["u-b", 1, "wait", 9]]
+    older = [["u-a", 0], ["u-b", 1]]
+    for borrowers, want in ((now, now), (older, [["u-a", 0, "evict", 9], ["u-b", 1, "evict", 9]])):
+        cp = Checkpoint(path)
+        cp.put(entry("aaaa-1", PREPARE_STARTED))
+        doc = json.loads(path.read_text())
+        doc["claims"]["aaaa-1"]["reclaim"] = {
+            "policy": "evict", "deadline_unix_ns": 9, "borrowers": borrowers,
+        }  # fmt: skip
+        doc["checksum"] = _checksum(doc["claims"])
+        path.write_text(json.dumps(doc))
+        again = Checkpoint(path)
+        again.load()
+        got = again.get("aaaa-1")
+        assert got is not None and got.reclaim is not None
+        assert got.reclaim["borrowers"] == want
+    doc["claims"]["aaaa-1"]["reclaim"]["borrowers"] = [["u-a", 0, "drop", 5]]
+    doc["checksum"] = _checksum(doc["claims"])
+    path.write_text(json.dumps(doc))
+    with pytest.raises(CheckpointError, match="reclaim record"):
+        Checkpoint(path).load()

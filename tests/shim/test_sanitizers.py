@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from sharing import burstpool
-from shim.build import SANITIZER_FLAGS, build_with_gcc
+from shim.build import SANITIZER_FLAGS
 from tests.support.cbuild import compile_shared_library
 from tests.support.lock_garbage import garbage_patterns, hold_hung_slot, scribble
 from tests.support.quantity_cases import HAMI as CASES
@@ -37,10 +37,11 @@ def _libasan() -> str:
 
 
 @pytest.fixture(scope="module")
-def sanitized(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    d = tmp_path_factory.mktemp("asan")
-    libs = build_with_gcc(d / "lib", SANITIZER_FLAGS)
-    return {"shim": libs["libvgpu.so"], "harness": build_harness(d, list(SANITIZER_FLAGS))}
+def sanitized(
+    tmp_path_factory: pytest.TempPathFactory, asan_libs: dict[str, Path]
+) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("asan-harness")
+    return {"shim": asan_libs["libvgpu.so"], "harness": build_harness(d, list(SANITIZER_FLAGS))}
 
 
 def _clean(r: subprocess.CompletedProcess[str]) -> None:

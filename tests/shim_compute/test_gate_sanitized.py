@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from shim.build import SANITIZER_FLAGS, build_with_gcc
 from tests.support.compute_workload import Workload, compute_state, parse
 
 pytestmark = pytest.mark.slow
@@ -25,9 +24,8 @@ ASAN_ENV = {
 
 
 @pytest.fixture(scope="module")
-def sanitized_shim(tmp_path_factory: pytest.TempPathFactory) -> str:
-    d = tmp_path_factory.mktemp("asan")
-    shim = build_with_gcc(d / "lib", SANITIZER_FLAGS, only=["libvgpu.so"])["libvgpu.so"]
+def sanitized_shim(asan_libs: dict[str, Path]) -> str:
+    shim = asan_libs["libvgpu.so"]
     libasan = subprocess.run(
         ["gcc", "-print-file-name=libasan.so"], capture_output=True, text=True, check=True
     ).stdout.strip()

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from shim.build import CFLAGS as BUILD_CFLAGS
-from shim.build import INCLUDE_DIR, LIBRARIES, SANITIZER_FLAGS, build_with_gcc, link_args
+from shim.build import INCLUDE_DIR, LIBRARIES, SANITIZER_FLAGS, link_args
 from tests.sim.simhelp import EXACT_BYTES, EXACT_DURATIONS, Client, run_python, tool_info
 from tests.support.cbuild import C_PROGRAMS, CFLAGS, INCLUDE
 
@@ -27,10 +27,11 @@ HERE = Path(__file__).resolve().parent
 
 
 @pytest.fixture(scope="module")
-def sanitized(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    out = tmp_path_factory.mktemp("asan")
-    libs = build_with_gcc(out, SANITIZER_FLAGS)
-    libdir = libs["libcuda.so.1"].parent
+def sanitized(
+    tmp_path_factory: pytest.TempPathFactory, asan_libs: dict[str, Path]
+) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("asan-programs")
+    libdir = asan_libs["libcuda.so.1"].parent
     progs = {}
     programs: tuple[tuple[str, list[str]], ...] = (
         ("sim_api", ["-ldl"]),

@@ -41,6 +41,8 @@ def examples() -> list[tuple[str, dict[str, Any]]]:
     for path in sorted((DEPLOY / "examples").rglob("*.yaml")):
         if path.relative_to(DEPLOY / "examples").parts[0] == "plan":
             continue  # `vgpu plan` inputs (docs/plan.md, tested in tests/sharing/plan), not cluster objects
+        if path.name == "kustomization.yaml":
+            continue  # examples/burst's: kustomize's input, not an object (rendered in tests/deploy)
         for i, doc in enumerate(yaml.safe_load_all(path.read_text())):
             if doc is not None:
                 out.append((f"{path.relative_to(DEPLOY)}#{i}", doc))
