@@ -12,6 +12,15 @@ VLLM_ENABLE_V1_MULTIPROCESSING=0), so the driver's per-process figures are the e
                      llm.sleep(level), print "asleep level=L" and wait, llm.wake_up(), print
                      "awake" and wait, generate again (each wait: the test reads the slice while
                      the engine holds still)
+  burst [UTIL]       eager with sleep mode, in a bursting slice (docs/policy.md, "Taking it back"):
+                     generate, print "generated n=N free=F total=T" (torch.cuda.mem_get_info()),
+                     then serve two things at once until stdin closes or says "exit": the plugin's
+                     notice (SIGWINCH: give borrowed memory back) makes it llm.sleep(level=1) (the
+                     KV cache discarded, the weights offloaded to the host) and print "asleep on
+                     notice free=F total=T"; a line "generate" generates again, "wake" wakes it
+                     (llm.wake_up()), answered "generated n=N free=F total=T" and "wake ok
+                     free=F total=T"; a wake the slice refuses memory for prints "wake refused
+                     free=F total=T: WHY" and may be asked again (vLLM wakes what still sleeps)
   ttft N             eager; after two warm-up requests, N requests of one token from a 4-token
                      prompt, one at a time: print "ttft_ms=MEDIAN min=MIN" of their wall times
   decode N [LIB]     eager; after two warm-up batches, one batch of 8 sequences of N tokens each
@@ -27,7 +36,11 @@ VLLM_ENABLE_V1_MULTIPROCESSING=0), so the driver's per-process figures are the e
 from __future__ import annotations
 
 import ctypes
+import os
+import select
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -74,6 +87,49 @@ def served_share(t0: int, t1: int) -> float:
     return 100.0 * busy.value / window.value
 
 
+def memory() -> str:
+    free, total = torch.cuda.mem_get_info()
+    return f"free={free} total={total}"
+
+
+def burst(model: str, util: float) -> None:
+    """The burst mode: the notice or the test's next command, whichever comes first. The handler
+    is installed before the engine starts, so no notice is lost (SIGWINCH's default: ignored)."""
+    noticed = threading.Event()
+    signal.signal(signal.SIGWINCH, lambda _sig, _frame: noticed.set())
+    llm = engine(model, enforce_eager=True, enable_sleep_mode=True, gpu_memory_utilization=util)
+    print(f"generated n={generate(llm)} {memory()}", flush=True)
+    pending = b""
+    while True:
+        if noticed.is_set():
+            noticed.clear()
+            llm.sleep(level=1)
+            print(f"asleep on notice {memory()}", flush=True)
+            continue
+        if b"\n" not in pending:
+            # a SIGWINCH interrupts the wait; its handler runs, then select waits again (PEP 475):
+            # a short timeout so the notice is seen within a tenth of a second
+            if select.select([0], [], [], 0.1)[0]:
+                chunk = os.read(0, 4096)
+                pending += chunk or b"exit\n"
+            continue
+        line, pending = pending.split(b"\n", 1)
+        command = line.decode().strip()
+        if command == "generate":
+            print(f"generated n={generate(llm)} {memory()}", flush=True)
+        elif command == "wake":
+            try:
+                llm.wake_up()
+            except (RuntimeError, torch.OutOfMemoryError) as e:  # the slice may not allow it yet
+                print(f"wake refused {memory()}: {str(e).splitlines()[0]}", flush=True)
+                continue
+            print(f"wake ok {memory()}", flush=True)
+        elif command == "exit":
+            return
+        else:
+            raise SystemExit(f"unknown command {command!r}")
+
+
 def main() -> None:
     model, mode, args = sys.argv[1], sys.argv[2], sys.argv[3:]
     if mode == "generate":
@@ -93,6 +149,8 @@ def main() -> None:
             print("awake", flush=True)
             sys.stdin.readline()
             print(f"generated n={generate(llm)}", flush=True)
+    elif mode == "burst":
+        burst(model, float(args[0]) if args else 0.9)
     elif mode == "ttft":
         llm = engine(model, enforce_eager=True)
         generate(llm, tokens=1)
