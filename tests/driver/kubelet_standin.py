@@ -51,8 +51,13 @@ class PrepareAnswer:
     error: str = ""
 
 
+# What the kubelet gives each call to a DRA plugin (defaultClientCallTimeout in
+# pkg/kubelet/cm/dra/plugin, Kubernetes 1.34 and 1.37)
+KUBELET_CALL_TIMEOUT = 45.0
+
+
 class KubeletStandin:
-    def __init__(self, registration_socket: Path, timeout: float = 10.0) -> None:
+    def __init__(self, registration_socket: Path, timeout: float = KUBELET_CALL_TIMEOUT) -> None:
         self.registration_socket = registration_socket
         self.timeout = timeout
         self.info: Any = None
