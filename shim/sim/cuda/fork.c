@@ -8,8 +8,8 @@
 #include "context.h"
 #include "ctxstack.h"
 #include "init.h"
-#include "memory.h"
 #include "stream.h"
+#include "vmm.h"
 
 #include "../common/state.h"
 

@@ -52,6 +52,5 @@ CUresult sim_free_ctx_allocations(struct CUctx_st *ctx); /* context destroy */
 /* cuMemFree of an allocation of `kind` whose memory belongs to a pool of its own (stream-ordered
  * pools, the graph memory pool) hands it to `release` (G.lock held, its entry still in the table). */
 void sim_alloc_set_release(int kind, void (*release)(const sim_alloc *a));
-void sim_vmm_after_fork(void); /* fork child: forget the parent's VMM handles and reservations (vmm.c) */
 
 #endif

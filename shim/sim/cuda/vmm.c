@@ -36,6 +36,7 @@
 #include "ctxstack.h"
 #include "init.h"
 #include "memory.h"
+#include "vmm.h"
 
 #include "../common/state.h"
 
