@@ -211,3 +211,53 @@ def test_a_shared_allocation_outlives_its_killed_creator_and_goes_with_the_impor
     finally:
         b.kill()
     assert device_used(shim_ops, sim_env) == 0
+
+
+def test_an_importers_mappings_are_charged_to_its_slice(
+    shim_ops: Path, shim_env: dict[str, str], tmp_path: Path, sock: str
+) -> None:
+    """Both in one 64 MiB slice: the importer's mapping is charged to it, the exporter keeps its own
+    charge while it holds the handle (the shim sees no other process's handles: twice, the safe
+    side), and the importer's stays while it holds its handle, mapped or not."""
+    env, reg = slice_env(shim_env, tmp_path, "64Mi")
+    a, b = creator(shim_ops, env, sock), importer(shim_ops, env, sock)
+
+    def seen() -> tuple[int, tuple[int, int, int]]:
+        return region.read(reg).devices[0].used, sim_views(shim_ops, env, a, b)
+
+    try:
+        assert rcs(a.next()) == ["0"] * 5 and rcs(b.next()) == ["0"] * 4
+        assert seen() == (16 * MiB, (8 * MiB, 8 * MiB, 0))
+        assert rcs(a.next()) == ["0"] * 2
+        assert seen() == (8 * MiB, (8 * MiB, 0, 8 * MiB))
+        assert rcs(b.next()) == ["0"]
+        assert seen() == (8 * MiB, (8 * MiB, 0, 8 * MiB))
+        assert rcs(b.next()) == ["0"]
+        assert seen() == (0, (0, 0, 0))
+    finally:
+        a.end()
+        b.end()
+    assert region.read(reg).devices[0].used == 0
+
+
+def test_a_create_export_import_release_loop_stops_at_the_quota(
+    shim_ops: Path, shim_env: dict[str, str], tmp_path: Path, sock: str
+) -> None:
+    """A creates 8 MiB, B (same slice) imports and maps it, A releases and unmaps, 32 times. Before
+    the shim charged an importer's mappings, A's release gave the charge back while B held the
+    memory: the loop took 256 MiB of the device in a 64 MiB slice (ok=32, region 0). Now the
+    8th import's map is refused: 7 x 8 MiB held by B, all of it charged."""
+    env, reg = slice_env(shim_env, tmp_path, "64Mi")
+    b = Stepped(shim_ops, env, "init", "ctx", f"take:{8 * MiB}:{sock}")
+    try:
+        a = run_ops(shim_ops, env, "init", "ctx", f"share:{8 * MiB}:32:{sock}")
+        took = b.next()[-1]
+        assert (a[-1]["ok"], a[-1]["rc"]) == ("7", "2"), a  # then B's CUDA_ERROR_OUT_OF_MEMORY
+        assert (took["ok"], took["rc"]) == ("7", "2"), took
+        assert region.read(reg).devices[0].used == 56 * MiB
+        assert device_used(shim_ops, env) == 56 * MiB
+        assert nvml_used(env, b.proc.pid) == 56 * MiB
+    finally:
+        b.end()
+    assert device_used(shim_ops, env) == 0
+    assert region.read(reg).devices[0].used == 0
