@@ -193,21 +193,24 @@ done:
  * held) */
 static CUresult charge_import_map(CUmemGenericAllocationHandle handle, size_t size, size_t offset, uint64_t *grown) {
     int dev;
-    uint64_t bytes, aux;
+    uint64_t bytes, aux, reach;
     CUmemAllocationProp prop;
+    CUresult st = CUDA_SUCCESS;
     *grown = 0;
-    if (!vgpu_track_peek_aux(VGPU_TRACK_HANDLE, handle, &dev, &bytes, &aux) || !(aux & IMPORTED)) return CUDA_SUCCESS;
-    if (size > UINT64_MAX - offset) return CUDA_SUCCESS; /* no such mapping: the driver refuses it */
-    uint64_t reach = handle_props(handle, &prop) == 0 ? handle_bytes((uint64_t)offset + size, &prop) : offset + size;
-    if (reach <= bytes) return CUDA_SUCCESS;
-    CUresult st = vgpu_mem_reserve(dev, reach - bytes);
-    if (st != CUDA_SUCCESS) return st;
-    if (!vgpu_track_move_bytes(VGPU_TRACK_HANDLE, handle, bytes, reach)) {
+    /* not imported, or no such mapping (the driver refuses it): nothing to charge */
+    if (!vgpu_track_peek_aux(VGPU_TRACK_HANDLE, handle, &dev, &bytes, &aux) || !(aux & IMPORTED) ||
+        size > UINT64_MAX - offset)
+        goto out;
+    reach = handle_props(handle, &prop) == 0 ? handle_bytes((uint64_t)offset + size, &prop) : offset + size;
+    if (reach <= bytes || (st = vgpu_mem_reserve(dev, reach - bytes)) != CUDA_SUCCESS) goto out;
+    if (vgpu_track_move_bytes(VGPU_TRACK_HANDLE, handle, bytes, reach)) {
+        *grown = reach - bytes;
+    } else {
         vgpu_mem_release(dev, reach - bytes); /* cannot happen under handles_mu; never charged twice */
-        return CUDA_ERROR_OUT_OF_MEMORY;
+        st = CUDA_ERROR_OUT_OF_MEMORY;
     }
-    *grown = reach - bytes;
-    return CUDA_SUCCESS;
+out:
+    return st;
 }
 
 CUresult hook_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
