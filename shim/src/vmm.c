@@ -12,6 +12,16 @@
  * mappings (cuMemMap + 1, - each that cuMemUnmap or cuMemAddressFree takes away); the mappings
  * themselves are in track.c's ordered table, since an unmap names an address range, not a handle.
  * The charge returns when both counts are 0.
+ *
+ * Shareable handles: an allocation exported (cuMemExportToShareableHandle) and imported in another
+ * process lives on the device while any process holds a handle to it or maps it. The exporter's
+ * rules are the ones above; the shim cannot see other processes' handles, so a handle this process
+ * imported is charged here once it maps it: its record is kept from the import (flag IMPORTED, no
+ * bytes), and each cuMemMap of it first charges what the mapping reaches beyond what is charged
+ * (offset + size, in whole granules: the driver reveals no imported handle's size, but a mapping
+ * proves the allocation that large), refused with CUDA_ERROR_OUT_OF_MEMORY on the quota before the
+ * driver maps anything. The charge then returns as a created handle's does (released and
+ * unmapped). While the exporter holds it too, both slices pay for it: too much, never too little.
  */
 #include <pthread.h>
 
@@ -40,11 +50,13 @@ static void lock_handles(void) {
     pthread_mutex_lock(&handles_mu);
 }
 
-/* aux word of a handle's record: references in the low half, mappings in the high half */
+/* aux word of a handle's record: references in the low half, mappings in the high half but its
+ * top bit, set for a handle imported (its charge comes with its mappings) */
+#define IMPORTED        (1ull << 63)
 #define REFS(aux)       ((aux) & 0xffffffffu)
-#define MAPS(aux)       ((aux) >> 32)
+#define MAPS(aux)       (((aux) >> 32) & COUNT_MAX)
 #define AUX(refs, maps) (((uint64_t)(maps) << 32) | (uint64_t)(refs))
-#define COUNT_MAX       0xffffffffu
+#define COUNT_MAX       0x7fffffffu
 
 /* Apply a change to a charged handle's counts (handles_mu held; a handle not charged here is left
  * alone): d_refs, d_maps are +1, 0 or -1, never taking a count below 0 or past COUNT_MAX (a driver
@@ -61,9 +73,9 @@ static void handle_count(CUmemGenericAllocationHandle handle, int d_refs, int d_
     if (d_maps < 0 && maps > 0) maps--;
     if (refs == 0 && maps == 0) {
         /* released and unmapped: the driver freed it */
-        if (vgpu_track_take(VGPU_TRACK_HANDLE, handle, NULL, NULL)) vgpu_mem_release(dev, bytes);
+        if (vgpu_track_take(VGPU_TRACK_HANDLE, handle, NULL, NULL) && bytes > 0) vgpu_mem_release(dev, bytes);
     } else {
-        vgpu_track_set_aux(VGPU_TRACK_HANDLE, handle, AUX(refs, maps));
+        vgpu_track_set_aux(VGPU_TRACK_HANDLE, handle, AUX(refs, maps) | (aux & IMPORTED));
     }
 }
 
@@ -80,6 +92,15 @@ static void mappings_gone(CUdeviceptr ptr, size_t size, int whole) {
 }
 
 typedef CUresult (*gran_fn)(size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags);
+typedef CUresult (*props_fn)(CUmemAllocationProp *, CUmemGenericAllocationHandle);
+
+/* The properties of a handle, as the driver reports them: 0, or -1. */
+static int handle_props(CUmemGenericAllocationHandle handle, CUmemAllocationProp *prop) {
+    static props_fn props;
+    if (props == NULL) props = (props_fn)vgpu_cuda_sym("cuMemGetAllocationPropertiesFromHandle");
+    *prop = (CUmemAllocationProp){0};
+    return props != NULL && props(prop, handle) == CUDA_SUCCESS ? 0 : -1;
+}
 
 static uint64_t handle_bytes(uint64_t size, const CUmemAllocationProp *prop) {
     static gran_fn gran;
@@ -137,12 +158,77 @@ CUresult hook_cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, 
     return rc;
 }
 
+CUresult hook_cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle,
+                                             CUmemAllocationHandleType shHandleType) {
+    VGPU_HOOK_OPEN(real_cuMemImportFromShareableHandle);
+    if (!vgpu_mem_active() || handle == NULL)
+        return real_cuMemImportFromShareableHandle(handle, osHandle, shHandleType);
+    lock_handles();
+    CUresult rc = real_cuMemImportFromShareableHandle(handle, osHandle, shHandleType);
+    CUmemAllocationProp prop;
+    int dev = -1;
+    if (rc != CUDA_SUCCESS) goto done;
+    /* a handle imported twice is one handle to the driver: one reference more */
+    if (handle_charged(*handle)) {
+        handle_count(*handle, +1, 0);
+        goto done;
+    }
+    if (handle_props(*handle, &prop) == 0 && prop.location.type == CU_MEM_LOCATION_TYPE_DEVICE)
+        dev = vgpu_device_index(prop.location.id);
+    if (dev == -1) goto done; /* not device memory the shim accounts (as cuMemCreate) */
+    /* a device beyond those accounted: its mappings could not be charged, so the import is refused
+     * when a limit is set (as cuMemCreate on it) */
+    if (dev == VGPU_DEVICE_UNACCOUNTED) rc = vgpu_mem_unaccounted();
+    /* untracked, its mappings would hold memory uncharged: refused */
+    else if (vgpu_track_add_aux(VGPU_TRACK_HANDLE, *handle, dev, 0, AUX(1, 0) | IMPORTED) != 0)
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    if (rc != CUDA_SUCCESS) real_cuMemRelease(*handle);
+done:
+    pthread_mutex_unlock(&handles_mu);
+    return rc;
+}
+
+/* Before cuMemMap of an imported handle: charge what [offset, offset + size) reaches beyond its
+ * charge so far (*grown: the bytes added, to give back if the driver refuses the map). (handles_mu
+ * held) */
+static CUresult charge_import_map(CUmemGenericAllocationHandle handle, size_t size, size_t offset, uint64_t *grown) {
+    int dev;
+    uint64_t bytes, aux, reach;
+    CUmemAllocationProp prop;
+    CUresult st = CUDA_SUCCESS;
+    *grown = 0;
+    /* not imported, or no such mapping (the driver refuses it): nothing to charge */
+    if (!vgpu_track_peek_aux(VGPU_TRACK_HANDLE, handle, &dev, &bytes, &aux) || !(aux & IMPORTED) ||
+        size > UINT64_MAX - offset)
+        goto out;
+    reach = handle_props(handle, &prop) == 0 ? handle_bytes((uint64_t)offset + size, &prop) : offset + size;
+    if (reach <= bytes || (st = vgpu_mem_reserve(dev, reach - bytes)) != CUDA_SUCCESS) goto out;
+    if (vgpu_track_move_bytes(VGPU_TRACK_HANDLE, handle, bytes, reach)) {
+        *grown = reach - bytes;
+    } else {
+        vgpu_mem_release(dev, reach - bytes); /* cannot happen under handles_mu; never charged twice */
+        st = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+out:
+    return st;
+}
+
 CUresult hook_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
                        unsigned long long flags) {
     VGPU_HOOK_OPEN(real_cuMemMap);
     if (!vgpu_mem_active()) return real_cuMemMap(ptr, size, offset, handle, flags);
     lock_handles();
-    CUresult rc = real_cuMemMap(ptr, size, offset, handle, flags);
+    uint64_t grown = 0;
+    CUresult rc = charge_import_map(handle, size, offset, &grown);
+    if (rc != CUDA_SUCCESS) goto done; /* fail closed: nothing mapped */
+    rc = real_cuMemMap(ptr, size, offset, handle, flags);
+    if (rc != CUDA_SUCCESS && grown > 0) {
+        int dev;
+        uint64_t bytes;
+        if (vgpu_track_peek_aux(VGPU_TRACK_HANDLE, handle, &dev, &bytes, NULL) &&
+            vgpu_track_move_bytes(VGPU_TRACK_HANDLE, handle, bytes, bytes - grown))
+            vgpu_mem_release(dev, grown);
+    }
     /* the driver mapped the range, so whatever was recorded there went by a route not seen */
     if (rc == CUDA_SUCCESS) mappings_gone(ptr, size, 0);
     if (rc == CUDA_SUCCESS && handle_charged(handle)) {
@@ -156,6 +242,7 @@ CUresult hook_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGeneric
             rc = CUDA_ERROR_OUT_OF_MEMORY;
         }
     }
+done:
     pthread_mutex_unlock(&handles_mu);
     return rc;
 }

@@ -23,6 +23,18 @@
  *                           (same=1 if it is the handle that mapping maps)
  *   leak:N:COUNT            up to COUNT times: cuMemCreate(N), map it, cuMemRelease, never unmap (ok=..
  *                           how many were created; rc is the first failure's)
+ *   screate:N               cuMemCreate(N) on device 0, shareable as a POSIX file descriptor
+ *   sendh:PATH              export the topmost handle (a descriptor), listen on the unix socket PATH,
+ *                           send it to the first process that connects (SCM_RIGHTS)
+ *   recvh:PATH              connect to PATH (waits for it), receive a descriptor, import it: pushed as
+ *                           a handle
+ *   share:N:COUNT:PATH      up to COUNT times: screate(N), map it, export it and send the descriptor
+ *                           over one connection accepted on PATH, wait for the peer's answer (its
+ *                           import and map, "take"), then release and unmap here (ok=.. how many the
+ *                           peer took; rc: the first failure, here or the peer's)
+ *   take:N:PATH             connect to PATH; for each descriptor received: import it, map N bytes of
+ *                           it (kept, with the handle), answer the CUresult; until the peer closes
+ *                           (ok=.. how many were mapped; rc: the first failure)
  *   vmmodd                  odd VMM calls, each rc printed (unmap=.. of a range never mapped, release2=..
  *                           a second release, map0=.. a handle that is no handle, retain0=.. an address
  *                           no mapping holds, afree=.. a range never reserved, unmapnull=.. size 0)
@@ -46,14 +58,21 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "entry_target.h"
 #include "vgpu/cuda_api.h"
+
+/* not in the shim's API header (the shim does not hook it) */
+CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle handle,
+                                      CUmemAllocationHandleType handleType, unsigned long long flags);
 
 enum { K_PTR, K_PTR1, K_HANDLE, K_ASYNC, K_ARRAY, K_MIPMAP, K_CTX, K_POOL, K_MAP };
 struct obj {
@@ -183,6 +202,64 @@ static CUdeviceptr map_rw(CUmemGenericAllocationHandle h, size_t size, CUresult 
         va = 0;
     }
     return va;
+}
+
+/* A unix socket at path: listening and accepting one connection (listen=1), or connected to it
+ * (waits up to 20 s for it to appear). The connection, or -1. */
+static int unix_conn(const char *path, int listen_side) {
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0), c = -1;
+    if (s < 0 || strlen(path) >= sizeof a.sun_path) goto out;
+    strcpy(a.sun_path, path);
+    if (listen_side) {
+        if (bind(s, (struct sockaddr *)&a, sizeof a) == 0 && listen(s, 1) == 0)
+            c = accept4(s, NULL, NULL, SOCK_CLOEXEC);
+    } else {
+        for (int k = 0; k < 2000 && c < 0; k++) {
+            if (connect(s, (struct sockaddr *)&a, sizeof a) == 0) {
+                c = s;
+                s = -1;
+            } else {
+                usleep(10000);
+            }
+        }
+    }
+out:
+    if (s >= 0) close(s);
+    return c;
+}
+
+/* Send fd over the connection (SCM_RIGHTS), with one byte: 0, or -1. */
+static int send_fd(int conn, int fd) {
+    char byte = 'h', cbuf[CMSG_SPACE(sizeof(int))];
+    memset(cbuf, 0, sizeof cbuf);
+    struct iovec iov = {.iov_base = &byte, .iov_len = 1};
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof cbuf};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &fd, sizeof fd);
+    return sendmsg(conn, &m, MSG_NOSIGNAL) == 1 ? 0 : -1;
+}
+
+/* A descriptor received over the connection, or -1 (closed, or none came). */
+static int recv_fd(int conn) {
+    char byte, cbuf[CMSG_SPACE(sizeof(int))];
+    struct iovec iov = {.iov_base = &byte, .iov_len = 1};
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof cbuf};
+    int fd = -1;
+    if (recvmsg(conn, &m, MSG_CMSG_CLOEXEC) != 1) return -1;
+    struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+    if (c && c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) memcpy(&fd, CMSG_DATA(c), sizeof fd);
+    return fd;
+}
+
+/* Export h as a descriptor: it, or -1 (*rc says why). */
+static int export_fd(CUmemGenericAllocationHandle h, CUresult *rc) {
+    int fd = -1;
+    *rc = cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    return *rc == CUDA_SUCCESS ? fd : -1;
 }
 
 static CUmemAllocationProp device_prop(int ordinal) {
@@ -433,6 +510,86 @@ int main(int argc, char **argv) {
                 if (rc == CUDA_SUCCESS) rc = rrc;
                 if (rc != CUDA_SUCCESS || va == 0) break;
             }
+            snprintf(extra, sizeof extra, "ok=%ld", ok);
+        } else if (!strcmp(op, "screate")) {
+            CUmemAllocationProp prop = device_prop(0);
+            prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+            CUmemGenericAllocationHandle h;
+            rc = cuMemCreate(&h, num(f[1]), &prop, 0);
+            if (rc == CUDA_SUCCESS) push(K_HANDLE, h);
+        } else if (!strcmp(op, "sendh")) {
+            int i = top - 1;
+            while (i >= 0 && stack[i].kind != K_HANDLE) i--;
+            rc = CUDA_ERROR_INVALID_VALUE;
+            int fd = i >= 0 ? export_fd((CUmemGenericAllocationHandle)stack[i].h, &rc) : -1;
+            int conn = fd >= 0 ? unix_conn(f[1], 1) : -1;
+            if (fd >= 0 && (conn < 0 || send_fd(conn, fd) != 0)) rc = CUDA_ERROR_OPERATING_SYSTEM;
+            if (conn >= 0) close(conn);
+            if (fd >= 0) close(fd);
+        } else if (!strcmp(op, "recvh")) {
+            int conn = unix_conn(f[1], 0), fd = conn >= 0 ? recv_fd(conn) : -1;
+            CUmemGenericAllocationHandle h;
+            rc = fd < 0 ? CUDA_ERROR_OPERATING_SYSTEM
+                        : cuMemImportFromShareableHandle(&h, (void *)(uintptr_t)fd,
+                                                         CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+            if (rc == CUDA_SUCCESS) push(K_HANDLE, h);
+            if (fd >= 0) close(fd);
+            if (conn >= 0) close(conn);
+        } else if (!strcmp(op, "share")) {
+            CUmemAllocationProp prop = device_prop(0);
+            prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+            size_t size = num(f[1]);
+            long ok = 0, count = (long)num(f[2]);
+            int conn = unix_conn(f[3], 1);
+            rc = conn < 0 ? CUDA_ERROR_OPERATING_SYSTEM : CUDA_SUCCESS;
+            while (rc == CUDA_SUCCESS && ok < count) {
+                CUmemGenericAllocationHandle h;
+                if ((rc = cuMemCreate(&h, size, &prop, 0)) != CUDA_SUCCESS) break;
+                CUdeviceptr va = map_rw(h, size, &rc);
+                int fd = va ? export_fd(h, &rc) : -1, answer = CUDA_ERROR_OPERATING_SYSTEM;
+                if (fd >= 0 && (send_fd(conn, fd) != 0 || read(conn, &answer, sizeof answer) != sizeof answer))
+                    answer = CUDA_ERROR_OPERATING_SYSTEM;
+                if (fd >= 0) rc = (CUresult)answer; /* the peer's import and map */
+                if (fd >= 0) close(fd);
+                CUresult rrc = cuMemRelease(h); /* the creator lets go: the peer holds it now */
+                if (va) {
+                    CUresult urc = cuMemUnmap(va, size);
+                    if (rrc == CUDA_SUCCESS) rrc = urc;
+                    cuMemAddressFree(va, size);
+                }
+                if (rc == CUDA_SUCCESS) rc = rrc;
+                if (rc == CUDA_SUCCESS) ok++;
+            }
+            if (conn >= 0) close(conn);
+            snprintf(extra, sizeof extra, "ok=%ld", ok);
+        } else if (!strcmp(op, "take")) {
+            size_t size = num(f[1]);
+            long ok = 0;
+            int conn = unix_conn(f[2], 0), fd;
+            CUresult first = conn < 0 ? CUDA_ERROR_OPERATING_SYSTEM : CUDA_SUCCESS;
+            while (conn >= 0 && (fd = recv_fd(conn)) >= 0) {
+                CUmemGenericAllocationHandle h;
+                CUresult r =
+                    cuMemImportFromShareableHandle(&h, (void *)(uintptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+                close(fd);
+                CUdeviceptr va = 0;
+                if (r == CUDA_SUCCESS) {
+                    va = map_rw(h, size, &r);
+                    if (va) {
+                        push(K_HANDLE, h);
+                        if (top < (int)(sizeof stack / sizeof stack[0]))
+                            stack[top++] = (struct obj){K_MAP, va, size, h};
+                        ok++;
+                    } else {
+                        cuMemRelease(h);
+                    }
+                }
+                if (first == CUDA_SUCCESS) first = r;
+                int answer = (int)r;
+                if (write(conn, &answer, sizeof answer) != sizeof answer) break;
+            }
+            if (conn >= 0) close(conn);
+            rc = first;
             snprintf(extra, sizeof extra, "ok=%ld", ok);
         } else if (!strcmp(op, "vmmodd")) {
             CUmemAllocationProp prop = device_prop(0);

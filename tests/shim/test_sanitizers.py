@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import subprocess
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -41,7 +42,11 @@ def sanitized(
     tmp_path_factory: pytest.TempPathFactory, asan_libs: dict[str, Path]
 ) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("asan-harness")
-    return {"shim": asan_libs["libvgpu.so"], "harness": build_harness(d, list(SANITIZER_FLAGS))}
+    return {
+        "shim": asan_libs["libvgpu.so"],
+        "sim": asan_libs["libcuda.so.1"].parent,
+        "harness": build_harness(d, list(SANITIZER_FLAGS)),
+    }
 
 
 def _clean(r: subprocess.CompletedProcess[str]) -> None:
@@ -213,3 +218,32 @@ def test_bypass_routes_sanitized(
         if line.startswith("op=alloc")
     ]
     assert rcs == ["2", "2", "-1"], r.stdout
+
+
+def test_shared_vmm_across_processes_sanitized(
+    sanitized: dict[str, Path], shim_ops: Path, sim_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The shim and the simulator sanitized in two processes sharing VMM allocations: one creates,
+    exports and releases, the other imports and maps until its slice's quota refuses."""
+    env = dict(sim_env, **ASAN_ENV, SIMGPU_CONTEXT_MEMORY="0", CUDA_DEVICE_MEMORY_LIMIT="64Mi")
+    env["LD_PRELOAD"] = f"{_libasan()}:{sanitized['shim']}"
+    env["LD_LIBRARY_PATH"] = str(sanitized["sim"])
+    env["LSAN_OPTIONS"] = f"suppressions={SIM_LSAN_SUPP}:print_suppressions=0"
+    env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = str(tmp_path / "x.region")
+    with tempfile.TemporaryDirectory(prefix="vmm") as d:
+        sock = f"{d}/s"
+        taker = subprocess.Popen(
+            [str(shim_ops), "init", "ctx", f"take:{8 * MiB}:{sock}", "freeall"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            sharer = _run_clean(
+                [str(shim_ops), "init", "ctx", f"share:{8 * MiB}:32:{sock}", "vmmodd", "freeall"],
+                env,
+            )
+        finally:
+            out, err = taker.communicate(timeout=300)
+    _clean(subprocess.CompletedProcess(taker.args, taker.returncode, out, err))
+    assert taker.returncode == 0, err[-3000:]
+    shared, took = parse_ops(sharer.stdout)[2], parse_ops(out)[2]
+    assert (shared["ok"], shared["rc"], took["ok"], took["rc"]) == ("7", "2", "7", "2")

@@ -5,12 +5,16 @@ per-process used memory, both read from outside the process without the shim."""
 
 from __future__ import annotations
 
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from sharing import region
 from tests.sim.simhelp import NO_CONTEXT_MEMORY
-from tests.support.shim_memory import held_rcs, nvml_used, slice_env
-from tests.support.shim_ops import Held, device_used, run_ops
+from tests.support.shim_memory import held_rcs, nvml_procs, nvml_used, slice_env
+from tests.support.shim_ops import Held, Stepped, device_used, run_ops
 
 pytestmark = NO_CONTEXT_MEMORY
 
@@ -134,3 +138,126 @@ def test_odd_vmm_calls_get_the_drivers_errors(
     assert all(with_shim[2][k] != "0" for k in keys if k != "release1"), with_shim[2]
     assert region.read(reg).devices[0].used == 0
     assert int(with_shim[3]["used"]) == 0
+
+
+# ---- shareable handles across processes: A creates and exports, B imports (fd over a unix socket)
+
+
+@pytest.fixture
+def sock() -> Iterator[str]:
+    """A unix socket path short enough for sun_path (a test's tmp_path may not be)."""
+    with tempfile.TemporaryDirectory(prefix="vmm") as d:
+        yield f"{d}/s"
+
+
+def rcs(results: list[dict[str, str]]) -> list[str]:
+    """The return codes of a stretch's ops (not of the "step" it resumed from)."""
+    return [r["rc"] for r in results if r["op"] != "step"]
+
+
+def creator(shim_ops: Path, env: dict[str, str], sock: str) -> Stepped:
+    """A: creates a shareable 8 MiB handle, maps it, sends it; then releases it and unmaps."""
+    return Stepped(
+        shim_ops, env, "init", "ctx", f"screate:{8 * MiB}", f"map:{8 * MiB}", f"sendh:{sock}",
+        "step", "relh", "free",
+    )  # fmt: skip
+
+
+def importer(shim_ops: Path, env: dict[str, str], sock: str) -> Stepped:
+    """B: imports it and maps it; then unmaps it, then releases its handle."""
+    return Stepped(
+        shim_ops, env, "init", "ctx", f"recvh:{sock}", f"map:{8 * MiB}",
+        "step", "free", "step", "relh",
+    )  # fmt: skip
+
+
+def sim_views(shim_ops: Path, env: dict[str, str], a: Stepped, b: Stepped) -> tuple[int, int, int]:
+    """(the device's used, NVML's used for A, for B), read without the shim."""
+    procs = nvml_procs(env)
+    return device_used(shim_ops, env), procs.get(a.proc.pid, 0), procs.get(b.proc.pid, 0)
+
+
+def test_the_simulator_frees_a_shared_allocation_with_its_last_holder(
+    shim_ops: Path, sim_env: dict[str, str], sock: str
+) -> None:
+    """The simulator as the driver: the physical allocation stays on the device while any process
+    holds a handle to it or maps it. NVML shows it once, in one holder's line: the creator's
+    while it holds it, then the importer's."""
+    a, b = creator(shim_ops, sim_env, sock), importer(shim_ops, sim_env, sock)
+    try:
+        assert rcs(a.next()) == ["0"] * 5 and rcs(b.next()) == ["0"] * 4
+        assert sim_views(shim_ops, sim_env, a, b) == (8 * MiB, 8 * MiB, 0)
+        assert rcs(a.next()) == ["0"] * 2  # A released and unmapped: B still maps it
+        assert sim_views(shim_ops, sim_env, a, b) == (8 * MiB, 0, 8 * MiB)
+        assert rcs(b.next()) == ["0"]  # B unmapped: its handle still holds it
+        assert sim_views(shim_ops, sim_env, a, b) == (8 * MiB, 0, 8 * MiB)
+        assert rcs(b.next()) == ["0"]  # B released: the last holder is gone
+        assert sim_views(shim_ops, sim_env, a, b) == (0, 0, 0)
+    finally:
+        a.end()
+        b.end()
+
+
+def test_a_shared_allocation_outlives_its_killed_creator_and_goes_with_the_importer(
+    shim_ops: Path, sim_env: dict[str, str], sock: str
+) -> None:
+    a, b = creator(shim_ops, sim_env, sock), importer(shim_ops, sim_env, sock)
+    try:
+        assert rcs(a.next()) == ["0"] * 5 and rcs(b.next()) == ["0"] * 4
+    finally:
+        a.kill()  # the creator dies holding its handle and mapping
+    try:
+        assert sim_views(shim_ops, sim_env, a, b) == (8 * MiB, 0, 8 * MiB)
+    finally:
+        b.kill()
+    assert device_used(shim_ops, sim_env) == 0
+
+
+def test_an_importers_mappings_are_charged_to_its_slice(
+    shim_ops: Path, shim_env: dict[str, str], tmp_path: Path, sock: str
+) -> None:
+    """Both in one 64 MiB slice: the importer's mapping is charged to it, the exporter keeps its own
+    charge while it holds the handle (the shim sees no other process's handles: twice, the safe
+    side), and the importer's stays while it holds its handle, mapped or not."""
+    env, reg = slice_env(shim_env, tmp_path, "64Mi")
+    a, b = creator(shim_ops, env, sock), importer(shim_ops, env, sock)
+
+    def seen() -> tuple[int, tuple[int, int, int]]:
+        return region.read(reg).devices[0].used, sim_views(shim_ops, env, a, b)
+
+    try:
+        assert rcs(a.next()) == ["0"] * 5 and rcs(b.next()) == ["0"] * 4
+        assert seen() == (16 * MiB, (8 * MiB, 8 * MiB, 0))
+        assert rcs(a.next()) == ["0"] * 2
+        assert seen() == (8 * MiB, (8 * MiB, 0, 8 * MiB))
+        assert rcs(b.next()) == ["0"]
+        assert seen() == (8 * MiB, (8 * MiB, 0, 8 * MiB))
+        assert rcs(b.next()) == ["0"]
+        assert seen() == (0, (0, 0, 0))
+    finally:
+        a.end()
+        b.end()
+    assert region.read(reg).devices[0].used == 0
+
+
+def test_a_create_export_import_release_loop_stops_at_the_quota(
+    shim_ops: Path, shim_env: dict[str, str], tmp_path: Path, sock: str
+) -> None:
+    """A creates 8 MiB, B (same slice) imports and maps it, A releases and unmaps, 32 times. Before
+    the shim charged an importer's mappings, A's release gave the charge back while B held the
+    memory: the loop took 256 MiB of the device in a 64 MiB slice (ok=32, region 0). Now the
+    8th import's map is refused: 7 x 8 MiB held by B, all of it charged."""
+    env, reg = slice_env(shim_env, tmp_path, "64Mi")
+    b = Stepped(shim_ops, env, "init", "ctx", f"take:{8 * MiB}:{sock}")
+    try:
+        a = run_ops(shim_ops, env, "init", "ctx", f"share:{8 * MiB}:32:{sock}")
+        took = b.next()[-1]
+        assert (a[-1]["ok"], a[-1]["rc"]) == ("7", "2"), a  # then B's CUDA_ERROR_OUT_OF_MEMORY
+        assert (took["ok"], took["rc"]) == ("7", "2"), took
+        assert region.read(reg).devices[0].used == 56 * MiB
+        assert device_used(shim_ops, env) == 56 * MiB
+        assert nvml_used(env, b.proc.pid) == 56 * MiB
+    finally:
+        b.end()
+    assert device_used(shim_ops, env) == 0
+    assert region.read(reg).devices[0].used == 0

@@ -99,6 +99,43 @@ class Held:
         self.proc.communicate(timeout=60)
 
 
+class Stepped:
+    """A shim_ops process run a stretch at a time: its ops are separated by "step"s, and next()
+    lets it run to the following one (or to its end) and returns the results of that stretch."""
+
+    def __init__(self, binary: Path, env: dict[str, str], *ops: str) -> None:
+        self.proc = subprocess.Popen(
+            [str(binary), *ops, "ready", "freeall"],
+            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        self.started = False
+
+    def next(self) -> list[dict[str, str]]:
+        """Let the process run to its next "step" (or "ready"): the results of the ops it ran."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        if self.started:
+            self.proc.stdin.write("\n")
+            self.proc.stdin.flush()
+        self.started = True
+        lines: list[str] = []
+        for line in self.proc.stdout:
+            if line.strip() in ("step", "ready"):
+                return parse_ops("".join(lines))
+            lines.append(line)
+        err = self.proc.stderr.read() if self.proc.stderr else ""
+        raise AssertionError(f"shim_ops ended early: {lines} {err}")
+
+    def end(self) -> list[dict[str, str]]:
+        """Let it free what it holds and exit."""
+        out, err = self.proc.communicate(timeout=60)
+        assert self.proc.returncode == 0, err
+        return parse_ops(out)
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.communicate(timeout=60)
+
+
 def device_used(binary: Path, env: dict[str, str], ordinal: int = 0) -> int:
     """Ground truth: the simulator's used bytes on a device, seen by a process without the shim."""
     plain = {k: v for k, v in env.items() if k != "LD_PRELOAD"}

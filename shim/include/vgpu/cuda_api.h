@@ -624,6 +624,8 @@ VGPU_CUDA_API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t 
                                    unsigned long long flags);
 VGPU_CUDA_API CUresult cuMemRelease(CUmemGenericAllocationHandle handle);
 VGPU_CUDA_API CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr);
+VGPU_CUDA_API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle,
+                                                      CUmemAllocationHandleType shHandleType);
 VGPU_CUDA_API CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
                                            unsigned long long flags);
 VGPU_CUDA_API CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size);

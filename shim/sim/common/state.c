@@ -253,7 +253,24 @@ void sim_robust_mutex_init(pthread_mutex_t *m) {
     pthread_mutexattr_destroy(&a);
 }
 
+static int share_holds(const sim_vmm_share *e, int slot) { return (int)((e->holders[slot / 64] >> (slot % 64)) & 1); }
+
+/* An entry's fields as read from the shared file: in range, or the entry is dropped (its bytes are
+ * then only in its carrier's slot, returned when that slot goes). */
+static int share_valid(const sim_vmm_share *e) {
+    return e->key != 0 && e->dev >= 0 && e->dev < SIM_MAX_DEVICES && e->carrier >= 0 && e->carrier < SIM_MAX_PROCS;
+}
+
 static void recompute_totals(void) {
+    /* a holder that died mid-update may have left an entry half-changed: holders that are no
+     * slot any more go, an entry nobody holds is dropped */
+    for (int k = 0; k < SIM_MAX_VMM_SHARES; k++) {
+        sim_vmm_share *e = &sim_shm->vmm[k];
+        if (e->key == 0) continue;
+        uint64_t any = 0;
+        for (int w = 0; w < (SIM_MAX_PROCS + 63) / 64; w++) any |= e->holders[w] &= sim_shm->active[w];
+        if (!share_valid(e) || !any) memset(e, 0, sizeof *e);
+    }
     for (int d = 0; d < SIM_MAX_DEVICES; d++) {
         uint64_t used = 0;
         for (int i = 0; i < SIM_MAX_PROCS; i++)
@@ -347,8 +364,32 @@ int sim_slot_alive(int slot, int own_slot) {
     return fl.l_type != F_UNLCK;
 }
 
+/* Slot holds e no more: if it carried e's bytes, they move to another holder, or leave the device
+ * with the last holder. State lock held. */
+static void share_drop_locked(sim_vmm_share *e, int slot) {
+    if (!share_valid(e) || !share_holds(e, slot)) return;
+    e->holders[slot / 64] &= ~(1ull << (slot % 64));
+    int next = -1;
+    for (int i = 0; i < SIM_MAX_PROCS && next < 0; i++)
+        if (share_holds(e, i) && sim_slot_active(i)) next = i;
+    uint64_t *from = &sim_shm->proc[e->carrier].used[e->dev];
+    uint64_t b = *from >= e->bytes ? e->bytes : *from;
+    if (next >= 0 && e->carrier == slot) {
+        *from -= b;
+        sim_shm->proc[next].used[e->dev] += b;
+        e->carrier = next;
+    } else if (next < 0) {
+        *from -= b;
+        sim_dev_state *d = &sim_shm->dev[e->dev];
+        d->used = d->used >= b ? d->used - b : 0;
+        memset(e, 0, sizeof *e);
+    }
+}
+
 static void free_slot_locked(int i) {
     sim_proc_slot *p = &sim_shm->proc[i];
+    for (int k = 0; k < SIM_MAX_VMM_SHARES; k++)
+        if (sim_shm->vmm[k].key != 0) share_drop_locked(&sim_shm->vmm[k], i);
     for (int d = 0; d < SIM_MAX_DEVICES; d++) {
         uint64_t u = p->used[d];
         sim_shm->dev[d].used = sim_shm->dev[d].used >= u ? sim_shm->dev[d].used - u : 0;
@@ -432,6 +473,61 @@ void sim_mem_uncharge(int slot, int dev, uint64_t bytes) {
     uint64_t b = p->used[dev] >= bytes ? bytes : p->used[dev];
     p->used[dev] -= b;
     sim_shm->dev[dev].used = sim_shm->dev[dev].used >= b ? sim_shm->dev[dev].used - b : 0;
+    sim_state_unlock();
+}
+
+static sim_vmm_share *share_find_locked(int dev, uint64_t key) {
+    for (int k = 0; k < SIM_MAX_VMM_SHARES; k++) {
+        sim_vmm_share *e = &sim_shm->vmm[k];
+        if (e->key == key && e->dev == dev && share_valid(e)) return e;
+    }
+    return NULL;
+}
+
+int sim_vmm_share_create(int slot, int dev, uint64_t key, uint64_t bytes, uint64_t total) {
+    if (slot < 0 || slot >= SIM_MAX_PROCS || dev < 0 || dev >= SIM_MAX_DEVICES || key == 0) return -2;
+    int rc = 0;
+    sim_state_lock();
+    /* an entry of this key is stale: the file it named is gone (a holder keeps it open), so its
+     * holders died unreaped and the kernel gave the inode number again */
+    if (share_find_locked(dev, key)) sim_state_reap_locked(slot);
+    sim_vmm_share *e = NULL;
+    for (int k = 0; k < SIM_MAX_VMM_SHARES && !e; k++)
+        if (sim_shm->vmm[k].key == 0) e = &sim_shm->vmm[k];
+    sim_dev_state *d = &sim_shm->dev[dev];
+    if (e && (bytes > total || d->used > total - bytes)) sim_state_reap_locked(slot);
+    if (!e) {
+        rc = -2;
+    } else if (bytes > total || d->used > total - bytes) {
+        rc = -1;
+    } else {
+        d->used += bytes;
+        sim_shm->proc[slot].used[dev] += bytes;
+        memset(e, 0, sizeof *e);
+        e->bytes = bytes;
+        e->dev = dev;
+        e->carrier = slot;
+        e->holders[slot / 64] = 1ull << (slot % 64);
+        e->key = key;
+    }
+    sim_state_unlock();
+    return rc;
+}
+
+int sim_vmm_share_hold(int slot, int dev, uint64_t key) {
+    if (slot < 0 || slot >= SIM_MAX_PROCS || dev < 0 || dev >= SIM_MAX_DEVICES || key == 0) return -1;
+    sim_state_lock();
+    sim_vmm_share *e = share_find_locked(dev, key);
+    if (e) e->holders[slot / 64] |= 1ull << (slot % 64);
+    sim_state_unlock();
+    return e ? 0 : -1;
+}
+
+void sim_vmm_share_drop(int slot, int dev, uint64_t key) {
+    if (slot < 0 || slot >= SIM_MAX_PROCS || dev < 0 || dev >= SIM_MAX_DEVICES || key == 0) return;
+    sim_state_lock();
+    sim_vmm_share *e = share_find_locked(dev, key);
+    if (e) share_drop_locked(e, slot);
     sim_state_unlock();
 }
 

@@ -64,6 +64,21 @@ typedef struct {
     sim_lane lane[SIM_MAX_PROCS];
 } sim_sched;
 
+/* A physical VMM allocation that can be shared between processes (cuMemCreate with a POSIX file
+ * descriptor handle type; cuda/vmm.c): its memory stays on the device while any process holds a
+ * handle to it or maps it. Its bytes are in exactly one holder's slot (`carrier`, NVML's process
+ * list shows them there), so the device's used stays the sum of the slots' (recompute_totals);
+ * when the carrier lets go, or dies, they move to another holder, and leave the device with the
+ * last one. Entries change only under the state lock. */
+#define SIM_MAX_VMM_SHARES 1024
+typedef struct {
+    uint64_t key;    /* the memfd's inode number (unique while any holder keeps it open); 0: free */
+    uint64_t bytes;  /* charged to (carrier, dev) */
+    int32_t dev;     /* physical device */
+    int32_t carrier; /* slot */
+    uint64_t holders[(SIM_MAX_PROCS + 63) / 64]; /* bit i: slot i holds a handle or a mapping */
+} sim_vmm_share;
+
 typedef struct {
     uint64_t magic;
     uint64_t size;
@@ -72,6 +87,7 @@ typedef struct {
     sim_dev_state dev[SIM_MAX_DEVICES];
     sim_proc_slot proc[SIM_MAX_PROCS];
     sim_sched sched[SIM_MAX_DEVICES]; /* per physical device */
+    sim_vmm_share vmm[SIM_MAX_VMM_SHARES];
     /* proc_ring[slot][dev] is the slot's owner's only when proc_ring_gen[slot][dev] equals the
      * slot's gen: the first record of a new owner on a device clears it (8 KiB, not all 1 MiB
      * of the slot's rings at every claim). */
@@ -102,6 +118,13 @@ void sim_state_after_fork_child(void);    /* the child must not keep the parent'
 int sim_mem_charge(int slot, int dev, uint64_t bytes, uint64_t total);
 void sim_mem_uncharge(int slot, int dev, uint64_t bytes);
 uint64_t sim_mem_used(int dev, int own_slot); /* reaps first */
+/* Shareable VMM allocations (sim_vmm_share). create: charge `bytes` to (slot, dev) as a new shared
+ * allocation `key` held by slot: 0, -1 no room on the device, -2 no free entry (nothing charged).
+ * hold: slot holds `key` too (an import): 0, or -1 when no process holds it any more (freed).
+ * drop: slot holds it no more (its last handle and mapping of it are gone). */
+int sim_vmm_share_create(int slot, int dev, uint64_t key, uint64_t bytes, uint64_t total);
+int sim_vmm_share_hold(int slot, int dev, uint64_t key);
+void sim_vmm_share_drop(int slot, int dev, uint64_t key);
 void sim_ctx_count(int slot, int dev, int delta);
 /* Robust process-shared mutex set-up (state.c initialises every lock of the node state with it). */
 void sim_robust_mutex_init(pthread_mutex_t *m);

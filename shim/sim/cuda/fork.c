@@ -9,6 +9,7 @@
 #include "ctxstack.h"
 #include "init.h"
 #include "stream.h"
+#include "vmm.h"
 
 #include "../common/state.h"
 
@@ -29,6 +30,7 @@ static void atfork_child(void) {
     sim_init_after_fork_child();
     sim_ctxstack_after_fork();
     sim_contexts_after_fork();
+    sim_vmm_after_fork();
     if (sim_shm) sim_state_after_fork_child();
 }
 

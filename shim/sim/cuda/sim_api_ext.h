@@ -20,8 +20,6 @@ typedef enum { CU_MODULE_EAGER_LOADING_SIM = 1, CU_MODULE_LAZY_LOADING_SIM = 2 }
 /* shareable handles and allocation handles (vmm.c) */
 VGPU_CUDA_API CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle handle,
                                                     CUmemAllocationHandleType handleType, unsigned long long flags);
-VGPU_CUDA_API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle,
-                                                      CUmemAllocationHandleType shHandleType);
 VGPU_CUDA_API CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop,
                                                               CUmemGenericAllocationHandle handle);
 

@@ -22,13 +22,21 @@
  *  - Shareable handles (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, if requested at cuMemCreate):
  *    the export is a descriptor of the memfd, named for the physical device; an import (in this
  *    or another process, the descriptor passed over a unix socket) is a new handle of the same
- *    pages, charged nowhere: the memory stays charged to the process that created it, as the
- *    real driver counts it once on the device. Other handle types: CUDA_ERROR_NOT_SUPPORTED.
+ *    pages. Other handle types: CUDA_ERROR_NOT_SUPPORTED.
+ *    The physical allocation is one, however many processes hold it: its memory stays used on the
+ *    device while any process holds a handle to it (created or imported) or maps it, and is freed
+ *    when the last lets go or dies, as the driver frees it. It is counted once on the device, in
+ *    the node state's table of shared allocations (state.h, sim_vmm_share): a process holds it
+ *    while any of its handles of it lives (references or mappings); its bytes are in one holder's
+ *    slot (NVML's process list): the creator's while it holds it, then another holder's.
+ *    A descriptor alone holds nothing: importing one whose allocation every holder let go is
+ *    CUDA_ERROR_INVALID_VALUE.
  */
 #define _GNU_SOURCE 1 /* memfd_create */
 #include "ctxstack.h"
 #include "init.h"
 #include "memory.h"
+#include "vmm.h"
 
 #include "../common/state.h"
 
@@ -47,8 +55,9 @@ typedef struct vmm_handle {
     size_t size;
     int dev;
     uint64_t charged;
-    int refs; /* cuMemCreate / import 1, + each retain, - each release; 0: released */
-    int maps; /* live cuMemMap mappings of it; freed when refs and maps are both 0 */
+    uint64_t key; /* shareable: the memfd's inode, its entry in the node's table; 0: not shareable */
+    int refs;     /* cuMemCreate / import 1, + each retain, - each release; 0: released */
+    int maps;     /* live cuMemMap mappings of it; freed when refs and maps are both 0 */
     CUmemAllocationProp prop;
     struct vmm_handle *next;
 } vmm_handle;
@@ -76,15 +85,44 @@ static vmm_handle *find_handle(CUmemGenericAllocationHandle id) {
     return h && h->refs > 0 ? h : NULL;
 }
 
-/* Free h's memory once nothing holds it: neither a reference nor a mapping. G.lock held. */
+/* Does this process hold the shared allocation `key` of device dev (other than through `except`)?
+ * G.lock held. */
+static int holds_share(int dev, uint64_t key, const vmm_handle *except) {
+    for (vmm_handle *h = handles; h; h = h->next)
+        if (h != except && h->key == key && h->dev == dev) return 1;
+    return 0;
+}
+
+/* Free h's memory once nothing holds it: neither a reference nor a mapping. A shareable one is the
+ * process's no more once its last handle of it goes; the device frees it with its last holder.
+ * G.lock held. */
 static void free_if_unused_locked(vmm_handle *h) {
     if (h->refs > 0 || h->maps > 0) return;
     vmm_handle **pp = &handles;
     while (*pp != h) pp = &(*pp)->next;
     *pp = h->next;
-    sim_mem_uncharge(G.slot, sim_phys(h->dev), h->charged);
+    if (h->key == 0)
+        sim_mem_uncharge(G.slot, sim_phys(h->dev), h->charged);
+    else if (!holds_share(h->dev, h->key, h))
+        sim_vmm_share_drop(G.slot, sim_phys(h->dev), h->key);
     close(h->fd);
     free(h);
+}
+
+void sim_vmm_after_fork(void) {
+    /* the parent's handles hold its allocations, not the child's (a child starts with no CUDA
+     * state): its copies of their descriptors are closed, the lists forgotten */
+    while (handles) {
+        vmm_handle *h = handles;
+        handles = h->next;
+        close(h->fd);
+        free(h);
+    }
+    while (reserves) {
+        vmm_reserve *r = reserves;
+        reserves = r->next;
+        free(r);
+    }
 }
 
 static vmm_reserve *find_reserve(uintptr_t p, size_t n) {
@@ -120,39 +158,47 @@ SIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t siz
     if ((rc = check_prop(prop)) != CUDA_SUCCESS) return rc;
     if (size == 0 || size % SIM_VMM_GRANULARITY) return CUDA_ERROR_INVALID_VALUE;
     if (size > G.cfg->dev[prop->location.id].memory) return CUDA_ERROR_OUT_OF_MEMORY;
-    int dev = prop->location.id;
-    pthread_mutex_lock(&G.lock);
-    if (sim_ensure_slot() < 0) {
-        pthread_mutex_unlock(&G.lock);
-        return CUDA_ERROR_OPERATING_SYSTEM;
-    }
-    if (sim_mem_charge(G.slot, sim_phys(dev), size, G.cfg->dev[dev].memory) != 0) {
-        pthread_mutex_unlock(&G.lock);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    vmm_handle *h = calloc(1, sizeof *h);
+    int dev = prop->location.id, shared = (prop->requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0;
+    int charged = 0;
+    struct stat st;
     char name[32];
     snprintf(name, sizeof name, "simgpu-vmm-dev%d", sim_phys(dev)); /* an importer learns the device */
+    vmm_handle *h = calloc(1, sizeof *h);
     int fd = memfd_create(name, MFD_CLOEXEC);
-    if (!h || fd < 0 || ftruncate(fd, (off_t)size) != 0) {
-        if (fd >= 0) close(fd);
-        free(h);
-        sim_mem_uncharge(G.slot, sim_phys(dev), size);
-        pthread_mutex_unlock(&G.lock);
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&G.lock);
+    if (!h || fd < 0 || ftruncate(fd, (off_t)size) != 0 || fstat(fd, &st) != 0) {
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+        goto done;
     }
+    if (sim_ensure_slot() < 0) {
+        rc = CUDA_ERROR_OPERATING_SYSTEM;
+        goto done;
+    }
+    /* a shareable allocation is the node's (its entry counts it once, whoever holds it) */
+    if (shared ? sim_vmm_share_create(G.slot, sim_phys(dev), (uint64_t)st.st_ino, size, G.cfg->dev[dev].memory) != 0
+               : sim_mem_charge(G.slot, sim_phys(dev), size, G.cfg->dev[dev].memory) != 0) {
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+        goto done;
+    }
+    charged = 1;
     h->id = next_id++;
     h->fd = fd;
     h->size = size;
     h->dev = dev;
     h->charged = size;
+    h->key = shared ? (uint64_t)st.st_ino : 0;
     h->refs = 1;
     h->prop = *prop;
     h->next = handles;
     handles = h;
-    pthread_mutex_unlock(&G.lock);
     *handle = h->id;
-    return CUDA_SUCCESS;
+done:
+    pthread_mutex_unlock(&G.lock);
+    if (!charged) {
+        if (fd >= 0) close(fd);
+        free(h);
+    }
+    return rc;
 }
 
 SIM_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
@@ -427,25 +473,41 @@ SIM_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle 
     if (dev < 0 || fstat(in, &st) != 0 || st.st_size <= 0)
         return CUDA_ERROR_INVALID_VALUE; /* not an exported allocation of a visible device */
     vmm_handle *h = calloc(1, sizeof *h);
-    int fd = fcntl(in, F_DUPFD_CLOEXEC, 0);
+    int fd = fcntl(in, F_DUPFD_CLOEXEC, 0), held = 0;
+    pthread_mutex_lock(&G.lock);
     if (!h || fd < 0) {
-        free(h);
-        if (fd >= 0) close(fd);
-        return CUDA_ERROR_OUT_OF_MEMORY;
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+        goto done;
     }
+    if (sim_ensure_slot() < 0) {
+        rc = CUDA_ERROR_OPERATING_SYSTEM;
+        goto done;
+    }
+    /* this process holds the allocation from now on (once, however many handles it has of it); one
+     * that no process holds any more was freed: the descriptor alone kept nothing */
+    if (!holds_share(dev, (uint64_t)st.st_ino, NULL) && sim_vmm_share_hold(G.slot, phys, (uint64_t)st.st_ino) != 0) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+        goto done;
+    }
+    held = 1;
     h->fd = fd;
     h->size = (size_t)st.st_size;
     h->dev = dev;
+    h->key = (uint64_t)st.st_ino;
     h->refs = 1;
     h->prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     h->prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     h->prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     h->prop.location.id = dev;
-    pthread_mutex_lock(&G.lock);
     h->id = next_id++;
     h->next = handles;
     handles = h;
-    pthread_mutex_unlock(&G.lock);
     *handle = h->id;
-    return CUDA_SUCCESS;
+done:
+    pthread_mutex_unlock(&G.lock);
+    if (!held) {
+        if (fd >= 0) close(fd);
+        free(h);
+    }
+    return rc;
 }
