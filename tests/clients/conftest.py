@@ -6,12 +6,14 @@ unmodified programs on the simulated GPU, alone and under `vgpu run`."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from sharing.paths import sim_lib_dir
 from tests.support.clients import Client
+from tests.support.vllm_run import Run
 
 
 @pytest.fixture
@@ -34,3 +36,12 @@ def client(tmp_path: Path) -> Client:
         SIMGPU_KERNEL_TAIL_PPM="0",
     )
     return Client(env)
+
+
+@pytest.fixture
+def runs() -> Iterator[list[Run]]:
+    """Every vLLM Run a test starts is killed at its end, whatever happened."""
+    started: list[Run] = []
+    yield started
+    for r in started:
+        r.kill()

@@ -73,15 +73,6 @@ def vgpu(*flags: str) -> list[str]:
     return [sys.executable, "-m", "sharing.cli", "run", "--sim", *flags, "--"]
 
 
-@pytest.fixture
-def runs() -> Iterator[list[Run]]:
-    """Every Run a test starts is killed at its end, whatever happened."""
-    started: list[Run] = []
-    yield started
-    for r in started:
-        r.kill()
-
-
 def test_sleep_gives_the_slice_back_and_wake_up_takes_it(
     vllm_env: dict[str, str], tmp_path: Path, runs: list[Run]
 ) -> None:

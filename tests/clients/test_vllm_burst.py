@@ -78,14 +78,6 @@ def world(sim_env: dict[str, str], host_nvml: HostNvml) -> Iterator[World]:
     close_world(w)
 
 
-@pytest.fixture
-def runs() -> Iterator[list[Run]]:
-    started: list[Run] = []
-    yield started
-    for r in started:
-        r.kill()
-
-
 def used(w: World, c: ClaimId) -> int:
     """The slice's usage by its accounting file (its live processes' charges on device 0)."""
     return region.read(data_dir(w) / "claims" / c.uid / "shared" / "accounting").used_by_live(0)
