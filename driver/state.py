@@ -101,6 +101,7 @@ class _Owed:
     span: float  # the policy's grace or timeout (seconds)
     deadline: float  # time.monotonic()
     deadline_ns: int  # the same in unix ns (the pool file's and the checkpoint's clock)
+    stopped: bool = False  # `evict` after the grace: its processes were stopped
 
 
 @dataclass
@@ -111,10 +112,20 @@ class _Reclaim:
     owed: list[_Owed]
     t0: float
 
+    @property
+    def need(self) -> dict[int, int]:
+        """GPU -> the new claim's request there."""
+        return {m.gpu: m.request for m in self.entry.memory or ()}
+
     def states(self) -> dict[tuple[str, int], int]:
         """The pool entries' RECLAIM deadlines (0: `wait`, no deadline)."""
         return {(o.borrower.uid, o.borrower.gpu): o.deadline_ns if o.policy == "evict" else 0
                 for o in self.owed}  # fmt: skip
+
+
+UNPREPARED_WHILE_WAITING = (
+    "unprepared while its prepare waited for borrowed memory (burst reclaim); nothing was prepared"
+)
 
 
 def _record(owed: Sequence[_Owed]) -> dict[str, Any]:
@@ -342,7 +353,7 @@ class DeviceState:
         # `wait`'s entries say RECLAIM with no deadline: the watchdog then holds the borrowers
         # to their limits, not their new grants (wait stops nobody)
         self._apply_pool()
-        need = {m.gpu: m.request for m in entry.memory or ()}
+        need = r.need
         evicts = [o.borrower for o in owed if o.policy == "evict"]
         for b in evicts:
             held = b.borrowed()
@@ -366,18 +377,15 @@ class DeviceState:
         `evict` borrower past its grace stopped then and there, until nobody is short or every
         one short is past its time. ClaimError when the memory is not free, or when the claim
         was unprepared meanwhile."""
-        need = {m.gpu: m.request for m in r.entry.memory or ()}
-        stopped: set[int] = set()  # ids of the _Owed whose processes were stopped
+        need = r.need
+        stopped = False  # any `evict` borrower's processes (one unprepared since counts too)
         while True:
             with self._lock:
                 mine = self._still_preparing(r.entry)
                 entries = self.checkpoint.entries()
                 grants = burst.compute(entries, self.gpus, self._rules_of)
             if not mine:
-                raise ClaimError(
-                    "unprepared while its prepare waited for borrowed memory (burst reclaim); "
-                    "nothing was prepared"
-                )
+                raise ClaimError(UNPREPARED_WHILE_WAITING)
             present = {e.uid for e in entries}
             r.owed = [o for o in r.owed if o.borrower.uid in present]  # unprepared: holds none
             for o in r.owed:
@@ -387,10 +395,9 @@ class DeviceState:
             reading = reclaim.one_reading([o.borrower for o in r.owed])
             short = [o for o in r.owed if not o.borrower.fits(reading)]
             now = time.monotonic()
-            due = [o for o in short
-                   if o.policy == "evict" and now >= o.deadline and id(o) not in stopped]  # fmt: skip
+            due = [o for o in short if o.policy == "evict" and now >= o.deadline and not o.stopped]
             for o in due:
-                stopped.add(id(o))
+                o.stopped = stopped = True
                 self._stop(r.entry, o.borrower)
             if due:
                 continue  # look again now that they are stopped
@@ -398,7 +405,7 @@ class DeviceState:
                 break
             time.sleep(reclaim.POLL)
         for o in r.owed:
-            if o.policy == "evict" and id(o) not in stopped:
+            if o.policy == "evict" and not o.stopped:
                 self._event(o.borrower, "BurstReclaimed",
                             f"claim {r.entry.namespace}/{r.entry.name} needed its request on GPU "
                             f"{o.borrower.gpu}: this claim gave back what it borrowed above its "
@@ -494,7 +501,8 @@ class DeviceState:
 
     def burst_reading(self) -> BurstReading:
         """The burst pool's numbers for the metrics: each bursting claim's borrowed bytes (the
-        larger of its accounting file's and the host NVML's measure) and grant per GPU, each GPU's pool, the reclaims' outcomes and durations."""
+        larger of its accounting file's and the host NVML's measure) and grant per GPU, each
+        GPU's pool, the reclaims' outcomes and durations."""
         with self._lock:
             entries = self.checkpoint.entries()
             grants = burst.compute(entries, self.gpus, self._rules_of)
@@ -596,16 +604,12 @@ class DeviceState:
             with self._lock:
                 self._end_reclaim(pending)
                 self._roll_back(pending.entry)
-                self._apply_pool()
             raise
         with self._lock:
             self._end_reclaim(pending)
             if not self._still_preparing(pending.entry):
                 self._apply_pool()
-                raise ClaimError(
-                    "unprepared while its prepare waited for borrowed memory (burst reclaim); "
-                    "nothing was prepared"
-                )
+                raise ClaimError(UNPREPARED_WHILE_WAITING)
             return self._complete(ref, claim, attrs, started, plan)
 
     def _published_attributes(self) -> Attributes:
@@ -666,7 +670,6 @@ class DeviceState:
         except BaseException:
             self._reclaiming.pop(ref.uid, None)
             self._roll_back(started)
-            self._apply_pool()
             raise
         return started, plan, pending
 
@@ -692,7 +695,6 @@ class DeviceState:
             self.checkpoint.put(replace(started, state=PREPARE_COMPLETED, devices=devices))
         except BaseException:
             self._roll_back(started)
-            self._apply_pool()
             raise
         maybe_crash("prepare-completed")
         if self._on_prepared is not None:
@@ -711,11 +713,12 @@ class DeviceState:
         return devices
 
     def _roll_back(self, started: ClaimEntry) -> None:
-        """Undo a prepare that failed, if the checkpoint's entry is still its own (the lock
-        held; the caller rewrites the pool)."""
+        """Undo a prepare that failed, if the checkpoint's entry is still its own, and rewrite
+        the pool (its request back in it, any reclaim's entries OPEN again; the lock held)."""
         if self._still_preparing(started):
             self._remove_artifacts(started)
             self.checkpoint.delete(started.uid)
+        self._apply_pool()
 
     def _repair(
         self, ref: ClaimRef, claim: dict[str, Any], entry: ClaimEntry, attrs: Attributes
