@@ -68,40 +68,10 @@ def run_ops(
     return parse_ops(r.stdout)
 
 
-class Held:
-    """A shim_ops process that ran its ops and now holds its allocations until release()."""
-
-    def __init__(self, binary: Path, env: dict[str, str], *ops: str) -> None:
-        self.proc = subprocess.Popen(
-            [str(binary), *ops, "ready", "freeall"],
-            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        assert self.proc.stdout is not None
-        lines: list[str] = []
-        for line in self.proc.stdout:
-            if line.strip() == "ready":
-                break
-            lines.append(line)
-        else:
-            err = self.proc.stderr.read() if self.proc.stderr else ""
-            raise AssertionError(f"shim_ops ended early: {lines} {err}")
-        self.results = parse_ops("".join(lines))
-        self.stderr = ""
-
-    def release(self) -> list[dict[str, str]]:
-        out, err = self.proc.communicate(timeout=60)
-        self.stderr = err
-        assert self.proc.returncode == 0, err
-        return parse_ops(out)
-
-    def kill(self) -> None:
-        self.proc.kill()
-        self.proc.communicate(timeout=60)
-
-
 class Stepped:
     """A shim_ops process run a stretch at a time: its ops are separated by "step"s, and next()
-    lets it run to the following one (or to its end) and returns the results of that stretch."""
+    lets it run to the following one (or to its "ready") and returns the results of that
+    stretch; end() lets it free what it holds and exit."""
 
     def __init__(self, binary: Path, env: dict[str, str], *ops: str) -> None:
         self.proc = subprocess.Popen(
@@ -109,6 +79,7 @@ class Stepped:
             env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         self.started = False
+        self.stderr = ""
 
     def next(self) -> list[dict[str, str]]:
         """Let the process run to its next "step" (or "ready"): the results of the ops it ran."""
@@ -126,14 +97,26 @@ class Stepped:
         raise AssertionError(f"shim_ops ended early: {lines} {err}")
 
     def end(self) -> list[dict[str, str]]:
-        """Let it free what it holds and exit."""
-        out, err = self.proc.communicate(timeout=60)
-        assert self.proc.returncode == 0, err
+        """Let it free what it holds and exit: the results of its last ops."""
+        out, self.stderr = self.proc.communicate(timeout=60)
+        assert self.proc.returncode == 0, self.stderr
         return parse_ops(out)
 
     def kill(self) -> None:
         self.proc.kill()
         self.proc.communicate(timeout=60)
+
+
+class Held(Stepped):
+    """A shim_ops process that ran its ops (no "step" among them) and now holds its allocations
+    until release()."""
+
+    def __init__(self, binary: Path, env: dict[str, str], *ops: str) -> None:
+        super().__init__(binary, env, *ops)
+        self.results = self.next()
+
+    def release(self) -> list[dict[str, str]]:
+        return self.end()
 
 
 def device_used(binary: Path, env: dict[str, str], ordinal: int = 0) -> int:
